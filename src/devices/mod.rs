@@ -1,0 +1,4 @@
+//! Platform devices that are not PCI functions.
+
+pub mod probe_ports;
+pub mod serial;

@@ -1,0 +1,24 @@
+//! exitless: a KVM virtual machine monitor for x86-64 whose device I/O path avoids VM exits or
+//! amortizes them. See README.md for what it measures and DESIGN notes in the modules.
+
+#[macro_use]
+pub mod contract {
+    //! The VMM ↔ probe-guest contract: addresses, ports, selectors and the blocks both sides
+    //! exchange. `build.rs` turns the same file into the guest's `contract.h`, so the two halves
+    //! cannot drift.
+    //!
+    //! Protocol: the VMM writes a [`BootInfo`] at [`BOOT_INFO_ADDR`] and `op_count` [`Op`]s at
+    //! [`OPS_ADDR`], then starts the guest. For each op `i` the guest writes `i` to
+    //! [`PORT_PHASE_BEGIN`], performs the op at CPL 3, fills [`OpResult`] `i` at
+    //! [`RESULTS_ADDR`] and writes `i` to [`PORT_PHASE_END`]; the VMM attributes the exits in
+    //! between to op `i`. Then the guest writes [`DONE_OK`] (or an error) to [`PORT_DONE`].
+    include!("contract.rs");
+}
+
+pub mod bench;
+pub mod bus;
+pub mod devices;
+pub mod machine;
+pub mod pci;
+pub mod stats;
+pub mod vm;

@@ -1,0 +1,322 @@
+//! The probe machine: a VM with the serial console, the probe's ports, PCI bus 0 reachable by
+//! CF8/CFC and ECAM (trapped or shadowed), and the embedded probe guest, run once for a list
+//! of ops.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vmm_sys_util::signal::Killable;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::bus::{BusError, DeviceTable, IoBuses};
+use crate::contract::{
+    BOOT_INFO_ADDR, BOOT_INFO_MAGIC, BootInfo, ENUM_ADDR, EnumRecord, MAX_ENUM_RECORDS, MAX_OPS,
+    OPS_ADDR, Op, OpResult, PORT_SERIAL, PROBE_LOAD_ADDR, PROBE_MAX_SIZE, RESULTS_ADDR,
+};
+use crate::devices::probe_ports::{PROBE_PORTS_BASE, PROBE_PORTS_LEN, PhaseRecord, ProbePorts};
+use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
+use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
+use crate::pci::ecam::PciConfigMmio;
+use crate::pci::function::{HostBridge, TestDevice};
+use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
+use crate::pci::root::{BarSpace, BarWindow, BarWindows, PciError};
+use crate::pci::{EcamMode, PciAddress, PciRoot};
+use crate::stats::{ExitCounters, ExitSnapshot};
+use crate::vm::run_control::{RunControl, StopReason};
+use crate::vm::vcpu::{self, Vcpu};
+use crate::vm::{Vm, VmError, boot};
+
+/// The probe guest image, built by build.rs from guest/.
+pub static PROBE_IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe.bin"));
+
+/// Guest-physical memory map of the probe machine.
+pub mod layout {
+    /// Guest RAM, from address 0.
+    pub const RAM_SIZE: usize = 16 << 20;
+    /// Memory BARs are placed in this 32-bit hole.
+    pub const PCI_MMIO_WINDOW: (u64, u64) = (0xc000_0000, 0xe000_0000);
+    /// ECAM window for bus 0 (1 MiB: 32 devices × 8 functions × 4 KiB).
+    pub const ECAM_BASE: u64 = 0xe000_0000;
+    /// I/O BARs are placed in these ports.
+    pub const PCI_IO_WINDOW: (u64, u64) = (0xc000, 0x1_0000);
+    /// IOAPIC pin of the serial console (COM1's ISA IRQ).
+    pub const SERIAL_GSI: u32 = 4;
+}
+
+/// Errors building or running the probe machine.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    /// KVM or memory.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// PCI model.
+    #[error(transparent)]
+    Pci(#[from] PciError),
+    /// Address map.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    /// More ops than the contract holds.
+    #[error("{0} ops requested; the probe holds at most {MAX_OPS}")]
+    TooManyOps(usize),
+    /// Writing or reading guest memory.
+    #[error("guest memory access failed: {0}")]
+    GuestMemory(#[from] vm_memory::GuestMemoryError),
+    /// A host resource.
+    #[error("{what}: {source}")]
+    Host {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The guest did not finish.
+    #[error("the probe guest did not finish within {0:?}; its console said:\n{1}")]
+    Timeout(Duration, String),
+    /// The guest stopped abnormally.
+    #[error("the probe guest stopped abnormally ({0:?}); its console said:\n{1}")]
+    GuestFailed(StopReason, String),
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    /// The ops, in order.
+    pub ops: Vec<Op>,
+    /// How ECAM is served; `None` leaves it undescribed (the guest then falls back to PIO).
+    pub ecam: Option<EcamMode>,
+    /// vCPUs; the probe runs on vCPU 0, the others park in `hlt`.
+    pub vcpus: u8,
+    /// Longest the run may take.
+    pub timeout: Duration,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig { ops: Vec::new(), ecam: Some(EcamMode::Shadow), vcpus: 1, timeout: Duration::from_secs(600) }
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct ProbeRun {
+    /// One per op.
+    pub results: Vec<OpResult>,
+    /// What the VMM saw during each op (`None` if the op never completed).
+    pub phases: Vec<Option<PhaseRecord>>,
+    /// Records written by the last `OP_ENUMERATE`.
+    pub enum_records: Vec<EnumRecord>,
+    /// The vCPU's TSC frequency.
+    pub tsc_khz: Option<u32>,
+    /// Device names by id, for reading exit snapshots.
+    pub devices: DeviceTable,
+    /// All exits of the run.
+    pub total_exits: ExitSnapshot,
+    /// Guest console output.
+    pub console: String,
+}
+
+impl ProbeRun {
+    /// Exits op `i` caused (empty if it did not complete).
+    pub fn exits(&self, i: usize) -> ExitSnapshot {
+        self.phases.get(i).cloned().flatten().map(|p| p.exits).unwrap_or_default()
+    }
+
+    /// Exits op `i` caused at the device called `name`.
+    pub fn exits_at(&self, i: usize, name: &str) -> u64 {
+        self.devices.iter().position(|n| n == name).map_or(0, |id| self.exits(i).of_device(id))
+    }
+}
+
+/// Device names used on the buses (and in exit reports).
+pub mod names {
+    /// Ports 0xCF8..=0xCFF.
+    pub const PCI_PIO: &str = "pci-cf8";
+    /// The ECAM window.
+    pub const PCI_ECAM: &str = "pci-ecam";
+    /// BAR decode windows.
+    pub const PCI_BARS: &str = "pci-bars";
+    /// The console.
+    pub const SERIAL: &str = "serial";
+    /// The probe's phase ports.
+    pub const PROBE_PORTS: &str = "probe-ports";
+}
+
+/// The functions of bus 0: a host bridge, a test endpoint, and a two-function test device.
+pub fn populate_bus0(root: &PciRoot) -> Result<(), PciError> {
+    let at = |d, f| PciAddress::new(0, d, f).expect("valid address");
+    root.add(at(0, 0), &HostBridge::layout(), Box::new(HostBridge))?;
+    root.add(at(1, 0), &TestDevice::layout(0x0001), Box::<TestDevice>::default())?;
+    root.add(at(2, 0), &TestDevice::layout(0x0002), Box::<TestDevice>::default())?;
+    root.add(at(2, 1), &TestDevice::layout(0x0003), Box::<TestDevice>::default())?;
+    Ok(())
+}
+
+struct Machine {
+    vm: Vm,
+    io: IoBuses,
+    probe_ports: Arc<ProbePorts>,
+    control: Arc<RunControl>,
+    counters: Arc<ExitCounters>,
+    console: Arc<Mutex<Vec<u8>>>,
+}
+
+fn host_err(what: &'static str) -> impl FnOnce(std::io::Error) -> MachineError {
+    move |source| MachineError::Host { what, source }
+}
+
+impl Machine {
+    fn new(ecam: Option<EcamMode>) -> Result<Self, MachineError> {
+        let mut vm = Vm::new(layout::RAM_SIZE)?;
+        let mut io = IoBuses::default();
+        let control = Arc::new(RunControl::default());
+        let console = Arc::new(Mutex::new(Vec::new()));
+
+        let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the serial eventfd"))?;
+        vm.fd()
+            .register_irqfd(&serial_irq, layout::SERIAL_GSI)
+            .map_err(|source| VmError::Kvm { what: "register the serial irqfd", source })?;
+        let serial = SerialConsole::new(serial_irq, ConsoleOutput::Buffer(console.clone()));
+        io.add_pio(names::SERIAL, PORT_SERIAL as u16, SERIAL_PORT_LEN, Arc::new(serial))?;
+
+        let pci = Arc::new(PciRoot::new(BarWindows { mmio: layout::PCI_MMIO_WINDOW, io: layout::PCI_IO_WINDOW })?);
+        populate_bus0(&pci)?;
+        io.add_pio(
+            names::PCI_PIO,
+            PCI_CONFIG_ADDRESS_PORT as u16,
+            PCI_CONFIG_IO_LEN,
+            Arc::new(PciConfigIo::new(pci.clone())),
+        )?;
+        let (mmio_start, mmio_end) = layout::PCI_MMIO_WINDOW;
+        let mem_bars = BarWindow::new(pci.clone(), BarSpace::Memory, mmio_start);
+        io.add_mmio(names::PCI_BARS, mmio_start, mmio_end - mmio_start, Arc::new(mem_bars))?;
+        let (io_start, io_end) = layout::PCI_IO_WINDOW;
+        let io_bars = BarWindow::new(pci.clone(), BarSpace::Io, io_start);
+        io.add_pio(names::PCI_BARS, io_start as u16, (io_end - io_start) as u16, Arc::new(io_bars))?;
+        if let Some(mode) = ecam {
+            let window = pci.window();
+            io.add_mmio(
+                names::PCI_ECAM,
+                layout::ECAM_BASE,
+                window.len() as u64,
+                Arc::new(PciConfigMmio::new(pci.clone())),
+            )?;
+            if mode == EcamMode::Shadow {
+                // The window is owned by the root, which the bus devices keep alive; `vm` is
+                // the machine's first field, so it is dropped before them.
+                vm.add_readonly_region(layout::ECAM_BASE, window.region())?;
+            }
+        }
+
+        // The counters must know every device; the probe ports are the last one added.
+        let counters = Arc::new(ExitCounters::new(io.names.len() + 1));
+        let probe_ports = Arc::new(ProbePorts::new(counters.clone(), control.clone()));
+        let id = io.add_pio(names::PROBE_PORTS, PROBE_PORTS_BASE, PROBE_PORTS_LEN, probe_ports.clone())?;
+        probe_ports.set_device_id(id);
+        Ok(Machine { vm, io, probe_ports, control, counters, console })
+    }
+
+    fn load(&self, cfg: &ProbeConfig) -> Result<(), MachineError> {
+        if cfg.ops.len() as u64 > MAX_OPS {
+            return Err(MachineError::TooManyOps(cfg.ops.len()));
+        }
+        assert!(PROBE_IMAGE.len() as u64 <= PROBE_MAX_SIZE, "probe image outgrew PROBE_MAX_SIZE");
+        let mem = self.vm.memory();
+        boot::write_tables(mem)?;
+        mem.write_slice(PROBE_IMAGE, GuestAddress(PROBE_LOAD_ADDR))?;
+        let (ecam_base, ecam_bus_end) = match cfg.ecam {
+            Some(_) => (layout::ECAM_BASE, 0),
+            None => (0, 0),
+        };
+        let info = BootInfo {
+            magic: BOOT_INFO_MAGIC,
+            ecam_base,
+            ecam_bus_start: 0,
+            ecam_bus_end,
+            op_count: cfg.ops.len() as u64,
+        };
+        mem.write_slice(info.as_bytes(), GuestAddress(BOOT_INFO_ADDR))?;
+        mem.write_slice(cfg.ops.as_bytes(), GuestAddress(OPS_ADDR))?;
+        Ok(())
+    }
+
+    fn run(self, cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
+        self.load(cfg)?;
+        vcpu::install_kick_handler()?;
+        let vcpus = (0..cfg.vcpus.max(1))
+            .map(|i| Vcpu::new(&self.vm, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tsc_khz = vcpus[0].tsc_khz();
+        let io = Arc::new(self.io.clone());
+        let entries = Arc::new(AtomicU64::new(0));
+        let mut threads = Vec::new();
+        for v in vcpus {
+            let (io, counters, control, entries) =
+                (io.clone(), self.counters.clone(), self.control.clone(), entries.clone());
+            let t = thread::Builder::new()
+                .name("vcpu".into())
+                .spawn(move || v.run(&io, &counters, &control, &entries))
+                .map_err(host_err("spawn a vCPU thread"))?;
+            threads.push(t);
+        }
+        let reason = self.control.wait(cfg.timeout);
+        self.control.stop(StopReason::VcpuFailed("stopped by the VMM".into()));
+        // Kick every vCPU out of KVM_RUN until its thread ends (a kick can land before the
+        // thread re-enters the guest, hence the retry).
+        for t in &threads {
+            while !t.is_finished() {
+                let _ = t.kill(vcpu::kick_signal());
+                thread::sleep(Duration::from_millis(1));
+            }
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+        let console = String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned();
+        match reason {
+            Some(StopReason::GuestDone(0)) => {}
+            Some(r) => return Err(MachineError::GuestFailed(r, console)),
+            None => return Err(MachineError::Timeout(cfg.timeout, console)),
+        }
+        let mem = self.vm.memory();
+        let results = read_blocks::<OpResult>(mem, RESULTS_ADDR, cfg.ops.len())?;
+        let enum_count = results
+            .iter()
+            .zip(&cfg.ops)
+            .rev()
+            .find(|(_, op)| op.kind == crate::contract::OP_ENUMERATE)
+            .map_or(0, |(r, _)| r.value.min(MAX_ENUM_RECORDS));
+        let enum_records = read_blocks::<EnumRecord>(mem, ENUM_ADDR, enum_count as usize)?;
+        Ok(ProbeRun {
+            results,
+            phases: self.probe_ports.records(),
+            enum_records,
+            tsc_khz,
+            devices: self.io.names.clone(),
+            total_exits: self.counters.snapshot(),
+            console,
+        })
+    }
+}
+
+fn read_blocks<T: FromBytes + Copy>(
+    mem: &vm_memory::GuestMemoryMmap,
+    addr: u64,
+    count: usize,
+) -> Result<Vec<T>, MachineError> {
+    let mut bytes = vec![0u8; count * size_of::<T>()];
+    mem.read_slice(&mut bytes, GuestAddress(addr))?;
+    Ok(bytes
+        .chunks_exact(size_of::<T>())
+        .map(|c| T::read_from_bytes(c).expect("chunk has the block's size"))
+        .collect())
+}
+
+/// Boot the probe guest with `cfg` and return what it measured.
+pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
+    Machine::new(cfg.ecam)?.run(cfg)
+}

@@ -1,0 +1,123 @@
+//! PCI functions: what a device model adds to its configuration space. The function knows
+//! nothing of buses or exits; the root calls it after guest config writes and for accesses that
+//! land in its BARs.
+
+use crate::pci::config::{Capability, ConfigSpace, ExtCapability, FunctionLayout};
+use crate::pci::regs::{PCI_STATUS, PCI_STATUS_SIG_TARGET_ABORT};
+
+/// Vendor ID used by exitless's own functions. It is not a PCI-SIG assignment; guests other
+/// than the probe should not bind drivers to it.
+pub const EXITLESS_VENDOR_ID: u16 = 0x7e57;
+
+/// Behaviour of one PCI function beyond plain configuration registers.
+pub trait PciFunction: Send {
+    /// The guest changed `len` bytes of configuration space at `offset` (after masking).
+    fn config_written(&mut self, _config: &ConfigSpace, _offset: u16, _len: usize) {}
+    /// A guest read `data.len()` bytes at `offset` of BAR slot `bar`.
+    fn bar_read(&mut self, _config: &ConfigSpace, _bar: usize, _offset: u64, data: &mut [u8]) {
+        data.fill(0xff);
+    }
+    /// A guest wrote `data` at `offset` of BAR slot `bar`.
+    fn bar_write(&mut self, _config: &ConfigSpace, _bar: usize, _offset: u64, _data: &[u8]) {}
+}
+
+/// The host bridge at 00:00.0 (class 06/00): configuration registers only.
+pub struct HostBridge;
+
+impl HostBridge {
+    /// Its configuration layout.
+    pub fn layout() -> FunctionLayout {
+        FunctionLayout {
+            vendor_id: EXITLESS_VENDOR_ID,
+            device_id: 0x0000,
+            class_code: 0x06_00_00,
+            ..Default::default()
+        }
+    }
+}
+
+impl PciFunction for HostBridge {}
+
+/// Registers of [`TestDevice`] BAR 0.
+pub mod test_regs {
+    /// Read/write scratch dword.
+    pub const SCRATCH: u64 = 0x0;
+    /// Write: the device sets Status.Signaled Target Abort, as if it had aborted a request.
+    pub const RAISE_TARGET_ABORT: u64 = 0x4;
+    /// Write: the device stores the value in its vendor capability's data dword.
+    pub const SET_CAP_DATA: u64 = 0x8;
+}
+
+/// Offset of the [`TestDevice`] vendor capability's data dword (first capability, at 0x40,
+/// after its 4-byte header).
+pub const TEST_CAP_DATA: u64 = 0x44;
+
+/// A simple endpoint whose BAR 0 lets the guest make the *device* change its own configuration
+/// space, so shadow coherence for device-side updates can be tested; BARs of every kind, a
+/// vendor, power-management and MSI capability, and an extended capability.
+#[derive(Default)]
+pub struct TestDevice {
+    scratch: u32,
+}
+
+impl TestDevice {
+    /// Configuration layout for device ID `device_id`.
+    pub fn layout(device_id: u16) -> FunctionLayout {
+        use crate::pci::config::Bar;
+        FunctionLayout {
+            vendor_id: EXITLESS_VENDOR_ID,
+            device_id,
+            class_code: 0xff_00_00, // "device does not fit any defined class"
+            revision: 1,
+            bars: vec![
+                Bar::Memory32 { size: 0x1000, prefetchable: false },
+                Bar::Io { size: 0x20 },
+                Bar::Memory64 { size: 0x10_0000, prefetchable: true },
+            ],
+            capabilities: vec![
+                // Vendor-specific (PCI 3.0 §H): length byte, pad, one device-written dword.
+                Capability { id: 0x09, body: vec![8, 0, 0, 0, 0, 0], body_wmask: vec![] },
+                // Power management (PCI PM 1.2 §3.2): PMC, then PMCSR with PowerState RW.
+                Capability { id: 0x01, body: vec![0x03, 0, 0, 0, 0, 0], body_wmask: vec![0, 0, 0x03] },
+                // MSI, 64-bit capable (PCI 3.0 §6.8.1): enable RW, address and data RW.
+                Capability {
+                    id: 0x05,
+                    body: vec![0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    body_wmask: vec![0x71, 0, 0xfc, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+                },
+            ],
+            ext_capabilities: vec![ExtCapability {
+                id: 0x000b, // vendor-specific extended capability (PCIe 4.0 §7.9.5)
+                version: 1,
+                body: vec![0x01, 0x00, 0x01, 0x00, 0, 0, 0, 0],
+                body_wmask: vec![0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff],
+            }],
+        }
+    }
+}
+
+impl PciFunction for TestDevice {
+    fn bar_read(&mut self, _config: &ConfigSpace, bar: usize, offset: u64, data: &mut [u8]) {
+        let bytes = self.scratch.to_le_bytes();
+        for (i, b) in data.iter_mut().enumerate() {
+            let off = offset as usize + i;
+            *b = if bar == 0 && off < 4 { bytes[off] } else { 0xff };
+        }
+    }
+
+    fn bar_write(&mut self, config: &ConfigSpace, bar: usize, offset: u64, data: &[u8]) {
+        if bar != 0 || data.len() != 4 {
+            return;
+        }
+        let value = u32::from_le_bytes(data.try_into().expect("length checked"));
+        match offset {
+            test_regs::SCRATCH => self.scratch = value,
+            test_regs::RAISE_TARGET_ABORT => {
+                let status = config.get_u16(PCI_STATUS) | PCI_STATUS_SIG_TARGET_ABORT as u16;
+                config.set_u16(PCI_STATUS, status);
+            }
+            test_regs::SET_CAP_DATA => config.set_u32(TEST_CAP_DATA, value),
+            _ => {}
+        }
+    }
+}

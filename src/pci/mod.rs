@@ -1,0 +1,22 @@
+//! PCI: configuration space and the three ways a guest reaches it (T1).
+//!
+//! - [`cf8`]: configuration mechanism #1 by port I/O;
+//! - [`ecam`]: the ECAM window, trapped or backed by a read-only shadow;
+//! - [`root`]: bus 0, its functions and BAR decoding; [`config`]: the register model.
+
+#[macro_use]
+pub mod regs {
+    //! PCI register offsets and bits, shared with the probe guest.
+    include!("regs.rs");
+}
+
+pub mod address;
+pub mod cf8;
+pub mod config;
+pub mod ecam;
+pub mod function;
+pub mod root;
+
+pub use address::PciAddress;
+pub use ecam::EcamMode;
+pub use root::PciRoot;

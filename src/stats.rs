@@ -1,0 +1,154 @@
+//! Exit accounting: every vCPU exit counted by kind and by device, lock-free, and per guest
+//! phase (op) through snapshots taken when the probe marks a phase.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::bus::DeviceId;
+
+/// How a vCPU left the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    /// `in` from a port.
+    PioRead,
+    /// `out` to a port.
+    PioWrite,
+    /// Load from MMIO (or from memory with no slot).
+    MmioRead,
+    /// Store to MMIO (or to a read-only slot).
+    MmioWrite,
+    /// Anything else (hlt, shutdown, interrupt window, ...).
+    Other,
+}
+
+impl ExitKind {
+    /// All kinds, in counter order.
+    pub const ALL: [ExitKind; 5] = [
+        ExitKind::PioRead,
+        ExitKind::PioWrite,
+        ExitKind::MmioRead,
+        ExitKind::MmioWrite,
+        ExitKind::Other,
+    ];
+
+    /// Short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExitKind::PioRead => "pio-read",
+            ExitKind::PioWrite => "pio-write",
+            ExitKind::MmioRead => "mmio-read",
+            ExitKind::MmioWrite => "mmio-write",
+            ExitKind::Other => "other",
+        }
+    }
+}
+
+/// Counters shared by all vCPUs. `by_device` has one extra last slot for unclaimed addresses.
+#[derive(Debug)]
+pub struct ExitCounters {
+    by_kind: [AtomicU64; 5],
+    by_device: Vec<AtomicU64>,
+}
+
+/// A copy of the counters at one moment, or the difference of two.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExitSnapshot {
+    /// Exits by [`ExitKind`], in `ExitKind::ALL` order.
+    pub by_kind: [u64; 5],
+    /// Exits by device id; the last slot is "no device".
+    pub by_device: Vec<u64>,
+}
+
+impl ExitCounters {
+    /// Counters for `devices` devices (plus the "no device" slot).
+    pub fn new(devices: usize) -> Self {
+        ExitCounters {
+            by_kind: Default::default(),
+            by_device: (0..=devices).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Count one exit.
+    pub fn record(&self, kind: ExitKind, device: Option<DeviceId>) {
+        self.by_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
+        if matches!(kind, ExitKind::Other) {
+            return;
+        }
+        let slot = device
+            .filter(|&d| d < self.by_device.len() - 1)
+            .unwrap_or(self.by_device.len() - 1);
+        self.by_device[slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Current values.
+    pub fn snapshot(&self) -> ExitSnapshot {
+        ExitSnapshot {
+            by_kind: std::array::from_fn(|i| self.by_kind[i].load(Ordering::Relaxed)),
+            by_device: self
+                .by_device
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+        }
+    }
+}
+
+impl ExitSnapshot {
+    /// `self - earlier`, counter by counter.
+    pub fn since(&self, earlier: &ExitSnapshot) -> ExitSnapshot {
+        ExitSnapshot {
+            by_kind: std::array::from_fn(|i| self.by_kind[i] - earlier.by_kind[i]),
+            by_device: self
+                .by_device
+                .iter()
+                .zip(&earlier.by_device)
+                .map(|(a, b)| a - b)
+                .collect(),
+        }
+    }
+
+    /// Take back one exit of `kind` at `device` (a bookkeeping exit that is not the guest's
+    /// work, such as the probe's phase mark).
+    pub fn discount(&mut self, kind: ExitKind, device: DeviceId) {
+        let k = &mut self.by_kind[kind as usize];
+        *k = k.saturating_sub(1);
+        if let Some(d) = self.by_device.get_mut(device) {
+            *d = d.saturating_sub(1);
+        }
+    }
+
+    /// Exits of one kind.
+    pub fn of_kind(&self, kind: ExitKind) -> u64 {
+        self.by_kind[kind as usize]
+    }
+
+    /// Exits that reached device `id`.
+    pub fn of_device(&self, id: DeviceId) -> u64 {
+        self.by_device.get(id).copied().unwrap_or(0)
+    }
+
+    /// All exits.
+    pub fn total(&self) -> u64 {
+        self.by_kind.iter().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_by_kind_and_device_and_differences() {
+        let c = ExitCounters::new(2);
+        let before = c.snapshot();
+        c.record(ExitKind::PioWrite, Some(1));
+        c.record(ExitKind::MmioRead, None);
+        c.record(ExitKind::MmioRead, Some(7)); // unknown ids count as "no device"
+        c.record(ExitKind::Other, None);
+        let d = c.snapshot().since(&before);
+        assert_eq!(d.total(), 4);
+        assert_eq!(d.of_kind(ExitKind::MmioRead), 2);
+        assert_eq!(d.of_device(1), 1);
+        assert_eq!(d.of_device(2), 2);
+        assert_eq!(d.of_device(0), 0);
+    }
+}

@@ -1,0 +1,191 @@
+//! Puts a vCPU straight into 64-bit long mode: identity-mapped page tables, a GDT with ring-0
+//! and ring-3 segments, and a 64-bit TSS whose I/O permission bitmap lets ring-3 code use port
+//! I/O (Intel SDM vol. 1 §19.5.2). `RFLAGS.IOPL` is not honoured on this host, so the bitmap is
+//! the only way to give CPL-3 code the ports (see PLATFORM.md).
+
+use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::contract::{PROBE_LOAD_ADDR, PROBE_STACK_TOP, USER_CS, USER_DS};
+
+const GDT_ADDR: u64 = 0x1000;
+const TSS_ADDR: u64 = 0x2000;
+const PML4_ADDR: u64 = 0x5000;
+const PDPT_ADDR: u64 = 0x6000;
+/// Four page directories mapping 4 GiB with 2 MiB pages: RAM, the PCI holes, ECAM.
+const PD_ADDR: u64 = 0x8000;
+const PD_COUNT: u64 = 4;
+
+/// I/O permission bitmap offset inside the TSS: right after the 104-byte 64-bit TSS.
+const TSS_IOMAP_BASE: u64 = 0x68;
+/// 65536 ports, one bit each, plus the all-ones terminating byte the CPU may read past the end.
+const TSS_IOMAP_LEN: u64 = 0x2000;
+/// TSS limit: covers the bitmap and its terminating byte.
+const TSS_LIMIT: u32 = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as u32;
+
+const KERNEL_CS: u16 = 0x08;
+const KERNEL_DS: u16 = 0x10;
+const TSS_SELECTOR: u16 = 0x28;
+
+// Page-table entry bits (Intel SDM vol. 3 §4.5): present, writable, user, 2 MiB page.
+const PTE_PRESENT: u64 = 1 << 0;
+const PTE_WRITABLE: u64 = 1 << 1;
+const PTE_USER: u64 = 1 << 2;
+const PTE_HUGE: u64 = 1 << 7;
+
+// Control register bits (Intel SDM vol. 3 §2.5).
+const CR0_PE: u64 = 1 << 0;
+const CR0_MP: u64 = 1 << 1;
+const CR0_ET: u64 = 1 << 4;
+const CR0_NE: u64 = 1 << 5;
+const CR0_WP: u64 = 1 << 16;
+const CR0_PG: u64 = 1 << 31;
+const CR4_PAE: u64 = 1 << 5;
+const EFER_LME: u64 = 1 << 8;
+const EFER_LMA: u64 = 1 << 10;
+
+/// A segment as the GDT and `kvm_segment` both describe it.
+#[derive(Clone, Copy)]
+struct Segment {
+    selector: u16,
+    type_: u8,
+    dpl: u8,
+    code_or_data: bool,
+    long: bool,
+    big: bool,
+}
+
+impl Segment {
+    const KERNEL_CODE: Segment = Segment::code(KERNEL_CS, 0);
+    const KERNEL_DATA: Segment = Segment::data(KERNEL_DS, 0);
+    const USER_CODE: Segment = Segment::code(USER_CS as u16 & !3, 3);
+    const USER_DATA: Segment = Segment::data(USER_DS as u16 & !3, 3);
+    /// 64-bit TSS, busy (type 0xB), as the CPU holds it once loaded in TR.
+    const TSS: Segment = Segment { selector: TSS_SELECTOR, type_: 0xb, dpl: 0, code_or_data: false, long: false, big: false };
+
+    const fn code(selector: u16, dpl: u8) -> Segment {
+        // Execute/read, accessed.
+        Segment { selector, type_: 0xb, dpl, code_or_data: true, long: true, big: false }
+    }
+
+    const fn data(selector: u16, dpl: u8) -> Segment {
+        // Read/write, accessed.
+        Segment { selector, type_: 0x3, dpl, code_or_data: true, long: false, big: true }
+    }
+
+    /// The low 8 bytes of the descriptor (Intel SDM vol. 3 §3.4.5).
+    fn descriptor(&self, base: u64, limit: u32) -> u64 {
+        let access = u64::from(self.type_) | (u64::from(self.code_or_data) << 4) | (u64::from(self.dpl) << 5) | (1 << 7);
+        let flags = (u64::from(self.long) << 1) | (u64::from(self.big) << 2) | (u64::from(self.code_or_data) << 3);
+        (u64::from(limit) & 0xffff)
+            | ((base & 0xff_ffff) << 16)
+            | (access << 40)
+            | ((u64::from(limit >> 16) & 0xf) << 48)
+            | (flags << 52)
+            | (((base >> 24) & 0xff) << 56)
+    }
+
+    fn kvm(&self, base: u64, limit: u32) -> kvm_segment {
+        kvm_segment {
+            base,
+            limit: if self.code_or_data { 0xffff_ffff } else { limit },
+            selector: self.selector | u16::from(self.dpl),
+            type_: self.type_,
+            present: 1,
+            dpl: self.dpl,
+            db: u8::from(self.big),
+            s: u8::from(self.code_or_data),
+            l: u8::from(self.long),
+            g: u8::from(self.code_or_data),
+            avl: 0,
+            unusable: 0,
+            padding: 0,
+        }
+    }
+}
+
+/// Write the GDT, TSS and page tables into guest memory. Done once per VM.
+pub fn write_tables(mem: &GuestMemoryMmap) -> Result<(), vm_memory::GuestMemoryError> {
+    let code_limit = 0xf_ffff; // 4 GiB with 4 KiB granularity; ignored in long mode
+    let gdt = [
+        0,
+        Segment::KERNEL_CODE.descriptor(0, code_limit),
+        Segment::KERNEL_DATA.descriptor(0, code_limit),
+        Segment::USER_CODE.descriptor(0, code_limit),
+        Segment::USER_DATA.descriptor(0, code_limit),
+        Segment::TSS.descriptor(TSS_ADDR, TSS_LIMIT),
+        TSS_ADDR >> 32, // high half of the 16-byte system descriptor
+    ];
+    for (i, d) in gdt.iter().enumerate() {
+        mem.write_obj(*d, GuestAddress(GDT_ADDR + 8 * i as u64))?;
+    }
+
+    // TSS: all zero (no ring-0 stacks are needed yet), the bitmap offset, a zero bitmap (every
+    // port allowed) and the terminating 0xFF byte.
+    mem.write_slice(&[0u8; (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as usize], GuestAddress(TSS_ADDR))?;
+    mem.write_obj(TSS_IOMAP_BASE as u16, GuestAddress(TSS_ADDR + 0x66))?;
+    mem.write_obj(0xffu8, GuestAddress(TSS_ADDR + TSS_IOMAP_BASE + TSS_IOMAP_LEN))?;
+
+    let table = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
+    mem.write_obj(PDPT_ADDR | table, GuestAddress(PML4_ADDR))?;
+    for pd in 0..PD_COUNT {
+        let pd_addr = PD_ADDR + pd * 0x1000;
+        mem.write_obj(pd_addr | table, GuestAddress(PDPT_ADDR + pd * 8))?;
+        for i in 0..512u64 {
+            let page = ((pd << 30) + (i << 21)) | table | PTE_HUGE;
+            mem.write_obj(page, GuestAddress(pd_addr + i * 8))?;
+        }
+    }
+    Ok(())
+}
+
+/// Special registers for 64-bit mode at CPL 0 with the tables of [`write_tables`].
+pub fn long_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
+    let code = Segment::KERNEL_CODE.kvm(0, 0);
+    let data = Segment::KERNEL_DATA.kvm(0, 0);
+    sregs.cs = code;
+    (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
+    sregs.tr = Segment::TSS.kvm(TSS_ADDR, TSS_LIMIT);
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = 7 * 8 - 1;
+    sregs.idt.base = 0;
+    sregs.idt.limit = 0;
+    sregs.cr0 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP | CR0_PG;
+    sregs.cr3 = PML4_ADDR;
+    sregs.cr4 = CR4_PAE;
+    sregs.efer = EFER_LME | EFER_LMA;
+    sregs
+}
+
+/// General registers at the probe's entry: `rdi` = vCPU index, the ring-0 stack below the
+/// ring-3 one (the entry code only uses it for the `iretq` frame).
+pub fn entry_regs(vcpu_index: u64) -> kvm_regs {
+    kvm_regs {
+        rip: PROBE_LOAD_ADDR,
+        rsp: PROBE_STACK_TOP - 0x1000 * (vcpu_index + 1),
+        rdi: vcpu_index,
+        rflags: 0x2, // bit 1 is reserved and must be set
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_match_the_sdm_encoding() {
+        // Well-known flat 64-bit code and data descriptors.
+        assert_eq!(Segment::KERNEL_CODE.descriptor(0, 0xf_ffff), 0x00af_9b00_0000_ffff);
+        assert_eq!(Segment::KERNEL_DATA.descriptor(0, 0xf_ffff), 0x00cf_9300_0000_ffff);
+        assert_eq!(Segment::USER_CODE.descriptor(0, 0xf_ffff), 0x00af_fb00_0000_ffff);
+        assert_eq!(Segment::USER_DATA.descriptor(0, 0xf_ffff), 0x00cf_f300_0000_ffff);
+        assert_eq!(Segment::TSS.descriptor(0x2000, 0x2068), 0x0000_8b00_2000_2068);
+    }
+
+    #[test]
+    fn user_selectors_carry_rpl_3() {
+        assert_eq!(Segment::USER_CODE.kvm(0, 0).selector, USER_CS as u16);
+        assert_eq!(Segment::USER_DATA.kvm(0, 0).selector, USER_DS as u16);
+    }
+}

@@ -1,0 +1,130 @@
+//! vCPUs: setup, the exit dispatcher, and the per-vCPU thread loop.
+//!
+//! The loop only runs the vCPU and hands each exit to [`handle_exit`], which routes port and
+//! MMIO accesses to the buses and counts them; everything else is a device's business.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, kvm_mp_state};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
+
+use crate::bus::IoBuses;
+use crate::stats::{ExitCounters, ExitKind};
+use crate::vm::run_control::{RunControl, StopReason};
+use crate::vm::{Vm, VmError, boot, cpuid};
+
+/// What the loop does after an exit.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ExitAction {
+    /// Re-enter the guest.
+    Resume,
+    /// Stop this vCPU and the run.
+    Stop(StopReason),
+}
+
+/// Count one exit, then route it to the buses. No KVM needed: tests feed it synthetic exits.
+pub fn handle_exit(exit: VcpuExit<'_>, io: &IoBuses, counters: &ExitCounters) -> ExitAction {
+    match exit {
+        VcpuExit::IoIn(port, data) => {
+            counters.record(ExitKind::PioRead, io.pio.device_at(port.into()));
+            io.pio.read(port.into(), data);
+        }
+        VcpuExit::IoOut(port, data) => {
+            counters.record(ExitKind::PioWrite, io.pio.device_at(port.into()));
+            io.pio.write(port.into(), data);
+        }
+        VcpuExit::MmioRead(addr, data) => {
+            counters.record(ExitKind::MmioRead, io.mmio.device_at(addr));
+            io.mmio.read(addr, data);
+        }
+        VcpuExit::MmioWrite(addr, data) => {
+            counters.record(ExitKind::MmioWrite, io.mmio.device_at(addr));
+            io.mmio.write(addr, data);
+        }
+        VcpuExit::Hlt | VcpuExit::IrqWindowOpen | VcpuExit::Intr => {
+            counters.record(ExitKind::Other, None);
+        }
+        VcpuExit::Shutdown => {
+            counters.record(ExitKind::Other, None);
+            return ExitAction::Stop(StopReason::Shutdown);
+        }
+        other => {
+            counters.record(ExitKind::Other, None);
+            return ExitAction::Stop(StopReason::VcpuFailed(format!("unexpected exit {other:?}")));
+        }
+    }
+    ExitAction::Resume
+}
+
+/// One vCPU, configured for the probe's entry.
+pub struct Vcpu {
+    fd: VcpuFd,
+    index: u8,
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Nothing to do: the signal's only job is to make KVM_RUN return EINTR.
+}
+
+/// The signal that kicks a vCPU thread out of `KVM_RUN`.
+pub fn kick_signal() -> libc::c_int {
+    SIGRTMIN()
+}
+
+/// Install the kick handler once per process.
+pub fn install_kick_handler() -> Result<(), VmError> {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    let mut result = Ok(());
+    INSTALLED.call_once(|| {
+        result = register_signal_handler(kick_signal(), kick_handler).map_err(|e| VmError::Kvm {
+            what: "install the vCPU kick signal handler",
+            source: kvm_ioctls::Error::new(e.errno()),
+        });
+    });
+    result
+}
+
+impl Vcpu {
+    /// Create vCPU `index` in long mode at the probe entry.
+    pub fn new(vm: &Vm, index: u8) -> Result<Self, VmError> {
+        let err = |what| move |source| VmError::Kvm { what, source };
+        let fd = vm.fd().create_vcpu(index.into()).map_err(err("create vCPU"))?;
+        let supported = vm
+            .kvm()
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(err("get supported CPUID"))?;
+        fd.set_cpuid2(&cpuid::for_vcpu(supported, index))
+            .map_err(err("set CPUID"))?;
+        let sregs = fd.get_sregs().map_err(err("get sregs"))?;
+        fd.set_sregs(&boot::long_mode_sregs(sregs)).map_err(err("set sregs"))?;
+        fd.set_regs(&boot::entry_regs(index.into())).map_err(err("set regs"))?;
+        if index != 0 {
+            // With the in-kernel LAPIC an AP waits for INIT/SIPI; ours start at the probe entry
+            // directly, which parks them.
+            fd.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_RUNNABLE })
+                .map_err(err("set MP state"))?;
+        }
+        Ok(Vcpu { fd, index })
+    }
+
+    /// The TSC frequency KVM gives this vCPU, in kHz.
+    pub fn tsc_khz(&self) -> Option<u32> {
+        self.fd.get_tsc_khz().ok()
+    }
+
+    /// Run until the run is stopped. Entries counts every `KVM_RUN` for the caller's report.
+    pub fn run(mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl, entries: &AtomicU64) {
+        while !control.is_stopping() {
+            entries.fetch_add(1, Ordering::Relaxed);
+            let action = match self.fd.run() {
+                Ok(exit) => handle_exit(exit, io, counters),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => ExitAction::Resume,
+                Err(e) => ExitAction::Stop(StopReason::VcpuFailed(format!("vCPU {}: KVM_RUN: {e}", self.index))),
+            };
+            if let ExitAction::Stop(reason) = action {
+                control.stop(reason);
+            }
+        }
+    }
+}
