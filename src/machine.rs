@@ -320,3 +320,49 @@ fn read_blocks<T: FromBytes + Copy>(
 pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
     Machine::new(cfg.ecam)?.run(cfg)
 }
+
+/// Builders for the ops the probe understands.
+pub mod ops {
+    use crate::contract::*;
+    use crate::pci::PciAddress;
+
+    /// The ECAM-style address the contract uses for register `reg` of `function`.
+    pub fn config_address(function: PciAddress, reg: u16) -> u64 {
+        function.ecam_offset() + u64::from(reg)
+    }
+
+    /// Read `size` bytes of config space.
+    pub fn cfg_read(method: u64, function: PciAddress, reg: u16, size: u64) -> Op {
+        Op { kind: OP_CFG_READ, method, address: config_address(function, reg), size, ..Default::default() }
+    }
+
+    /// Write `size` bytes of config space.
+    pub fn cfg_write(method: u64, function: PciAddress, reg: u16, size: u64, value: u64) -> Op {
+        Op { kind: OP_CFG_WRITE, method, address: config_address(function, reg), size, value, ..Default::default() }
+    }
+
+    /// Read one config dword `count` times.
+    pub fn cfg_read_loop(method: u64, function: PciAddress, reg: u16, count: u64) -> Op {
+        Op { kind: OP_CFG_READ_LOOP, method, address: config_address(function, reg), size: 4, count, ..Default::default() }
+    }
+
+    /// Read a RAM dword `count` times.
+    pub fn ram_read_loop(count: u64) -> Op {
+        Op { kind: OP_RAM_READ_LOOP, count, ..Default::default() }
+    }
+
+    /// Enumerate the bus.
+    pub fn enumerate(method: u64) -> Op {
+        Op { kind: OP_ENUMERATE, method, ..Default::default() }
+    }
+
+    /// Guest-physical read (device MMIO).
+    pub fn mmio_read(address: u64, size: u64) -> Op {
+        Op { kind: OP_MMIO_READ, address, size, ..Default::default() }
+    }
+
+    /// Guest-physical write (device MMIO).
+    pub fn mmio_write(address: u64, size: u64, value: u64) -> Op {
+        Op { kind: OP_MMIO_WRITE, address, size, value, ..Default::default() }
+    }
+}

@@ -1,0 +1,140 @@
+//! Rendering a [`Report`]: a table for people, JSON for tools, an SVG chart.
+
+use std::fmt::Write as _;
+
+use crate::bench::{Report, ScenarioReport};
+
+/// A duration in the unit that suits it.
+pub fn human_ns(ns: f64) -> String {
+    match ns {
+        ns if !ns.is_finite() => "n/a".into(),
+        ns if ns < 1e3 => format!("{ns:.2} ns"),
+        ns if ns < 1e6 => format!("{:.2} us", ns / 1e3),
+        ns if ns < 1e9 => format!("{:.2} ms", ns / 1e6),
+        ns => format!("{:.2} s", ns / 1e9),
+    }
+}
+
+fn ratio(r: f64) -> String {
+    match r {
+        r if !r.is_finite() => "-".into(),
+        r if r >= 0.01 => format!("{r:.3}x"),
+        r => format!("{r:.2e}x"),
+    }
+}
+
+/// The table for one scenario.
+pub fn scenario_table(s: &ScenarioReport) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "== {} ==\n{}\ntiming: {}\n", s.name, s.title, s.timing);
+    let _ = writeln!(
+        t,
+        "{:<18} {:>12} {:>12}   {:>11} {:>10} {:>8}  exits by kind",
+        "variant", "time ratio", "seed ratio", "time/op", "exits/op", "ops"
+    );
+    for v in &s.variants {
+        let kinds: Vec<String> = v
+            .exits_by_kind
+            .iter()
+            .filter(|(_, n)| **n > 0.0)
+            .map(|(k, n)| format!("{k}:{n:.2}"))
+            .collect();
+        let seed = v.seed_time_ratio.map_or("-".into(), ratio);
+        let vs = if v.name == v.baseline { "1 (base)".into() } else { ratio(v.time_ratio) };
+        let _ = writeln!(
+            t,
+            "{:<18} {:>12} {:>12}   {:>11} {:>10.2} {:>8}  {}",
+            v.name,
+            vs,
+            seed,
+            human_ns(v.ns_per_op),
+            v.exits_per_op,
+            v.ops,
+            if kinds.is_empty() { "-".into() } else { kinds.join(" ") },
+        );
+    }
+    let _ = writeln!(t, "\ntime ratio = time/op over the baseline's (pio for reads, enum-pio for enumeration); below 1 is faster");
+    let _ = writeln!(t, "targets (benchmark figures, not test asserts):");
+    for c in &s.targets {
+        let mark = if c.met { "met" } else { "MISSED" };
+        let _ = writeln!(t, "  [{mark:>6}] {}: {}", c.target, c.measured);
+    }
+    t
+}
+
+/// The whole report as text.
+pub fn text(r: &Report) -> String {
+    let mut t = format!("exitless bench on {}\n\n", r.host);
+    for s in &r.scenarios {
+        t.push_str(&scenario_table(s));
+        t.push('\n');
+    }
+    t
+}
+
+/// The whole report as JSON.
+pub fn json(r: &Report) -> String {
+    serde_json::to_string_pretty(r).expect("the report serializes")
+}
+
+/// A horizontal bar chart of time per op (log scale), one panel per scenario.
+pub fn svg(r: &Report) -> String {
+    const ROW: f64 = 22.0;
+    const LEFT: f64 = 150.0;
+    const WIDTH: f64 = 560.0;
+    let rows: usize = r.scenarios.iter().map(|s| s.variants.len() + 2).sum();
+    let height = 40.0 + rows as f64 * ROW;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"monospace\" font-size=\"12\">\n",
+        LEFT + WIDTH + 120.0
+    );
+    let _ = writeln!(s, "<text x=\"8\" y=\"18\">exitless bench: time per op, log scale ({})</text>", escape(&r.host));
+    let mut y = 40.0;
+    for sc in &r.scenarios {
+        let _ = writeln!(s, "<text x=\"8\" y=\"{y}\" font-weight=\"bold\">{}</text>", escape(&sc.name));
+        y += ROW;
+        let finite = sc.variants.iter().map(|v| v.ns_per_op).filter(|x| x.is_finite() && *x > 0.0);
+        let (lo, hi) = finite.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+        let (llo, lhi) = ((lo / 2.0).log10(), hi.log10().max((lo / 2.0).log10() + 1.0));
+        for v in &sc.variants {
+            let w = if v.ns_per_op.is_finite() && v.ns_per_op > 0.0 {
+                (v.ns_per_op.log10() - llo) / (lhi - llo) * WIDTH
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                s,
+                "<text x=\"8\" y=\"{}\">{}</text><rect x=\"{LEFT}\" y=\"{}\" width=\"{w:.1}\" height=\"{}\" fill=\"#4a7ab5\"/><text x=\"{}\" y=\"{}\">{} ({:.2} exits)</text>",
+                y + 12.0,
+                escape(&v.name),
+                y + 2.0,
+                ROW - 6.0,
+                LEFT + w + 6.0,
+                y + 12.0,
+                human_ns(v.ns_per_op),
+                v.exits_per_op
+            );
+            y += ROW;
+        }
+        y += ROW;
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_ns(1.5), "1.50 ns");
+        assert_eq!(human_ns(35_000.0), "35.00 us");
+        assert_eq!(human_ns(2.5e7), "25.00 ms");
+        assert_eq!(human_ns(f64::NAN), "n/a");
+    }
+}
