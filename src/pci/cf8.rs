@@ -67,3 +67,77 @@ impl BusDevice for PciConfigIo {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::populate_bus0;
+    use crate::pci::root::BarWindows;
+
+    fn ports() -> PciConfigIo {
+        let root = PciRoot::new(BarWindows { mmio: (0xc000_0000, 0xe000_0000), io: (0xc000, 0x1_0000) }).unwrap();
+        populate_bus0(&root).unwrap();
+        PciConfigIo::new(Arc::new(root))
+    }
+
+    fn select(p: &PciConfigIo, value: u32) {
+        p.write(0, &value.to_le_bytes());
+    }
+
+    fn read(p: &PciConfigIo, offset: u64, len: usize) -> Vec<u8> {
+        let mut d = vec![0; len];
+        p.read(offset, &mut d);
+        d
+    }
+
+    #[test]
+    fn config_address_is_a_dword_register_with_reserved_bits_zero() {
+        let p = ports();
+        select(&p, 0xffff_ffff);
+        assert_eq!(read(&p, 0, 4), 0x80ff_fffcu32.to_le_bytes());
+        p.write(0, &[0, 0]); // a word write to 0xCF8 is not CONFIG_ADDRESS
+        p.write(1, &[0]);
+        assert_eq!(read(&p, 0, 4), 0x80ff_fffcu32.to_le_bytes());
+        assert_eq!(read(&p, 2, 2), [0xff, 0xff]);
+    }
+
+    #[test]
+    fn data_lanes_select_bytes_of_the_dword() {
+        let p = ports();
+        select(&p, 0x8000_0800); // 00:01.0, register 0
+        assert_eq!(read(&p, 4, 4), 0x0001_7e57u32.to_le_bytes());
+        assert_eq!(read(&p, 6, 2), [0x01, 0x00]);
+        assert_eq!(read(&p, 5, 1), [0x7e]);
+        assert_eq!(read(&p, 7, 2), [0x00, 0xff], "the lane past 0xCFF is not config data");
+    }
+
+    #[test]
+    fn disabled_cycles_and_absent_functions_read_all_ones() {
+        let p = ports();
+        select(&p, 0x0000_0800); // enable bit clear
+        assert_eq!(read(&p, 4, 4), [0xff; 4]);
+        p.write(4, &[0; 4]); // dropped
+        select(&p, 0x8000_f800); // 00:1f.0: absent
+        assert_eq!(read(&p, 4, 4), [0xff; 4]);
+        select(&p, 0x8001_0000); // bus 1: absent
+        assert_eq!(read(&p, 4, 2), [0xff; 2]);
+    }
+
+    #[test]
+    fn only_the_first_256_bytes_are_reachable() {
+        let p = ports();
+        // Bits 27:24 (AMD's extended register number) are reserved here: register 0x00.
+        select(&p, 0x8f00_0800);
+        assert_eq!(read(&p, 4, 4), 0x0001_7e57u32.to_le_bytes());
+    }
+
+    #[test]
+    fn writes_go_through_the_masks() {
+        let p = ports();
+        select(&p, 0x8000_0854); // 00:01.0 MSI address low
+        p.write(4, &0xfee0_0003u32.to_le_bytes());
+        assert_eq!(read(&p, 4, 4), 0xfee0_0000u32.to_le_bytes(), "bits 1:0 are reserved");
+        p.write(7, &[0x12]);
+        assert_eq!(read(&p, 4, 4), 0x12e0_0000u32.to_le_bytes());
+    }
+}

@@ -66,3 +66,17 @@ impl BusDevice for PciConfigMmio {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accesses_split_at_function_boundaries() {
+        let chunks: Vec<_> = PciConfigMmio::chunks(0x8ffe, 4).collect();
+        assert_eq!(chunks.len(), 2);
+        assert_eq!((chunks[0].0, chunks[0].1, chunks[0].2.clone()), (PciAddress::new(0, 1, 0).unwrap(), 0xffe, 0..2));
+        assert_eq!((chunks[1].0, chunks[1].1, chunks[1].2.clone()), (PciAddress::new(0, 1, 1).unwrap(), 0, 2..4));
+        assert_eq!(PciConfigMmio::chunks(0x10, 8).count(), 1);
+    }
+}

@@ -44,6 +44,15 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
 }
 
+/// Open the KVM device at `path`, turning the common failures into advice.
+fn open_kvm(path: &std::ffi::CStr) -> Result<Kvm, VmError> {
+    Kvm::new_with_path(path).map_err(|e| match e.errno() {
+        libc::ENOENT => VmError::NoKvm,
+        libc::EACCES | libc::EPERM => VmError::KvmPermission,
+        _ => VmError::Kvm { what: "open /dev/kvm", source: e },
+    })
+}
+
 /// A VM with an in-kernel irqchip and guest RAM at address 0.
 pub struct Vm {
     kvm: Kvm,
@@ -55,11 +64,7 @@ pub struct Vm {
 impl Vm {
     /// Open KVM and create a VM with `mem_size` bytes of RAM.
     pub fn new(mem_size: usize) -> Result<Self, VmError> {
-        let kvm = Kvm::new().map_err(|e| match e.errno() {
-            libc::ENOENT => VmError::NoKvm,
-            libc::EACCES | libc::EPERM => VmError::KvmPermission,
-            _ => VmError::Kvm { what: "open /dev/kvm", source: e },
-        })?;
+        let kvm = open_kvm(c"/dev/kvm")?;
         for (cap, name) in [
             (Cap::Irqchip, "an in-kernel irqchip"),
             (Cap::UserMemory, "user memory slots"),
@@ -124,5 +129,17 @@ impl Vm {
     /// Guest RAM.
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.memory
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_kvm_device_says_what_to_do() {
+        let e = open_kvm(c"/nonexistent/kvm").err().expect("no such device");
+        assert!(matches!(e, VmError::NoKvm));
+        assert!(e.to_string().contains("modprobe"));
     }
 }

@@ -128,3 +128,54 @@ impl Vcpu {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::BusDevice;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Latch(Mutex<Vec<u8>>);
+
+    impl BusDevice for Latch {
+        fn read(&self, _offset: u64, data: &mut [u8]) {
+            data.fill(0x5a);
+        }
+        fn write(&self, _offset: u64, data: &[u8]) {
+            self.0.lock().unwrap().extend_from_slice(data);
+        }
+    }
+
+    #[test]
+    fn port_and_mmio_exits_reach_their_device_and_are_counted() {
+        let mut io = IoBuses::default();
+        let latch = Arc::new(Latch::default());
+        let pio = io.add_pio("latch", 0x80, 1, latch.clone()).unwrap();
+        io.add_mmio("latch", 0x1000, 0x10, latch.clone()).unwrap();
+        let counters = ExitCounters::new(io.names.len());
+        let mut buf = [0u8; 2];
+        assert_eq!(handle_exit(VcpuExit::IoOut(0x80, &[7]), &io, &counters), ExitAction::Resume);
+        assert_eq!(handle_exit(VcpuExit::MmioRead(0x1004, &mut buf), &io, &counters), ExitAction::Resume);
+        assert_eq!(buf, [0x5a, 0x5a]);
+        handle_exit(VcpuExit::MmioWrite(0x2000, &[1]), &io, &counters); // unclaimed
+        let s = counters.snapshot();
+        assert_eq!(*latch.0.lock().unwrap(), vec![7]);
+        assert_eq!(s.of_device(pio), 2);
+        assert_eq!(s.of_kind(ExitKind::PioWrite), 1);
+        assert_eq!(s.of_kind(ExitKind::MmioWrite), 1);
+        assert_eq!(s.by_device.last(), Some(&1), "the unclaimed write");
+    }
+
+    #[test]
+    fn shutdown_and_unexpected_exits_stop_the_run() {
+        let io = IoBuses::default();
+        let counters = ExitCounters::new(0);
+        assert_eq!(handle_exit(VcpuExit::Shutdown, &io, &counters), ExitAction::Stop(StopReason::Shutdown));
+        assert!(matches!(
+            handle_exit(VcpuExit::FailEntry(0, 0), &io, &counters),
+            ExitAction::Stop(StopReason::VcpuFailed(_))
+        ));
+        assert_eq!(handle_exit(VcpuExit::Hlt, &io, &counters), ExitAction::Resume);
+    }
+}
