@@ -73,7 +73,10 @@ fn main() {
         ])
         .arg("-I")
         .arg(&out)
-        .arg(format!("-Wl,--defsym=PROBE_LOAD_ADDR={}", contract::PROBE_LOAD_ADDR))
+        .arg(format!(
+            "-Wl,--defsym=PROBE_LOAD_ADDR={}",
+            contract::PROBE_LOAD_ADDR
+        ))
         .arg("-T")
         .arg(guest.join("probe.ld"))
         .arg(guest.join("entry.S"))

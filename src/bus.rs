@@ -77,7 +77,12 @@ impl Bus {
             && b + e.len > base
         {
             let other = names[e.id].clone();
-            return Err(BusError::Overlap { name, base, len, other });
+            return Err(BusError::Overlap {
+                name,
+                base,
+                len,
+                other,
+            });
         }
         self.entries.insert(base, BusEntry { len, id, device });
         Ok(())
@@ -216,7 +221,10 @@ mod tests {
             io.add_pio("c", 0x0c, 5, dev.clone()),
             Err(BusError::Overlap { .. })
         ));
-        assert!(matches!(io.add_pio("d", 0x40, 0, dev.clone()), Err(BusError::BadRange { .. })));
+        assert!(matches!(
+            io.add_pio("d", 0x40, 0, dev.clone()),
+            Err(BusError::BadRange { .. })
+        ));
         io.add_pio("e", 0x18, 1, dev).unwrap();
     }
 

@@ -41,8 +41,10 @@ pub mod layout {
     pub const PCI_MMIO_WINDOW: (u64, u64) = (0xc000_0000, 0xe000_0000);
     /// ECAM window for bus 0 (1 MiB: 32 devices × 8 functions × 4 KiB).
     pub const ECAM_BASE: u64 = 0xe000_0000;
-    /// I/O BARs are placed in these ports.
-    pub const PCI_IO_WINDOW: (u64, u64) = (0xc000, 0x1_0000);
+    /// I/O BARs are placed in ports `PCI_IO_BASE..PCI_IO_BASE + PCI_IO_LEN`.
+    pub const PCI_IO_BASE: u16 = 0xc000;
+    /// Length of the I/O BAR window.
+    pub const PCI_IO_LEN: u16 = 0x4000;
     /// IOAPIC pin of the serial console (COM1's ISA IRQ).
     pub const SERIAL_GSI: u32 = 4;
 }
@@ -97,7 +99,12 @@ pub struct ProbeConfig {
 
 impl Default for ProbeConfig {
     fn default() -> Self {
-        ProbeConfig { ops: Vec::new(), ecam: Some(EcamMode::Shadow), vcpus: 1, timeout: Duration::from_secs(600) }
+        ProbeConfig {
+            ops: Vec::new(),
+            ecam: Some(EcamMode::Shadow),
+            vcpus: 1,
+            timeout: Duration::from_secs(600),
+        }
     }
 }
 
@@ -123,12 +130,20 @@ pub struct ProbeRun {
 impl ProbeRun {
     /// Exits op `i` caused (empty if it did not complete).
     pub fn exits(&self, i: usize) -> ExitSnapshot {
-        self.phases.get(i).cloned().flatten().map(|p| p.exits).unwrap_or_default()
+        self.phases
+            .get(i)
+            .cloned()
+            .flatten()
+            .map(|p| p.exits)
+            .unwrap_or_default()
     }
 
     /// Exits op `i` caused at the device called `name`.
     pub fn exits_at(&self, i: usize, name: &str) -> u64 {
-        self.devices.iter().position(|n| n == name).map_or(0, |id| self.exits(i).of_device(id))
+        self.devices
+            .iter()
+            .position(|n| n == name)
+            .map_or(0, |id| self.exits(i).of_device(id))
     }
 }
 
@@ -150,9 +165,21 @@ pub mod names {
 pub fn populate_bus0(root: &PciRoot) -> Result<(), PciError> {
     let at = |d, f| PciAddress::new(0, d, f).expect("valid address");
     root.add(at(0, 0), &HostBridge::layout(), Box::new(HostBridge))?;
-    root.add(at(1, 0), &TestDevice::layout(0x0001), Box::<TestDevice>::default())?;
-    root.add(at(2, 0), &TestDevice::layout(0x0002), Box::<TestDevice>::default())?;
-    root.add(at(2, 1), &TestDevice::layout(0x0003), Box::<TestDevice>::default())?;
+    root.add(
+        at(1, 0),
+        &TestDevice::layout(0x0001),
+        Box::<TestDevice>::default(),
+    )?;
+    root.add(
+        at(2, 0),
+        &TestDevice::layout(0x0002),
+        Box::<TestDevice>::default(),
+    )?;
+    root.add(
+        at(2, 1),
+        &TestDevice::layout(0x0003),
+        Box::<TestDevice>::default(),
+    )?;
     Ok(())
 }
 
@@ -176,27 +203,51 @@ impl Machine {
         let control = Arc::new(RunControl::default());
         let console = Arc::new(Mutex::new(Vec::new()));
 
-        let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the serial eventfd"))?;
+        let serial_irq =
+            EventFd::new(EFD_NONBLOCK).map_err(host_err("create the serial eventfd"))?;
         vm.fd()
             .register_irqfd(&serial_irq, layout::SERIAL_GSI)
-            .map_err(|source| VmError::Kvm { what: "register the serial irqfd", source })?;
+            .map_err(|source| VmError::Kvm {
+                what: "register the serial irqfd",
+                source,
+            })?;
         let serial = SerialConsole::new(serial_irq, ConsoleOutput::Buffer(console.clone()));
-        io.add_pio(names::SERIAL, PORT_SERIAL as u16, SERIAL_PORT_LEN, Arc::new(serial))?;
+        io.add_pio(
+            names::SERIAL,
+            PORT_SERIAL,
+            SERIAL_PORT_LEN,
+            Arc::new(serial),
+        )?;
 
-        let pci = Arc::new(PciRoot::new(BarWindows { mmio: layout::PCI_MMIO_WINDOW, io: layout::PCI_IO_WINDOW })?);
+        let pci = Arc::new(PciRoot::new(BarWindows {
+            mmio: layout::PCI_MMIO_WINDOW,
+            io: (
+                layout::PCI_IO_BASE.into(),
+                u64::from(layout::PCI_IO_BASE) + u64::from(layout::PCI_IO_LEN),
+            ),
+        })?);
         populate_bus0(&pci)?;
         io.add_pio(
             names::PCI_PIO,
-            PCI_CONFIG_ADDRESS_PORT as u16,
+            PCI_CONFIG_ADDRESS_PORT,
             PCI_CONFIG_IO_LEN,
             Arc::new(PciConfigIo::new(pci.clone())),
         )?;
         let (mmio_start, mmio_end) = layout::PCI_MMIO_WINDOW;
         let mem_bars = BarWindow::new(pci.clone(), BarSpace::Memory, mmio_start);
-        io.add_mmio(names::PCI_BARS, mmio_start, mmio_end - mmio_start, Arc::new(mem_bars))?;
-        let (io_start, io_end) = layout::PCI_IO_WINDOW;
-        let io_bars = BarWindow::new(pci.clone(), BarSpace::Io, io_start);
-        io.add_pio(names::PCI_BARS, io_start as u16, (io_end - io_start) as u16, Arc::new(io_bars))?;
+        io.add_mmio(
+            names::PCI_BARS,
+            mmio_start,
+            mmio_end - mmio_start,
+            Arc::new(mem_bars),
+        )?;
+        let io_bars = BarWindow::new(pci.clone(), BarSpace::Io, layout::PCI_IO_BASE.into());
+        io.add_pio(
+            names::PCI_BARS,
+            layout::PCI_IO_BASE,
+            layout::PCI_IO_LEN,
+            Arc::new(io_bars),
+        )?;
         if let Some(mode) = ecam {
             let window = pci.window();
             io.add_mmio(
@@ -215,16 +266,31 @@ impl Machine {
         // The counters must know every device; the probe ports are the last one added.
         let counters = Arc::new(ExitCounters::new(io.names.len() + 1));
         let probe_ports = Arc::new(ProbePorts::new(counters.clone(), control.clone()));
-        let id = io.add_pio(names::PROBE_PORTS, PROBE_PORTS_BASE, PROBE_PORTS_LEN, probe_ports.clone())?;
+        let id = io.add_pio(
+            names::PROBE_PORTS,
+            PROBE_PORTS_BASE,
+            PROBE_PORTS_LEN,
+            probe_ports.clone(),
+        )?;
         probe_ports.set_device_id(id);
-        Ok(Machine { vm, io, probe_ports, control, counters, console })
+        Ok(Machine {
+            vm,
+            io,
+            probe_ports,
+            control,
+            counters,
+            console,
+        })
     }
 
     fn load(&self, cfg: &ProbeConfig) -> Result<(), MachineError> {
         if cfg.ops.len() as u64 > MAX_OPS {
             return Err(MachineError::TooManyOps(cfg.ops.len()));
         }
-        assert!(PROBE_IMAGE.len() as u64 <= PROBE_MAX_SIZE, "probe image outgrew PROBE_MAX_SIZE");
+        assert!(
+            PROBE_IMAGE.len() as u64 <= PROBE_MAX_SIZE,
+            "probe image outgrew PROBE_MAX_SIZE"
+        );
         let mem = self.vm.memory();
         boot::write_tables(mem)?;
         mem.write_slice(PROBE_IMAGE, GuestAddress(PROBE_LOAD_ADDR))?;
@@ -255,8 +321,12 @@ impl Machine {
         let entries = Arc::new(AtomicU64::new(0));
         let mut threads = Vec::new();
         for v in vcpus {
-            let (io, counters, control, entries) =
-                (io.clone(), self.counters.clone(), self.control.clone(), entries.clone());
+            let (io, counters, control, entries) = (
+                io.clone(),
+                self.counters.clone(),
+                self.control.clone(),
+                entries.clone(),
+            );
             let t = thread::Builder::new()
                 .name("vcpu".into())
                 .spawn(move || v.run(&io, &counters, &control, &entries))
@@ -264,7 +334,8 @@ impl Machine {
             threads.push(t);
         }
         let reason = self.control.wait(cfg.timeout);
-        self.control.stop(StopReason::VcpuFailed("stopped by the VMM".into()));
+        self.control
+            .stop(StopReason::VcpuFailed("stopped by the VMM".into()));
         // Kick every vCPU out of KVM_RUN until its thread ends (a kick can land before the
         // thread re-enters the guest, hence the retry).
         for t in &threads {
@@ -290,7 +361,8 @@ impl Machine {
             .rev()
             .find(|(_, op)| op.kind == crate::contract::OP_ENUMERATE)
             .map_or(0, |(r, _)| r.value.min(MAX_ENUM_RECORDS));
-        let enum_records = read_blocks::<EnumRecord>(mem, ENUM_ADDR, enum_count as usize)?;
+        let enum_count = usize::try_from(enum_count).expect("at most MAX_ENUM_RECORDS");
+        let enum_records = read_blocks::<EnumRecord>(mem, ENUM_ADDR, enum_count)?;
         Ok(ProbeRun {
             results,
             phases: self.probe_ports.records(),
@@ -333,36 +405,75 @@ pub mod ops {
 
     /// Read `size` bytes of config space.
     pub fn cfg_read(method: u64, function: PciAddress, reg: u16, size: u64) -> Op {
-        Op { kind: OP_CFG_READ, method, address: config_address(function, reg), size, ..Default::default() }
+        Op {
+            kind: OP_CFG_READ,
+            method,
+            address: config_address(function, reg),
+            size,
+            ..Default::default()
+        }
     }
 
     /// Write `size` bytes of config space.
     pub fn cfg_write(method: u64, function: PciAddress, reg: u16, size: u64, value: u64) -> Op {
-        Op { kind: OP_CFG_WRITE, method, address: config_address(function, reg), size, value, ..Default::default() }
+        Op {
+            kind: OP_CFG_WRITE,
+            method,
+            address: config_address(function, reg),
+            size,
+            value,
+            ..Default::default()
+        }
     }
 
     /// Read one config dword `count` times.
     pub fn cfg_read_loop(method: u64, function: PciAddress, reg: u16, count: u64) -> Op {
-        Op { kind: OP_CFG_READ_LOOP, method, address: config_address(function, reg), size: 4, count, ..Default::default() }
+        Op {
+            kind: OP_CFG_READ_LOOP,
+            method,
+            address: config_address(function, reg),
+            size: 4,
+            count,
+            ..Default::default()
+        }
     }
 
     /// Read a RAM dword `count` times.
     pub fn ram_read_loop(count: u64) -> Op {
-        Op { kind: OP_RAM_READ_LOOP, count, ..Default::default() }
+        Op {
+            kind: OP_RAM_READ_LOOP,
+            count,
+            ..Default::default()
+        }
     }
 
     /// Enumerate the bus.
     pub fn enumerate(method: u64) -> Op {
-        Op { kind: OP_ENUMERATE, method, ..Default::default() }
+        Op {
+            kind: OP_ENUMERATE,
+            method,
+            ..Default::default()
+        }
     }
 
     /// Guest-physical read (device MMIO).
     pub fn mmio_read(address: u64, size: u64) -> Op {
-        Op { kind: OP_MMIO_READ, address, size, ..Default::default() }
+        Op {
+            kind: OP_MMIO_READ,
+            address,
+            size,
+            ..Default::default()
+        }
     }
 
     /// Guest-physical write (device MMIO).
     pub fn mmio_write(address: u64, size: u64, value: u64) -> Op {
-        Op { kind: OP_MMIO_WRITE, address, size, value, ..Default::default() }
+        Op {
+            kind: OP_MMIO_WRITE,
+            address,
+            size,
+            value,
+            ..Default::default()
+        }
     }
 }

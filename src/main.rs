@@ -45,16 +45,23 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     reads: u64,
     /// Enumerations per method in `pci`; the median is reported.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
-    enumerations: u64,
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=100))]
+    enumerations: u16,
     /// Give up on a guest run after this many seconds.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     timeout: u64,
 }
 
 fn bench(args: BenchArgs) -> Result<(), String> {
-    let scenarios = if args.scenarios.is_empty() { vec![Scenario::Pci] } else { args.scenarios };
-    let mut report = Report { host: host::describe(), scenarios: Vec::new() };
+    let scenarios = if args.scenarios.is_empty() {
+        vec![Scenario::Pci]
+    } else {
+        args.scenarios
+    };
+    let mut report = Report {
+        host: host::describe(),
+        scenarios: Vec::new(),
+    };
     for scenario in scenarios {
         let result = match scenario {
             Scenario::Pci => PciBench {

@@ -5,9 +5,9 @@ mod common;
 
 use common::{ECAM_MODES, at, run, values};
 use exitless::contract::*;
-use exitless::pci::regs::*;
 use exitless::machine::{layout, ops};
 use exitless::pci::EcamMode;
+use exitless::pci::regs::*;
 
 #[test]
 fn absent_functions_read_all_ones_and_ignore_writes() {
@@ -36,10 +36,10 @@ fn read_only_fields_ignore_writes() {
             vec![
                 ops::cfg_write(method, f, 0x00, 4, 0),
                 ops::cfg_write(method, f, 0x08, 4, 0xffff_ffff),
-                ops::cfg_write(method, f, PCI_CAPABILITY_LIST as u16, 1, 0x80),
+                ops::cfg_write(method, f, PCI_CAPABILITY_LIST, 1, 0x80),
                 ops::cfg_read(method, f, 0x00, 4),
                 ops::cfg_read(method, f, 0x08, 4),
-                ops::cfg_read(method, f, PCI_CAPABILITY_LIST as u16, 1),
+                ops::cfg_read(method, f, PCI_CAPABILITY_LIST, 1),
             ],
         );
         assert_eq!(values(&r)[3..], [0x0001_7e57, 0xff00_0001, 0x40]);
@@ -73,9 +73,15 @@ fn odd_sized_and_unaligned_accesses() {
         assert_eq!(v[17], 0x0001);
         assert_eq!(v[18], 0x017e, "bytes 1..=2");
         assert_eq!(v[19], 0xff00, "byte 3, then a port that is not config data");
-        assert_eq!(v[20], 0x0300_017e, "bytes 1..=4 (command: memory and I/O decoding on)");
+        assert_eq!(
+            v[20], 0x0300_017e,
+            "bytes 1..=4 (command: memory and I/O decoding on)"
+        );
         assert_eq!(v[21], 0x0010_0003_0001_7e57);
-        assert_eq!(v[23], 0xffff_ffff, "the straddling write did not create 01.1");
+        assert_eq!(
+            v[23], 0xffff_ffff,
+            "the straddling write did not create 01.1"
+        );
         assert_eq!(v[24], 0xffff_ff00);
         seen.push(v);
     }
@@ -86,18 +92,30 @@ fn odd_sized_and_unaligned_accesses() {
 fn mechanism_one_cannot_reach_extended_space() {
     let f = at(1, 0);
     let r = exitless::machine::run_probe(&exitless::machine::ProbeConfig {
-        ops: vec![ops::cfg_read(METHOD_PIO, f, 0x100, 4), ops::cfg_read(METHOD_ECAM, f, 0x100, 4)],
+        ops: vec![
+            ops::cfg_read(METHOD_PIO, f, 0x100, 4),
+            ops::cfg_read(METHOD_ECAM, f, 0x100, 4),
+        ],
         ..Default::default()
     })
     .unwrap();
-    assert_eq!(r.results[0].status, STATUS_UNSUPPORTED, "the guest refuses; offset bits do not fit CONFIG_ADDRESS");
+    assert_eq!(
+        r.results[0].status, STATUS_UNSUPPORTED,
+        "the guest refuses; offset bits do not fit CONFIG_ADDRESS"
+    );
     assert_eq!(r.results[1].value, 0x0001_000b);
 }
 
 #[test]
 fn unknown_ops_are_reported_not_fatal() {
     let r = exitless::machine::run_probe(&exitless::machine::ProbeConfig {
-        ops: vec![Op { kind: 99, ..Default::default() }, ops::cfg_read(METHOD_ECAM, at(0, 0), 0, 2)],
+        ops: vec![
+            Op {
+                kind: 99,
+                ..Default::default()
+            },
+            ops::cfg_read(METHOD_ECAM, at(0, 0), 0, 2),
+        ],
         ..Default::default()
     })
     .unwrap();

@@ -5,9 +5,9 @@ mod common;
 
 use common::{ECAM_MODES, at, run, values};
 use exitless::contract::*;
-use exitless::pci::regs::*;
 use exitless::machine::{names, ops};
 use exitless::pci::EcamMode;
+use exitless::pci::regs::*;
 
 #[test]
 fn all_methods_enumerate_the_same_functions() {
@@ -16,22 +16,45 @@ fn all_methods_enumerate_the_same_functions() {
     let shadow = run(Some(EcamMode::Shadow), vec![ops::enumerate(METHOD_ECAM)]).enum_records;
 
     let found: Vec<u64> = pio.iter().map(|r| r.address).collect();
-    assert_eq!(found, vec![0x0, 0x8000, 0x10000, 0x11000], "00:00.0, 00:01.0, 00:02.0, 00:02.1");
-    assert_eq!(trap, shadow, "trapped and shadowed ECAM see identical functions");
+    assert_eq!(
+        found,
+        vec![0x0, 0x8000, 0x10000, 0x11000],
+        "00:00.0, 00:01.0, 00:02.0, 00:02.1"
+    );
+    assert_eq!(
+        trap, shadow,
+        "trapped and shadowed ECAM see identical functions"
+    );
     for (p, e) in pio.iter().zip(&trap) {
         assert_eq!(p.address, e.address);
         assert_eq!(p.header, e.header, "headers of {:#x}", p.address);
         assert_eq!(p.bar_sizes, e.bar_sizes);
         // Standard capabilities match; ECAM alone reaches the extended ones.
-        let std_caps = |r: &EnumRecord| r.caps[..r.cap_count as usize].iter().copied().filter(|c| c >> 16 == 0).collect::<Vec<_>>();
+        let std_caps = |r: &EnumRecord| {
+            r.caps[..usize::try_from(r.cap_count).unwrap()]
+                .iter()
+                .copied()
+                .filter(|c| c >> 16 == 0)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(std_caps(p), std_caps(e));
     }
     let testdev = &shadow[1];
     assert_eq!(testdev.header[0], 0x0001_7e57);
     assert_eq!(testdev.bar_sizes, [0x1000, 0x20, 0x10_0000, 0, 0, 0]);
-    assert_eq!(&testdev.caps[..testdev.cap_count as usize], &[0x09, 0x01, 0x05, 0x1_000b]);
-    assert_eq!(&pio[1].caps[..pio[1].cap_count as usize], &[0x09, 0x01, 0x05]);
-    assert_eq!(shadow[2].header[3] >> 16 & 0x80, 0x80, "00:02.0 is multi-function");
+    assert_eq!(
+        &testdev.caps[..usize::try_from(testdev.cap_count).unwrap()],
+        &[0x09, 0x01, 0x05, 0x1_000b]
+    );
+    assert_eq!(
+        &pio[1].caps[..usize::try_from(pio[1].cap_count).unwrap()],
+        &[0x09, 0x01, 0x05]
+    );
+    assert_eq!(
+        shadow[2].header[3] >> 16 & 0x80,
+        0x80,
+        "00:02.0 is multi-function"
+    );
 }
 
 #[test]
@@ -39,20 +62,37 @@ fn every_register_reads_the_same_by_every_method() {
     for function in [at(0, 0), at(1, 0), at(2, 1), at(3, 0)] {
         let mut reads = Vec::new();
         for method in [METHOD_PIO, METHOD_ECAM] {
-            reads.extend((0..0x100).step_by(4).map(|reg| ops::cfg_read(method, function, reg, 4)));
+            reads.extend(
+                (0..0x100)
+                    .step_by(4)
+                    .map(|reg| ops::cfg_read(method, function, reg, 4)),
+            );
         }
-        let ext: Vec<Op> = (0x100..0x140).step_by(4).map(|reg| ops::cfg_read(METHOD_ECAM, function, reg, 4)).collect();
+        let ext: Vec<Op> = (0x100..0x140)
+            .step_by(4)
+            .map(|reg| ops::cfg_read(METHOD_ECAM, function, reg, 4))
+            .collect();
         let mut seen = Vec::new();
         for mode in ECAM_MODES {
             let mut all = reads.clone();
             all.extend(ext.clone());
             let r = values(&run(Some(mode), all));
-            assert_eq!(r[..64], r[64..128], "{function}: PIO and ECAM ({mode:?}) differ");
+            assert_eq!(
+                r[..64],
+                r[64..128],
+                "{function}: PIO and ECAM ({mode:?}) differ"
+            );
             seen.push(r);
         }
-        assert_eq!(seen[0], seen[1], "{function}: trapped and shadowed ECAM differ");
+        assert_eq!(
+            seen[0], seen[1],
+            "{function}: trapped and shadowed ECAM differ"
+        );
         if function == at(3, 0) {
-            assert!(seen[0].iter().all(|&v| v == 0xffff_ffff), "absent function reads all-ones");
+            assert!(
+                seen[0].iter().all(|&v| v == 0xffff_ffff),
+                "absent function reads all-ones"
+            );
         }
     }
 }
@@ -60,14 +100,25 @@ fn every_register_reads_the_same_by_every_method() {
 #[test]
 fn shadow_reads_never_exit_and_trapped_reads_always_do() {
     let target = at(1, 0);
-    let loop_ops = vec![ops::cfg_read_loop(METHOD_ECAM, target, 0, 500), ops::cfg_read(METHOD_ECAM, target, 0x100, 4)];
+    let loop_ops = vec![
+        ops::cfg_read_loop(METHOD_ECAM, target, 0, 500),
+        ops::cfg_read(METHOD_ECAM, target, 0x100, 4),
+    ];
     let shadow = run(Some(EcamMode::Shadow), loop_ops.clone());
     assert_eq!(shadow.exits(0).total(), 0);
     assert_eq!(shadow.exits(1).total(), 0);
     let trap = run(Some(EcamMode::Trap), loop_ops);
-    assert_eq!(trap.exits_at(0, names::PCI_ECAM), 501, "500 reads plus the warm-up");
+    assert_eq!(
+        trap.exits_at(0, names::PCI_ECAM),
+        501,
+        "500 reads plus the warm-up"
+    );
     let pio = run(None, vec![ops::cfg_read_loop(METHOD_PIO, target, 0, 100)]);
-    assert_eq!(pio.exits_at(0, names::PCI_PIO), 202, "CONFIG_ADDRESS write + data read each");
+    assert_eq!(
+        pio.exits_at(0, names::PCI_PIO),
+        202,
+        "CONFIG_ADDRESS write + data read each"
+    );
 }
 
 #[test]
@@ -75,7 +126,10 @@ fn writes_by_any_method_are_seen_by_every_other() {
     let f = at(1, 0);
     // The MSI capability of the test device sits at 0x50: address low at 0x54, data at 0x5c.
     for mode in ECAM_MODES {
-        for (writer, readers) in [(METHOD_PIO, [METHOD_ECAM, METHOD_PIO]), (METHOD_ECAM, [METHOD_PIO, METHOD_ECAM])] {
+        for (writer, readers) in [
+            (METHOD_PIO, [METHOD_ECAM, METHOD_PIO]),
+            (METHOD_ECAM, [METHOD_PIO, METHOD_ECAM]),
+        ] {
             let value = 0xfee0_1000 | writer << 4;
             let r = run(
                 Some(mode),
@@ -88,8 +142,16 @@ fn writes_by_any_method_are_seen_by_every_other() {
                     ops::cfg_read(readers[1], f, 0x5d, 1),
                 ],
             );
-            assert_eq!(values(&r)[1..3], [value, value], "{mode:?}, writer {writer}");
-            assert_eq!(values(&r)[4..6], [0x4041, 0x40], "{mode:?}, writer {writer}");
+            assert_eq!(
+                values(&r)[1..3],
+                [value, value],
+                "{mode:?}, writer {writer}"
+            );
+            assert_eq!(
+                values(&r)[4..6],
+                [0x4041, 0x40],
+                "{mode:?}, writer {writer}"
+            );
         }
     }
 }
@@ -108,7 +170,11 @@ fn bar_sizing_through_the_shadow() {
     assert_eq!(v[0] & 0xf, 0, "32-bit non-prefetchable memory BAR");
     assert_eq!(v[2..4], [0xffff_f000; 2], "4 KiB memory BAR");
     assert_eq!(v[5..7], [0xffff_ffe1; 2], "32-byte I/O BAR");
-    assert_eq!(v[8..10], [0xfff0_000c; 2], "1 MiB 64-bit prefetchable, low half");
+    assert_eq!(
+        v[8..10],
+        [0xfff0_000c; 2],
+        "1 MiB 64-bit prefetchable, low half"
+    );
     assert_eq!(v[11..13], [0xffff_ffff; 2], "high half");
     // Reads of the shadow after each write took no exit: the write's exit updated it first.
     for i in [2, 5, 8, 11] {
@@ -120,7 +186,7 @@ fn bar_sizing_through_the_shadow() {
 fn device_side_changes_reach_the_shadow_and_status_is_rw1c() {
     let f = at(1, 0);
     let bar0 = exitless::machine::layout::PCI_MMIO_WINDOW.0; // first memory BAR assigned
-    let status = |m| ops::cfg_read(m, f, PCI_STATUS as u16, 2);
+    let status = |m| ops::cfg_read(m, f, PCI_STATUS, 2);
     let r = run(
         Some(EcamMode::Shadow),
         vec![
@@ -129,9 +195,15 @@ fn device_side_changes_reach_the_shadow_and_status_is_rw1c() {
             ops::mmio_write(bar0 + 4, 4, 1), // device raises Signaled Target Abort
             status(METHOD_ECAM),
             status(METHOD_PIO),
-            ops::cfg_write(METHOD_PIO, f, PCI_STATUS as u16, 2, 0x0010), // 0 bits: no change
+            ops::cfg_write(METHOD_PIO, f, PCI_STATUS, 2, 0x0010), // 0 bits: no change
             status(METHOD_ECAM),
-            ops::cfg_write(METHOD_PIO, f, PCI_STATUS as u16, 2, PCI_STATUS_SIG_TARGET_ABORT),
+            ops::cfg_write(
+                METHOD_PIO,
+                f,
+                PCI_STATUS,
+                2,
+                PCI_STATUS_SIG_TARGET_ABORT.into(),
+            ),
             status(METHOD_ECAM),
             ops::mmio_write(bar0 + 8, 4, 0xdead_beef), // device writes its capability data
             ops::cfg_read(METHOD_ECAM, f, 0x44, 4),
@@ -148,7 +220,11 @@ fn device_side_changes_reach_the_shadow_and_status_is_rw1c() {
     assert_eq!(v[8], 0x0010, "writing 1 clears it");
     assert_eq!(v[10], 0xdead_beef);
     assert_eq!(v[12], 0x1234_5678);
-    assert_eq!(r.exits(3).total() + r.exits(10).total(), 0, "shadow reads took no exit");
+    assert_eq!(
+        r.exits(3).total() + r.exits(10).total(),
+        0,
+        "shadow reads took no exit"
+    );
 }
 
 #[test]
@@ -159,13 +235,17 @@ fn decoding_off_hides_the_bar() {
         Some(EcamMode::Trap),
         vec![
             ops::mmio_write(bar0, 4, 0x55),
-            ops::cfg_write(METHOD_ECAM, f, PCI_COMMAND as u16, 2, 0),
+            ops::cfg_write(METHOD_ECAM, f, PCI_COMMAND, 2, 0),
             ops::mmio_read(bar0, 4),
-            ops::cfg_write(METHOD_ECAM, f, PCI_COMMAND as u16, 2, PCI_COMMAND_MEMORY),
+            ops::cfg_write(METHOD_ECAM, f, PCI_COMMAND, 2, PCI_COMMAND_MEMORY.into()),
             ops::mmio_read(bar0, 4),
         ],
     );
-    assert_eq!(values(&r)[2], 0xffff_ffff, "memory decoding disabled: master abort");
+    assert_eq!(
+        values(&r)[2],
+        0xffff_ffff,
+        "memory decoding disabled: master abort"
+    );
     assert_eq!(values(&r)[4], 0x55);
 }
 

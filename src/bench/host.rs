@@ -9,7 +9,11 @@ pub fn describe() -> String {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_owned()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();

@@ -24,14 +24,18 @@ pub struct PciBench {
     /// Config reads per read variant (the seed's count is 100,000).
     pub reads: u64,
     /// Enumerations per method; the median is reported.
-    pub enumerations: u64,
+    pub enumerations: u16,
     /// Limit for each guest run.
     pub timeout: Duration,
 }
 
 impl Default for PciBench {
     fn default() -> Self {
-        PciBench { reads: 100_000, enumerations: 5, timeout: Duration::from_secs(600) }
+        PciBench {
+            reads: 100_000,
+            enumerations: 5,
+            timeout: Duration::from_secs(600),
+        }
     }
 }
 
@@ -60,18 +64,33 @@ impl Clock {
                 "guest rdtsc at CPL 3 around each op, TSC {:.1} MHz from KVM_GET_TSC_KHZ; loops start after one untimed warm-up access",
                 f64::from(khz) / 1e3
             ),
-            None => "host wall time between the guest's phase marks (KVM_GET_TSC_KHZ unavailable)".into(),
+            None => "host wall time between the guest's phase marks (KVM_GET_TSC_KHZ unavailable)"
+                .into(),
         }
     }
 }
 
 fn host_ns(run: &ProbeRun, op: usize) -> f64 {
-    run.phases.get(op).cloned().flatten().map_or(f64::NAN, |p| p.host_time.as_nanos() as f64)
+    run.phases
+        .get(op)
+        .cloned()
+        .flatten()
+        .map_or(f64::NAN, |p| p.host_time.as_nanos() as f64)
 }
 
 /// Measure a set of ops (repetitions of one variant) in `run`: median time, mean exits.
-fn variant(name: &str, run: &ProbeRun, clock: &Clock, op_indexes: &[usize], per_op: u64, accesses: u64) -> Variant {
-    let mut times: Vec<f64> = op_indexes.iter().map(|&i| clock.ns(run, i) / per_op as f64).collect();
+fn variant(
+    name: &str,
+    run: &ProbeRun,
+    clock: &Clock,
+    op_indexes: &[usize],
+    per_op: u64,
+    accesses: u64,
+) -> Variant {
+    let mut times: Vec<f64> = op_indexes
+        .iter()
+        .map(|&i| clock.ns(run, i) / per_op as f64)
+        .collect();
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let mut exits_by_kind = BTreeMap::new();
@@ -82,7 +101,8 @@ fn variant(name: &str, run: &ProbeRun, clock: &Clock, op_indexes: &[usize], per_
         total += per;
         exits_by_kind.insert(kind.name(), per);
     }
-    let host: f64 = op_indexes.iter().map(|&i| host_ns(run, i)).sum::<f64>() / (op_indexes.len() as u64 * per_op) as f64;
+    let host: f64 = op_indexes.iter().map(|&i| host_ns(run, i)).sum::<f64>()
+        / (op_indexes.len() as u64 * per_op) as f64;
     Variant {
         name: name.into(),
         ns_per_op: median,
@@ -99,7 +119,10 @@ fn variant(name: &str, run: &ProbeRun, clock: &Clock, op_indexes: &[usize], per_
 fn check_ok(run: &ProbeRun) -> Result<(), MachineError> {
     match run.results.iter().position(|r| r.status != STATUS_OK) {
         Some(i) => Err(MachineError::GuestFailed(
-            crate::vm::run_control::StopReason::VcpuFailed(format!("probe op {i} returned status {}", run.results[i].status)),
+            crate::vm::run_control::StopReason::VcpuFailed(format!(
+                "probe op {i} returned status {}",
+                run.results[i].status
+            )),
             run.console.clone(),
         )),
         None => Ok(()),
@@ -110,7 +133,7 @@ impl PciBench {
     /// Boot the probe twice (ECAM trapped, then shadowed) and build the report.
     pub fn run(&self) -> Result<ScenarioReport, MachineError> {
         let n = self.reads.max(1);
-        let reps = self.enumerations.max(1) as usize;
+        let reps = usize::from(self.enumerations.max(1));
         let target = read_target();
 
         // Boot 1, ECAM trapped: the floor, PIO and trapped-ECAM reads, both enumerations.
@@ -140,7 +163,14 @@ impl PciBench {
         })?;
         check_ok(&shadow)?;
 
-        let (tc, sc) = (Clock { tsc_khz: trap.tsc_khz }, Clock { tsc_khz: shadow.tsc_khz });
+        let (tc, sc) = (
+            Clock {
+                tsc_khz: trap.tsc_khz,
+            },
+            Clock {
+                tsc_khz: shadow.tsc_khz,
+            },
+        );
         // A loop op does `n` timed reads plus one warm-up read that its exit count includes.
         let enum_range = |start: usize| (start..start + reps).collect::<Vec<_>>();
         let mut reads = vec![
@@ -155,7 +185,7 @@ impl PciBench {
             variant("enum-ecam-shadow", &shadow, &sc, &enum_range(1), 1, 1),
         ];
         let seed_reads = [
-            ("pio", SEED_PIO_READS_S / SEED_PIO_READS_S),
+            ("pio", 1.0),
             ("ecam-trap", SEED_ECAM_READS_S / SEED_PIO_READS_S),
             ("ecam-shadow", SEED_SHADOW_READS_S / SEED_PIO_READS_S),
         ];
@@ -180,7 +210,10 @@ impl PciBench {
 }
 
 fn set_baseline(variants: &mut [Variant], baseline: &str, seed: &[(&str, f64)]) {
-    let base = variants.iter().find(|v| v.name == baseline).map_or(f64::NAN, |v| v.ns_per_op);
+    let base = variants
+        .iter()
+        .find(|v| v.name == baseline)
+        .map_or(f64::NAN, |v| v.ns_per_op);
     for v in variants {
         v.baseline = baseline.into();
         v.time_ratio = v.ns_per_op / base;
@@ -189,8 +222,17 @@ fn set_baseline(variants: &mut [Variant], baseline: &str, seed: &[(&str, f64)]) 
 }
 
 fn targets(reads: &[Variant], enums: &[Variant]) -> Vec<TargetCheck> {
-    let get = |vs: &[Variant], name: &str| vs.iter().find(|v| v.name == name).cloned().expect("variant exists");
-    let (ram, pio, shadow) = (get(reads, "ram"), get(reads, "pio"), get(reads, "ecam-shadow"));
+    let get = |vs: &[Variant], name: &str| {
+        vs.iter()
+            .find(|v| v.name == name)
+            .cloned()
+            .expect("variant exists")
+    };
+    let (ram, pio, shadow) = (
+        get(reads, "ram"),
+        get(reads, "pio"),
+        get(reads, "ecam-shadow"),
+    );
     let (enum_pio, enum_shadow) = (get(enums, "enum-pio"), get(enums, "enum-ecam-shadow"));
     let speedup = pio.ns_per_op / shadow.ns_per_op;
     let vs_ram = shadow.ns_per_op / ram.ns_per_op;

@@ -40,7 +40,11 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
             .map(|(k, n)| format!("{k}:{n:.2}"))
             .collect();
         let seed = v.seed_time_ratio.map_or("-".into(), ratio);
-        let vs = if v.name == v.baseline { "1 (base)".into() } else { ratio(v.time_ratio) };
+        let vs = if v.name == v.baseline {
+            "1 (base)".into()
+        } else {
+            ratio(v.time_ratio)
+        };
         let _ = writeln!(
             t,
             "{:<18} {:>12} {:>12}   {:>11} {:>10.2} {:>8}  {}",
@@ -50,10 +54,17 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
             human_ns(v.ns_per_op),
             v.exits_per_op,
             v.ops,
-            if kinds.is_empty() { "-".into() } else { kinds.join(" ") },
+            if kinds.is_empty() {
+                "-".into()
+            } else {
+                kinds.join(" ")
+            },
         );
     }
-    let _ = writeln!(t, "\ntime ratio = time/op over the baseline's (pio for reads, enum-pio for enumeration); below 1 is faster");
+    let _ = writeln!(
+        t,
+        "\ntime ratio = time/op over the baseline's (pio for reads, enum-pio for enumeration); below 1 is faster"
+    );
     let _ = writeln!(t, "targets (benchmark figures, not test asserts):");
     for c in &s.targets {
         let mark = if c.met { "met" } else { "MISSED" };
@@ -88,12 +99,24 @@ pub fn svg(r: &Report) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"monospace\" font-size=\"12\">\n",
         LEFT + WIDTH + 120.0
     );
-    let _ = writeln!(s, "<text x=\"8\" y=\"18\">exitless bench: time per op, log scale ({})</text>", escape(&r.host));
+    let _ = writeln!(
+        s,
+        "<text x=\"8\" y=\"18\">exitless bench: time per op, log scale ({})</text>",
+        escape(&r.host)
+    );
     let mut y = 40.0;
     for sc in &r.scenarios {
-        let _ = writeln!(s, "<text x=\"8\" y=\"{y}\" font-weight=\"bold\">{}</text>", escape(&sc.name));
+        let _ = writeln!(
+            s,
+            "<text x=\"8\" y=\"{y}\" font-weight=\"bold\">{}</text>",
+            escape(&sc.name)
+        );
         y += ROW;
-        let finite = sc.variants.iter().map(|v| v.ns_per_op).filter(|x| x.is_finite() && *x > 0.0);
+        let finite = sc
+            .variants
+            .iter()
+            .map(|v| v.ns_per_op)
+            .filter(|x| x.is_finite() && *x > 0.0);
         let (lo, hi) = finite.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
         let (llo, lhi) = ((lo / 2.0).log10(), hi.log10().max((lo / 2.0).log10() + 1.0));
         for v in &sc.variants {
@@ -123,7 +146,9 @@ pub fn svg(r: &Report) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 #[cfg(test)]

@@ -10,9 +10,9 @@ use crate::stats::{ExitCounters, ExitKind, ExitSnapshot};
 use crate::vm::run_control::{RunControl, StopReason};
 
 /// First port of the range; the others follow at 4-byte steps.
-pub const PROBE_PORTS_BASE: u16 = PORT_PHASE_BEGIN as u16;
+pub const PROBE_PORTS_BASE: u16 = PORT_PHASE_BEGIN;
 /// Length of the port range.
-pub const PROBE_PORTS_LEN: u16 = (PORT_DONE - PORT_PHASE_BEGIN + 4) as u16;
+pub const PROBE_PORTS_LEN: u16 = PORT_DONE - PORT_PHASE_BEGIN + 4;
 
 /// What the VMM saw during one op.
 #[derive(Clone, Debug, Default)]
@@ -40,7 +40,12 @@ pub struct ProbePorts {
 impl ProbePorts {
     /// Ports that snapshot `counters` and stop the run through `control`.
     pub fn new(counters: Arc<ExitCounters>, control: Arc<RunControl>) -> Self {
-        ProbePorts { counters, control, phases: Mutex::default(), own_id: OnceLock::new() }
+        ProbePorts {
+            counters,
+            control,
+            phases: Mutex::default(),
+            own_id: OnceLock::new(),
+        }
     }
 
     /// Tell the ports their bus device id, so their own exits can be left out of phases.
@@ -64,7 +69,12 @@ impl BusDevice for ProbePorts {
             return;
         };
         let value = u64::from(u32::from_le_bytes(bytes));
-        let port = u64::from(PROBE_PORTS_BASE) + offset;
+        let Some(port) = u16::try_from(offset)
+            .ok()
+            .and_then(|o| PROBE_PORTS_BASE.checked_add(o))
+        else {
+            return;
+        };
         let mut phases = self.phases.lock().unwrap();
         match port {
             PORT_PHASE_BEGIN => {
@@ -72,8 +82,12 @@ impl BusDevice for ProbePorts {
             }
             PORT_PHASE_END => {
                 let now = Instant::now();
-                if let Some((op, start, t0)) = phases.open.take().filter(|o| o.0 == value && value < MAX_OPS) {
-                    let op = op as usize;
+                if let Some((op, start, t0)) = phases
+                    .open
+                    .take()
+                    .filter(|o| o.0 == value && value < MAX_OPS)
+                {
+                    let op = usize::try_from(op).expect("checked < MAX_OPS");
                     if phases.done.len() <= op {
                         phases.done.resize(op + 1, None);
                     }
@@ -83,7 +97,10 @@ impl BusDevice for ProbePorts {
                     if let Some(&id) = self.own_id.get() {
                         exits.discount(ExitKind::PioWrite, id);
                     }
-                    phases.done[op] = Some(PhaseRecord { exits, host_time: now - t0 });
+                    phases.done[op] = Some(PhaseRecord {
+                        exits,
+                        host_time: now - t0,
+                    });
                 }
             }
             PORT_DONE => self.control.stop(StopReason::GuestDone(value)),

@@ -55,7 +55,9 @@ pub struct SerialConsole {
 impl SerialConsole {
     /// A UART raising `irq` and writing to `out`.
     pub fn new(irq: EventFd, out: ConsoleOutput) -> Self {
-        SerialConsole { uart: Mutex::new(Serial::new(IrqTrigger(irq), out)) }
+        SerialConsole {
+            uart: Mutex::new(Serial::new(IrqTrigger(irq), out)),
+        }
     }
 }
 

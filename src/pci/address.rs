@@ -52,11 +52,14 @@ impl PciAddress {
     /// assert!(PciAddress::from_config_address(0x0001_0a3c).is_none());
     /// ```
     pub fn from_config_address(value: u32) -> Option<(Self, u16)> {
-        if u64::from(value) & PCI_CONFIG_ADDRESS_ENABLE == 0 {
+        if value & PCI_CONFIG_ADDRESS_ENABLE == 0 {
             return None;
         }
-        let bdf = (value >> 8) as u16; // bits 30:24 are reserved and ignored
-        Some((Self::from_bdf(bdf), (value & 0xfc) as u16))
+        let [reg, dev_fn, bus, _reserved] = value.to_le_bytes(); // bits 30:24 are ignored
+        Some((
+            Self::from_bdf(u16::from_be_bytes([bus, dev_fn])),
+            u16::from(reg & 0xfc),
+        ))
     }
 
     /// Decode an offset into an ECAM window whose first bus is 0 (PCIe 4.0 §7.2.2):
@@ -68,8 +71,10 @@ impl PciAddress {
     /// assert_eq!((a.bus, a.device, a.function, reg), (1, 2, 1, 0x104));
     /// ```
     pub fn from_ecam_offset(offset: u64) -> (Self, u16) {
-        let bdf = (offset >> ECAM_FUNCTION_SHIFT) as u16;
-        let reg = (offset & (PCI_CFG_SPACE_EXP_SIZE - 1)) as u16;
+        // Masked to 16 and 12 bits, so the narrowing casts cannot lose anything.
+        let bdf = ((offset >> ECAM_FUNCTION_SHIFT) & 0xffff) as u16;
+        let reg = u16::try_from(offset & u64::from(PCI_CFG_SPACE_EXP_SIZE - 1))
+            .expect("masked to 12 bits");
         (Self::from_bdf(bdf), reg)
     }
 
@@ -95,7 +100,10 @@ mod tests {
             let a = PciAddress::new(bus, dev, func).unwrap();
             let cf8 = 0x8000_0000 | (u32::from(bus) << 16) | (u32::from(a.devfn()) << 8) | 0x40;
             assert_eq!(PciAddress::from_config_address(cf8), Some((a, 0x40)));
-            assert_eq!(PciAddress::from_ecam_offset(a.ecam_offset() + 0x40), (a, 0x40));
+            assert_eq!(
+                PciAddress::from_ecam_offset(a.ecam_offset() + 0x40),
+                (a, 0x40)
+            );
         }
     }
 

@@ -25,16 +25,20 @@ pub struct PciConfigIo {
 impl PciConfigIo {
     /// Ports in front of `root`.
     pub fn new(root: Arc<PciRoot>) -> Self {
-        PciConfigIo { root, config_address: AtomicU32::new(0) }
+        PciConfigIo {
+            root,
+            config_address: AtomicU32::new(0),
+        }
     }
 
     /// The function, register and data-lane range a CONFIG_DATA access at `offset` (from 0xCFC)
     /// of `len` bytes reaches: lanes past 0xCFF are not configuration data.
     fn target(&self, offset: u64, len: usize) -> Option<(PciAddress, u16, usize)> {
-        let (address, reg) = PciAddress::from_config_address(self.config_address.load(Ordering::Acquire))?;
-        let lane = offset as usize;
-        let lanes = len.min(4 - lane);
-        Some((address, reg + lane as u16, lanes))
+        let (address, reg) =
+            PciAddress::from_config_address(self.config_address.load(Ordering::Acquire))?;
+        let lane = u16::try_from(offset).ok().filter(|&l| l < 4)?;
+        let lanes = len.min(usize::from(4 - lane));
+        Some((address, reg + lane, lanes))
     }
 }
 
@@ -58,7 +62,8 @@ impl BusDevice for PciConfigIo {
     fn write(&self, offset: u64, data: &[u8]) {
         if offset < DATA_OFFSET {
             if let (0, Ok(bytes)) = (offset, <[u8; 4]>::try_from(data)) {
-                self.config_address.store(u32::from_le_bytes(bytes) & ADDRESS_MASK, Ordering::Release);
+                self.config_address
+                    .store(u32::from_le_bytes(bytes) & ADDRESS_MASK, Ordering::Release);
             }
             return;
         }
@@ -75,7 +80,11 @@ mod tests {
     use crate::pci::root::BarWindows;
 
     fn ports() -> PciConfigIo {
-        let root = PciRoot::new(BarWindows { mmio: (0xc000_0000, 0xe000_0000), io: (0xc000, 0x1_0000) }).unwrap();
+        let root = PciRoot::new(BarWindows {
+            mmio: (0xc000_0000, 0xe000_0000),
+            io: (0xc000, 0x1_0000),
+        })
+        .unwrap();
         populate_bus0(&root).unwrap();
         PciConfigIo::new(Arc::new(root))
     }
@@ -108,7 +117,11 @@ mod tests {
         assert_eq!(read(&p, 4, 4), 0x0001_7e57u32.to_le_bytes());
         assert_eq!(read(&p, 6, 2), [0x01, 0x00]);
         assert_eq!(read(&p, 5, 1), [0x7e]);
-        assert_eq!(read(&p, 7, 2), [0x00, 0xff], "the lane past 0xCFF is not config data");
+        assert_eq!(
+            read(&p, 7, 2),
+            [0x00, 0xff],
+            "the lane past 0xCFF is not config data"
+        );
     }
 
     #[test]
@@ -136,7 +149,11 @@ mod tests {
         let p = ports();
         select(&p, 0x8000_0854); // 00:01.0 MSI address low
         p.write(4, &0xfee0_0003u32.to_le_bytes());
-        assert_eq!(read(&p, 4, 4), 0xfee0_0000u32.to_le_bytes(), "bits 1:0 are reserved");
+        assert_eq!(
+            read(&p, 4, 4),
+            0xfee0_0000u32.to_le_bytes(),
+            "bits 1:0 are reserved"
+        );
         p.write(7, &[0x12]);
         assert_eq!(read(&p, 4, 4), 0x12e0_0000u32.to_le_bytes());
     }

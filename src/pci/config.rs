@@ -16,6 +16,22 @@ use vm_memory::{Bytes, MmapRegion, VolatileMemory};
 use crate::pci::regs::*;
 
 const FUNCTION_SIZE: usize = PCI_CFG_SPACE_EXP_SIZE as usize;
+/// Offset of BAR slot `slot` (0..6) in a type-0 header.
+fn bar_register(slot: usize) -> u16 {
+    assert!(slot < PCI_BAR_COUNT, "BAR slot {slot} out of range");
+    PCI_BAR0 + 4 * u16::try_from(slot).expect("asserted < 6")
+}
+
+/// Bits 31:0 of `v`.
+fn low32(v: u64) -> u32 {
+    u32::try_from(v & 0xffff_ffff).expect("masked to 32 bits")
+}
+
+/// Bits 63:32 of `v`.
+fn high32(v: u64) -> u32 {
+    u32::try_from(v >> 32).expect("shifted to 32 bits")
+}
+
 /// Functions per bus in an ECAM window: 32 devices × 8 functions.
 pub const FUNCTIONS_PER_BUS: usize = 256;
 
@@ -134,16 +150,20 @@ impl Bar {
     }
 
     fn slots(&self) -> usize {
-        if matches!(self, Bar::Memory64 { .. }) { 2 } else { 1 }
+        if matches!(self, Bar::Memory64 { .. }) {
+            2
+        } else {
+            1
+        }
     }
 
     /// The read-only low bits of the register (PCI 3.0 §6.2.5.1).
     fn flag_bits(&self) -> u32 {
-        let prefetch = |p: bool| if p { PCI_BAR_MEM_PREFETCH as u32 } else { 0 };
+        let prefetch = |p: bool| if p { PCI_BAR_MEM_PREFETCH } else { 0 };
         match *self {
             Bar::Memory32 { prefetchable, .. } => prefetch(prefetchable),
-            Bar::Memory64 { prefetchable, .. } => PCI_BAR_MEM_TYPE_64 as u32 | prefetch(prefetchable),
-            Bar::Io { .. } => PCI_BAR_SPACE_IO as u32,
+            Bar::Memory64 { prefetchable, .. } => PCI_BAR_MEM_TYPE_64 | prefetch(prefetchable),
+            Bar::Io { .. } => PCI_BAR_SPACE_IO,
         }
     }
 }
@@ -201,7 +221,7 @@ const COMMAND_WMASK: u16 = 0x0001 | 0x0002 | 0x0004 | 0x0040 | 0x0100 | 0x0400;
 /// received master abort, signaled system error, detected parity error (PCI 3.0 §6.2.3).
 const STATUS_W1C: u16 = 0x0100 | 0x0800 | 0x1000 | 0x2000 | 0x4000 | 0x8000;
 /// Capabilities start here and must be dword-aligned (PCI 3.0 §6.7).
-const CAP_START: usize = 0x40;
+const CAP_START: u16 = 0x40;
 
 /// One function's configuration space: 4 KiB of the window plus its write masks.
 pub struct ConfigSpace {
@@ -220,7 +240,7 @@ impl ConfigSpace {
         layout: &FunctionLayout,
         bar_addresses: &[u64],
     ) -> Result<(Self, BarSlots), ConfigError> {
-        assert!(base % FUNCTION_SIZE == 0 && base + FUNCTION_SIZE <= window.len());
+        assert!(base.is_multiple_of(FUNCTION_SIZE) && base + FUNCTION_SIZE <= window.len());
         let mut cs = ConfigSpace {
             window,
             base,
@@ -258,20 +278,20 @@ impl ConfigSpace {
             if !size.is_power_of_two() || size < min {
                 return Err(ConfigError::BarSize { index, size, min });
             }
-            if slot + bar.slots() > PCI_BAR_COUNT as usize {
+            if slot + bar.slots() > PCI_BAR_COUNT {
                 return Err(ConfigError::TooManyBars);
             }
-            let reg = PCI_BAR0 + 4 * slot as u64;
+            let reg = bar_register(slot);
             let addr_mask = !(size - 1);
             let flag_mask = if bar.is_io() { 0x3 } else { 0xf };
             let address = addresses.get(index).copied().unwrap_or(0) & addr_mask;
             self.init_u32(
                 reg,
-                (address as u32) | bar.flag_bits(),
-                (addr_mask as u32) & !flag_mask,
+                low32(address) | bar.flag_bits(),
+                low32(addr_mask) & !flag_mask,
             );
             if bar.slots() == 2 {
-                self.init_u32(reg + 4, (address >> 32) as u32, (addr_mask >> 32) as u32);
+                self.init_u32(reg + 4, high32(address), high32(addr_mask));
             }
             slots.push((slot, *bar));
             slot += bar.slots();
@@ -281,61 +301,67 @@ impl ConfigSpace {
 
     fn init_capabilities(&mut self, caps: &[Capability]) -> Result<(), ConfigError> {
         let mut offset = CAP_START;
-        let mut link = PCI_CAPABILITY_LIST as usize;
+        let mut link = PCI_CAPABILITY_LIST;
         for cap in caps {
-            let len = (2 + cap.body.len()).next_multiple_of(4);
-            if offset + len > PCI_CFG_SPACE_SIZE as usize || cap.body_wmask.len() > cap.body.len() {
+            let len =
+                u16::try_from(2 + cap.body.len()).map_err(|_| ConfigError::CapabilitiesOverflow)?;
+            let len = len.next_multiple_of(4);
+            if offset + len > PCI_CFG_SPACE_SIZE || cap.body_wmask.len() > cap.body.len() {
                 return Err(ConfigError::CapabilitiesOverflow);
             }
-            self.set_u8(link as u64, offset as u8);
-            self.set_u8(offset as u64, cap.id);
+            let [pointer, _] = offset.to_le_bytes(); // < 0x100: fits the 8-bit pointer
+            self.set_u8(link, pointer);
+            self.set_u8(offset, cap.id);
             self.write_raw(offset + 2, &cap.body, &cap.body_wmask);
             link = offset + 1;
             offset += len;
         }
         if !caps.is_empty() {
-            self.set_u16(PCI_STATUS, PCI_STATUS_CAP_LIST as u16);
+            self.set_u16(PCI_STATUS, PCI_STATUS_CAP_LIST);
         }
         Ok(())
     }
 
     fn init_ext_capabilities(&mut self, caps: &[ExtCapability]) -> Result<(), ConfigError> {
-        let mut offset = PCI_EXT_CAP_START as usize;
+        let mut offset = PCI_EXT_CAP_START;
         for (i, cap) in caps.iter().enumerate() {
-            let len = (4 + cap.body.len()).next_multiple_of(4);
-            if offset + len > FUNCTION_SIZE || cap.body_wmask.len() > cap.body.len() {
+            let len =
+                u16::try_from(4 + cap.body.len()).map_err(|_| ConfigError::CapabilitiesOverflow)?;
+            let len = len.next_multiple_of(4);
+            if offset + len > PCI_CFG_SPACE_EXP_SIZE || cap.body_wmask.len() > cap.body.len() {
                 return Err(ConfigError::CapabilitiesOverflow);
             }
             let next = if i + 1 < caps.len() { offset + len } else { 0 };
             // Header: ID 15:0, version 19:16, next offset 31:20 (PCIe 4.0 §7.6.3).
-            let header = u32::from(cap.id) | (u32::from(cap.version & 0xf) << 16) | ((next as u32) << 20);
-            self.set_u32(offset as u64, header);
+            let header =
+                u32::from(cap.id) | (u32::from(cap.version & 0xf) << 16) | (u32::from(next) << 20);
+            self.set_u32(offset, header);
             self.write_raw(offset + 4, &cap.body, &cap.body_wmask);
             offset += len;
         }
         Ok(())
     }
 
-    fn write_raw(&mut self, offset: usize, body: &[u8], wmask: &[u8]) {
-        for (i, &b) in body.iter().enumerate() {
-            self.set_u8((offset + i) as u64, b);
-        }
-        self.wmask[offset..offset + wmask.len()].copy_from_slice(wmask);
+    /// Device-side `body` at `offset` with its write mask; the caller checked that it fits.
+    fn write_raw(&mut self, offset: u16, body: &[u8], wmask: &[u8]) {
+        self.set_bytes(offset, body);
+        let start = usize::from(offset);
+        self.wmask[start..start + wmask.len()].copy_from_slice(wmask);
     }
 
-    fn init_u8(&mut self, reg: u64, value: u8, wmask: u8) {
+    fn init_u8(&mut self, reg: u16, value: u8, wmask: u8) {
         self.set_u8(reg, value);
-        self.wmask[reg as usize] = wmask;
+        self.wmask[usize::from(reg)] = wmask;
     }
 
-    fn init_u16(&mut self, reg: u64, value: u16, wmask: u16) {
+    fn init_u16(&mut self, reg: u16, value: u16, wmask: u16) {
         self.set_u16(reg, value);
-        self.wmask[reg as usize..][..2].copy_from_slice(&wmask.to_le_bytes());
+        self.wmask[usize::from(reg)..][..2].copy_from_slice(&wmask.to_le_bytes());
     }
 
-    fn init_u32(&mut self, reg: u64, value: u32, wmask: u32) {
+    fn init_u32(&mut self, reg: u16, value: u32, wmask: u32) {
         self.set_u32(reg, value);
-        self.wmask[reg as usize..][..4].copy_from_slice(&wmask.to_le_bytes());
+        self.wmask[usize::from(reg)..][..4].copy_from_slice(&wmask.to_le_bytes());
     }
 
     /// Guest read of `data.len()` bytes at `offset`; bytes past the 4 KiB read all-ones.
@@ -375,24 +401,34 @@ impl ConfigSpace {
     }
 
     /// Device-side read of a dword (any alignment inside the 4 KiB).
-    pub fn get_u32(&self, reg: u64) -> u32 {
+    pub fn get_u32(&self, reg: u16) -> u32 {
         let mut b = [0; 4];
-        self.read(reg as u16, &mut b);
+        self.read(reg, &mut b);
         u32::from_le_bytes(b)
     }
 
+    /// Device-side read of a byte.
+    pub fn get_u8(&self, reg: u16) -> u8 {
+        let mut b = [0; 1];
+        self.read(reg, &mut b);
+        b[0]
+    }
+
     /// Device-side read of a word.
-    pub fn get_u16(&self, reg: u64) -> u16 {
+    pub fn get_u16(&self, reg: u16) -> u16 {
         let mut b = [0; 2];
-        self.read(reg as u16, &mut b);
+        self.read(reg, &mut b);
         u16::from_le_bytes(b)
     }
 
     /// Device-side update, ignoring the guest's write masks: e.g. hardware setting a status bit.
     /// Goes straight to the shadow, so the guest sees it on its next read.
-    pub fn set_bytes(&self, reg: u64, bytes: &[u8]) {
-        let start = reg as usize;
-        assert!(start + bytes.len() <= FUNCTION_SIZE, "device-side config write out of range");
+    pub fn set_bytes(&self, reg: u16, bytes: &[u8]) {
+        let start = usize::from(reg);
+        assert!(
+            start + bytes.len() <= FUNCTION_SIZE,
+            "device-side config write out of range"
+        );
         let mut dword_off = start & !3;
         while dword_off < start + bytes.len() {
             let mut dword = self.window.load_u32(self.base + dword_off).to_le_bytes();
@@ -409,26 +445,30 @@ impl ConfigSpace {
     }
 
     /// Device-side byte update.
-    pub fn set_u8(&self, reg: u64, value: u8) {
+    pub fn set_u8(&self, reg: u16, value: u8) {
         self.set_bytes(reg, &[value]);
     }
 
     /// Device-side word update.
-    pub fn set_u16(&self, reg: u64, value: u16) {
+    pub fn set_u16(&self, reg: u16, value: u16) {
         self.set_bytes(reg, &value.to_le_bytes());
     }
 
     /// Device-side dword update.
-    pub fn set_u32(&self, reg: u64, value: u32) {
+    pub fn set_u32(&self, reg: u16, value: u32) {
         self.set_bytes(reg, &value.to_le_bytes());
     }
 
     /// The address a BAR currently decodes (both slots for a 64-bit BAR).
     pub fn bar_address(&self, slot: usize, bar: &Bar) -> u64 {
-        let reg = PCI_BAR0 + 4 * slot as u64;
+        let reg = bar_register(slot);
         let low = self.get_u32(reg);
         let flag_mask = if bar.is_io() { 0x3 } else { 0xf };
-        let high = if bar.slots() == 2 { self.get_u32(reg + 4) } else { 0 };
+        let high = if bar.slots() == 2 {
+            self.get_u32(reg + 4)
+        } else {
+            0
+        };
         ((u64::from(high) << 32) | u64::from(low & !flag_mask)) & !(bar.size() - 1)
     }
 }
@@ -455,13 +495,27 @@ mod tests {
             class_code: 0xff_0000,
             revision: 2,
             bars: vec![
-                Bar::Memory32 { size: 0x1000, prefetchable: false },
+                Bar::Memory32 {
+                    size: 0x1000,
+                    prefetchable: false,
+                },
                 Bar::Io { size: 0x20 },
-                Bar::Memory64 { size: 0x10_0000, prefetchable: true },
+                Bar::Memory64 {
+                    size: 0x10_0000,
+                    prefetchable: true,
+                },
             ],
             capabilities: vec![
-                Capability { id: 0x09, body: vec![4, 0, 0xaa, 0xbb], body_wmask: vec![] },
-                Capability { id: 0x01, body: vec![0x03, 0, 0, 0, 0, 0], body_wmask: vec![0, 0, 0x03] },
+                Capability {
+                    id: 0x09,
+                    body: vec![4, 0, 0xaa, 0xbb],
+                    body_wmask: vec![],
+                },
+                Capability {
+                    id: 0x01,
+                    body: vec![0x03, 0, 0, 0, 0, 0],
+                    body_wmask: vec![0, 0, 0x03],
+                },
             ],
             ext_capabilities: vec![ExtCapability {
                 id: 0x000b,
@@ -494,8 +548,16 @@ mod tests {
             cs.write(reg, &[0xff; 4]);
         }
         assert_eq!(read32(&cs, 0x10), 0xffff_f000, "4 KiB memory BAR");
-        assert_eq!(read32(&cs, 0x14), 0xffff_ffe1, "32-byte I/O BAR keeps its I/O bit");
-        assert_eq!(read32(&cs, 0x18), 0xfff0_000c, "64-bit prefetchable keeps its type bits");
+        assert_eq!(
+            read32(&cs, 0x14),
+            0xffff_ffe1,
+            "32-byte I/O BAR keeps its I/O bit"
+        );
+        assert_eq!(
+            read32(&cs, 0x18),
+            0xfff0_000c,
+            "64-bit prefetchable keeps its type bits"
+        );
         assert_eq!(read32(&cs, 0x1c), 0xffff_ffff);
         assert_eq!(read32(&cs, 0x20), 0, "unimplemented BAR");
         cs.write(0x10, &0xd000_0123u32.to_le_bytes());
@@ -506,7 +568,8 @@ mod tests {
     fn bar_address_follows_guest_writes() {
         let l = layout();
         let window = Arc::new(ConfigWindow::new(1).unwrap());
-        let (cs, slots) = ConfigSpace::new(window, 0, &l, &[0xc000_0000, 0xc040, 0x2_0000_0000]).unwrap();
+        let (cs, slots) =
+            ConfigSpace::new(window, 0, &l, &[0xc000_0000, 0xc040, 0x2_0000_0000]).unwrap();
         assert_eq!(slots.iter().map(|s| s.0).collect::<Vec<_>>(), vec![0, 1, 2]);
         assert_eq!(cs.bar_address(2, &slots[2].1), 0x2_0000_0000);
         cs.write(0x1c, &[0, 0, 0, 0]);
@@ -517,20 +580,26 @@ mod tests {
     #[test]
     fn status_bits_are_rw1c_and_device_settable() {
         let cs = space(&layout(), &[]);
-        cs.set_u16(PCI_STATUS, cs.get_u16(PCI_STATUS) | PCI_STATUS_SIG_TARGET_ABORT as u16);
+        cs.set_u16(
+            PCI_STATUS,
+            cs.get_u16(PCI_STATUS) | PCI_STATUS_SIG_TARGET_ABORT,
+        );
         assert_eq!(cs.get_u16(PCI_STATUS), 0x0810);
-        cs.write(PCI_STATUS as u16, &0x0010u16.to_le_bytes()); // writing 0 to 0x800 keeps it
+        cs.write(PCI_STATUS, &0x0010u16.to_le_bytes()); // writing 0 to 0x800 keeps it
         assert_eq!(cs.get_u16(PCI_STATUS), 0x0810);
-        cs.write(PCI_STATUS as u16, &0xffffu16.to_le_bytes()); // 1 clears; CAP_LIST is read-only
+        cs.write(PCI_STATUS, &0xffffu16.to_le_bytes()); // 1 clears; CAP_LIST is read-only
         assert_eq!(cs.get_u16(PCI_STATUS), 0x0010);
     }
 
     #[test]
     fn capability_chain_and_masks() {
         let cs = space(&layout(), &[]);
-        assert_eq!(cs.get_u16(PCI_STATUS) & PCI_STATUS_CAP_LIST as u16, PCI_STATUS_CAP_LIST as u16);
+        assert_eq!(
+            cs.get_u16(PCI_STATUS) & PCI_STATUS_CAP_LIST,
+            PCI_STATUS_CAP_LIST
+        );
         let mut b = [0; 1];
-        cs.read(PCI_CAPABILITY_LIST as u16, &mut b);
+        cs.read(PCI_CAPABILITY_LIST, &mut b);
         assert_eq!(b[0], 0x40);
         assert_eq!(cs.get_u16(0x40), 0x4809, "vendor cap, next at 0x48");
         assert_eq!(cs.get_u16(0x48), 0x0001, "PM cap, end of list");
@@ -550,7 +619,10 @@ mod tests {
         cs.read(1, &mut b); // crosses into the device ID and the command register
         assert_eq!(b, [0x7e, 0x01, 0x00, 0x00]);
         cs.write(3, &[0xff, 0xff]); // device ID high byte (RO) and command low byte
-        assert_eq!(cs.get_u16(PCI_COMMAND) & 0xff, (COMMAND_WMASK & 0xff) as u8 as u16);
+        assert_eq!(
+            cs.get_u16(PCI_COMMAND) & 0xff,
+            (COMMAND_WMASK & 0xff) as u8 as u16
+        );
         assert_eq!(cs.get_u16(PCI_DEVICE_ID), 1);
         let mut tail = [0; 4];
         cs.read(0xffe, &mut tail);
@@ -562,15 +634,34 @@ mod tests {
     fn bad_layouts_are_refused() {
         let window = Arc::new(ConfigWindow::new(1).unwrap());
         let mut l = layout();
-        l.bars = vec![Bar::Memory32 { size: 0x1800, prefetchable: false }];
+        l.bars = vec![Bar::Memory32 {
+            size: 0x1800,
+            prefetchable: false,
+        }];
         assert!(matches!(
             ConfigSpace::new(window.clone(), 0, &l, &[]),
             Err(ConfigError::BarSize { .. })
         ));
-        l.bars = vec![Bar::Memory64 { size: 0x1000, prefetchable: false }; 4];
-        assert!(matches!(ConfigSpace::new(window.clone(), 0, &l, &[]), Err(ConfigError::TooManyBars)));
+        l.bars = vec![
+            Bar::Memory64 {
+                size: 0x1000,
+                prefetchable: false
+            };
+            4
+        ];
+        assert!(matches!(
+            ConfigSpace::new(window.clone(), 0, &l, &[]),
+            Err(ConfigError::TooManyBars)
+        ));
         l.bars.clear();
-        l.capabilities = vec![Capability { id: 9, body: vec![0; 200], body_wmask: vec![] }];
-        assert!(matches!(ConfigSpace::new(window, 0, &l, &[]), Err(ConfigError::CapabilitiesOverflow)));
+        l.capabilities = vec![Capability {
+            id: 9,
+            body: vec![0; 200],
+            body_wmask: vec![],
+        }];
+        assert!(matches!(
+            ConfigSpace::new(window, 0, &l, &[]),
+            Err(ConfigError::CapabilitiesOverflow)
+        ));
     }
 }

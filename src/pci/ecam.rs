@@ -38,7 +38,10 @@ impl PciConfigMmio {
     }
 
     /// Split an access into per-function chunks: (function, register, range in `len`).
-    fn chunks(offset: u64, len: usize) -> impl Iterator<Item = (PciAddress, u16, std::ops::Range<usize>)> {
+    fn chunks(
+        offset: u64,
+        len: usize,
+    ) -> impl Iterator<Item = (PciAddress, u16, std::ops::Range<usize>)> {
         let mut done = 0;
         std::iter::from_fn(move || {
             if done >= len {
@@ -75,8 +78,14 @@ mod tests {
     fn accesses_split_at_function_boundaries() {
         let chunks: Vec<_> = PciConfigMmio::chunks(0x8ffe, 4).collect();
         assert_eq!(chunks.len(), 2);
-        assert_eq!((chunks[0].0, chunks[0].1, chunks[0].2.clone()), (PciAddress::new(0, 1, 0).unwrap(), 0xffe, 0..2));
-        assert_eq!((chunks[1].0, chunks[1].1, chunks[1].2.clone()), (PciAddress::new(0, 1, 1).unwrap(), 0, 2..4));
+        assert_eq!(
+            (chunks[0].0, chunks[0].1, chunks[0].2.clone()),
+            (PciAddress::new(0, 1, 0).unwrap(), 0xffe, 0..2)
+        );
+        assert_eq!(
+            (chunks[1].0, chunks[1].1, chunks[1].2.clone()),
+            (PciAddress::new(0, 1, 1).unwrap(), 0, 2..4)
+        );
         assert_eq!(PciConfigMmio::chunks(0x10, 8).count(), 1);
     }
 }

@@ -50,7 +50,7 @@ pub mod test_regs {
 
 /// Offset of the [`TestDevice`] vendor capability's data dword (first capability, at 0x40,
 /// after its 4-byte header).
-pub const TEST_CAP_DATA: u64 = 0x44;
+pub const TEST_CAP_DATA: u16 = 0x44;
 
 /// A simple endpoint whose BAR 0 lets the guest make the *device* change its own configuration
 /// space, so shadow coherence for device-side updates can be tested; BARs of every kind, a
@@ -70,20 +70,36 @@ impl TestDevice {
             class_code: 0xff_00_00, // "device does not fit any defined class"
             revision: 1,
             bars: vec![
-                Bar::Memory32 { size: 0x1000, prefetchable: false },
+                Bar::Memory32 {
+                    size: 0x1000,
+                    prefetchable: false,
+                },
                 Bar::Io { size: 0x20 },
-                Bar::Memory64 { size: 0x10_0000, prefetchable: true },
+                Bar::Memory64 {
+                    size: 0x10_0000,
+                    prefetchable: true,
+                },
             ],
             capabilities: vec![
                 // Vendor-specific (PCI 3.0 §H): length byte, pad, one device-written dword.
-                Capability { id: 0x09, body: vec![8, 0, 0, 0, 0, 0], body_wmask: vec![] },
+                Capability {
+                    id: 0x09,
+                    body: vec![8, 0, 0, 0, 0, 0],
+                    body_wmask: vec![],
+                },
                 // Power management (PCI PM 1.2 §3.2): PMC, then PMCSR with PowerState RW.
-                Capability { id: 0x01, body: vec![0x03, 0, 0, 0, 0, 0], body_wmask: vec![0, 0, 0x03] },
+                Capability {
+                    id: 0x01,
+                    body: vec![0x03, 0, 0, 0, 0, 0],
+                    body_wmask: vec![0, 0, 0x03],
+                },
                 // MSI, 64-bit capable (PCI 3.0 §6.8.1): enable RW, address and data RW.
                 Capability {
                     id: 0x05,
                     body: vec![0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-                    body_wmask: vec![0x71, 0, 0xfc, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+                    body_wmask: vec![
+                        0x71, 0, 0xfc, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                    ],
                 },
             ],
             ext_capabilities: vec![ExtCapability {
@@ -100,8 +116,11 @@ impl PciFunction for TestDevice {
     fn bar_read(&mut self, _config: &ConfigSpace, bar: usize, offset: u64, data: &mut [u8]) {
         let bytes = self.scratch.to_le_bytes();
         for (i, b) in data.iter_mut().enumerate() {
-            let off = offset as usize + i;
-            *b = if bar == 0 && off < 4 { bytes[off] } else { 0xff };
+            let off = usize::try_from(offset).ok().and_then(|o| o.checked_add(i));
+            *b = match off {
+                Some(o) if bar == 0 && o < bytes.len() => bytes[o],
+                _ => 0xff,
+            };
         }
     }
 
@@ -113,7 +132,7 @@ impl PciFunction for TestDevice {
         match offset {
             test_regs::SCRATCH => self.scratch = value,
             test_regs::RAISE_TARGET_ABORT => {
-                let status = config.get_u16(PCI_STATUS) | PCI_STATUS_SIG_TARGET_ABORT as u16;
+                let status = config.get_u16(PCI_STATUS) | PCI_STATUS_SIG_TARGET_ABORT;
                 config.set_u16(PCI_STATUS, status);
             }
             test_regs::SET_CAP_DATA => config.set_u32(TEST_CAP_DATA, value),

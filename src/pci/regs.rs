@@ -7,59 +7,59 @@
 contract_consts! {
     PCI_REGS;
     /// CONFIG_ADDRESS port of configuration mechanism #1 (PCI 3.0 §3.2.2.3.2).
-    PCI_CONFIG_ADDRESS_PORT = 0xcf8;
+    PCI_CONFIG_ADDRESS_PORT: u16 = 0xcf8;
     /// CONFIG_DATA ports 0xCFC..=0xCFF of configuration mechanism #1 (PCI 3.0 §3.2.2.3.2).
-    PCI_CONFIG_DATA_PORT = 0xcfc;
+    PCI_CONFIG_DATA_PORT: u16 = 0xcfc;
     /// CONFIG_ADDRESS bit 31: the access is a configuration cycle.
-    PCI_CONFIG_ADDRESS_ENABLE = 0x8000_0000;
+    PCI_CONFIG_ADDRESS_ENABLE: u32 = 0x8000_0000;
     /// Size of the configuration space reachable by mechanism #1 (PCI 3.0 §6.1).
-    PCI_CFG_SPACE_SIZE = 0x100;
+    PCI_CFG_SPACE_SIZE: u16 = 0x100;
     /// Size of a function's configuration space reachable through ECAM (PCIe 4.0 §7.2.2).
-    PCI_CFG_SPACE_EXP_SIZE = 0x1000;
+    PCI_CFG_SPACE_EXP_SIZE: u16 = 0x1000;
     /// ECAM address bits 27:20 hold the bus number (PCIe 4.0 §7.2.2, table 7-1).
-    ECAM_BUS_SHIFT = 20;
+    ECAM_BUS_SHIFT: u32 = 20;
     /// ECAM address bits 19:15 hold the device number.
-    ECAM_DEVICE_SHIFT = 15;
+    ECAM_DEVICE_SHIFT: u32 = 15;
     /// ECAM address bits 14:12 hold the function number.
-    ECAM_FUNCTION_SHIFT = 12;
+    ECAM_FUNCTION_SHIFT: u32 = 12;
     /// Vendor ID register (PCI 3.0 §6.2.1); 0xFFFF reads mean "no function here".
-    PCI_VENDOR_ID = 0x00;
+    PCI_VENDOR_ID: u16 = 0x00;
     /// Device ID register.
-    PCI_DEVICE_ID = 0x02;
+    PCI_DEVICE_ID: u16 = 0x02;
     /// Command register (PCI 3.0 §6.2.2).
-    PCI_COMMAND = 0x04;
+    PCI_COMMAND: u16 = 0x04;
     /// Status register (PCI 3.0 §6.2.3).
-    PCI_STATUS = 0x06;
+    PCI_STATUS: u16 = 0x06;
     /// Revision ID (byte 0) and class code (bytes 1..=3).
-    PCI_CLASS_REVISION = 0x08;
+    PCI_CLASS_REVISION: u16 = 0x08;
     /// Header type register; bit 7 marks a multi-function device (PCI 3.0 §6.2.1).
-    PCI_HEADER_TYPE = 0x0e;
+    PCI_HEADER_TYPE: u16 = 0x0e;
     /// First Base Address Register of a type-0 header (PCI 3.0 §6.2.5.1).
-    PCI_BAR0 = 0x10;
+    PCI_BAR0: u16 = 0x10;
     /// Number of BARs in a type-0 header.
-    PCI_BAR_COUNT = 6;
+    PCI_BAR_COUNT: usize = 6;
     /// Capabilities pointer (PCI 3.0 §6.7).
-    PCI_CAPABILITY_LIST = 0x34;
+    PCI_CAPABILITY_LIST: u16 = 0x34;
     /// Interrupt line register.
-    PCI_INTERRUPT_LINE = 0x3c;
+    PCI_INTERRUPT_LINE: u16 = 0x3c;
     /// Command bit 0: respond to I/O space accesses.
-    PCI_COMMAND_IO = 0x1;
+    PCI_COMMAND_IO: u16 = 0x1;
     /// Command bit 1: respond to memory space accesses.
-    PCI_COMMAND_MEMORY = 0x2;
+    PCI_COMMAND_MEMORY: u16 = 0x2;
     /// Status bit 4: the capabilities pointer is valid.
-    PCI_STATUS_CAP_LIST = 0x10;
+    PCI_STATUS_CAP_LIST: u16 = 0x10;
     /// Status bit 11: Signaled Target Abort (RW1C).
-    PCI_STATUS_SIG_TARGET_ABORT = 0x800;
+    PCI_STATUS_SIG_TARGET_ABORT: u16 = 0x800;
     /// Header type bit 7: the device has more than one function.
-    PCI_HEADER_TYPE_MULTIFUNCTION = 0x80;
+    PCI_HEADER_TYPE_MULTIFUNCTION: u8 = 0x80;
     /// Header type bits 6:0 for an endpoint (type 0) header.
-    PCI_HEADER_TYPE_NORMAL = 0x00;
+    PCI_HEADER_TYPE_NORMAL: u8 = 0x00;
     /// BAR bit 0: the BAR decodes I/O space.
-    PCI_BAR_SPACE_IO = 0x1;
+    PCI_BAR_SPACE_IO: u32 = 0x1;
     /// Memory BAR bits 2:1 = 0b10: the BAR is 64 bits wide and spans two slots.
-    PCI_BAR_MEM_TYPE_64 = 0x4;
+    PCI_BAR_MEM_TYPE_64: u32 = 0x4;
     /// Memory BAR bit 3: prefetchable.
-    PCI_BAR_MEM_PREFETCH = 0x8;
+    PCI_BAR_MEM_PREFETCH: u32 = 0x8;
     /// Extended capabilities start here (PCIe 4.0 §7.6).
-    PCI_EXT_CAP_START = 0x100;
+    PCI_EXT_CAP_START: u16 = 0x100;
 }

@@ -8,7 +8,9 @@ use crate::bus::BusDevice;
 use crate::pci::PciAddress;
 use crate::pci::config::{BarSlots, ConfigError, ConfigSpace, ConfigWindow, FunctionLayout};
 use crate::pci::function::PciFunction;
-use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_IO, PCI_COMMAND_MEMORY, PCI_HEADER_TYPE, PCI_HEADER_TYPE_MULTIFUNCTION};
+use crate::pci::regs::{
+    PCI_COMMAND, PCI_COMMAND_IO, PCI_COMMAND_MEMORY, PCI_HEADER_TYPE, PCI_HEADER_TYPE_MULTIFUNCTION,
+};
 
 /// Errors adding functions.
 #[derive(Debug, thiserror::Error)]
@@ -91,8 +93,14 @@ impl PciRoot {
             window: Arc::new(ConfigWindow::new(1)?),
             inner: Mutex::new(RootInner {
                 slots: BTreeMap::new(),
-                mmio: Allocator { next: windows.mmio.0, end: windows.mmio.1 },
-                io: Allocator { next: windows.io.0, end: windows.io.1 },
+                mmio: Allocator {
+                    next: windows.mmio.0,
+                    end: windows.mmio.1,
+                },
+                io: Allocator {
+                    next: windows.io.0,
+                    end: windows.io.1,
+                },
             }),
         })
     }
@@ -130,24 +138,35 @@ impl PciRoot {
                 (&mut inner.mmio, "MMIO", PCI_COMMAND_MEMORY)
             };
             addresses.push(alloc.take(bar.size(), what)?);
-            command |= enable as u16;
+            command |= enable;
         }
         let base = usize::try_from(address.ecam_offset()).expect("bus 0 offsets fit");
         let (config, bars) = ConfigSpace::new(self.window.clone(), base, layout, &addresses)?;
         config.set_u16(PCI_COMMAND, command);
         if address.function != 0 {
             let fn0_config = &inner.slots[&fn0].config;
-            let header = fn0_config.get_u16(PCI_HEADER_TYPE) as u8;
-            fn0_config.set_u8(PCI_HEADER_TYPE, header | PCI_HEADER_TYPE_MULTIFUNCTION as u8);
+            let header = fn0_config.get_u8(PCI_HEADER_TYPE);
+            fn0_config.set_u8(PCI_HEADER_TYPE, header | PCI_HEADER_TYPE_MULTIFUNCTION);
         }
-        inner.slots.insert(devfn, Slot { config, bars, function });
+        inner.slots.insert(
+            devfn,
+            Slot {
+                config,
+                bars,
+                function,
+            },
+        );
         Ok(())
     }
 
     /// Guest configuration read; absent functions and buses read all-ones.
     pub fn config_read(&self, address: PciAddress, reg: u16, data: &mut [u8]) {
         let inner = self.inner.lock().unwrap();
-        match inner.slots.get(&address.devfn()).filter(|_| address.bus == 0) {
+        match inner
+            .slots
+            .get(&address.devfn())
+            .filter(|_| address.bus == 0)
+        {
             Some(slot) => slot.config.read(reg, data),
             None => data.fill(0xff),
         }
@@ -172,7 +191,7 @@ impl PciRoot {
         let enable = match space {
             BarSpace::Memory => PCI_COMMAND_MEMORY,
             BarSpace::Io => PCI_COMMAND_IO,
-        } as u16;
+        };
         for slot in inner.slots.values_mut() {
             if slot.config.get_u16(PCI_COMMAND) & enable == 0 {
                 continue;
@@ -187,8 +206,12 @@ impl PciRoot {
                 }
                 let offset = addr - base;
                 match access {
-                    BarAccess::Read(data) => slot.function.bar_read(&slot.config, index, offset, data),
-                    BarAccess::Write(data) => slot.function.bar_write(&slot.config, index, offset, data),
+                    BarAccess::Read(data) => {
+                        slot.function.bar_read(&slot.config, index, offset, data)
+                    }
+                    BarAccess::Write(data) => {
+                        slot.function.bar_write(&slot.config, index, offset, data)
+                    }
                 }
                 return true;
             }
@@ -218,14 +241,16 @@ impl BarWindow {
 
 impl BusDevice for BarWindow {
     fn read(&self, offset: u64, data: &mut [u8]) {
-        let claimed = self.root.bar_access(self.space, self.base + offset, BarAccess::Read(data));
+        let claimed = self
+            .root
+            .bar_access(self.space, self.base + offset, BarAccess::Read(data));
         if !claimed {
             data.fill(0xff); // master abort: all-ones
         }
     }
 
     fn write(&self, offset: u64, data: &[u8]) {
-        self.root.bar_access(self.space, self.base + offset, BarAccess::Write(data));
+        self.root
+            .bar_access(self.space, self.base + offset, BarAccess::Write(data));
     }
 }
-

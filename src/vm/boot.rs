@@ -17,11 +17,13 @@ const PD_ADDR: u64 = 0x8000;
 const PD_COUNT: u64 = 4;
 
 /// I/O permission bitmap offset inside the TSS: right after the 104-byte 64-bit TSS.
-const TSS_IOMAP_BASE: u64 = 0x68;
+const TSS_IOMAP_BASE: u16 = 0x68;
 /// 65536 ports, one bit each, plus the all-ones terminating byte the CPU may read past the end.
-const TSS_IOMAP_LEN: u64 = 0x2000;
+const TSS_IOMAP_LEN: u16 = 0x2000;
 /// TSS limit: covers the bitmap and its terminating byte.
 const TSS_LIMIT: u32 = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as u32;
+/// Bytes of the TSS with its bitmap, terminating byte excluded.
+const TSS_SIZE: usize = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as usize;
 
 const KERNEL_CS: u16 = 0x08;
 const KERNEL_DS: u16 = 0x10;
@@ -58,25 +60,51 @@ struct Segment {
 impl Segment {
     const KERNEL_CODE: Segment = Segment::code(KERNEL_CS, 0);
     const KERNEL_DATA: Segment = Segment::data(KERNEL_DS, 0);
-    const USER_CODE: Segment = Segment::code(USER_CS as u16 & !3, 3);
-    const USER_DATA: Segment = Segment::data(USER_DS as u16 & !3, 3);
+    const USER_CODE: Segment = Segment::code(USER_CS & !3, 3);
+    const USER_DATA: Segment = Segment::data(USER_DS & !3, 3);
     /// 64-bit TSS, busy (type 0xB), as the CPU holds it once loaded in TR.
-    const TSS: Segment = Segment { selector: TSS_SELECTOR, type_: 0xb, dpl: 0, code_or_data: false, long: false, big: false };
+    const TSS: Segment = Segment {
+        selector: TSS_SELECTOR,
+        type_: 0xb,
+        dpl: 0,
+        code_or_data: false,
+        long: false,
+        big: false,
+    };
 
     const fn code(selector: u16, dpl: u8) -> Segment {
         // Execute/read, accessed.
-        Segment { selector, type_: 0xb, dpl, code_or_data: true, long: true, big: false }
+        Segment {
+            selector,
+            type_: 0xb,
+            dpl,
+            code_or_data: true,
+            long: true,
+            big: false,
+        }
     }
 
     const fn data(selector: u16, dpl: u8) -> Segment {
         // Read/write, accessed.
-        Segment { selector, type_: 0x3, dpl, code_or_data: true, long: false, big: true }
+        Segment {
+            selector,
+            type_: 0x3,
+            dpl,
+            code_or_data: true,
+            long: false,
+            big: true,
+        }
     }
 
     /// The low 8 bytes of the descriptor (Intel SDM vol. 3 §3.4.5).
     fn descriptor(&self, base: u64, limit: u32) -> u64 {
-        let access = u64::from(self.type_) | (u64::from(self.code_or_data) << 4) | (u64::from(self.dpl) << 5) | (1 << 7);
-        let flags = (u64::from(self.long) << 1) | (u64::from(self.big) << 2) | (u64::from(self.code_or_data) << 3);
+        let access = u64::from(self.type_)
+            | (u64::from(self.code_or_data) << 4)
+            | (u64::from(self.dpl) << 5)
+            | (1 << 7);
+        let flags = (u64::from(self.long) << 1)
+            | (u64::from(self.big) << 2)
+            | (u64::from(self.code_or_data) << 3);
         (u64::from(limit) & 0xffff)
             | ((base & 0xff_ffff) << 16)
             | (access << 40)
@@ -88,7 +116,11 @@ impl Segment {
     fn kvm(&self, base: u64, limit: u32) -> kvm_segment {
         kvm_segment {
             base,
-            limit: if self.code_or_data { 0xffff_ffff } else { limit },
+            limit: if self.code_or_data {
+                0xffff_ffff
+            } else {
+                limit
+            },
             selector: self.selector | u16::from(self.dpl),
             type_: self.type_,
             present: 1,
@@ -122,9 +154,12 @@ pub fn write_tables(mem: &GuestMemoryMmap) -> Result<(), vm_memory::GuestMemoryE
 
     // TSS: all zero (no ring-0 stacks are needed yet), the bitmap offset, a zero bitmap (every
     // port allowed) and the terminating 0xFF byte.
-    mem.write_slice(&[0u8; (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as usize], GuestAddress(TSS_ADDR))?;
-    mem.write_obj(TSS_IOMAP_BASE as u16, GuestAddress(TSS_ADDR + 0x66))?;
-    mem.write_obj(0xffu8, GuestAddress(TSS_ADDR + TSS_IOMAP_BASE + TSS_IOMAP_LEN))?;
+    mem.write_slice(&[0u8; TSS_SIZE], GuestAddress(TSS_ADDR))?;
+    mem.write_obj(TSS_IOMAP_BASE, GuestAddress(TSS_ADDR + 0x66))?;
+    mem.write_obj(
+        0xffu8,
+        GuestAddress(TSS_ADDR + u64::from(TSS_IOMAP_BASE + TSS_IOMAP_LEN)),
+    )?;
 
     let table = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
     mem.write_obj(PDPT_ADDR | table, GuestAddress(PML4_ADDR))?;
@@ -176,16 +211,31 @@ mod tests {
     #[test]
     fn descriptors_match_the_sdm_encoding() {
         // Well-known flat 64-bit code and data descriptors.
-        assert_eq!(Segment::KERNEL_CODE.descriptor(0, 0xf_ffff), 0x00af_9b00_0000_ffff);
-        assert_eq!(Segment::KERNEL_DATA.descriptor(0, 0xf_ffff), 0x00cf_9300_0000_ffff);
-        assert_eq!(Segment::USER_CODE.descriptor(0, 0xf_ffff), 0x00af_fb00_0000_ffff);
-        assert_eq!(Segment::USER_DATA.descriptor(0, 0xf_ffff), 0x00cf_f300_0000_ffff);
-        assert_eq!(Segment::TSS.descriptor(0x2000, 0x2068), 0x0000_8b00_2000_2068);
+        assert_eq!(
+            Segment::KERNEL_CODE.descriptor(0, 0xf_ffff),
+            0x00af_9b00_0000_ffff
+        );
+        assert_eq!(
+            Segment::KERNEL_DATA.descriptor(0, 0xf_ffff),
+            0x00cf_9300_0000_ffff
+        );
+        assert_eq!(
+            Segment::USER_CODE.descriptor(0, 0xf_ffff),
+            0x00af_fb00_0000_ffff
+        );
+        assert_eq!(
+            Segment::USER_DATA.descriptor(0, 0xf_ffff),
+            0x00cf_f300_0000_ffff
+        );
+        assert_eq!(
+            Segment::TSS.descriptor(0x2000, 0x2068),
+            0x0000_8b00_2000_2068
+        );
     }
 
     #[test]
     fn user_selectors_carry_rpl_3() {
-        assert_eq!(Segment::USER_CODE.kvm(0, 0).selector, USER_CS as u16);
-        assert_eq!(Segment::USER_DATA.kvm(0, 0).selector, USER_DS as u16);
+        assert_eq!(Segment::USER_CODE.kvm(0, 0).selector, USER_CS);
+        assert_eq!(Segment::USER_DATA.kvm(0, 0).selector, USER_DS);
     }
 }

@@ -13,10 +13,14 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRe
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
     /// /dev/kvm is missing.
-    #[error("/dev/kvm does not exist: load the kvm module (modprobe kvm_intel or kvm_amd) or run on a host with virtualization")]
+    #[error(
+        "/dev/kvm does not exist: load the kvm module (modprobe kvm_intel or kvm_amd) or run on a host with virtualization"
+    )]
     NoKvm,
     /// /dev/kvm cannot be opened.
-    #[error("cannot open /dev/kvm: permission denied; add yourself to the kvm group or run as root")]
+    #[error(
+        "cannot open /dev/kvm: permission denied; add yourself to the kvm group or run as root"
+    )]
     KvmPermission,
     /// Another KVM failure.
     #[error("KVM {what} failed: {source}")]
@@ -49,7 +53,10 @@ fn open_kvm(path: &std::ffi::CStr) -> Result<Kvm, VmError> {
     Kvm::new_with_path(path).map_err(|e| match e.errno() {
         libc::ENOENT => VmError::NoKvm,
         libc::EACCES | libc::EPERM => VmError::KvmPermission,
-        _ => VmError::Kvm { what: "open /dev/kvm", source: e },
+        _ => VmError::Kvm {
+            what: "open /dev/kvm",
+            source: e,
+        },
     })
 }
 
@@ -78,14 +85,27 @@ impl Vm {
         let fd = kvm.create_vm().map_err(kvm_err("create VM"))?;
         // The irqchip must exist before any vCPU (PLATFORM.md).
         fd.create_irq_chip().map_err(kvm_err("create irqchip"))?;
-        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), mem_size)])
-            .map_err(|e| VmError::Memory { size: mem_size, reason: e.to_string() })?;
-        let mut vm = Vm { kvm, fd, memory, next_slot: 0 };
+        let memory =
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), mem_size)]).map_err(|e| {
+                VmError::Memory {
+                    size: mem_size,
+                    reason: e.to_string(),
+                }
+            })?;
+        let mut vm = Vm {
+            kvm,
+            fd,
+            memory,
+            next_slot: 0,
+        };
         let regions: Vec<(u64, u64, u64)> = vm
             .memory
             .iter()
             .map(|r| {
-                let host = vm.memory.get_host_address(r.start_addr()).expect("region start is mapped");
+                let host = vm
+                    .memory
+                    .get_host_address(r.start_addr())
+                    .expect("region start is mapped");
                 (r.start_addr().0, r.len(), host as u64)
             })
             .collect();
@@ -113,7 +133,12 @@ impl Vm {
     /// Map `region` read-only at `gpa`: guest reads are plain memory accesses, writes exit as
     /// MMIO. The caller must keep `region` alive as long as this VM.
     pub fn add_readonly_region(&mut self, gpa: u64, region: &MmapRegion) -> Result<(), VmError> {
-        self.add_slot(gpa, region.size() as u64, region.as_ptr() as u64, KVM_MEM_READONLY)
+        self.add_slot(
+            gpa,
+            region.size() as u64,
+            region.as_ptr() as u64,
+            KVM_MEM_READONLY,
+        )
     }
 
     /// The KVM system handle.
@@ -138,7 +163,7 @@ mod tests {
 
     #[test]
     fn a_missing_kvm_device_says_what_to_do() {
-        let e = open_kvm(c"/nonexistent/kvm").err().expect("no such device");
+        let e = open_kvm(c"/nonexistent/kvm").expect_err("no such device");
         assert!(matches!(e, VmError::NoKvm));
         assert!(e.to_string().contains("modprobe"));
     }

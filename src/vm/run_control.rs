@@ -42,7 +42,10 @@ impl RunControl {
     /// Wait up to `timeout` for a stop; its reason, or `None` on timeout.
     pub fn wait(&self, timeout: Duration) -> Option<StopReason> {
         let r = self.reason.lock().unwrap();
-        let (r, _) = self.changed.wait_timeout_while(r, timeout, |r| r.is_none()).unwrap();
+        let (r, _) = self
+            .changed
+            .wait_timeout_while(r, timeout, |r| r.is_none())
+            .unwrap();
         r.clone()
     }
 }

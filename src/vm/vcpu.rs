@@ -89,7 +89,10 @@ impl Vcpu {
     /// Create vCPU `index` in long mode at the probe entry.
     pub fn new(vm: &Vm, index: u8) -> Result<Self, VmError> {
         let err = |what| move |source| VmError::Kvm { what, source };
-        let fd = vm.fd().create_vcpu(index.into()).map_err(err("create vCPU"))?;
+        let fd = vm
+            .fd()
+            .create_vcpu(index.into())
+            .map_err(err("create vCPU"))?;
         let supported = vm
             .kvm()
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -97,13 +100,17 @@ impl Vcpu {
         fd.set_cpuid2(&cpuid::for_vcpu(supported, index))
             .map_err(err("set CPUID"))?;
         let sregs = fd.get_sregs().map_err(err("get sregs"))?;
-        fd.set_sregs(&boot::long_mode_sregs(sregs)).map_err(err("set sregs"))?;
-        fd.set_regs(&boot::entry_regs(index.into())).map_err(err("set regs"))?;
+        fd.set_sregs(&boot::long_mode_sregs(sregs))
+            .map_err(err("set sregs"))?;
+        fd.set_regs(&boot::entry_regs(index.into()))
+            .map_err(err("set regs"))?;
         if index != 0 {
             // With the in-kernel LAPIC an AP waits for INIT/SIPI; ours start at the probe entry
             // directly, which parks them.
-            fd.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_RUNNABLE })
-                .map_err(err("set MP state"))?;
+            fd.set_mp_state(kvm_mp_state {
+                mp_state: KVM_MP_STATE_RUNNABLE,
+            })
+            .map_err(err("set MP state"))?;
         }
         Ok(Vcpu { fd, index })
     }
@@ -114,13 +121,24 @@ impl Vcpu {
     }
 
     /// Run until the run is stopped. Entries counts every `KVM_RUN` for the caller's report.
-    pub fn run(mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl, entries: &AtomicU64) {
+    pub fn run(
+        mut self,
+        io: &IoBuses,
+        counters: &ExitCounters,
+        control: &RunControl,
+        entries: &AtomicU64,
+    ) {
         while !control.is_stopping() {
             entries.fetch_add(1, Ordering::Relaxed);
             let action = match self.fd.run() {
                 Ok(exit) => handle_exit(exit, io, counters),
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => ExitAction::Resume,
-                Err(e) => ExitAction::Stop(StopReason::VcpuFailed(format!("vCPU {}: KVM_RUN: {e}", self.index))),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    ExitAction::Resume
+                }
+                Err(e) => ExitAction::Stop(StopReason::VcpuFailed(format!(
+                    "vCPU {}: KVM_RUN: {e}",
+                    self.index
+                ))),
             };
             if let ExitAction::Stop(reason) = action {
                 control.stop(reason);
@@ -155,8 +173,14 @@ mod tests {
         io.add_mmio("latch", 0x1000, 0x10, latch.clone()).unwrap();
         let counters = ExitCounters::new(io.names.len());
         let mut buf = [0u8; 2];
-        assert_eq!(handle_exit(VcpuExit::IoOut(0x80, &[7]), &io, &counters), ExitAction::Resume);
-        assert_eq!(handle_exit(VcpuExit::MmioRead(0x1004, &mut buf), &io, &counters), ExitAction::Resume);
+        assert_eq!(
+            handle_exit(VcpuExit::IoOut(0x80, &[7]), &io, &counters),
+            ExitAction::Resume
+        );
+        assert_eq!(
+            handle_exit(VcpuExit::MmioRead(0x1004, &mut buf), &io, &counters),
+            ExitAction::Resume
+        );
         assert_eq!(buf, [0x5a, 0x5a]);
         handle_exit(VcpuExit::MmioWrite(0x2000, &[1]), &io, &counters); // unclaimed
         let s = counters.snapshot();
@@ -171,11 +195,17 @@ mod tests {
     fn shutdown_and_unexpected_exits_stop_the_run() {
         let io = IoBuses::default();
         let counters = ExitCounters::new(0);
-        assert_eq!(handle_exit(VcpuExit::Shutdown, &io, &counters), ExitAction::Stop(StopReason::Shutdown));
+        assert_eq!(
+            handle_exit(VcpuExit::Shutdown, &io, &counters),
+            ExitAction::Stop(StopReason::Shutdown)
+        );
         assert!(matches!(
             handle_exit(VcpuExit::FailEntry(0, 0), &io, &counters),
             ExitAction::Stop(StopReason::VcpuFailed(_))
         ));
-        assert_eq!(handle_exit(VcpuExit::Hlt, &io, &counters), ExitAction::Resume);
+        assert_eq!(
+            handle_exit(VcpuExit::Hlt, &io, &counters),
+            ExitAction::Resume
+        );
     }
 }

@@ -7,7 +7,12 @@ use exitless::pci::{EcamMode, PciAddress};
 
 /// Boot the probe with `ops`, ECAM served as `ecam`, and check every op succeeded.
 pub fn run(ecam: Option<EcamMode>, ops: Vec<Op>) -> ProbeRun {
-    let run = run_probe(&ProbeConfig { ops, ecam, ..Default::default() }).unwrap_or_else(|e| panic!("probe run failed: {e}"));
+    let run = run_probe(&ProbeConfig {
+        ops,
+        ecam,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("probe run failed: {e}"));
     for (i, r) in run.results.iter().enumerate() {
         assert_eq!(r.status, STATUS_OK, "op {i} failed: {r:?}");
     }

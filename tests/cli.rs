@@ -1,0 +1,127 @@
+//! What a user gets from the `exitless` command line.
+
+use std::process::Command;
+
+fn exitless(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+#[test]
+fn bench_pci_json_has_every_variant_with_exit_counts() {
+    let out = exitless(&[
+        "bench",
+        "pci",
+        "--reads",
+        "200",
+        "--enumerations",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert!(report["host"].as_str().is_some_and(|h| !h.is_empty()));
+    let scenario = &report["scenarios"][0];
+    assert_eq!(scenario["name"], "pci");
+    let variants = scenario["variants"].as_array().unwrap();
+    let names: Vec<&str> = variants
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "ram",
+            "pio",
+            "ecam-trap",
+            "ecam-shadow",
+            "enum-pio",
+            "enum-ecam-trap",
+            "enum-ecam-shadow"
+        ]
+    );
+    let exits = |name: &str| {
+        variants.iter().find(|v| v["name"] == name).unwrap()["exits_per_op"]
+            .as_f64()
+            .unwrap()
+    };
+    assert_eq!(
+        exits("pio"),
+        2.0,
+        "CONFIG_ADDRESS write and CONFIG_DATA read"
+    );
+    assert_eq!(exits("ecam-trap"), 1.0);
+    assert_eq!(exits("ecam-shadow"), 0.0);
+    assert_eq!(exits("ram"), 0.0);
+    assert!(
+        exits("enum-ecam-shadow") > 0.0,
+        "BAR sizing writes still exit"
+    );
+    assert!(exits("enum-ecam-shadow") < exits("enum-ecam-trap"));
+    for v in variants {
+        assert!(v["ns_per_op"].as_f64().is_some_and(|t| t > 0.0), "{v}");
+    }
+}
+
+#[test]
+fn bench_table_names_the_host_and_the_seed() {
+    let dir = std::env::temp_dir().join(format!("exitless-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("pci.svg");
+    let out = exitless(&[
+        "bench",
+        "--reads",
+        "100",
+        "--enumerations",
+        "1",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("exitless bench on "));
+    assert!(
+        text.contains("seed ratio") && text.contains("ecam-shadow") && text.contains("targets")
+    );
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_input_gets_one_clear_error_and_a_failure_code() {
+    for args in [
+        &["bench", "nosuch"][..],
+        &["bench", "--reads", "0"],
+        &["bench", "--reads", "many"],
+        &["bench", "--timeout", "0"],
+        &["frobnicate"],
+    ] {
+        let out = exitless(args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("error:"), "{args:?}: {err}");
+    }
+    let out = exitless(&[
+        "bench",
+        "--svg",
+        "/nonexistent-dir/x.svg",
+        "--reads",
+        "10",
+        "--enumerations",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).starts_with("exitless: error: cannot write the chart")
+    );
+}
