@@ -489,52 +489,18 @@ mod tests {
     }
 
     fn layout() -> FunctionLayout {
-        FunctionLayout {
-            vendor_id: 0x7e57,
-            device_id: 0x0001,
-            class_code: 0xff_0000,
-            revision: 2,
-            bars: vec![
-                Bar::Memory32 {
-                    size: 0x1000,
-                    prefetchable: false,
-                },
-                Bar::Io { size: 0x20 },
-                Bar::Memory64 {
-                    size: 0x10_0000,
-                    prefetchable: true,
-                },
-            ],
-            capabilities: vec![
-                Capability {
-                    id: 0x09,
-                    body: vec![4, 0, 0xaa, 0xbb],
-                    body_wmask: vec![],
-                },
-                Capability {
-                    id: 0x01,
-                    body: vec![0x03, 0, 0, 0, 0, 0],
-                    body_wmask: vec![0, 0, 0x03],
-                },
-            ],
-            ext_capabilities: vec![ExtCapability {
-                id: 0x000b,
-                version: 1,
-                body: vec![0; 4],
-                body_wmask: vec![0xff; 4],
-            }],
-        }
+        crate::pci::function::TestDevice::layout(0x0001)
     }
 
     #[test]
     fn header_fields_and_read_only_ids() {
         let cs = space(&layout(), &[]);
         assert_eq!(read32(&cs, 0), 0x0001_7e57);
-        assert_eq!(read32(&cs, 8), 0xff00_0002);
+        assert_eq!(read32(&cs, 8), 0xff00_0001);
         cs.write(0, &[0, 0, 0, 0]);
         cs.write(8, &0xffff_ffffu32.to_le_bytes());
         assert_eq!(read32(&cs, 0), 0x0001_7e57, "IDs are read-only");
-        assert_eq!(read32(&cs, 8), 0xff00_0002, "class/revision are read-only");
+        assert_eq!(read32(&cs, 8), 0xff00_0001, "class/revision are read-only");
     }
 
     #[test]
@@ -602,14 +568,17 @@ mod tests {
         cs.read(PCI_CAPABILITY_LIST, &mut b);
         assert_eq!(b[0], 0x40);
         assert_eq!(cs.get_u16(0x40), 0x4809, "vendor cap, next at 0x48");
-        assert_eq!(cs.get_u16(0x48), 0x0001, "PM cap, end of list");
+        assert_eq!(cs.get_u16(0x48), 0x5001, "PM cap, next at 0x50");
+        assert_eq!(cs.get_u16(0x50), 0x0005, "MSI cap, end of list");
         cs.write(0x4c, &[0xff]); // PMCSR power state: only bits 1:0 writable
         assert_eq!(cs.get_u16(0x4c) & 0xff, 0x03);
         cs.write(0x42, &[0x55, 0x55]);
-        assert_eq!(cs.get_u16(0x42), 0x0004, "vendor cap body is read-only");
+        assert_eq!(cs.get_u16(0x42), 0x0008, "vendor cap body is read-only");
         assert_eq!(cs.get_u32(0x100), 0x0001_000b);
         cs.write(0x104, &0x1234_5678u32.to_le_bytes());
-        assert_eq!(cs.get_u32(0x104), 0x1234_5678);
+        assert_eq!(cs.get_u32(0x104), 0x0001_0001, "vendor header is read-only");
+        cs.write(0x108, &0x1234_5678u32.to_le_bytes());
+        assert_eq!(cs.get_u32(0x108), 0x1234_5678);
     }
 
     #[test]

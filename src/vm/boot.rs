@@ -210,27 +210,22 @@ mod tests {
 
     #[test]
     fn descriptors_match_the_sdm_encoding() {
-        // Well-known flat 64-bit code and data descriptors.
-        assert_eq!(
-            Segment::KERNEL_CODE.descriptor(0, 0xf_ffff),
-            0x00af_9b00_0000_ffff
-        );
-        assert_eq!(
-            Segment::KERNEL_DATA.descriptor(0, 0xf_ffff),
-            0x00cf_9300_0000_ffff
-        );
-        assert_eq!(
-            Segment::USER_CODE.descriptor(0, 0xf_ffff),
-            0x00af_fb00_0000_ffff
-        );
-        assert_eq!(
-            Segment::USER_DATA.descriptor(0, 0xf_ffff),
-            0x00cf_f300_0000_ffff
-        );
-        assert_eq!(
-            Segment::TSS.descriptor(0x2000, 0x2068),
-            0x0000_8b00_2000_2068
-        );
+        // Well-known flat 64-bit code and data descriptors, and our TSS.
+        let expected = [
+            (Segment::KERNEL_CODE, 0, 0xf_ffff, 0x00af_9b00_0000_ffff),
+            (Segment::KERNEL_DATA, 0, 0xf_ffff, 0x00cf_9300_0000_ffff),
+            (Segment::USER_CODE, 0, 0xf_ffff, 0x00af_fb00_0000_ffff),
+            (Segment::USER_DATA, 0, 0xf_ffff, 0x00cf_f300_0000_ffff),
+            (Segment::TSS, 0x2000, 0x2068, 0x0000_8b00_2000_2068),
+        ];
+        for (segment, base, limit, descriptor) in expected {
+            assert_eq!(
+                segment.descriptor(base, limit),
+                descriptor,
+                "{:#x}",
+                segment.selector
+            );
+        }
     }
 
     #[test]
