@@ -15,9 +15,26 @@ pub mod contract {
     include!("contract.rs");
 }
 
+/// Print a warning to stderr, at most 10 times per call site for the life of the process: for
+/// guest misbehaviour, which a guest can repeat as fast as it likes.
+macro_rules! warn_ratelimited {
+    ($($arg:tt)*) => {{
+        static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        const LIMIT: u64 = 10;
+        let n = SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n < LIMIT {
+            eprintln!("exitless: warning: {}", format_args!($($arg)*));
+            if n + 1 == LIMIT {
+                eprintln!("exitless: warning: further warnings of this kind are suppressed");
+            }
+        }
+    }};
+}
+
 pub mod bench;
 pub mod bus;
 pub mod devices;
+pub mod inspect;
 pub mod machine;
 pub mod pci;
 pub mod stats;

@@ -2,7 +2,6 @@
 //! CF8/CFC and ECAM (trapped or shadowed), and the embedded probe guest, run once for a list
 //! of ops.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -318,18 +317,12 @@ impl Machine {
             .collect::<Result<Vec<_>, _>>()?;
         let tsc_khz = vcpus[0].tsc_khz();
         let io = Arc::new(self.io.clone());
-        let entries = Arc::new(AtomicU64::new(0));
         let mut threads = Vec::new();
         for v in vcpus {
-            let (io, counters, control, entries) = (
-                io.clone(),
-                self.counters.clone(),
-                self.control.clone(),
-                entries.clone(),
-            );
+            let (io, counters, control) = (io.clone(), self.counters.clone(), self.control.clone());
             let t = thread::Builder::new()
                 .name("vcpu".into())
-                .spawn(move || v.run(&io, &counters, &control, &entries))
+                .spawn(move || v.run(&io, &counters, &control))
                 .map_err(host_err("spawn a vCPU thread"))?;
             threads.push(t);
         }

@@ -7,6 +7,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use exitless::bench::{Report, host, pci::PciBench, report};
+use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
+use exitless::inspect;
+use exitless::pci::EcamMode;
 
 /// exitless: a KVM VMM whose device I/O avoids VM exits, and the benchmarks that prove it.
 #[derive(Parser)]
@@ -22,6 +25,70 @@ enum Command {
     /// variant side by side: time ratios first, the seed's ratios beside them, then time and
     /// exits per operation, with the host named.
     Bench(BenchArgs),
+    /// Boot the probe guest, let it enumerate PCI as an operating system would, and print the
+    /// functions it found and the exits that took.
+    Probe(ProbeArgs),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EcamArg {
+    /// ECAM described; every access exits to the VMM.
+    Trap,
+    /// ECAM described; reads come from a read-only shadow and never exit, writes exit.
+    Shadow,
+    /// No ECAM: the guest has only port I/O.
+    None,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MethodArg {
+    /// The guest decides: ECAM under a hypervisor when ECAM is described, else port I/O.
+    Auto,
+    /// Configuration mechanism #1 (0xCF8/0xCFC).
+    Pio,
+    /// The ECAM window.
+    Ecam,
+}
+
+#[derive(clap::Args)]
+struct ProbeArgs {
+    /// How the VMM serves the ECAM window.
+    #[arg(long, value_enum, default_value = "shadow")]
+    ecam: EcamArg,
+    /// How the guest reaches config space.
+    #[arg(long, value_enum, default_value = "auto")]
+    method: MethodArg,
+    /// vCPUs (the probe runs on the first; the others park).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    vcpus: u8,
+    /// Also print the guest's serial console.
+    #[arg(long)]
+    console: bool,
+}
+
+fn probe(args: ProbeArgs) -> Result<(), String> {
+    let ecam = match args.ecam {
+        EcamArg::Trap => Some(EcamMode::Trap),
+        EcamArg::Shadow => Some(EcamMode::Shadow),
+        EcamArg::None => None,
+    };
+    let method = match args.method {
+        MethodArg::Auto => METHOD_AUTO,
+        MethodArg::Pio => METHOD_PIO,
+        MethodArg::Ecam => METHOD_ECAM,
+    };
+    let run = inspect::enumerate(ecam, method, args.vcpus).map_err(|e| e.to_string())?;
+    if run.results[0].status != STATUS_OK {
+        return Err(
+            "the guest cannot enumerate by ECAM when none is described (use --ecam trap or shadow)"
+                .into(),
+        );
+    }
+    if args.console {
+        print!("{}", run.console);
+    }
+    print!("{}", inspect::describe(&run, ecam));
+    Ok(())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -89,6 +156,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench(args),
+        Command::Probe(args) => probe(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

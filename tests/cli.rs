@@ -125,3 +125,32 @@ fn bad_input_gets_one_clear_error_and_a_failure_code() {
         String::from_utf8_lossy(&out.stderr).starts_with("exitless: error: cannot write the chart")
     );
 }
+
+#[test]
+fn probe_lists_what_the_guest_enumerated_by_the_chosen_method() {
+    let out = exitless(&["probe", "--ecam", "shadow"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("by ECAM (ECAM served from a read-only shadow): 4 functions"),
+        "{text}"
+    );
+    assert!(text.contains("00:02.1 7e57:0003"));
+    assert!(text.contains("capabilities: vendor power-management msi ext:vendor"));
+
+    let out = exitless(&["probe", "--ecam", "none", "--vcpus", "2"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("by port I/O"), "{text}");
+    assert!(
+        !text.contains("ext:vendor"),
+        "extended space is out of reach of port I/O"
+    );
+
+    let out = exitless(&["probe", "--ecam", "none", "--method", "ecam"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use --ecam trap or shadow"));
+}

@@ -3,13 +3,11 @@
 //! The loop only runs the vCPU and hands each exit to [`handle_exit`], which routes port and
 //! MMIO accesses to the buses and counts them; everything else is a device's business.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, kvm_mp_state};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
-use crate::bus::IoBuses;
+use crate::bus::{DeviceId, IoBuses};
 use crate::stats::{ExitCounters, ExitKind};
 use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::{Vm, VmError, boot, cpuid};
@@ -23,23 +21,42 @@ pub enum ExitAction {
     Stop(StopReason),
 }
 
+/// Count an access exit; one at an address no device claims also gets a rate-limited warning
+/// (the access itself is harmless: reads see all-ones, writes are dropped).
+fn account(counters: &ExitCounters, kind: ExitKind, device: Option<DeviceId>, addr: u64) {
+    counters.record(kind, device);
+    if device.is_none() {
+        warn_ratelimited!("guest {} at {addr:#x}: no device there", kind.name());
+    }
+}
+
 /// Count one exit, then route it to the buses. No KVM needed: tests feed it synthetic exits.
 pub fn handle_exit(exit: VcpuExit<'_>, io: &IoBuses, counters: &ExitCounters) -> ExitAction {
     match exit {
         VcpuExit::IoIn(port, data) => {
-            counters.record(ExitKind::PioRead, io.pio.device_at(port.into()));
+            account(
+                counters,
+                ExitKind::PioRead,
+                io.pio.device_at(port.into()),
+                port.into(),
+            );
             io.pio.read(port.into(), data);
         }
         VcpuExit::IoOut(port, data) => {
-            counters.record(ExitKind::PioWrite, io.pio.device_at(port.into()));
+            account(
+                counters,
+                ExitKind::PioWrite,
+                io.pio.device_at(port.into()),
+                port.into(),
+            );
             io.pio.write(port.into(), data);
         }
         VcpuExit::MmioRead(addr, data) => {
-            counters.record(ExitKind::MmioRead, io.mmio.device_at(addr));
+            account(counters, ExitKind::MmioRead, io.mmio.device_at(addr), addr);
             io.mmio.read(addr, data);
         }
         VcpuExit::MmioWrite(addr, data) => {
-            counters.record(ExitKind::MmioWrite, io.mmio.device_at(addr));
+            account(counters, ExitKind::MmioWrite, io.mmio.device_at(addr), addr);
             io.mmio.write(addr, data);
         }
         VcpuExit::Hlt | VcpuExit::IrqWindowOpen | VcpuExit::Intr => {
@@ -55,6 +72,19 @@ pub fn handle_exit(exit: VcpuExit<'_>, io: &IoBuses, counters: &ExitCounters) ->
         }
     }
     ExitAction::Resume
+}
+
+/// Stops the run when a vCPU thread ends for any reason, a panic included, so the VMM thread
+/// never waits on a vCPU that is gone. A normal end finds the reason already set: no effect.
+struct StopOnExit<'a>(&'a RunControl, u8);
+
+impl Drop for StopOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.stop(StopReason::VcpuFailed(format!(
+            "vCPU {} thread ended unexpectedly",
+            self.1
+        )));
+    }
 }
 
 /// One vCPU, configured for the probe's entry.
@@ -120,16 +150,10 @@ impl Vcpu {
         self.fd.get_tsc_khz().ok()
     }
 
-    /// Run until the run is stopped. Entries counts every `KVM_RUN` for the caller's report.
-    pub fn run(
-        mut self,
-        io: &IoBuses,
-        counters: &ExitCounters,
-        control: &RunControl,
-        entries: &AtomicU64,
-    ) {
+    /// Run until the run is stopped.
+    pub fn run(mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl) {
+        let _stop_on_exit = StopOnExit(control, self.index);
         while !control.is_stopping() {
-            entries.fetch_add(1, Ordering::Relaxed);
             let action = match self.fd.run() {
                 Ok(exit) => handle_exit(exit, io, counters),
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {

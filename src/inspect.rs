@@ -1,0 +1,122 @@
+//! `exitless probe`: boot the probe guest, let it enumerate PCI as an OS would, and show what it
+//! found and what that cost in exits: the guest's view of the machine, like `lspci -v`.
+
+use std::fmt::Write as _;
+
+use crate::bench::report::human_ns;
+use crate::contract::{ENUM_FLAG_CAPS_TRUNCATED, ENUM_FLAG_NOT_TYPE0, EnumRecord, METHOD_ECAM};
+use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops, run_probe};
+use crate::pci::{EcamMode, PciAddress};
+use crate::stats::ExitKind;
+
+/// Boot the probe with `vcpus` vCPUs and ECAM served as `ecam` (`None`: not described), and
+/// have it enumerate by `method` (a `METHOD_*`).
+pub fn enumerate(ecam: Option<EcamMode>, method: u64, vcpus: u8) -> Result<ProbeRun, MachineError> {
+    run_probe(&ProbeConfig {
+        ops: vec![ops::enumerate(method)],
+        ecam,
+        vcpus,
+        ..Default::default()
+    })
+}
+
+fn capability_name(id: u64) -> String {
+    let name = match id {
+        0x01 => "power-management",
+        0x05 => "msi",
+        0x09 => "vendor",
+        0x10 => "pci-express",
+        0x11 => "msi-x",
+        0x1_000b => "ext:vendor",
+        id if id > 0xffff => return format!("ext:{:#06x}", id & 0xffff),
+        _ => return format!("{id:#04x}"),
+    };
+    name.into()
+}
+
+fn describe_record(out: &mut String, r: &EnumRecord) {
+    let (address, _) = PciAddress::from_ecam_offset(r.address);
+    let [id, class] = [r.header[0], r.header[2]];
+    let _ = writeln!(
+        out,
+        "{address} {:04x}:{:04x} class {:06x} rev {:02x}",
+        id & 0xffff,
+        id >> 16,
+        class >> 8,
+        class & 0xff
+    );
+    if r.flags & ENUM_FLAG_NOT_TYPE0 != 0 {
+        let _ = writeln!(out, "    (not a type-0 header: BARs not sized)");
+    }
+    for (slot, &size) in r.bar_sizes.iter().enumerate().filter(|(_, s)| **s != 0) {
+        let bar = r.header[4 + slot];
+        let kind = match (bar & 1, bar >> 1 & 3) {
+            (1, _) => "io",
+            (_, 2) => "mem64",
+            _ => "mem32",
+        };
+        let base = if kind == "mem64" {
+            (r.header[5 + slot] << 32) | (bar & !0xf)
+        } else {
+            bar & !if kind == "io" { 0x3 } else { 0xf }
+        };
+        let _ = writeln!(out, "    BAR{slot} {kind:<5} {base:#x} size {size:#x}");
+    }
+    let caps: Vec<String> = r.caps[..r.cap_count.min(8) as usize]
+        .iter()
+        .map(|&c| capability_name(c))
+        .collect();
+    if !caps.is_empty() {
+        let more = if r.flags & ENUM_FLAG_CAPS_TRUNCATED != 0 {
+            " ..."
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "    capabilities: {}{more}", caps.join(" "));
+    }
+}
+
+/// What the guest found and what the enumeration cost.
+pub fn describe(run: &ProbeRun, ecam: Option<EcamMode>) -> String {
+    let mut out = String::new();
+    let result = run.results[0];
+    let method = if result.method_used == METHOD_ECAM {
+        "ECAM"
+    } else {
+        "port I/O (0xCF8/0xCFC)"
+    };
+    let served = match ecam {
+        Some(EcamMode::Shadow) => "ECAM served from a read-only shadow",
+        Some(EcamMode::Trap) => "ECAM trapped",
+        None => "no ECAM described",
+    };
+    let _ = writeln!(
+        out,
+        "probe guest enumerated bus 0 by {method} ({served}): {} functions\n",
+        result.value
+    );
+    for r in &run.enum_records {
+        describe_record(&mut out, r);
+    }
+    let exits = run.exits(0);
+    let kinds: Vec<String> = ExitKind::ALL
+        .into_iter()
+        .filter(|&k| exits.of_kind(k) > 0)
+        .map(|k| format!("{} {}", k.name(), exits.of_kind(k)))
+        .collect();
+    let time = run
+        .tsc_khz
+        .map_or(f64::NAN, |khz| result.cycles as f64 * 1e6 / f64::from(khz));
+    let _ = writeln!(
+        out,
+        "\nenumeration took {} and {} exits to the VMM ({})",
+        human_ns(time),
+        exits.total(),
+        if kinds.is_empty() {
+            "none".into()
+        } else {
+            kinds.join(", ")
+        }
+    );
+    out
+}
