@@ -9,15 +9,11 @@ use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops, run_probe};
 use crate::pci::{EcamMode, PciAddress};
 use crate::stats::ExitKind;
 
-/// Boot the probe with `vcpus` vCPUs and ECAM served as `ecam` (`None`: not described), and
-/// have it enumerate by `method` (a `METHOD_*`).
-pub fn enumerate(ecam: Option<EcamMode>, method: u64, vcpus: u8) -> Result<ProbeRun, MachineError> {
-    run_probe(&ProbeConfig {
-        ops: vec![ops::enumerate(method)],
-        ecam,
-        vcpus,
-        ..Default::default()
-    })
+/// Boot the probe with ECAM served as `cfg.ecam` (`None`: not described) and have it
+/// enumerate by `method` (a `METHOD_*`); `cfg.ops` is replaced.
+pub fn enumerate(mut cfg: ProbeConfig, method: u64) -> Result<ProbeRun, MachineError> {
+    cfg.ops = vec![ops::enumerate(method)];
+    run_probe(&cfg)
 }
 
 fn capability_name(id: u64) -> String {

@@ -94,6 +94,8 @@ pub struct ProbeConfig {
     pub vcpus: u8,
     /// Longest the run may take.
     pub timeout: Duration,
+    /// Send the guest's console to stdout as it is written, instead of into `ProbeRun::console`.
+    pub console_to_stdout: bool,
 }
 
 impl Default for ProbeConfig {
@@ -103,6 +105,7 @@ impl Default for ProbeConfig {
             ecam: Some(EcamMode::Shadow),
             vcpus: 1,
             timeout: Duration::from_secs(600),
+            console_to_stdout: false,
         }
     }
 }
@@ -122,7 +125,7 @@ pub struct ProbeRun {
     pub devices: DeviceTable,
     /// All exits of the run.
     pub total_exits: ExitSnapshot,
-    /// Guest console output.
+    /// Guest console output (empty when it went to stdout).
     pub console: String,
 }
 
@@ -196,7 +199,7 @@ fn host_err(what: &'static str) -> impl FnOnce(std::io::Error) -> MachineError {
 }
 
 impl Machine {
-    fn new(ecam: Option<EcamMode>) -> Result<Self, MachineError> {
+    fn new(ecam: Option<EcamMode>, console_to_stdout: bool) -> Result<Self, MachineError> {
         let mut vm = Vm::new(layout::RAM_SIZE)?;
         let mut io = IoBuses::default();
         let control = Arc::new(RunControl::default());
@@ -210,7 +213,12 @@ impl Machine {
                 what: "register the serial irqfd",
                 source,
             })?;
-        let serial = SerialConsole::new(serial_irq, ConsoleOutput::Buffer(console.clone()));
+        let out = if console_to_stdout {
+            ConsoleOutput::Stdout
+        } else {
+            ConsoleOutput::Buffer(console.clone())
+        };
+        let serial = SerialConsole::new(serial_irq, out);
         io.add_pio(
             names::SERIAL,
             PORT_SERIAL,
@@ -383,7 +391,7 @@ fn read_blocks<T: FromBytes + Copy>(
 
 /// Boot the probe guest with `cfg` and return what it measured.
 pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
-    Machine::new(cfg.ecam)?.run(cfg)
+    Machine::new(cfg.ecam, cfg.console_to_stdout)?.run(cfg)
 }
 
 /// Builders for the ops the probe understands.

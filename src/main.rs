@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use exitless::bench::{Report, host, pci::PciBench, report};
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
 use exitless::inspect;
+use exitless::machine::ProbeConfig;
 use exitless::pci::EcamMode;
 
 /// exitless: a KVM VMM whose device I/O avoids VM exits, and the benchmarks that prove it.
@@ -61,7 +62,7 @@ struct ProbeArgs {
     /// vCPUs (the probe runs on the first; the others park).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
     vcpus: u8,
-    /// Also print the guest's serial console.
+    /// Also show the guest's serial console, as it is written.
     #[arg(long)]
     console: bool,
 }
@@ -77,15 +78,18 @@ fn probe(args: ProbeArgs) -> Result<(), String> {
         MethodArg::Pio => METHOD_PIO,
         MethodArg::Ecam => METHOD_ECAM,
     };
-    let run = inspect::enumerate(ecam, method, args.vcpus).map_err(|e| e.to_string())?;
+    let cfg = ProbeConfig {
+        ecam,
+        vcpus: args.vcpus,
+        console_to_stdout: args.console,
+        ..Default::default()
+    };
+    let run = inspect::enumerate(cfg, method).map_err(|e| e.to_string())?;
     if run.results[0].status != STATUS_OK {
         return Err(
             "the guest cannot enumerate by ECAM when none is described (use --ecam trap or shadow)"
                 .into(),
         );
-    }
-    if args.console {
-        print!("{}", run.console);
     }
     print!("{}", inspect::describe(&run, ecam));
     Ok(())
