@@ -130,6 +130,18 @@ fn check_ok(run: &ProbeRun) -> Result<(), MachineError> {
 }
 
 impl PciBench {
+    /// One boot of the probe with ECAM served as `ecam`; every op must succeed.
+    fn boot(&self, ecam: EcamMode, ops: Vec<Op>) -> Result<ProbeRun, MachineError> {
+        let run = run_probe(&ProbeConfig {
+            ops,
+            ecam: Some(ecam),
+            timeout: self.timeout,
+            ..Default::default()
+        })?;
+        check_ok(&run)?;
+        Ok(run)
+    }
+
     /// Boot the probe twice (ECAM trapped, then shadowed) and build the report.
     pub fn run(&self) -> Result<ScenarioReport, MachineError> {
         let n = self.reads.max(1);
@@ -144,24 +156,12 @@ impl PciBench {
         ];
         trap_ops.extend((0..reps).map(|_| ops::enumerate(METHOD_PIO)));
         trap_ops.extend((0..reps).map(|_| ops::enumerate(METHOD_ECAM)));
-        let trap = run_probe(&ProbeConfig {
-            ops: trap_ops,
-            ecam: Some(EcamMode::Trap),
-            timeout: self.timeout,
-            ..Default::default()
-        })?;
-        check_ok(&trap)?;
+        let trap = self.boot(EcamMode::Trap, trap_ops)?;
 
         // Boot 2, ECAM shadowed: the same read loop and enumeration.
         let mut shadow_ops = vec![ops::cfg_read_loop(METHOD_ECAM, target, 0, n)];
         shadow_ops.extend((0..reps).map(|_| ops::enumerate(METHOD_ECAM)));
-        let shadow = run_probe(&ProbeConfig {
-            ops: shadow_ops,
-            ecam: Some(EcamMode::Shadow),
-            timeout: self.timeout,
-            ..Default::default()
-        })?;
-        check_ok(&shadow)?;
+        let shadow = self.boot(EcamMode::Shadow, shadow_ops)?;
 
         let (tc, sc) = (
             Clock {

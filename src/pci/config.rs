@@ -380,23 +380,27 @@ impl ConfigSpace {
     /// Guest write of `data` at `offset`, through the write and RW1C masks; bytes past the
     /// 4 KiB are dropped. Each touched dword is updated with one store.
     pub fn write(&self, offset: u16, data: &[u8]) {
-        let start = usize::from(offset);
+        self.update(offset, data, |off, old, v| {
+            let (w, c) = (self.wmask[off], self.w1cmask[off]);
+            ((old & !w) | (v & w)) & !(v & c)
+        });
+    }
+
+    /// Replace the bytes `start..start + data.len()` (clipped to the 4 KiB) by `merge(offset,
+    /// old, new)`, one aligned dword store per touched dword.
+    fn update(&self, start: u16, data: &[u8], merge: impl Fn(usize, u8, u8) -> u8) {
+        let start = usize::from(start);
         let end = (start + data.len()).min(FUNCTION_SIZE);
-        let mut dword_off = start & !3;
-        while dword_off < end {
+        for dword_off in (start & !3..end).step_by(4) {
             let mut bytes = self.window.load_u32(self.base + dword_off).to_le_bytes();
             for (lane, byte) in bytes.iter_mut().enumerate() {
                 let off = dword_off + lane;
-                if off < start || off >= end {
-                    continue;
+                if (start..end).contains(&off) {
+                    *byte = merge(off, *byte, data[off - start]);
                 }
-                let v = data[off - start];
-                let (w, c) = (self.wmask[off], self.w1cmask[off]);
-                *byte = ((*byte & !w) | (v & w)) & !(v & c);
             }
             self.window
                 .store_u32(self.base + dword_off, u32::from_le_bytes(bytes));
-            dword_off += 4;
         }
     }
 
@@ -424,24 +428,11 @@ impl ConfigSpace {
     /// Device-side update, ignoring the guest's write masks: e.g. hardware setting a status bit.
     /// Goes straight to the shadow, so the guest sees it on its next read.
     pub fn set_bytes(&self, reg: u16, bytes: &[u8]) {
-        let start = usize::from(reg);
         assert!(
-            start + bytes.len() <= FUNCTION_SIZE,
+            usize::from(reg) + bytes.len() <= FUNCTION_SIZE,
             "device-side config write out of range"
         );
-        let mut dword_off = start & !3;
-        while dword_off < start + bytes.len() {
-            let mut dword = self.window.load_u32(self.base + dword_off).to_le_bytes();
-            for (lane, byte) in dword.iter_mut().enumerate() {
-                let off = dword_off + lane;
-                if off >= start && off < start + bytes.len() {
-                    *byte = bytes[off - start];
-                }
-            }
-            self.window
-                .store_u32(self.base + dword_off, u32::from_le_bytes(dword));
-            dword_off += 4;
-        }
+        self.update(reg, bytes, |_, _, new| new);
     }
 
     /// Device-side byte update.
