@@ -17,8 +17,7 @@ use crate::pci::regs::PCI_CFG_SPACE_EXP_SIZE;
 use crate::pci::root::PciRoot;
 
 /// How the ECAM window is served.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EcamMode {
     /// Every access exits to the VMM.
     Trap,
