@@ -89,8 +89,8 @@ static int method_can_reach(u64 method, u64 addr, u64 size)
     u64 reg = addr & (PCI_CFG_SPACE_EXP_SIZE - 1);
     if (size != 1 && size != 2 && size != 4)
         return 0;
-    if (method == METHOD_PIO)
-        return reg < PCI_CFG_SPACE_SIZE;
+    if (method == METHOD_PIO) /* bus numbers stop at 255; register offsets at 255 */
+        return (addr >> ECAM_BUS_SHIFT) < 256 && reg < PCI_CFG_SPACE_SIZE;
     if (method == METHOD_ECAM) {
         u64 bus = addr >> ECAM_BUS_SHIFT;
         return ecam_described() && bus >= boot->ecam_bus_start && bus <= boot->ecam_bus_end;
@@ -297,10 +297,15 @@ static void run_op(const struct op *op, struct op_result *res)
         res->value = enumerate(method);
         break;
     case OP_MMIO_READ:
-        res->value = mem_read(op->address, op->size);
-        break;
     case OP_MMIO_WRITE:
-        mem_write(op->address, op->size, op->value);
+        if (op->size != 1 && op->size != 2 && op->size != 4 && op->size != 8) {
+            res->status = STATUS_UNSUPPORTED;
+            break;
+        }
+        if (op->kind == OP_MMIO_READ)
+            res->value = mem_read(op->address, op->size);
+        else
+            mem_write(op->address, op->size, op->value);
         break;
     default:
         res->status = STATUS_BAD_OP;

@@ -326,13 +326,23 @@ impl Machine {
         let tsc_khz = vcpus[0].tsc_khz();
         let io = Arc::new(self.io.clone());
         let mut threads = Vec::new();
+        let mut spawn_error = None;
         for v in vcpus {
             let (io, counters, control) = (io.clone(), self.counters.clone(), self.control.clone());
-            let t = thread::Builder::new()
+            match thread::Builder::new()
                 .name("vcpu".into())
                 .spawn(move || v.run(&io, &counters, &control))
-                .map_err(host_err("spawn a vCPU thread"))?;
-            threads.push(t);
+            {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    // The vCPUs already started must still be stopped and joined below.
+                    spawn_error = Some(e);
+                    self.control.stop(StopReason::VcpuFailed(
+                        "a vCPU thread could not start".into(),
+                    ));
+                    break;
+                }
+            }
         }
         let reason = self.control.wait(cfg.timeout);
         self.control
@@ -347,6 +357,9 @@ impl Machine {
         }
         for t in threads {
             let _ = t.join();
+        }
+        if let Some(e) = spawn_error {
+            return Err(host_err("spawn a vCPU thread")(e));
         }
         let console = String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned();
         match reason {

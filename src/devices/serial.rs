@@ -8,6 +8,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::BusDevice;
 
+/// Most bytes of guest console output an in-memory log keeps.
+pub const CONSOLE_LOG_LIMIT: usize = 1 << 20;
+
 /// Where guest console output goes.
 #[derive(Clone)]
 pub enum ConsoleOutput {
@@ -21,7 +24,13 @@ impl Write for ConsoleOutput {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             ConsoleOutput::Stdout => io::stdout().write(buf),
-            ConsoleOutput::Buffer(b) => b.lock().unwrap().write(buf),
+            ConsoleOutput::Buffer(b) => {
+                // A guest can print forever: keep the first CONSOLE_LOG_LIMIT bytes, drop the rest.
+                let mut log = b.lock().unwrap();
+                let room = CONSOLE_LOG_LIMIT.saturating_sub(log.len());
+                log.extend_from_slice(&buf[..buf.len().min(room)]);
+                Ok(buf.len())
+            }
         }
     }
 
@@ -74,5 +83,22 @@ impl BusDevice for SerialConsole {
             // A failed host write (closed stdout) must not stop the guest; the byte is lost.
             let _ = self.uart.lock().unwrap().write(reg, *byte);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_console_log_keeps_a_bounded_prefix() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let serial =
+            SerialConsole::new(EventFd::new(0).unwrap(), ConsoleOutput::Buffer(log.clone()));
+        for _ in 0..CONSOLE_LOG_LIMIT + 100 {
+            serial.write(0, b"x"); // THR, one byte per access as a guest would
+        }
+        serial.write(0, &[1, 2]); // wrong width: ignored
+        assert_eq!(log.lock().unwrap().len(), CONSOLE_LOG_LIMIT);
     }
 }

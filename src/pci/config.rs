@@ -567,7 +567,7 @@ mod tests {
         assert_eq!(cs.get_u16(0x42), 0x0008, "vendor cap body is read-only");
         assert_eq!(cs.get_u32(0x100), 0x0001_000b);
         cs.write(0x104, &0x1234_5678u32.to_le_bytes());
-        assert_eq!(cs.get_u32(0x104), 0x0001_0001, "vendor header is read-only");
+        assert_eq!(cs.get_u32(0x104), 0x00c1_0001, "VSEC header is read-only");
         cs.write(0x108, &0x1234_5678u32.to_le_bytes());
         assert_eq!(cs.get_u32(0x108), 0x1234_5678);
     }

@@ -87,10 +87,11 @@ impl TestDevice {
                     body: vec![8, 0, 0, 0, 0, 0],
                     body_wmask: vec![],
                 },
-                // Power management (PCI PM 1.2 §3.2): PMC, then PMCSR with PowerState RW.
+                // Power management (PCI PM 1.2 §3.2): PMC (version 3, D1 and D2 supported, so every
+                // PowerState value is valid), then PMCSR with PowerState RW.
                 Capability {
                     id: 0x01,
-                    body: vec![0x03, 0, 0, 0, 0, 0],
+                    body: vec![0x03, 0x06, 0, 0, 0, 0],
                     body_wmask: vec![0, 0, 0x03],
                 },
                 // MSI, 64-bit capable (PCI 3.0 §6.8.1): enable RW, address and data RW.
@@ -105,7 +106,8 @@ impl TestDevice {
             ext_capabilities: vec![ExtCapability {
                 id: 0x000b, // vendor-specific extended capability (PCIe 4.0 §7.9.5)
                 version: 1,
-                body: vec![0x01, 0x00, 0x01, 0x00, 0, 0, 0, 0],
+                // VSEC ID 1, revision 1, length 0x00C (PCIe 4.0 §7.9.5.2), then a RW dword.
+                body: vec![0x01, 0x00, 0xc1, 0x00, 0, 0, 0, 0],
                 body_wmask: vec![0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff],
             }],
         }

@@ -104,15 +104,16 @@ pub fn kick_signal() -> libc::c_int {
 
 /// Install the kick handler once per process.
 pub fn install_kick_handler() -> Result<(), VmError> {
-    static INSTALLED: std::sync::Once = std::sync::Once::new();
-    let mut result = Ok(());
-    INSTALLED.call_once(|| {
-        result = register_signal_handler(kick_signal(), kick_handler).map_err(|e| VmError::Kvm {
-            what: "install the vCPU kick signal handler",
-            source: kvm_ioctls::Error::new(e.errno()),
-        });
+    // The outcome is kept: a failed install must fail every run, or the first kick (whose
+    // default action terminates the process) would.
+    static INSTALLED: std::sync::OnceLock<Result<(), i32>> = std::sync::OnceLock::new();
+    let result = INSTALLED.get_or_init(|| {
+        register_signal_handler(kick_signal(), kick_handler).map_err(|e| e.errno())
     });
-    result
+    result.map_err(|errno| VmError::Kvm {
+        what: "install the vCPU kick signal handler",
+        source: kvm_ioctls::Error::new(errno),
+    })
 }
 
 impl Vcpu {
