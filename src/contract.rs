@@ -64,10 +64,31 @@ contract_consts! {
     RAM_SCRATCH_ADDR: u64 = 0x90_0000;
     /// Size of the RAM scratch area.
     RAM_SCRATCH_SIZE: u64 = 0x1000;
+    /// GDT selector of the 64-bit kernel code segment (interrupt gates point at it).
+    KERNEL_CS: u16 = 0x08;
+    /// Top of the ring-0 stack the CPU switches to when an interrupt arrives at CPL 3 (TSS.RSP0).
+    INTERRUPT_STACK_TOP: u64 = 0x88_0000;
     /// GDT selector of the 64-bit user code segment (DPL 3, RPL 3).
     USER_CS: u16 = 0x1b;
     /// GDT selector of the user data segment (DPL 3, RPL 3).
     USER_DS: u16 = 0x23;
+    /// Guest RAM the probe's drivers use for virtqueues and buffers.
+    DMA_ADDR: u64 = 0xa0_0000;
+    /// Size of the driver RAM area.
+    DMA_SIZE: u64 = 0x50_0000;
+    /// Most virtio-mmio devices the boot info describes.
+    MAX_VIRTIO_MMIO: u64 = 8;
+    /// First IDT vector the probe's drivers give device interrupts; a device's queue `q` uses
+    /// `IRQ_VECTOR_BASE + q` and its config changes `IRQ_VECTOR_BASE + IRQ_VECTOR_CONFIG`.
+    IRQ_VECTOR_BASE: u64 = 0x40;
+    /// Offset from `IRQ_VECTOR_BASE` of the configuration-change vector.
+    IRQ_VECTOR_CONFIG: u64 = 0x10;
+    /// IDT vector of the virtio-mmio legacy line (its handler reads InterruptStatus and ACKs).
+    IRQ_VECTOR_LEGACY: u64 = 0x30;
+    /// Bytes per receive buffer the probe posts: the largest response it takes, with the header.
+    RR_RX_BUFFER_SIZE: u64 = 0x4000;
+    /// Largest request frame the probe sends.
+    RR_MAX_REQUEST: u64 = 0x1000;
     /// The console UART (COM1), a 16550A.
     PORT_SERIAL: u16 = 0x3f8;
     /// Port the guest writes an op index to before the op.
@@ -80,6 +101,8 @@ contract_consts! {
     DONE_OK: u64 = 0;
     /// `PORT_DONE` value: the boot-info magic was wrong.
     DONE_BAD_BOOT_INFO: u64 = 1;
+    /// `PORT_DONE` value: CPU exception `n` is reported as `DONE_EXCEPTION + n`.
+    DONE_EXCEPTION: u64 = 0x100;
     /// `Op::kind`: read `size` bytes of config space at `address` → `OpResult::value`.
     OP_CFG_READ: u64 = 1;
     /// `Op::kind`: write `value` (`size` bytes) to config space at `address`.
@@ -97,6 +120,29 @@ contract_consts! {
     OP_MMIO_READ: u64 = 6;
     /// `Op::kind`: write `value` (`size` bytes) to guest-physical memory at `address`.
     OP_MMIO_WRITE: u64 = 7;
+    /// `Op::kind`: bring up the virtio-net device at `address` (`method`: `TRANSPORT_*`; MMIO:
+    /// index in `BootInfo::virtio_mmio_base`, PCI: ECAM-style function address) with the
+    /// `RR_FLAG_*` in `value`. Later `OP_VIRTIO_RR` ops drive it.
+    OP_VIRTIO_INIT: u64 = 8;
+    /// `Op::kind`: `count` request/response transactions on the device of the last
+    /// `OP_VIRTIO_INIT`: send a `size`-byte frame, kick, wait for the receive interrupt, check the
+    /// response. `OpResult::value`: transactions done; `irqs`, `bytes` as documented there.
+    OP_VIRTIO_RR: u64 = 9;
+    /// `Op::kind`: reset the device of the last `OP_VIRTIO_INIT` (status 0), then bring it up
+    /// again with the same flags: what a driver does after DEVICE_NEEDS_RESET.
+    OP_VIRTIO_RESET: u64 = 10;
+    /// `Op::kind`: mask the receive vector, complete one transaction without an interrupt,
+    /// check the vector's pending bit, unmask and check the interrupt then arrives and the
+    /// pending bit clears. MSI modes only.
+    OP_VIRTIO_MASK_PENDING: u64 = 11;
+    /// `Op::method` of virtio ops: a virtio-mmio device.
+    TRANSPORT_MMIO: u64 = 1;
+    /// `Op::method` of virtio ops: a virtio-pci device (MSI-X).
+    TRANSPORT_PCI: u64 = 2;
+    /// `RR_FLAG_*` bit: virtio-mmio MSI extension (PCI always uses MSI-X).
+    RR_FLAG_MSI: u64 = 1;
+    /// `RR_FLAG_*` bit: virtio-mmio per-queue doorbells instead of QueueNotify.
+    RR_FLAG_DOORBELLS: u64 = 2;
     /// `Op::method`: the guest picks, as the seed's guest patch argues: ECAM when it runs under a
     /// hypervisor (CPUID.1:ECX[31]) and ECAM is described, PIO otherwise.
     METHOD_AUTO: u64 = 0;
@@ -111,6 +157,16 @@ contract_consts! {
     STATUS_UNSUPPORTED: u64 = 1;
     /// `OpResult::status`: the op kind is unknown.
     STATUS_BAD_OP: u64 = 2;
+    /// `OpResult::status`: the device refused the driver (features, queue, vector), or reports
+    /// DEVICE_NEEDS_RESET.
+    STATUS_DEVICE_ERROR: u64 = 3;
+    /// `OpResult::status`: an awaited completion or interrupt did not come within a second.
+    STATUS_TIMEOUT: u64 = 4;
+    /// `OpResult::status`: a response had the wrong length or contents.
+    STATUS_BAD_DATA: u64 = 5;
+    /// `OpResult::status`: masking did not behave (interrupt while masked, no pending bit, or no
+    /// interrupt after unmask).
+    STATUS_MASK_BROKEN: u64 = 6;
     /// `EnumRecord::flags` bit: this function is a PCI-to-PCI bridge or has header type ≠ 0.
     ENUM_FLAG_NOT_TYPE0: u64 = 1;
     /// `EnumRecord::flags` bit: the capability list was longer than the record holds.
@@ -130,6 +186,14 @@ contract_structs! {
         ecam_bus_end,
         /// Number of valid entries at `OPS_ADDR`.
         op_count,
+        /// TSC frequency in kHz (the guest's timeouts), 0 if unknown.
+        tsc_khz,
+        /// Number of valid entries in `virtio_mmio_base`.
+        virtio_mmio_count,
+        /// Guest-physical base of each virtio-mmio device (`VIRTIO_MMIO_WINDOW_SIZE` bytes).
+        virtio_mmio_base[8],
+        /// IOAPIC pin of each virtio-mmio device's legacy interrupt line.
+        virtio_mmio_gsi[8],
     }
 
     /// One step of the guest's work, read by the guest at `OPS_ADDR`.
@@ -159,6 +223,12 @@ contract_structs! {
         cycles,
         /// The `METHOD_*` actually used (resolves `METHOD_AUTO`).
         method_used,
+        /// Virtio ops: interrupts taken on the vector the receive queue was given.
+        irqs,
+        /// Virtio ops: interrupts taken on any other device vector.
+        stray_irqs,
+        /// Virtio ops: response payload bytes received and checked.
+        bytes,
     }
 
     /// One enumerated PCI function, written by `OP_ENUMERATE` at `ENUM_ADDR`.

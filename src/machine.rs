@@ -14,10 +14,12 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::bus::{BusError, DeviceTable, IoBuses};
 use crate::contract::{
     BOOT_INFO_ADDR, BOOT_INFO_MAGIC, BootInfo, ENUM_ADDR, EnumRecord, MAX_ENUM_RECORDS, MAX_OPS,
-    OPS_ADDR, Op, OpResult, PORT_SERIAL, PROBE_LOAD_ADDR, PROBE_MAX_SIZE, RESULTS_ADDR,
+    MAX_VIRTIO_MMIO, OPS_ADDR, Op, OpResult, PORT_SERIAL, PROBE_LOAD_ADDR, PROBE_MAX_SIZE,
+    RESULTS_ADDR,
 };
 use crate::devices::probe_ports::{PROBE_PORTS_BASE, PROBE_PORTS_LEN, PhaseRecord, ProbePorts};
 use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
+use crate::irq::{GsiRouting, IrqError};
 use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
 use crate::pci::ecam::PciConfigMmio;
 use crate::pci::function::{HostBridge, TestDevice};
@@ -25,6 +27,13 @@ use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
 use crate::pci::root::{BarSpace, BarWindow, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
 use crate::stats::{ExitCounters, ExitSnapshot};
+use crate::virtio::VirtioError;
+use crate::virtio::mmio::{MmioPlacement, MmioTransport};
+use crate::virtio::net::{RequestResponse, VirtioNet};
+use crate::virtio::notify::NotifyPath;
+use crate::virtio::pci::VirtioPci;
+use crate::virtio::regs::{VIRTIO_ID_NET, VIRTIO_MMIO_WINDOW_SIZE};
+use crate::virtio::worker::Worker;
 use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::vcpu::{self, Vcpu};
 use crate::vm::{Vm, VmError, boot};
@@ -46,6 +55,15 @@ pub mod layout {
     pub const PCI_IO_LEN: u16 = 0x4000;
     /// IOAPIC pin of the serial console (COM1's ISA IRQ).
     pub const SERIAL_GSI: u32 = 4;
+    /// virtio-mmio devices, one `VIRTIO_MMIO_WINDOW_SIZE` window each, after the ECAM window.
+    pub const VIRTIO_MMIO_BASE: u64 = 0xe010_0000;
+    /// IOAPIC pin of the first virtio-mmio device's line; the next ones follow. Pins 16..23
+    /// have no 8259 PIC input behind them, so a line can only arrive through the IOAPIC.
+    pub const VIRTIO_MMIO_GSI_BASE: u32 = 16;
+    /// PCI device number of the first virtio-pci function; the next ones follow.
+    pub const VIRTIO_PCI_FIRST_DEVICE: u8 = 3;
+    /// MAC address of the first virtio-net device; the last byte counts up.
+    pub const VIRTIO_NET_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x7e, 0x57, 0x00];
 }
 
 /// Errors building or running the probe machine.
@@ -60,6 +78,17 @@ pub enum MachineError {
     /// Address map.
     #[error(transparent)]
     Bus(#[from] BusError),
+    /// Interrupt routing.
+    #[error(transparent)]
+    Irq(#[from] IrqError),
+    /// A virtio device.
+    #[error(transparent)]
+    Virtio(#[from] VirtioError),
+    /// More virtio devices than the probe machine has room for.
+    #[error(
+        "too many virtio devices: the probe machine takes at most {MAX_VIRTIO_MMIO} virtio-mmio ones"
+    )]
+    TooManyDevices,
     /// More ops than the contract holds.
     #[error("{0} ops requested; the probe holds at most {MAX_OPS}")]
     TooManyOps(usize),
@@ -96,6 +125,37 @@ pub struct ProbeConfig {
     pub timeout: Duration,
     /// Send the guest's console to stdout as it is written, instead of into `ProbeRun::console`.
     pub console_to_stdout: bool,
+    /// virtio-net devices with the request/response backend, in order: virtio-mmio ones are
+    /// `BootInfo` entries 0, 1, …; virtio-pci ones are 00:03.0, 00:04.0, ….
+    pub virtio: Vec<VirtioNetConfig>,
+    /// Bytes of each response frame the request/response backend sends.
+    pub response_size: usize,
+}
+
+/// Which transport a virtio device sits behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// virtio-mmio (the guest picks the legacy line or the MSI extension).
+    Mmio,
+    /// Modern virtio-pci with MSI-X.
+    Pci,
+}
+
+/// A virtio-net device of the probe machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VirtioNetConfig {
+    /// Its transport.
+    pub transport: Transport,
+    /// How its doorbells reach it.
+    pub notify: NotifyPath,
+}
+
+impl ProbeConfig {
+    /// Where the `n`th virtio-pci device of `virtio` sits.
+    pub fn virtio_pci_address(n: usize) -> PciAddress {
+        let device = layout::VIRTIO_PCI_FIRST_DEVICE + u8::try_from(n).expect("few devices");
+        PciAddress::new(0, device, 0).expect("device number < 32")
+    }
 }
 
 impl Default for ProbeConfig {
@@ -106,6 +166,8 @@ impl Default for ProbeConfig {
             vcpus: 1,
             timeout: Duration::from_secs(600),
             console_to_stdout: false,
+            virtio: Vec::new(),
+            response_size: 1024,
         }
     }
 }
@@ -188,6 +250,9 @@ pub fn populate_bus0(root: &PciRoot) -> Result<(), PciError> {
 struct Machine {
     vm: Vm,
     io: IoBuses,
+    /// Device threads, stopped when the machine is dropped.
+    _workers: Vec<Worker>,
+    virtio_mmio: Vec<(u64, u32)>,
     probe_ports: Arc<ProbePorts>,
     control: Arc<RunControl>,
     counters: Arc<ExitCounters>,
@@ -199,7 +264,8 @@ fn host_err(what: &'static str) -> impl FnOnce(std::io::Error) -> MachineError {
 }
 
 impl Machine {
-    fn new(ecam: Option<EcamMode>, console_to_stdout: bool) -> Result<Self, MachineError> {
+    fn new(cfg: &ProbeConfig) -> Result<Self, MachineError> {
+        let (ecam, console_to_stdout) = (cfg.ecam, cfg.console_to_stdout);
         let mut vm = Vm::new(layout::RAM_SIZE)?;
         let mut io = IoBuses::default();
         let control = Arc::new(RunControl::default());
@@ -234,6 +300,57 @@ impl Machine {
             ),
         })?);
         populate_bus0(&pci)?;
+        let routing = Arc::new(GsiRouting::new(vm.shared_fd())?);
+        let mut workers = Vec::new();
+        let mut virtio_mmio = Vec::new();
+        for (i, dev) in cfg.virtio.iter().enumerate() {
+            let mut mac = layout::VIRTIO_NET_MAC;
+            mac[5] = u8::try_from(i).map_err(|_| MachineError::TooManyDevices)?;
+            let net = Box::new(VirtioNet::new(
+                mac,
+                Box::new(RequestResponse::new(cfg.response_size)),
+            ));
+            let mem = vm.memory().clone();
+            match dev.transport {
+                Transport::Mmio => {
+                    let n = virtio_mmio.len();
+                    if n as u64 >= MAX_VIRTIO_MMIO {
+                        return Err(MachineError::TooManyDevices);
+                    }
+                    let at = MmioPlacement {
+                        base: layout::VIRTIO_MMIO_BASE
+                            + n as u64 * u64::from(VIRTIO_MMIO_WINDOW_SIZE),
+                        gsi: layout::VIRTIO_MMIO_GSI_BASE + n as u32,
+                        notify: dev.notify,
+                    };
+                    let (transport, worker) =
+                        MmioTransport::new(&vm.shared_fd(), &routing, net, mem, at)?;
+                    io.add_mmio(
+                        &format!("virtio-mmio.{n}"),
+                        at.base,
+                        VIRTIO_MMIO_WINDOW_SIZE.into(),
+                        Arc::new(transport),
+                    )?;
+                    virtio_mmio.push((at.base, at.gsi));
+                    workers.push(worker);
+                }
+                Transport::Pci => {
+                    let n = cfg.virtio[..i]
+                        .iter()
+                        .filter(|d| d.transport == Transport::Pci)
+                        .count();
+                    let (function, worker) =
+                        VirtioPci::new(&vm.shared_fd(), &routing, net, mem, 3, dev.notify)?;
+                    let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
+                    pci.add(
+                        ProbeConfig::virtio_pci_address(n),
+                        &layout,
+                        Box::new(function),
+                    )?;
+                    workers.push(worker);
+                }
+            }
+        }
         io.add_pio(
             names::PCI_PIO,
             PCI_CONFIG_ADDRESS_PORT,
@@ -283,6 +400,8 @@ impl Machine {
         Ok(Machine {
             vm,
             io,
+            _workers: workers,
+            virtio_mmio,
             probe_ports,
             control,
             counters,
@@ -290,7 +409,7 @@ impl Machine {
         })
     }
 
-    fn load(&self, cfg: &ProbeConfig) -> Result<(), MachineError> {
+    fn load(&self, cfg: &ProbeConfig, tsc_khz: Option<u32>) -> Result<(), MachineError> {
         if cfg.ops.len() as u64 > MAX_OPS {
             return Err(MachineError::TooManyOps(cfg.ops.len()));
         }
@@ -305,25 +424,32 @@ impl Machine {
             Some(_) => (layout::ECAM_BASE, 0),
             None => (0, 0),
         };
-        let info = BootInfo {
+        let mut info = BootInfo {
             magic: BOOT_INFO_MAGIC,
             ecam_base,
             ecam_bus_start: 0,
             ecam_bus_end,
             op_count: cfg.ops.len() as u64,
+            tsc_khz: tsc_khz.map_or(0, u64::from),
+            virtio_mmio_count: self.virtio_mmio.len() as u64,
+            ..Default::default()
         };
+        for (i, &(base, gsi)) in self.virtio_mmio.iter().enumerate() {
+            info.virtio_mmio_base[i] = base;
+            info.virtio_mmio_gsi[i] = u64::from(gsi);
+        }
         mem.write_slice(info.as_bytes(), GuestAddress(BOOT_INFO_ADDR))?;
         mem.write_slice(cfg.ops.as_bytes(), GuestAddress(OPS_ADDR))?;
         Ok(())
     }
 
     fn run(self, cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
-        self.load(cfg)?;
         vcpu::install_kick_handler()?;
         let vcpus = (0..cfg.vcpus.max(1))
             .map(|i| Vcpu::new(&self.vm, i))
             .collect::<Result<Vec<_>, _>>()?;
         let tsc_khz = vcpus[0].tsc_khz();
+        self.load(cfg, tsc_khz)?;
         let io = Arc::new(self.io.clone());
         let mut threads = Vec::new();
         let mut spawn_error = None;
@@ -404,7 +530,7 @@ fn read_blocks<T: FromBytes + Copy>(
 
 /// Boot the probe guest with `cfg` and return what it measured.
 pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
-    Machine::new(cfg.ecam, cfg.console_to_stdout)?.run(cfg)
+    Machine::new(cfg)?.run(cfg)
 }
 
 /// Builders for the ops the probe understands.
@@ -476,6 +602,45 @@ pub mod ops {
             kind: OP_MMIO_READ,
             address,
             size,
+            ..Default::default()
+        }
+    }
+
+    /// Bring up a virtio-net device: `transport` is `TRANSPORT_MMIO` (`address` = index among
+    /// the virtio-mmio devices) or `TRANSPORT_PCI` (`address` = ECAM-style function address).
+    pub fn virtio_init(transport: u64, address: u64, flags: u64) -> Op {
+        Op {
+            kind: OP_VIRTIO_INIT,
+            method: transport,
+            address,
+            value: flags,
+            ..Default::default()
+        }
+    }
+
+    /// `count` request/response transactions of `request_size`-byte requests.
+    pub fn virtio_rr(request_size: u64, count: u64) -> Op {
+        Op {
+            kind: OP_VIRTIO_RR,
+            size: request_size,
+            count,
+            ..Default::default()
+        }
+    }
+
+    /// Reset the device and bring it up again.
+    pub fn virtio_reset() -> Op {
+        Op {
+            kind: OP_VIRTIO_RESET,
+            ..Default::default()
+        }
+    }
+
+    /// One transaction with the receive vector masked, then unmasked.
+    pub fn virtio_mask_pending(request_size: u64) -> Op {
+        Op {
+            kind: OP_VIRTIO_MASK_PENDING,
+            size: request_size,
             ..Default::default()
         }
     }

@@ -3,7 +3,9 @@
 //! land in its BARs.
 
 use crate::pci::config::{Capability, ConfigSpace, ExtCapability, FunctionLayout};
-use crate::pci::regs::{PCI_STATUS, PCI_STATUS_SIG_TARGET_ABORT};
+use crate::pci::regs::{
+    PCI_CAP_ID_MSI, PCI_CAP_ID_PM, PCI_CAP_ID_VNDR, PCI_STATUS, PCI_STATUS_SIG_TARGET_ABORT,
+};
 
 /// Vendor ID used by exitless's own functions. It is not a PCI-SIG assignment; guests other
 /// than the probe should not bind drivers to it.
@@ -11,6 +13,8 @@ pub const EXITLESS_VENDOR_ID: u16 = 0x7e57;
 
 /// Behaviour of one PCI function beyond plain configuration registers.
 pub trait PciFunction: Send {
+    /// The root placed the function: its BARs are assigned and decoding is enabled.
+    fn attached(&mut self, _config: &ConfigSpace) {}
     /// The guest changed `len` bytes of configuration space at `offset` (after masking).
     fn config_written(&mut self, _config: &ConfigSpace, _offset: u16, _len: usize) {}
     /// A guest read `data.len()` bytes at `offset` of BAR slot `bar`.
@@ -83,20 +87,20 @@ impl TestDevice {
             capabilities: vec![
                 // Vendor-specific (PCI 3.0 §H): length byte, pad, one device-written dword.
                 Capability {
-                    id: 0x09,
+                    id: PCI_CAP_ID_VNDR,
                     body: vec![8, 0, 0, 0, 0, 0],
                     body_wmask: vec![],
                 },
                 // Power management (PCI PM 1.2 §3.2): PMC (version 3, D1 and D2 supported, so every
                 // PowerState value is valid), then PMCSR with PowerState RW.
                 Capability {
-                    id: 0x01,
+                    id: PCI_CAP_ID_PM,
                     body: vec![0x03, 0x06, 0, 0, 0, 0],
                     body_wmask: vec![0, 0, 0x03],
                 },
                 // MSI, 64-bit capable (PCI 3.0 §6.8.1): enable RW, address and data RW.
                 Capability {
-                    id: 0x05,
+                    id: PCI_CAP_ID_MSI,
                     body: vec![0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
                     body_wmask: vec![
                         0x71, 0, 0xfc, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,

@@ -62,4 +62,38 @@ contract_consts! {
     PCI_BAR_MEM_PREFETCH: u32 = 0x8;
     /// Extended capabilities start here (PCIe 4.0 §7.6).
     PCI_EXT_CAP_START: u16 = 0x100;
+    /// Capability ID: power management (PCI PM 1.2 §3.2).
+    PCI_CAP_ID_PM: u8 = 0x01;
+    /// Capability ID: MSI (PCI 3.0 §6.8.1).
+    PCI_CAP_ID_MSI: u8 = 0x05;
+    /// Capability ID: vendor specific (PCI 3.0 appendix H).
+    PCI_CAP_ID_VNDR: u8 = 0x09;
+    /// Capability ID: MSI-X (PCI 3.0 §6.8.2).
+    PCI_CAP_ID_MSIX: u8 = 0x11;
+    /// MSI-X capability: Message Control, from the capability ID byte (PCI 3.0 §6.8.2.3).
+    PCI_MSIX_FLAGS: u16 = 2;
+    /// MSI-X capability: Table Offset/BIR.
+    PCI_MSIX_TABLE: u16 = 4;
+    /// MSI-X capability: PBA Offset/BIR.
+    PCI_MSIX_PBA: u16 = 8;
+    /// Message Control bits 10:0: table size minus one.
+    PCI_MSIX_FLAGS_QSIZE: u16 = 0x7ff;
+    /// Message Control bit 15: MSI-X enable.
+    PCI_MSIX_FLAGS_ENABLE: u16 = 0x8000;
+    /// Message Control bit 14: function mask.
+    PCI_MSIX_FLAGS_MASKALL: u16 = 0x4000;
+    /// Size of one MSI-X table entry (PCI 3.0 §6.8.2.6).
+    PCI_MSIX_ENTRY_SIZE: u32 = 16;
+    /// Entry offset: message address, bits 31:0.
+    PCI_MSIX_ENTRY_LOWER_ADDR: u32 = 0;
+    /// Entry offset: message upper address.
+    PCI_MSIX_ENTRY_UPPER_ADDR: u32 = 4;
+    /// Entry offset: message data.
+    PCI_MSIX_ENTRY_DATA: u32 = 8;
+    /// Entry offset: vector control; bit 0 masks the vector.
+    PCI_MSIX_ENTRY_VECTOR_CTRL: u32 = 12;
+    /// Vector control bit 0: masked (set at reset).
+    PCI_MSIX_ENTRY_CTRL_MASKBIT: u32 = 1;
+    /// Table/PBA Offset/BIR bits 2:0: the BAR.
+    PCI_MSIX_BIR_MASK: u32 = 0x7;
 }

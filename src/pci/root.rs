@@ -148,6 +148,8 @@ impl PciRoot {
             let header = fn0_config.get_u8(PCI_HEADER_TYPE);
             fn0_config.set_u8(PCI_HEADER_TYPE, header | PCI_HEADER_TYPE_MULTIFUNCTION);
         }
+        let mut function = function;
+        function.attached(&config);
         inner.slots.insert(
             devfn,
             Slot {

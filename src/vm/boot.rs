@@ -6,7 +6,9 @@
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::contract::{PROBE_LOAD_ADDR, PROBE_STACK_TOP, USER_CS, USER_DS};
+use crate::contract::{
+    INTERRUPT_STACK_TOP, KERNEL_CS, PROBE_LOAD_ADDR, PROBE_STACK_TOP, USER_CS, USER_DS,
+};
 
 const GDT_ADDR: u64 = 0x1000;
 const TSS_ADDR: u64 = 0x2000;
@@ -25,7 +27,6 @@ const TSS_LIMIT: u32 = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as u32;
 /// Bytes of the TSS with its bitmap, terminating byte excluded.
 const TSS_SIZE: usize = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as usize;
 
-const KERNEL_CS: u16 = 0x08;
 const KERNEL_DS: u16 = 0x10;
 const TSS_SELECTOR: u16 = 0x28;
 
@@ -152,9 +153,10 @@ pub fn write_tables(mem: &GuestMemoryMmap) -> Result<(), vm_memory::GuestMemoryE
         mem.write_obj(*d, GuestAddress(GDT_ADDR + 8 * i as u64))?;
     }
 
-    // TSS: all zero (no ring-0 stacks are needed yet), the bitmap offset, a zero bitmap (every
-    // port allowed) and the terminating 0xFF byte.
+    // TSS: RSP0 (the stack an interrupt at CPL 3 switches to), the bitmap offset, a zero bitmap
+    // (every port allowed) and the terminating 0xFF byte (Intel SDM vol. 3A §8.7).
     mem.write_slice(&[0u8; TSS_SIZE], GuestAddress(TSS_ADDR))?;
+    mem.write_obj(INTERRUPT_STACK_TOP, GuestAddress(TSS_ADDR + 4))?;
     mem.write_obj(TSS_IOMAP_BASE, GuestAddress(TSS_ADDR + 0x66))?;
     mem.write_obj(
         0xffu8,

@@ -5,6 +5,8 @@ pub mod cpuid;
 pub mod run_control;
 pub mod vcpu;
 
+use std::sync::Arc;
+
 use kvm_bindings::{KVM_MEM_READONLY, kvm_userspace_memory_region};
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MmapRegion};
@@ -63,7 +65,7 @@ fn open_kvm(path: &std::ffi::CStr) -> Result<Kvm, VmError> {
 /// A VM with an in-kernel irqchip and guest RAM at address 0.
 pub struct Vm {
     kvm: Kvm,
-    fd: VmFd,
+    fd: Arc<VmFd>,
     memory: GuestMemoryMmap,
     next_slot: u32,
 }
@@ -94,7 +96,7 @@ impl Vm {
             })?;
         let mut vm = Vm {
             kvm,
-            fd,
+            fd: Arc::new(fd),
             memory,
             next_slot: 0,
         };
@@ -149,6 +151,11 @@ impl Vm {
     /// The VM handle.
     pub fn fd(&self) -> &VmFd {
         &self.fd
+    }
+
+    /// The VM handle, for devices that register irqfds, ioeventfds and routes.
+    pub fn shared_fd(&self) -> Arc<VmFd> {
+        self.fd.clone()
     }
 
     /// Guest RAM.

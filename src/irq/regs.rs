@@ -1,0 +1,33 @@
+// x86 interrupt-controller facts that the VMM's MSI routing and the probe guest's handlers both
+// use. `build.rs` `include!`s this file into the guest's `contract.h`. References: Intel SDM
+// vol. 3A §11 (local APIC, MSI format §11.11), 82093AA IOAPIC datasheet.
+
+contract_consts! {
+    IRQ_REGS;
+    /// Local APIC MMIO base (the reset value of IA32_APIC_BASE).
+    LAPIC_BASE: u64 = 0xfee0_0000;
+    /// Local APIC end-of-interrupt register.
+    LAPIC_EOI: u64 = 0xb0;
+    /// Local APIC spurious-interrupt vector register; bit 8 enables the APIC.
+    LAPIC_SVR: u64 = 0xf0;
+    /// SVR bit 8: APIC software enable.
+    LAPIC_SVR_ENABLE: u32 = 0x100;
+    /// IOAPIC MMIO base.
+    IOAPIC_BASE: u64 = 0xfec0_0000;
+    /// IOAPIC register select (offset).
+    IOAPIC_REGSEL: u64 = 0x00;
+    /// IOAPIC register window (offset).
+    IOAPIC_WINDOW: u64 = 0x10;
+    /// First redirection-table register; pin n uses registers 0x10 + 2n (low) and 0x11 + 2n.
+    IOAPIC_REDTBL: u32 = 0x10;
+    /// Redirection entry bit 15: level-triggered.
+    IOAPIC_REDIR_LEVEL: u32 = 0x8000;
+    /// Redirection entry bit 16: masked.
+    IOAPIC_REDIR_MASKED: u32 = 0x1_0000;
+    /// MSI address: bits 31:20 are 0xFEE (Intel SDM §11.11.1).
+    MSI_ADDRESS_BASE: u64 = 0xfee0_0000;
+    /// MSI address bits that must equal `MSI_ADDRESS_BASE`.
+    MSI_ADDRESS_MASK: u64 = 0xfff0_0000;
+    /// MSI address bits 19:12: destination APIC ID.
+    MSI_ADDRESS_DEST_SHIFT: u32 = 12;
+}

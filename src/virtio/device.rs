@@ -1,0 +1,360 @@
+//! What every virtio device has, whatever its transport: features, status, queues and reset
+//! (virtio 1.2 §2, §3). Transports translate register accesses into calls on [`VirtioState`];
+//! device types implement [`VirtioDevice`].
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+use super::chain::ChainError;
+use super::regs::*;
+
+/// Why a device stopped: it sets DEVICE_NEEDS_RESET and waits for the driver to reset it.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// A malformed descriptor chain.
+    #[error(transparent)]
+    Chain(#[from] ChainError),
+    /// A ring or buffer the device could not access.
+    #[error("queue access failed: {0}")]
+    Queue(#[from] virtio_queue::Error),
+    /// Guest memory the device could not access.
+    #[error("guest memory access failed: {0}")]
+    Memory(#[from] vm_memory::GuestMemoryError),
+}
+
+/// A device type: what lies behind the queues.
+pub trait VirtioDevice: Send {
+    /// Virtio device ID (virtio 1.2 §5).
+    fn device_type(&self) -> u32;
+    /// Device-specific feature bits offered (the transport adds its own).
+    fn features(&self) -> u64;
+    /// Largest size of each queue.
+    fn queue_max_sizes(&self) -> Vec<u16>;
+    /// Read device configuration space; bytes past its end read zero.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Write device configuration space (ignored where it is read-only).
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+    /// The driver made buffers available on queue `index` (or the device may make progress on
+    /// it). Returns the queues that got used buffers.
+    fn process_queue(
+        &mut self,
+        index: usize,
+        queues: &mut [Queue],
+        mem: &GuestMemoryMmap,
+    ) -> Result<Vec<usize>, DeviceError>;
+    /// Forget all in-flight state (the driver reset the device).
+    fn reset(&mut self);
+}
+
+/// What a status write did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusChange {
+    /// Nothing a transport must act on.
+    None,
+    /// The driver wrote 0: the device was reset.
+    Reset,
+}
+
+/// A notification the device sends the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notification {
+    /// Used buffers on this queue.
+    Queue(usize),
+    /// The configuration (or the status: DEVICE_NEEDS_RESET) changed.
+    Config,
+}
+
+/// Transport-independent device state.
+pub struct VirtioState {
+    device: Box<dyn VirtioDevice>,
+    offered: u64,
+    acked: u64,
+    /// DeviceFeaturesSel / device_feature_select.
+    pub device_features_select: u32,
+    /// DriverFeaturesSel / driver_feature_select.
+    pub driver_features_select: u32,
+    status: u32,
+    queues: Vec<Queue>,
+    /// QueueSel / queue_select.
+    pub queue_select: u32,
+    config_generation: u32,
+    mem: GuestMemoryMmap,
+}
+
+fn bit(n: u32) -> u64 {
+    1 << n
+}
+
+impl VirtioState {
+    /// `device`, offering its features plus `transport_features`, over guest memory `mem`.
+    pub fn new(
+        device: Box<dyn VirtioDevice>,
+        transport_features: u64,
+        mem: GuestMemoryMmap,
+    ) -> Self {
+        let offered = device.features()
+            | transport_features
+            | bit(VIRTIO_F_VERSION_1)
+            | bit(VIRTIO_F_EVENT_IDX);
+        let queues = device
+            .queue_max_sizes()
+            .into_iter()
+            .map(|max| Queue::new(max).expect("device queue sizes are powers of two ≤ 32768"))
+            .collect();
+        VirtioState {
+            device,
+            offered,
+            acked: 0,
+            device_features_select: 0,
+            driver_features_select: 0,
+            status: 0,
+            queues,
+            queue_select: 0,
+            config_generation: 0,
+            mem,
+        }
+    }
+
+    /// The device type.
+    pub fn device_type(&self) -> u32 {
+        self.device.device_type()
+    }
+
+    /// Number of queues.
+    pub fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// The 32 offered feature bits the device feature select picks.
+    pub fn device_features_word(&self) -> u32 {
+        match self.device_features_select {
+            0 => (self.offered & 0xffff_ffff) as u32,
+            1 => (self.offered >> 32) as u32,
+            _ => 0,
+        }
+    }
+
+    /// The driver writes 32 feature bits at the driver feature select.
+    pub fn write_driver_features(&mut self, value: u32) {
+        if self.status & VIRTIO_STATUS_FEATURES_OK != 0 {
+            warn_ratelimited!("virtio: driver features written after FEATURES_OK; ignored");
+            return;
+        }
+        let shift = match self.driver_features_select {
+            0 => 0,
+            1 => 32,
+            sel => {
+                warn_ratelimited!("virtio: driver feature select {sel} does not exist");
+                return;
+            }
+        };
+        self.acked = (self.acked & !(0xffff_ffff << shift)) | (u64::from(value) << shift);
+    }
+
+    /// The 32 accepted feature bits the driver feature select picks.
+    pub fn driver_features_word(&self) -> u32 {
+        match self.driver_features_select {
+            0 => (self.acked & 0xffff_ffff) as u32,
+            1 => (self.acked >> 32) as u32,
+            _ => 0,
+        }
+    }
+
+    /// Whether feature `n` was negotiated (FEATURES_OK accepted).
+    pub fn negotiated(&self, n: u32) -> bool {
+        self.status & VIRTIO_STATUS_FEATURES_OK != 0 && self.acked & bit(n) != 0
+    }
+
+    /// Device status.
+    pub fn status(&self) -> u32 {
+        self.status
+    }
+
+    /// ConfigGeneration.
+    pub fn config_generation(&self) -> u32 {
+        self.config_generation
+    }
+
+    /// Whether the device is live: DRIVER_OK and no error.
+    pub fn is_live(&self) -> bool {
+        self.status & (VIRTIO_STATUS_DRIVER_OK | VIRTIO_STATUS_DEVICE_NEEDS_RESET)
+            == VIRTIO_STATUS_DRIVER_OK
+    }
+
+    /// The driver writes the status register (virtio 1.2 §3.1.1).
+    pub fn write_status(&mut self, value: u32) -> StatusChange {
+        if value == 0 {
+            self.reset();
+            return StatusChange::Reset;
+        }
+        let mut value = value & 0xff;
+        if value & self.status != self.status & !VIRTIO_STATUS_DEVICE_NEEDS_RESET {
+            warn_ratelimited!(
+                "virtio: driver cleared status bits ({:#x} → {value:#x}) without a reset; ignored",
+                self.status
+            );
+            return StatusChange::None;
+        }
+        let newly = value & !self.status;
+        if newly & VIRTIO_STATUS_FEATURES_OK != 0 {
+            let unoffered = self.acked & !self.offered;
+            if unoffered != 0 {
+                // §2.2.2: a device must not accept features it did not offer; FEATURES_OK then
+                // reads back clear and the driver gives up.
+                warn_ratelimited!(
+                    "virtio: driver accepted features {unoffered:#x} the device did not offer"
+                );
+                value &= !VIRTIO_STATUS_FEATURES_OK;
+            } else if self.acked & bit(VIRTIO_F_VERSION_1) == 0 {
+                warn_ratelimited!(
+                    "virtio: driver did not accept VIRTIO_F_VERSION_1 (legacy drivers are not supported)"
+                );
+                value &= !VIRTIO_STATUS_FEATURES_OK;
+            }
+        }
+        if newly & VIRTIO_STATUS_DRIVER_OK != 0 && value & VIRTIO_STATUS_FEATURES_OK == 0 {
+            warn_ratelimited!("virtio: DRIVER_OK without FEATURES_OK; ignored");
+            value &= !VIRTIO_STATUS_DRIVER_OK;
+        }
+        self.status = value | (self.status & VIRTIO_STATUS_DEVICE_NEEDS_RESET);
+        if newly & VIRTIO_STATUS_DRIVER_OK != 0 && self.status & VIRTIO_STATUS_DRIVER_OK != 0 {
+            let event_idx = self.acked & bit(VIRTIO_F_EVENT_IDX) != 0;
+            for q in &mut self.queues {
+                q.set_event_idx(event_idx);
+            }
+        }
+        StatusChange::None
+    }
+
+    /// Mark the device broken (DEVICE_NEEDS_RESET, virtio 1.2 §2.1.2). Returns whether the bit
+    /// was newly set, in which case the transport sends a configuration notification.
+    pub fn needs_reset(&mut self, why: &dyn std::fmt::Display) -> bool {
+        warn_ratelimited!("virtio: {why}; the device needs a reset");
+        let newly = self.status & VIRTIO_STATUS_DEVICE_NEEDS_RESET == 0;
+        self.status |= VIRTIO_STATUS_DEVICE_NEEDS_RESET;
+        if newly {
+            self.config_generation = self.config_generation.wrapping_add(1);
+        }
+        newly && self.status & VIRTIO_STATUS_DRIVER_OK != 0
+    }
+
+    fn reset(&mut self) {
+        self.device.reset();
+        for q in &mut self.queues {
+            q.reset();
+        }
+        self.acked = 0;
+        self.status = 0;
+        self.device_features_select = 0;
+        self.driver_features_select = 0;
+        self.queue_select = 0;
+    }
+
+    /// The queue QueueSel picks, if it exists.
+    pub fn selected_queue(&self) -> Option<&Queue> {
+        self.queues.get(self.queue_select as usize)
+    }
+
+    /// Change the selected queue's configuration; only while it is disabled and before
+    /// DRIVER_OK (virtio 1.2 §4.1.4.3.2, §4.2.2.2). Returns whether the change was allowed.
+    pub fn configure_queue(&mut self, what: &str, change: impl FnOnce(&mut Queue)) -> bool {
+        let index = self.queue_select;
+        let locked = self.status & VIRTIO_STATUS_DRIVER_OK != 0;
+        match self.queues.get_mut(index as usize) {
+            Some(q) if !q.ready() && !locked => {
+                change(q);
+                true
+            }
+            Some(_) => {
+                warn_ratelimited!(
+                    "virtio: {what} of queue {index} written while it is live; ignored"
+                );
+                false
+            }
+            None => {
+                warn_ratelimited!("virtio: {what} of queue {index}, which does not exist; ignored");
+                false
+            }
+        }
+    }
+
+    /// The driver writes the selected queue's size; a size that is not a power of two, is 0 or
+    /// exceeds the maximum breaks the device (§2.7: sizes are powers of two).
+    pub fn set_queue_size(&mut self, size: u32) -> bool {
+        let mut bad = None;
+        self.configure_queue("size", |q| {
+            match u16::try_from(size)
+                .map_err(|_| virtio_queue::Error::InvalidSize)
+                .and_then(|s| q.try_set_size(s))
+            {
+                Ok(()) => {}
+                Err(_) => bad = Some(size),
+            }
+        });
+        match bad {
+            Some(size) => self.needs_reset(&format_args!(
+                "queue size {size} is not a power of two ≤ the maximum"
+            )),
+            None => false,
+        }
+    }
+
+    /// The driver enables (or, wrongly, disables) the selected queue. A queue whose rings do
+    /// not fit in guest memory breaks the device.
+    pub fn set_queue_ready(&mut self, ready: bool) -> bool {
+        let mem = self.mem.clone();
+        let mut invalid = false;
+        let ok = self.configure_queue("enable", |q| {
+            q.set_ready(ready);
+            if ready && !q.is_valid(&mem) {
+                q.set_ready(false);
+                invalid = true;
+            }
+        });
+        if ok && invalid {
+            let index = self.queue_select;
+            return self.needs_reset(&format_args!(
+                "queue {index}'s rings are misaligned or outside guest memory"
+            ));
+        }
+        false
+    }
+
+    /// Device configuration read.
+    pub fn read_config(&self, offset: u64, data: &mut [u8]) {
+        self.device.read_config(offset, data);
+    }
+
+    /// Device configuration write.
+    pub fn write_config(&mut self, offset: u64, data: &[u8]) {
+        self.device.write_config(offset, data);
+    }
+
+    /// Let the device work on queue `index`; returns the notifications due.
+    pub fn process(&mut self, index: usize) -> Vec<Notification> {
+        if !self.is_live() || !self.queues.get(index).is_some_and(|q| q.ready()) {
+            return Vec::new();
+        }
+        match self
+            .device
+            .process_queue(index, &mut self.queues, &self.mem)
+        {
+            Ok(used) => used
+                .into_iter()
+                .filter(|&u| {
+                    self.queues
+                        .get_mut(u)
+                        .is_some_and(|q| q.needs_notification(&self.mem).unwrap_or(true))
+                })
+                .map(Notification::Queue)
+                .collect(),
+            Err(e) => {
+                if self.needs_reset(&e) {
+                    vec![Notification::Config]
+                } else {
+                    Vec::new()
+                }
+            }
+        }
+    }
+}

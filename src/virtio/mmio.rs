@@ -1,0 +1,329 @@
+//! virtio-mmio, version 2 register layout (virtio 1.2 §4.2.2), with exitless's MSI and
+//! per-queue doorbell extension (docs/virtio-mmio-msi.md), each offered as a feature bit.
+//!
+//! Without the MSI feature the device has one level-triggered line: the driver's handler reads
+//! InterruptStatus and writes InterruptACK (two exits) before its EOI. With it, every queue and
+//! configuration changes get a vector of their own, with mask and pending bits, and the
+//! handler touches no device register.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use kvm_ioctls::VmFd;
+use virtio_queue::QueueT;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use super::device::{Notification, StatusChange, VirtioDevice, VirtioState};
+use super::interrupt::{Interrupts, LegacyLine};
+use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
+use super::regs::*;
+use super::worker::Worker;
+use super::{Ring, VirtioError, set_queue_address};
+use crate::bus::BusDevice;
+use crate::irq::{GsiRouting, MsiVectors};
+use crate::pci::function::EXITLESS_VENDOR_ID;
+
+/// The MSI registers that stage a vector's message until the UPDATE command.
+#[derive(Default)]
+struct MsiStaging {
+    select: u32,
+    address_low: u32,
+    address_high: u32,
+    data: u32,
+}
+
+/// A virtio-mmio device on the MMIO bus.
+pub struct MmioTransport {
+    state: Arc<Mutex<VirtioState>>,
+    interrupts: Arc<Interrupts>,
+    events: QueueEvents,
+    staging: Mutex<MsiStaging>,
+    msi_control: AtomicU32,
+}
+
+/// Where a virtio-mmio device sits and how its doorbells are wired.
+#[derive(Clone, Copy, Debug)]
+pub struct MmioPlacement {
+    /// Guest-physical base of its `VIRTIO_MMIO_WINDOW_SIZE`-byte window.
+    pub base: u64,
+    /// IOAPIC pin of its legacy line.
+    pub gsi: u32,
+    /// How doorbell writes reach the device.
+    pub notify: NotifyPath,
+}
+
+fn feature(n: u32) -> u64 {
+    1 << n
+}
+
+impl MmioTransport {
+    /// `device` at `at`, with its irqfds, ioeventfds and device thread.
+    pub fn new(
+        vm: &Arc<VmFd>,
+        routing: &Arc<GsiRouting>,
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryMmap,
+        at: MmioPlacement,
+    ) -> Result<(Self, Worker), VirtioError> {
+        let state = VirtioState::new(
+            device,
+            feature(VIRTIO_F_MMIO_MSI) | feature(VIRTIO_F_MMIO_NOTIFY),
+            mem,
+        );
+        let queues = state.queue_count();
+        let line = LegacyLine {
+            irqfd: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::Io)?,
+            resample: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::Io)?,
+        };
+        vm.register_irqfd_with_resample(&line.irqfd, &line.resample, at.gsi)
+            .map_err(VirtioError::kvm("register the virtio-mmio line irqfd"))?;
+        let msi = MsiVectors::new(vm.clone(), routing.clone(), queues + 1)?;
+        let interrupts = Arc::new(Interrupts::new(queues, Some(line), Some(Arc::new(msi))));
+        let mut events = QueueEvents::new(vm.clone(), queues).map_err(VirtioError::Io)?;
+        let doorbells: Vec<Doorbell> = (0..queues)
+            .filter_map(|q| {
+                let q32 = u32::try_from(q).ok()?;
+                match at.notify {
+                    NotifyPath::Exit => None,
+                    NotifyPath::Datamatch => Some(Doorbell {
+                        queue: q,
+                        address: at.base + u64::from(VIRTIO_MMIO_QUEUE_NOTIFY),
+                        datamatch: Some(Datamatch::U32(q32)),
+                    }),
+                    NotifyPath::Address => Some(Doorbell {
+                        queue: q,
+                        address: at.base + u64::from(doorbell_offset(q32)),
+                        datamatch: None,
+                    }),
+                }
+            })
+            .collect();
+        events.register(&doorbells).map_err(VirtioError::kvm(
+            "register a virtio-mmio doorbell ioeventfd",
+        ))?;
+        let state = Arc::new(Mutex::new(state));
+        let worker = Worker::spawn(
+            format!("virtio-mmio@{:#x}", at.base),
+            state.clone(),
+            interrupts.clone(),
+            events.clones().map_err(VirtioError::Io)?,
+        )
+        .map_err(VirtioError::Io)?;
+        Ok((
+            MmioTransport {
+                state,
+                interrupts,
+                events,
+                staging: Mutex::new(MsiStaging::default()),
+                msi_control: AtomicU32::new(0),
+            },
+            worker,
+        ))
+    }
+
+    fn msi(&self) -> &MsiVectors {
+        self.interrupts
+            .msi()
+            .expect("virtio-mmio always has MSI vectors")
+    }
+
+    fn read_register(&self, reg: u32) -> u32 {
+        let st = self.state.lock().unwrap();
+        let queue = st.queue_select as usize;
+        match reg {
+            VIRTIO_MMIO_MAGIC_VALUE => VIRTIO_MMIO_MAGIC,
+            VIRTIO_MMIO_VERSION => 2,
+            VIRTIO_MMIO_DEVICE_ID => st.device_type(),
+            VIRTIO_MMIO_VENDOR_ID => u32::from(EXITLESS_VENDOR_ID),
+            VIRTIO_MMIO_DEVICE_FEATURES => st.device_features_word(),
+            VIRTIO_MMIO_QUEUE_NUM_MAX => st.selected_queue().map_or(0, |q| u32::from(q.max_size())),
+            VIRTIO_MMIO_QUEUE_READY => st.selected_queue().map_or(0, |q| u32::from(q.ready())),
+            VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupts.status(),
+            VIRTIO_MMIO_STATUS => st.status(),
+            VIRTIO_MMIO_CONFIG_GENERATION => st.config_generation(),
+            VIRTIO_MMIO_MSI_VEC_NUM => self.msi().len() as u32,
+            VIRTIO_MMIO_MSI_SEL => self.staging.lock().unwrap().select,
+            VIRTIO_MMIO_MSI_ADDRESS_LOW => self.staging.lock().unwrap().address_low,
+            VIRTIO_MMIO_MSI_ADDRESS_HIGH => self.staging.lock().unwrap().address_high,
+            VIRTIO_MMIO_MSI_DATA => self.staging.lock().unwrap().data,
+            VIRTIO_MMIO_MSI_STATE => {
+                let sel = self.staging.lock().unwrap().select as usize;
+                let masked = if self.msi().is_masked(sel) {
+                    VIRTIO_MMIO_MSI_STATE_MASKED
+                } else {
+                    0
+                };
+                let pending = if self.msi().is_pending(sel) {
+                    VIRTIO_MMIO_MSI_STATE_PENDING
+                } else {
+                    0
+                };
+                masked | pending
+            }
+            VIRTIO_MMIO_QUEUE_MSI_VEC => u32::from(self.interrupts.queue_vector(queue)),
+            VIRTIO_MMIO_CONFIG_MSI_VEC => u32::from(self.interrupts.config_vector()),
+            VIRTIO_MMIO_MSI_CONTROL => self.msi_control.load(Ordering::SeqCst),
+            VIRTIO_MMIO_QUEUE_NOTIFY_OFF if queue < st.queue_count() => {
+                doorbell_offset(st.queue_select)
+            }
+            _ => 0, // write-only and reserved registers read zero
+        }
+    }
+
+    fn write_register(&self, reg: u32, value: u32) {
+        let mut st = self.state.lock().unwrap();
+        let mut config_changed = false;
+        match reg {
+            VIRTIO_MMIO_DEVICE_FEATURES_SEL => st.device_features_select = value,
+            VIRTIO_MMIO_DRIVER_FEATURES => st.write_driver_features(value),
+            VIRTIO_MMIO_DRIVER_FEATURES_SEL => st.driver_features_select = value,
+            VIRTIO_MMIO_QUEUE_SEL => st.queue_select = value,
+            VIRTIO_MMIO_QUEUE_NUM => config_changed = st.set_queue_size(value),
+            VIRTIO_MMIO_QUEUE_READY => config_changed = st.set_queue_ready(value != 0),
+            VIRTIO_MMIO_QUEUE_NOTIFY => self.events.notify(value as usize),
+            VIRTIO_MMIO_INTERRUPT_ACK => self.interrupts.ack(value),
+            VIRTIO_MMIO_STATUS => {
+                if st.write_status(value) == StatusChange::Reset {
+                    self.interrupts.reset();
+                    self.msi().reset();
+                    self.msi_control.store(0, Ordering::SeqCst);
+                    *self.staging.lock().unwrap() = MsiStaging::default();
+                }
+            }
+            VIRTIO_MMIO_QUEUE_DESC_LOW..=VIRTIO_MMIO_QUEUE_USED_HIGH
+                if (reg - VIRTIO_MMIO_QUEUE_DESC_LOW) % 0x10 < 8 =>
+            {
+                // Low/high dword pairs, one ring per 16 bytes: descriptors, driver, device.
+                let rel = reg - VIRTIO_MMIO_QUEUE_DESC_LOW;
+                let ring = [Ring::Descriptors, Ring::Driver, Ring::Device][(rel / 0x10) as usize];
+                set_queue_address(&mut st, ring, rel % 0x10 == 4, value);
+            }
+            VIRTIO_MMIO_MSI_SEL => self.staging.lock().unwrap().select = value,
+            VIRTIO_MMIO_MSI_ADDRESS_LOW => self.staging.lock().unwrap().address_low = value,
+            VIRTIO_MMIO_MSI_ADDRESS_HIGH => self.staging.lock().unwrap().address_high = value,
+            VIRTIO_MMIO_MSI_DATA => self.staging.lock().unwrap().data = value,
+            VIRTIO_MMIO_MSI_COMMAND => self.msi_command(&st, value),
+            VIRTIO_MMIO_QUEUE_MSI_VEC => {
+                let vector = u16::try_from(value).unwrap_or(VIRTIO_MSI_NO_VECTOR as u16);
+                self.interrupts
+                    .set_queue_vector(st.queue_select as usize, vector);
+            }
+            VIRTIO_MMIO_CONFIG_MSI_VEC => {
+                let vector = u16::try_from(value).unwrap_or(VIRTIO_MSI_NO_VECTOR as u16);
+                self.interrupts.set_config_vector(vector);
+            }
+            VIRTIO_MMIO_MSI_CONTROL => {
+                if !st.negotiated(VIRTIO_F_MMIO_MSI) {
+                    warn_ratelimited!(
+                        "virtio-mmio: MSI control written without the MSI feature; ignored"
+                    );
+                    return;
+                }
+                let enable = value & VIRTIO_MMIO_MSI_CTRL_ENABLE != 0;
+                self.msi_control
+                    .store(value & VIRTIO_MMIO_MSI_CTRL_ENABLE, Ordering::SeqCst);
+                self.interrupts.set_msi_active(enable);
+                self.msi().set_enabled(enable);
+            }
+            _ => warn_ratelimited!(
+                "virtio-mmio: write of {value:#x} to register {reg:#x}, which is read-only or reserved; ignored"
+            ),
+        }
+        drop(st);
+        if config_changed {
+            self.interrupts.notify(Notification::Config);
+        }
+    }
+
+    fn msi_command(&self, st: &VirtioState, command: u32) {
+        if !st.negotiated(VIRTIO_F_MMIO_MSI) {
+            warn_ratelimited!("virtio-mmio: MSI command without the MSI feature; ignored");
+            return;
+        }
+        let staging = self.staging.lock().unwrap();
+        let index = staging.select as usize;
+        if index >= self.msi().len() {
+            warn_ratelimited!(
+                "virtio-mmio: MSI command {command} for vector {index}, which does not exist; ignored"
+            );
+            return;
+        }
+        match command {
+            VIRTIO_MMIO_MSI_CMD_UPDATE => {
+                let address =
+                    u64::from(staging.address_high) << 32 | u64::from(staging.address_low);
+                self.msi().program(index, address, staging.data);
+            }
+            VIRTIO_MMIO_MSI_CMD_MASK => self.msi().set_masked(index, true),
+            VIRTIO_MMIO_MSI_CMD_UNMASK => self.msi().set_masked(index, false),
+            _ => warn_ratelimited!("virtio-mmio: unknown MSI command {command}; ignored"),
+        }
+    }
+
+    fn doorbell(&self, offset: u64) {
+        let queue = ((offset - u64::from(VIRTIO_MMIO_DOORBELL_BASE))
+            / u64::from(VIRTIO_MMIO_DOORBELL_STRIDE)) as usize;
+        if !self.state.lock().unwrap().negotiated(VIRTIO_F_MMIO_NOTIFY) {
+            warn_ratelimited!("virtio-mmio: doorbell written without the notify feature; ignored");
+            return;
+        }
+        self.events.notify(queue);
+    }
+}
+
+/// Offset of queue `queue`'s doorbell from the device base.
+pub fn doorbell_offset(queue: u32) -> u32 {
+    VIRTIO_MMIO_DOORBELL_BASE + queue * VIRTIO_MMIO_DOORBELL_STRIDE
+}
+
+/// Whether an access is one the control registers accept: 32 bits wide and aligned
+/// (virtio 1.2 §4.2.2.2).
+fn register_access(offset: u64, len: usize) -> Option<u32> {
+    let reg = u32::try_from(offset).ok()?;
+    (len == 4 && reg.is_multiple_of(4)).then_some(reg)
+}
+
+impl BusDevice for MmioTransport {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        let config = u64::from(VIRTIO_MMIO_CONFIG);
+        let doorbells = u64::from(VIRTIO_MMIO_DOORBELL_BASE);
+        if (config..doorbells).contains(&offset) {
+            self.state
+                .lock()
+                .unwrap()
+                .read_config(offset - config, data);
+        } else if offset >= doorbells {
+            data.fill(0);
+        } else if let Some(reg) = register_access(offset, data.len()) {
+            data.copy_from_slice(&self.read_register(reg).to_le_bytes());
+        } else {
+            warn_ratelimited!(
+                "virtio-mmio: {}-byte read at {offset:#x}: registers are 32-bit aligned; reads zero",
+                data.len()
+            );
+            data.fill(0);
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        let config = u64::from(VIRTIO_MMIO_CONFIG);
+        let doorbells = u64::from(VIRTIO_MMIO_DOORBELL_BASE);
+        if (config..doorbells).contains(&offset) {
+            self.state
+                .lock()
+                .unwrap()
+                .write_config(offset - config, data);
+        } else if offset >= doorbells {
+            self.doorbell(offset);
+        } else if let Some(reg) = register_access(offset, data.len()) {
+            let value = u32::from_le_bytes(data.try_into().expect("checked: 4 bytes"));
+            self.write_register(reg, value);
+        } else {
+            warn_ratelimited!(
+                "virtio-mmio: {}-byte write at {offset:#x}: registers are 32-bit aligned; ignored",
+                data.len()
+            );
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Virtio devices and their transports (virtio 1.2): split virtqueues (on virtio-queue),
+//! feature negotiation, status and reset ([`device`]); virtio-mmio with exitless's MSI and
+//! per-queue doorbell extension ([`mmio`]); modern virtio-pci with MSI-X ([`pci`]); the
+//! notification paths ([`notify`]) and the device thread ([`worker`]); virtio-net ([`net`]).
+
+pub mod chain;
+pub mod device;
+pub mod interrupt;
+pub mod mmio;
+pub mod net;
+pub mod notify;
+pub mod pci;
+pub mod worker;
+
+#[allow(missing_docs)] // each constant is documented in the shared file
+pub mod regs {
+    //! Virtio facts shared with the probe guest (see the file's header).
+    include!("regs.rs");
+}
+
+use virtio_queue::QueueT;
+
+use crate::irq::IrqError;
+use device::VirtioState;
+
+/// Errors building a virtio device.
+#[derive(Debug, thiserror::Error)]
+pub enum VirtioError {
+    /// Interrupt routing.
+    #[error(transparent)]
+    Irq(#[from] IrqError),
+    /// A KVM call.
+    #[error("cannot {what}: {source}")]
+    Kvm {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// Eventfds, threads.
+    #[error("virtio device setup: {0}")]
+    Io(#[source] std::io::Error),
+}
+
+impl VirtioError {
+    fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Self {
+        move |source| VirtioError::Kvm { what, source }
+    }
+}
+
+/// The three areas of a split virtqueue (virtio 1.2 §2.7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ring {
+    /// The descriptor table.
+    Descriptors,
+    /// The available ring ("driver area").
+    Driver,
+    /// The used ring ("device area").
+    Device,
+}
+
+/// Set the low or high dword of the selected queue's `ring` address.
+pub fn set_queue_address(st: &mut VirtioState, ring: Ring, high: bool, value: u32) {
+    let (low, high) = if high {
+        (None, Some(value))
+    } else {
+        (Some(value), None)
+    };
+    st.configure_queue("ring address", |q| match ring {
+        Ring::Descriptors => q.set_desc_table_address(low, high),
+        Ring::Driver => q.set_avail_ring_address(low, high),
+        Ring::Device => q.set_used_ring_address(low, high),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::regs::*;
+    use virtio_bindings::virtio_mmio as std_mmio;
+
+    #[test]
+    fn shared_mmio_offsets_match_the_standard_bindings() {
+        let pairs = [
+            (VIRTIO_MMIO_MAGIC_VALUE, std_mmio::VIRTIO_MMIO_MAGIC_VALUE),
+            (VIRTIO_MMIO_VERSION, std_mmio::VIRTIO_MMIO_VERSION),
+            (VIRTIO_MMIO_DEVICE_ID, std_mmio::VIRTIO_MMIO_DEVICE_ID),
+            (VIRTIO_MMIO_VENDOR_ID, std_mmio::VIRTIO_MMIO_VENDOR_ID),
+            (
+                VIRTIO_MMIO_DEVICE_FEATURES,
+                std_mmio::VIRTIO_MMIO_DEVICE_FEATURES,
+            ),
+            (
+                VIRTIO_MMIO_DEVICE_FEATURES_SEL,
+                std_mmio::VIRTIO_MMIO_DEVICE_FEATURES_SEL,
+            ),
+            (
+                VIRTIO_MMIO_DRIVER_FEATURES,
+                std_mmio::VIRTIO_MMIO_DRIVER_FEATURES,
+            ),
+            (
+                VIRTIO_MMIO_DRIVER_FEATURES_SEL,
+                std_mmio::VIRTIO_MMIO_DRIVER_FEATURES_SEL,
+            ),
+            (VIRTIO_MMIO_QUEUE_SEL, std_mmio::VIRTIO_MMIO_QUEUE_SEL),
+            (
+                VIRTIO_MMIO_QUEUE_NUM_MAX,
+                std_mmio::VIRTIO_MMIO_QUEUE_NUM_MAX,
+            ),
+            (VIRTIO_MMIO_QUEUE_NUM, std_mmio::VIRTIO_MMIO_QUEUE_NUM),
+            (VIRTIO_MMIO_QUEUE_READY, std_mmio::VIRTIO_MMIO_QUEUE_READY),
+            (VIRTIO_MMIO_QUEUE_NOTIFY, std_mmio::VIRTIO_MMIO_QUEUE_NOTIFY),
+            (
+                VIRTIO_MMIO_INTERRUPT_STATUS,
+                std_mmio::VIRTIO_MMIO_INTERRUPT_STATUS,
+            ),
+            (
+                VIRTIO_MMIO_INTERRUPT_ACK,
+                std_mmio::VIRTIO_MMIO_INTERRUPT_ACK,
+            ),
+            (VIRTIO_MMIO_STATUS, std_mmio::VIRTIO_MMIO_STATUS),
+            (
+                VIRTIO_MMIO_QUEUE_DESC_LOW,
+                std_mmio::VIRTIO_MMIO_QUEUE_DESC_LOW,
+            ),
+            (
+                VIRTIO_MMIO_QUEUE_DESC_HIGH,
+                std_mmio::VIRTIO_MMIO_QUEUE_DESC_HIGH,
+            ),
+            (
+                VIRTIO_MMIO_QUEUE_AVAIL_LOW,
+                std_mmio::VIRTIO_MMIO_QUEUE_AVAIL_LOW,
+            ),
+            (
+                VIRTIO_MMIO_QUEUE_AVAIL_HIGH,
+                std_mmio::VIRTIO_MMIO_QUEUE_AVAIL_HIGH,
+            ),
+            (
+                VIRTIO_MMIO_QUEUE_USED_LOW,
+                std_mmio::VIRTIO_MMIO_QUEUE_USED_LOW,
+            ),
+            (
+                VIRTIO_MMIO_QUEUE_USED_HIGH,
+                std_mmio::VIRTIO_MMIO_QUEUE_USED_HIGH,
+            ),
+            (
+                VIRTIO_MMIO_CONFIG_GENERATION,
+                std_mmio::VIRTIO_MMIO_CONFIG_GENERATION,
+            ),
+            (VIRTIO_MMIO_CONFIG, std_mmio::VIRTIO_MMIO_CONFIG),
+            (VIRTIO_MMIO_INT_VRING, std_mmio::VIRTIO_MMIO_INT_VRING),
+            (VIRTIO_MMIO_INT_CONFIG, std_mmio::VIRTIO_MMIO_INT_CONFIG),
+        ];
+        for (ours, standard) in pairs {
+            assert_eq!(ours, standard);
+        }
+        // The extension must not collide with a standard register.
+        let standard_regs = [0xac, 0xb0, 0xb4, 0xb8, 0xbc, 0xc0];
+        for reg in VIRTIO_MMIO_MSI_VEC_NUM..=VIRTIO_MMIO_QUEUE_NOTIFY_OFF {
+            assert!(!standard_regs.contains(&reg) && reg < VIRTIO_MMIO_CONFIG_GENERATION);
+        }
+    }
+}

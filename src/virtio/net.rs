@@ -1,0 +1,207 @@
+//! virtio-net (virtio 1.2 §5.1) with a pluggable backend. Frames the driver transmits go to the
+//! backend; frames the backend produces go into the driver's receive buffers.
+
+use std::collections::VecDeque;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+use super::chain;
+use super::device::{DeviceError, VirtioDevice};
+use super::regs::{VIRTIO_ID_NET, VIRTIO_NET_HDR_SIZE, VIRTIO_NET_RX_QUEUE, VIRTIO_NET_TX_QUEUE};
+
+/// Feature bit: the device has a MAC address in its configuration (virtio 1.2 §5.1.3).
+pub const VIRTIO_NET_F_MAC: u32 = 5;
+/// Largest frame accepted: a 64 KiB GSO-less frame plus the Ethernet header.
+pub const MAX_FRAME: usize = 65_550;
+/// Queue size offered for both queues.
+pub const QUEUE_SIZE: u16 = 256;
+
+const HDR: usize = VIRTIO_NET_HDR_SIZE as usize;
+const RX: usize = VIRTIO_NET_RX_QUEUE as usize;
+const TX: usize = VIRTIO_NET_TX_QUEUE as usize;
+
+/// Where frames go and come from. A tap device is one backend; the benchmark's request/response
+/// responder is another.
+pub trait NetBackend: Send {
+    /// The driver sent `frame` (without the virtio-net header).
+    fn transmit(&mut self, frame: &[u8]);
+    /// The next frame for the driver, if any.
+    fn receive(&mut self) -> Option<Vec<u8>>;
+    /// Drop anything queued (the device was reset).
+    fn reset(&mut self);
+}
+
+/// Answers every transmitted frame with one frame of `response_size` bytes, as netperf TCP_RR
+/// `-r 32,1024` does: byte `i` of the response is the complement of request byte
+/// `i % request length`, so the driver can check that both directions were intact.
+pub struct RequestResponse {
+    response_size: usize,
+    queued: VecDeque<Vec<u8>>,
+}
+
+/// Most responses the responder holds before it drops requests (a full receive queue).
+const MAX_QUEUED: usize = 256;
+
+impl RequestResponse {
+    /// A responder that answers with `response_size`-byte frames.
+    pub fn new(response_size: usize) -> Self {
+        RequestResponse {
+            response_size,
+            queued: VecDeque::new(),
+        }
+    }
+
+    /// The response to `request`.
+    pub fn response_to(request: &[u8], size: usize) -> Vec<u8> {
+        (0..size).map(|i| !request[i % request.len()]).collect()
+    }
+}
+
+impl NetBackend for RequestResponse {
+    fn transmit(&mut self, frame: &[u8]) {
+        if frame.is_empty() {
+            return;
+        }
+        if self.queued.len() >= MAX_QUEUED {
+            warn_ratelimited!(
+                "virtio-net responder: {MAX_QUEUED} responses undelivered; request dropped"
+            );
+            return;
+        }
+        self.queued
+            .push_back(Self::response_to(frame, self.response_size));
+    }
+
+    fn receive(&mut self) -> Option<Vec<u8>> {
+        self.queued.pop_front()
+    }
+
+    fn reset(&mut self) {
+        self.queued.clear();
+    }
+}
+
+/// A virtio-net device with one receive and one transmit queue.
+pub struct VirtioNet {
+    backend: Box<dyn NetBackend>,
+    mac: [u8; 6],
+    /// A frame that found no receive buffer, delivered when the driver adds one.
+    waiting: Option<Vec<u8>>,
+}
+
+impl VirtioNet {
+    /// A device with `mac` in front of `backend`.
+    pub fn new(mac: [u8; 6], backend: Box<dyn NetBackend>) -> Self {
+        VirtioNet {
+            backend,
+            mac,
+            waiting: None,
+        }
+    }
+
+    fn transmit(&mut self, q: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, DeviceError> {
+        let mut used = false;
+        loop {
+            q.disable_notification(mem)?;
+            while let Some(desc) = q.pop_descriptor_chain(mem) {
+                let c = chain::check(desc, mem)?;
+                let len = c.readable_len();
+                if len < HDR as u64 || len > (HDR + MAX_FRAME) as u64 {
+                    warn_ratelimited!(
+                        "virtio-net: transmitted frame of {len} bytes (with header) dropped"
+                    );
+                } else {
+                    let data = c.read_all(mem)?;
+                    self.backend.transmit(&data[HDR..]);
+                }
+                q.add_used(mem, c.head, 0)?;
+                used = true;
+            }
+            if !q.enable_notification(mem)? {
+                return Ok(used);
+            }
+        }
+    }
+
+    fn receive(&mut self, q: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, DeviceError> {
+        let mut used = false;
+        // Receive buffers are refilled by the driver as it consumes them: no kicks are needed
+        // while there are buffers, so notifications stay off until the queue runs dry.
+        q.disable_notification(mem)?;
+        while let Some(frame) = self.waiting.take().or_else(|| self.backend.receive()) {
+            let Some(desc) = q.pop_descriptor_chain(mem) else {
+                self.waiting = Some(frame);
+                if q.enable_notification(mem)? {
+                    continue; // buffers arrived meanwhile
+                }
+                break;
+            };
+            let c = chain::check(desc, mem)?;
+            let total = HDR + frame.len();
+            if c.writable_len() < total as u64 {
+                warn_ratelimited!(
+                    "virtio-net: receive buffer of {} bytes too small for a {total}-byte frame; frame dropped",
+                    c.writable_len()
+                );
+                q.add_used(mem, c.head, 0)?;
+            } else {
+                let mut data = vec![0u8; total];
+                // num_buffers (le16 at offset 10) is 1: one buffer holds the frame.
+                data[10] = 1;
+                data[HDR..].copy_from_slice(&frame);
+                c.write_all(mem, &data)?;
+                q.add_used(mem, c.head, total as u32)?;
+            }
+            used = true;
+        }
+        Ok(used)
+    }
+}
+
+impl VirtioDevice for VirtioNet {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn features(&self) -> u64 {
+        1 << VIRTIO_NET_F_MAC
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![QUEUE_SIZE; 2]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // struct virtio_net_config: mac[6], then fields of features not offered (read zero).
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = usize::try_from(offset)
+                .ok()
+                .and_then(|o| o.checked_add(i))
+                .and_then(|o| self.mac.get(o))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+
+    fn process_queue(
+        &mut self,
+        index: usize,
+        queues: &mut [Queue],
+        mem: &GuestMemoryMmap,
+    ) -> Result<Vec<usize>, DeviceError> {
+        let mut used = Vec::new();
+        if index == TX && self.transmit(&mut queues[TX], mem)? {
+            used.push(TX);
+        }
+        if queues[RX].ready() && self.receive(&mut queues[RX], mem)? {
+            used.push(RX);
+        }
+        Ok(used)
+    }
+
+    fn reset(&mut self) {
+        self.waiting = None;
+        self.backend.reset();
+    }
+}

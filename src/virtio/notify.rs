@@ -1,0 +1,131 @@
+//! How a driver's queue notification (a doorbell write) reaches the device (T4).
+
+use std::sync::Arc;
+
+use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+/// The path of a doorbell write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NotifyPath {
+    /// The write exits to the VMM, which wakes the device thread.
+    Exit,
+    /// An ioeventfd with datamatch (length 4, value = queue index) catches it in the kernel.
+    Datamatch,
+    /// An address-only ioeventfd (length 0, any value, "fast MMIO") on a per-queue doorbell.
+    Address,
+}
+
+impl NotifyPath {
+    /// Every path, in report order.
+    pub const ALL: [NotifyPath; 3] = [NotifyPath::Exit, NotifyPath::Datamatch, NotifyPath::Address];
+
+    /// Short name used in variant names.
+    pub fn name(self) -> &'static str {
+        match self {
+            NotifyPath::Exit => "exit",
+            NotifyPath::Datamatch => "datamatch",
+            NotifyPath::Address => "addr",
+        }
+    }
+}
+
+/// The value a doorbell write must carry, with its width (the ioeventfd's length).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Datamatch {
+    /// A 16-bit write of this value (virtio-pci: the queue index, virtio 1.2 §4.1.5.2).
+    U16(u16),
+    /// A 32-bit write of this value (virtio-mmio QueueNotify).
+    U32(u32),
+}
+
+/// A doorbell registration: queue, address, and datamatch value if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Doorbell {
+    /// The queue it notifies.
+    pub queue: usize,
+    /// Guest-physical address.
+    pub address: u64,
+    /// Value the write must carry, or `None` for address-only (length 0).
+    pub datamatch: Option<Datamatch>,
+}
+
+/// One eventfd per queue, and the ioeventfds that signal them.
+pub struct QueueEvents {
+    vm: Arc<VmFd>,
+    events: Vec<EventFd>,
+    registered: Vec<Doorbell>,
+}
+
+impl QueueEvents {
+    /// Eventfds for `queues` queues; no doorbell registered yet.
+    pub fn new(vm: Arc<VmFd>, queues: usize) -> std::io::Result<Self> {
+        let events = (0..queues)
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<Result<_, _>>()?;
+        Ok(QueueEvents {
+            vm,
+            events,
+            registered: Vec::new(),
+        })
+    }
+
+    /// Clones of the eventfds, for the device thread.
+    pub fn clones(&self) -> std::io::Result<Vec<EventFd>> {
+        self.events.iter().map(EventFd::try_clone).collect()
+    }
+
+    /// A doorbell write that exited to the VMM: wake the device thread for `queue`.
+    pub fn notify(&self, queue: usize) {
+        match self.events.get(queue) {
+            Some(e) => {
+                let _ = e.write(1);
+            }
+            None => warn_ratelimited!(
+                "virtio: notification for queue {queue}, which does not exist; ignored"
+            ),
+        }
+    }
+
+    /// Replace the registered doorbells with `doorbells`.
+    pub fn register(&mut self, doorbells: &[Doorbell]) -> Result<(), kvm_ioctls::Error> {
+        self.unregister_all();
+        for &d in doorbells {
+            let Some(fd) = self.events.get(d.queue) else {
+                continue;
+            };
+            let addr = IoEventAddress::Mmio(d.address);
+            match d.datamatch {
+                Some(Datamatch::U16(v)) => self.vm.register_ioevent(fd, &addr, v)?,
+                Some(Datamatch::U32(v)) => self.vm.register_ioevent(fd, &addr, v)?,
+                None => self.vm.register_ioevent(fd, &addr, NoDatamatch)?,
+            }
+            self.registered.push(d);
+        }
+        Ok(())
+    }
+
+    /// Remove every doorbell.
+    pub fn unregister_all(&mut self) {
+        for d in std::mem::take(&mut self.registered) {
+            let addr = IoEventAddress::Mmio(d.address);
+            let fd = &self.events[d.queue];
+            let _ = match d.datamatch {
+                Some(Datamatch::U16(v)) => self.vm.unregister_ioevent(fd, &addr, v),
+                Some(Datamatch::U32(v)) => self.vm.unregister_ioevent(fd, &addr, v),
+                None => self.vm.unregister_ioevent(fd, &addr, NoDatamatch),
+            };
+        }
+    }
+
+    /// The doorbells registered now.
+    pub fn registered(&self) -> &[Doorbell] {
+        &self.registered
+    }
+}
+
+impl Drop for QueueEvents {
+    fn drop(&mut self) {
+        self.unregister_all();
+    }
+}
