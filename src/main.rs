@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use exitless::bench::{Report, host, pci::PciBench, report};
+use exitless::bench::{Report, host, pci::PciBench, report, rr::RrBench};
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
 use exitless::inspect;
 use exitless::machine::ProbeConfig;
@@ -99,6 +99,10 @@ fn probe(args: ProbeArgs) -> Result<(), String> {
 enum Scenario {
     /// PCI config space by port I/O, trapped ECAM and shadowed ECAM (T1, seed 000).
     Pci,
+    /// virtio-net request/response over virtio-pci (MSI-X), virtio-mmio (legacy line) and
+    /// virtio-mmio (MSI extension), each with doorbells that exit, hit a datamatch ioeventfd or
+    /// an address-only ioeventfd (T2 + T4, seeds 001 and 004).
+    Rr,
 }
 
 #[derive(clap::Args)]
@@ -118,6 +122,15 @@ struct BenchArgs {
     /// Enumerations per method in `pci`; the median is reported.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=100))]
     enumerations: u16,
+    /// Request/response transactions per variant of `rr`.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    transactions: u64,
+    /// Request frame size of `rr` in bytes (netperf -r REQUEST,RESPONSE).
+    #[arg(long, default_value_t = 32)]
+    request_size: u64,
+    /// Response frame size of `rr` in bytes.
+    #[arg(long, default_value_t = 1024)]
+    response_size: u64,
     /// Give up on a guest run after this many seconds.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     timeout: u64,
@@ -125,10 +138,17 @@ struct BenchArgs {
 
 fn bench(args: BenchArgs) -> Result<(), String> {
     let scenarios = if args.scenarios.is_empty() {
-        vec![Scenario::Pci]
+        vec![Scenario::Pci, Scenario::Rr]
     } else {
         args.scenarios
     };
+    let rr = RrBench {
+        transactions: args.transactions,
+        request_size: args.request_size,
+        response_size: args.response_size,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    rr.validate()?;
     let mut report = Report {
         host: host::describe(),
         scenarios: Vec::new(),
@@ -141,6 +161,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 timeout: Duration::from_secs(args.timeout),
             }
             .run(),
+            Scenario::Rr => rr.run(),
         };
         report.scenarios.push(result.map_err(|e| e.to_string())?);
     }

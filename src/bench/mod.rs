@@ -4,10 +4,15 @@
 pub mod host;
 pub mod pci;
 pub mod report;
+pub mod rr;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+
+use crate::contract::STATUS_OK;
+use crate::machine::{MachineError, ProbeRun};
+use crate::stats::ExitKind;
 
 /// Everything one `exitless bench` run measured.
 #[derive(Debug, Serialize)]
@@ -55,6 +60,15 @@ pub struct Variant {
     pub time_ratio: f64,
     /// The same ratio in the seed's published figures, where it has one.
     pub seed_time_ratio: Option<f64>,
+    /// Transactions per second (request/response scenarios).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trans_per_s: Option<f64>,
+    /// The seed's published transactions per second for this kind of variant (lowest, highest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed_trans_per_s: Option<(f64, f64)>,
+    /// Interrupts the guest took per operation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub irqs_per_op: Option<f64>,
 }
 
 /// A target from the issue, and whether this run met it.
@@ -66,4 +80,111 @@ pub struct TargetCheck {
     pub measured: String,
     /// Whether it was met.
     pub met: bool,
+}
+
+/// How op times are turned into nanoseconds.
+pub(crate) struct Clock {
+    /// The guest TSC rate, if KVM reported it.
+    pub(crate) tsc_khz: Option<u32>,
+}
+
+impl Clock {
+    /// Nanoseconds op `op` of `run` took.
+    pub(crate) fn ns(&self, run: &ProbeRun, op: usize) -> f64 {
+        match self.tsc_khz {
+            Some(khz) => run.results[op].cycles as f64 * 1e6 / f64::from(khz),
+            None => host_ns(run, op),
+        }
+    }
+
+    /// One line on how time was measured.
+    pub(crate) fn describe(&self) -> String {
+        match self.tsc_khz {
+            Some(khz) => format!(
+                "guest rdtsc at CPL 3 around each op, TSC {:.1} MHz from KVM_GET_TSC_KHZ",
+                f64::from(khz) / 1e3
+            ),
+            None => "host wall time between the guest's phase marks (KVM_GET_TSC_KHZ unavailable)"
+                .into(),
+        }
+    }
+}
+
+/// Host wall time of op `op` between its phase marks.
+pub(crate) fn host_ns(run: &ProbeRun, op: usize) -> f64 {
+    run.phases
+        .get(op)
+        .cloned()
+        .flatten()
+        .map_or(f64::NAN, |p| p.host_time.as_nanos() as f64)
+}
+
+/// Measure a set of ops (repetitions of one variant) in `run`: median time, mean exits.
+/// A variant from ops `op_indexes` of `run`, each doing `per_op` timed operations and
+/// `accesses` operations' worth of exits.
+pub(crate) fn variant(
+    name: &str,
+    run: &ProbeRun,
+    clock: &Clock,
+    op_indexes: &[usize],
+    per_op: u64,
+    accesses: u64,
+) -> Variant {
+    let mut times: Vec<f64> = op_indexes
+        .iter()
+        .map(|&i| clock.ns(run, i) / per_op as f64)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let mut exits_by_kind = BTreeMap::new();
+    let mut total = 0.0;
+    for kind in ExitKind::ALL {
+        let n: u64 = op_indexes.iter().map(|&i| run.exits(i).of_kind(kind)).sum();
+        let per = n as f64 / (op_indexes.len() as u64 * accesses) as f64;
+        total += per;
+        exits_by_kind.insert(kind.name(), per);
+    }
+    let host: f64 = op_indexes.iter().map(|&i| host_ns(run, i)).sum::<f64>()
+        / (op_indexes.len() as u64 * per_op) as f64;
+    Variant {
+        name: name.into(),
+        ns_per_op: median,
+        exits_per_op: total,
+        exits_by_kind,
+        ops: op_indexes.len() as u64 * per_op,
+        host_ns_per_op: host,
+        baseline: String::new(),
+        time_ratio: f64::NAN,
+        seed_time_ratio: None,
+        trans_per_s: None,
+        seed_trans_per_s: None,
+        irqs_per_op: None,
+    }
+}
+
+/// An error if any op of `run` failed.
+pub(crate) fn check_ok(run: &ProbeRun) -> Result<(), MachineError> {
+    match run.results.iter().position(|r| r.status != STATUS_OK) {
+        Some(i) => Err(MachineError::GuestFailed(
+            crate::vm::run_control::StopReason::VcpuFailed(format!(
+                "probe op {i} returned status {}",
+                run.results[i].status
+            )),
+            run.console.clone(),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Make `baseline` the reference of `variants`' time ratios and attach the seed's ratios.
+pub(crate) fn set_baseline(variants: &mut [Variant], baseline: &str, seed: &[(&str, f64)]) {
+    let base = variants
+        .iter()
+        .find(|v| v.name == baseline)
+        .map_or(f64::NAN, |v| v.ns_per_op);
+    for v in variants {
+        v.baseline = baseline.into();
+        v.time_ratio = v.ns_per_op / base;
+        v.seed_time_ratio = seed.iter().find(|(n, _)| *n == v.name).map(|&(_, r)| r);
+    }
 }

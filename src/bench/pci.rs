@@ -1,14 +1,12 @@
 //! `exitless bench pci` (T1, seed 000): reads of one config register and whole-bus enumeration
 //! by port I/O, trapped ECAM and shadowed ECAM, with a guest-RAM read loop as the floor.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::bench::{ScenarioReport, TargetCheck, Variant};
-use crate::contract::{METHOD_ECAM, METHOD_PIO, Op, STATUS_OK};
+use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, check_ok, set_baseline, variant};
+use crate::contract::{METHOD_ECAM, METHOD_PIO, Op};
 use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops, run_probe};
 use crate::pci::{EcamMode, PciAddress};
-use crate::stats::ExitKind;
 
 /// Seed 000's figures: 100k reads by PIO 12.809 s, ECAM 8.517 s, ECAM shadow 0.010 s; a PCI
 /// scan of 55 ms with PIO and 18 ms with the shadow.
@@ -46,89 +44,6 @@ fn read_target() -> PciAddress {
 }
 
 /// Timing of one run: guest TSC cycles → ns.
-struct Clock {
-    tsc_khz: Option<u32>,
-}
-
-impl Clock {
-    fn ns(&self, run: &ProbeRun, op: usize) -> f64 {
-        match self.tsc_khz {
-            Some(khz) => run.results[op].cycles as f64 * 1e6 / f64::from(khz),
-            None => host_ns(run, op),
-        }
-    }
-
-    fn describe(&self) -> String {
-        match self.tsc_khz {
-            Some(khz) => format!(
-                "guest rdtsc at CPL 3 around each op, TSC {:.1} MHz from KVM_GET_TSC_KHZ; loops start after one untimed warm-up access",
-                f64::from(khz) / 1e3
-            ),
-            None => "host wall time between the guest's phase marks (KVM_GET_TSC_KHZ unavailable)"
-                .into(),
-        }
-    }
-}
-
-fn host_ns(run: &ProbeRun, op: usize) -> f64 {
-    run.phases
-        .get(op)
-        .cloned()
-        .flatten()
-        .map_or(f64::NAN, |p| p.host_time.as_nanos() as f64)
-}
-
-/// Measure a set of ops (repetitions of one variant) in `run`: median time, mean exits.
-fn variant(
-    name: &str,
-    run: &ProbeRun,
-    clock: &Clock,
-    op_indexes: &[usize],
-    per_op: u64,
-    accesses: u64,
-) -> Variant {
-    let mut times: Vec<f64> = op_indexes
-        .iter()
-        .map(|&i| clock.ns(run, i) / per_op as f64)
-        .collect();
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    let mut exits_by_kind = BTreeMap::new();
-    let mut total = 0.0;
-    for kind in ExitKind::ALL {
-        let n: u64 = op_indexes.iter().map(|&i| run.exits(i).of_kind(kind)).sum();
-        let per = n as f64 / (op_indexes.len() as u64 * accesses) as f64;
-        total += per;
-        exits_by_kind.insert(kind.name(), per);
-    }
-    let host: f64 = op_indexes.iter().map(|&i| host_ns(run, i)).sum::<f64>()
-        / (op_indexes.len() as u64 * per_op) as f64;
-    Variant {
-        name: name.into(),
-        ns_per_op: median,
-        exits_per_op: total,
-        exits_by_kind,
-        ops: op_indexes.len() as u64 * per_op,
-        host_ns_per_op: host,
-        baseline: String::new(),
-        time_ratio: f64::NAN,
-        seed_time_ratio: None,
-    }
-}
-
-fn check_ok(run: &ProbeRun) -> Result<(), MachineError> {
-    match run.results.iter().position(|r| r.status != STATUS_OK) {
-        Some(i) => Err(MachineError::GuestFailed(
-            crate::vm::run_control::StopReason::VcpuFailed(format!(
-                "probe op {i} returned status {}",
-                run.results[i].status
-            )),
-            run.console.clone(),
-        )),
-        None => Ok(()),
-    }
-}
-
 impl PciBench {
     /// One boot of the probe with ECAM served as `ecam`; every op must succeed.
     fn boot(&self, ecam: EcamMode, ops: Vec<Op>) -> Result<ProbeRun, MachineError> {
@@ -202,22 +117,13 @@ impl PciBench {
             title: format!(
                 "PCI config space three ways (T1, seed 000): {n} reads of {target} register 0x0 per method, bus enumeration (median of {reps})"
             ),
-            timing: tc.describe(),
+            timing: format!(
+                "{}; loops start after one untimed warm-up access",
+                tc.describe()
+            ),
             variants: reads,
             targets,
         })
-    }
-}
-
-fn set_baseline(variants: &mut [Variant], baseline: &str, seed: &[(&str, f64)]) {
-    let base = variants
-        .iter()
-        .find(|v| v.name == baseline)
-        .map_or(f64::NAN, |v| v.ns_per_op);
-    for v in variants {
-        v.baseline = baseline.into();
-        v.time_ratio = v.ns_per_op / base;
-        v.seed_time_ratio = seed.iter().find(|(n, _)| *n == v.name).map(|&(_, r)| r);
     }
 }
 

@@ -29,7 +29,7 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
     let _ = writeln!(t, "== {} ==\n{}\ntiming: {}\n", s.name, s.title, s.timing);
     let _ = writeln!(
         t,
-        "{:<18} {:>12} {:>12}   {:>11} {:>10} {:>8}  exits by kind",
+        "{:<22} {:>12} {:>12}   {:>11} {:>10} {:>8}  exits by kind",
         "variant", "time ratio", "seed ratio", "time/op", "exits/op", "ops"
     );
     for v in &s.variants {
@@ -45,9 +45,19 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
         } else {
             ratio(v.time_ratio)
         };
+        let mut extra = String::new();
+        if let Some(tps) = v.trans_per_s {
+            let _ = write!(extra, "  {tps:.0} trans/s");
+        }
+        if let Some((lo, hi)) = v.seed_trans_per_s {
+            let _ = write!(extra, " (seed {lo:.0}-{hi:.0})");
+        }
+        if let Some(irqs) = v.irqs_per_op {
+            let _ = write!(extra, " irqs/op:{irqs:.2}");
+        }
         let _ = writeln!(
             t,
-            "{:<18} {:>12} {:>12}   {:>11} {:>10.2} {:>8}  {}",
+            "{:<22} {:>12} {:>12}   {:>11} {:>10.2} {:>8}  {}{extra}",
             v.name,
             vs,
             seed,
@@ -61,9 +71,16 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
             },
         );
     }
+    let mut bases_unique: Vec<&str> = Vec::new();
+    for v in &s.variants {
+        if !bases_unique.contains(&v.baseline.as_str()) {
+            bases_unique.push(&v.baseline);
+        }
+    }
     let _ = writeln!(
         t,
-        "\ntime ratio = time/op over the baseline's (pio for reads, enum-pio for enumeration); below 1 is faster"
+        "\ntime ratio = time/op over the baseline's ({}); below 1 is faster",
+        bases_unique.join(", ")
     );
     let _ = writeln!(t, "targets (benchmark figures, not test asserts):");
     for c in &s.targets {

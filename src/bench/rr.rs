@@ -1,0 +1,265 @@
+//! `exitless bench rr` (T2 + T4, seeds 001 and 004): request/response transactions over
+//! virtio-net, netperf TCP_RR style, for every transport and interrupt mode (virtio-pci with
+//! MSI-X, virtio-mmio with its legacy line, virtio-mmio with the MSI extension) and every
+//! doorbell path (exit to the VMM, datamatch ioeventfd, address-only ioeventfd).
+//!
+//! One boot holds six devices: three virtio-mmio and three virtio-pci, one per doorbell path.
+//! The guest drives each virtio-mmio device twice, resetting it in between: once on its line,
+//! once with MSI, so the two interrupt modes share everything else.
+
+use std::time::Duration;
+
+use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, check_ok, set_baseline, variant};
+use crate::contract::{
+    Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE, TRANSPORT_MMIO,
+    TRANSPORT_PCI,
+};
+use crate::machine::{MachineError, ProbeConfig, Transport, VirtioNetConfig, ops, run_probe};
+use crate::stats::ExitKind;
+use crate::virtio::notify::NotifyPath;
+use crate::virtio::regs::VIRTIO_NET_HDR_SIZE;
+
+/// The seed's TCP_RR figures (trans/s, three runs each): virtio-pci, virtio-mmio, and
+/// virtio-mmio with MSI.
+const SEED_PCI: (f64, f64) = (9536.0, 9894.0);
+const SEED_MMIO: (f64, f64) = (6939.0, 7095.0);
+const SEED_MMIO_MSI: (f64, f64) = (9318.0, 9749.0);
+
+/// What `exitless bench rr` runs.
+#[derive(Clone, Debug)]
+pub struct RrBench {
+    /// Transactions per variant.
+    pub transactions: u64,
+    /// Request frame size in bytes.
+    pub request_size: u64,
+    /// Response frame size in bytes.
+    pub response_size: u64,
+    /// Longest the boot may take.
+    pub timeout: Duration,
+}
+
+impl Default for RrBench {
+    fn default() -> Self {
+        RrBench {
+            transactions: 2000,
+            request_size: 32,
+            response_size: 1024,
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The interrupt modes compared.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    PciMsix,
+    MmioLegacy,
+    MmioMsi,
+}
+
+impl Mode {
+    const ALL: [Mode; 3] = [Mode::PciMsix, Mode::MmioLegacy, Mode::MmioMsi];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::PciMsix => "pci-msix",
+            Mode::MmioLegacy => "mmio-legacy",
+            Mode::MmioMsi => "mmio-msi",
+        }
+    }
+
+    fn seed(self) -> (f64, f64) {
+        match self {
+            Mode::PciMsix => SEED_PCI,
+            Mode::MmioLegacy => SEED_MMIO,
+            Mode::MmioMsi => SEED_MMIO_MSI,
+        }
+    }
+}
+
+fn mean((lo, hi): (f64, f64)) -> f64 {
+    (lo + hi) / 2.0
+}
+
+/// The devices of the boot: virtio-mmio then virtio-pci, one per doorbell path each.
+fn devices() -> Vec<VirtioNetConfig> {
+    [Transport::Mmio, Transport::Pci]
+        .into_iter()
+        .flat_map(|transport| {
+            NotifyPath::ALL
+                .into_iter()
+                .map(move |notify| VirtioNetConfig { transport, notify })
+        })
+        .collect()
+}
+
+fn variant_name(mode: Mode, path: NotifyPath) -> String {
+    format!("{}-{}", mode.name(), path.name())
+}
+
+impl RrBench {
+    /// Check the sizes against what the probe's buffers hold.
+    pub fn validate(&self) -> Result<(), String> {
+        let max_response = RR_RX_BUFFER_SIZE - u64::from(VIRTIO_NET_HDR_SIZE);
+        if self.request_size == 0 || self.request_size > RR_MAX_REQUEST {
+            return Err(format!(
+                "--request-size must be 1..={RR_MAX_REQUEST} bytes (got {})",
+                self.request_size
+            ));
+        }
+        if self.response_size == 0 || self.response_size > max_response {
+            return Err(format!(
+                "--response-size must be 1..={max_response} bytes (got {})",
+                self.response_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// Boot once, run every variant, and report.
+    pub fn run(&self) -> Result<ScenarioReport, MachineError> {
+        let n = self.transactions.max(1);
+        let mut ops: Vec<Op> = Vec::new();
+        let mut timed = Vec::new();
+        for mode in Mode::ALL {
+            for (i, path) in NotifyPath::ALL.into_iter().enumerate() {
+                let doorbells = if path == NotifyPath::Address {
+                    RR_FLAG_DOORBELLS
+                } else {
+                    0
+                };
+                let init = match mode {
+                    Mode::PciMsix => ops::virtio_init(
+                        TRANSPORT_PCI,
+                        ProbeConfig::virtio_pci_address(i).ecam_offset(),
+                        0,
+                    ),
+                    Mode::MmioLegacy => ops::virtio_init(TRANSPORT_MMIO, i as u64, doorbells),
+                    Mode::MmioMsi => {
+                        ops::virtio_init(TRANSPORT_MMIO, i as u64, doorbells | RR_FLAG_MSI)
+                    }
+                };
+                ops.push(init);
+                timed.push((mode, path, ops.len()));
+                ops.push(ops::virtio_rr(self.request_size, n));
+            }
+        }
+        let run = run_probe(&ProbeConfig {
+            ops,
+            virtio: devices(),
+            response_size: usize::try_from(self.response_size).expect("validated size"),
+            timeout: self.timeout,
+            ..Default::default()
+        })?;
+        check_ok(&run)?;
+        let clock = Clock {
+            tsc_khz: run.tsc_khz,
+        };
+        let mut variants: Vec<Variant> = Vec::new();
+        for &(mode, path, op) in &timed {
+            let mut v = variant(&variant_name(mode, path), &run, &clock, &[op], n, n);
+            v.trans_per_s = Some(1e9 / v.ns_per_op);
+            v.seed_trans_per_s = Some(mode.seed());
+            v.irqs_per_op = Some(run.results[op].irqs as f64 / n as f64);
+            variants.push(v);
+        }
+        for path in NotifyPath::ALL {
+            let base = variant_name(Mode::MmioLegacy, path);
+            let seed: Vec<(String, f64)> = Mode::ALL
+                .iter()
+                .map(|&m| (variant_name(m, path), mean(SEED_MMIO) / mean(m.seed())))
+                .collect();
+            let seed: Vec<(&str, f64)> = seed.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+            let mut group: Vec<Variant> = variants
+                .iter()
+                .filter(|v| v.name.ends_with(&format!("-{}", path.name())))
+                .cloned()
+                .collect();
+            set_baseline(&mut group, &base, &seed);
+            for g in group {
+                if let Some(v) = variants.iter_mut().find(|v| v.name == g.name) {
+                    *v = g;
+                }
+            }
+        }
+        let targets = targets(&variants);
+        Ok(ScenarioReport {
+            name: "rr".into(),
+            title: format!(
+                "virtio-net request/response (T2 + T4, seeds 001 and 004): {n} transactions of {} → {} bytes per variant, interrupt-driven",
+                self.request_size, self.response_size
+            ),
+            timing: format!(
+                "{}; each variant's time ratio is against mmio-legacy with the same doorbell path",
+                clock.describe()
+            ),
+            variants,
+            targets,
+        })
+    }
+}
+
+fn targets(variants: &[Variant]) -> Vec<TargetCheck> {
+    let get = |mode: Mode, path: NotifyPath| {
+        variants
+            .iter()
+            .find(|v| v.name == variant_name(mode, path))
+            .expect("every variant ran")
+    };
+    let tps = |v: &Variant| v.trans_per_s.unwrap_or(f64::NAN);
+    let mut checks = Vec::new();
+    for path in NotifyPath::ALL {
+        let (pci, legacy, msi) = (
+            get(Mode::PciMsix, path),
+            get(Mode::MmioLegacy, path),
+            get(Mode::MmioMsi, path),
+        );
+        checks.push(TargetCheck {
+            target: format!("{} >= {}", msi.name, pci.name),
+            measured: format!(
+                "{:.0} vs {:.0} trans/s ({:.3}x)",
+                tps(msi),
+                tps(pci),
+                tps(msi) / tps(pci)
+            ),
+            met: tps(msi) >= tps(pci),
+        });
+        checks.push(TargetCheck {
+            target: format!("{} >= 1.35x {}", msi.name, legacy.name),
+            measured: format!(
+                "{:.3}x ({:.0} vs {:.0} trans/s)",
+                tps(msi) / tps(legacy),
+                tps(msi),
+                tps(legacy)
+            ),
+            met: tps(msi) >= 1.35 * tps(legacy),
+        });
+    }
+    // Doorbell writes that reached the VMM: MMIO writes, less the legacy handler's one
+    // InterruptACK write per interrupt.
+    let mut doorbell_exits = Vec::new();
+    for mode in Mode::ALL {
+        let v = get(mode, NotifyPath::Address);
+        let writes = v
+            .exits_by_kind
+            .get(ExitKind::MmioWrite.name())
+            .copied()
+            .unwrap_or(0.0);
+        let acks = if mode == Mode::MmioLegacy {
+            v.irqs_per_op.unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        doorbell_exits.push((v.name.clone(), (writes - acks).max(0.0)));
+    }
+    checks.push(TargetCheck {
+        target: "address-only doorbells never exit to userspace".into(),
+        measured: doorbell_exits
+            .iter()
+            .map(|(n, e)| format!("{n}: {e:.2} doorbell exits/op"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        met: doorbell_exits.iter().all(|(_, e)| *e == 0.0),
+    });
+    checks
+}
