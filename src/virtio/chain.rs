@@ -128,3 +128,127 @@ impl Chain {
         Ok(())
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use virtio_queue::{Queue, QueueT};
+    use vm_memory::{Address, GuestMemoryMmap};
+
+    pub(crate) const MEM_SIZE: usize = 0x1_0000;
+    pub(crate) const DESC: u64 = 0x1000;
+    pub(crate) const AVAIL: u64 = 0x2000;
+    pub(crate) const USED: u64 = 0x3000;
+    pub(crate) const QSIZE: u16 = 16;
+
+    pub(crate) fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
+    }
+
+    /// Write descriptor `i` of the table at `table`: (addr, len, flags, next).
+    pub(crate) fn write_desc(mem: &GuestMemoryMmap, table: u64, i: u16, d: (u64, u32, u16, u16)) {
+        let at = GuestAddress(table + 16 * u64::from(i));
+        mem.write_obj(d.0, at).unwrap();
+        mem.write_obj(d.1, at.unchecked_add(8)).unwrap();
+        mem.write_obj(d.2, at.unchecked_add(12)).unwrap();
+        mem.write_obj(d.3, at.unchecked_add(14)).unwrap();
+    }
+
+    /// Make `heads` available on the ring at `avail`.
+    pub(crate) fn publish(mem: &GuestMemoryMmap, avail: u64, heads: &[u16]) {
+        for (i, h) in heads.iter().enumerate() {
+            mem.write_obj(*h, GuestAddress(avail + 4 + 2 * i as u64))
+                .unwrap();
+        }
+        mem.write_obj(heads.len() as u16, GuestAddress(avail + 2))
+            .unwrap();
+    }
+
+    fn queue(mem: &GuestMemoryMmap) -> Queue {
+        let mut q = Queue::new(QSIZE).unwrap();
+        q.set_desc_table_address(Some(DESC as u32), Some(0));
+        q.set_avail_ring_address(Some(AVAIL as u32), Some(0));
+        q.set_used_ring_address(Some(USED as u32), Some(0));
+        q.set_ready(true);
+        assert!(q.is_valid(mem));
+        q
+    }
+
+    const NEXT: u16 = 1;
+    const WRITE: u16 = 2;
+
+    fn first_chain(mem: &GuestMemoryMmap, head: u16) -> Result<Chain, ChainError> {
+        publish(mem, AVAIL, &[head]);
+        let mut q = queue(mem);
+        let desc = q.pop_descriptor_chain(mem).expect("one chain is available");
+        check(desc, mem)
+    }
+
+    #[test]
+    fn a_well_formed_chain_is_split_into_readable_and_writable_buffers() {
+        let mem = memory();
+        write_desc(&mem, DESC, 0, (0x8000, 12, NEXT, 1));
+        write_desc(&mem, DESC, 1, (0x9000, 100, WRITE, 0));
+        let c = first_chain(&mem, 0).unwrap();
+        assert_eq!(
+            c.readable,
+            vec![Buffer {
+                addr: GuestAddress(0x8000),
+                len: 12
+            }]
+        );
+        assert_eq!(c.writable_len(), 100);
+    }
+
+    #[test]
+    fn a_looping_chain_is_rejected() {
+        let mem = memory();
+        write_desc(&mem, DESC, 0, (0x8000, 8, NEXT, 1));
+        write_desc(&mem, DESC, 1, (0x8000, 8, NEXT, 0));
+        assert_eq!(first_chain(&mem, 0), Err(ChainError::Unterminated(0)));
+    }
+
+    #[test]
+    fn a_chain_linking_past_the_queue_size_is_rejected() {
+        let mem = memory();
+        write_desc(&mem, DESC, 0, (0x8000, 8, NEXT, QSIZE + 3));
+        assert_eq!(first_chain(&mem, 0), Err(ChainError::Unterminated(0)));
+    }
+
+    #[test]
+    fn a_head_outside_the_table_is_rejected() {
+        let mem = memory();
+        assert_eq!(first_chain(&mem, 500), Err(ChainError::BadHead(500)));
+    }
+
+    #[test]
+    fn buffers_outside_guest_memory_or_overflowing_it_are_rejected() {
+        let mem = memory();
+        write_desc(&mem, DESC, 0, (MEM_SIZE as u64 - 4, 16, 0, 0));
+        assert!(matches!(
+            first_chain(&mem, 0),
+            Err(ChainError::OutsideMemory { .. })
+        ));
+        write_desc(&mem, DESC, 0, (0x8000, u32::MAX, 0, 0));
+        assert!(matches!(
+            first_chain(&mem, 0),
+            Err(ChainError::OutsideMemory { .. })
+        ));
+        write_desc(&mem, DESC, 0, (u64::MAX - 8, 16, 0, 0));
+        assert!(matches!(
+            first_chain(&mem, 0),
+            Err(ChainError::OutsideMemory { .. })
+        ));
+    }
+
+    #[test]
+    fn a_readable_buffer_after_a_writable_one_is_rejected() {
+        let mem = memory();
+        write_desc(&mem, DESC, 0, (0x8000, 8, NEXT | WRITE, 1));
+        write_desc(&mem, DESC, 1, (0x9000, 8, 0, 0));
+        assert_eq!(
+            first_chain(&mem, 0),
+            Err(ChainError::ReadableAfterWritable(0))
+        );
+    }
+}

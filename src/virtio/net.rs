@@ -205,3 +205,123 @@ impl VirtioDevice for VirtioNet {
         self.backend.reset();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio::chain::tests::{memory, publish, write_desc};
+    use crate::virtio::device::{Notification, VirtioState};
+    use crate::virtio::regs::*;
+    use crate::virtio::{Ring, set_queue_address};
+    use vm_memory::{Bytes, GuestAddress};
+
+    /// Rings of queue q at 0x1000 + 0x3000 q: descriptors, then available, then used.
+    fn ring(q: u64, part: u64) -> u64 {
+        0x1000 + 0x3000 * q + 0x1000 * part
+    }
+
+    /// A live device with both queues set up as a driver would.
+    fn live_device(mem: &vm_memory::GuestMemoryMmap) -> VirtioState {
+        let net = VirtioNet::new([2, 0, 0, 0, 0, 1], Box::new(RequestResponse::new(64)));
+        let mut st = VirtioState::new(Box::new(net), 0, mem.clone());
+        st.write_status(VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER);
+        st.driver_features_select = 1;
+        st.write_driver_features(1); // VIRTIO_F_VERSION_1
+        st.write_status(
+            VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_FEATURES_OK,
+        );
+        for q in 0..2u32 {
+            st.queue_select = q;
+            assert!(!st.set_queue_size(16));
+            for (part, r) in [Ring::Descriptors, Ring::Driver, Ring::Device]
+                .into_iter()
+                .enumerate()
+            {
+                set_queue_address(&mut st, r, false, ring(u64::from(q), part as u64) as u32);
+            }
+            assert!(!st.set_queue_ready(true));
+        }
+        st.write_status(0xf);
+        assert!(st.is_live());
+        st
+    }
+
+    #[test]
+    fn each_request_is_answered_in_the_next_receive_buffer() {
+        let mem = memory();
+        let mut st = live_device(&mem);
+        write_desc(
+            &mem,
+            ring(0, 0),
+            0,
+            (0x9000, 0x800, VIRTQ_DESC_F_WRITE as u16, 0),
+        );
+        publish(&mem, ring(0, 1), &[0]);
+        let request: Vec<u8> = (0..(12 + 5))
+            .map(|i| if i < 12 { 0 } else { i as u8 })
+            .collect();
+        mem.write_slice(&request, GuestAddress(0x8000)).unwrap();
+        write_desc(&mem, ring(1, 0), 0, (0x8000, 17, 0, 0));
+        publish(&mem, ring(1, 1), &[0]);
+        let due = st.process(VIRTIO_NET_TX_QUEUE as usize);
+        assert!(due.contains(&Notification::Queue(0)), "{due:?}");
+        let used_len: u32 = mem.read_obj(GuestAddress(ring(0, 2) + 8)).unwrap();
+        assert_eq!(used_len, 12 + 64);
+        let mut response = [0u8; 64];
+        mem.read_slice(&mut response, GuestAddress(0x9000 + 12))
+            .unwrap();
+        assert_eq!(
+            response.to_vec(),
+            RequestResponse::response_to(&request[12..], 64)
+        );
+        assert_eq!(mem.read_obj::<u16>(GuestAddress(0x9000 + 10)).unwrap(), 1); // num_buffers
+    }
+
+    #[test]
+    fn a_malformed_chain_stops_the_device_until_reset() {
+        let mem = memory();
+        let mut st = live_device(&mem);
+        write_desc(
+            &mem,
+            ring(1, 0),
+            0,
+            (0x8000, 17, VIRTQ_DESC_F_NEXT as u16, 1),
+        );
+        write_desc(
+            &mem,
+            ring(1, 0),
+            1,
+            (0x8000, 17, VIRTQ_DESC_F_NEXT as u16, 0),
+        );
+        publish(&mem, ring(1, 1), &[0]);
+        assert_eq!(st.process(1), vec![Notification::Config]);
+        assert_ne!(st.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET, 0);
+        assert!(
+            st.process(1).is_empty(),
+            "a broken device does nothing more"
+        );
+        st.write_status(0);
+        assert_eq!(st.status(), 0);
+    }
+
+    #[test]
+    fn a_too_small_receive_buffer_drops_the_frame_not_the_device() {
+        let mem = memory();
+        let mut st = live_device(&mem);
+        write_desc(
+            &mem,
+            ring(0, 0),
+            0,
+            (0x9000, 16, VIRTQ_DESC_F_WRITE as u16, 0),
+        );
+        publish(&mem, ring(0, 1), &[0]);
+        write_desc(&mem, ring(1, 0), 0, (0x8000, 20, 0, 0));
+        publish(&mem, ring(1, 1), &[0]);
+        st.process(1);
+        assert!(st.is_live());
+        assert_eq!(
+            mem.read_obj::<u32>(GuestAddress(ring(0, 2) + 8)).unwrap(),
+            0
+        );
+    }
+}
