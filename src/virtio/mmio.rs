@@ -327,3 +327,211 @@ impl BusDevice for MmioTransport {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vm::Vm;
+
+    fn transport(notify: NotifyPath) -> (MmioTransport, Worker, Vm) {
+        let vm = Vm::new(1 << 20).expect("KVM is needed for transport tests");
+        let routing = Arc::new(GsiRouting::new(vm.shared_fd()).unwrap());
+        let net = crate::virtio::net::VirtioNet::new(
+            [0; 6],
+            Box::new(crate::virtio::net::RequestResponse::new(8)),
+        );
+        let at = MmioPlacement {
+            base: 0xd000_0000,
+            gsi: 16,
+            notify,
+        };
+        let (t, w) = MmioTransport::new(
+            &vm.shared_fd(),
+            &routing,
+            Box::new(net),
+            vm.memory().clone(),
+            at,
+        )
+        .unwrap();
+        (t, w, vm)
+    }
+
+    fn read(t: &MmioTransport, reg: u32) -> u32 {
+        let mut b = [0u8; 4];
+        t.read(u64::from(reg), &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn write(t: &MmioTransport, reg: u32, v: u32) {
+        t.write(u64::from(reg), &v.to_le_bytes());
+    }
+
+    /// Drive the device to FEATURES_OK with `extra` transport features.
+    fn negotiate(t: &MmioTransport, extra: u64) {
+        write(
+            t,
+            VIRTIO_MMIO_STATUS,
+            VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER,
+        );
+        let features = 1u64 << VIRTIO_F_VERSION_1 | extra;
+        for sel in 0..2 {
+            write(t, VIRTIO_MMIO_DRIVER_FEATURES_SEL, sel);
+            write(
+                t,
+                VIRTIO_MMIO_DRIVER_FEATURES,
+                (features >> (32 * sel)) as u32,
+            );
+        }
+        write(
+            t,
+            VIRTIO_MMIO_STATUS,
+            VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_FEATURES_OK,
+        );
+    }
+
+    #[test]
+    fn identifies_itself_and_offers_the_extension_as_feature_bits() {
+        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        assert_eq!(read(&t, VIRTIO_MMIO_MAGIC_VALUE), VIRTIO_MMIO_MAGIC);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_VERSION),
+            2,
+            "the extension does not change the version"
+        );
+        assert_eq!(read(&t, VIRTIO_MMIO_DEVICE_ID), VIRTIO_ID_NET);
+        write(&t, VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+        let high = read(&t, VIRTIO_MMIO_DEVICE_FEATURES);
+        for bit in [VIRTIO_F_VERSION_1, VIRTIO_F_MMIO_MSI, VIRTIO_F_MMIO_NOTIFY] {
+            assert_ne!(high & (1 << (bit - 32)), 0, "feature {bit}");
+        }
+        assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_NUM_MAX), 256);
+        assert_eq!(read(&t, VIRTIO_MMIO_MSI_VEC_NUM), 3);
+        for q in 0..2 {
+            write(&t, VIRTIO_MMIO_QUEUE_SEL, q);
+            assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_NOTIFY_OFF), doorbell_offset(q));
+        }
+        write(&t, VIRTIO_MMIO_QUEUE_SEL, 7);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_QUEUE_NUM_MAX),
+            0,
+            "queue 7 does not exist"
+        );
+        assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_NOTIFY_OFF), 0);
+    }
+
+    #[test]
+    fn accesses_of_the_wrong_width_or_offset_are_ignored() {
+        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        let mut two = [0xaau8; 2];
+        t.read(u64::from(VIRTIO_MMIO_MAGIC_VALUE), &mut two);
+        assert_eq!(two, [0, 0]);
+        let mut four = [0xaau8; 4];
+        t.read(u64::from(VIRTIO_MMIO_MAGIC_VALUE) + 1, &mut four);
+        assert_eq!(four, [0; 4]);
+        t.write(u64::from(VIRTIO_MMIO_STATUS), &[1]);
+        t.write(u64::from(VIRTIO_MMIO_STATUS) + 2, &1u32.to_le_bytes());
+        assert_eq!(read(&t, VIRTIO_MMIO_STATUS), 0);
+        write(&t, 0x0f8, 5); // reserved
+        write(&t, VIRTIO_MMIO_MAGIC_VALUE, 5); // read-only
+        assert_eq!(read(&t, VIRTIO_MMIO_MAGIC_VALUE), VIRTIO_MMIO_MAGIC);
+    }
+
+    #[test]
+    fn notifications_for_queues_that_do_not_exist_are_ignored() {
+        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 5);
+        write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, u32::MAX);
+        negotiate(&t, 1 << VIRTIO_F_MMIO_NOTIFY);
+        t.write(u64::from(doorbell_offset(900)), &[0; 4]);
+        t.write(u64::from(VIRTIO_MMIO_WINDOW_SIZE) - 1, &[0]);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_STATUS) & VIRTIO_STATUS_DEVICE_NEEDS_RESET,
+            0
+        );
+    }
+
+    #[test]
+    fn msi_registers_need_the_feature_and_vectors_must_exist() {
+        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        write(&t, VIRTIO_MMIO_MSI_CONTROL, VIRTIO_MMIO_MSI_CTRL_ENABLE);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_MSI_CONTROL),
+            0,
+            "no MSI before it is negotiated"
+        );
+        negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
+        write(&t, VIRTIO_MMIO_QUEUE_SEL, 0);
+        write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 3);
+        assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_MSI_VEC), VIRTIO_MSI_NO_VECTOR);
+        write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 1);
+        assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_MSI_VEC), 1);
+        write(&t, VIRTIO_MMIO_CONFIG_MSI_VEC, 0x1_0002);
+        assert_eq!(read(&t, VIRTIO_MMIO_CONFIG_MSI_VEC), VIRTIO_MSI_NO_VECTOR);
+        // Commands on a vector that does not exist do nothing.
+        write(&t, VIRTIO_MMIO_MSI_SEL, 40);
+        write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UNMASK);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_MSI_STATE),
+            VIRTIO_MMIO_MSI_STATE_MASKED
+        );
+        // A vector starts masked; staged values reach it only with UPDATE.
+        write(&t, VIRTIO_MMIO_MSI_SEL, 0);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_MSI_STATE),
+            VIRTIO_MMIO_MSI_STATE_MASKED
+        );
+        write(&t, VIRTIO_MMIO_MSI_ADDRESS_LOW, 0xfee0_0000);
+        write(&t, VIRTIO_MMIO_MSI_DATA, 0x41);
+        assert_eq!(t.msi().message(0), Some((0, 0)));
+        write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UPDATE);
+        assert_eq!(t.msi().message(0), Some((0xfee0_0000, 0x41)));
+        write(&t, VIRTIO_MMIO_MSI_COMMAND, 77);
+        write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UNMASK);
+        assert_eq!(read(&t, VIRTIO_MMIO_MSI_STATE), 0);
+        // A reset puts the extension back to its reset state.
+        write(&t, VIRTIO_MMIO_STATUS, 0);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_MSI_STATE),
+            VIRTIO_MMIO_MSI_STATE_MASKED
+        );
+        assert_eq!(t.msi().message(0), Some((0, 0)));
+    }
+
+    #[test]
+    fn a_masked_vector_keeps_its_message_pending_until_unmasked() {
+        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
+        write(&t, VIRTIO_MMIO_MSI_SEL, 1);
+        write(&t, VIRTIO_MMIO_MSI_ADDRESS_LOW, 0xfee0_0000);
+        write(&t, VIRTIO_MMIO_MSI_DATA, 0x41);
+        write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UPDATE);
+        write(&t, VIRTIO_MMIO_MSI_CONTROL, VIRTIO_MMIO_MSI_CTRL_ENABLE);
+        write(&t, VIRTIO_MMIO_QUEUE_SEL, 1);
+        write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 1);
+        t.interrupts.notify(Notification::Queue(1));
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_MSI_STATE),
+            VIRTIO_MMIO_MSI_STATE_MASKED | VIRTIO_MMIO_MSI_STATE_PENDING
+        );
+        write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UNMASK);
+        assert_eq!(read(&t, VIRTIO_MMIO_MSI_STATE), 0, "sent at unmask");
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_INTERRUPT_STATUS),
+            0,
+            "MSI leaves the status register alone"
+        );
+    }
+
+    #[test]
+    fn without_msi_a_notification_sets_the_status_register_until_acked() {
+        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        negotiate(&t, 0);
+        t.interrupts.notify(Notification::Queue(0));
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_INTERRUPT_STATUS),
+            VIRTIO_MMIO_INT_VRING
+        );
+        write(&t, VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INT_VRING);
+        assert_eq!(read(&t, VIRTIO_MMIO_INTERRUPT_STATUS), 0);
+    }
+}

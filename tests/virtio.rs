@@ -1,0 +1,230 @@
+//! The probe guest drives virtio-net over each transport and interrupt mode: requests complete
+//! with intact data, the right vector fires, masked vectors hold a pending message until
+//! unmasked, and a reset in the middle of traffic brings the device back.
+
+use std::time::Duration;
+
+use exitless::contract::*;
+use exitless::machine::{ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops, run_probe};
+use exitless::pci::EcamMode;
+use exitless::virtio::notify::NotifyPath;
+use exitless::virtio::regs::{VIRTIO_ID_NET, VIRTIO_PCI_DEVICE_ID_BASE, VIRTIO_PCI_VENDOR_ID};
+
+const RESPONSE: u64 = 700;
+const N: u64 = 40;
+
+fn boot(devices: Vec<VirtioNetConfig>, ops: Vec<Op>) -> ProbeRun {
+    run_probe(&ProbeConfig {
+        ops,
+        virtio: devices,
+        response_size: RESPONSE as usize,
+        timeout: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("probe run failed: {e}"))
+}
+
+fn mmio(notify: NotifyPath) -> VirtioNetConfig {
+    VirtioNetConfig {
+        transport: Transport::Mmio,
+        notify,
+    }
+}
+
+fn pci(notify: NotifyPath) -> VirtioNetConfig {
+    VirtioNetConfig {
+        transport: Transport::Pci,
+        notify,
+    }
+}
+
+fn pci_device(n: usize) -> u64 {
+    ProbeConfig::virtio_pci_address(n).ecam_offset()
+}
+
+fn assert_ok(run: &ProbeRun, i: usize) -> OpResult {
+    let r = run.results[i];
+    assert_eq!(r.status, STATUS_OK, "op {i}: {r:?}\n{}", run.console);
+    r
+}
+
+/// `n` transactions completed, every response checked by the guest.
+fn assert_transactions(run: &ProbeRun, i: usize, n: u64) -> OpResult {
+    let r = assert_ok(run, i);
+    assert_eq!(r.value, n);
+    assert_eq!(
+        r.bytes,
+        n * RESPONSE,
+        "every response has the configured size"
+    );
+    r
+}
+
+#[test]
+fn msi_transports_complete_requests_on_the_receive_vector_alone() {
+    let run = boot(
+        vec![mmio(NotifyPath::Address), pci(NotifyPath::Address)],
+        vec![
+            ops::virtio_init(TRANSPORT_MMIO, 0, RR_FLAG_MSI),
+            ops::virtio_rr(32, N),
+            ops::virtio_init(TRANSPORT_MMIO, 0, RR_FLAG_MSI | RR_FLAG_DOORBELLS),
+            ops::virtio_rr(200, N),
+            ops::virtio_init(TRANSPORT_PCI, pci_device(0), 0),
+            ops::virtio_rr(32, N),
+        ],
+    );
+    for op in [1, 3, 5] {
+        let r = assert_transactions(&run, op, N);
+        assert_eq!(r.irqs, N, "op {op}: one receive interrupt per transaction");
+        assert_eq!(r.stray_irqs, 0, "op {op}: no interrupt on another vector");
+    }
+    // Address-only doorbells: no exit at all per transaction.
+    assert_eq!(run.exits(3).total(), 0, "{:?}", run.exits(3));
+    assert_eq!(run.exits(5).total(), 0, "{:?}", run.exits(5));
+}
+
+#[test]
+fn the_legacy_line_is_read_and_acknowledged_by_the_handler() {
+    let run = boot(
+        vec![mmio(NotifyPath::Datamatch)],
+        vec![
+            ops::virtio_init(TRANSPORT_MMIO, 0, 0),
+            ops::virtio_rr(64, N),
+        ],
+    );
+    let r = assert_transactions(&run, 1, N);
+    assert!(r.irqs >= N, "{r:?}");
+    let exits = run.exits(1);
+    // Each handler run reads InterruptStatus and writes InterruptACK; the kick is in-kernel.
+    assert_eq!(run.exits_at(1, "virtio-mmio.0"), 2 * r.irqs, "{exits:?}");
+}
+
+#[test]
+fn doorbells_that_exit_still_reach_the_device() {
+    let run = boot(
+        vec![
+            mmio(NotifyPath::Exit),
+            pci(NotifyPath::Exit),
+            pci(NotifyPath::Datamatch),
+        ],
+        vec![
+            ops::virtio_init(TRANSPORT_MMIO, 0, RR_FLAG_MSI),
+            ops::virtio_rr(32, N),
+            ops::virtio_init(TRANSPORT_PCI, pci_device(0), 0),
+            ops::virtio_rr(32, N),
+            ops::virtio_init(TRANSPORT_PCI, pci_device(1), 0),
+            ops::virtio_rr(32, N),
+        ],
+    );
+    for op in [1, 3, 5] {
+        assert_transactions(&run, op, N);
+    }
+    assert_eq!(
+        run.exits_at(1, "virtio-mmio.0"),
+        N,
+        "one QueueNotify exit per request"
+    );
+    assert_eq!(
+        run.exits_at(3, "pci-bars"),
+        N,
+        "one notify exit per request"
+    );
+    assert_eq!(
+        run.exits(5).total(),
+        0,
+        "the datamatch ioeventfd takes the 16-bit notify"
+    );
+}
+
+#[test]
+fn masked_vectors_hold_the_message_pending_and_send_it_at_unmask() {
+    let run = boot(
+        vec![mmio(NotifyPath::Datamatch), pci(NotifyPath::Datamatch)],
+        vec![
+            ops::virtio_init(TRANSPORT_MMIO, 0, RR_FLAG_MSI),
+            ops::virtio_mask_pending(32),
+            ops::virtio_rr(32, 5),
+            ops::virtio_init(TRANSPORT_PCI, pci_device(0), 0),
+            ops::virtio_mask_pending(32),
+            ops::virtio_rr(32, 5),
+        ],
+    );
+    for op in [1, 4] {
+        let r = assert_ok(&run, op);
+        assert_eq!((r.value, r.irqs), (1, 1), "op {op}: {r:?}");
+    }
+    assert_transactions(&run, 2, 5);
+    assert_transactions(&run, 5, 5);
+}
+
+#[test]
+fn a_reset_in_the_middle_of_traffic_brings_the_device_back() {
+    let run = boot(
+        vec![mmio(NotifyPath::Address), pci(NotifyPath::Address)],
+        vec![
+            ops::virtio_init(TRANSPORT_MMIO, 0, RR_FLAG_MSI | RR_FLAG_DOORBELLS),
+            ops::virtio_rr(32, 10),
+            ops::virtio_reset(),
+            ops::virtio_rr(32, 10),
+            // The same device, now on its legacy line: the interrupt mode is negotiated anew.
+            ops::virtio_init(TRANSPORT_MMIO, 0, 0),
+            ops::virtio_rr(32, 10),
+            ops::virtio_init(TRANSPORT_PCI, pci_device(0), 0),
+            ops::virtio_rr(32, 10),
+            ops::virtio_reset(),
+            ops::virtio_rr(32, 10),
+        ],
+    );
+    for op in [1, 3, 5, 7, 9] {
+        assert_transactions(&run, op, 10);
+    }
+}
+
+#[test]
+fn virtio_pci_functions_look_the_same_by_every_config_method() {
+    for ecam in [EcamMode::Trap, EcamMode::Shadow] {
+        let mut records = Vec::new();
+        for method in [METHOD_PIO, METHOD_ECAM] {
+            let run = run_probe(&ProbeConfig {
+                ops: vec![ops::enumerate(method)],
+                ecam: Some(ecam),
+                virtio: vec![pci(NotifyPath::Datamatch)],
+                ..Default::default()
+            })
+            .unwrap();
+            let r = run
+                .enum_records
+                .iter()
+                .find(|r| r.address == pci_device(0))
+                .copied()
+                .expect("the virtio-pci function is enumerated");
+            records.push(r);
+        }
+        let r = records[0];
+        let id = r.header[0];
+        assert_eq!(id & 0xffff, u64::from(VIRTIO_PCI_VENDOR_ID));
+        assert_eq!(
+            id >> 16,
+            u64::from(VIRTIO_PCI_DEVICE_ID_BASE + VIRTIO_ID_NET)
+        );
+        assert_eq!(r.bar_sizes[0], 0x8000);
+        assert_eq!(&r.caps[..5], &[0x09, 0x09, 0x09, 0x09, 0x11]);
+        assert_eq!(records[0].header, records[1].header, "{ecam:?}");
+        assert_eq!(records[0].caps[..5], records[1].caps[..5], "{ecam:?}");
+    }
+}
+
+#[test]
+fn a_device_that_is_not_there_is_reported_not_fatal() {
+    let run = boot(
+        vec![mmio(NotifyPath::Exit)],
+        vec![
+            ops::virtio_init(TRANSPORT_MMIO, 5, 0),
+            ops::virtio_init(TRANSPORT_PCI, pci_device(3), 0),
+            ops::virtio_rr(32, 1),
+        ],
+    );
+    assert_eq!(run.results[0].status, STATUS_UNSUPPORTED);
+    assert_eq!(run.results[1].status, STATUS_DEVICE_ERROR);
+    assert_eq!(run.results[2].status, STATUS_UNSUPPORTED);
+}
