@@ -436,3 +436,190 @@ impl PciFunction for VirtioPci {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pci::config::ConfigWindow;
+    use crate::virtio::net::{RequestResponse, VirtioNet};
+    use crate::vm::Vm;
+
+    fn function(notify: NotifyPath) -> (VirtioPci, Worker, Vm) {
+        let vm = Vm::new(1 << 20).expect("KVM is needed for transport tests");
+        let routing = Arc::new(GsiRouting::new(vm.shared_fd()).unwrap());
+        let net = VirtioNet::new([0; 6], Box::new(RequestResponse::new(8)));
+        let (f, w) = VirtioPci::new(
+            &vm.shared_fd(),
+            &routing,
+            Box::new(net),
+            vm.memory().clone(),
+            3,
+            notify,
+        )
+        .unwrap();
+        (f, w, vm)
+    }
+
+    fn config() -> ConfigSpace {
+        let window = Arc::new(ConfigWindow::new(1).unwrap());
+        let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
+        ConfigSpace::new(window, 0, &layout, &[0xc000_0000])
+            .unwrap()
+            .0
+    }
+
+    fn bar_read(f: &mut VirtioPci, c: &ConfigSpace, offset: u32, len: usize) -> u32 {
+        let mut b = [0u8; 4];
+        f.bar_read(c, 0, u64::from(offset), &mut b[..len]);
+        u32::from_le_bytes(b)
+    }
+
+    fn bar_write(f: &mut VirtioPci, c: &ConfigSpace, offset: u32, len: usize, v: u32) {
+        f.bar_write(c, 0, u64::from(offset), &v.to_le_bytes()[..len]);
+    }
+
+    #[test]
+    fn capabilities_describe_bar0_and_msix() {
+        let c = config();
+        let mut ptr = u16::from(c.get_u8(PCI_CAPABILITY_LIST));
+        let mut found = Vec::new();
+        while ptr != 0 {
+            let id = c.get_u8(ptr);
+            if id == PCI_CAP_ID_VNDR {
+                let cfg_type = u32::from(c.get_u8(ptr + VIRTIO_PCI_CAP_CFG_TYPE as u16));
+                let offset = c.get_u32(ptr + VIRTIO_PCI_CAP_OFFSET as u16);
+                found.push((cfg_type, offset));
+                if cfg_type == VIRTIO_PCI_CAP_NOTIFY_CFG {
+                    assert_eq!(c.get_u32(ptr + VIRTIO_PCI_NOTIFY_CAP_MULT as u16), 4);
+                }
+            } else {
+                assert_eq!(id, PCI_CAP_ID_MSIX);
+                assert_eq!(c.get_u16(ptr + PCI_MSIX_FLAGS) & PCI_MSIX_FLAGS_QSIZE, 2);
+                assert_eq!(c.get_u32(ptr + PCI_MSIX_TABLE), VIRTIO_PCI_BAR_MSIX_TABLE);
+                assert_eq!(c.get_u32(ptr + PCI_MSIX_PBA), VIRTIO_PCI_BAR_MSIX_PBA);
+            }
+            ptr = u16::from(c.get_u8(ptr + 1));
+        }
+        assert_eq!(
+            found,
+            vec![
+                (VIRTIO_PCI_CAP_COMMON_CFG, VIRTIO_PCI_BAR_COMMON),
+                (VIRTIO_PCI_CAP_NOTIFY_CFG, VIRTIO_PCI_BAR_NOTIFY),
+                (VIRTIO_PCI_CAP_ISR_CFG, VIRTIO_PCI_BAR_ISR),
+                (VIRTIO_PCI_CAP_DEVICE_CFG, VIRTIO_PCI_BAR_DEVICE),
+            ]
+        );
+    }
+
+    #[test]
+    fn common_config_fields_have_their_width_and_queues_their_own_notify_offset() {
+        let (mut f, _w, _vm) = function(NotifyPath::Exit);
+        let c = config();
+        assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_COMMON_NUMQ, 2), 2);
+        assert_eq!(
+            bar_read(&mut f, &c, VIRTIO_PCI_COMMON_NUMQ, 4),
+            0,
+            "wrong width"
+        );
+        assert_eq!(
+            bar_read(&mut f, &c, VIRTIO_PCI_COMMON_NUMQ + 1, 1),
+            0,
+            "not a field"
+        );
+        bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_SELECT, 2, 1);
+        assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_COMMON_Q_NOFF, 2), 1);
+        assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_COMMON_Q_SIZE, 2), 256);
+        bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_MSIX, 2, 7);
+        assert_eq!(
+            bar_read(&mut f, &c, VIRTIO_PCI_COMMON_Q_MSIX, 2),
+            VIRTIO_MSI_NO_VECTOR
+        );
+        bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_SELECT, 2, 9);
+        assert_eq!(
+            bar_read(&mut f, &c, VIRTIO_PCI_COMMON_Q_SIZE, 2),
+            0,
+            "no queue 9"
+        );
+        bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1); // ignored, no panic
+        bar_write(&mut f, &c, VIRTIO_PCI_BAR_NOTIFY + 4 * 9, 2, 9); // no queue 9: ignored
+    }
+
+    #[test]
+    fn msix_entries_out_of_range_or_invalid_are_dropped() {
+        let (mut f, _w, _vm) = function(NotifyPath::Exit);
+        let c = config();
+        let entry =
+            |i: u32, field: u32| VIRTIO_PCI_BAR_MSIX_TABLE + i * PCI_MSIX_ENTRY_SIZE + field;
+        bar_write(&mut f, &c, entry(5, PCI_MSIX_ENTRY_DATA), 4, 0x41); // no entry 5
+        assert_eq!(
+            bar_read(&mut f, &c, entry(0, PCI_MSIX_ENTRY_VECTOR_CTRL), 4),
+            1,
+            "masked at reset"
+        );
+        // An address outside the interrupt window: kept in the table, never routed.
+        bar_write(&mut f, &c, entry(0, PCI_MSIX_ENTRY_LOWER_ADDR), 4, 0x1000);
+        bar_write(&mut f, &c, entry(0, PCI_MSIX_ENTRY_DATA), 4, 0x41);
+        bar_write(&mut f, &c, entry(0, PCI_MSIX_ENTRY_VECTOR_CTRL), 4, 0);
+        assert_eq!(
+            bar_read(&mut f, &c, entry(0, PCI_MSIX_ENTRY_LOWER_ADDR), 4),
+            0x1000
+        );
+        assert_eq!(f.msi().message(0), Some((0x1000, 0x41)));
+        // Masked, a due message is pending, and the PBA shows it.
+        bar_write(
+            &mut f,
+            &c,
+            entry(1, PCI_MSIX_ENTRY_LOWER_ADDR),
+            4,
+            0xfee0_0000,
+        );
+        bar_write(&mut f, &c, entry(1, PCI_MSIX_ENTRY_DATA), 4, 0x42);
+        f.msi().set_enabled(true);
+        f.msi().trigger(1);
+        assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4), 0b10);
+        bar_write(&mut f, &c, entry(1, PCI_MSIX_ENTRY_VECTOR_CTRL), 4, 0);
+        assert_eq!(
+            bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4),
+            0,
+            "sent at unmask"
+        );
+    }
+
+    #[test]
+    fn doorbell_ioeventfds_follow_bar0() {
+        let (mut f, _w, _vm) = function(NotifyPath::Address);
+        let c = config();
+        let addresses = |f: &VirtioPci| {
+            f.events
+                .registered()
+                .iter()
+                .map(|d| d.address)
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            addresses(&f).is_empty(),
+            "nothing before the function is placed"
+        );
+        c.set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY);
+        f.attached(&c);
+        let notify = u64::from(VIRTIO_PCI_BAR_NOTIFY);
+        assert_eq!(
+            addresses(&f),
+            vec![0xc000_0000 + notify, 0xc000_0004 + notify]
+        );
+        assert!(f.events.registered().iter().all(|d| d.datamatch.is_none()));
+        // Decoding off: no doorbell; BAR moved and decoding on: doorbells at the new place.
+        c.write(PCI_COMMAND, &0u16.to_le_bytes());
+        f.config_written(&c, PCI_COMMAND, 2);
+        assert!(addresses(&f).is_empty());
+        c.write(PCI_BAR0, &0xc100_0000u32.to_le_bytes());
+        f.config_written(&c, PCI_BAR0, 4);
+        assert!(addresses(&f).is_empty(), "still not decoding");
+        c.write(PCI_COMMAND, &PCI_COMMAND_MEMORY.to_le_bytes());
+        f.config_written(&c, PCI_COMMAND, 2);
+        assert_eq!(
+            addresses(&f),
+            vec![0xc100_0000 + notify, 0xc100_0004 + notify]
+        );
+    }
+}
