@@ -320,7 +320,8 @@ impl Machine {
                     let at = MmioPlacement {
                         base: layout::VIRTIO_MMIO_BASE
                             + n as u64 * u64::from(VIRTIO_MMIO_WINDOW_SIZE),
-                        gsi: layout::VIRTIO_MMIO_GSI_BASE + n as u32,
+                        gsi: layout::VIRTIO_MMIO_GSI_BASE
+                            + u32::try_from(n).expect("< MAX_VIRTIO_MMIO"),
                         notify: dev.notify,
                     };
                     let (transport, worker) =

@@ -17,7 +17,7 @@ fn boot(devices: Vec<VirtioNetConfig>, ops: Vec<Op>) -> ProbeRun {
     run_probe(&ProbeConfig {
         ops,
         virtio: devices,
-        response_size: RESPONSE as usize,
+        response_size: usize::try_from(RESPONSE).unwrap(),
         timeout: Duration::from_secs(120),
         ..Default::default()
     })

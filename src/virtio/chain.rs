@@ -130,6 +130,7 @@ impl Chain {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // fixtures
 pub(crate) mod tests {
     use super::*;
     use virtio_queue::{Queue, QueueT};

@@ -360,6 +360,7 @@ impl VirtioState {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // fixtures
 mod tests {
     use super::*;
     use crate::virtio::chain::tests::memory;

@@ -32,7 +32,7 @@ pub struct Interrupts {
     config_vector: AtomicU16,
 }
 
-const NO_VECTOR: u16 = VIRTIO_MSI_NO_VECTOR as u16;
+const NO_VECTOR: u16 = VIRTIO_MSI_NO_VECTOR;
 
 impl Interrupts {
     /// For a device with `queues` queues, an optional line and optional MSI vectors.

@@ -142,7 +142,7 @@ impl MmioTransport {
             VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupts.status(),
             VIRTIO_MMIO_STATUS => st.status(),
             VIRTIO_MMIO_CONFIG_GENERATION => st.config_generation(),
-            VIRTIO_MMIO_MSI_VEC_NUM => self.msi().len() as u32,
+            VIRTIO_MMIO_MSI_VEC_NUM => u32::try_from(self.msi().len()).unwrap_or(u32::MAX),
             VIRTIO_MMIO_MSI_SEL => self.staging.lock().unwrap().select,
             VIRTIO_MMIO_MSI_ADDRESS_LOW => self.staging.lock().unwrap().address_low,
             VIRTIO_MMIO_MSI_ADDRESS_HIGH => self.staging.lock().unwrap().address_high,
@@ -205,12 +205,12 @@ impl MmioTransport {
             VIRTIO_MMIO_MSI_DATA => self.staging.lock().unwrap().data = value,
             VIRTIO_MMIO_MSI_COMMAND => self.msi_command(&st, value),
             VIRTIO_MMIO_QUEUE_MSI_VEC => {
-                let vector = u16::try_from(value).unwrap_or(VIRTIO_MSI_NO_VECTOR as u16);
+                let vector = u16::try_from(value).unwrap_or(VIRTIO_MSI_NO_VECTOR);
                 self.interrupts
                     .set_queue_vector(st.queue_select as usize, vector);
             }
             VIRTIO_MMIO_CONFIG_MSI_VEC => {
-                let vector = u16::try_from(value).unwrap_or(VIRTIO_MSI_NO_VECTOR as u16);
+                let vector = u16::try_from(value).unwrap_or(VIRTIO_MSI_NO_VECTOR);
                 self.interrupts.set_config_vector(vector);
             }
             VIRTIO_MMIO_MSI_CONTROL => {
@@ -262,8 +262,11 @@ impl MmioTransport {
     }
 
     fn doorbell(&self, offset: u64) {
-        let queue = ((offset - u64::from(VIRTIO_MMIO_DOORBELL_BASE))
-            / u64::from(VIRTIO_MMIO_DOORBELL_STRIDE)) as usize;
+        let queue = usize::try_from(
+            (offset - u64::from(VIRTIO_MMIO_DOORBELL_BASE))
+                / u64::from(VIRTIO_MMIO_DOORBELL_STRIDE),
+        )
+        .unwrap_or(usize::MAX);
         if !self.state.lock().unwrap().negotiated(VIRTIO_F_MMIO_NOTIFY) {
             warn_ratelimited!("virtio-mmio: doorbell written without the notify feature; ignored");
             return;
@@ -329,6 +332,7 @@ impl BusDevice for MmioTransport {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // fixtures
 mod tests {
     use super::*;
     use crate::vm::Vm;
@@ -462,11 +466,17 @@ mod tests {
         negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
         write(&t, VIRTIO_MMIO_QUEUE_SEL, 0);
         write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 3);
-        assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_MSI_VEC), VIRTIO_MSI_NO_VECTOR);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_QUEUE_MSI_VEC),
+            u32::from(VIRTIO_MSI_NO_VECTOR)
+        );
         write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 1);
         assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_MSI_VEC), 1);
         write(&t, VIRTIO_MMIO_CONFIG_MSI_VEC, 0x1_0002);
-        assert_eq!(read(&t, VIRTIO_MMIO_CONFIG_MSI_VEC), VIRTIO_MSI_NO_VECTOR);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_CONFIG_MSI_VEC),
+            u32::from(VIRTIO_MSI_NO_VECTOR)
+        );
         // Commands on a vector that does not exist do nothing.
         write(&t, VIRTIO_MMIO_MSI_SEL, 40);
         write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UNMASK);

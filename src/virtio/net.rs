@@ -151,7 +151,11 @@ impl VirtioNet {
                 data[10] = 1;
                 data[HDR..].copy_from_slice(&frame);
                 c.write_all(mem, &data)?;
-                q.add_used(mem, c.head, total as u32)?;
+                q.add_used(
+                    mem,
+                    c.head,
+                    u32::try_from(total).expect("≤ MAX_FRAME + header"),
+                )?;
             }
             used = true;
         }
@@ -207,6 +211,7 @@ impl VirtioDevice for VirtioNet {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // fixtures
 mod tests {
     use super::*;
     use crate::virtio::chain::tests::{memory, publish, write_desc};

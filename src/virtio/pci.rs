@@ -8,6 +8,10 @@
 //! address-only ioeventfd. The ioeventfds follow BAR 0: they are registered where the BAR
 //! decodes and removed while memory decoding is off.
 
+// Common-configuration fields are 8, 16 or 32 bits wide: a value is cut to its field's width,
+// as the hardware register would cut it.
+#![allow(clippy::cast_possible_truncation)]
+
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::VmFd;
@@ -221,7 +225,9 @@ impl VirtioPci {
             (VIRTIO_PCI_COMMON_Q_MSIX, 2) => u32::from(self.interrupts.queue_vector(sel)),
             (VIRTIO_PCI_COMMON_Q_ENABLE, 2) => queue.map_or(0, |q| u32::from(q.ready())),
             (VIRTIO_PCI_COMMON_Q_NOFF, 2) => queue.map_or(0, |_| st.queue_select),
-            (VIRTIO_PCI_COMMON_Q_DESCLO..=VIRTIO_PCI_COMMON_Q_USEDHI, 4) if offset % 4 == 0 => {
+            (VIRTIO_PCI_COMMON_Q_DESCLO..=VIRTIO_PCI_COMMON_Q_USEDHI, 4)
+                if offset.is_multiple_of(4) =>
+            {
                 let q = queue?;
                 let rel = offset - VIRTIO_PCI_COMMON_Q_DESCLO;
                 let addr = [q.desc_table(), q.avail_ring(), q.used_ring()][(rel / 8) as usize];
@@ -267,7 +273,9 @@ impl VirtioPci {
                     );
                 }
             }
-            (VIRTIO_PCI_COMMON_Q_DESCLO..=VIRTIO_PCI_COMMON_Q_USEDHI, 4) if offset % 4 == 0 => {
+            (VIRTIO_PCI_COMMON_Q_DESCLO..=VIRTIO_PCI_COMMON_Q_USEDHI, 4)
+                if offset.is_multiple_of(4) =>
+            {
                 let rel = offset - VIRTIO_PCI_COMMON_Q_DESCLO;
                 let ring = [Ring::Descriptors, Ring::Driver, Ring::Device][(rel / 8) as usize];
                 set_queue_address(&mut st, ring, rel % 8 == 4, value);
@@ -438,6 +446,7 @@ impl PciFunction for VirtioPci {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // fixtures
 mod tests {
     use super::*;
     use crate::pci::config::ConfigWindow;
@@ -532,7 +541,7 @@ mod tests {
         bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_MSIX, 2, 7);
         assert_eq!(
             bar_read(&mut f, &c, VIRTIO_PCI_COMMON_Q_MSIX, 2),
-            VIRTIO_MSI_NO_VECTOR
+            u32::from(VIRTIO_MSI_NO_VECTOR)
         );
         bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_SELECT, 2, 9);
         assert_eq!(

@@ -29,7 +29,7 @@ contract_consts! {
     /// Device ID of a network card (virtio 1.2 §5).
     VIRTIO_ID_NET: u32 = 1;
     /// "No vector" in the queue → vector and config → vector registers (virtio 1.2 §4.1.5.1.2).
-    VIRTIO_MSI_NO_VECTOR: u32 = 0xffff;
+    VIRTIO_MSI_NO_VECTOR: u16 = 0xffff;
     /// Descriptor flag: the chain continues at `next` (virtio 1.2 §2.7.5).
     VIRTQ_DESC_F_NEXT: u32 = 1;
     /// Descriptor flag: the buffer is device-writable.

@@ -70,9 +70,12 @@ impl Worker {
                         return;
                     } else if token == resample_token {
                         interrupts.resample();
-                    } else if let Some(e) = queue_events.get(token as usize) {
+                    } else if let Some((q, e)) = usize::try_from(token)
+                        .ok()
+                        .and_then(|q| Some((q, queue_events.get(q)?)))
+                    {
                         let _ = e.read();
-                        let due = state.lock().unwrap().process(token as usize);
+                        let due = state.lock().unwrap().process(q);
                         for n in due {
                             interrupts.notify(n);
                         }
