@@ -119,11 +119,74 @@ fn bad_input_gets_one_clear_error_and_a_failure_code() {
         "10",
         "--enumerations",
         "1",
+        "--transactions",
+        "5",
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).starts_with("exitless: error: cannot write the chart")
     );
+}
+
+#[test]
+fn bench_rr_reports_every_transport_and_doorbell_path() {
+    let out = exitless(&["bench", "rr", "--transactions", "30", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let scenario = &report["scenarios"][0];
+    assert_eq!(scenario["name"], "rr");
+    let variants = scenario["variants"].as_array().unwrap();
+    let names: Vec<&str> = variants
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    for mode in ["pci-msix", "mmio-legacy", "mmio-msi"] {
+        for path in ["exit", "datamatch", "addr"] {
+            assert!(
+                names.contains(&format!("{mode}-{path}").as_str()),
+                "{names:?}"
+            );
+        }
+    }
+    for v in variants {
+        assert!(v["trans_per_s"].as_f64().is_some_and(|t| t > 0.0), "{v}");
+        assert!(v["exits_per_op"].as_f64().is_some(), "{v}");
+        assert_eq!(v["ops"], 30);
+        if v["name"].as_str().unwrap().ends_with("-exit") {
+            assert!(
+                v["exits_per_op"].as_f64().unwrap() >= 1.0,
+                "a doorbell that exits: {v}"
+            );
+        }
+    }
+    let msi_addr = variants
+        .iter()
+        .find(|v| v["name"] == "mmio-msi-addr")
+        .unwrap();
+    assert_eq!(
+        msi_addr["exits_per_op"], 0.0,
+        "address-only doorbells and MSI: no exit"
+    );
+}
+
+#[test]
+fn bad_request_or_response_sizes_are_refused_before_booting() {
+    for args in [
+        &["bench", "rr", "--response-size", "0"][..],
+        &["bench", "rr", "--response-size", "100000"],
+        &["bench", "rr", "--request-size", "0"],
+        &["bench", "rr", "--request-size", "5000"],
+    ] {
+        let out = exitless(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("exitless: error: --"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
 }
 
 #[test]
