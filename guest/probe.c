@@ -820,8 +820,12 @@ static void run_op(const struct op *op, struct op_result *res)
         virtio_rr(op, res);
         break;
     case OP_VIRTIO_RESET:
-        res->status = dev.transport ? virtio_init(dev.transport, dev.address, dev.flags)
-                                    : STATUS_UNSUPPORTED;
+        if (!dev.ready) {
+            res->status = STATUS_UNSUPPORTED;
+            break;
+        }
+        send_request(32, 0); /* in flight when the reset comes */
+        res->status = virtio_init(dev.transport, dev.address, dev.flags);
         break;
     case OP_VIRTIO_MASK_PENDING:
         virtio_mask_pending(op, res);

@@ -128,8 +128,9 @@ contract_consts! {
     /// `OP_VIRTIO_INIT`: send a `size`-byte frame, kick, wait for the receive interrupt, check the
     /// response. `OpResult::value`: transactions done; `irqs`, `bytes` as documented there.
     OP_VIRTIO_RR: u64 = 9;
-    /// `Op::kind`: reset the device of the last `OP_VIRTIO_INIT` (status 0), then bring it up
-    /// again with the same flags: what a driver does after DEVICE_NEEDS_RESET.
+    /// `Op::kind`: send a request and, without waiting for its response, reset the device of
+    /// the last `OP_VIRTIO_INIT` (status 0), then bring it up again with the same flags: what a
+    /// driver does after DEVICE_NEEDS_RESET. The lost response must not reappear.
     OP_VIRTIO_RESET: u64 = 10;
     /// `Op::kind`: mask the receive vector, complete one transaction without an interrupt,
     /// check the vector's pending bit, unmask and check the interrupt then arrives and the
