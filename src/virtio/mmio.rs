@@ -280,53 +280,59 @@ pub fn doorbell_offset(queue: u32) -> u32 {
     VIRTIO_MMIO_DOORBELL_BASE + queue * VIRTIO_MMIO_DOORBELL_STRIDE
 }
 
-/// Whether an access is one the control registers accept: 32 bits wide and aligned
-/// (virtio 1.2 §4.2.2.2).
-fn register_access(offset: u64, len: usize) -> Option<u32> {
-    let reg = u32::try_from(offset).ok()?;
-    (len == 4 && reg.is_multiple_of(4)).then_some(reg)
+/// The part of a device window an access lands in.
+enum Window {
+    /// A control register, accessed 32 bits wide and aligned (virtio 1.2 §4.2.2.2).
+    Register(u32),
+    /// A control-register offset accessed with the wrong width or alignment.
+    BadAccess,
+    /// Device configuration, at this offset into it.
+    Config(u64),
+    /// The doorbell page, at this offset from the device base.
+    Doorbell(u64),
+}
+
+fn window(offset: u64, len: usize) -> Window {
+    let config = u64::from(VIRTIO_MMIO_CONFIG);
+    let doorbells = u64::from(VIRTIO_MMIO_DOORBELL_BASE);
+    match offset {
+        o if o >= doorbells => Window::Doorbell(o),
+        o if o >= config => Window::Config(o - config),
+        o => match u32::try_from(o) {
+            Ok(reg) if len == 4 && reg.is_multiple_of(4) => Window::Register(reg),
+            _ => Window::BadAccess,
+        },
+    }
 }
 
 impl BusDevice for MmioTransport {
     fn read(&self, offset: u64, data: &mut [u8]) {
-        let config = u64::from(VIRTIO_MMIO_CONFIG);
-        let doorbells = u64::from(VIRTIO_MMIO_DOORBELL_BASE);
-        if (config..doorbells).contains(&offset) {
-            self.state
-                .lock()
-                .unwrap()
-                .read_config(offset - config, data);
-        } else if offset >= doorbells {
-            data.fill(0);
-        } else if let Some(reg) = register_access(offset, data.len()) {
-            data.copy_from_slice(&self.read_register(reg).to_le_bytes());
-        } else {
-            warn_ratelimited!(
-                "virtio-mmio: {}-byte read at {offset:#x}: registers are 32-bit aligned; reads zero",
-                data.len()
-            );
-            data.fill(0);
+        match window(offset, data.len()) {
+            Window::Register(reg) => data.copy_from_slice(&self.read_register(reg).to_le_bytes()),
+            Window::Config(at) => self.state.lock().unwrap().read_config(at, data),
+            Window::Doorbell(_) => data.fill(0),
+            Window::BadAccess => {
+                warn_ratelimited!(
+                    "virtio-mmio: {}-byte read at {offset:#x}: registers are 32-bit aligned; reads zero",
+                    data.len()
+                );
+                data.fill(0);
+            }
         }
     }
 
     fn write(&self, offset: u64, data: &[u8]) {
-        let config = u64::from(VIRTIO_MMIO_CONFIG);
-        let doorbells = u64::from(VIRTIO_MMIO_DOORBELL_BASE);
-        if (config..doorbells).contains(&offset) {
-            self.state
-                .lock()
-                .unwrap()
-                .write_config(offset - config, data);
-        } else if offset >= doorbells {
-            self.doorbell(offset);
-        } else if let Some(reg) = register_access(offset, data.len()) {
-            let value = u32::from_le_bytes(data.try_into().expect("checked: 4 bytes"));
-            self.write_register(reg, value);
-        } else {
-            warn_ratelimited!(
+        match window(offset, data.len()) {
+            Window::Register(reg) => {
+                let value = u32::from_le_bytes(data.try_into().expect("checked: 4 bytes"));
+                self.write_register(reg, value);
+            }
+            Window::Config(at) => self.state.lock().unwrap().write_config(at, data),
+            Window::Doorbell(at) => self.doorbell(at),
+            Window::BadAccess => warn_ratelimited!(
                 "virtio-mmio: {}-byte write at {offset:#x}: registers are 32-bit aligned; ignored",
                 data.len()
-            );
+            ),
         }
     }
 }
