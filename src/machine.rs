@@ -28,6 +28,7 @@ use crate::pci::root::{BarSpace, BarWindow, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
 use crate::stats::{ExitCounters, ExitSnapshot};
 use crate::virtio::VirtioError;
+use crate::virtio::device::VirtioDevice;
 use crate::virtio::mmio::{MmioPlacement, MmioTransport};
 use crate::virtio::net::{RequestResponse, VirtioNet};
 use crate::virtio::notify::NotifyPath;
@@ -310,6 +311,9 @@ impl Machine {
                 mac,
                 Box::new(RequestResponse::new(cfg.response_size)),
             ));
+            // One MSI-X vector per queue and one for configuration changes.
+            let queues = net.queue_max_sizes().len();
+            let vectors = queues + 1;
             let mem = vm.memory().clone();
             match dev.transport {
                 Transport::Mmio => {
@@ -341,8 +345,8 @@ impl Machine {
                         .filter(|d| d.transport == Transport::Pci)
                         .count();
                     let (function, worker) =
-                        VirtioPci::new(&vm.shared_fd(), &routing, net, mem, 3, dev.notify)?;
-                    let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
+                        VirtioPci::new(&vm.shared_fd(), &routing, net, mem, vectors, dev.notify)?;
+                    let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, queues, vectors);
                     pci.add(
                         ProbeConfig::virtio_pci_address(n),
                         &layout,

@@ -344,25 +344,14 @@ mod tests {
     use crate::vm::Vm;
 
     fn transport(notify: NotifyPath) -> (MmioTransport, Worker, Vm) {
-        let vm = Vm::new(1 << 20).expect("KVM is needed for transport tests");
-        let routing = Arc::new(GsiRouting::new(vm.shared_fd()).unwrap());
-        let net = crate::virtio::net::VirtioNet::new(
-            [0; 6],
-            Box::new(crate::virtio::net::RequestResponse::new(8)),
-        );
+        let (vm, routing, net) = crate::virtio::test_parts();
         let at = MmioPlacement {
             base: 0xd000_0000,
             gsi: 16,
             notify,
         };
-        let (t, w) = MmioTransport::new(
-            &vm.shared_fd(),
-            &routing,
-            Box::new(net),
-            vm.memory().clone(),
-            at,
-        )
-        .unwrap();
+        let (t, w) =
+            MmioTransport::new(&vm.shared_fd(), &routing, net, vm.memory().clone(), at).unwrap();
         (t, w, vm)
     }
 

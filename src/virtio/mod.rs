@@ -74,6 +74,19 @@ pub fn set_queue_address(st: &mut VirtioState, ring: Ring, high: bool, value: u3
     });
 }
 
+/// What the transport tests share: a VM, its routing table and a virtio-net device.
+#[cfg(test)]
+pub(crate) fn test_parts() -> (
+    crate::vm::Vm,
+    std::sync::Arc<crate::irq::GsiRouting>,
+    Box<net::VirtioNet>,
+) {
+    let vm = crate::vm::Vm::new(1 << 20).expect("KVM is needed for transport tests");
+    let routing = std::sync::Arc::new(crate::irq::GsiRouting::new(vm.shared_fd()).unwrap());
+    let net = net::VirtioNet::new([0; 6], Box::new(net::RequestResponse::new(8)));
+    (vm, routing, Box::new(net))
+}
+
 #[cfg(test)]
 mod tests {
     use super::regs::*;

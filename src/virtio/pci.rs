@@ -450,17 +450,14 @@ impl PciFunction for VirtioPci {
 mod tests {
     use super::*;
     use crate::pci::config::ConfigWindow;
-    use crate::virtio::net::{RequestResponse, VirtioNet};
     use crate::vm::Vm;
 
     fn function(notify: NotifyPath) -> (VirtioPci, Worker, Vm) {
-        let vm = Vm::new(1 << 20).expect("KVM is needed for transport tests");
-        let routing = Arc::new(GsiRouting::new(vm.shared_fd()).unwrap());
-        let net = VirtioNet::new([0; 6], Box::new(RequestResponse::new(8)));
+        let (vm, routing, net) = crate::virtio::test_parts();
         let (f, w) = VirtioPci::new(
             &vm.shared_fd(),
             &routing,
-            Box::new(net),
+            net,
             vm.memory().clone(),
             3,
             notify,
