@@ -97,6 +97,10 @@ contract_consts! {
     PORT_PHASE_END: u16 = 0x504;
     /// Port the guest writes its exit status to; ends the run.
     PORT_DONE: u16 = 0x508;
+    /// Port the guest writes an ECAM-style function address to: the VMM then sends every MSI-X
+    /// vector of that function once, as a device does when each of its queues completes work
+    /// (the probe's interrupt source for delivery checks).
+    PORT_MSIX_SEND_ALL: u16 = 0x50c;
     /// `PORT_DONE` value: every op ran.
     DONE_OK: u64 = 0;
     /// `PORT_DONE` value: the boot-info magic was wrong.
@@ -136,6 +140,28 @@ contract_consts! {
     /// check the vector's pending bit, unmask and check the interrupt then arrives and the
     /// pending bit clears. MSI modes only.
     OP_VIRTIO_MASK_PENDING: u64 = 11;
+    /// `Op::kind`: program every MSI-X entry of the function at `address` (ECAM-style) with
+    /// message address `MSI_ADDRESS_BASE` and data `value + i` for entry i, then unmask it if
+    /// `count` is 1 (leave it masked if 0), all while MSI-X is disabled (the op clears Enable
+    /// first). `OpResult::value`: entries programmed; cycles: the programming alone.
+    OP_MSIX_PROGRAM: u64 = 12;
+    /// `Op::kind`: write `value` to the MSI-X Message Control register of the function at
+    /// `address` (`PCI_MSIX_FLAGS_ENABLE`, `PCI_MSIX_FLAGS_MASKALL`); cycles: that one write.
+    OP_MSIX_CONTROL: u64 = 13;
+    /// `Op::kind`: write the Vector Control of every MSI-X entry of the function at `address`,
+    /// one entry after the other: unmask if `value` is 0, mask if 1.
+    OP_MSIX_MASK_EACH: u64 = 14;
+    /// `Op::kind`: rewrite the data of every MSI-X entry of the function at `address` to
+    /// `value + i` without masking it first (address, then data: Linux's order).
+    OP_MSIX_RETARGET: u64 = 15;
+    /// `Op::kind`: check MSI-X delivery on the function at `address`. With `count` = 1 the
+    /// guest first asks for every vector through `PORT_MSIX_SEND_ALL`. An entry that can deliver
+    /// (Enable set, Function Mask and its mask clear) must then arrive exactly once on the IDT
+    /// vector in its data for each message due (the one just sent, plus one left pending at
+    /// the previous check); one that cannot must arrive zero times and show its pending bit.
+    /// `OpResult::value`: entries that behaved; `irqs`: interrupts on expected vectors;
+    /// `stray_irqs`: interrupts on any other vector; status `STATUS_BAD_DATA` on a mismatch.
+    OP_MSIX_CHECK: u64 = 16;
     /// `Op::method` of virtio ops: a virtio-mmio device.
     TRANSPORT_MMIO: u64 = 1;
     /// `Op::method` of virtio ops: a virtio-pci device (MSI-X).

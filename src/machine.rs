@@ -2,6 +2,7 @@
 //! CF8/CFC and ECAM (trapped or shadowed), and the embedded probe guest, run once for a list
 //! of ops.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use crate::contract::{
 };
 use crate::devices::probe_ports::{PROBE_PORTS_BASE, PROBE_PORTS_LEN, PhaseRecord, ProbePorts};
 use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
-use crate::irq::{GsiRouting, IrqError};
+use crate::irq::{CommitStrategy, GsiRouting, IrqError};
 use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
 use crate::pci::ecam::PciConfigMmio;
 use crate::pci::function::{HostBridge, TestDevice};
@@ -30,7 +31,7 @@ use crate::stats::{ExitCounters, ExitSnapshot};
 use crate::virtio::VirtioError;
 use crate::virtio::device::VirtioDevice;
 use crate::virtio::mmio::{MmioPlacement, MmioTransport};
-use crate::virtio::net::{RequestResponse, VirtioNet};
+use crate::virtio::net::{NetBackend, RequestResponse, VirtioNet};
 use crate::virtio::notify::NotifyPath;
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::regs::{VIRTIO_ID_NET, VIRTIO_MMIO_WINDOW_SIZE};
@@ -87,9 +88,13 @@ pub enum MachineError {
     Virtio(#[from] VirtioError),
     /// More virtio devices than the probe machine has room for.
     #[error(
-        "too many virtio devices: the probe machine takes at most {MAX_VIRTIO_MMIO} virtio-mmio ones"
+        "too many virtio devices: the probe machine takes at most {MAX_VIRTIO_MMIO} virtio-mmio \
+         and {MAX_VIRTIO_PCI} virtio-pci ones"
     )]
     TooManyDevices,
+    /// A queue-pair count virtio-pci's MSI-X table cannot give vectors to.
+    #[error("{0} queue pairs: a virtio-net device here has 1 to {MAX_QUEUE_PAIRS}")]
+    QueuePairs(usize),
     /// More ops than the contract holds.
     #[error("{0} ops requested; the probe holds at most {MAX_OPS}")]
     TooManyOps(usize),
@@ -113,6 +118,12 @@ pub enum MachineError {
     GuestFailed(StopReason, String),
 }
 
+/// Most virtio-pci devices: PCI device numbers from `VIRTIO_PCI_FIRST_DEVICE` to 31.
+pub const MAX_VIRTIO_PCI: usize = 32 - layout::VIRTIO_PCI_FIRST_DEVICE as usize;
+/// Most queue pairs per virtio-net device: two MSI-X vectors each and one for configuration
+/// changes must fit the MSI-X table.
+pub const MAX_QUEUE_PAIRS: usize = (crate::virtio::pci::MAX_VECTORS - 1) / 2;
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct ProbeConfig {
@@ -131,6 +142,8 @@ pub struct ProbeConfig {
     pub virtio: Vec<VirtioNetConfig>,
     /// Bytes of each response frame the request/response backend sends.
     pub response_size: usize,
+    /// When GSI routing changes reach KVM.
+    pub gsi_commits: CommitStrategy,
 }
 
 /// Which transport a virtio device sits behind.
@@ -149,6 +162,20 @@ pub struct VirtioNetConfig {
     pub transport: Transport,
     /// How its doorbells reach it.
     pub notify: NotifyPath,
+    /// Receive/transmit queue pairs (more than one adds the control queue and
+    /// VIRTIO_NET_F_MQ); each has its own request/response backend and MSI-X vectors.
+    pub queue_pairs: u16,
+}
+
+impl VirtioNetConfig {
+    /// A single-pair device on `transport` with doorbells on `notify`.
+    pub fn new(transport: Transport, notify: NotifyPath) -> Self {
+        VirtioNetConfig {
+            transport,
+            notify,
+            queue_pairs: 1,
+        }
+    }
 }
 
 impl ProbeConfig {
@@ -169,6 +196,7 @@ impl Default for ProbeConfig {
             console_to_stdout: false,
             virtio: Vec::new(),
             response_size: 1024,
+            gsi_commits: CommitStrategy::default(),
         }
     }
 }
@@ -272,14 +300,10 @@ impl Machine {
         let control = Arc::new(RunControl::default());
         let console = Arc::new(Mutex::new(Vec::new()));
 
+        let routing = Arc::new(GsiRouting::new(vm.shared_fd(), cfg.gsi_commits)?);
         let serial_irq =
             EventFd::new(EFD_NONBLOCK).map_err(host_err("create the serial eventfd"))?;
-        vm.fd()
-            .register_irqfd(&serial_irq, layout::SERIAL_GSI)
-            .map_err(|source| VmError::Kvm {
-                what: "register the serial irqfd",
-                source,
-            })?;
+        routing.bind_pin(layout::SERIAL_GSI, &serial_irq, None)?;
         let out = if console_to_stdout {
             ConsoleOutput::Stdout
         } else {
@@ -301,19 +325,24 @@ impl Machine {
             ),
         })?);
         populate_bus0(&pci)?;
-        let routing = Arc::new(GsiRouting::new(vm.shared_fd())?);
         let mut workers = Vec::new();
         let mut virtio_mmio = Vec::new();
+        let mut msix = BTreeMap::new();
         for (i, dev) in cfg.virtio.iter().enumerate() {
             let mut mac = layout::VIRTIO_NET_MAC;
             mac[5] = u8::try_from(i).map_err(|_| MachineError::TooManyDevices)?;
-            let net = Box::new(VirtioNet::new(
-                mac,
-                Box::new(RequestResponse::new(cfg.response_size)),
-            ));
-            // One MSI-X vector per queue and one for configuration changes.
+            let pairs = usize::from(dev.queue_pairs);
+            if !(1..=MAX_QUEUE_PAIRS).contains(&pairs) {
+                return Err(MachineError::QueuePairs(pairs));
+            }
+            let backends = (0..pairs)
+                .map(|_| Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>)
+                .collect();
+            let net = Box::new(VirtioNet::new(mac, backends));
             let queues = net.queue_max_sizes().len();
-            let vectors = queues + 1;
+            // One MSI-X vector per receive and transmit queue and one for configuration
+            // changes; the control queue needs none (drivers poll it, as Linux does).
+            let vectors = 2 * pairs + 1;
             let mem = vm.memory().clone();
             match dev.transport {
                 Transport::Mmio => {
@@ -344,14 +373,15 @@ impl Machine {
                         .iter()
                         .filter(|d| d.transport == Transport::Pci)
                         .count();
+                    if n >= MAX_VIRTIO_PCI {
+                        return Err(MachineError::TooManyDevices);
+                    }
                     let (function, worker) =
                         VirtioPci::new(&vm.shared_fd(), &routing, net, mem, vectors, dev.notify)?;
                     let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, queues, vectors);
-                    pci.add(
-                        ProbeConfig::virtio_pci_address(n),
-                        &layout,
-                        Box::new(function),
-                    )?;
+                    let at = ProbeConfig::virtio_pci_address(n);
+                    msix.insert(at.ecam_offset(), function.msi().clone());
+                    pci.add(at, &layout, Box::new(function))?;
                     workers.push(worker);
                 }
             }
@@ -394,7 +424,12 @@ impl Machine {
 
         // The counters must know every device; the probe ports are the last one added.
         let counters = Arc::new(ExitCounters::new(io.names.len() + 1));
-        let probe_ports = Arc::new(ProbePorts::new(counters.clone(), control.clone()));
+        let probe_ports = Arc::new(ProbePorts::new(
+            counters.clone(),
+            control.clone(),
+            routing,
+            msix,
+        ));
         let id = io.add_pio(
             names::PROBE_PORTS,
             PROBE_PORTS_BASE,

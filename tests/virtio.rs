@@ -25,17 +25,11 @@ fn boot(devices: Vec<VirtioNetConfig>, ops: Vec<Op>) -> ProbeRun {
 }
 
 fn mmio(notify: NotifyPath) -> VirtioNetConfig {
-    VirtioNetConfig {
-        transport: Transport::Mmio,
-        notify,
-    }
+    VirtioNetConfig::new(Transport::Mmio, notify)
 }
 
 fn pci(notify: NotifyPath) -> VirtioNetConfig {
-    VirtioNetConfig {
-        transport: Transport::Pci,
-        notify,
-    }
+    VirtioNetConfig::new(Transport::Pci, notify)
 }
 
 fn pci_device(n: usize) -> u64 {

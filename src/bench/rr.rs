@@ -88,7 +88,7 @@ fn devices() -> Vec<VirtioNetConfig> {
         .flat_map(|transport| {
             NotifyPath::ALL
                 .into_iter()
-                .map(move |notify| VirtioNetConfig { transport, notify })
+                .map(move |notify| VirtioNetConfig::new(transport, notify))
         })
         .collect()
 }

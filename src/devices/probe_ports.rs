@@ -1,18 +1,20 @@
-//! The ports through which the probe guest marks its phases and ends its run (the port half of
-//! the contract in `src/contract.rs`).
+//! The ports through which the probe guest marks its phases, asks for MSI-X messages and ends
+//! its run (the port half of the contract in `src/contract.rs`).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::bus::{BusDevice, DeviceId};
-use crate::contract::{MAX_OPS, PORT_DONE, PORT_PHASE_BEGIN, PORT_PHASE_END};
+use crate::contract::{MAX_OPS, PORT_DONE, PORT_MSIX_SEND_ALL, PORT_PHASE_BEGIN, PORT_PHASE_END};
+use crate::irq::{CommitStats, GsiRouting, MsiVectors};
 use crate::stats::{ExitCounters, ExitKind, ExitSnapshot};
 use crate::vm::run_control::{RunControl, StopReason};
 
 /// First port of the range; the others follow at 4-byte steps.
 pub const PROBE_PORTS_BASE: u16 = PORT_PHASE_BEGIN;
 /// Length of the port range.
-pub const PROBE_PORTS_LEN: u16 = PORT_DONE - PORT_PHASE_BEGIN + 4;
+pub const PROBE_PORTS_LEN: u16 = PORT_MSIX_SEND_ALL - PORT_PHASE_BEGIN + 4;
 
 /// What the VMM saw during one op.
 #[derive(Clone, Debug, Default)]
@@ -21,28 +23,48 @@ pub struct PhaseRecord {
     pub exits: ExitSnapshot,
     /// Host wall time between the marks.
     pub host_time: Duration,
+    /// GSI routing commits between the marks.
+    pub routing: CommitStats,
+}
+
+struct OpenPhase {
+    op: u64,
+    exits: ExitSnapshot,
+    routing: CommitStats,
+    start: Instant,
 }
 
 #[derive(Default)]
 struct Phases {
-    open: Option<(u64, ExitSnapshot, Instant)>,
+    open: Option<OpenPhase>,
     done: Vec<Option<PhaseRecord>>,
 }
 
-/// The phase and done ports.
+/// The phase, MSI-X and done ports.
 pub struct ProbePorts {
     counters: Arc<ExitCounters>,
     control: Arc<RunControl>,
+    routing: Arc<GsiRouting>,
+    /// MSI-X vectors by ECAM-style function address, for `PORT_MSIX_SEND_ALL`.
+    msix: BTreeMap<u64, Arc<MsiVectors>>,
     phases: Mutex<Phases>,
     own_id: OnceLock<DeviceId>,
 }
 
 impl ProbePorts {
-    /// Ports that snapshot `counters` and stop the run through `control`.
-    pub fn new(counters: Arc<ExitCounters>, control: Arc<RunControl>) -> Self {
+    /// Ports that snapshot `counters` and `routing`, send the vectors in `msix` on request and
+    /// stop the run through `control`.
+    pub fn new(
+        counters: Arc<ExitCounters>,
+        control: Arc<RunControl>,
+        routing: Arc<GsiRouting>,
+        msix: BTreeMap<u64, Arc<MsiVectors>>,
+    ) -> Self {
         ProbePorts {
             counters,
             control,
+            routing,
+            msix,
             phases: Mutex::default(),
             own_id: OnceLock::new(),
         }
@@ -78,32 +100,45 @@ impl BusDevice for ProbePorts {
         let mut phases = self.phases.lock().unwrap();
         match port {
             PORT_PHASE_BEGIN => {
-                phases.open = Some((value, self.counters.snapshot(), Instant::now()));
+                phases.open = Some(OpenPhase {
+                    op: value,
+                    exits: self.counters.snapshot(),
+                    routing: self.routing.stats(),
+                    start: Instant::now(),
+                });
             }
             PORT_PHASE_END => {
                 let now = Instant::now();
-                if let Some((op, start, t0)) = phases
+                if let Some(open) = phases
                     .open
                     .take()
-                    .filter(|o| o.0 == value && value < MAX_OPS)
+                    .filter(|o| o.op == value && value < MAX_OPS)
                 {
+                    let op = open.op;
                     let op = usize::try_from(op).expect("checked < MAX_OPS");
                     if phases.done.len() <= op {
                         phases.done.resize(op + 1, None);
                     }
                     // Exits are counted before dispatch: the begin mark is already in `start`,
                     // the end mark (this exit) is in the new snapshot and taken back out.
-                    let mut exits = self.counters.snapshot().since(&start);
+                    let mut exits = self.counters.snapshot().since(&open.exits);
                     if let Some(&id) = self.own_id.get() {
                         exits.discount(ExitKind::PioWrite, id);
                     }
                     phases.done[op] = Some(PhaseRecord {
                         exits,
-                        host_time: now - t0,
+                        host_time: now - open.start,
+                        routing: self.routing.stats().since(&open.routing),
                     });
                 }
             }
             PORT_DONE => self.control.stop(StopReason::GuestDone(value)),
+            PORT_MSIX_SEND_ALL => match self.msix.get(&value) {
+                Some(vectors) => vectors.trigger_all(),
+                None => warn_ratelimited!(
+                    "probe: no MSI-X function at {value:#x} to send vectors from; ignored"
+                ),
+            },
             _ => {}
         }
     }

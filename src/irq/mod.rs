@@ -10,14 +10,16 @@ pub mod regs {
     include!("regs.rs");
 }
 
-pub use msi::MsiVectors;
-pub use routing::GsiRouting;
+pub use msi::{MsiChange, MsiVectors};
+pub use routing::{CommitStats, CommitStrategy, GsiRouting};
 
 /// Errors setting up interrupt delivery.
 #[derive(Debug, thiserror::Error)]
 pub enum IrqError {
     /// Every GSI KVM can route is taken.
-    #[error("no free GSI: KVM routes at most {0} interrupts; give the VM fewer devices or vectors")]
+    #[error(
+        "too many MSI vectors: KVM routes at most {0} of them per VM; configure fewer devices or vectors"
+    )]
     GsisExhausted(u32),
     /// A KVM call failed.
     #[error("cannot {what}: {source}")]

@@ -1,26 +1,26 @@
 //! A table of MSI vectors with per-vector mask and pending bits, as MSI-X has them (PCI 3.0
 //! §6.8.2) and as exitless's virtio-mmio MSI extension has them (docs/virtio-mmio-msi.md).
 //!
-//! Each vector owns a GSI and an irqfd bound to it. A message is sent by signalling the irqfd;
-//! a message due while the vector (or the whole function) is masked, or while the table is
-//! disabled, sets the vector's pending bit instead and is sent when it becomes deliverable.
-//! The address/data pair reaches KVM only through [`MsiVectors::program`], which the transports
-//! call with a complete pair, so no message can use a half-written one.
+//! Each vector owns a GSI and an irqfd from the [`GsiRouting`]. A message is sent by
+//! signalling the irqfd; a message due while the vector (or the whole function) is masked, or
+//! while the table is disabled, sets the vector's pending bit instead and is sent when it
+//! becomes deliverable. Transports turn each guest access into one [`MsiVectors::update`] with
+//! complete address/data pairs, so no message can use a half-written pair, and a burst that
+//! makes many vectors live at once (MSI-X Enable) costs one routing commit under
+//! [`super::CommitStrategy::Batched`].
 
 use std::sync::{Arc, Mutex};
 
-use kvm_ioctls::VmFd;
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
-
 use super::regs::{MSI_ADDRESS_BASE, MSI_ADDRESS_MASK};
+use super::routing::MsiGsi;
 use super::{GsiRouting, IrqError};
 
 #[derive(Clone, Copy, Default)]
 struct Vector {
     address: u64,
     data: u32,
-    /// The pair was valid and is in the routing table.
-    routed: bool,
+    /// The message KVM routes this vector's GSI to, if any.
+    routed: Option<(u64, u32)>,
     masked: bool,
     pending: bool,
 }
@@ -31,12 +31,35 @@ struct State {
     function_masked: bool,
 }
 
+/// One change a guest access makes to a vector table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MsiChange {
+    /// Vector `index` now has this complete message.
+    Program {
+        /// The vector.
+        index: usize,
+        /// Message address.
+        address: u64,
+        /// Message data.
+        data: u32,
+    },
+    /// Mask or unmask vector `index`.
+    Mask {
+        /// The vector.
+        index: usize,
+        /// Masked.
+        masked: bool,
+    },
+    /// Enable or disable the table (MSI-X Enable).
+    Enable(bool),
+    /// Mask or unmask every vector at once (MSI-X Function Mask).
+    FunctionMask(bool),
+}
+
 /// A device's MSI vectors.
 pub struct MsiVectors {
-    vm: Arc<VmFd>,
     routing: Arc<GsiRouting>,
-    gsis: Vec<u32>,
-    irqfds: Vec<EventFd>,
+    gsis: Vec<MsiGsi>,
     state: Mutex<State>,
 }
 
@@ -48,12 +71,10 @@ pub fn is_valid_message(address: u64, data: u32) -> bool {
 
 impl MsiVectors {
     /// `count` vectors, all masked and disabled, each with a GSI and an irqfd.
-    pub fn new(vm: Arc<VmFd>, routing: Arc<GsiRouting>, count: usize) -> Result<Self, IrqError> {
+    pub fn new(routing: Arc<GsiRouting>, count: usize) -> Result<Self, IrqError> {
         let mut table = MsiVectors {
-            vm,
             routing,
             gsis: Vec::with_capacity(count),
-            irqfds: Vec::with_capacity(count),
             state: Mutex::new(State {
                 vectors: vec![
                     Vector {
@@ -66,19 +87,9 @@ impl MsiVectors {
                 function_masked: false,
             }),
         };
-        // On an error, Drop releases what was taken so far.
+        // On an error, Drop gives back what was taken so far.
         for _ in 0..count {
-            let irqfd = EventFd::new(EFD_NONBLOCK).map_err(IrqError::EventFd)?;
-            let gsi = table.routing.allocate()?;
-            if let Err(source) = table.vm.register_irqfd(&irqfd, gsi) {
-                table.routing.release(gsi)?;
-                return Err(IrqError::Kvm {
-                    what: "register an MSI irqfd",
-                    source,
-                });
-            }
-            table.gsis.push(gsi);
-            table.irqfds.push(irqfd);
+            table.gsis.push(table.routing.allocate_msi()?);
         }
         Ok(table)
     }
@@ -93,35 +104,43 @@ impl MsiVectors {
         self.gsis.is_empty()
     }
 
-    /// Set vector `index`'s message to a complete address/data pair. An invalid pair removes
-    /// the route: messages on the vector are then dropped (a real bus would send them nowhere).
-    pub fn program(&self, index: usize, address: u64, data: u32) {
+    /// Apply what one guest access did, then bring KVM's routes up to date in (at most) one
+    /// commit, then send the messages that became deliverable. A vector is routed while the
+    /// table is enabled and its message is valid; masks only decide whether a message is sent
+    /// or left pending, so they never cost a commit. An invalid message is never routed: its
+    /// interrupts are dropped, as a real bus would send them nowhere.
+    pub fn update(&self, changes: &[MsiChange]) {
         let mut st = self.state.lock().unwrap();
-        let Some(v) = st.vectors.get_mut(index) else {
-            warn_ratelimited!("MSI vector {index} does not exist; update ignored");
-            return;
-        };
-        if v.routed && v.address == address && v.data == data {
-            return;
+        for &change in changes {
+            match change {
+                MsiChange::Program {
+                    index,
+                    address,
+                    data,
+                } => match st.vectors.get_mut(index) {
+                    Some(v) => {
+                        (v.address, v.data) = (address, data);
+                        if !is_valid_message(address, data) {
+                            warn_ratelimited!(
+                                "MSI vector {index}: address {address:#x} data {data:#x} is not a \
+                                 valid message; its interrupts are dropped"
+                            );
+                        }
+                    }
+                    None => warn_ratelimited!("MSI vector {index} does not exist; update ignored"),
+                },
+                MsiChange::Mask { index, masked } => match st.vectors.get_mut(index) {
+                    Some(v) => v.masked = masked,
+                    None => {
+                        warn_ratelimited!("MSI vector {index} does not exist; mask change ignored");
+                    }
+                },
+                MsiChange::Enable(enabled) => st.enabled = enabled,
+                MsiChange::FunctionMask(masked) => st.function_masked = masked,
+            }
         }
-        v.address = address;
-        v.data = data;
-        let gsi = self.gsis[index];
-        let result = if is_valid_message(address, data) {
-            v.routed = true;
-            self.routing.set_msi(gsi, address, data)
-        } else {
-            warn_ratelimited!(
-                "MSI vector {index}: address {address:#x} data {data:#x} is not a valid \
-                 message; its interrupts are dropped"
-            );
-            v.routed = false;
-            self.routing.clear(gsi)
-        };
-        if let Err(e) = result {
-            v.routed = false;
-            warn_ratelimited!("MSI vector {index}: {e}");
-        }
+        self.sync_routes(&mut st);
+        self.flush_pending(&mut st);
     }
 
     /// The message of vector `index`: (address, data).
@@ -130,23 +149,15 @@ impl MsiVectors {
         st.vectors.get(index).map(|v| (v.address, v.data))
     }
 
-    /// Mask or unmask vector `index`; unmasking sends a pending message.
-    pub fn set_masked(&self, index: usize, masked: bool) {
-        let mut st = self.state.lock().unwrap();
-        match st.vectors.get_mut(index) {
-            Some(v) => v.masked = masked,
-            None => {
-                warn_ratelimited!("MSI vector {index} does not exist; mask change ignored");
-                return;
-            }
-        }
-        self.flush_pending(&mut st);
-    }
-
     /// Whether vector `index` is masked (absent vectors read as masked).
     pub fn is_masked(&self, index: usize) -> bool {
         let st = self.state.lock().unwrap();
         st.vectors.get(index).is_none_or(|v| v.masked)
+    }
+
+    /// Whether every vector is masked at once (MSI-X Function Mask).
+    pub fn is_function_masked(&self) -> bool {
+        self.state.lock().unwrap().function_masked
     }
 
     /// Whether vector `index` has a pending message.
@@ -155,36 +166,19 @@ impl MsiVectors {
         st.vectors.get(index).is_some_and(|v| v.pending)
     }
 
-    /// Enable or disable the table (MSI-X Enable); enabling sends pending messages.
-    pub fn set_enabled(&self, enabled: bool) {
-        let mut st = self.state.lock().unwrap();
-        st.enabled = enabled;
-        self.flush_pending(&mut st);
-    }
-
-    /// Mask or unmask every vector at once (MSI-X Function Mask).
-    pub fn set_function_masked(&self, masked: bool) {
-        let mut st = self.state.lock().unwrap();
-        st.function_masked = masked;
-        self.flush_pending(&mut st);
-    }
-
     /// Back to the reset state: disabled, every vector masked, no message, nothing pending.
     pub fn reset(&self) {
         let mut st = self.state.lock().unwrap();
         st.enabled = false;
         st.function_masked = false;
-        for (i, v) in st.vectors.iter_mut().enumerate() {
-            if v.routed
-                && let Err(e) = self.routing.clear(self.gsis[i])
-            {
-                warn_ratelimited!("MSI vector {i}: {e}");
-            }
+        for v in &mut st.vectors {
             *v = Vector {
                 masked: true,
+                routed: v.routed,
                 ..Default::default()
             };
         }
+        self.sync_routes(&mut st);
     }
 
     /// Send vector `index`'s message, or make it pending if it cannot be sent now.
@@ -197,8 +191,39 @@ impl MsiVectors {
         };
         if blocked || v.masked {
             v.pending = true;
-        } else if v.routed {
+        } else if v.routed.is_some() {
             self.signal(index);
+        }
+    }
+
+    /// Send every vector (see [`MsiVectors::trigger`]).
+    pub fn trigger_all(&self) {
+        for i in 0..self.len() {
+            self.trigger(i);
+        }
+    }
+
+    /// Stage the route each vector should have, then commit. Called with the state locked, so
+    /// no message is sent before its route is in KVM (the rule in `routing.rs`).
+    fn sync_routes(&self, st: &mut State) {
+        for (i, v) in st.vectors.iter_mut().enumerate() {
+            let want =
+                (st.enabled && is_valid_message(v.address, v.data)).then_some((v.address, v.data));
+            if want == v.routed {
+                continue;
+            }
+            let gsi = self.gsis[i].gsi;
+            let result = match want {
+                Some((address, data)) => self.routing.set_msi(gsi, address, data),
+                None => self.routing.clear(gsi),
+            };
+            v.routed = want;
+            if let Err(e) = result {
+                warn_ratelimited!("MSI vector {i}: {e}");
+            }
+        }
+        if let Err(e) = self.routing.commit() {
+            warn_ratelimited!("MSI vectors: {e}");
         }
     }
 
@@ -209,7 +234,7 @@ impl MsiVectors {
         for (i, v) in st.vectors.iter_mut().enumerate() {
             if v.pending && !v.masked {
                 v.pending = false;
-                if v.routed {
+                if v.routed.is_some() {
                     self.signal(i);
                 }
             }
@@ -217,7 +242,7 @@ impl MsiVectors {
     }
 
     fn signal(&self, index: usize) {
-        if let Err(e) = self.irqfds[index].write(1) {
+        if let Err(e) = self.gsis[index].irqfd.write(1) {
             warn_ratelimited!("MSI vector {index}: irqfd write failed: {e}");
         }
     }
@@ -225,11 +250,9 @@ impl MsiVectors {
 
 impl Drop for MsiVectors {
     fn drop(&mut self) {
-        for (irqfd, &gsi) in self.irqfds.iter().zip(&self.gsis) {
-            let _ = self.vm.unregister_irqfd(irqfd, gsi);
+        for g in &self.gsis {
+            let _ = self.routing.release(g.gsi);
         }
-        for &gsi in &self.gsis {
-            let _ = self.routing.release(gsi);
-        }
+        let _ = self.routing.commit();
     }
 }

@@ -1,36 +1,109 @@
-//! The one owner of the VM's KVM GSI routing table.
+//! The one owner of the VM's KVM GSI routing table and of the irqfds bound to its GSIs.
 //!
-//! `KVM_SET_GSI_ROUTING` replaces the whole table, so every route (the IOAPIC and PIC pins, and
-//! each MSI/MSI-X vector) is kept here and the table is rewritten from it. Each change is
-//! committed before the call that made it returns, so an irqfd signalled afterwards can never
-//! use a stale route.
+//! `KVM_SET_GSI_ROUTING` replaces the whole table, and KVM then revisits every irqfd bound to
+//! the VM, so a commit costs in proportion to the routes and irqfds already there: committing
+//! once per vector makes enabling N vectors cost O(N²). Every route (the IOAPIC and PIC pins,
+//! each MSI/MSI-X vector) is kept here; changes are *staged* and [`GsiRouting::commit`]
+//! writes them in one call. With [`CommitStrategy::PerVector`] (the baseline most VMMs use)
+//! each change commits at once instead.
+//!
+//! An MSI vector's irqfd is bound to its GSI only while the vector has a route: a commit first
+//! installs the table, then binds the irqfds of new routes and unbinds those of removed ones
+//! (the order of seed 002's QEMU patch).
+//!
+//! **The rule that keeps delivery correct**: an irqfd is only signalled by its owner
+//! ([`super::MsiVectors`]), and the owner commits the changes it staged before it releases the
+//! lock under which it signals. So no interrupt can ever use a staged-but-uncommitted (stale)
+//! route, and one guest access (an MSI-X enable, a function unmask, a reset) costs at most one
+//! commit.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kvm_bindings::{
     KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
     KVM_IRQCHIP_PIC_SLAVE, KvmIrqRouting, kvm_irq_routing_entry,
 };
 use kvm_ioctls::VmFd;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::IrqError;
 
 /// IOAPIC pins (GSIs 0..24); MSI routes get GSIs from here up.
 pub const IOAPIC_PINS: u32 = 24;
-/// Routes KVM accepts (`KVM_MAX_IRQ_ROUTES`).
+/// Pins of the two 8259 PICs, routed beside IOAPIC pins 0..16.
+const PIC_PINS: u32 = 16;
+/// Entries KVM accepts in one table, and the bound on GSI numbers (`KVM_MAX_IRQ_ROUTES`).
 pub const MAX_ROUTES: u32 = 4096;
+/// MSI vectors one VM can route: the table's entries less the IOAPIC and PIC pins.
+pub const MAX_MSI_ROUTES: u32 = MAX_ROUTES - IOAPIC_PINS - PIC_PINS;
+
+/// When staged route changes reach KVM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CommitStrategy {
+    /// Every change commits at once: enabling N vectors makes N commits.
+    PerVector,
+    /// Changes wait for [`GsiRouting::commit`], which their owner calls once per guest access.
+    #[default]
+    Batched,
+}
+
+impl CommitStrategy {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            CommitStrategy::PerVector => "per-vector",
+            CommitStrategy::Batched => "batched",
+        }
+    }
+}
+
+/// How many commits were made and how long KVM took for them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// `KVM_SET_GSI_ROUTING` calls.
+    pub commits: u64,
+    /// Time inside those calls.
+    pub time: Duration,
+}
+
+impl CommitStats {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &CommitStats) -> CommitStats {
+        CommitStats {
+            commits: self.commits - earlier.commits,
+            time: self.time.saturating_sub(earlier.time),
+        }
+    }
+}
+
+/// A GSI for an MSI vector and the irqfd that sends it.
+pub struct MsiGsi {
+    /// The GSI.
+    pub gsi: u32,
+    /// Writing 1 sends the vector's message once the GSI is routed.
+    pub irqfd: Arc<EventFd>,
+}
 
 struct Table {
+    /// The routes as staged: what the next commit installs.
     routes: BTreeMap<u32, kvm_irq_routing_entry>,
+    /// Whether `routes` differs from what KVM has.
+    staged: bool,
+    /// The irqfd of each allocated MSI GSI.
+    irqfds: BTreeMap<u32, Arc<EventFd>>,
+    /// MSI GSIs whose irqfd KVM has bound.
+    bound: BTreeSet<u32>,
     next_gsi: u32,
     free: Vec<u32>,
-    commits: u64,
+    stats: CommitStats,
 }
 
 /// The routing table, shared by every device that routes interrupts.
 pub struct GsiRouting {
     vm: Arc<VmFd>,
+    strategy: CommitStrategy,
     table: Mutex<Table>,
 }
 
@@ -45,52 +118,90 @@ fn irqchip_route(gsi: u32, chip: u32, pin: u32) -> kvm_irq_routing_entry {
     e
 }
 
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> IrqError {
+    move |source| IrqError::Kvm { what, source }
+}
+
 impl GsiRouting {
-    /// The table KVM starts with for an in-kernel irqchip: GSI n → IOAPIC pin n, and for
-    /// n < 16 also the PIC pin, committed at once.
-    pub fn new(vm: Arc<VmFd>) -> Result<Self, IrqError> {
-        let mut routes = BTreeMap::new();
-        for gsi in 0..IOAPIC_PINS {
-            routes.insert(gsi, irqchip_route(gsi, KVM_IRQCHIP_IOAPIC, gsi));
-        }
+    /// The table KVM starts with for an in-kernel irqchip (GSI n → IOAPIC pin n, and for
+    /// n < 16 also the PIC pin), committed at once; later changes follow `strategy`.
+    pub fn new(vm: Arc<VmFd>, strategy: CommitStrategy) -> Result<Self, IrqError> {
+        let routes = (0..IOAPIC_PINS)
+            .map(|gsi| (gsi, irqchip_route(gsi, KVM_IRQCHIP_IOAPIC, gsi)))
+            .collect();
         let routing = GsiRouting {
             vm,
+            strategy,
             table: Mutex::new(Table {
                 routes,
+                staged: true,
+                irqfds: BTreeMap::new(),
+                bound: BTreeSet::new(),
                 next_gsi: IOAPIC_PINS,
                 free: Vec::new(),
-                commits: 0,
+                stats: CommitStats::default(),
             }),
         };
-        routing.commit(&mut routing.table.lock().unwrap())?;
+        routing.commit()?;
         Ok(routing)
     }
 
-    /// A GSI for an MSI route (not yet routed).
-    pub fn allocate(&self) -> Result<u32, IrqError> {
-        let mut t = self.table.lock().unwrap();
-        if let Some(gsi) = t.free.pop() {
-            return Ok(gsi);
-        }
-        if t.next_gsi >= MAX_ROUTES {
-            return Err(IrqError::GsisExhausted(MAX_ROUTES));
-        }
-        t.next_gsi += 1;
-        Ok(t.next_gsi - 1)
+    /// When changes are committed.
+    pub fn strategy(&self) -> CommitStrategy {
+        self.strategy
     }
 
-    /// Give `gsi` back, removing its route.
+    /// Bind `irqfd` to IOAPIC pin `gsi` (a level-triggered line when `resample` is given: KVM
+    /// signals it at the EOI that de-asserts the line).
+    pub fn bind_pin(
+        &self,
+        gsi: u32,
+        irqfd: &EventFd,
+        resample: Option<&EventFd>,
+    ) -> Result<(), IrqError> {
+        assert!(gsi < IOAPIC_PINS, "GSI {gsi} is not an IOAPIC pin");
+        match resample {
+            Some(r) => self.vm.register_irqfd_with_resample(irqfd, r, gsi),
+            None => self.vm.register_irqfd(irqfd, gsi),
+        }
+        .map_err(kvm_err("bind an irqfd to an IOAPIC pin"))
+    }
+
+    /// A GSI and an irqfd for an MSI vector, not yet routed.
+    pub fn allocate_msi(&self) -> Result<MsiGsi, IrqError> {
+        let irqfd = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(IrqError::EventFd)?);
+        let mut t = self.table.lock().unwrap();
+        let gsi = match t.free.pop() {
+            Some(gsi) => gsi,
+            None if t.next_gsi < IOAPIC_PINS + MAX_MSI_ROUTES => {
+                t.next_gsi += 1;
+                t.next_gsi - 1
+            }
+            None => return Err(IrqError::GsisExhausted(MAX_MSI_ROUTES)),
+        };
+        t.irqfds.insert(gsi, irqfd.clone());
+        Ok(MsiGsi { gsi, irqfd })
+    }
+
+    /// Give an MSI GSI back: its irqfd is unbound now, its route removal is staged.
     pub fn release(&self, gsi: u32) -> Result<(), IrqError> {
         let mut t = self.table.lock().unwrap();
-        let had_route = t.routes.remove(&gsi).is_some();
+        let Some(irqfd) = t.irqfds.remove(&gsi) else {
+            return Ok(());
+        };
         t.free.push(gsi);
-        if had_route {
-            self.commit(&mut t)?;
+        if t.bound.remove(&gsi) {
+            self.vm
+                .unregister_irqfd(&irqfd, gsi)
+                .map_err(kvm_err("unbind an MSI irqfd"))?;
         }
-        Ok(())
+        if t.routes.remove(&gsi).is_some() {
+            t.staged = true;
+        }
+        self.after_change(&mut t)
     }
 
-    /// Route `gsi` to the MSI message (`address`, `data`) and commit.
+    /// Route `gsi` to the MSI message (`address`, `data`).
     pub fn set_msi(&self, gsi: u32, address: u64, data: u32) -> Result<(), IrqError> {
         let mut e = kvm_irq_routing_entry {
             gsi,
@@ -102,27 +213,48 @@ impl GsiRouting {
         e.u.msi.data = data;
         let mut t = self.table.lock().unwrap();
         t.routes.insert(gsi, e);
-        self.commit(&mut t)
+        t.staged = true;
+        self.after_change(&mut t)
     }
 
-    /// Remove `gsi`'s route (its irqfd then delivers nothing) and commit.
+    /// Remove `gsi`'s route (its irqfd is then unbound and delivers nothing).
     pub fn clear(&self, gsi: u32) -> Result<(), IrqError> {
         let mut t = self.table.lock().unwrap();
         if t.routes.remove(&gsi).is_some() {
-            self.commit(&mut t)?;
+            t.staged = true;
         }
-        Ok(())
+        self.after_change(&mut t)
     }
 
-    /// `KVM_SET_GSI_ROUTING` calls made so far.
-    pub fn commits(&self) -> u64 {
-        self.table.lock().unwrap().commits
+    /// Install the staged changes, if any, in one `KVM_SET_GSI_ROUTING`.
+    pub fn commit(&self) -> Result<(), IrqError> {
+        self.commit_locked(&mut self.table.lock().unwrap())
     }
 
-    fn commit(&self, t: &mut Table) -> Result<(), IrqError> {
+    /// Commits made so far and the time KVM took for them.
+    pub fn stats(&self) -> CommitStats {
+        self.table.lock().unwrap().stats
+    }
+
+    /// Routes KVM has or will have after the next commit (pins included).
+    pub fn route_count(&self) -> usize {
+        self.table.lock().unwrap().routes.len()
+    }
+
+    fn after_change(&self, t: &mut Table) -> Result<(), IrqError> {
+        match self.strategy {
+            CommitStrategy::PerVector => self.commit_locked(t),
+            CommitStrategy::Batched => Ok(()),
+        }
+    }
+
+    fn commit_locked(&self, t: &mut Table) -> Result<(), IrqError> {
+        if !t.staged {
+            return Ok(());
+        }
         let pic = |gsi: u32| match gsi {
             0..8 => Some(irqchip_route(gsi, KVM_IRQCHIP_PIC_MASTER, gsi)),
-            8..16 => Some(irqchip_route(gsi, KVM_IRQCHIP_PIC_SLAVE, gsi - 8)),
+            8..PIC_PINS => Some(irqchip_route(gsi, KVM_IRQCHIP_PIC_SLAVE, gsi - 8)),
             _ => None,
         };
         let entries: Vec<kvm_irq_routing_entry> = t
@@ -135,15 +267,99 @@ impl GsiRouting {
                 std::iter::once(*e).chain(legacy)
             })
             .collect();
+        // Allocation keeps the table within KVM's limit; from_entries checks it again.
         let table = KvmIrqRouting::from_entries(&entries)
-            .map_err(|_| IrqError::GsisExhausted(MAX_ROUTES))?;
-        self.vm
-            .set_gsi_routing(&table)
-            .map_err(|source| IrqError::Kvm {
-                what: "set the GSI routing table",
-                source,
-            })?;
-        t.commits += 1;
-        Ok(())
+            .map_err(|_| IrqError::GsisExhausted(MAX_MSI_ROUTES))?;
+        let start = Instant::now();
+        let result = self.vm.set_gsi_routing(&table);
+        t.stats.time += start.elapsed();
+        t.stats.commits += 1;
+        result.map_err(kvm_err("set the GSI routing table"))?;
+        t.staged = false;
+        self.bind_irqfds(t)
+    }
+
+    /// Bind the irqfds of routed MSI GSIs and unbind the others.
+    fn bind_irqfds(&self, t: &mut Table) -> Result<(), IrqError> {
+        let mut first_error = None;
+        for (&gsi, irqfd) in &t.irqfds {
+            let (routed, bound) = (t.routes.contains_key(&gsi), t.bound.contains(&gsi));
+            let result = match (routed, bound) {
+                (true, false) => self
+                    .vm
+                    .register_irqfd(irqfd, gsi)
+                    .map(|()| t.bound.insert(gsi))
+                    .map_err(kvm_err("bind an MSI irqfd")),
+                (false, true) => self
+                    .vm
+                    .unregister_irqfd(irqfd, gsi)
+                    .map(|()| t.bound.remove(&gsi))
+                    .map_err(kvm_err("unbind an MSI irqfd")),
+                _ => Ok(true),
+            };
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routing(strategy: CommitStrategy) -> GsiRouting {
+        let vm = Arc::new(kvm_ioctls::Kvm::new().unwrap().create_vm().unwrap());
+        vm.create_irq_chip().unwrap();
+        GsiRouting::new(vm, strategy).unwrap()
+    }
+
+    #[test]
+    fn per_vector_commits_every_change_and_batched_waits() {
+        for (strategy, after_three) in
+            [(CommitStrategy::PerVector, 4), (CommitStrategy::Batched, 1)]
+        {
+            let r = routing(strategy);
+            assert_eq!(r.stats().commits, 1, "the initial table");
+            for i in 0..3 {
+                let g = r.allocate_msi().unwrap();
+                r.set_msi(g.gsi, 0xfee0_0000, 0x40 + i).unwrap();
+            }
+            assert_eq!(r.stats().commits, after_three, "{strategy:?}");
+            r.commit().unwrap();
+            r.commit().unwrap(); // nothing staged: no call
+            assert_eq!(r.stats().commits, after_three.max(2), "{strategy:?}");
+            assert_eq!(r.route_count(), 24 + 3);
+        }
+    }
+
+    #[test]
+    fn released_gsis_are_reused_and_their_routes_removed() {
+        let r = routing(CommitStrategy::Batched);
+        let a = r.allocate_msi().unwrap();
+        r.set_msi(a.gsi, 0xfee0_0000, 0x41).unwrap();
+        r.commit().unwrap();
+        r.release(a.gsi).unwrap();
+        r.commit().unwrap();
+        assert_eq!(r.route_count(), 24);
+        assert_eq!(r.allocate_msi().unwrap().gsi, a.gsi);
+    }
+
+    #[test]
+    fn the_table_never_outgrows_kvm() {
+        let r = routing(CommitStrategy::Batched);
+        let gsis: Vec<MsiGsi> = (0..MAX_MSI_ROUTES)
+            .map(|_| r.allocate_msi().unwrap())
+            .collect();
+        assert!(matches!(
+            r.allocate_msi(),
+            Err(IrqError::GsisExhausted(MAX_MSI_ROUTES))
+        ));
+        for g in &gsis {
+            r.set_msi(g.gsi, 0xfee0_0000, 0x40).unwrap();
+        }
+        r.commit().expect("a full table is one KVM accepts");
+        assert_eq!(r.route_count(), MAX_ROUTES as usize - PIC_PINS as usize);
     }
 }

@@ -367,7 +367,7 @@ mod tests {
     use crate::virtio::net::{RequestResponse, VirtioNet};
 
     fn device() -> VirtioState {
-        let net = VirtioNet::new([0; 6], Box::new(RequestResponse::new(8)));
+        let net = VirtioNet::new([0; 6], vec![Box::new(RequestResponse::new(8))]);
         VirtioState::new(Box::new(net), 0, memory())
     }
 

@@ -48,8 +48,8 @@ impl Interrupts {
     }
 
     /// The MSI vectors, if the transport has them.
-    pub fn msi(&self) -> Option<&MsiVectors> {
-        self.msi.as_deref()
+    pub fn msi(&self) -> Option<&Arc<MsiVectors>> {
+        self.msi.as_ref()
     }
 
     /// The resample eventfd of the line, if there is one.

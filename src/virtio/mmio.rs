@@ -21,7 +21,7 @@ use super::regs::*;
 use super::worker::Worker;
 use super::{Ring, VirtioError, set_queue_address};
 use crate::bus::BusDevice;
-use crate::irq::{GsiRouting, MsiVectors};
+use crate::irq::{GsiRouting, MsiChange, MsiVectors};
 use crate::pci::function::EXITLESS_VENDOR_ID;
 
 /// The MSI registers that stage a vector's message until the UPDATE command.
@@ -76,9 +76,8 @@ impl MmioTransport {
             irqfd: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::Io)?,
             resample: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::Io)?,
         };
-        vm.register_irqfd_with_resample(&line.irqfd, &line.resample, at.gsi)
-            .map_err(VirtioError::kvm("register the virtio-mmio line irqfd"))?;
-        let msi = MsiVectors::new(vm.clone(), routing.clone(), queues + 1)?;
+        routing.bind_pin(at.gsi, &line.irqfd, Some(&line.resample))?;
+        let msi = MsiVectors::new(routing.clone(), queues + 1)?;
         let interrupts = Arc::new(Interrupts::new(queues, Some(line), Some(Arc::new(msi))));
         let mut events = QueueEvents::new(vm.clone(), queues).map_err(VirtioError::Io)?;
         let doorbells: Vec<Doorbell> = (0..queues)
@@ -224,7 +223,7 @@ impl MmioTransport {
                 self.msi_control
                     .store(value & VIRTIO_MMIO_MSI_CTRL_ENABLE, Ordering::SeqCst);
                 self.interrupts.set_msi_active(enable);
-                self.msi().set_enabled(enable);
+                self.msi().update(&[MsiChange::Enable(enable)]);
             }
             _ => warn_ratelimited!(
                 "virtio-mmio: write of {value:#x} to register {reg:#x}, which is read-only or reserved; ignored"
@@ -253,10 +252,18 @@ impl MmioTransport {
             VIRTIO_MMIO_MSI_CMD_UPDATE => {
                 let address =
                     u64::from(staging.address_high) << 32 | u64::from(staging.address_low);
-                self.msi().program(index, address, staging.data);
+                self.msi().update(&[MsiChange::Program {
+                    index,
+                    address,
+                    data: staging.data,
+                }]);
             }
-            VIRTIO_MMIO_MSI_CMD_MASK => self.msi().set_masked(index, true),
-            VIRTIO_MMIO_MSI_CMD_UNMASK => self.msi().set_masked(index, false),
+            VIRTIO_MMIO_MSI_CMD_MASK | VIRTIO_MMIO_MSI_CMD_UNMASK => {
+                self.msi().update(&[MsiChange::Mask {
+                    index,
+                    masked: command == VIRTIO_MMIO_MSI_CMD_MASK,
+                }]);
+            }
             _ => warn_ratelimited!("virtio-mmio: unknown MSI command {command}; ignored"),
         }
     }

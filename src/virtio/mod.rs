@@ -82,8 +82,10 @@ pub(crate) fn test_parts() -> (
     Box<net::VirtioNet>,
 ) {
     let vm = crate::vm::Vm::new(1 << 20).expect("KVM is needed for transport tests");
-    let routing = std::sync::Arc::new(crate::irq::GsiRouting::new(vm.shared_fd()).unwrap());
-    let net = net::VirtioNet::new([0; 6], Box::new(net::RequestResponse::new(8)));
+    let routing = std::sync::Arc::new(
+        crate::irq::GsiRouting::new(vm.shared_fd(), crate::irq::CommitStrategy::Batched).unwrap(),
+    );
+    let net = net::VirtioNet::new([0; 6], vec![Box::new(net::RequestResponse::new(8))]);
     (vm, routing, Box::new(net))
 }
 

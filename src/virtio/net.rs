@@ -8,18 +8,18 @@ use vm_memory::GuestMemoryMmap;
 
 use super::chain;
 use super::device::{DeviceError, VirtioDevice};
-use super::regs::{VIRTIO_ID_NET, VIRTIO_NET_HDR_SIZE, VIRTIO_NET_RX_QUEUE, VIRTIO_NET_TX_QUEUE};
+use super::regs::{VIRTIO_ID_NET, VIRTIO_NET_HDR_SIZE};
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_F_CTRL_VQ,
+    VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_OK,
+};
 
-/// Feature bit: the device has a MAC address in its configuration (virtio 1.2 §5.1.3).
-pub const VIRTIO_NET_F_MAC: u32 = 5;
 /// Largest frame accepted: a 64 KiB GSO-less frame plus the Ethernet header.
 pub const MAX_FRAME: usize = 65_550;
-/// Queue size offered for both queues.
+/// Queue size offered for every queue.
 pub const QUEUE_SIZE: u16 = 256;
 
 const HDR: usize = VIRTIO_NET_HDR_SIZE as usize;
-const RX: usize = VIRTIO_NET_RX_QUEUE as usize;
-const TX: usize = VIRTIO_NET_TX_QUEUE as usize;
 
 /// Where frames go and come from. A tap device is one backend; the benchmark's request/response
 /// responder is another.
@@ -82,25 +82,54 @@ impl NetBackend for RequestResponse {
     }
 }
 
-/// A virtio-net device with one receive and one transmit queue.
-pub struct VirtioNet {
+/// One receive/transmit queue pair and the backend queue behind it (a multiqueue tap has one
+/// file per pair in the same way).
+struct QueuePair {
     backend: Box<dyn NetBackend>,
-    mac: [u8; 6],
     /// A frame that found no receive buffer, delivered when the driver adds one.
     waiting: Option<Vec<u8>>,
 }
 
+/// A virtio-net device with one or more receive/transmit queue pairs (virtio 1.2 §5.1.2:
+/// receiveq`k` is queue 2k, transmitq`k` is 2k+1) and, with several pairs, the control queue
+/// last, offering VIRTIO_NET_F_MQ (§5.1.6.5.5).
+pub struct VirtioNet {
+    pairs: Vec<QueuePair>,
+    mac: [u8; 6],
+}
+
+/// Offset of `max_virtqueue_pairs` in `struct virtio_net_config` (after mac[6] and status).
+const CONFIG_MAX_PAIRS: usize = 8;
+
 impl VirtioNet {
-    /// A device with `mac` in front of `backend`.
-    pub fn new(mac: [u8; 6], backend: Box<dyn NetBackend>) -> Self {
+    /// A device with `mac` and one queue pair per backend (at least one).
+    pub fn new(mac: [u8; 6], backends: Vec<Box<dyn NetBackend>>) -> Self {
+        assert!(!backends.is_empty(), "a virtio-net device has a queue pair");
         VirtioNet {
-            backend,
+            pairs: backends
+                .into_iter()
+                .map(|backend| QueuePair {
+                    backend,
+                    waiting: None,
+                })
+                .collect(),
             mac,
-            waiting: None,
         }
     }
 
-    fn transmit(&mut self, q: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, DeviceError> {
+    fn multiqueue(&self) -> bool {
+        self.pairs.len() > 1
+    }
+
+    fn control_queue(&self) -> Option<usize> {
+        self.multiqueue().then(|| 2 * self.pairs.len())
+    }
+
+    fn transmit(
+        pair: &mut QueuePair,
+        q: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
         let mut used = false;
         loop {
             q.disable_notification(mem)?;
@@ -113,7 +142,7 @@ impl VirtioNet {
                     );
                 } else {
                     let data = c.read_all(mem)?;
-                    self.backend.transmit(&data[HDR..]);
+                    pair.backend.transmit(&data[HDR..]);
                 }
                 q.add_used(mem, c.head, 0)?;
                 used = true;
@@ -124,14 +153,18 @@ impl VirtioNet {
         }
     }
 
-    fn receive(&mut self, q: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, DeviceError> {
+    fn receive(
+        pair: &mut QueuePair,
+        q: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
         let mut used = false;
         // Receive buffers are refilled by the driver as it consumes them: no kicks are needed
         // while there are buffers, so notifications stay off until the queue runs dry.
         q.disable_notification(mem)?;
-        while let Some(frame) = self.waiting.take().or_else(|| self.backend.receive()) {
+        while let Some(frame) = pair.waiting.take().or_else(|| pair.backend.receive()) {
             let Some(desc) = q.pop_descriptor_chain(mem) else {
-                self.waiting = Some(frame);
+                pair.waiting = Some(frame);
                 if q.enable_notification(mem)? {
                     continue; // buffers arrived meanwhile
                 }
@@ -161,6 +194,50 @@ impl VirtioNet {
         }
         Ok(used)
     }
+
+    /// Control commands (virtio 1.2 §5.1.6.5): class, command, data, then one writable ack
+    /// byte. Only VQ_PAIRS_SET is supported; anything else is answered VIRTIO_NET_ERR.
+    fn control(&self, q: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, DeviceError> {
+        let mut used = false;
+        while let Some(desc) = q.pop_descriptor_chain(mem) {
+            let c = chain::check(desc, mem)?;
+            if c.writable_len() == 0 || c.readable_len() > 64 {
+                warn_ratelimited!("virtio-net: malformed control command dropped");
+                q.add_used(mem, c.head, 0)?;
+                used = true;
+                continue;
+            }
+            let command = c.read_all(mem)?;
+            let ack = match command.as_slice() {
+                [class, cmd, lo, hi]
+                    if u32::from(*class) == VIRTIO_NET_CTRL_MQ
+                        && u32::from(*cmd) == VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET =>
+                {
+                    let pairs = usize::from(u16::from_le_bytes([*lo, *hi]));
+                    // Responses only ever go to the pair whose transmit queue carried the
+                    // request, so no pair beyond the enabled ones receives anything (as
+                    // §5.1.6.5.5 requires) and the count needs no state of its own.
+                    if (1..=self.pairs.len()).contains(&pairs) {
+                        VIRTIO_NET_OK
+                    } else {
+                        warn_ratelimited!(
+                            "virtio-net: driver asked for {pairs} queue pairs of {}; refused",
+                            self.pairs.len()
+                        );
+                        VIRTIO_NET_ERR
+                    }
+                }
+                _ => VIRTIO_NET_ERR,
+            };
+            c.write_all(
+                mem,
+                &[u8::try_from(ack).expect("VIRTIO_NET_OK or VIRTIO_NET_ERR")],
+            )?;
+            q.add_used(mem, c.head, 1)?;
+            used = true;
+        }
+        Ok(used)
+    }
 }
 
 impl VirtioDevice for VirtioNet {
@@ -169,20 +246,25 @@ impl VirtioDevice for VirtioNet {
     }
 
     fn features(&self) -> u64 {
-        1 << VIRTIO_NET_F_MAC
+        let mq = (1 << VIRTIO_NET_F_MQ) | (1 << VIRTIO_NET_F_CTRL_VQ);
+        (1 << VIRTIO_NET_F_MAC) | if self.multiqueue() { mq } else { 0 }
     }
 
     fn queue_max_sizes(&self) -> Vec<u16> {
-        vec![QUEUE_SIZE; 2]
+        vec![QUEUE_SIZE; 2 * self.pairs.len() + usize::from(self.multiqueue())]
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        // struct virtio_net_config: mac[6], then fields of features not offered (read zero).
+        // struct virtio_net_config: mac[6], status (not offered: 0), max_virtqueue_pairs.
+        let mut config = [0u8; CONFIG_MAX_PAIRS + 2];
+        config[..6].copy_from_slice(&self.mac);
+        let pairs = u16::try_from(self.pairs.len()).unwrap_or(u16::MAX);
+        config[CONFIG_MAX_PAIRS..].copy_from_slice(&pairs.to_le_bytes());
         for (i, b) in data.iter_mut().enumerate() {
             *b = usize::try_from(offset)
                 .ok()
                 .and_then(|o| o.checked_add(i))
-                .and_then(|o| self.mac.get(o))
+                .and_then(|o| config.get(o))
                 .copied()
                 .unwrap_or(0);
         }
@@ -194,19 +276,32 @@ impl VirtioDevice for VirtioNet {
         queues: &mut [Queue],
         mem: &GuestMemoryMmap,
     ) -> Result<Vec<usize>, DeviceError> {
-        let mut used = Vec::new();
-        if index == TX && self.transmit(&mut queues[TX], mem)? {
-            used.push(TX);
+        if Some(index) == self.control_queue() {
+            return Ok(if self.control(&mut queues[index], mem)? {
+                vec![index]
+            } else {
+                Vec::new()
+            });
         }
-        if queues[RX].ready() && self.receive(&mut queues[RX], mem)? {
-            used.push(RX);
+        let (rx, tx) = (index & !1, index | 1);
+        let Some(pair) = self.pairs.get_mut(index / 2) else {
+            return Ok(Vec::new());
+        };
+        let mut used = Vec::new();
+        if index == tx && Self::transmit(pair, &mut queues[tx], mem)? {
+            used.push(tx);
+        }
+        if queues[rx].ready() && Self::receive(pair, &mut queues[rx], mem)? {
+            used.push(rx);
         }
         Ok(used)
     }
 
     fn reset(&mut self) {
-        self.waiting = None;
-        self.backend.reset();
+        for pair in &mut self.pairs {
+            pair.waiting = None;
+            pair.backend.reset();
+        }
     }
 }
 
@@ -227,7 +322,7 @@ mod tests {
 
     /// A live device with both queues set up as a driver would.
     fn live_device(mem: &vm_memory::GuestMemoryMmap) -> VirtioState {
-        let net = VirtioNet::new([2, 0, 0, 0, 0, 1], Box::new(RequestResponse::new(64)));
+        let net = VirtioNet::new([2, 0, 0, 0, 0, 1], vec![Box::new(RequestResponse::new(64))]);
         let mut st = VirtioState::new(Box::new(net), 0, mem.clone());
         st.write_status(VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER);
         st.driver_features_select = 1;

@@ -24,7 +24,7 @@ use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
 use super::worker::Worker;
 use super::{Ring, VirtioError, set_queue_address};
-use crate::irq::{GsiRouting, MsiVectors};
+use crate::irq::{GsiRouting, MsiChange, MsiVectors};
 use crate::pci::config::{Bar, Capability, ConfigSpace, FunctionLayout};
 use crate::pci::function::PciFunction;
 use crate::pci::regs::*;
@@ -132,7 +132,7 @@ impl VirtioPci {
         let state = VirtioState::new(device, 0, mem);
         let queues = state.queue_count();
         let vectors = vectors.clamp(1, MAX_VECTORS);
-        let msi = MsiVectors::new(vm.clone(), routing.clone(), vectors)?;
+        let msi = MsiVectors::new(routing.clone(), vectors)?;
         let interrupts = Arc::new(Interrupts::new(queues, None, Some(Arc::new(msi))));
         let events = QueueEvents::new(vm.clone(), queues).map_err(VirtioError::Io)?;
         let state = Arc::new(Mutex::new(state));
@@ -158,7 +158,8 @@ impl VirtioPci {
         ))
     }
 
-    fn msi(&self) -> &MsiVectors {
+    /// The function's MSI-X vectors.
+    pub fn msi(&self) -> &Arc<MsiVectors> {
         self.interrupts
             .msi()
             .expect("virtio-pci always has MSI-X vectors")
@@ -312,22 +313,37 @@ impl VirtioPci {
         };
         if field == PCI_MSIX_ENTRY_VECTOR_CTRL {
             let masked = value & PCI_MSIX_ENTRY_CTRL_MASKBIT != 0;
-            if !masked {
+            let mask = MsiChange::Mask {
+                index: entry,
+                masked,
+            };
+            if masked {
+                self.msi().update(&[mask]);
+            } else {
                 // The entry is complete when software unmasks it (PCI 3.0 §6.8.2.9).
-                let [lo, hi, data] = *e;
-                self.msi()
-                    .program(entry, u64::from(hi) << 32 | u64::from(lo), data);
+                self.msi().update(&[self.entry_message(entry), mask]);
             }
-            self.msi().set_masked(entry, masked);
             return;
         }
         e[(field / 4) as usize] = value;
-        let [lo, hi, data] = *e;
-        // Software should mask an entry before changing it; if it did not, the data write is
-        // the last of the three (Linux's order), so the pair takes effect then and never half.
-        if field == PCI_MSIX_ENTRY_DATA && !self.msi().is_masked(entry) {
-            self.msi()
-                .program(entry, u64::from(hi) << 32 | u64::from(lo), data);
+        // Software should mask an entry before changing it (individually or with Function
+        // Mask); if it did not, the data write is the last of the three (Linux's order), so the
+        // pair takes effect then and never half.
+        if field == PCI_MSIX_ENTRY_DATA
+            && !self.msi().is_masked(entry)
+            && !self.msi().is_function_masked()
+        {
+            self.msi().update(&[self.entry_message(entry)]);
+        }
+    }
+
+    /// The message of MSI-X entry `entry` as the guest wrote it.
+    fn entry_message(&self, entry: usize) -> MsiChange {
+        let [lo, hi, data] = self.msix_table[entry];
+        MsiChange::Program {
+            index: entry,
+            address: u64::from(hi) << 32 | u64::from(lo),
+            data,
         }
     }
 
@@ -379,9 +395,21 @@ impl PciFunction for VirtioPci {
         {
             let control = config.get_u16(cap + PCI_MSIX_FLAGS);
             self.msix_enabled = control & PCI_MSIX_FLAGS_ENABLE != 0;
-            self.msi()
-                .set_function_masked(control & PCI_MSIX_FLAGS_MASKALL != 0);
-            self.msi().set_enabled(self.msix_enabled);
+            let function_masked = control & PCI_MSIX_FLAGS_MASKALL != 0;
+            let mut changes = vec![
+                MsiChange::FunctionMask(function_masked),
+                MsiChange::Enable(self.msix_enabled),
+            ];
+            // Entries software changed while the function was disabled or masked take effect
+            // now, all in this one access: one routing commit when batched.
+            if self.msix_enabled && !function_masked {
+                changes.extend(
+                    (0..self.msix_table.len())
+                        .filter(|&i| !self.msi().is_masked(i))
+                        .map(|i| self.entry_message(i)),
+                );
+            }
+            self.msi().update(&changes);
             self.interrupts.set_msi_active(self.msix_enabled);
         }
     }
@@ -580,7 +608,7 @@ mod tests {
             0xfee0_0000,
         );
         bar_write(&mut f, &c, entry(1, PCI_MSIX_ENTRY_DATA), 4, 0x42);
-        f.msi().set_enabled(true);
+        f.msi().update(&[MsiChange::Enable(true)]);
         f.msi().trigger(1);
         assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4), 0b10);
         bar_write(&mut f, &c, entry(1, PCI_MSIX_ENTRY_VECTOR_CTRL), 4, 0);
