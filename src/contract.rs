@@ -97,10 +97,10 @@ contract_consts! {
     PORT_PHASE_END: u16 = 0x504;
     /// Port the guest writes its exit status to; ends the run.
     PORT_DONE: u16 = 0x508;
-    /// Port the guest writes an ECAM-style function address to: the VMM then sends every MSI-X
-    /// vector of that function once, as a device does when each of its queues completes work
-    /// (the probe's interrupt source for delivery checks).
-    PORT_MSIX_SEND_ALL: u16 = 0x50c;
+    /// Port the guest writes an ECAM-style function address plus an MSI-X entry number to (the
+    /// address's low 12 bits are free): the VMM then sends that vector once, as the device does
+    /// when the queue behind it completes work. The probe's interrupt source for delivery checks.
+    PORT_MSIX_SEND: u16 = 0x50c;
     /// `PORT_DONE` value: every op ran.
     DONE_OK: u64 = 0;
     /// `PORT_DONE` value: the boot-info magic was wrong.
@@ -141,7 +141,8 @@ contract_consts! {
     /// pending bit clears. MSI modes only.
     OP_VIRTIO_MASK_PENDING: u64 = 11;
     /// `Op::kind`: program every MSI-X entry of the function at `address` (ECAM-style) with
-    /// message address `MSI_ADDRESS_BASE` and data `value + i` for entry i, then unmask it if
+    /// message address `size` (`MSI_ADDRESS_BASE` if 0) and data `value + i` for entry i, then
+    /// unmask it if
     /// `count` is 1 (leave it masked if 0), all while MSI-X is disabled (the op clears Enable
     /// first). `OpResult::value`: entries programmed; cycles: the programming alone.
     OP_MSIX_PROGRAM: u64 = 12;
@@ -154,13 +155,16 @@ contract_consts! {
     /// `Op::kind`: rewrite the data of every MSI-X entry of the function at `address` to
     /// `value + i` without masking it first (address, then data: Linux's order).
     OP_MSIX_RETARGET: u64 = 15;
-    /// `Op::kind`: check MSI-X delivery on the function at `address`. With `count` = 1 the
-    /// guest first asks for every vector through `PORT_MSIX_SEND_ALL`. An entry that can deliver
-    /// (Enable set, Function Mask and its mask clear) must then arrive exactly once on the IDT
-    /// vector in its data for each message due (the one just sent, plus one left pending at
-    /// the previous check); one that cannot must arrive zero times and show its pending bit.
-    /// `OpResult::value`: entries that behaved; `irqs`: interrupts on expected vectors;
-    /// `stray_irqs`: interrupts on any other vector; status `STATUS_BAD_DATA` on a mismatch.
+    /// `Op::kind`: check MSI-X delivery on the function at `address`. First, messages left
+    /// pending at the previous check (or `OP_MSIX_PROGRAM`) on entries that can deliver now
+    /// (Enable set, Function Mask and the entry's mask clear) must each have arrived once on
+    /// the IDT vector in the entry's data. Then, with `count` = 1, the guest asks for each
+    /// vector in turn through `PORT_MSIX_SEND`: one that can deliver must arrive exactly once
+    /// on its own IDT vector and nowhere else; one that cannot must not arrive and must show
+    /// its pending bit; one whose message the CPU does not take (address outside 0xFEExxxxx,
+    /// vector < 16) must not arrive at all. `OpResult::value`: entries that behaved; `irqs`:
+    /// interrupts on expected vectors; `stray_irqs`: any other; status `STATUS_BAD_DATA` on a
+    /// mismatch.
     OP_MSIX_CHECK: u64 = 16;
     /// `Op::method` of virtio ops: a virtio-mmio device.
     TRANSPORT_MMIO: u64 = 1;

@@ -695,4 +695,57 @@ pub mod ops {
             ..Default::default()
         }
     }
+
+    /// Program every MSI-X entry of `function` (data `first_vector + i`, message address
+    /// `address`, 0 for the interrupt window's base) with MSI-X disabled, unmasked or not.
+    pub fn msix_program(function: PciAddress, first_vector: u8, address: u32, unmask: bool) -> Op {
+        Op {
+            kind: OP_MSIX_PROGRAM,
+            address: function.ecam_offset(),
+            size: u64::from(address),
+            value: u64::from(first_vector),
+            count: u64::from(unmask),
+            ..Default::default()
+        }
+    }
+
+    /// Write MSI-X Message Control of `function` (`PCI_MSIX_FLAGS_*`), timed.
+    pub fn msix_control(function: PciAddress, control: u16) -> Op {
+        Op {
+            kind: OP_MSIX_CONTROL,
+            address: function.ecam_offset(),
+            value: u64::from(control),
+            ..Default::default()
+        }
+    }
+
+    /// Mask or unmask every MSI-X entry of `function`, one after the other.
+    pub fn msix_mask_each(function: PciAddress, masked: bool) -> Op {
+        Op {
+            kind: OP_MSIX_MASK_EACH,
+            address: function.ecam_offset(),
+            value: u64::from(masked),
+            ..Default::default()
+        }
+    }
+
+    /// Rewrite every MSI-X entry's data to `first_vector + i` without masking it.
+    pub fn msix_retarget(function: PciAddress, first_vector: u8) -> Op {
+        Op {
+            kind: OP_MSIX_RETARGET,
+            address: function.ecam_offset(),
+            value: u64::from(first_vector),
+            ..Default::default()
+        }
+    }
+
+    /// Check MSI-X delivery on `function`, after asking the VMM to send every vector if `send`.
+    pub fn msix_check(function: PciAddress, send: bool) -> Op {
+        Op {
+            kind: OP_MSIX_CHECK,
+            address: function.ecam_offset(),
+            count: u64::from(send),
+            ..Default::default()
+        }
+    }
 }

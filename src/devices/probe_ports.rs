@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::bus::{BusDevice, DeviceId};
-use crate::contract::{MAX_OPS, PORT_DONE, PORT_MSIX_SEND_ALL, PORT_PHASE_BEGIN, PORT_PHASE_END};
+use crate::contract::{MAX_OPS, PORT_DONE, PORT_MSIX_SEND, PORT_PHASE_BEGIN, PORT_PHASE_END};
 use crate::irq::{CommitStats, GsiRouting, MsiVectors};
 use crate::stats::{ExitCounters, ExitKind, ExitSnapshot};
 use crate::vm::run_control::{RunControl, StopReason};
@@ -14,7 +14,7 @@ use crate::vm::run_control::{RunControl, StopReason};
 /// First port of the range; the others follow at 4-byte steps.
 pub const PROBE_PORTS_BASE: u16 = PORT_PHASE_BEGIN;
 /// Length of the port range.
-pub const PROBE_PORTS_LEN: u16 = PORT_MSIX_SEND_ALL - PORT_PHASE_BEGIN + 4;
+pub const PROBE_PORTS_LEN: u16 = PORT_MSIX_SEND - PORT_PHASE_BEGIN + 4;
 
 /// What the VMM saw during one op.
 #[derive(Clone, Debug, Default)]
@@ -45,7 +45,7 @@ pub struct ProbePorts {
     counters: Arc<ExitCounters>,
     control: Arc<RunControl>,
     routing: Arc<GsiRouting>,
-    /// MSI-X vectors by ECAM-style function address, for `PORT_MSIX_SEND_ALL`.
+    /// MSI-X vectors by ECAM-style function address, for `PORT_MSIX_SEND`.
     msix: BTreeMap<u64, Arc<MsiVectors>>,
     phases: Mutex<Phases>,
     own_id: OnceLock<DeviceId>,
@@ -133,12 +133,15 @@ impl BusDevice for ProbePorts {
                 }
             }
             PORT_DONE => self.control.stop(StopReason::GuestDone(value)),
-            PORT_MSIX_SEND_ALL => match self.msix.get(&value) {
-                Some(vectors) => vectors.trigger_all(),
-                None => warn_ratelimited!(
-                    "probe: no MSI-X function at {value:#x} to send vectors from; ignored"
-                ),
-            },
+            PORT_MSIX_SEND => {
+                let (function, entry) = (value & !0xfff, (value & 0xfff) as usize);
+                match self.msix.get(&function) {
+                    Some(vectors) => vectors.trigger(entry),
+                    None => warn_ratelimited!(
+                        "probe: no MSI-X function at {function:#x} to send a vector from; ignored"
+                    ),
+                }
+            }
             _ => {}
         }
     }
