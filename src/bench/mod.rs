@@ -2,6 +2,7 @@
 //! variant side by side in one run, reported as ratios first.
 
 pub mod host;
+pub mod msix;
 pub mod pci;
 pub mod report;
 pub mod rr;
@@ -36,6 +37,9 @@ pub struct ScenarioReport {
     pub variants: Vec<Variant>,
     /// The issue's targets, checked against the figures (benchmark results, not test asserts).
     pub targets: Vec<TargetCheck>,
+    /// What the figures show beyond the targets, one finding per line.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// One variant of a scenario.
@@ -69,6 +73,39 @@ pub struct Variant {
     /// Interrupts the guest took per operation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub irqs_per_op: Option<f64>,
+    /// Routing bursts (`msix`): what the measured operation cost per device and in all.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingFigures>,
+}
+
+/// What a burst of GSI routing changes cost, one entry per device, in device order.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RoutingFigures {
+    /// Sum of the per-device times, in milliseconds.
+    pub total_ms: f64,
+    /// Guest-measured time of each device's operation, in milliseconds.
+    pub per_device_ms: Vec<f64>,
+    /// `KVM_SET_GSI_ROUTING` calls during the operations, in all.
+    pub commits: u64,
+    /// Commits during each device's operation.
+    pub per_device_commits: Vec<u64>,
+    /// Time inside those calls, in milliseconds.
+    pub commit_ms: f64,
+    /// Time inside the commits of each device's operation, in milliseconds.
+    pub per_device_commit_ms: Vec<f64>,
+    /// The seed's per-device times for this strategy, in milliseconds (8 devices).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed_per_device_ms: Option<Vec<f64>>,
+    /// The seed's total, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed_total_ms: Option<f64>,
+    /// Writing every vector table entry beforehand, with MSI-X disabled: the same work for
+    /// every strategy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub table_programming: Option<Box<RoutingFigures>>,
+    /// The other burst: unmasking vectors one by one after MSI-X Enable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmask_one_by_one: Option<Box<RoutingFigures>>,
 }
 
 /// A target from the issue, and whether this run met it.
@@ -159,6 +196,7 @@ pub(crate) fn variant(
         trans_per_s: None,
         seed_trans_per_s: None,
         irqs_per_op: None,
+        routing: None,
     }
 }
 

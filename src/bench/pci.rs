@@ -123,6 +123,7 @@ impl PciBench {
             ),
             variants: reads,
             targets,
+            notes: Vec::new(),
         })
     }
 }

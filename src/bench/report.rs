@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::bench::{Report, ScenarioReport};
+use crate::bench::{Report, RoutingFigures, ScenarioReport};
 
 /// A duration in the unit that suits it.
 pub fn human_ns(ns: f64) -> String {
@@ -82,12 +82,73 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
         "\ntime ratio = time/op over the baseline's ({}); below 1 is faster",
         bases_unique.join(", ")
     );
+    routing_table(&mut t, s);
     let _ = writeln!(t, "targets (benchmark figures, not test asserts):");
     for c in &s.targets {
         let mark = if c.met { "met" } else { "MISSED" };
         let _ = writeln!(t, "  [{mark:>6}] {}: {}", c.target, c.measured);
     }
+    for n in &s.notes {
+        let _ = writeln!(t, "  - {n}");
+    }
     t
+}
+
+/// Per-device figures of the variants that have them, side by side, the seed's beside them.
+fn routing_table(t: &mut String, s: &ScenarioReport) {
+    let with: Vec<(&str, &RoutingFigures)> = s
+        .variants
+        .iter()
+        .filter_map(|v| Some((v.name.as_str(), v.routing.as_ref()?)))
+        .collect();
+    let Some(devices) = with.iter().map(|(_, r)| r.per_device_ms.len()).max() else {
+        return;
+    };
+    let _ = write!(t, "\n{:<8}", "device");
+    for (name, r) in &with {
+        let _ = write!(t, " {:>24}", format!("{name} ms (commits)"));
+        if r.seed_per_device_ms.is_some() {
+            let _ = write!(t, " {:>10}", "seed ms");
+        }
+    }
+    let _ = writeln!(t);
+    let cell = |r: &RoutingFigures, i: usize| match (
+        r.per_device_ms.get(i),
+        r.per_device_commits.get(i),
+    ) {
+        (Some(ms), Some(c)) => format!("{ms:.3} ({c})"),
+        _ => "-".into(),
+    };
+    for i in 0..devices {
+        let _ = write!(t, "{:<8}", i + 1);
+        for (_, r) in &with {
+            let _ = write!(t, " {:>24}", cell(r, i));
+            if let Some(seed) = &r.seed_per_device_ms {
+                let _ = write!(
+                    t,
+                    " {:>10}",
+                    seed.get(i).map_or("-".into(), |x| format!("{x:.0}"))
+                );
+            }
+        }
+        let _ = writeln!(t);
+    }
+    let _ = write!(t, "{:<8}", "total");
+    for (_, r) in &with {
+        let _ = write!(t, " {:>24}", format!("{:.3} ({})", r.total_ms, r.commits));
+        if let Some(seed) = r.seed_total_ms {
+            let _ = write!(t, " {seed:>10.0}");
+        }
+    }
+    let _ = writeln!(t);
+    let _ = write!(t, "{:<8}", "in KVM");
+    for (_, r) in &with {
+        let _ = write!(t, " {:>24}", format!("{:.3} ms", r.commit_ms));
+        if r.seed_total_ms.is_some() {
+            let _ = write!(t, " {:>10}", "");
+        }
+    }
+    let _ = writeln!(t, "\n");
 }
 
 /// The whole report as text.

@@ -195,6 +195,7 @@ impl RrBench {
             ),
             variants,
             targets,
+            notes: Vec::new(),
         })
     }
 }

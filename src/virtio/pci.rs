@@ -328,8 +328,10 @@ impl VirtioPci {
         e[(field / 4) as usize] = value;
         // Software should mask an entry before changing it (individually or with Function
         // Mask); if it did not, the data write is the last of the three (Linux's order), so the
-        // pair takes effect then and never half.
+        // pair takes effect then and never half. While MSI-X is disabled the table is not in
+        // use: Enable takes every unmasked entry as it then is.
         if field == PCI_MSIX_ENTRY_DATA
+            && self.msix_enabled
             && !self.msi().is_masked(entry)
             && !self.msi().is_function_masked()
         {
