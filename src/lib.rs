@@ -31,6 +31,17 @@ macro_rules! warn_ratelimited {
     }};
 }
 
+/// What to do about a host error that is a resource limit, to append to its message.
+pub(crate) fn resource_hint(e: &std::io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE) => {
+            "; every interrupt vector and doorbell holds an eventfd: raise the open-file limit \
+             (ulimit -n) or configure fewer devices"
+        }
+        _ => "",
+    }
+}
+
 pub mod bench;
 pub mod bus;
 pub mod devices;

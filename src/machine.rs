@@ -102,7 +102,7 @@ pub enum MachineError {
     #[error("guest memory access failed: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
     /// A host resource.
-    #[error("{what}: {source}")]
+    #[error("{what}: {source}{hint}", hint = crate::resource_hint(source))]
     Host {
         /// What was being done.
         what: &'static str,

@@ -217,3 +217,87 @@ fn probe_lists_what_the_guest_enumerated_by_the_chosen_method() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("use --ecam trap or shadow"));
 }
+
+#[test]
+fn bench_msix_reports_both_strategies_per_device() {
+    let out = exitless(&["bench", "msix", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let scenario = &report["scenarios"][0];
+    assert_eq!(scenario["name"], "msix");
+    let variant = |name: &str| {
+        scenario["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {scenario}"))
+            .clone()
+    };
+    let list = |v: &serde_json::Value| v.as_array().unwrap().len();
+    for (name, commits_per_enable) in [("per-vector", 65), ("batched", 1)] {
+        let v = variant(name);
+        assert_eq!(list(&v["per_device_ms"]), 8, "{v}");
+        assert_eq!(list(&v["seed_per_device_ms"]), 8, "{v}");
+        assert!(v["total_ms"].as_f64().is_some_and(|t| t > 0.0), "{v}");
+        assert!(v["commit_ms"].as_f64().is_some_and(|t| t > 0.0), "{v}");
+        assert_eq!(v["commits"], 8 * commits_per_enable, "{v}");
+        for c in v["per_device_commits"].as_array().unwrap() {
+            assert_eq!(c, commits_per_enable, "{v}");
+        }
+        assert_eq!(v["table_programming"]["commits"], 0, "{v}");
+        assert_eq!(
+            v["unmask_one_by_one"]["commits"], 520,
+            "a new message at each unmask is committed before the write returns: {v}"
+        );
+    }
+}
+
+#[test]
+fn msix_configurations_beyond_the_limits_get_one_clear_error() {
+    for (args, says) in [
+        (
+            &["bench", "msix", "--devices", "0"][..],
+            "--devices must be",
+        ),
+        (&["bench", "msix", "--devices", "30"], "--devices must be"),
+        (
+            &["bench", "msix", "--queue-pairs", "128"],
+            "--queue-pairs must be",
+        ),
+        (
+            &["bench", "msix", "--devices", "29", "--queue-pairs", "127"],
+            "too many MSI vectors: KVM routes at most 4056",
+        ),
+    ] {
+        let out = exitless(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.starts_with(&format!("exitless: error: {says}")),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+#[test]
+fn running_out_of_file_descriptors_is_an_error_not_a_crash() {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 200 && exec {} bench msix",
+            env!("CARGO_BIN_EXE_exitless")
+        ))
+        .output()
+        .expect("sh runs");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("exitless: error: "), "{err}");
+    assert!(err.contains("raise the open-file limit"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -31,8 +31,6 @@ pub enum IrqError {
         source: kvm_ioctls::Error,
     },
     /// An eventfd could not be created (usually: out of file descriptors).
-    #[error(
-        "cannot create an eventfd for an interrupt ({0}); raise the open-file limit (ulimit -n)"
-    )]
+    #[error("cannot create an eventfd for an interrupt ({0}){hint}", hint = crate::resource_hint(.0))]
     EventFd(#[source] std::io::Error),
 }

@@ -256,3 +256,115 @@ impl Drop for MsiVectors {
         let _ = self.routing.commit();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::irq::CommitStrategy;
+
+    fn vectors(strategy: CommitStrategy, count: usize) -> (MsiVectors, Arc<GsiRouting>) {
+        let vm = Arc::new(kvm_ioctls::Kvm::new().unwrap().create_vm().unwrap());
+        vm.create_irq_chip().unwrap();
+        let routing = Arc::new(GsiRouting::new(vm, strategy).unwrap());
+        (MsiVectors::new(routing.clone(), count).unwrap(), routing)
+    }
+
+    fn program(index: usize, data: u32) -> MsiChange {
+        MsiChange::Program {
+            index,
+            address: MSI_ADDRESS_BASE,
+            data,
+        }
+    }
+
+    #[test]
+    fn one_update_is_one_commit_when_batched_and_one_per_vector_otherwise() {
+        for (strategy, enable_commits) in
+            [(CommitStrategy::Batched, 1), (CommitStrategy::PerVector, 8)]
+        {
+            let (msi, routing) = vectors(strategy, 8);
+            let commits = || routing.stats().commits;
+            let start = commits();
+            let changes: Vec<MsiChange> =
+                (0..8u32).map(|i| program(i as usize, 0x40 + i)).collect();
+            msi.update(&changes);
+            assert_eq!(commits(), start, "disabled: nothing is routed");
+            msi.update(&[MsiChange::Enable(true)]);
+            assert_eq!(commits(), start + enable_commits, "{strategy:?}");
+            assert_eq!(routing.route_count(), 24 + 8);
+            let before = commits();
+            msi.update(&[
+                MsiChange::FunctionMask(true),
+                MsiChange::Mask {
+                    index: 3,
+                    masked: false,
+                },
+            ]);
+            msi.update(&[MsiChange::FunctionMask(false)]);
+            assert_eq!(commits(), before, "masks never cost a commit");
+            msi.reset();
+            assert_eq!(
+                commits(),
+                before + enable_commits,
+                "reset removes every route"
+            );
+            assert_eq!(routing.route_count(), 24);
+        }
+    }
+
+    #[test]
+    fn invalid_messages_are_never_routed_and_their_interrupts_dropped() {
+        let (msi, routing) = vectors(CommitStrategy::Batched, 2);
+        msi.update(&[
+            program(0, 0x05), // a reserved vector
+            MsiChange::Program {
+                index: 1,
+                address: 0x1000, // outside the interrupt window
+                data: 0x41,
+            },
+            MsiChange::Enable(true),
+            MsiChange::Mask {
+                index: 0,
+                masked: false,
+            },
+            MsiChange::Mask {
+                index: 1,
+                masked: false,
+            },
+            program(7, 0x41), // no such vector
+        ]);
+        assert_eq!(routing.route_count(), 24);
+        msi.trigger(0);
+        msi.trigger(1);
+        msi.trigger(9);
+        assert!(
+            !msi.is_pending(0) && !msi.is_pending(1),
+            "dropped, not held"
+        );
+        for v in &msi.gsis {
+            assert_eq!(v.irqfd.read().ok(), None, "nothing was signalled");
+        }
+    }
+
+    #[test]
+    fn a_message_due_while_masked_is_sent_at_unmask_after_its_new_route_is_committed() {
+        let (msi, routing) = vectors(CommitStrategy::Batched, 1);
+        msi.update(&[program(0, 0x40), MsiChange::Enable(true)]);
+        msi.trigger(0);
+        assert!(msi.is_pending(0));
+        msi.update(&[
+            program(0, 0x50),
+            MsiChange::Mask {
+                index: 0,
+                masked: false,
+            },
+        ]);
+        assert!(!msi.is_pending(0), "sent at unmask");
+        assert_eq!(routing.route_count(), 25);
+        assert_eq!(
+            routing.stats().commits,
+            3,
+            "the first table, enable, the new message"
+        );
+    }
+}

@@ -39,7 +39,7 @@ pub enum VirtioError {
         source: kvm_ioctls::Error,
     },
     /// Eventfds, threads.
-    #[error("virtio device setup: {0}")]
+    #[error("virtio device setup: {0}{hint}", hint = crate::resource_hint(.0))]
     Io(#[source] std::io::Error),
 }
 

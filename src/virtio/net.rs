@@ -320,9 +320,18 @@ mod tests {
         0x1000 + 0x3000 * q + 0x1000 * part
     }
 
-    /// A live device with both queues set up as a driver would.
+    /// A live single-pair device with both queues set up as a driver would.
     fn live_device(mem: &vm_memory::GuestMemoryMmap) -> VirtioState {
-        let net = VirtioNet::new([2, 0, 0, 0, 0, 1], vec![Box::new(RequestResponse::new(64))]);
+        live_with(mem, 1, &[0, 1])
+    }
+
+    /// A live device with `pairs` queue pairs whose queues `queues` are set up, the n-th of
+    /// them with its rings at `ring(n, _)`.
+    fn live_with(mem: &vm_memory::GuestMemoryMmap, pairs: usize, queues: &[u32]) -> VirtioState {
+        let backends = (0..pairs)
+            .map(|_| Box::new(RequestResponse::new(64)) as Box<dyn NetBackend>)
+            .collect();
+        let net = VirtioNet::new([2, 0, 0, 0, 0, 1], backends);
         let mut st = VirtioState::new(Box::new(net), 0, mem.clone());
         st.write_status(VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER);
         st.driver_features_select = 1;
@@ -330,14 +339,14 @@ mod tests {
         st.write_status(
             VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_FEATURES_OK,
         );
-        for q in 0..2u32 {
+        for (n, &q) in queues.iter().enumerate() {
             st.queue_select = q;
             assert!(!st.set_queue_size(16));
             for (part, r) in [Ring::Descriptors, Ring::Driver, Ring::Device]
                 .into_iter()
                 .enumerate()
             {
-                set_queue_address(&mut st, r, false, ring(u64::from(q), part as u64) as u32);
+                set_queue_address(&mut st, r, false, ring(n as u64, part as u64) as u32);
             }
             assert!(!st.set_queue_ready(true));
         }
@@ -423,5 +432,85 @@ mod tests {
             mem.read_obj::<u32>(GuestAddress(ring(0, 2) + 8)).unwrap(),
             0
         );
+    }
+
+    #[test]
+    fn several_pairs_offer_multiqueue_with_a_control_queue() {
+        let one = VirtioNet::new([0; 6], vec![Box::new(RequestResponse::new(8))]);
+        assert_eq!(one.queue_max_sizes().len(), 2);
+        assert_eq!(one.features() & (1 << VIRTIO_NET_F_MQ), 0);
+        let backends = (0..32)
+            .map(|_| Box::new(RequestResponse::new(8)) as Box<dyn NetBackend>)
+            .collect();
+        let mq = VirtioNet::new([0; 6], backends);
+        assert_eq!(
+            mq.queue_max_sizes().len(),
+            65,
+            "32 pairs and the control queue"
+        );
+        let both = (1 << VIRTIO_NET_F_MQ) | (1 << VIRTIO_NET_F_CTRL_VQ);
+        assert_eq!(mq.features() & both, both);
+        let mut pairs = [0u8; 2];
+        mq.read_config(8, &mut pairs);
+        assert_eq!(u16::from_le_bytes(pairs), 32, "max_virtqueue_pairs");
+    }
+
+    #[test]
+    fn each_pair_answers_on_its_own_receive_queue_and_the_control_queue_acks() {
+        let mem = memory();
+        // Pair 1 (queues 2 and 3) and the control queue (6) of a 3-pair device.
+        let mut st = live_with(&mem, 3, &[2, 3, 6]);
+        write_desc(
+            &mem,
+            ring(0, 0),
+            0,
+            (0xb000, 0x800, VIRTQ_DESC_F_WRITE as u16, 0),
+        );
+        publish(&mem, ring(0, 1), &[0]);
+        mem.write_slice(&[0u8; 12 + 4], GuestAddress(0xc000))
+            .unwrap();
+        write_desc(&mem, ring(1, 0), 0, (0xc000, 16, 0, 0));
+        publish(&mem, ring(1, 1), &[0]);
+        let due = st.process(3);
+        assert!(due.contains(&Notification::Queue(2)), "{due:?}");
+        assert_eq!(
+            mem.read_obj::<u32>(GuestAddress(ring(0, 2) + 8)).unwrap(),
+            12 + 64
+        );
+        // VQ_PAIRS_SET 2 is accepted, 4 (more than there are) refused.
+        for (n, (pairs, ack)) in [(2u16, VIRTIO_NET_OK), (4, VIRTIO_NET_ERR)]
+            .into_iter()
+            .enumerate()
+        {
+            let command = 0xd000 + 0x100 * n as u64;
+            let mut bytes = vec![
+                VIRTIO_NET_CTRL_MQ as u8,
+                VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET as u8,
+            ];
+            bytes.extend_from_slice(&pairs.to_le_bytes());
+            mem.write_slice(&bytes, GuestAddress(command)).unwrap();
+            mem.write_obj(0xffu8, GuestAddress(command + 0x80)).unwrap();
+            let d = 2 * n as u16;
+            write_desc(
+                &mem,
+                ring(2, 0),
+                d,
+                (command, 4, VIRTQ_DESC_F_NEXT as u16, d + 1),
+            );
+            write_desc(
+                &mem,
+                ring(2, 0),
+                d + 1,
+                (command + 0x80, 1, VIRTQ_DESC_F_WRITE as u16, 0),
+            );
+            let heads: Vec<u16> = (0..=n as u16).map(|h| 2 * h).collect();
+            publish(&mem, ring(2, 1), &heads);
+            assert_eq!(st.process(6), vec![Notification::Queue(6)]);
+            assert_eq!(
+                mem.read_obj::<u8>(GuestAddress(command + 0x80)).unwrap(),
+                ack as u8
+            );
+        }
+        assert!(st.is_live());
     }
 }
