@@ -296,12 +296,14 @@ fn findings(variants: &[Variant], vectors: u64) -> (Vec<TargetCheck>, Vec<String
             per_vector.per_device_ms.last().copied().unwrap_or(f64::NAN),
         ),
         format!(
-            "unmasking one by one after enable: per-vector {:.2} ms with {} commits ({:.2} ms in \
-             KVM), batched {:.2} ms with {} commits ({:.2} ms in KVM). Batching cannot merge \
-             these: each unmask is its own trapped write, and the vector must be routed before \
-             that write returns, because a pending message is sent at unmask. Only deferring a \
-             route to the vector's first message could save the commit time ({:.0}% of the \
-             batched burst).",
+            "unmasking one by one after enable, each with a new message: per-vector {:.2} ms \
+             with {} commits ({:.2} ms in KVM), batched {:.2} ms with {} commits ({:.2} ms in \
+             KVM). Batching per guest access cannot merge these: each unmask is its own trapped \
+             write, and a change is committed before the access that made it returns. Deferring \
+             a route to the vector's first message (safe, as only the VMM signals its irqfds) \
+             could save up to the commit time, {:.0}% of the batched burst, at the cost of a \
+             commit in front of that first interrupt; not done. Masking and unmasking without a \
+             new message costs no commit at all: routes follow messages, not masks.",
             pv.total_ms,
             pv.commits,
             pv.commit_ms,
