@@ -9,23 +9,20 @@ fn exitless(args: &[&str]) -> std::process::Output {
         .expect("the binary runs")
 }
 
-#[test]
-fn bench_pci_json_has_every_variant_with_exit_counts() {
-    let out = exitless(&[
-        "bench",
-        "pci",
-        "--reads",
-        "200",
-        "--enumerations",
-        "1",
-        "--json",
-    ]);
+/// The JSON report of a successful `exitless bench ARGS --json`.
+fn bench_json(args: &[&str]) -> serde_json::Value {
+    let out = exitless(&[&["bench"], args, &["--json"]].concat());
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    serde_json::from_slice(&out.stdout).expect("valid JSON")
+}
+
+#[test]
+fn bench_pci_json_has_every_variant_with_exit_counts() {
+    let report = bench_json(&["pci", "--reads", "200", "--enumerations", "1"]);
     assert!(report["host"].as_str().is_some_and(|h| !h.is_empty()));
     let scenario = &report["scenarios"][0];
     assert_eq!(scenario["name"], "pci");
@@ -130,13 +127,7 @@ fn bad_input_gets_one_clear_error_and_a_failure_code() {
 
 #[test]
 fn bench_rr_reports_every_transport_and_doorbell_path() {
-    let out = exitless(&["bench", "rr", "--transactions", "30", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let report = bench_json(&["rr", "--transactions", "30"]);
     let scenario = &report["scenarios"][0];
     assert_eq!(scenario["name"], "rr");
     let variants = scenario["variants"].as_array().unwrap();
@@ -220,13 +211,7 @@ fn probe_lists_what_the_guest_enumerated_by_the_chosen_method() {
 
 #[test]
 fn bench_msix_reports_both_strategies_per_device() {
-    let out = exitless(&["bench", "msix", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let report = bench_json(&["msix"]);
     let scenario = &report["scenarios"][0];
     assert_eq!(scenario["name"], "msix");
     let variant = |name: &str| {

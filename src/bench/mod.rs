@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::contract::STATUS_OK;
-use crate::machine::{MachineError, ProbeRun};
+use crate::machine::{MachineError, ProbeConfig, ProbeRun, run_probe};
 use crate::stats::ExitKind;
 
 /// Everything one `exitless bench` run measured.
@@ -126,6 +126,13 @@ pub(crate) struct Clock {
 }
 
 impl Clock {
+    /// The clock of `run`'s vCPU.
+    pub(crate) fn of(run: &ProbeRun) -> Clock {
+        Clock {
+            tsc_khz: run.tsc_khz,
+        }
+    }
+
     /// Nanoseconds op `op` of `run` took.
     pub(crate) fn ns(&self, run: &ProbeRun, op: usize) -> f64 {
         match self.tsc_khz {
@@ -200,8 +207,9 @@ pub(crate) fn variant(
     }
 }
 
-/// An error if any op of `run` failed.
-pub(crate) fn check_ok(run: &ProbeRun) -> Result<(), MachineError> {
+/// Boot the probe with `cfg`; an error if the run or any of its ops failed.
+pub(crate) fn run_ok(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
+    let run = run_probe(cfg)?;
     match run.results.iter().position(|r| r.status != STATUS_OK) {
         Some(i) => Err(MachineError::GuestFailed(
             crate::vm::run_control::StopReason::VcpuFailed(format!(
@@ -210,7 +218,7 @@ pub(crate) fn check_ok(run: &ProbeRun) -> Result<(), MachineError> {
             )),
             run.console.clone(),
         )),
-        None => Ok(()),
+        None => Ok(run),
     }
 }
 

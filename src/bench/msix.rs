@@ -14,13 +14,13 @@
 use std::time::Duration;
 
 use crate::bench::{
-    Clock, RoutingFigures, ScenarioReport, TargetCheck, Variant, check_ok, set_baseline, variant,
+    Clock, RoutingFigures, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant,
 };
 use crate::contract::Op;
 use crate::irq::CommitStrategy;
 use crate::machine::{
     MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineError, ProbeConfig, ProbeRun, Transport,
-    VirtioNetConfig, ops, run_probe,
+    VirtioNetConfig, ops,
 };
 use crate::pci::regs::PCI_MSIX_FLAGS_ENABLE;
 use crate::virtio::notify::NotifyPath;
@@ -132,17 +132,14 @@ impl MsixBench {
         let mut variants = Vec::new();
         let mut clock_line = String::new();
         for strategy in STRATEGIES {
-            let run = run_probe(&ProbeConfig {
+            let run = run_ok(&ProbeConfig {
                 ops: list.clone(),
                 virtio: vec![device; self.devices],
                 gsi_commits: strategy,
                 timeout: self.timeout,
                 ..Default::default()
             })?;
-            check_ok(&run)?;
-            let clock = Clock {
-                tsc_khz: run.tsc_khz,
-            };
+            let clock = Clock::of(&run);
             clock_line = clock.describe();
             variants.push(self.variant(strategy, &run, &clock, &steps));
         }

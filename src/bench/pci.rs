@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, check_ok, set_baseline, variant};
+use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
 use crate::contract::{METHOD_ECAM, METHOD_PIO, Op};
-use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops, run_probe};
+use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops};
 use crate::pci::{EcamMode, PciAddress};
 
 /// Seed 000's figures: 100k reads by PIO 12.809 s, ECAM 8.517 s, ECAM shadow 0.010 s; a PCI
@@ -47,14 +47,12 @@ fn read_target() -> PciAddress {
 impl PciBench {
     /// One boot of the probe with ECAM served as `ecam`; every op must succeed.
     fn boot(&self, ecam: EcamMode, ops: Vec<Op>) -> Result<ProbeRun, MachineError> {
-        let run = run_probe(&ProbeConfig {
+        run_ok(&ProbeConfig {
             ops,
             ecam: Some(ecam),
             timeout: self.timeout,
             ..Default::default()
-        })?;
-        check_ok(&run)?;
-        Ok(run)
+        })
     }
 
     /// Boot the probe twice (ECAM trapped, then shadowed) and build the report.
@@ -78,14 +76,7 @@ impl PciBench {
         shadow_ops.extend((0..reps).map(|_| ops::enumerate(METHOD_ECAM)));
         let shadow = self.boot(EcamMode::Shadow, shadow_ops)?;
 
-        let (tc, sc) = (
-            Clock {
-                tsc_khz: trap.tsc_khz,
-            },
-            Clock {
-                tsc_khz: shadow.tsc_khz,
-            },
-        );
+        let (tc, sc) = (Clock::of(&trap), Clock::of(&shadow));
         // A loop op does `n` timed reads plus one warm-up read that its exit count includes.
         let enum_range = |start: usize| (start..start + reps).collect::<Vec<_>>();
         let mut reads = vec![

@@ -9,12 +9,12 @@
 
 use std::time::Duration;
 
-use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, check_ok, set_baseline, variant};
+use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
 use crate::contract::{
     Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE, TRANSPORT_MMIO,
     TRANSPORT_PCI,
 };
-use crate::machine::{MachineError, ProbeConfig, Transport, VirtioNetConfig, ops, run_probe};
+use crate::machine::{MachineError, ProbeConfig, Transport, VirtioNetConfig, ops};
 use crate::stats::ExitKind;
 use crate::virtio::notify::NotifyPath;
 use crate::virtio::regs::VIRTIO_NET_HDR_SIZE;
@@ -144,17 +144,14 @@ impl RrBench {
                 ops.push(ops::virtio_rr(self.request_size, n));
             }
         }
-        let run = run_probe(&ProbeConfig {
+        let run = run_ok(&ProbeConfig {
             ops,
             virtio: devices(),
             response_size: usize::try_from(self.response_size).expect("validated size"),
             timeout: self.timeout,
             ..Default::default()
         })?;
-        check_ok(&run)?;
-        let clock = Clock {
-            tsc_khz: run.tsc_khz,
-        };
+        let clock = Clock::of(&run);
         let mut variants: Vec<Variant> = Vec::new();
         for &(mode, path, op) in &timed {
             let mut v = variant(&variant_name(mode, path), &run, &clock, &[op], n, n);
