@@ -539,6 +539,16 @@ static u64 pci_bar(u64 fn, u32 bar)
     return (lo & ~0xfull) | hi << 32;
 }
 
+/* Let the function master the bus (DMA and MSI-X messages), as a driver does before it uses
+ * the device (PCI 3.0 §6.2.2); the read is free through the ECAM shadow. */
+static void pci_enable_master(u64 fn)
+{
+    u64 m = resolve_method(METHOD_AUTO);
+    u32 cmd = cfg_read(m, fn + PCI_COMMAND, 2);
+    if (!(cmd & PCI_COMMAND_MASTER))
+        cfg_write(m, fn + PCI_COMMAND, 2, cmd | PCI_COMMAND_MASTER);
+}
+
 /* Find the virtio structures and MSI-X table of the function at `fn` (virtio 1.2 §4.1.4). */
 static int pci_locate(u64 fn)
 {
@@ -546,6 +556,7 @@ static int pci_locate(u64 fn)
     if (cfg_read(m, fn + PCI_VENDOR_ID, 2) != VIRTIO_PCI_VENDOR_ID ||
         cfg_read(m, fn + PCI_DEVICE_ID, 2) != VIRTIO_PCI_DEVICE_ID_BASE + VIRTIO_ID_NET)
         return 0;
+    pci_enable_master(fn);
     u64 bar = pci_bar(fn, 0);
     dev.common = dev.msix_table = 0;
     u32 ptr = cfg_read(m, fn + PCI_CAPABILITY_LIST, 1) & 0xfc;
@@ -787,6 +798,7 @@ static int msix_locate(u64 fn, struct msix_fn *x)
             x->entries = (cfg_read(m, x->control, 2) & PCI_MSIX_FLAGS_QSIZE) + 1;
             x->table = pci_bar(fn, table & PCI_MSIX_BIR_MASK) + (table & ~PCI_MSIX_BIR_MASK);
             x->pba = pci_bar(fn, pba & PCI_MSIX_BIR_MASK) + (pba & ~PCI_MSIX_BIR_MASK);
+            pci_enable_master(fn);
             return 1;
         }
         ptr = cfg_read(m, cap + 1, 1) & 0xfc;

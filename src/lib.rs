@@ -45,6 +45,7 @@ pub(crate) fn resource_hint(e: &std::io::Error) -> &'static str {
 pub mod bench;
 pub mod bus;
 pub mod devices;
+pub mod dma;
 pub mod inspect;
 pub mod irq;
 pub mod machine;

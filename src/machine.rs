@@ -29,7 +29,6 @@ use crate::pci::root::{BarSpace, BarWindow, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
 use crate::stats::{ExitCounters, ExitSnapshot};
 use crate::virtio::VirtioError;
-use crate::virtio::device::VirtioDevice;
 use crate::virtio::mmio::{MmioPlacement, MmioTransport};
 use crate::virtio::net::{NetBackend, RequestResponse, VirtioNet};
 use crate::virtio::notify::NotifyPath;
@@ -338,8 +337,8 @@ impl Machine {
             let backends = (0..pairs)
                 .map(|_| Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>)
                 .collect();
-            let net = Box::new(VirtioNet::new(mac, backends));
-            let queues = net.queue_max_sizes().len();
+            let net = VirtioNet::parts(mac, backends);
+            let queues = net.device.queue_max_sizes().len();
             // One MSI-X vector per receive and transmit queue and one for configuration
             // changes; the control queue needs none (drivers poll it, as Linux does).
             let vectors = 2 * pairs + 1;
@@ -376,10 +375,17 @@ impl Machine {
                     if n >= MAX_VIRTIO_PCI {
                         return Err(MachineError::TooManyDevices);
                     }
-                    let (function, worker) =
-                        VirtioPci::new(&vm.shared_fd(), &routing, net, mem, vectors, dev.notify)?;
-                    let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, queues, vectors);
                     let at = ProbeConfig::virtio_pci_address(n);
+                    let (function, worker) = VirtioPci::new(
+                        &vm.shared_fd(),
+                        &routing,
+                        net,
+                        mem,
+                        at.requester_id(),
+                        vectors,
+                        dev.notify,
+                    )?;
+                    let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, queues, vectors);
                     msix.insert(at.ecam_offset(), function.msi().clone());
                     pci.add(at, &layout, Box::new(function))?;
                     workers.push(worker);

@@ -11,7 +11,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::regs::{MSI_ADDRESS_BASE, MSI_ADDRESS_MASK};
+use super::regs::{
+    MSI_ADDRESS_BASE, MSI_ADDRESS_MASK, MSI_DATA_DELIVERY_MODE_SHIFT, MSI_DELIVERY_FIXED,
+    MSI_DELIVERY_INIT, MSI_DELIVERY_LOWEST, MSI_DELIVERY_NMI, MSI_DELIVERY_SMI,
+};
 use super::routing::MsiGsi;
 use super::{GsiRouting, IrqError};
 
@@ -29,6 +32,16 @@ struct State {
     vectors: Vec<Vector>,
     enabled: bool,
     function_masked: bool,
+    /// A PCI function may only send messages while its Bus Master Enable is set (PCI 3.0
+    /// §6.2.2); messages due meanwhile are held pending. Always set for platform devices.
+    bus_master: bool,
+}
+
+impl State {
+    /// Whether no vector may send now, whatever its own mask.
+    fn blocked(&self) -> bool {
+        !self.enabled || self.function_masked || !self.bus_master
+    }
 }
 
 /// One change a guest access makes to a vector table.
@@ -54,6 +67,8 @@ pub enum MsiChange {
     Enable(bool),
     /// Mask or unmask every vector at once (MSI-X Function Mask).
     FunctionMask(bool),
+    /// The function may (or may no longer) master the bus (PCI command register bit 2).
+    BusMaster(bool),
 }
 
 /// A device's MSI vectors.
@@ -64,9 +79,18 @@ pub struct MsiVectors {
 }
 
 /// Whether `address`/`data` is a message the x86 interrupt controller accepts: an address in
-/// the 0xFEExxxxx window and a vector ≥ 16 (vectors 0..15 are reserved, Intel SDM §11.11.2).
+/// the 0xFEExxxxx window and a delivery mode that exists (Intel SDM vol. 3 §11.11.2). Fixed
+/// and lowest-priority messages need a vector ≥ 16 (0..15 are reserved); SMI, NMI and INIT
+/// ignore the vector field, so it does not decide them; ExtINT and the reserved modes are not
+/// messages a device can send.
 pub fn is_valid_message(address: u64, data: u32) -> bool {
-    address & MSI_ADDRESS_MASK == MSI_ADDRESS_BASE && address >> 32 == 0 && data & 0xff >= 16
+    let mode = (data >> MSI_DATA_DELIVERY_MODE_SHIFT) & 0x7;
+    let delivery_ok = match mode {
+        MSI_DELIVERY_FIXED | MSI_DELIVERY_LOWEST => data & 0xff >= 16,
+        MSI_DELIVERY_SMI | MSI_DELIVERY_NMI | MSI_DELIVERY_INIT => true,
+        _ => false,
+    };
+    address & MSI_ADDRESS_MASK == MSI_ADDRESS_BASE && address >> 32 == 0 && delivery_ok
 }
 
 impl MsiVectors {
@@ -85,6 +109,7 @@ impl MsiVectors {
                 ],
                 enabled: false,
                 function_masked: false,
+                bus_master: true,
             }),
         };
         // On an error, Drop gives back what was taken so far.
@@ -137,6 +162,7 @@ impl MsiVectors {
                 },
                 MsiChange::Enable(enabled) => st.enabled = enabled,
                 MsiChange::FunctionMask(masked) => st.function_masked = masked,
+                MsiChange::BusMaster(on) => st.bus_master = on,
             }
         }
         self.sync_routes(&mut st);
@@ -184,7 +210,7 @@ impl MsiVectors {
     /// Send vector `index`'s message, or make it pending if it cannot be sent now.
     pub fn trigger(&self, index: usize) {
         let mut st = self.state.lock().unwrap();
-        let blocked = !st.enabled || st.function_masked;
+        let blocked = st.blocked();
         let Some(v) = st.vectors.get_mut(index) else {
             warn_ratelimited!("MSI vector {index} does not exist; interrupt dropped");
             return;
@@ -228,7 +254,7 @@ impl MsiVectors {
     }
 
     fn flush_pending(&self, st: &mut State) {
-        if !st.enabled || st.function_masked {
+        if st.blocked() {
             return;
         }
         for (i, v) in st.vectors.iter_mut().enumerate() {
@@ -366,5 +392,28 @@ mod tests {
             3,
             "the first table, enable, the new message"
         );
+    }
+
+    /// Defect: NMI/INIT/SMI messages were judged by their vector field, which those delivery
+    /// modes ignore (Intel SDM vol. 3 §11.11.2).
+    #[test]
+    fn messages_are_judged_by_their_delivery_mode() {
+        let mode = |m: u32, vector: u32| m << MSI_DATA_DELIVERY_MODE_SHIFT | vector;
+        for m in [MSI_DELIVERY_NMI, MSI_DELIVERY_INIT, MSI_DELIVERY_SMI] {
+            assert!(is_valid_message(MSI_ADDRESS_BASE, mode(m, 0)), "mode {m}");
+        }
+        for m in [MSI_DELIVERY_FIXED, MSI_DELIVERY_LOWEST] {
+            assert!(
+                !is_valid_message(MSI_ADDRESS_BASE, mode(m, 2)),
+                "reserved vector"
+            );
+            assert!(is_valid_message(MSI_ADDRESS_BASE, mode(m, 0x41)));
+        }
+        for reserved_or_extint in [3, 6, 7] {
+            assert!(!is_valid_message(
+                MSI_ADDRESS_BASE,
+                mode(reserved_or_extint, 0x41)
+            ));
+        }
     }
 }

@@ -30,4 +30,16 @@ contract_consts! {
     MSI_ADDRESS_MASK: u64 = 0xfff0_0000;
     /// MSI address bits 19:12: destination APIC ID.
     MSI_ADDRESS_DEST_SHIFT: u32 = 12;
+    /// MSI data bits 10:8: delivery mode (Intel SDM vol. 3 §11.11.2).
+    MSI_DATA_DELIVERY_MODE_SHIFT: u32 = 8;
+    /// Delivery mode: fixed, to the vector in data bits 7:0.
+    MSI_DELIVERY_FIXED: u32 = 0;
+    /// Delivery mode: lowest priority, to the vector in data bits 7:0.
+    MSI_DELIVERY_LOWEST: u32 = 1;
+    /// Delivery mode: SMI (the vector field must be 0 and is ignored).
+    MSI_DELIVERY_SMI: u32 = 2;
+    /// Delivery mode: NMI (the vector field is ignored).
+    MSI_DELIVERY_NMI: u32 = 4;
+    /// Delivery mode: INIT (the vector field is ignored).
+    MSI_DELIVERY_INIT: u32 = 5;
 }

@@ -42,6 +42,11 @@ impl PciAddress {
         (self.device << 3) | self.function
     }
 
+    /// The requester ID its memory requests carry: bus << 8 | devfn (PCIe 4.0 §2.2.6.2).
+    pub fn requester_id(&self) -> u16 {
+        u16::from(self.bus) << 8 | u16::from(self.devfn())
+    }
+
     /// Decode CONFIG_ADDRESS (PCI 3.0 §3.2.2.3.2): bit 31 enable, bits 23:8 bus/device/function,
     /// bits 7:2 dword register. `None` when the enable bit is clear (not a config cycle).
     ///

@@ -46,6 +46,9 @@ contract_consts! {
     PCI_COMMAND_IO: u16 = 0x1;
     /// Command bit 1: respond to memory space accesses.
     PCI_COMMAND_MEMORY: u16 = 0x2;
+    /// Command bit 2: Bus Master Enable; while clear the function may not issue memory
+    /// requests, so no DMA and no MSI/MSI-X messages (PCI 3.0 §6.2.2).
+    PCI_COMMAND_MASTER: u16 = 0x4;
     /// Status bit 4: the capabilities pointer is valid.
     PCI_STATUS_CAP_LIST: u16 = 0x10;
     /// Status bit 11: Signaled Target Abort (RW1C).

@@ -7,7 +7,9 @@
 use std::ops::Deref;
 
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use crate::dma::{DmaContext, DmaError};
 
 /// One buffer of a chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,28 +103,24 @@ impl Chain {
     }
 
     /// The readable bytes, in order.
-    pub fn read_all(&self, mem: &GuestMemoryMmap) -> Result<Vec<u8>, vm_memory::GuestMemoryError> {
+    pub fn read_all(&self, dma: &DmaContext) -> Result<Vec<u8>, DmaError> {
         let mut data = Vec::with_capacity(usize::try_from(self.readable_len()).unwrap_or(0));
         for b in &self.readable {
             let start = data.len();
             data.resize(start + b.len as usize, 0);
-            mem.read_slice(&mut data[start..], b.addr)?;
+            dma.read(b.addr, &mut data[start..])?;
         }
         Ok(data)
     }
 
     /// Write `data` across the writable buffers; the caller checked it fits.
-    pub fn write_all(
-        &self,
-        mem: &GuestMemoryMmap,
-        mut data: &[u8],
-    ) -> Result<(), vm_memory::GuestMemoryError> {
+    pub fn write_all(&self, dma: &DmaContext, mut data: &[u8]) -> Result<(), DmaError> {
         for b in &self.writable {
             if data.is_empty() {
                 break;
             }
             let n = data.len().min(b.len as usize);
-            mem.write_slice(&data[..n], b.addr)?;
+            dma.write(b.addr, &data[..n])?;
             data = &data[n..];
         }
         Ok(())
@@ -131,66 +129,42 @@ impl Chain {
 
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation)] // fixtures
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::desc::split::Descriptor;
+    use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueT};
-    use vm_memory::{Address, GuestMemoryMmap};
 
-    pub(crate) const MEM_SIZE: usize = 0x1_0000;
-    pub(crate) const DESC: u64 = 0x1000;
-    pub(crate) const AVAIL: u64 = 0x2000;
-    pub(crate) const USED: u64 = 0x3000;
-    pub(crate) const QSIZE: u16 = 16;
+    const MEM_SIZE: usize = 0x1_0000;
+    const QSIZE: u16 = 16;
+    const NEXT: u16 = VRING_DESC_F_NEXT as u16;
+    const WRITE: u16 = VRING_DESC_F_WRITE as u16;
 
-    pub(crate) fn memory() -> GuestMemoryMmap {
+    fn memory() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
     }
 
-    /// Write descriptor `i` of the table at `table`: (addr, len, flags, next).
-    pub(crate) fn write_desc(mem: &GuestMemoryMmap, table: u64, i: u16, d: (u64, u32, u16, u16)) {
-        let at = GuestAddress(table + 16 * u64::from(i));
-        mem.write_obj(d.0, at).unwrap();
-        mem.write_obj(d.1, at.unchecked_add(8)).unwrap();
-        mem.write_obj(d.2, at.unchecked_add(12)).unwrap();
-        mem.write_obj(d.3, at.unchecked_add(14)).unwrap();
+    fn desc(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
+        RawDescriptor::from(Descriptor::new(addr, len, flags, next))
     }
 
-    /// Make `heads` available on the ring at `avail`.
-    pub(crate) fn publish(mem: &GuestMemoryMmap, avail: u64, heads: &[u16]) {
-        for (i, h) in heads.iter().enumerate() {
-            mem.write_obj(*h, GuestAddress(avail + 4 + 2 * i as u64))
-                .unwrap();
-        }
-        mem.write_obj(heads.len() as u16, GuestAddress(avail + 2))
-            .unwrap();
-    }
-
-    fn queue(mem: &GuestMemoryMmap) -> Queue {
-        let mut q = Queue::new(QSIZE).unwrap();
-        q.set_desc_table_address(Some(DESC as u32), Some(0));
-        q.set_avail_ring_address(Some(AVAIL as u32), Some(0));
-        q.set_used_ring_address(Some(USED as u32), Some(0));
-        q.set_ready(true);
-        assert!(q.is_valid(mem));
-        q
-    }
-
-    const NEXT: u16 = 1;
-    const WRITE: u16 = 2;
-
-    fn first_chain(mem: &GuestMemoryMmap, head: u16) -> Result<Chain, ChainError> {
-        publish(mem, AVAIL, &[head]);
-        let mut q = queue(mem);
-        let desc = q.pop_descriptor_chain(mem).expect("one chain is available");
-        check(desc, mem)
+    /// Publish `descs` (as written, links included) and check the first chain.
+    fn first_chain(descs: &[RawDescriptor]) -> Result<Chain, ChainError> {
+        let mem = memory();
+        let vq = MockSplitQueue::new(&mem, QSIZE);
+        vq.add_desc_chains(descs, 0).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        let chain = q
+            .pop_descriptor_chain(&mem)
+            .expect("one chain is available");
+        check(chain, &mem)
     }
 
     #[test]
     fn a_well_formed_chain_is_split_into_readable_and_writable_buffers() {
-        let mem = memory();
-        write_desc(&mem, DESC, 0, (0x8000, 12, NEXT, 1));
-        write_desc(&mem, DESC, 1, (0x9000, 100, WRITE, 0));
-        let c = first_chain(&mem, 0).unwrap();
+        let c = first_chain(&[desc(0x8000, 12, NEXT, 1), desc(0x9000, 100, WRITE, 0)]).unwrap();
         assert_eq!(
             c.readable,
             vec![Buffer {
@@ -203,52 +177,52 @@ pub(crate) mod tests {
 
     #[test]
     fn a_looping_chain_is_rejected() {
-        let mem = memory();
-        write_desc(&mem, DESC, 0, (0x8000, 8, NEXT, 1));
-        write_desc(&mem, DESC, 1, (0x8000, 8, NEXT, 0));
-        assert_eq!(first_chain(&mem, 0), Err(ChainError::Unterminated(0)));
+        assert_eq!(
+            first_chain(&[desc(0x8000, 8, NEXT, 1), desc(0x8000, 8, NEXT, 0)]),
+            Err(ChainError::Unterminated(0))
+        );
     }
 
     #[test]
     fn a_chain_linking_past_the_queue_size_is_rejected() {
-        let mem = memory();
-        write_desc(&mem, DESC, 0, (0x8000, 8, NEXT, QSIZE + 3));
-        assert_eq!(first_chain(&mem, 0), Err(ChainError::Unterminated(0)));
+        assert_eq!(
+            first_chain(&[desc(0x8000, 8, NEXT, QSIZE + 3)]),
+            Err(ChainError::Unterminated(0))
+        );
     }
 
     #[test]
     fn a_head_outside_the_table_is_rejected() {
         let mem = memory();
-        assert_eq!(first_chain(&mem, 500), Err(ChainError::BadHead(500)));
+        let vq = MockSplitQueue::new(&mem, QSIZE);
+        vq.avail().ring().ref_at(0).unwrap().store(500);
+        vq.avail().idx().store(1);
+        let mut q: Queue = vq.create_queue().unwrap();
+        let chain = q.pop_descriptor_chain(&mem).unwrap();
+        assert_eq!(check(chain, &mem), Err(ChainError::BadHead(500)));
     }
 
     #[test]
     fn buffers_outside_guest_memory_or_overflowing_it_are_rejected() {
-        let mem = memory();
-        write_desc(&mem, DESC, 0, (MEM_SIZE as u64 - 4, 16, 0, 0));
-        assert!(matches!(
-            first_chain(&mem, 0),
-            Err(ChainError::OutsideMemory { .. })
-        ));
-        write_desc(&mem, DESC, 0, (0x8000, u32::MAX, 0, 0));
-        assert!(matches!(
-            first_chain(&mem, 0),
-            Err(ChainError::OutsideMemory { .. })
-        ));
-        write_desc(&mem, DESC, 0, (u64::MAX - 8, 16, 0, 0));
-        assert!(matches!(
-            first_chain(&mem, 0),
-            Err(ChainError::OutsideMemory { .. })
-        ));
+        for (addr, len) in [
+            (MEM_SIZE as u64 - 4, 16),
+            (0x8000, u32::MAX),
+            (u64::MAX - 8, 16),
+        ] {
+            assert!(
+                matches!(
+                    first_chain(&[desc(addr, len, 0, 0)]),
+                    Err(ChainError::OutsideMemory { .. })
+                ),
+                "{addr:#x}+{len:#x}"
+            );
+        }
     }
 
     #[test]
     fn a_readable_buffer_after_a_writable_one_is_rejected() {
-        let mem = memory();
-        write_desc(&mem, DESC, 0, (0x8000, 8, NEXT | WRITE, 1));
-        write_desc(&mem, DESC, 1, (0x9000, 8, 0, 0));
         assert_eq!(
-            first_chain(&mem, 0),
+            first_chain(&[desc(0x8000, 8, NEXT | WRITE, 1), desc(0x9000, 8, 0, 0)]),
             Err(ChainError::ReadableAfterWritable(0))
         );
     }

@@ -1,12 +1,26 @@
 //! What every virtio device has, whatever its transport: features, status, queues and reset
-//! (virtio 1.2 §2, §3). Transports translate register accesses into calls on [`VirtioState`];
-//! device types implement [`VirtioDevice`].
+//! (virtio 1.2 §2, §3), split the way the work is split.
+//!
+//! - [`VirtioState`] is what the driver's register accesses see: features, status, queue
+//!   configuration, device configuration. Transports keep it under a short lock; no access
+//!   ever waits behind queue processing.
+//! - At DRIVER_OK the transport copies the configured queues out of it and hands them to the
+//!   device thread ([`super::worker`]), where a [`QueueEngine`] runs the device type's
+//!   [`QueueHandler`] over them through the device's [`DmaContext`]. A reset is a message the
+//!   device thread acknowledges before the status reads 0, so nothing computed before a reset
+//!   is delivered after it.
+//! - [`DeviceHealth`] is the only state both sides write: the device thread sets
+//!   DEVICE_NEEDS_RESET in it without taking the register lock.
 
-use virtio_queue::{Queue, QueueT};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use super::chain::ChainError;
 use super::regs::*;
+use crate::dma::{DmaContext, DmaError};
 
 /// Why a device stopped: it sets DEVICE_NEEDS_RESET and waits for the driver to reset it.
 #[derive(Debug, thiserror::Error)]
@@ -14,15 +28,19 @@ pub enum DeviceError {
     /// A malformed descriptor chain.
     #[error(transparent)]
     Chain(#[from] ChainError),
-    /// A ring or buffer the device could not access.
+    /// A ring the device could not access, or an available index more than the queue size
+    /// ahead of the device (virtio 1.2 §2.7.6 lets the driver be at most a ring ahead).
     #[error("queue access failed: {0}")]
     Queue(#[from] virtio_queue::Error),
     /// Guest memory the device could not access.
     #[error("guest memory access failed: {0}")]
     Memory(#[from] vm_memory::GuestMemoryError),
+    /// A buffer the device may not access now.
+    #[error(transparent)]
+    Dma(#[from] DmaError),
 }
 
-/// A device type: what lies behind the queues.
+/// A device type as the transport sees it: identity, features, queues, configuration space.
 pub trait VirtioDevice: Send {
     /// Virtio device ID (virtio 1.2 §5).
     fn device_type(&self) -> u32;
@@ -34,16 +52,89 @@ pub trait VirtioDevice: Send {
     fn read_config(&self, offset: u64, data: &mut [u8]);
     /// Write device configuration space (ignored where it is read-only).
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+}
+
+/// What one call of [`QueueHandler::process_queue`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Queues that got used buffers.
+    pub used: Vec<usize>,
+    /// The handler stopped at its budget with work left: call it again (after other events).
+    pub more: bool,
+}
+
+impl Progress {
+    /// Add `queue` to the used queues if `used`.
+    pub fn mark(&mut self, queue: usize, used: bool) {
+        if used && !self.used.contains(&queue) {
+            self.used.push(queue);
+        }
+    }
+}
+
+/// The queue work of a device type, run on the device thread. Every loop over guest data is
+/// bounded by [`budget`]: a driver that keeps adding buffers cannot keep the thread from its
+/// other events (reset, stop).
+pub trait QueueHandler: Send {
     /// The driver made buffers available on queue `index` (or the device may make progress on
-    /// it). Returns the queues that got used buffers.
+    /// it).
     fn process_queue(
         &mut self,
         index: usize,
         queues: &mut [Queue],
-        mem: &GuestMemoryMmap,
-    ) -> Result<Vec<usize>, DeviceError>;
+        dma: &DmaContext,
+    ) -> Result<Progress, DeviceError>;
     /// Forget all in-flight state (the driver reset the device).
     fn reset(&mut self);
+}
+
+/// Most chains a handler takes from one queue in one call: a full ring.
+pub fn budget(q: &Queue) -> usize {
+    usize::from(q.size())
+}
+
+/// Pop the next available chain of `q`, turning every ring error (an available index more than
+/// a ring ahead, a ring outside memory) into a device error instead of virtio-queue's quiet
+/// `None`.
+pub fn next_chain<'m>(
+    q: &mut Queue,
+    mem: &'m GuestMemoryMmap,
+) -> Result<Option<virtio_queue::DescriptorChain<&'m GuestMemoryMmap>>, DeviceError> {
+    Ok(q.iter(mem)?.next())
+}
+
+/// The one state both the register side and the device thread write: DEVICE_NEEDS_RESET and
+/// the configuration generation it bumps.
+#[derive(Debug, Default)]
+pub struct DeviceHealth {
+    needs_reset: AtomicBool,
+    config_generation: AtomicU32,
+}
+
+impl DeviceHealth {
+    /// Mark the device broken (virtio 1.2 §2.1.2). Returns whether it was newly broken.
+    pub fn fail(&self, why: &dyn std::fmt::Display) -> bool {
+        warn_ratelimited!("virtio: {why}; the device needs a reset");
+        let newly = !self.needs_reset.swap(true, Ordering::SeqCst);
+        if newly {
+            self.config_generation.fetch_add(1, Ordering::SeqCst);
+        }
+        newly
+    }
+
+    /// Whether the device is broken.
+    pub fn needs_reset(&self) -> bool {
+        self.needs_reset.load(Ordering::SeqCst)
+    }
+
+    /// ConfigGeneration.
+    pub fn config_generation(&self) -> u32 {
+        self.config_generation.load(Ordering::SeqCst)
+    }
+
+    fn clear(&self) {
+        self.needs_reset.store(false, Ordering::SeqCst);
+    }
 }
 
 /// What a status write did.
@@ -53,6 +144,8 @@ pub enum StatusChange {
     None,
     /// The driver wrote 0: the device was reset.
     Reset,
+    /// DRIVER_OK was newly set: hand the queues to the device thread.
+    Activate,
 }
 
 /// A notification the device sends the driver.
@@ -64,7 +157,7 @@ pub enum Notification {
     Config,
 }
 
-/// Transport-independent device state.
+/// Transport-independent register state.
 pub struct VirtioState {
     device: Box<dyn VirtioDevice>,
     offered: u64,
@@ -77,7 +170,7 @@ pub struct VirtioState {
     queues: Vec<Queue>,
     /// QueueSel / queue_select.
     pub queue_select: u32,
-    config_generation: u32,
+    health: Arc<DeviceHealth>,
     mem: GuestMemoryMmap,
 }
 
@@ -86,7 +179,8 @@ fn bit(n: u32) -> u64 {
 }
 
 impl VirtioState {
-    /// `device`, offering its features plus `transport_features`, over guest memory `mem`.
+    /// `device`, offering its features plus `transport_features`; rings are checked against
+    /// guest memory `mem`.
     pub fn new(
         device: Box<dyn VirtioDevice>,
         transport_features: u64,
@@ -110,9 +204,14 @@ impl VirtioState {
             status: 0,
             queues,
             queue_select: 0,
-            config_generation: 0,
+            health: Arc::default(),
             mem,
         }
+    }
+
+    /// The state the device thread shares.
+    pub fn health(&self) -> &Arc<DeviceHealth> {
+        &self.health
     }
 
     /// The device type.
@@ -165,30 +264,35 @@ impl VirtioState {
         self.status & VIRTIO_STATUS_FEATURES_OK != 0 && self.acked & bit(n) != 0
     }
 
-    /// Device status.
+    /// Device status, with DEVICE_NEEDS_RESET if the device broke.
     pub fn status(&self) -> u32 {
-        self.status
+        let broken = if self.health.needs_reset() {
+            VIRTIO_STATUS_DEVICE_NEEDS_RESET
+        } else {
+            0
+        };
+        self.status | broken
     }
 
     /// ConfigGeneration.
     pub fn config_generation(&self) -> u32 {
-        self.config_generation
+        self.health.config_generation()
     }
 
     /// Whether the device is live: DRIVER_OK and no error.
     pub fn is_live(&self) -> bool {
-        self.status & (VIRTIO_STATUS_DRIVER_OK | VIRTIO_STATUS_DEVICE_NEEDS_RESET)
-            == VIRTIO_STATUS_DRIVER_OK
+        self.status & VIRTIO_STATUS_DRIVER_OK != 0 && !self.health.needs_reset()
     }
 
-    /// The driver writes the status register (virtio 1.2 §3.1.1).
+    /// The driver writes the status register (virtio 1.2 §3.1.1). On a reset the transport
+    /// must first have stopped the device thread's work (see the module comment).
     pub fn write_status(&mut self, value: u32) -> StatusChange {
         if value == 0 {
             self.reset();
             return StatusChange::Reset;
         }
-        let mut value = value & 0xff;
-        if value & self.status != self.status & !VIRTIO_STATUS_DEVICE_NEEDS_RESET {
+        let mut value = value & 0xff & !VIRTIO_STATUS_DEVICE_NEEDS_RESET;
+        if value & self.status != self.status {
             warn_ratelimited!(
                 "virtio: driver cleared status bits ({:#x} → {value:#x}) without a reset; ignored",
                 self.status
@@ -216,33 +320,40 @@ impl VirtioState {
             warn_ratelimited!("virtio: DRIVER_OK without FEATURES_OK; ignored");
             value &= !VIRTIO_STATUS_DRIVER_OK;
         }
-        self.status = value | (self.status & VIRTIO_STATUS_DEVICE_NEEDS_RESET);
-        if newly & VIRTIO_STATUS_DRIVER_OK != 0 && self.status & VIRTIO_STATUS_DRIVER_OK != 0 {
-            let event_idx = self.acked & bit(VIRTIO_F_EVENT_IDX) != 0;
-            for q in &mut self.queues {
-                q.set_event_idx(event_idx);
-            }
+        self.status = value;
+        if newly & value & VIRTIO_STATUS_DRIVER_OK != 0 {
+            StatusChange::Activate
+        } else {
+            StatusChange::None
         }
-        StatusChange::None
     }
 
-    /// Mark the device broken (DEVICE_NEEDS_RESET, virtio 1.2 §2.1.2). Returns whether the bit
-    /// was newly set, in which case the transport sends a configuration notification.
+    /// The configured queues, for the device thread (at DRIVER_OK): copies, so the registers
+    /// keep reading back what the driver wrote.
+    pub fn activation_queues(&self) -> Vec<Queue> {
+        let event_idx = self.acked & bit(VIRTIO_F_EVENT_IDX) != 0;
+        self.queues
+            .iter()
+            .map(|q| {
+                let mut copy = Queue::try_from(q.state())
+                    .expect("a queue's own state is valid for a queue of its size");
+                copy.set_event_idx(event_idx);
+                copy
+            })
+            .collect()
+    }
+
+    /// Mark the device broken (DEVICE_NEEDS_RESET, virtio 1.2 §2.1.2). Returns whether the
+    /// transport must send a configuration notification (newly broken while live).
     pub fn needs_reset(&mut self, why: &dyn std::fmt::Display) -> bool {
-        warn_ratelimited!("virtio: {why}; the device needs a reset");
-        let newly = self.status & VIRTIO_STATUS_DEVICE_NEEDS_RESET == 0;
-        self.status |= VIRTIO_STATUS_DEVICE_NEEDS_RESET;
-        if newly {
-            self.config_generation = self.config_generation.wrapping_add(1);
-        }
-        newly && self.status & VIRTIO_STATUS_DRIVER_OK != 0
+        self.health.fail(why) && self.status & VIRTIO_STATUS_DRIVER_OK != 0
     }
 
     fn reset(&mut self) {
-        self.device.reset();
         for q in &mut self.queues {
             q.reset();
         }
+        self.health.clear();
         self.acked = 0;
         self.status = 0;
         self.device_features_select = 0;
@@ -299,14 +410,14 @@ impl VirtioState {
         }
     }
 
-    /// The driver enables (or, wrongly, disables) the selected queue. A queue whose rings do
-    /// not fit in guest memory breaks the device.
-    pub fn set_queue_ready(&mut self, ready: bool) -> bool {
+    /// The driver enables the selected queue. A queue whose rings do not fit in guest memory
+    /// breaks the device. Returns whether a configuration notification is due.
+    pub fn set_queue_ready(&mut self) -> bool {
         let mem = self.mem.clone();
         let mut invalid = false;
         let ok = self.configure_queue("enable", |q| {
-            q.set_ready(ready);
-            if ready && !q.is_valid(&mem) {
+            q.set_ready(true);
+            if !q.is_valid(&mem) {
                 q.set_ready(false);
                 invalid = true;
             }
@@ -320,6 +431,18 @@ impl VirtioState {
         false
     }
 
+    /// The driver stops the selected queue (virtio-mmio QueueReady = 0, virtio 1.2 §4.2.2):
+    /// returns the queue's index if it was live, so the transport stops the device thread's
+    /// copy too before the register reads back 0.
+    pub fn stop_queue(&mut self) -> Option<usize> {
+        let index = self.queue_select as usize;
+        let live = self.status & VIRTIO_STATUS_DRIVER_OK != 0;
+        let q = self.queues.get_mut(index)?;
+        let was_ready = q.ready();
+        q.set_ready(false);
+        (was_ready && live).then_some(index)
+    }
+
     /// Device configuration read.
     pub fn read_config(&self, offset: u64, data: &mut [u8]) {
         self.device.read_config(offset, data);
@@ -329,30 +452,95 @@ impl VirtioState {
     pub fn write_config(&mut self, offset: u64, data: &[u8]) {
         self.device.write_config(offset, data);
     }
+}
 
-    /// Let the device work on queue `index`; returns the notifications due.
-    pub fn process(&mut self, index: usize) -> Vec<Notification> {
-        if !self.is_live() || !self.queues.get(index).is_some_and(|q| q.ready()) {
-            return Vec::new();
+/// The device-thread side of a device: its queue handler and, between DRIVER_OK and reset,
+/// the live queues and the DMA context they are reached through.
+pub struct QueueEngine {
+    handler: Box<dyn QueueHandler>,
+    health: Arc<DeviceHealth>,
+    live: Option<(Vec<Queue>, DmaContext)>,
+}
+
+/// What processing a queue produced.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Notifications due now.
+    pub notifications: Vec<Notification>,
+    /// The queue has work left beyond the handler's budget.
+    pub more: bool,
+}
+
+impl QueueEngine {
+    /// An idle engine for `handler`, sharing `health` with the register side.
+    pub fn new(handler: Box<dyn QueueHandler>, health: Arc<DeviceHealth>) -> Self {
+        QueueEngine {
+            handler,
+            health,
+            live: None,
         }
-        match self
-            .device
-            .process_queue(index, &mut self.queues, &self.mem)
-        {
-            Ok(used) => used
-                .into_iter()
-                .filter(|&u| {
-                    self.queues
-                        .get_mut(u)
-                        .is_some_and(|q| q.needs_notification(&self.mem).unwrap_or(true))
-                })
-                .map(Notification::Queue)
-                .collect(),
+    }
+
+    /// DRIVER_OK: start working on `queues` through `dma`.
+    pub fn activate(&mut self, queues: Vec<Queue>, dma: DmaContext) {
+        self.live = Some((queues, dma));
+    }
+
+    /// Reset: drop the queues and the handler's in-flight state.
+    pub fn reset(&mut self) {
+        self.live = None;
+        self.handler.reset();
+    }
+
+    /// Stop working on queue `index` (the driver disabled it).
+    pub fn stop_queue(&mut self, index: usize) {
+        if let Some(q) = self.live.as_mut().and_then(|(qs, _)| qs.get_mut(index)) {
+            q.set_ready(false);
+        }
+    }
+
+    /// Whether the engine has live queues.
+    pub fn is_live(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// Let the handler work on queue `index`; returns the notifications due. A device that
+    /// may not master (Bus Master Enable clear) leaves the work where it is: the transport
+    /// kicks its queues when mastering is enabled again.
+    pub fn process(&mut self, index: usize) -> Work {
+        let Some((queues, dma)) = self.live.as_mut() else {
+            return Work::default();
+        };
+        let ready = queues.get(index).is_some_and(|q| q.ready());
+        if !ready || self.health.needs_reset() {
+            return Work::default();
+        }
+        let Ok(mem) = dma.memory() else {
+            return Work::default();
+        };
+        match self.handler.process_queue(index, queues, dma) {
+            Ok(progress) => Work {
+                notifications: progress
+                    .used
+                    .into_iter()
+                    .filter(|&u| {
+                        queues
+                            .get_mut(u)
+                            .is_some_and(|q| q.needs_notification(mem).unwrap_or(true))
+                    })
+                    .map(Notification::Queue)
+                    .collect(),
+                more: progress.more,
+            },
             Err(e) => {
-                if self.needs_reset(&e) {
+                let notifications = if self.health.fail(&e) {
                     vec![Notification::Config]
                 } else {
                     Vec::new()
+                };
+                Work {
+                    notifications,
+                    more: false,
                 }
             }
         }
@@ -363,11 +551,15 @@ impl VirtioState {
 #[allow(clippy::cast_possible_truncation)] // fixtures
 mod tests {
     use super::*;
-    use crate::virtio::chain::tests::memory;
     use crate::virtio::net::{RequestResponse, VirtioNet};
+    use vm_memory::GuestAddress;
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap()
+    }
 
     fn device() -> VirtioState {
-        let net = VirtioNet::new([0; 6], vec![Box::new(RequestResponse::new(8))]);
+        let (net, _) = VirtioNet::new([0; 6], vec![Box::new(RequestResponse::new(8))]);
         VirtioState::new(Box::new(net), 0, memory())
     }
 
@@ -445,14 +637,14 @@ mod tests {
         st.queue_select = 9;
         assert!(!st.configure_queue("size", |_| panic!("must not run")));
         assert!(st.selected_queue().is_none());
-        assert!(st.process(9).is_empty());
+        assert_eq!(st.stop_queue(), None);
     }
 
     #[test]
     fn rings_outside_guest_memory_break_the_device() {
         let mut st = device();
         crate::virtio::set_queue_address(&mut st, crate::virtio::Ring::Device, false, 0xffff_f000);
-        st.set_queue_ready(true);
+        st.set_queue_ready();
         assert_ne!(st.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET, 0);
         assert_eq!(st.selected_queue().map(|q| q.ready()), Some(false));
     }

@@ -14,13 +14,14 @@ use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::device::{Notification, StatusChange, VirtioDevice, VirtioState};
+use super::device::{Notification, StatusChange, VirtioState};
 use super::interrupt::{Interrupts, LegacyLine};
 use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
-use super::worker::Worker;
-use super::{Ring, VirtioError, set_queue_address};
+use super::worker::{Worker, WorkerHandle};
+use super::{DeviceParts, Ring, VirtioError, set_queue_address, spawn_worker, write_status};
 use crate::bus::BusDevice;
+use crate::dma::DmaContext;
 use crate::irq::{GsiRouting, MsiChange, MsiVectors};
 use crate::pci::function::EXITLESS_VENDOR_ID;
 
@@ -35,7 +36,9 @@ struct MsiStaging {
 
 /// A virtio-mmio device on the MMIO bus.
 pub struct MmioTransport {
-    state: Arc<Mutex<VirtioState>>,
+    state: Mutex<VirtioState>,
+    worker: WorkerHandle,
+    dma: DmaContext,
     interrupts: Arc<Interrupts>,
     events: QueueEvents,
     staging: Mutex<MsiStaging>,
@@ -62,14 +65,14 @@ impl MmioTransport {
     pub fn new(
         vm: &Arc<VmFd>,
         routing: &Arc<GsiRouting>,
-        device: Box<dyn VirtioDevice>,
+        device: DeviceParts,
         mem: GuestMemoryMmap,
         at: MmioPlacement,
     ) -> Result<(Self, Worker), VirtioError> {
         let state = VirtioState::new(
-            device,
+            device.device,
             feature(VIRTIO_F_MMIO_MSI) | feature(VIRTIO_F_MMIO_NOTIFY),
-            mem,
+            mem.clone(),
         );
         let queues = state.queue_count();
         let line = LegacyLine {
@@ -101,17 +104,19 @@ impl MmioTransport {
         events.register(&doorbells).map_err(VirtioError::kvm(
             "register a virtio-mmio doorbell ioeventfd",
         ))?;
-        let state = Arc::new(Mutex::new(state));
-        let worker = Worker::spawn(
+        let worker = spawn_worker(
             format!("virtio-mmio@{:#x}", at.base),
-            state.clone(),
-            interrupts.clone(),
-            events.clones().map_err(VirtioError::Io)?,
-        )
-        .map_err(VirtioError::Io)?;
+            &state,
+            device.queues,
+            &interrupts,
+            &events,
+        )?;
         Ok((
             MmioTransport {
-                state,
+                state: Mutex::new(state),
+                worker: worker.handle(),
+                // A platform device: no Bus Master Enable gates it.
+                dma: DmaContext::platform(mem),
                 interrupts,
                 events,
                 staging: Mutex::new(MsiStaging::default()),
@@ -129,6 +134,11 @@ impl MmioTransport {
 
     fn read_register(&self, reg: u32) -> u32 {
         let st = self.state.lock().unwrap();
+        if let Some(f) = extension_feature(reg)
+            && !st.negotiated(f)
+        {
+            return 0; // docs/virtio-mmio-msi.md: un-negotiated registers read zero
+        }
         let queue = st.queue_select as usize;
         match reg {
             VIRTIO_MMIO_MAGIC_VALUE => VIRTIO_MMIO_MAGIC,
@@ -172,6 +182,14 @@ impl MmioTransport {
 
     fn write_register(&self, reg: u32, value: u32) {
         let mut st = self.state.lock().unwrap();
+        if let Some(f) = extension_feature(reg)
+            && !st.negotiated(f)
+        {
+            warn_ratelimited!(
+                "virtio-mmio: register {reg:#x} written without its feature {f} negotiated; ignored"
+            );
+            return;
+        }
         let mut config_changed = false;
         match reg {
             VIRTIO_MMIO_DEVICE_FEATURES_SEL => st.device_features_select = value,
@@ -179,11 +197,18 @@ impl MmioTransport {
             VIRTIO_MMIO_DRIVER_FEATURES_SEL => st.driver_features_select = value,
             VIRTIO_MMIO_QUEUE_SEL => st.queue_select = value,
             VIRTIO_MMIO_QUEUE_NUM => config_changed = st.set_queue_size(value),
-            VIRTIO_MMIO_QUEUE_READY => config_changed = st.set_queue_ready(value != 0),
+            VIRTIO_MMIO_QUEUE_READY if value != 0 => config_changed = st.set_queue_ready(),
+            VIRTIO_MMIO_QUEUE_READY => {
+                // §4.2.2: writing 0 stops the queue; the driver reads 0 back once the device
+                // has stopped using it.
+                if let Some(index) = st.stop_queue() {
+                    self.worker.stop_queue(index);
+                }
+            }
             VIRTIO_MMIO_QUEUE_NOTIFY => self.events.notify(value as usize),
             VIRTIO_MMIO_INTERRUPT_ACK => self.interrupts.ack(value),
             VIRTIO_MMIO_STATUS => {
-                if st.write_status(value) == StatusChange::Reset {
+                if write_status(&mut st, &self.worker, &self.dma, value) == StatusChange::Reset {
                     self.interrupts.reset();
                     self.msi().reset();
                     self.msi_control.store(0, Ordering::SeqCst);
@@ -202,7 +227,7 @@ impl MmioTransport {
             VIRTIO_MMIO_MSI_ADDRESS_LOW => self.staging.lock().unwrap().address_low = value,
             VIRTIO_MMIO_MSI_ADDRESS_HIGH => self.staging.lock().unwrap().address_high = value,
             VIRTIO_MMIO_MSI_DATA => self.staging.lock().unwrap().data = value,
-            VIRTIO_MMIO_MSI_COMMAND => self.msi_command(&st, value),
+            VIRTIO_MMIO_MSI_COMMAND => self.msi_command(value),
             VIRTIO_MMIO_QUEUE_MSI_VEC => {
                 let vector = u16::try_from(value).unwrap_or(VIRTIO_MSI_NO_VECTOR);
                 self.interrupts
@@ -213,12 +238,6 @@ impl MmioTransport {
                 self.interrupts.set_config_vector(vector);
             }
             VIRTIO_MMIO_MSI_CONTROL => {
-                if !st.negotiated(VIRTIO_F_MMIO_MSI) {
-                    warn_ratelimited!(
-                        "virtio-mmio: MSI control written without the MSI feature; ignored"
-                    );
-                    return;
-                }
                 let enable = value & VIRTIO_MMIO_MSI_CTRL_ENABLE != 0;
                 self.msi_control
                     .store(value & VIRTIO_MMIO_MSI_CTRL_ENABLE, Ordering::SeqCst);
@@ -235,11 +254,7 @@ impl MmioTransport {
         }
     }
 
-    fn msi_command(&self, st: &VirtioState, command: u32) {
-        if !st.negotiated(VIRTIO_F_MMIO_MSI) {
-            warn_ratelimited!("virtio-mmio: MSI command without the MSI feature; ignored");
-            return;
-        }
+    fn msi_command(&self, command: u32) {
         let staging = self.staging.lock().unwrap();
         let index = staging.select as usize;
         if index >= self.msi().len() {
@@ -279,6 +294,16 @@ impl MmioTransport {
             return;
         }
         self.events.notify(queue);
+    }
+}
+
+/// The extension feature a register belongs to, if it is one of the extension's
+/// (docs/virtio-mmio-msi.md).
+fn extension_feature(reg: u32) -> Option<u32> {
+    match reg {
+        VIRTIO_MMIO_MSI_VEC_NUM..=VIRTIO_MMIO_MSI_CONTROL => Some(VIRTIO_F_MMIO_MSI),
+        VIRTIO_MMIO_QUEUE_NOTIFY_OFF => Some(VIRTIO_F_MMIO_NOTIFY),
+        _ => None,
     }
 }
 
@@ -411,6 +436,7 @@ mod tests {
             assert_ne!(high & (1 << (bit - 32)), 0, "feature {bit}");
         }
         assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_NUM_MAX), 256);
+        negotiate(&t, 1 << VIRTIO_F_MMIO_MSI | 1 << VIRTIO_F_MMIO_NOTIFY);
         assert_eq!(read(&t, VIRTIO_MMIO_MSI_VEC_NUM), 3);
         for q in 0..2 {
             write(&t, VIRTIO_MMIO_QUEUE_SEL, q);
@@ -502,6 +528,7 @@ mod tests {
         assert_eq!(read(&t, VIRTIO_MMIO_MSI_STATE), 0);
         // A reset puts the extension back to its reset state.
         write(&t, VIRTIO_MMIO_STATUS, 0);
+        negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
         assert_eq!(
             read(&t, VIRTIO_MMIO_MSI_STATE),
             VIRTIO_MMIO_MSI_STATE_MASKED
@@ -545,5 +572,159 @@ mod tests {
         );
         write(&t, VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INT_VRING);
         assert_eq!(read(&t, VIRTIO_MMIO_INTERRUPT_STATUS), 0);
+    }
+
+    /// A queue handler that records the queues it is asked to process and, if told to, blocks
+    /// until released: a device thread caught in the middle of its work.
+    struct Recording {
+        calls: Arc<Mutex<Vec<usize>>>,
+        gate: Option<std::sync::mpsc::Receiver<()>>,
+        entered: std::sync::mpsc::Sender<()>,
+    }
+
+    impl crate::virtio::device::QueueHandler for Recording {
+        fn process_queue(
+            &mut self,
+            index: usize,
+            _queues: &mut [virtio_queue::Queue],
+            _dma: &DmaContext,
+        ) -> Result<crate::virtio::device::Progress, crate::virtio::device::DeviceError> {
+            self.calls.lock().unwrap().push(index);
+            let _ = self.entered.send(());
+            if let Some(gate) = &self.gate {
+                let _ = gate.recv();
+            }
+            Ok(crate::virtio::device::Progress {
+                used: vec![index],
+                more: false,
+            })
+        }
+
+        fn reset(&mut self) {}
+    }
+
+    type Probe = (
+        Arc<Mutex<Vec<usize>>>,
+        std::sync::mpsc::Receiver<()>,
+        Option<std::sync::mpsc::Sender<()>>,
+    );
+
+    /// A live virtio-mmio device (legacy line) whose queue work is a [`Recording`] handler,
+    /// queue 0 enabled; `blocking` makes the handler wait for a release.
+    fn live_recording(blocking: bool) -> (MmioTransport, Worker, Vm, Probe) {
+        let (vm, routing, net) = crate::virtio::test_parts();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, gate) = std::sync::mpsc::channel();
+        let handler = Recording {
+            calls: calls.clone(),
+            gate: blocking.then_some(gate),
+            entered: entered_tx,
+        };
+        let parts = DeviceParts {
+            device: net.device,
+            queues: Box::new(handler),
+        };
+        let at = MmioPlacement {
+            base: 0xd000_0000,
+            gsi: 16,
+            notify: NotifyPath::Exit,
+        };
+        let (t, w) =
+            MmioTransport::new(&vm.shared_fd(), &routing, parts, vm.memory().clone(), at).unwrap();
+        negotiate(&t, 0);
+        write(&t, VIRTIO_MMIO_QUEUE_SEL, 0);
+        write(&t, VIRTIO_MMIO_QUEUE_NUM, 16);
+        write(&t, VIRTIO_MMIO_QUEUE_DESC_LOW, 0x1000);
+        write(&t, VIRTIO_MMIO_QUEUE_AVAIL_LOW, 0x2000);
+        write(&t, VIRTIO_MMIO_QUEUE_USED_LOW, 0x3000);
+        write(&t, VIRTIO_MMIO_QUEUE_READY, 1);
+        write(&t, VIRTIO_MMIO_STATUS, 0xf);
+        assert_eq!(read(&t, VIRTIO_MMIO_STATUS), 0xf);
+        (t, w, vm, (calls, entered, blocking.then_some(release)))
+    }
+
+    /// Defect: a notification computed before a reset was delivered after it (virtio 1.2
+    /// §2.4): the device thread sent it after releasing the state lock.
+    #[test]
+    fn nothing_computed_before_a_reset_is_delivered_after_it() {
+        let (t, _w, _vm, (_calls, entered, release)) = live_recording(true);
+        let t = Arc::new(t);
+        // Drain the activation's own look at the queues.
+        let release = release.unwrap();
+        entered.recv().unwrap();
+        release.send(()).unwrap();
+        write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+        entered
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the device thread works on queue 0");
+        // The device thread is inside its work; the driver resets the device meanwhile.
+        let resetter = {
+            let t = t.clone();
+            std::thread::spawn(move || write(&t, VIRTIO_MMIO_STATUS, 0))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        release.send(()).unwrap();
+        resetter.join().unwrap();
+        assert_eq!(read(&t, VIRTIO_MMIO_STATUS), 0);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_INTERRUPT_STATUS),
+            0,
+            "the queue interrupt of the work before the reset must not show after it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(read(&t, VIRTIO_MMIO_INTERRUPT_STATUS), 0);
+    }
+
+    /// Defect: QueueReady read back 1 after the driver wrote 0, and the queue stayed live
+    /// (virtio 1.2 §4.2.2).
+    #[test]
+    fn writing_zero_to_queue_ready_stops_the_queue() {
+        let (t, _w, _vm, (calls, entered, _)) = live_recording(false);
+        entered.recv().unwrap(); // activation
+        write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+        entered.recv().unwrap();
+        write(&t, VIRTIO_MMIO_QUEUE_READY, 0);
+        assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_READY), 0);
+        let before = calls.lock().unwrap().len();
+        write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(
+            calls.lock().unwrap().len(),
+            before,
+            "a stopped queue is not processed"
+        );
+        write(&t, VIRTIO_MMIO_QUEUE_READY, 1);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_QUEUE_READY),
+            0,
+            "no re-enable while DRIVER_OK"
+        );
+    }
+
+    #[test]
+    fn extension_registers_read_zero_and_ignore_writes_until_negotiated() {
+        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        for reg in [
+            VIRTIO_MMIO_MSI_VEC_NUM,
+            VIRTIO_MMIO_MSI_STATE,
+            VIRTIO_MMIO_QUEUE_NOTIFY_OFF,
+        ] {
+            assert_eq!(read(&t, reg), 0, "register {reg:#x}");
+        }
+        write(&t, VIRTIO_MMIO_MSI_SEL, 2);
+        write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 1);
+        negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
+        assert_eq!(read(&t, VIRTIO_MMIO_MSI_SEL), 0, "the write was ignored");
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_QUEUE_MSI_VEC),
+            u32::from(VIRTIO_MSI_NO_VECTOR)
+        );
+        assert_eq!(read(&t, VIRTIO_MMIO_MSI_VEC_NUM), 3);
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_QUEUE_NOTIFY_OFF),
+            0,
+            "the notify feature was not negotiated"
+        );
     }
 }

@@ -18,10 +18,16 @@ pub mod regs {
     include!("regs.rs");
 }
 
+use std::sync::Arc;
+
 use virtio_queue::QueueT;
 
+use crate::dma::DmaContext;
 use crate::irq::IrqError;
-use device::VirtioState;
+use device::{QueueEngine, QueueHandler, StatusChange, VirtioDevice, VirtioState};
+use interrupt::Interrupts;
+use notify::QueueEvents;
+use worker::{Command, Worker, WorkerHandle};
 
 /// Errors building a virtio device.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +53,52 @@ impl VirtioError {
     fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Self {
         move |source| VirtioError::Kvm { what, source }
     }
+}
+
+/// A device type's two halves: the register side the transport keeps, and the queue work the
+/// device thread runs.
+pub struct DeviceParts {
+    /// Identity, features, queues and configuration space.
+    pub device: Box<dyn VirtioDevice>,
+    /// The queue work.
+    pub queues: Box<dyn QueueHandler>,
+}
+
+/// Start the device thread of a transport whose registers are `state`.
+fn spawn_worker(
+    name: String,
+    state: &VirtioState,
+    queues: Box<dyn QueueHandler>,
+    interrupts: &Arc<Interrupts>,
+    events: &QueueEvents,
+) -> Result<Worker, VirtioError> {
+    let engine = QueueEngine::new(queues, state.health().clone());
+    Worker::spawn(
+        name,
+        engine,
+        interrupts.clone(),
+        events.clones().map_err(VirtioError::Io)?,
+    )
+    .map_err(VirtioError::Io)
+}
+
+/// A driver's status write, as both transports carry it out: a reset first waits until the
+/// device thread has dropped the queues (so none of its work lands after the reset), and
+/// DRIVER_OK hands the configured queues to the device thread with the device's DMA context.
+fn write_status(
+    st: &mut VirtioState,
+    worker: &WorkerHandle,
+    dma: &DmaContext,
+    value: u32,
+) -> StatusChange {
+    if value == 0 {
+        worker.reset();
+    }
+    let change = st.write_status(value);
+    if change == StatusChange::Activate {
+        worker.send(Command::Activate(st.activation_queues(), dma.clone()));
+    }
+    change
 }
 
 /// The three areas of a split virtqueue (virtio 1.2 §2.7).
@@ -76,17 +128,13 @@ pub fn set_queue_address(st: &mut VirtioState, ring: Ring, high: bool, value: u3
 
 /// What the transport tests share: a VM, its routing table and a virtio-net device.
 #[cfg(test)]
-pub(crate) fn test_parts() -> (
-    crate::vm::Vm,
-    std::sync::Arc<crate::irq::GsiRouting>,
-    Box<net::VirtioNet>,
-) {
+pub(crate) fn test_parts() -> (crate::vm::Vm, Arc<crate::irq::GsiRouting>, DeviceParts) {
     let vm = crate::vm::Vm::new(1 << 20).expect("KVM is needed for transport tests");
-    let routing = std::sync::Arc::new(
+    let routing = Arc::new(
         crate::irq::GsiRouting::new(vm.shared_fd(), crate::irq::CommitStrategy::Batched).unwrap(),
     );
-    let net = net::VirtioNet::new([0; 6], vec![Box::new(net::RequestResponse::new(8))]);
-    (vm, routing, Box::new(net))
+    let net = net::VirtioNet::parts([0; 6], vec![Box::new(net::RequestResponse::new(8))]);
+    (vm, routing, net)
 }
 
 #[cfg(test)]

@@ -18,12 +18,13 @@ use kvm_ioctls::VmFd;
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 
-use super::device::{Notification, StatusChange, VirtioDevice, VirtioState};
+use super::device::{Notification, StatusChange, VirtioState};
 use super::interrupt::Interrupts;
 use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
-use super::worker::Worker;
-use super::{Ring, VirtioError, set_queue_address};
+use super::worker::{Command, Worker, WorkerHandle};
+use super::{DeviceParts, Ring, VirtioError, set_queue_address, spawn_worker, write_status};
+use crate::dma::DmaContext;
 use crate::irq::{GsiRouting, MsiChange, MsiVectors};
 use crate::pci::config::{Bar, Capability, ConfigSpace, FunctionLayout};
 use crate::pci::function::PciFunction;
@@ -40,7 +41,9 @@ pub const MAX_VECTORS: usize =
 
 /// A virtio device behind a PCI function.
 pub struct VirtioPci {
-    state: Arc<Mutex<VirtioState>>,
+    state: Mutex<VirtioState>,
+    worker: WorkerHandle,
+    dma: DmaContext,
     interrupts: Arc<Interrupts>,
     events: QueueEvents,
     notify: NotifyPath,
@@ -119,33 +122,37 @@ impl VirtioPci {
         }
     }
 
-    /// `device` as a virtio-pci function with `vectors` MSI-X vectors (at most
-    /// [`MAX_VECTORS`]), doorbells on `notify`, and its device thread.
+    /// `device` as the virtio-pci function `requester_id` (bus << 8 | devfn) with `vectors`
+    /// MSI-X vectors (at most [`MAX_VECTORS`]), doorbells on `notify`, and its device thread.
     pub fn new(
         vm: &Arc<VmFd>,
         routing: &Arc<GsiRouting>,
-        device: Box<dyn VirtioDevice>,
+        device: DeviceParts,
         mem: GuestMemoryMmap,
+        requester_id: u16,
         vectors: usize,
         notify: NotifyPath,
     ) -> Result<(Self, Worker), VirtioError> {
-        let state = VirtioState::new(device, 0, mem);
+        let state = VirtioState::new(device.device, 0, mem.clone());
         let queues = state.queue_count();
         let vectors = vectors.clamp(1, MAX_VECTORS);
         let msi = MsiVectors::new(routing.clone(), vectors)?;
+        // The command register resets to 0: no messages until the driver sets Bus Master.
+        msi.update(&[MsiChange::BusMaster(false)]);
         let interrupts = Arc::new(Interrupts::new(queues, None, Some(Arc::new(msi))));
         let events = QueueEvents::new(vm.clone(), queues).map_err(VirtioError::Io)?;
-        let state = Arc::new(Mutex::new(state));
-        let worker = Worker::spawn(
+        let worker = spawn_worker(
             "virtio-pci".into(),
-            state.clone(),
-            interrupts.clone(),
-            events.clones().map_err(VirtioError::Io)?,
-        )
-        .map_err(VirtioError::Io)?;
+            &state,
+            device.queues,
+            &interrupts,
+            &events,
+        )?;
         Ok((
             VirtioPci {
-                state,
+                state: Mutex::new(state),
+                worker: worker.handle(),
+                dma: DmaContext::pci(mem, requester_id),
                 interrupts,
                 events,
                 notify,
@@ -191,6 +198,20 @@ impl VirtioPci {
             // The doorbells still work, through exits.
             warn_ratelimited!("virtio-pci: cannot register doorbell ioeventfds: {e}");
             self.doorbells_at = None;
+        }
+    }
+
+    /// Bus Master Enable changed or was written (PCI 3.0 §6.2.2): without it the function
+    /// does no DMA (the device thread leaves the rings alone) and sends no MSI-X message (held
+    /// pending); when it is set again the queues are looked at and pending messages sent.
+    fn set_bus_master(&mut self, enabled: bool) {
+        if self.dma.bus_master().enabled() == enabled {
+            return;
+        }
+        self.dma.bus_master().set(enabled);
+        self.msi().update(&[MsiChange::BusMaster(enabled)]);
+        if enabled {
+            self.worker.send(Command::KickAll);
         }
     }
 
@@ -253,7 +274,7 @@ impl VirtioPci {
                 self.interrupts.set_config_vector(value as u16);
             }
             (VIRTIO_PCI_COMMON_STATUS, 1) => {
-                if st.write_status(value) == StatusChange::Reset {
+                if write_status(&mut st, &self.worker, &self.dma, value) == StatusChange::Reset {
                     // A virtio reset leaves the PCI function's MSI-X state alone.
                     self.interrupts.reset();
                     self.interrupts.set_msi_active(self.msix_enabled);
@@ -267,7 +288,7 @@ impl VirtioPci {
             }
             (VIRTIO_PCI_COMMON_Q_ENABLE, 2) => {
                 if value == 1 {
-                    config_changed = st.set_queue_ready(true);
+                    config_changed = st.set_queue_ready();
                 } else {
                     warn_ratelimited!(
                         "virtio-pci: queue_enable written with {value} (only 1 is allowed); ignored"
@@ -392,6 +413,9 @@ impl PciFunction for VirtioPci {
         if touches(PCI_COMMAND, 2) || touches(PCI_BAR0, 8) {
             self.place_doorbells(config);
         }
+        if touches(PCI_COMMAND, 2) {
+            self.set_bus_master(config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0);
+        }
         if let Some(cap) = self.msix_cap
             && touches(cap + PCI_MSIX_FLAGS, 2)
         {
@@ -489,6 +513,7 @@ mod tests {
             &routing,
             net,
             vm.memory().clone(),
+            0x18,
             3,
             notify,
         )
@@ -611,6 +636,7 @@ mod tests {
         );
         bar_write(&mut f, &c, entry(1, PCI_MSIX_ENTRY_DATA), 4, 0x42);
         f.msi().update(&[MsiChange::Enable(true)]);
+        set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
         f.msi().trigger(1);
         assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4), 0b10);
         bar_write(&mut f, &c, entry(1, PCI_MSIX_ENTRY_VECTOR_CTRL), 4, 0);
@@ -657,5 +683,35 @@ mod tests {
             addresses(&f),
             vec![0xc100_0000 + notify, 0xc100_0004 + notify]
         );
+    }
+
+    fn set_command(f: &mut VirtioPci, c: &ConfigSpace, command: u16) {
+        c.set_u16(PCI_COMMAND, command);
+        f.config_written(c, PCI_COMMAND, 2);
+    }
+
+    /// Defect: Bus Master Enable was ignored (PCI 3.0 §6.2.2): a function without it sent
+    /// MSI-X messages.
+    #[test]
+    fn without_bus_master_enable_no_message_is_sent_until_it_is_set() {
+        let (mut f, _w, _vm) = function(NotifyPath::Exit);
+        let c = config();
+        let entry = |field: u32| VIRTIO_PCI_BAR_MSIX_TABLE + field;
+        bar_write(&mut f, &c, entry(PCI_MSIX_ENTRY_LOWER_ADDR), 4, 0xfee0_0000);
+        bar_write(&mut f, &c, entry(PCI_MSIX_ENTRY_DATA), 4, 0x42);
+        bar_write(&mut f, &c, entry(PCI_MSIX_ENTRY_VECTOR_CTRL), 4, 0);
+        f.msi().update(&[MsiChange::Enable(true)]);
+        set_command(&mut f, &c, PCI_COMMAND_MEMORY);
+        f.msi().trigger(0);
+        assert_eq!(
+            bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4),
+            1,
+            "held pending while the function may not master"
+        );
+        set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+        assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4), 0, "sent");
+        assert!(f.dma.bus_master().enabled());
+        set_command(&mut f, &c, PCI_COMMAND_MEMORY);
+        assert!(!f.dma.bus_master().enabled(), "DMA is gated too");
     }
 }

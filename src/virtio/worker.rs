@@ -1,35 +1,71 @@
-//! The device thread: sleeps on the queue eventfds (signalled by ioeventfds in the kernel or by
-//! the transport after an exit) and on the line's resample eventfd, and does the device's work
-//! off the vCPU thread.
+//! The device thread: owns a device's [`QueueEngine`], sleeps on the queue eventfds (signalled
+//! by ioeventfds in the kernel or by the transport after an exit), on the line's resample
+//! eventfd and on its command eventfd, and does the device's work off the vCPU threads.
+//!
+//! Transports talk to it with [`Command`]s: activation hands it the queues at DRIVER_OK;
+//! reset and queue stop are acknowledged, so when the register reads back the driver knows
+//! the device thread no longer uses what it had. Because the thread sends its notifications
+//! itself, before it takes the next command, nothing it computed before a reset can be
+//! delivered after the reset's acknowledgement (virtio 1.2 §2.4).
 
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
+use virtio_queue::Queue;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::device::VirtioState;
+use super::device::QueueEngine;
 use super::interrupt::Interrupts;
+use crate::dma::DmaContext;
+
+/// Longest a vCPU waits for the device thread to acknowledge a command. The thread's loops are
+/// bounded, so this is only reached if it died or the host stalls; the vCPU then goes on.
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a transport asks of the device thread.
+pub enum Command {
+    /// DRIVER_OK: work on these queues through this context.
+    Activate(Vec<Queue>, DmaContext),
+    /// The driver reset the device: drop the queues and in-flight state, then acknowledge.
+    Reset(SyncSender<()>),
+    /// The driver disabled queue `.0`: stop using it, then acknowledge.
+    StopQueue(usize, SyncSender<()>),
+    /// Work may have become possible on every queue (Bus Master Enable was set).
+    KickAll,
+}
 
 /// A running device thread; dropping it stops and joins the thread.
 pub struct Worker {
+    handle: WorkerHandle,
     stop: EventFd,
     thread: Option<JoinHandle<()>>,
 }
 
+/// What a transport keeps to send the device thread [`Command`]s.
+#[derive(Clone)]
+pub struct WorkerHandle {
+    commands: Sender<Command>,
+    wake: Arc<EventFd>,
+}
+
 impl Worker {
-    /// Start the thread for `state`, woken by `queue_events`.
+    /// Start the thread for `engine`, woken by `queue_events`, notifying through `interrupts`.
     pub fn spawn(
         name: String,
-        state: Arc<Mutex<VirtioState>>,
+        mut engine: QueueEngine,
         interrupts: Arc<Interrupts>,
         queue_events: Vec<EventFd>,
     ) -> std::io::Result<Self> {
         let stop = EventFd::new(EFD_NONBLOCK)?;
+        let wake = EventFd::new(EFD_NONBLOCK)?;
         let epoll = Epoll::new()?;
         let queues = queue_events.len();
-        let (resample_token, stop_token) = (queues as u64, queues as u64 + 1);
+        let (resample_token, command_token, stop_token) =
+            (queues as u64, queues as u64 + 1, queues as u64 + 2);
         for (i, e) in queue_events.iter().enumerate() {
             epoll.ctl(
                 ControlOperation::Add,
@@ -44,13 +80,18 @@ impl Worker {
                 EpollEvent::new(EventSet::IN, resample_token),
             )?;
         }
-        epoll.ctl(
-            ControlOperation::Add,
-            stop.as_raw_fd(),
-            EpollEvent::new(EventSet::IN, stop_token),
-        )?;
+        for (fd, token) in [(&wake, command_token), (&stop, stop_token)] {
+            epoll.ctl(
+                ControlOperation::Add,
+                fd.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, token),
+            )?;
+        }
+        let (commands, inbox) = mpsc::channel();
+        let wake = Arc::new(wake);
+        let wake_clone = wake.clone();
         let thread = thread::Builder::new().name(name).spawn(move || {
-            let mut events = vec![EpollEvent::default(); queues + 2];
+            let mut events = vec![EpollEvent::default(); queues + 3];
             loop {
                 let n = match epoll.wait(-1, &mut events) {
                     Ok(n) => n,
@@ -60,33 +101,112 @@ impl Worker {
                         return;
                     }
                 };
-                // A resample left over from the previous interrupt's EOI goes first: handled after
-                // new work it would see that work's status bit and assert the line a second time.
+                // A resample left over from the previous interrupt's EOI goes first: handled
+                // after new work it would see that work's status bit and assert the line a
+                // second time. Commands go last: work already signalled is done (and its
+                // interrupts sent) before a reset is acknowledged.
                 let ready = &mut events[..n];
-                ready.sort_by_key(|ev| ev.data() != resample_token);
+                ready.sort_by_key(|ev| match ev.data() {
+                    t if t == stop_token => 0,
+                    t if t == resample_token => 1,
+                    t if t == command_token => 3,
+                    _ => 2,
+                });
                 for ev in ready.iter() {
                     let token = ev.data();
                     if token == stop_token {
                         return;
                     } else if token == resample_token {
                         interrupts.resample();
+                    } else if token == command_token {
+                        let _ = wake_clone.read();
+                        run_commands(&inbox, &mut engine, &queue_events);
                     } else if let Some((q, e)) = usize::try_from(token)
                         .ok()
                         .and_then(|q| Some((q, queue_events.get(q)?)))
                     {
                         let _ = e.read();
-                        let due = state.lock().unwrap().process(q);
-                        for n in due {
+                        let work = engine.process(q);
+                        for n in work.notifications {
                             interrupts.notify(n);
+                        }
+                        if work.more {
+                            // Come back after the other events: a driver that keeps the
+                            // queue full cannot starve a reset or another queue.
+                            let _ = e.write(1);
                         }
                     }
                 }
             }
         })?;
         Ok(Worker {
+            handle: WorkerHandle { commands, wake },
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// A handle for the transport.
+    pub fn handle(&self) -> WorkerHandle {
+        self.handle.clone()
+    }
+}
+
+impl WorkerHandle {
+    /// Send `command` without waiting.
+    pub fn send(&self, command: Command) {
+        if self.commands.send(command).is_ok() {
+            let _ = self.wake.write(1);
+        }
+    }
+
+    /// Send the command `make` builds around an acknowledgement channel and wait for the
+    /// acknowledgement.
+    fn call(&self, make: impl FnOnce(SyncSender<()>) -> Command) {
+        let (ack, acked) = mpsc::sync_channel(1);
+        self.send(make(ack));
+        if let Err(mpsc::RecvTimeoutError::Timeout) = acked.recv_timeout(ACK_TIMEOUT) {
+            warn_ratelimited!(
+                "virtio: the device thread did not acknowledge within {ACK_TIMEOUT:?}"
+            );
+        }
+    }
+
+    /// Reset the device thread's side; returns once it no longer uses the queues.
+    pub fn reset(&self) {
+        self.call(Command::Reset);
+    }
+
+    /// Stop queue `index`; returns once the device thread no longer uses it.
+    pub fn stop_queue(&self, index: usize) {
+        self.call(|ack| Command::StopQueue(index, ack));
+    }
+}
+
+fn run_commands(inbox: &Receiver<Command>, engine: &mut QueueEngine, queue_events: &[EventFd]) {
+    while let Ok(command) = inbox.try_recv() {
+        match command {
+            Command::Activate(queues, dma) => {
+                engine.activate(queues, dma);
+                // Buffers made available before DRIVER_OK (allowed, §3.1.1) get looked at.
+                kick(queue_events);
+            }
+            Command::Reset(ack) => {
+                engine.reset();
+                let _ = ack.send(());
+            }
+            Command::StopQueue(index, ack) => {
+                engine.stop_queue(index);
+                let _ = ack.send(());
+            }
+            Command::KickAll => kick(queue_events),
+        }
+    }
+}
+
+fn kick(queue_events: &[EventFd]) {
+    for e in queue_events {
+        let _ = e.write(1);
     }
 }
 
