@@ -46,6 +46,7 @@ pub mod bench;
 pub mod bus;
 pub mod devices;
 pub mod dma;
+pub mod fakes;
 pub mod inspect;
 pub mod irq;
 pub mod machine;

@@ -20,7 +20,7 @@ use crate::contract::{
 };
 use crate::devices::probe_ports::{PROBE_PORTS_BASE, PROBE_PORTS_LEN, PhaseRecord, ProbePorts};
 use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
-use crate::irq::{CommitStrategy, GsiRouting, IrqError};
+use crate::irq::{CommitStrategy, GsiRouting, InterruptRoutes, IrqError};
 use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
 use crate::pci::ecam::PciConfigMmio;
 use crate::pci::function::{HostBridge, TestDevice};
@@ -357,7 +357,7 @@ impl Machine {
                         notify: dev.notify,
                     };
                     let (transport, worker) =
-                        MmioTransport::new(&vm.shared_fd(), &routing, net, mem, at)?;
+                        MmioTransport::new(vm.shared_fd(), routing.clone(), net, mem, at)?;
                     io.add_mmio(
                         &format!("virtio-mmio.{n}"),
                         at.base,
@@ -377,8 +377,8 @@ impl Machine {
                     }
                     let at = ProbeConfig::virtio_pci_address(n);
                     let (function, worker) = VirtioPci::new(
-                        &vm.shared_fd(),
-                        &routing,
+                        vm.shared_fd(),
+                        routing.clone(),
                         net,
                         mem,
                         at.requester_id(),

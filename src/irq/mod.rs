@@ -11,7 +11,34 @@ pub mod regs {
 }
 
 pub use msi::{MsiChange, MsiVectors};
-pub use routing::{CommitStats, CommitStrategy, GsiRouting};
+pub use routing::{CommitStats, CommitStrategy, GsiRouting, MsiGsi};
+
+use vmm_sys_util::eventfd::EventFd;
+
+/// What interrupt sources need from the platform's interrupt routing: IOAPIC pins for lines,
+/// and GSIs with irqfds for MSI vectors whose routes are staged and then committed. One owner
+/// implements it for a VM ([`GsiRouting`], on KVM); [`crate::fakes::FakeRoutes`] records the
+/// same calls in memory, so devices can be tested and fuzzed without /dev/kvm.
+pub trait InterruptRoutes: Send + Sync {
+    /// Bind `irqfd` to IOAPIC pin `gsi` (a level-triggered line when `resample` is given: KVM
+    /// signals it at the EOI that de-asserts the line).
+    fn bind_pin(
+        &self,
+        gsi: u32,
+        irqfd: &EventFd,
+        resample: Option<&EventFd>,
+    ) -> Result<(), IrqError>;
+    /// A GSI and an irqfd for an MSI vector, not yet routed.
+    fn allocate_msi(&self) -> Result<MsiGsi, IrqError>;
+    /// Give an MSI GSI back: its irqfd is unbound now, its route removal is staged.
+    fn release(&self, gsi: u32) -> Result<(), IrqError>;
+    /// Route `gsi` to the MSI message (`address`, `data`).
+    fn set_msi(&self, gsi: u32, address: u64, data: u32) -> Result<(), IrqError>;
+    /// Remove `gsi`'s route (its irqfd is then unbound and delivers nothing).
+    fn clear(&self, gsi: u32) -> Result<(), IrqError>;
+    /// Install the staged changes, if any, in one go.
+    fn commit(&self) -> Result<(), IrqError>;
+}
 
 /// Errors setting up interrupt delivery.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use super::regs::{
     MSI_DELIVERY_INIT, MSI_DELIVERY_LOWEST, MSI_DELIVERY_NMI, MSI_DELIVERY_SMI,
 };
 use super::routing::MsiGsi;
-use super::{GsiRouting, IrqError};
+use super::{InterruptRoutes, IrqError};
 
 #[derive(Clone, Copy, Default)]
 struct Vector {
@@ -73,7 +73,7 @@ pub enum MsiChange {
 
 /// A device's MSI vectors.
 pub struct MsiVectors {
-    routing: Arc<GsiRouting>,
+    routing: Arc<dyn InterruptRoutes>,
     gsis: Vec<MsiGsi>,
     state: Mutex<State>,
 }
@@ -95,7 +95,7 @@ pub fn is_valid_message(address: u64, data: u32) -> bool {
 
 impl MsiVectors {
     /// `count` vectors, all masked and disabled, each with a GSI and an irqfd.
-    pub fn new(routing: Arc<GsiRouting>, count: usize) -> Result<Self, IrqError> {
+    pub fn new(routing: Arc<dyn InterruptRoutes>, count: usize) -> Result<Self, IrqError> {
         let mut table = MsiVectors {
             routing,
             gsis: Vec::with_capacity(count),
@@ -286,13 +286,14 @@ impl Drop for MsiVectors {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::irq::CommitStrategy;
+    use crate::irq::{CommitStrategy, GsiRouting};
 
     fn vectors(strategy: CommitStrategy, count: usize) -> (MsiVectors, Arc<GsiRouting>) {
         let vm = Arc::new(kvm_ioctls::Kvm::new().unwrap().create_vm().unwrap());
         vm.create_irq_chip().unwrap();
         let routing = Arc::new(GsiRouting::new(vm, strategy).unwrap());
-        (MsiVectors::new(routing.clone(), count).unwrap(), routing)
+        let msi = MsiVectors::new(routing.clone(), count).unwrap();
+        (msi, routing)
     }
 
     fn program(index: usize, data: u32) -> MsiChange {

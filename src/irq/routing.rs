@@ -28,6 +28,7 @@ use kvm_bindings::{
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use super::InterruptRoutes;
 use super::IrqError;
 
 /// IOAPIC pins (GSIs 0..24); MSI routes get GSIs from here up.
@@ -151,86 +152,6 @@ impl GsiRouting {
         self.strategy
     }
 
-    /// Bind `irqfd` to IOAPIC pin `gsi` (a level-triggered line when `resample` is given: KVM
-    /// signals it at the EOI that de-asserts the line).
-    pub fn bind_pin(
-        &self,
-        gsi: u32,
-        irqfd: &EventFd,
-        resample: Option<&EventFd>,
-    ) -> Result<(), IrqError> {
-        assert!(gsi < IOAPIC_PINS, "GSI {gsi} is not an IOAPIC pin");
-        match resample {
-            Some(r) => self.vm.register_irqfd_with_resample(irqfd, r, gsi),
-            None => self.vm.register_irqfd(irqfd, gsi),
-        }
-        .map_err(kvm_err("bind an irqfd to an IOAPIC pin"))
-    }
-
-    /// A GSI and an irqfd for an MSI vector, not yet routed.
-    pub fn allocate_msi(&self) -> Result<MsiGsi, IrqError> {
-        let irqfd = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(IrqError::EventFd)?);
-        let mut t = self.table.lock().unwrap();
-        let gsi = match t.free.pop() {
-            Some(gsi) => gsi,
-            None if t.next_gsi < IOAPIC_PINS + MAX_MSI_ROUTES => {
-                t.next_gsi += 1;
-                t.next_gsi - 1
-            }
-            None => return Err(IrqError::GsisExhausted(MAX_MSI_ROUTES)),
-        };
-        t.irqfds.insert(gsi, irqfd.clone());
-        Ok(MsiGsi { gsi, irqfd })
-    }
-
-    /// Give an MSI GSI back: its irqfd is unbound now, its route removal is staged.
-    pub fn release(&self, gsi: u32) -> Result<(), IrqError> {
-        let mut t = self.table.lock().unwrap();
-        let Some(irqfd) = t.irqfds.remove(&gsi) else {
-            return Ok(());
-        };
-        t.free.push(gsi);
-        if t.bound.remove(&gsi) {
-            self.vm
-                .unregister_irqfd(&irqfd, gsi)
-                .map_err(kvm_err("unbind an MSI irqfd"))?;
-        }
-        if t.routes.remove(&gsi).is_some() {
-            t.staged = true;
-        }
-        self.after_change(&mut t)
-    }
-
-    /// Route `gsi` to the MSI message (`address`, `data`).
-    pub fn set_msi(&self, gsi: u32, address: u64, data: u32) -> Result<(), IrqError> {
-        let mut e = kvm_irq_routing_entry {
-            gsi,
-            type_: KVM_IRQ_ROUTING_MSI,
-            ..Default::default()
-        };
-        e.u.msi.address_lo = (address & 0xffff_ffff) as u32;
-        e.u.msi.address_hi = (address >> 32) as u32;
-        e.u.msi.data = data;
-        let mut t = self.table.lock().unwrap();
-        t.routes.insert(gsi, e);
-        t.staged = true;
-        self.after_change(&mut t)
-    }
-
-    /// Remove `gsi`'s route (its irqfd is then unbound and delivers nothing).
-    pub fn clear(&self, gsi: u32) -> Result<(), IrqError> {
-        let mut t = self.table.lock().unwrap();
-        if t.routes.remove(&gsi).is_some() {
-            t.staged = true;
-        }
-        self.after_change(&mut t)
-    }
-
-    /// Install the staged changes, if any, in one `KVM_SET_GSI_ROUTING`.
-    pub fn commit(&self) -> Result<(), IrqError> {
-        self.commit_locked(&mut self.table.lock().unwrap())
-    }
-
     /// Commits made so far and the time KVM took for them.
     pub fn stats(&self) -> CommitStats {
         self.table.lock().unwrap().stats
@@ -302,6 +223,82 @@ impl GsiRouting {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl InterruptRoutes for GsiRouting {
+    fn bind_pin(
+        &self,
+        gsi: u32,
+        irqfd: &EventFd,
+        resample: Option<&EventFd>,
+    ) -> Result<(), IrqError> {
+        assert!(gsi < IOAPIC_PINS, "GSI {gsi} is not an IOAPIC pin");
+        match resample {
+            Some(r) => self.vm.register_irqfd_with_resample(irqfd, r, gsi),
+            None => self.vm.register_irqfd(irqfd, gsi),
+        }
+        .map_err(kvm_err("bind an irqfd to an IOAPIC pin"))
+    }
+
+    fn allocate_msi(&self) -> Result<MsiGsi, IrqError> {
+        let irqfd = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(IrqError::EventFd)?);
+        let mut t = self.table.lock().unwrap();
+        let gsi = match t.free.pop() {
+            Some(gsi) => gsi,
+            None if t.next_gsi < IOAPIC_PINS + MAX_MSI_ROUTES => {
+                t.next_gsi += 1;
+                t.next_gsi - 1
+            }
+            None => return Err(IrqError::GsisExhausted(MAX_MSI_ROUTES)),
+        };
+        t.irqfds.insert(gsi, irqfd.clone());
+        Ok(MsiGsi { gsi, irqfd })
+    }
+
+    fn release(&self, gsi: u32) -> Result<(), IrqError> {
+        let mut t = self.table.lock().unwrap();
+        let Some(irqfd) = t.irqfds.remove(&gsi) else {
+            return Ok(());
+        };
+        t.free.push(gsi);
+        if t.bound.remove(&gsi) {
+            self.vm
+                .unregister_irqfd(&irqfd, gsi)
+                .map_err(kvm_err("unbind an MSI irqfd"))?;
+        }
+        if t.routes.remove(&gsi).is_some() {
+            t.staged = true;
+        }
+        self.after_change(&mut t)
+    }
+
+    fn set_msi(&self, gsi: u32, address: u64, data: u32) -> Result<(), IrqError> {
+        let mut e = kvm_irq_routing_entry {
+            gsi,
+            type_: KVM_IRQ_ROUTING_MSI,
+            ..Default::default()
+        };
+        e.u.msi.address_lo = (address & 0xffff_ffff) as u32;
+        e.u.msi.address_hi = (address >> 32) as u32;
+        e.u.msi.data = data;
+        let mut t = self.table.lock().unwrap();
+        t.routes.insert(gsi, e);
+        t.staged = true;
+        self.after_change(&mut t)
+    }
+
+    fn clear(&self, gsi: u32) -> Result<(), IrqError> {
+        let mut t = self.table.lock().unwrap();
+        if t.routes.remove(&gsi).is_some() {
+            t.staged = true;
+        }
+        self.after_change(&mut t)
+    }
+
+    /// In one `KVM_SET_GSI_ROUTING`.
+    fn commit(&self) -> Result<(), IrqError> {
+        self.commit_locked(&mut self.table.lock().unwrap())
     }
 }
 

@@ -9,20 +9,19 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kvm_ioctls::VmFd;
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::device::{Notification, StatusChange, VirtioState};
 use super::interrupt::{Interrupts, LegacyLine};
-use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
+use super::notify::{Datamatch, Doorbell, IoEventRegistrar, NotifyPath, QueueEvents};
 use super::regs::*;
 use super::worker::{Worker, WorkerHandle};
 use super::{DeviceParts, Ring, VirtioError, set_queue_address, spawn_worker, write_status};
 use crate::bus::BusDevice;
 use crate::dma::DmaContext;
-use crate::irq::{GsiRouting, MsiChange, MsiVectors};
+use crate::irq::{InterruptRoutes, MsiChange, MsiVectors};
 use crate::pci::function::EXITLESS_VENDOR_ID;
 
 /// The MSI registers that stage a vector's message until the UPDATE command.
@@ -63,8 +62,8 @@ fn feature(n: u32) -> u64 {
 impl MmioTransport {
     /// `device` at `at`, with its irqfds, ioeventfds and device thread.
     pub fn new(
-        vm: &Arc<VmFd>,
-        routing: &Arc<GsiRouting>,
+        ioevents: Arc<dyn IoEventRegistrar>,
+        routing: Arc<dyn InterruptRoutes>,
         device: DeviceParts,
         mem: GuestMemoryMmap,
         at: MmioPlacement,
@@ -80,9 +79,9 @@ impl MmioTransport {
             resample: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::Io)?,
         };
         routing.bind_pin(at.gsi, &line.irqfd, Some(&line.resample))?;
-        let msi = MsiVectors::new(routing.clone(), queues + 1)?;
+        let msi = MsiVectors::new(routing, queues + 1)?;
         let interrupts = Arc::new(Interrupts::new(queues, Some(line), Some(Arc::new(msi))));
-        let mut events = QueueEvents::new(vm.clone(), queues).map_err(VirtioError::Io)?;
+        let mut events = QueueEvents::new(ioevents, queues).map_err(VirtioError::Io)?;
         let doorbells: Vec<Doorbell> = (0..queues)
             .filter_map(|q| {
                 let q32 = u32::try_from(q).ok()?;
@@ -373,18 +372,17 @@ impl BusDevice for MmioTransport {
 #[allow(clippy::cast_possible_truncation)] // fixtures
 mod tests {
     use super::*;
-    use crate::vm::Vm;
+    use crate::fakes::FakeRoutes;
 
-    fn transport(notify: NotifyPath) -> (MmioTransport, Worker, Vm) {
-        let (vm, routing, net) = crate::virtio::test_parts();
+    fn transport(notify: NotifyPath) -> (MmioTransport, Worker, Arc<FakeRoutes>) {
+        let p = crate::virtio::test_parts();
         let at = MmioPlacement {
             base: 0xd000_0000,
             gsi: 16,
             notify,
         };
-        let (t, w) =
-            MmioTransport::new(&vm.shared_fd(), &routing, net, vm.memory().clone(), at).unwrap();
-        (t, w, vm)
+        let (t, w) = MmioTransport::new(p.ioevents, p.routes.clone(), p.net, p.mem, at).unwrap();
+        (t, w, p.routes)
     }
 
     fn read(t: &MmioTransport, reg: u32) -> u32 {
@@ -611,8 +609,8 @@ mod tests {
 
     /// A live virtio-mmio device (legacy line) whose queue work is a [`Recording`] handler,
     /// queue 0 enabled; `blocking` makes the handler wait for a release.
-    fn live_recording(blocking: bool) -> (MmioTransport, Worker, Vm, Probe) {
-        let (vm, routing, net) = crate::virtio::test_parts();
+    fn live_recording(blocking: bool) -> (MmioTransport, Worker, Arc<FakeRoutes>, Probe) {
+        let p = crate::virtio::test_parts();
         let calls = Arc::new(Mutex::new(Vec::new()));
         let (entered_tx, entered) = std::sync::mpsc::channel();
         let (release, gate) = std::sync::mpsc::channel();
@@ -622,7 +620,7 @@ mod tests {
             entered: entered_tx,
         };
         let parts = DeviceParts {
-            device: net.device,
+            device: p.net.device,
             queues: Box::new(handler),
         };
         let at = MmioPlacement {
@@ -630,8 +628,7 @@ mod tests {
             gsi: 16,
             notify: NotifyPath::Exit,
         };
-        let (t, w) =
-            MmioTransport::new(&vm.shared_fd(), &routing, parts, vm.memory().clone(), at).unwrap();
+        let (t, w) = MmioTransport::new(p.ioevents, p.routes.clone(), parts, p.mem, at).unwrap();
         negotiate(&t, 0);
         write(&t, VIRTIO_MMIO_QUEUE_SEL, 0);
         write(&t, VIRTIO_MMIO_QUEUE_NUM, 16);
@@ -641,7 +638,12 @@ mod tests {
         write(&t, VIRTIO_MMIO_QUEUE_READY, 1);
         write(&t, VIRTIO_MMIO_STATUS, 0xf);
         assert_eq!(read(&t, VIRTIO_MMIO_STATUS), 0xf);
-        (t, w, vm, (calls, entered, blocking.then_some(release)))
+        (
+            t,
+            w,
+            p.routes,
+            (calls, entered, blocking.then_some(release)),
+        )
     }
 
     /// Defect: a notification computed before a reset was delivered after it (virtio 1.2

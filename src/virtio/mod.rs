@@ -126,15 +126,25 @@ pub fn set_queue_address(st: &mut VirtioState, ring: Ring, high: bool, value: u3
     });
 }
 
-/// What the transport tests share: a VM, its routing table and a virtio-net device.
+/// What the transport tests share: guest memory, in-memory KVM stand-ins and a virtio-net
+/// device; no /dev/kvm needed.
 #[cfg(test)]
-pub(crate) fn test_parts() -> (crate::vm::Vm, Arc<crate::irq::GsiRouting>, DeviceParts) {
-    let vm = crate::vm::Vm::new(1 << 20).expect("KVM is needed for transport tests");
-    let routing = Arc::new(
-        crate::irq::GsiRouting::new(vm.shared_fd(), crate::irq::CommitStrategy::Batched).unwrap(),
-    );
-    let net = net::VirtioNet::parts([0; 6], vec![Box::new(net::RequestResponse::new(8))]);
-    (vm, routing, net)
+pub(crate) struct TestParts {
+    pub mem: vm_memory::GuestMemoryMmap,
+    pub ioevents: Arc<crate::fakes::FakeIoEvents>,
+    pub routes: Arc<crate::fakes::FakeRoutes>,
+    pub net: DeviceParts,
+}
+
+#[cfg(test)]
+pub(crate) fn test_parts() -> TestParts {
+    TestParts {
+        mem: vm_memory::GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)])
+            .unwrap(),
+        ioevents: Arc::default(),
+        routes: Arc::default(),
+        net: net::VirtioNet::parts([0; 6], vec![Box::new(net::RequestResponse::new(8))]),
+    }
 }
 
 #[cfg(test)]

@@ -50,21 +50,50 @@ pub struct Doorbell {
     pub datamatch: Option<Datamatch>,
 }
 
+/// Where doorbell ioeventfds are registered: KVM's `KVM_IOEVENTFD` for a VM (the impl for
+/// `VmFd`), or [`crate::fakes::FakeIoEvents`], which records them, for tests and fuzzing.
+pub trait IoEventRegistrar: Send + Sync {
+    /// Make writes matching `doorbell` signal `fd` in the kernel, without an exit.
+    fn register(&self, fd: &EventFd, doorbell: &Doorbell) -> Result<(), kvm_ioctls::Error>;
+    /// Undo [`IoEventRegistrar::register`].
+    fn unregister(&self, fd: &EventFd, doorbell: &Doorbell) -> Result<(), kvm_ioctls::Error>;
+}
+
+impl IoEventRegistrar for VmFd {
+    fn register(&self, fd: &EventFd, d: &Doorbell) -> Result<(), kvm_ioctls::Error> {
+        let addr = IoEventAddress::Mmio(d.address);
+        match d.datamatch {
+            Some(Datamatch::U16(v)) => self.register_ioevent(fd, &addr, v),
+            Some(Datamatch::U32(v)) => self.register_ioevent(fd, &addr, v),
+            None => self.register_ioevent(fd, &addr, NoDatamatch),
+        }
+    }
+
+    fn unregister(&self, fd: &EventFd, d: &Doorbell) -> Result<(), kvm_ioctls::Error> {
+        let addr = IoEventAddress::Mmio(d.address);
+        match d.datamatch {
+            Some(Datamatch::U16(v)) => self.unregister_ioevent(fd, &addr, v),
+            Some(Datamatch::U32(v)) => self.unregister_ioevent(fd, &addr, v),
+            None => self.unregister_ioevent(fd, &addr, NoDatamatch),
+        }
+    }
+}
+
 /// One eventfd per queue, and the ioeventfds that signal them.
 pub struct QueueEvents {
-    vm: Arc<VmFd>,
+    registrar: Arc<dyn IoEventRegistrar>,
     events: Vec<EventFd>,
     registered: Vec<Doorbell>,
 }
 
 impl QueueEvents {
     /// Eventfds for `queues` queues; no doorbell registered yet.
-    pub fn new(vm: Arc<VmFd>, queues: usize) -> std::io::Result<Self> {
+    pub fn new(registrar: Arc<dyn IoEventRegistrar>, queues: usize) -> std::io::Result<Self> {
         let events = (0..queues)
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<Result<_, _>>()?;
         Ok(QueueEvents {
-            vm,
+            registrar,
             events,
             registered: Vec::new(),
         })
@@ -94,12 +123,7 @@ impl QueueEvents {
             let Some(fd) = self.events.get(d.queue) else {
                 continue;
             };
-            let addr = IoEventAddress::Mmio(d.address);
-            match d.datamatch {
-                Some(Datamatch::U16(v)) => self.vm.register_ioevent(fd, &addr, v)?,
-                Some(Datamatch::U32(v)) => self.vm.register_ioevent(fd, &addr, v)?,
-                None => self.vm.register_ioevent(fd, &addr, NoDatamatch)?,
-            }
+            self.registrar.register(fd, &d)?;
             self.registered.push(d);
         }
         Ok(())
@@ -108,13 +132,7 @@ impl QueueEvents {
     /// Remove every doorbell.
     pub fn unregister_all(&mut self) {
         for d in std::mem::take(&mut self.registered) {
-            let addr = IoEventAddress::Mmio(d.address);
-            let fd = &self.events[d.queue];
-            let _ = match d.datamatch {
-                Some(Datamatch::U16(v)) => self.vm.unregister_ioevent(fd, &addr, v),
-                Some(Datamatch::U32(v)) => self.vm.unregister_ioevent(fd, &addr, v),
-                None => self.vm.unregister_ioevent(fd, &addr, NoDatamatch),
-            };
+            let _ = self.registrar.unregister(&self.events[d.queue], &d);
         }
     }
 

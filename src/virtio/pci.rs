@@ -14,18 +14,17 @@
 
 use std::sync::{Arc, Mutex};
 
-use kvm_ioctls::VmFd;
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 
 use super::device::{Notification, StatusChange, VirtioState};
 use super::interrupt::Interrupts;
-use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
+use super::notify::{Datamatch, Doorbell, IoEventRegistrar, NotifyPath, QueueEvents};
 use super::regs::*;
 use super::worker::{Command, Worker, WorkerHandle};
 use super::{DeviceParts, Ring, VirtioError, set_queue_address, spawn_worker, write_status};
 use crate::dma::DmaContext;
-use crate::irq::{GsiRouting, MsiChange, MsiVectors};
+use crate::irq::{InterruptRoutes, MsiChange, MsiVectors};
 use crate::pci::config::{Bar, Capability, ConfigSpace, FunctionLayout};
 use crate::pci::function::PciFunction;
 use crate::pci::regs::*;
@@ -125,8 +124,8 @@ impl VirtioPci {
     /// `device` as the virtio-pci function `requester_id` (bus << 8 | devfn) with `vectors`
     /// MSI-X vectors (at most [`MAX_VECTORS`]), doorbells on `notify`, and its device thread.
     pub fn new(
-        vm: &Arc<VmFd>,
-        routing: &Arc<GsiRouting>,
+        ioevents: Arc<dyn IoEventRegistrar>,
+        routing: Arc<dyn InterruptRoutes>,
         device: DeviceParts,
         mem: GuestMemoryMmap,
         requester_id: u16,
@@ -136,11 +135,11 @@ impl VirtioPci {
         let state = VirtioState::new(device.device, 0, mem.clone());
         let queues = state.queue_count();
         let vectors = vectors.clamp(1, MAX_VECTORS);
-        let msi = MsiVectors::new(routing.clone(), vectors)?;
+        let msi = MsiVectors::new(routing, vectors)?;
         // The command register resets to 0: no messages until the driver sets Bus Master.
         msi.update(&[MsiChange::BusMaster(false)]);
         let interrupts = Arc::new(Interrupts::new(queues, None, Some(Arc::new(msi))));
-        let events = QueueEvents::new(vm.clone(), queues).map_err(VirtioError::Io)?;
+        let events = QueueEvents::new(ioevents, queues).map_err(VirtioError::Io)?;
         let worker = spawn_worker(
             "virtio-pci".into(),
             &state,
@@ -503,22 +502,14 @@ impl PciFunction for VirtioPci {
 #[allow(clippy::cast_possible_truncation)] // fixtures
 mod tests {
     use super::*;
+    use crate::fakes::FakeIoEvents;
     use crate::pci::config::ConfigWindow;
-    use crate::vm::Vm;
 
-    fn function(notify: NotifyPath) -> (VirtioPci, Worker, Vm) {
-        let (vm, routing, net) = crate::virtio::test_parts();
-        let (f, w) = VirtioPci::new(
-            &vm.shared_fd(),
-            &routing,
-            net,
-            vm.memory().clone(),
-            0x18,
-            3,
-            notify,
-        )
-        .unwrap();
-        (f, w, vm)
+    fn function(notify: NotifyPath) -> (VirtioPci, Worker, Arc<FakeIoEvents>) {
+        let p = crate::virtio::test_parts();
+        let (f, w) =
+            VirtioPci::new(p.ioevents.clone(), p.routes, p.net, p.mem, 0x18, 3, notify).unwrap();
+        (f, w, p.ioevents)
     }
 
     fn config() -> ConfigSpace {

@@ -1,0 +1,129 @@
+//! In-memory stand-ins for the KVM facilities devices use: interrupt routing and doorbell
+//! registration. They record what a device asked for, so transports and interrupt sources can
+//! be unit-tested and fuzzed without /dev/kvm. The irqfds and eventfds they hand out are real
+//! eventfds: a test reads them to see what a device signalled.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::irq::{InterruptRoutes, IrqError, MsiGsi};
+use crate::virtio::notify::{Doorbell, IoEventRegistrar};
+
+/// First GSI handed out for MSI vectors: after the 24 IOAPIC pins, as on KVM.
+const FIRST_MSI_GSI: u32 = 24;
+
+#[derive(Default)]
+struct Routes {
+    next_gsi: u32,
+    free: Vec<u32>,
+    staged: BTreeMap<u32, (u64, u32)>,
+    committed: BTreeMap<u32, (u64, u32)>,
+    irqfds: BTreeMap<u32, Arc<EventFd>>,
+    pins: Vec<u32>,
+    commits: u64,
+}
+
+/// A routing table in memory: routes are staged until [`InterruptRoutes::commit`] installs them.
+#[derive(Default)]
+pub struct FakeRoutes {
+    routes: Mutex<Routes>,
+}
+
+impl FakeRoutes {
+    /// The committed route of `gsi`: its MSI message.
+    pub fn route(&self, gsi: u32) -> Option<(u64, u32)> {
+        self.routes.lock().unwrap().committed.get(&gsi).copied()
+    }
+
+    /// How many commits were made.
+    pub fn commits(&self) -> u64 {
+        self.routes.lock().unwrap().commits
+    }
+
+    /// The IOAPIC pins bound so far.
+    pub fn pins(&self) -> Vec<u32> {
+        self.routes.lock().unwrap().pins.clone()
+    }
+}
+
+impl InterruptRoutes for FakeRoutes {
+    fn bind_pin(
+        &self,
+        gsi: u32,
+        _irqfd: &EventFd,
+        _resample: Option<&EventFd>,
+    ) -> Result<(), IrqError> {
+        self.routes.lock().unwrap().pins.push(gsi);
+        Ok(())
+    }
+
+    fn allocate_msi(&self) -> Result<MsiGsi, IrqError> {
+        let irqfd = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(IrqError::EventFd)?);
+        let mut r = self.routes.lock().unwrap();
+        let gsi = r.free.pop().unwrap_or_else(|| {
+            r.next_gsi += 1;
+            FIRST_MSI_GSI + r.next_gsi - 1
+        });
+        r.irqfds.insert(gsi, irqfd.clone());
+        Ok(MsiGsi { gsi, irqfd })
+    }
+
+    fn release(&self, gsi: u32) -> Result<(), IrqError> {
+        let mut r = self.routes.lock().unwrap();
+        if r.irqfds.remove(&gsi).is_some() {
+            r.free.push(gsi);
+            r.staged.remove(&gsi);
+        }
+        Ok(())
+    }
+
+    fn set_msi(&self, gsi: u32, address: u64, data: u32) -> Result<(), IrqError> {
+        self.routes
+            .lock()
+            .unwrap()
+            .staged
+            .insert(gsi, (address, data));
+        Ok(())
+    }
+
+    fn clear(&self, gsi: u32) -> Result<(), IrqError> {
+        self.routes.lock().unwrap().staged.remove(&gsi);
+        Ok(())
+    }
+
+    fn commit(&self) -> Result<(), IrqError> {
+        let mut r = self.routes.lock().unwrap();
+        if r.committed != r.staged {
+            r.committed = r.staged.clone();
+            r.commits += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Doorbell registrations in memory.
+#[derive(Default)]
+pub struct FakeIoEvents {
+    registered: Mutex<Vec<Doorbell>>,
+}
+
+impl FakeIoEvents {
+    /// The doorbells registered now.
+    pub fn registered(&self) -> Vec<Doorbell> {
+        self.registered.lock().unwrap().clone()
+    }
+}
+
+impl IoEventRegistrar for FakeIoEvents {
+    fn register(&self, _fd: &EventFd, doorbell: &Doorbell) -> Result<(), kvm_ioctls::Error> {
+        self.registered.lock().unwrap().push(*doorbell);
+        Ok(())
+    }
+
+    fn unregister(&self, _fd: &EventFd, doorbell: &Doorbell) -> Result<(), kvm_ioctls::Error> {
+        self.registered.lock().unwrap().retain(|d| d != doorbell);
+        Ok(())
+    }
+}
