@@ -26,7 +26,11 @@ pub enum ExitAction {
 fn account(counters: &ExitCounters, kind: ExitKind, device: Option<DeviceId>, addr: u64) {
     counters.record(kind, device);
     if device.is_none() {
-        warn_ratelimited!("guest {} at {addr:#x}: no device there", kind.name());
+        crate::guest_error!(
+            counters.unclaimed_log(),
+            "guest {} at {addr:#x}: no device there",
+            kind.name()
+        );
     }
 }
 
