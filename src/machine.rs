@@ -21,6 +21,7 @@ use crate::contract::{
 use crate::devices::probe_ports::{PROBE_PORTS_BASE, PROBE_PORTS_LEN, PhaseRecord, ProbePorts};
 use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
 use crate::irq::{CommitStrategy, GsiRouting, IrqError};
+use crate::logging::DeviceLog;
 use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
 use crate::pci::ecam::PciConfigMmio;
 use crate::pci::function::{HostBridge, TestDevice};
@@ -309,8 +310,10 @@ impl Machine {
         } else {
             ConsoleOutput::Buffer(console.clone())
         };
-        let serial = SerialConsole::new(serial_irq, out);
-        io.add_pio(
+        let serial = SerialConsole::new(serial_irq, out, DeviceLog::new(names::SERIAL))
+            .map_err(host_err("start the console thread"))?;
+        let serial_log = serial.log().clone();
+        let serial_id = io.add_pio(
             names::SERIAL,
             PORT_SERIAL,
             SERIAL_PORT_LEN,
@@ -424,6 +427,7 @@ impl Machine {
 
         // The counters must know every device; the probe ports are the last one added.
         let counters = Arc::new(ExitCounters::new(io.names.len() + 1));
+        counters.attach_log(serial_id, serial_log);
         let probe_ports = Arc::new(ProbePorts::new(
             counters.clone(),
             control.clone(),
