@@ -2,6 +2,7 @@
 
 pub mod boot;
 pub mod cpuid;
+pub mod kvm_run;
 pub mod run_control;
 pub mod vcpu;
 
