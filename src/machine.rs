@@ -419,9 +419,10 @@ impl Machine {
                 Arc::new(PciConfigMmio::new(pci.clone())),
             )?;
             if mode == EcamMode::Shadow {
-                // The window is owned by the root, which the bus devices keep alive; `vm` is
-                // the machine's first field, so it is dropped before them.
-                vm.add_readonly_region(layout::ECAM_BASE, window.region())?;
+                // The VM keeps the root, and so its window, until the slot is deleted.
+                vm.add_readonly_region(layout::ECAM_BASE, pci.clone(), |pci| {
+                    pci.window().region()
+                })?;
             }
         }
 
