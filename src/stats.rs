@@ -2,6 +2,7 @@
 //! phase (op) through snapshots taken when the probe marks a phase. Each device's guest-error
 //! count (from its [`DeviceLog`]) is read into the same snapshots.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -171,6 +172,20 @@ impl ExitSnapshot {
     pub fn guest_errors_of(&self, id: DeviceId) -> u64 {
         self.guest_errors.get(id).copied().unwrap_or(0)
     }
+
+    /// The devices that counted guest errors, by name (`names` indexed by device id; the
+    /// unclaimed-access slot is "no device"), for reports.
+    pub fn guest_errors_by_name(&self, names: &[String]) -> BTreeMap<String, u64> {
+        self.guest_errors
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n > 0)
+            .map(|(id, &n)| {
+                let name = names.get(id).map_or("no device", String::as_str);
+                (name.to_owned(), n)
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -211,5 +226,10 @@ mod tests {
         assert_eq!(d.guest_errors, vec![0, 2, 1]);
         assert_eq!(d.guest_errors_of(1), 2);
         assert_eq!(d.guest_errors_of(9), 0);
+        let names = ["dev0".to_owned(), "dev1".to_owned()];
+        let by_name = d.guest_errors_by_name(&names);
+        assert_eq!(by_name.get("dev1"), Some(&2));
+        assert_eq!(by_name.get("no device"), Some(&1));
+        assert_eq!(by_name.len(), 2, "devices without errors are left out");
     }
 }
