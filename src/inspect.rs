@@ -114,5 +114,10 @@ pub fn describe(run: &ProbeRun, ecam: Option<EcamMode>) -> String {
             kinds.join(", ")
         }
     );
+    let errors = run.total_exits.guest_errors_by_name(&run.devices);
+    if !errors.is_empty() {
+        let list: Vec<String> = errors.iter().map(|(d, n)| format!("{d} {n}")).collect();
+        let _ = writeln!(out, "guest errors by device: {}", list.join(", "));
+    }
     out
 }

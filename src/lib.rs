@@ -15,17 +15,20 @@ pub mod contract {
     include!("contract.rs");
 }
 
-/// Print a warning to stderr, at most 10 times per call site for the life of the process: for
-/// guest misbehaviour, which a guest can repeat as fast as it likes.
+/// Warn through `log`, at most 10 times per call site for the life of the process: for guest
+/// misbehaviour, which a guest can repeat as fast as it likes.
+///
+/// Superseded by the per-device [`logging::DeviceLog`] and [`guest_error!`], which limit each
+/// device separately and count its guest errors; kept until the remaining call sites move.
 macro_rules! warn_ratelimited {
     ($($arg:tt)*) => {{
         static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         const LIMIT: u64 = 10;
         let n = SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if n < LIMIT {
-            eprintln!("exitless: warning: {}", format_args!($($arg)*));
+            ::log::warn!("{}", format_args!($($arg)*));
             if n + 1 == LIMIT {
-                eprintln!("exitless: warning: further warnings of this kind are suppressed");
+                ::log::warn!("further warnings of this kind are suppressed");
             }
         }
     }};
@@ -49,6 +52,7 @@ pub mod dma;
 pub mod fakes;
 pub mod inspect;
 pub mod irq;
+pub mod logging;
 pub mod machine;
 pub mod pci;
 pub mod stats;

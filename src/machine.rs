@@ -21,6 +21,7 @@ use crate::contract::{
 use crate::devices::probe_ports::{PROBE_PORTS_BASE, PROBE_PORTS_LEN, PhaseRecord, ProbePorts};
 use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
 use crate::irq::{CommitStrategy, GsiRouting, InterruptRoutes, IrqError};
+use crate::logging::DeviceLog;
 use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
 use crate::pci::ecam::PciConfigMmio;
 use crate::pci::function::{HostBridge, TestDevice};
@@ -308,8 +309,10 @@ impl Machine {
         } else {
             ConsoleOutput::Buffer(console.clone())
         };
-        let serial = SerialConsole::new(serial_irq, out);
-        io.add_pio(
+        let serial = SerialConsole::new(serial_irq, out, DeviceLog::new(names::SERIAL))
+            .map_err(host_err("start the console thread"))?;
+        let serial_log = serial.log().clone();
+        let serial_id = io.add_pio(
             names::SERIAL,
             PORT_SERIAL,
             SERIAL_PORT_LEN,
@@ -422,14 +425,16 @@ impl Machine {
                 Arc::new(PciConfigMmio::new(pci.clone())),
             )?;
             if mode == EcamMode::Shadow {
-                // The window is owned by the root, which the bus devices keep alive; `vm` is
-                // the machine's first field, so it is dropped before them.
-                vm.add_readonly_region(layout::ECAM_BASE, window.region())?;
+                // The VM keeps the root, and so its window, until the slot is deleted.
+                vm.add_readonly_region(layout::ECAM_BASE, pci.clone(), |pci| {
+                    pci.window().region()
+                })?;
             }
         }
 
         // The counters must know every device; the probe ports are the last one added.
         let counters = Arc::new(ExitCounters::new(io.names.len() + 1));
+        counters.attach_log(serial_id, serial_log);
         let probe_ports = Arc::new(ProbePorts::new(
             counters.clone(),
             control.clone(),

@@ -212,6 +212,7 @@ fn raise_open_file_limit() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    exitless::logging::init();
     raise_open_file_limit();
     let result = match cli.command {
         Command::Bench(args) => bench(args),

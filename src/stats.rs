@@ -1,9 +1,13 @@
 //! Exit accounting: every vCPU exit counted by kind and by device, lock-free, and per guest
-//! phase (op) through snapshots taken when the probe marks a phase.
+//! phase (op) through snapshots taken when the probe marks a phase. Each device's guest-error
+//! count (from its [`DeviceLog`]) is read into the same snapshots.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crate::bus::DeviceId;
+use crate::logging::DeviceLog;
 
 /// How a vCPU left the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +51,8 @@ impl ExitKind {
 pub struct ExitCounters {
     by_kind: [AtomicU64; 5],
     by_device: Vec<AtomicU64>,
+    /// Each device's log, once attached; the last slot is the unclaimed-access log.
+    logs: Vec<OnceLock<Arc<DeviceLog>>>,
 }
 
 /// A copy of the counters at one moment, or the difference of two.
@@ -56,15 +62,35 @@ pub struct ExitSnapshot {
     pub by_kind: [u64; 5],
     /// Exits by device id; the last slot is "no device".
     pub by_device: Vec<u64>,
+    /// Guest errors by device id, as `by_device`; the last slot counts accesses to unclaimed
+    /// addresses. Devices without an attached log count 0.
+    pub guest_errors: Vec<u64>,
 }
 
 impl ExitCounters {
     /// Counters for `devices` devices (plus the "no device" slot).
     pub fn new(devices: usize) -> Self {
+        let logs: Vec<OnceLock<Arc<DeviceLog>>> = (0..=devices).map(|_| OnceLock::new()).collect();
+        let _ = logs[devices].set(DeviceLog::new("no device"));
         ExitCounters {
             by_kind: Default::default(),
             by_device: (0..=devices).map(|_| AtomicU64::new(0)).collect(),
+            logs,
         }
+    }
+
+    /// Count the guest errors of `log` as those of device `id` in every snapshot. Returns
+    /// false, attaching nothing, for an unknown id or one that has a log already.
+    pub fn attach_log(&self, id: DeviceId, log: Arc<DeviceLog>) -> bool {
+        id < self.logs.len() - 1 && self.logs[id].set(log).is_ok()
+    }
+
+    /// The log of accesses to addresses no device claims.
+    pub fn unclaimed_log(&self) -> &DeviceLog {
+        self.logs
+            .last()
+            .and_then(OnceLock::get)
+            .expect("set by ExitCounters::new")
     }
 
     /// Count one exit.
@@ -88,6 +114,11 @@ impl ExitCounters {
                 .iter()
                 .map(|c| c.load(Ordering::Relaxed))
                 .collect(),
+            guest_errors: self
+                .logs
+                .iter()
+                .map(|l| l.get().map_or(0, |l| l.guest_errors()))
+                .collect(),
         }
     }
 }
@@ -102,6 +133,12 @@ impl ExitSnapshot {
                 .iter()
                 .zip(&earlier.by_device)
                 .map(|(a, b)| a - b)
+                .collect(),
+            guest_errors: self
+                .guest_errors
+                .iter()
+                .zip(earlier.guest_errors.iter().chain(std::iter::repeat(&0)))
+                .map(|(a, b)| a.saturating_sub(*b))
                 .collect(),
         }
     }
@@ -130,6 +167,25 @@ impl ExitSnapshot {
     pub fn total(&self) -> u64 {
         self.by_kind.iter().sum()
     }
+
+    /// Guest errors device `id` counted.
+    pub fn guest_errors_of(&self, id: DeviceId) -> u64 {
+        self.guest_errors.get(id).copied().unwrap_or(0)
+    }
+
+    /// The devices that counted guest errors, by name (`names` indexed by device id; the
+    /// unclaimed-access slot is "no device"), for reports.
+    pub fn guest_errors_by_name(&self, names: &[String]) -> BTreeMap<String, u64> {
+        self.guest_errors
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n > 0)
+            .map(|(id, &n)| {
+                let name = names.get(id).map_or("no device", String::as_str);
+                (name.to_owned(), n)
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -150,5 +206,30 @@ mod tests {
         assert_eq!(d.of_device(1), 1);
         assert_eq!(d.of_device(2), 2);
         assert_eq!(d.of_device(0), 0);
+    }
+
+    #[test]
+    fn guest_errors_are_counted_per_device_in_snapshots() {
+        let c = ExitCounters::new(2);
+        let log = DeviceLog::new("dev1");
+        assert!(c.attach_log(1, log.clone()));
+        assert!(
+            !c.attach_log(1, DeviceLog::new("again")),
+            "one log per device"
+        );
+        assert!(!c.attach_log(2, DeviceLog::new("the no-device slot")));
+        let before = c.snapshot();
+        crate::guest_error!(log, "bad access");
+        crate::guest_error!(log, "bad access");
+        crate::guest_error!(c.unclaimed_log(), "nobody there");
+        let d = c.snapshot().since(&before);
+        assert_eq!(d.guest_errors, vec![0, 2, 1]);
+        assert_eq!(d.guest_errors_of(1), 2);
+        assert_eq!(d.guest_errors_of(9), 0);
+        let names = ["dev0".to_owned(), "dev1".to_owned()];
+        let by_name = d.guest_errors_by_name(&names);
+        assert_eq!(by_name.get("dev1"), Some(&2));
+        assert_eq!(by_name.get("no device"), Some(&1));
+        assert_eq!(by_name.len(), 2, "devices without errors are left out");
     }
 }

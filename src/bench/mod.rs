@@ -73,6 +73,9 @@ pub struct Variant {
     /// Interrupts the guest took per operation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub irqs_per_op: Option<f64>,
+    /// Guest errors the devices counted during the variant's ops, by device (none: omitted).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub guest_errors: BTreeMap<String, u64>,
     /// Routing bursts (`msix`): what the measured operation cost per device and in all.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingFigures>,
@@ -188,6 +191,12 @@ pub(crate) fn variant(
         total += per;
         exits_by_kind.insert(kind.name(), per);
     }
+    let mut guest_errors = BTreeMap::new();
+    for &i in op_indexes {
+        for (device, n) in run.exits(i).guest_errors_by_name(&run.devices) {
+            *guest_errors.entry(device).or_insert(0) += n;
+        }
+    }
     let host: f64 = op_indexes.iter().map(|&i| host_ns(run, i)).sum::<f64>()
         / (op_indexes.len() as u64 * per_op) as f64;
     Variant {
@@ -203,6 +212,7 @@ pub(crate) fn variant(
         trans_per_s: None,
         seed_trans_per_s: None,
         irqs_per_op: None,
+        guest_errors,
         routing: None,
     }
 }

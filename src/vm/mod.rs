@@ -2,6 +2,7 @@
 
 pub mod boot;
 pub mod cpuid;
+pub mod kvm_run;
 pub mod run_control;
 pub mod vcpu;
 
@@ -62,12 +63,21 @@ fn open_kvm(path: &std::ffi::CStr) -> Result<Kvm, VmError> {
     })
 }
 
+/// Memory that a memslot maps: kept alive by the [`Vm`] until the slot is deleted.
+type SlotOwner = Arc<dyn Send + Sync>;
+
 /// A VM with an in-kernel irqchip and guest RAM at address 0.
+///
+/// Every memslot's memory is owned here (guest RAM, and an owner handle for each extra region)
+/// and the slots are deleted when the `Vm` is dropped, before that memory can be unmapped: the
+/// `VmFd` is shared (irqfds, ioeventfds, routes) and may outlive the `Vm`, and KVM would keep
+/// mapping a slot's host range for as long as the VM file is open.
 pub struct Vm {
     kvm: Kvm,
     fd: Arc<VmFd>,
     memory: GuestMemoryMmap,
-    next_slot: u32,
+    /// The slots registered, in slot order, with the owner of each extra region's memory.
+    slots: Vec<(kvm_userspace_memory_region, Option<SlotOwner>)>,
 }
 
 impl Vm {
@@ -98,7 +108,7 @@ impl Vm {
             kvm,
             fd: Arc::new(fd),
             memory,
-            next_slot: 0,
+            slots: Vec::new(),
         };
         let regions: Vec<(u64, u64, u64)> = vm
             .memory
@@ -112,35 +122,48 @@ impl Vm {
             })
             .collect();
         for (gpa, len, host) in regions {
-            vm.add_slot(gpa, len, host, 0)?;
+            vm.add_slot(gpa, len, host, 0, None)?;
         }
         Ok(vm)
     }
 
-    fn add_slot(&mut self, gpa: u64, len: u64, host: u64, flags: u32) -> Result<(), VmError> {
+    fn add_slot(
+        &mut self,
+        gpa: u64,
+        len: u64,
+        host: u64,
+        flags: u32,
+        owner: Option<SlotOwner>,
+    ) -> Result<(), VmError> {
         let region = kvm_userspace_memory_region {
-            slot: self.next_slot,
+            // KVM rejects a slot number past its limit (EINVAL), u32::MAX included.
+            slot: u32::try_from(self.slots.len()).unwrap_or(u32::MAX),
             flags,
             guest_phys_addr: gpa,
             memory_size: len,
             userspace_addr: host,
         };
-        // SAFETY: `host..host+len` is a live mapping owned by `self.memory` or by a region the
-        // caller keeps alive as long as the VM (see `add_readonly_region`); KVM checks overlaps.
+        // SAFETY: `host..host+len` is a live mapping owned by `self.memory` or by `owner`, both
+        // kept by `self` until `Drop` deletes the slot; KVM checks overlaps.
         unsafe { self.fd.set_user_memory_region(region) }.map_err(kvm_err("set memory region"))?;
-        self.next_slot += 1;
+        self.slots.push((region, owner));
         Ok(())
     }
 
-    /// Map `region` read-only at `gpa`: guest reads are plain memory accesses, writes exit as
-    /// MMIO. The caller must keep `region` alive as long as this VM.
-    pub fn add_readonly_region(&mut self, gpa: u64, region: &MmapRegion) -> Result<(), VmError> {
-        self.add_slot(
-            gpa,
-            region.size() as u64,
-            region.as_ptr() as u64,
-            KVM_MEM_READONLY,
-        )
+    /// Map the region `region(&owner)` read-only at `gpa`: guest reads are plain memory
+    /// accesses, writes exit as MMIO. The VM keeps `owner`, and so the region (which `region`
+    /// borrows from it), until the slot is deleted when the VM is dropped.
+    pub fn add_readonly_region<T: Send + Sync + 'static>(
+        &mut self,
+        gpa: u64,
+        owner: Arc<T>,
+        region: fn(&T) -> &MmapRegion,
+    ) -> Result<(), VmError> {
+        let (len, host) = {
+            let r = region(&owner);
+            (r.size() as u64, r.as_ptr() as u64)
+        };
+        self.add_slot(gpa, len, host, KVM_MEM_READONLY, Some(owner))
     }
 
     /// The KVM system handle.
@@ -164,6 +187,25 @@ impl Vm {
     }
 }
 
+impl Drop for Vm {
+    fn drop(&mut self) {
+        for (region, owner) in self.slots.drain(..) {
+            let delete = kvm_userspace_memory_region {
+                memory_size: 0,
+                ..region
+            };
+            // SAFETY: a zero `memory_size` deletes the slot (api.rst §4.35,
+            // KVM_SET_USER_MEMORY_REGION); no memory is mapped.
+            if unsafe { self.fd.set_user_memory_region(delete) }.is_err() {
+                // KVM may still map the range: leaking it is the only safe outcome. Guest RAM
+                // is leaked likewise by keeping a clone of its (shared) regions alive.
+                std::mem::forget(owner);
+                std::mem::forget(self.memory.clone());
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +215,43 @@ mod tests {
         let e = open_kvm(c"/nonexistent/kvm").expect_err("no such device");
         assert!(matches!(e, VmError::NoKvm));
         assert!(e.to_string().contains("modprobe"));
+    }
+
+    #[test]
+    fn a_readonly_region_lives_until_its_slot_is_deleted_with_the_vm() {
+        const GPA: u64 = 0x1000_0000;
+        let mut vm = Vm::new(1 << 20).unwrap();
+        let region = Arc::new(MmapRegion::<()>::new(0x1000).unwrap());
+        let weak = Arc::downgrade(&region);
+        vm.add_readonly_region(GPA, region, |r| r)
+            .expect("map the window");
+        assert!(weak.upgrade().is_some(), "the VM owns the window");
+        let shared = vm.shared_fd();
+        let overlapping = kvm_userspace_memory_region {
+            slot: 100,
+            flags: KVM_MEM_READONLY,
+            guest_phys_addr: GPA,
+            memory_size: 0x1000,
+            userspace_addr: vm.memory().get_host_address(GuestAddress(0)).unwrap() as u64,
+        };
+        // SAFETY: KVM refuses the overlapping slot; nothing is mapped.
+        assert!(unsafe { shared.set_user_memory_region(overlapping) }.is_err());
+        drop(vm);
+        assert!(weak.upgrade().is_none(), "freed with the VM");
+        // The VM file is still open through `shared`: the window's slot must be gone, or KVM
+        // would still map freed memory. A new slot over the same range proves it.
+        let scratch = MmapRegion::<()>::new(0x1000).unwrap();
+        let replacement = kvm_userspace_memory_region {
+            userspace_addr: scratch.as_ptr() as u64,
+            ..overlapping
+        };
+        // SAFETY: `scratch` outlives the slot, which is deleted before it is dropped.
+        unsafe { shared.set_user_memory_region(replacement) }.expect("the range is free");
+        let delete = kvm_userspace_memory_region {
+            memory_size: 0,
+            ..replacement
+        };
+        // SAFETY: deleting the slot maps nothing.
+        unsafe { shared.set_user_memory_region(delete) }.unwrap();
     }
 }
