@@ -64,8 +64,16 @@ fn a_machine_without_the_probe_board_runs_any_loader() {
         ran.end
     );
     let exits = machine.counters().snapshot();
-    assert_eq!(exits.of_kind(ExitKind::PioWrite), 1, "the loader's entry ran");
-    assert_eq!(exits.by_device.last(), Some(&1), "to a port no device claims");
+    assert_eq!(
+        exits.of_kind(ExitKind::PioWrite),
+        1,
+        "the loader's entry ran"
+    );
+    assert_eq!(
+        exits.by_device.last(),
+        Some(&1),
+        "to a port no device claims"
+    );
 }
 
 #[test]
@@ -76,7 +84,10 @@ fn ram_too_small_for_the_probe_is_a_clear_error() {
     })
     .expect_err("8 MiB cannot hold the probe");
     let msg = e.to_string();
-    assert!(msg.contains("needs at least") && msg.contains("15 MiB"), "{msg}");
+    assert!(
+        msg.contains("needs at least") && msg.contains("15 MiB"),
+        "{msg}"
+    );
     let e = run_probe(&ProbeConfig {
         ram_size: usize::try_from(PROBE_MIN_RAM).unwrap() + 1,
         ..Default::default()
