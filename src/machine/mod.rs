@@ -111,7 +111,8 @@ pub struct BoardParts<'a> {
 /// Devices one kind of machine adds beside the standard ones, such as the probe's ports.
 /// Installed last, so the exit counters can be sized for every device, the board's included.
 pub trait Board {
-    /// How many bus devices (distinct names) [`Board::install`] adds.
+    /// How many bus devices (distinct names) [`Board::install`] adds; exits at any device
+    /// past that count are counted as unclaimed.
     fn bus_devices(&self) -> usize;
     /// Put the board's devices on `io`.
     fn install(&mut self, io: &mut IoBuses, parts: &BoardParts<'_>) -> Result<(), MachineError>;
