@@ -30,10 +30,11 @@ pub enum CpuMode {
 }
 
 impl CpuMode {
-    /// The special registers of this mode, starting from the vCPU's reset state.
-    pub fn sregs(self, reset: kvm_sregs) -> kvm_sregs {
+    /// The special registers of this mode, made from the vCPU's current ones (today the
+    /// long mode `Vcpu::new` set; a mode must set every field it depends on).
+    pub fn sregs(self, current: kvm_sregs) -> kvm_sregs {
         match self {
-            CpuMode::LongMode => boot::long_mode_sregs(reset),
+            CpuMode::LongMode => boot::long_mode_sregs(current),
         }
     }
 }

@@ -50,7 +50,7 @@ impl Vcpus {
     /// Give the boot vCPU the loader's entry state.
     pub fn set_boot_entry(&self, entry: &EntryState) -> Result<(), VmError> {
         let mode = entry.mode;
-        self.0[0].set_entry(&entry.regs, |reset| mode.sregs(reset))
+        self.0[0].set_entry(&entry.regs, |current| mode.sregs(current))
     }
 
     /// Run every vCPU on its own thread until `control` stops the run or `timeout` passes,
