@@ -319,7 +319,26 @@ struct vq {
     u64 notify;           /* doorbell address */
 };
 
+/* What differs between the transports, one table each: virtio-mmio on its legacy line,
+ * virtio-mmio with the MSI extension (docs/virtio-mmio-msi.md) and virtio-pci with MSI-X. The
+ * driver below calls through the table and never asks which transport it drives. */
+struct transport_ops {
+    u64 (*locate)(u64 address);              /* find the registers: a STATUS_* */
+    void (*set_status)(u32 s);
+    u32 (*get_status)(void);
+    u32 (*device_features)(u32 sel);         /* feature bits 32 * sel .. 32 * sel + 31 */
+    void (*driver_features)(u32 sel, u32 w);
+    u64 (*features)(void);                   /* transport feature bits the driver needs */
+    void (*setup_interrupts)(void);          /* program vectors or route the line */
+    u16 (*queue_select)(u16 index);          /* select a queue; its maximum size */
+    int (*queue_enable)(struct vq *q, const u64 addr[3]); /* size, rings, vector, doorbell */
+    void (*notify)(const struct vq *q);      /* ring the queue's doorbell */
+    void (*msi_mask)(u32 k, int masked);     /* MSI transports only: 0 on the legacy line */
+    int (*msi_pending)(u32 k);
+};
+
 struct vdev {
+    const struct transport_ops *ops;
     u64 transport, flags, address;
     u64 mmio, gsi;                          /* virtio-mmio */
     u64 common, isr, devcfg, notify_base;   /* virtio-pci */
@@ -344,190 +363,159 @@ static void *dma_alloc(u64 size)
     return (void *)p;
 }
 
-static int is_msi(void) { return dev.transport == TRANSPORT_PCI || (dev.flags & RR_FLAG_MSI); }
+static int is_msi(void) { return dev.ops->msi_mask != 0; }
 static u32 queue_vector(u32 q) { return (u32)IRQ_VECTOR_BASE + q; }
 
-static void set_status(u32 s)
+/* The vectors every MSI transport gives, in its own table: one per queue, then the
+ * configuration-change one in slot 2. */
+static void program_vectors(void (*program)(u32 k, u32 vector))
 {
-    if (dev.transport == TRANSPORT_MMIO)
-        mem_write(dev.mmio + VIRTIO_MMIO_STATUS, 4, s);
-    else
-        mem_write(dev.common + VIRTIO_PCI_COMMON_STATUS, 1, s);
+    program(0, queue_vector(0));
+    program(1, queue_vector(1));
+    program(2, (u32)(IRQ_VECTOR_BASE + IRQ_VECTOR_CONFIG));
+    dev.rx_vector = queue_vector(VIRTIO_NET_RX_QUEUE);
 }
 
-static u32 get_status(void)
+/* ---- virtio-mmio (virtio 1.2 §4.2.2), legacy line or MSI extension ---- */
+
+static u64 mmio_locate(u64 index)
 {
-    if (dev.transport == TRANSPORT_MMIO)
-        return (u32)mem_read(dev.mmio + VIRTIO_MMIO_STATUS, 4);
-    return (u32)mem_read(dev.common + VIRTIO_PCI_COMMON_STATUS, 1);
+    if (index >= boot->virtio_mmio_count)
+        return STATUS_UNSUPPORTED;
+    dev.mmio = boot->virtio_mmio_base[index];
+    dev.gsi = boot->virtio_mmio_gsi[index];
+    if (mem_read(dev.mmio + VIRTIO_MMIO_MAGIC_VALUE, 4) != VIRTIO_MMIO_MAGIC ||
+        mem_read(dev.mmio + VIRTIO_MMIO_VERSION, 4) != 2 ||
+        mem_read(dev.mmio + VIRTIO_MMIO_DEVICE_ID, 4) != VIRTIO_ID_NET)
+        return STATUS_DEVICE_ERROR;
+    return STATUS_OK;
 }
 
-static u64 get_features(void)
+static void mmio_set_status(u32 s) { mem_write(dev.mmio + VIRTIO_MMIO_STATUS, 4, s); }
+static u32 mmio_get_status(void) { return (u32)mem_read(dev.mmio + VIRTIO_MMIO_STATUS, 4); }
+
+static u32 mmio_device_features(u32 sel)
 {
-    u64 f = 0;
-    for (u32 sel = 0; sel < 2; sel++) {
-        u64 w;
-        if (dev.transport == TRANSPORT_MMIO) {
-            mem_write(dev.mmio + VIRTIO_MMIO_DEVICE_FEATURES_SEL, 4, sel);
-            w = mem_read(dev.mmio + VIRTIO_MMIO_DEVICE_FEATURES, 4);
-        } else {
-            mem_write(dev.common + VIRTIO_PCI_COMMON_DFSELECT, 4, sel);
-            w = mem_read(dev.common + VIRTIO_PCI_COMMON_DF, 4);
-        }
-        f |= w << (32 * sel);
-    }
-    return f;
+    mem_write(dev.mmio + VIRTIO_MMIO_DEVICE_FEATURES_SEL, 4, sel);
+    return (u32)mem_read(dev.mmio + VIRTIO_MMIO_DEVICE_FEATURES, 4);
 }
 
-static void set_features(u64 f)
+static void mmio_driver_features(u32 sel, u32 w)
 {
-    for (u32 sel = 0; sel < 2; sel++) {
-        u32 w = (u32)(f >> (32 * sel));
-        if (dev.transport == TRANSPORT_MMIO) {
-            mem_write(dev.mmio + VIRTIO_MMIO_DRIVER_FEATURES_SEL, 4, sel);
-            mem_write(dev.mmio + VIRTIO_MMIO_DRIVER_FEATURES, 4, w);
-        } else {
-            mem_write(dev.common + VIRTIO_PCI_COMMON_GFSELECT, 4, sel);
-            mem_write(dev.common + VIRTIO_PCI_COMMON_GF, 4, w);
-        }
-    }
+    mem_write(dev.mmio + VIRTIO_MMIO_DRIVER_FEATURES_SEL, 4, sel);
+    mem_write(dev.mmio + VIRTIO_MMIO_DRIVER_FEATURES, 4, w);
 }
 
-/* Program MSI vector `k` of the device to deliver IDT vector `vector` to APIC 0. */
-static void msi_program(u32 k, u32 vector)
+static u64 mmio_legacy_features(void)
 {
-    if (dev.transport == TRANSPORT_MMIO) {
-        u64 b = dev.mmio;
-        mem_write(b + VIRTIO_MMIO_MSI_SEL, 4, k);
-        mem_write(b + VIRTIO_MMIO_MSI_ADDRESS_LOW, 4, MSI_ADDRESS_BASE);
-        mem_write(b + VIRTIO_MMIO_MSI_ADDRESS_HIGH, 4, 0);
-        mem_write(b + VIRTIO_MMIO_MSI_DATA, 4, vector);
-        mem_write(b + VIRTIO_MMIO_MSI_COMMAND, 4, VIRTIO_MMIO_MSI_CMD_UPDATE);
-        mem_write(b + VIRTIO_MMIO_MSI_COMMAND, 4, VIRTIO_MMIO_MSI_CMD_UNMASK);
-    } else {
-        u64 e = dev.msix_table + (u64)k * PCI_MSIX_ENTRY_SIZE;
-        mem_write(e + PCI_MSIX_ENTRY_LOWER_ADDR, 4, MSI_ADDRESS_BASE);
-        mem_write(e + PCI_MSIX_ENTRY_UPPER_ADDR, 4, 0);
-        mem_write(e + PCI_MSIX_ENTRY_DATA, 4, vector);
-        mem_write(e + PCI_MSIX_ENTRY_VECTOR_CTRL, 4, 0);
-    }
+    return (dev.flags & RR_FLAG_DOORBELLS) ? 1ull << VIRTIO_F_MMIO_NOTIFY : 0;
 }
 
-static void msi_mask(u32 k, int masked)
+static u64 mmio_msi_features(void) { return mmio_legacy_features() | 1ull << VIRTIO_F_MMIO_MSI; }
+
+/* The line: its handler (entry.S) reads InterruptStatus and writes InterruptACK. */
+static void mmio_legacy_interrupts(void)
 {
-    if (dev.transport == TRANSPORT_MMIO) {
-        mem_write(dev.mmio + VIRTIO_MMIO_MSI_SEL, 4, k);
-        mem_write(dev.mmio + VIRTIO_MMIO_MSI_COMMAND, 4,
-                  masked ? VIRTIO_MMIO_MSI_CMD_MASK : VIRTIO_MMIO_MSI_CMD_UNMASK);
-    } else {
-        mem_write(dev.msix_table + (u64)k * PCI_MSIX_ENTRY_SIZE + PCI_MSIX_ENTRY_VECTOR_CTRL, 4,
-                  masked ? PCI_MSIX_ENTRY_CTRL_MASKBIT : 0);
-    }
+    legacy_mmio_base = dev.mmio;
+    ioapic_route(dev.gsi, (u32)IRQ_VECTOR_LEGACY);
+    dev.rx_vector = (u32)IRQ_VECTOR_LEGACY;
 }
 
-static int msi_pending(u32 k)
+static void mmio_msi_program(u32 k, u32 vector)
 {
-    if (dev.transport == TRANSPORT_MMIO) {
-        mem_write(dev.mmio + VIRTIO_MMIO_MSI_SEL, 4, k);
-        return (mem_read(dev.mmio + VIRTIO_MMIO_MSI_STATE, 4) & VIRTIO_MMIO_MSI_STATE_PENDING) != 0;
-    }
-    return (mem_read(dev.msix_pba + 4 * (k / 32), 4) >> (k % 32)) & 1;
+    u64 b = dev.mmio;
+    mem_write(b + VIRTIO_MMIO_MSI_SEL, 4, k);
+    mem_write(b + VIRTIO_MMIO_MSI_ADDRESS_LOW, 4, MSI_ADDRESS_BASE);
+    mem_write(b + VIRTIO_MMIO_MSI_ADDRESS_HIGH, 4, 0);
+    mem_write(b + VIRTIO_MMIO_MSI_DATA, 4, vector);
+    mem_write(b + VIRTIO_MMIO_MSI_COMMAND, 4, VIRTIO_MMIO_MSI_CMD_UPDATE);
+    mem_write(b + VIRTIO_MMIO_MSI_COMMAND, 4, VIRTIO_MMIO_MSI_CMD_UNMASK);
 }
 
-static int setup_queue(struct vq *q, u16 index)
+static void mmio_msi_interrupts(void)
 {
-    u64 max;
-    q->index = index;
-    if (dev.transport == TRANSPORT_MMIO) {
-        mem_write(dev.mmio + VIRTIO_MMIO_QUEUE_SEL, 4, index);
-        max = mem_read(dev.mmio + VIRTIO_MMIO_QUEUE_NUM_MAX, 4);
-    } else {
-        mem_write(dev.common + VIRTIO_PCI_COMMON_Q_SELECT, 2, index);
-        max = mem_read(dev.common + VIRTIO_PCI_COMMON_Q_SIZE, 2);
-    }
-    if (max < QSIZE)
-        return 0;
-    q->size = QSIZE;
-    q->avail_idx = q->last_used = 0;
-    q->desc = dma_alloc(16 * QSIZE);
-    q->avail = dma_alloc(6 + 2 * QSIZE);
-    q->used = dma_alloc(6 + 8 * QSIZE);
-    if (!q->desc || !q->avail || !q->used)
-        return 0;
-    u64 addr[3] = {(u64)q->desc, (u64)q->avail, (u64)q->used};
-    u32 vector = is_msi() ? index : (u32)VIRTIO_MSI_NO_VECTOR;
-    if (dev.transport == TRANSPORT_MMIO) {
-        u64 b = dev.mmio;
-        mem_write(b + VIRTIO_MMIO_QUEUE_NUM, 4, QSIZE);
-        for (int i = 0; i < 3; i++) {
-            mem_write(b + VIRTIO_MMIO_QUEUE_DESC_LOW + 0x10 * (u64)i, 4, (u32)addr[i]);
-            mem_write(b + VIRTIO_MMIO_QUEUE_DESC_HIGH + 0x10 * (u64)i, 4, (u32)(addr[i] >> 32));
-        }
-        if (is_msi()) {
-            mem_write(b + VIRTIO_MMIO_QUEUE_MSI_VEC, 4, vector);
-            if (mem_read(b + VIRTIO_MMIO_QUEUE_MSI_VEC, 4) != vector)
-                return 0;
-        }
-        q->notify = (dev.flags & RR_FLAG_DOORBELLS)
-                        ? b + mem_read(b + VIRTIO_MMIO_QUEUE_NOTIFY_OFF, 4)
-                        : b + VIRTIO_MMIO_QUEUE_NOTIFY;
-        mem_write(b + VIRTIO_MMIO_QUEUE_READY, 4, 1);
-        return mem_read(b + VIRTIO_MMIO_QUEUE_READY, 4) == 1;
-    }
-    u64 c = dev.common;
-    mem_write(c + VIRTIO_PCI_COMMON_Q_SIZE, 2, QSIZE);
+    program_vectors(mmio_msi_program);
+    mem_write(dev.mmio + VIRTIO_MMIO_CONFIG_MSI_VEC, 4, 2);
+    mem_write(dev.mmio + VIRTIO_MMIO_MSI_CONTROL, 4, VIRTIO_MMIO_MSI_CTRL_ENABLE);
+    ioapic_route(dev.gsi, 0); /* the line stays quiet */
+}
+
+static u16 mmio_queue_select(u16 index)
+{
+    mem_write(dev.mmio + VIRTIO_MMIO_QUEUE_SEL, 4, index);
+    return (u16)mem_read(dev.mmio + VIRTIO_MMIO_QUEUE_NUM_MAX, 4);
+}
+
+static int mmio_legacy_queue_enable(struct vq *q, const u64 addr[3])
+{
+    u64 b = dev.mmio;
+    mem_write(b + VIRTIO_MMIO_QUEUE_NUM, 4, q->size);
     for (int i = 0; i < 3; i++) {
-        mem_write(c + VIRTIO_PCI_COMMON_Q_DESCLO + 8 * (u64)i, 4, (u32)addr[i]);
-        mem_write(c + VIRTIO_PCI_COMMON_Q_DESCHI + 8 * (u64)i, 4, (u32)(addr[i] >> 32));
+        mem_write(b + VIRTIO_MMIO_QUEUE_DESC_LOW + 0x10 * (u64)i, 4, (u32)addr[i]);
+        mem_write(b + VIRTIO_MMIO_QUEUE_DESC_HIGH + 0x10 * (u64)i, 4, (u32)(addr[i] >> 32));
     }
-    mem_write(c + VIRTIO_PCI_COMMON_Q_MSIX, 2, vector);
-    if (mem_read(c + VIRTIO_PCI_COMMON_Q_MSIX, 2) != vector)
+    q->notify = (dev.flags & RR_FLAG_DOORBELLS)
+                    ? b + mem_read(b + VIRTIO_MMIO_QUEUE_NOTIFY_OFF, 4)
+                    : b + VIRTIO_MMIO_QUEUE_NOTIFY;
+    mem_write(b + VIRTIO_MMIO_QUEUE_READY, 4, 1);
+    return mem_read(b + VIRTIO_MMIO_QUEUE_READY, 4) == 1;
+}
+
+/* As on the line, with the queue's MSI vector (its index) associated first. */
+static int mmio_msi_queue_enable(struct vq *q, const u64 addr[3])
+{
+    mem_write(dev.mmio + VIRTIO_MMIO_QUEUE_MSI_VEC, 4, q->index);
+    if (mem_read(dev.mmio + VIRTIO_MMIO_QUEUE_MSI_VEC, 4) != q->index)
         return 0;
-    q->notify = dev.notify_base + mem_read(c + VIRTIO_PCI_COMMON_Q_NOFF, 2) * dev.notify_mult;
-    mem_write(c + VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1);
-    return mem_read(c + VIRTIO_PCI_COMMON_Q_ENABLE, 2) == 1;
+    return mmio_legacy_queue_enable(q, addr);
 }
 
-static volatile u16 *used_event(struct vq *q) { return &q->avail[2 + q->size]; }
-static volatile u16 *avail_event(struct vq *q) { return (volatile u16 *)((volatile u8 *)q->used + 4 + 8 * q->size); }
-static u16 used_idx(struct vq *q) { return q->used[1]; }
+static void mmio_notify(const struct vq *q) { mem_write(q->notify, 4, q->index); }
 
-/* Make one buffer available and notify the device if it asked for it (event index,
- * virtio 1.2 §2.7.10: notify when the new index passes avail_event). */
-static void vq_post(struct vq *q, void *buf, u32 len, u16 flags)
+static void mmio_msi_mask(u32 k, int masked)
 {
-    u16 slot = q->avail_idx % q->size;
-    q->desc[slot].addr = (u64)buf;
-    q->desc[slot].len = len;
-    q->desc[slot].flags = flags;
-    q->desc[slot].next = 0;
-    q->avail[2 + slot] = slot;
-    u16 old = q->avail_idx++;
-    __asm__ volatile("" ::: "memory");
-    q->avail[1] = q->avail_idx;
-    __asm__ volatile("mfence" ::: "memory"); /* publish idx before reading avail_event */
-    u16 event = *avail_event(q);
-    if ((u16)(q->avail_idx - event - 1) < (u16)(q->avail_idx - old)) {
-        if (dev.transport == TRANSPORT_PCI)
-            mem_write(q->notify, 2, q->index);
-        else
-            mem_write(q->notify, 4, q->index);
-    }
+    mem_write(dev.mmio + VIRTIO_MMIO_MSI_SEL, 4, k);
+    mem_write(dev.mmio + VIRTIO_MMIO_MSI_COMMAND, 4,
+              masked ? VIRTIO_MMIO_MSI_CMD_MASK : VIRTIO_MMIO_MSI_CMD_UNMASK);
 }
 
-static void post_rx(void)
+static int mmio_msi_pending(u32 k)
 {
-    *used_event(&dev.rx) = dev.rx.last_used; /* interrupt on the next receive */
-    vq_post(&dev.rx, dev.rx_buf, RR_RX_BUFFER_SIZE, VIRTQ_DESC_F_WRITE);
+    mem_write(dev.mmio + VIRTIO_MMIO_MSI_SEL, 4, k);
+    return (mem_read(dev.mmio + VIRTIO_MMIO_MSI_STATE, 4) & VIRTIO_MMIO_MSI_STATE_PENDING) != 0;
 }
 
-static u64 device_irqs(void)
-{
-    u64 n = irq_counts[IRQ_VECTOR_LEGACY];
-    for (u64 v = IRQ_VECTOR_BASE; v <= IRQ_VECTOR_BASE + IRQ_VECTOR_CONFIG; v++)
-        n += irq_counts[v];
-    return n;
-}
+static const struct transport_ops mmio_legacy_ops = {
+    .locate = mmio_locate,
+    .set_status = mmio_set_status,
+    .get_status = mmio_get_status,
+    .device_features = mmio_device_features,
+    .driver_features = mmio_driver_features,
+    .features = mmio_legacy_features,
+    .setup_interrupts = mmio_legacy_interrupts,
+    .queue_select = mmio_queue_select,
+    .queue_enable = mmio_legacy_queue_enable,
+    .notify = mmio_notify,
+    .msi_mask = 0,
+    .msi_pending = 0,
+};
+
+static const struct transport_ops mmio_msi_ops = {
+    .locate = mmio_locate,
+    .set_status = mmio_set_status,
+    .get_status = mmio_get_status,
+    .device_features = mmio_device_features,
+    .driver_features = mmio_driver_features,
+    .features = mmio_msi_features,
+    .setup_interrupts = mmio_msi_interrupts,
+    .queue_select = mmio_queue_select,
+    .queue_enable = mmio_msi_queue_enable,
+    .notify = mmio_notify,
+    .msi_mask = mmio_msi_mask,
+    .msi_pending = mmio_msi_pending,
+};
+
+/* ---- virtio-pci (virtio 1.2 §4.1) with MSI-X ---- */
 
 /* Address of memory BAR `bar` of `fn` (a 64-bit BAR takes the next slot too). */
 static u64 pci_bar(u64 fn, u32 bar)
@@ -550,12 +538,12 @@ static void pci_enable_master(u64 fn)
 }
 
 /* Find the virtio structures and MSI-X table of the function at `fn` (virtio 1.2 §4.1.4). */
-static int pci_locate(u64 fn)
+static u64 pci_locate(u64 fn)
 {
     u64 m = resolve_method(METHOD_AUTO);
     if (cfg_read(m, fn + PCI_VENDOR_ID, 2) != VIRTIO_PCI_VENDOR_ID ||
         cfg_read(m, fn + PCI_DEVICE_ID, 2) != VIRTIO_PCI_DEVICE_ID_BASE + VIRTIO_ID_NET)
-        return 0;
+        return STATUS_DEVICE_ERROR;
     pci_enable_master(fn);
     u64 bar = pci_bar(fn, 0);
     dev.common = dev.msix_table = 0;
@@ -582,77 +570,204 @@ static int pci_locate(u64 fn)
         }
         ptr = cfg_read(m, cap + 1, 1) & 0xfc;
     }
-    return dev.common && dev.msix_table && dev.notify_base;
+    return dev.common && dev.msix_table && dev.notify_base ? STATUS_OK : STATUS_DEVICE_ERROR;
+}
+
+static void pci_set_status(u32 s) { mem_write(dev.common + VIRTIO_PCI_COMMON_STATUS, 1, s); }
+static u32 pci_get_status(void) { return (u32)mem_read(dev.common + VIRTIO_PCI_COMMON_STATUS, 1); }
+
+static u32 pci_device_features(u32 sel)
+{
+    mem_write(dev.common + VIRTIO_PCI_COMMON_DFSELECT, 4, sel);
+    return (u32)mem_read(dev.common + VIRTIO_PCI_COMMON_DF, 4);
+}
+
+static void pci_driver_features(u32 sel, u32 w)
+{
+    mem_write(dev.common + VIRTIO_PCI_COMMON_GFSELECT, 4, sel);
+    mem_write(dev.common + VIRTIO_PCI_COMMON_GF, 4, w);
+}
+
+static u64 pci_features(void) { return 0; }
+
+static void pci_msix_program(u32 k, u32 vector)
+{
+    u64 e = dev.msix_table + (u64)k * PCI_MSIX_ENTRY_SIZE;
+    mem_write(e + PCI_MSIX_ENTRY_LOWER_ADDR, 4, MSI_ADDRESS_BASE);
+    mem_write(e + PCI_MSIX_ENTRY_UPPER_ADDR, 4, 0);
+    mem_write(e + PCI_MSIX_ENTRY_DATA, 4, vector);
+    mem_write(e + PCI_MSIX_ENTRY_VECTOR_CTRL, 4, 0);
+}
+
+static void pci_interrupts(void)
+{
+    program_vectors(pci_msix_program);
+    mem_write(dev.common + VIRTIO_PCI_COMMON_MSIX, 2, 2);
+}
+
+static u16 pci_queue_select(u16 index)
+{
+    mem_write(dev.common + VIRTIO_PCI_COMMON_Q_SELECT, 2, index);
+    return (u16)mem_read(dev.common + VIRTIO_PCI_COMMON_Q_SIZE, 2);
+}
+
+static int pci_queue_enable(struct vq *q, const u64 addr[3])
+{
+    u64 c = dev.common;
+    mem_write(c + VIRTIO_PCI_COMMON_Q_SIZE, 2, q->size);
+    for (int i = 0; i < 3; i++) {
+        mem_write(c + VIRTIO_PCI_COMMON_Q_DESCLO + 8 * (u64)i, 4, (u32)addr[i]);
+        mem_write(c + VIRTIO_PCI_COMMON_Q_DESCHI + 8 * (u64)i, 4, (u32)(addr[i] >> 32));
+    }
+    mem_write(c + VIRTIO_PCI_COMMON_Q_MSIX, 2, q->index);
+    if (mem_read(c + VIRTIO_PCI_COMMON_Q_MSIX, 2) != q->index)
+        return 0;
+    q->notify = dev.notify_base + mem_read(c + VIRTIO_PCI_COMMON_Q_NOFF, 2) * dev.notify_mult;
+    mem_write(c + VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1);
+    return mem_read(c + VIRTIO_PCI_COMMON_Q_ENABLE, 2) == 1;
+}
+
+static void pci_notify(const struct vq *q) { mem_write(q->notify, 2, q->index); }
+
+static void pci_msix_mask(u32 k, int masked)
+{
+    mem_write(dev.msix_table + (u64)k * PCI_MSIX_ENTRY_SIZE + PCI_MSIX_ENTRY_VECTOR_CTRL, 4,
+              masked ? PCI_MSIX_ENTRY_CTRL_MASKBIT : 0);
+}
+
+static int pci_msix_pending(u32 k)
+{
+    return (mem_read(dev.msix_pba + 4 * (k / 32), 4) >> (k % 32)) & 1;
+}
+
+static const struct transport_ops pci_msix_ops = {
+    .locate = pci_locate,
+    .set_status = pci_set_status,
+    .get_status = pci_get_status,
+    .device_features = pci_device_features,
+    .driver_features = pci_driver_features,
+    .features = pci_features,
+    .setup_interrupts = pci_interrupts,
+    .queue_select = pci_queue_select,
+    .queue_enable = pci_queue_enable,
+    .notify = pci_notify,
+    .msi_mask = pci_msix_mask,
+    .msi_pending = pci_msix_pending,
+};
+
+/* The table for a `TRANSPORT_*` and `RR_FLAG_*` pair, or 0. */
+static const struct transport_ops *transport_ops(u64 transport, u64 flags)
+{
+    if (transport == TRANSPORT_PCI)
+        return &pci_msix_ops;
+    if (transport == TRANSPORT_MMIO)
+        return (flags & RR_FLAG_MSI) ? &mmio_msi_ops : &mmio_legacy_ops;
+    return 0;
+}
+
+/* ---- The driver, the same for every transport ---- */
+
+static u64 get_features(void)
+{
+    return dev.ops->device_features(0) | (u64)dev.ops->device_features(1) << 32;
+}
+
+static void set_features(u64 f)
+{
+    dev.ops->driver_features(0, (u32)f);
+    dev.ops->driver_features(1, (u32)(f >> 32));
+}
+
+static int setup_queue(struct vq *q, u16 index)
+{
+    q->index = index;
+    if (dev.ops->queue_select(index) < QSIZE)
+        return 0;
+    q->size = QSIZE;
+    q->avail_idx = q->last_used = 0;
+    q->desc = dma_alloc(16 * QSIZE);
+    q->avail = dma_alloc(6 + 2 * QSIZE);
+    q->used = dma_alloc(6 + 8 * QSIZE);
+    if (!q->desc || !q->avail || !q->used)
+        return 0;
+    u64 addr[3] = {(u64)q->desc, (u64)q->avail, (u64)q->used};
+    return dev.ops->queue_enable(q, addr);
+}
+
+static volatile u16 *used_event(struct vq *q) { return &q->avail[2 + q->size]; }
+static volatile u16 *avail_event(struct vq *q) { return (volatile u16 *)((volatile u8 *)q->used + 4 + 8 * q->size); }
+static u16 used_idx(struct vq *q) { return q->used[1]; }
+
+/* Make one buffer available and notify the device if it asked for it (event index,
+ * virtio 1.2 §2.7.10: notify when the new index passes avail_event). */
+static void vq_post(struct vq *q, void *buf, u32 len, u16 flags)
+{
+    u16 slot = q->avail_idx % q->size;
+    q->desc[slot].addr = (u64)buf;
+    q->desc[slot].len = len;
+    q->desc[slot].flags = flags;
+    q->desc[slot].next = 0;
+    q->avail[2 + slot] = slot;
+    u16 old = q->avail_idx++;
+    __asm__ volatile("" ::: "memory");
+    q->avail[1] = q->avail_idx;
+    __asm__ volatile("mfence" ::: "memory"); /* publish idx before reading avail_event */
+    u16 event = *avail_event(q);
+    if ((u16)(q->avail_idx - event - 1) < (u16)(q->avail_idx - old))
+        dev.ops->notify(q);
+}
+
+static void post_rx(void)
+{
+    *used_event(&dev.rx) = dev.rx.last_used; /* interrupt on the next receive */
+    vq_post(&dev.rx, dev.rx_buf, RR_RX_BUFFER_SIZE, VIRTQ_DESC_F_WRITE);
+}
+
+static u64 device_irqs(void)
+{
+    u64 n = irq_counts[IRQ_VECTOR_LEGACY];
+    for (u64 v = IRQ_VECTOR_BASE; v <= IRQ_VECTOR_BASE + IRQ_VECTOR_CONFIG; v++)
+        n += irq_counts[v];
+    return n;
 }
 
 /* Bring the device up as virtio 1.2 §3.1.1 orders it. */
 static u64 virtio_init(u64 transport, u64 address, u64 flags)
 {
+    const struct transport_ops *ops = transport_ops(transport, flags);
+    if (!ops)
+        return STATUS_UNSUPPORTED;
+    dev.ops = ops;
     dev.transport = transport;
     dev.address = address;
     dev.flags = flags;
     dev.ready = 0;
     dma_next = DMA_ADDR;
-    if (transport == TRANSPORT_MMIO) {
-        if (address >= boot->virtio_mmio_count)
-            return STATUS_UNSUPPORTED;
-        dev.mmio = boot->virtio_mmio_base[address];
-        dev.gsi = boot->virtio_mmio_gsi[address];
-        if (mem_read(dev.mmio + VIRTIO_MMIO_MAGIC_VALUE, 4) != VIRTIO_MMIO_MAGIC ||
-            mem_read(dev.mmio + VIRTIO_MMIO_VERSION, 4) != 2 ||
-            mem_read(dev.mmio + VIRTIO_MMIO_DEVICE_ID, 4) != VIRTIO_ID_NET)
-            return STATUS_DEVICE_ERROR;
-    } else if (transport == TRANSPORT_PCI) {
-        if (!pci_locate(address))
-            return STATUS_DEVICE_ERROR;
-    } else {
-        return STATUS_UNSUPPORTED;
-    }
-    set_status(0);
+    u64 located = ops->locate(address);
+    if (located != STATUS_OK)
+        return located;
+    ops->set_status(0);
     u64 deadline = tsc_timeout();
-    while (get_status() != 0) /* virtio-pci: reset completes when status reads 0 */
+    while (ops->get_status() != 0) /* virtio-pci: reset completes when status reads 0 */
         if (rdtsc() > deadline)
             return STATUS_TIMEOUT;
-    set_status(VIRTIO_STATUS_ACKNOWLEDGE);
-    set_status(VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER);
-    u64 want = (1ull << VIRTIO_F_VERSION_1) | (1ull << VIRTIO_F_EVENT_IDX);
-    if (transport == TRANSPORT_MMIO && (flags & RR_FLAG_MSI))
-        want |= 1ull << VIRTIO_F_MMIO_MSI;
-    if (transport == TRANSPORT_MMIO && (flags & RR_FLAG_DOORBELLS))
-        want |= 1ull << VIRTIO_F_MMIO_NOTIFY;
+    ops->set_status(VIRTIO_STATUS_ACKNOWLEDGE);
+    ops->set_status(VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER);
+    u64 want = (1ull << VIRTIO_F_VERSION_1) | (1ull << VIRTIO_F_EVENT_IDX) | ops->features();
     if ((get_features() & want) != want)
         return STATUS_DEVICE_ERROR;
     set_features(want);
     u32 s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_FEATURES_OK;
-    set_status(s);
-    if (!(get_status() & VIRTIO_STATUS_FEATURES_OK))
+    ops->set_status(s);
+    if (!(ops->get_status() & VIRTIO_STATUS_FEATURES_OK))
         return STATUS_DEVICE_ERROR;
-
-    if (is_msi()) {
-        u32 config = (u32)(IRQ_VECTOR_BASE + IRQ_VECTOR_CONFIG);
-        msi_program(0, queue_vector(0));
-        msi_program(1, queue_vector(1));
-        msi_program(2, config);
-        if (transport == TRANSPORT_MMIO) {
-            mem_write(dev.mmio + VIRTIO_MMIO_CONFIG_MSI_VEC, 4, 2);
-            mem_write(dev.mmio + VIRTIO_MMIO_MSI_CONTROL, 4, VIRTIO_MMIO_MSI_CTRL_ENABLE);
-        } else {
-            mem_write(dev.common + VIRTIO_PCI_COMMON_MSIX, 2, 2);
-        }
-        dev.rx_vector = queue_vector(VIRTIO_NET_RX_QUEUE);
-        if (transport == TRANSPORT_MMIO)
-            ioapic_route(dev.gsi, 0);
-    } else {
-        legacy_mmio_base = dev.mmio;
-        ioapic_route(dev.gsi, (u32)IRQ_VECTOR_LEGACY);
-        dev.rx_vector = (u32)IRQ_VECTOR_LEGACY;
-    }
+    ops->setup_interrupts();
     if (!setup_queue(&dev.rx, VIRTIO_NET_RX_QUEUE) || !setup_queue(&dev.tx, VIRTIO_NET_TX_QUEUE))
         return STATUS_DEVICE_ERROR;
     dev.rx_buf = dma_alloc(RR_RX_BUFFER_SIZE);
     dev.tx_buf = dma_alloc(VIRTIO_NET_HDR_SIZE + RR_MAX_REQUEST);
-    set_status(s | VIRTIO_STATUS_DRIVER_OK);
-    if (get_status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET)
+    ops->set_status(s | VIRTIO_STATUS_DRIVER_OK);
+    if (ops->get_status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET)
         return STATUS_DEVICE_ERROR;
     post_rx();
     dev.ready = 1;
@@ -743,23 +858,23 @@ static void virtio_mask_pending(const struct op *op, struct op_result *res)
     }
     u64 size = op->size ? op->size : 32;
     u64 irqs = irq_counts[dev.rx_vector];
-    msi_mask(VIRTIO_NET_RX_QUEUE, 1);
+    dev.ops->msi_mask(VIRTIO_NET_RX_QUEUE, 1);
     send_request(size, 1);
     res->status = STATUS_MASK_BROKEN;
     if (!wait_rx(~0ull))
         return;
     u64 deadline = tsc_timeout();
-    while (!msi_pending(VIRTIO_NET_RX_QUEUE))
+    while (!dev.ops->msi_pending(VIRTIO_NET_RX_QUEUE))
         if (rdtsc() > deadline)
             return;
     if (irq_counts[dev.rx_vector] != irqs)
         return;
-    msi_mask(VIRTIO_NET_RX_QUEUE, 0);
+    dev.ops->msi_mask(VIRTIO_NET_RX_QUEUE, 0);
     deadline = tsc_timeout();
     while (irq_counts[dev.rx_vector] == irqs)
         if (rdtsc() > deadline)
             return;
-    if (msi_pending(VIRTIO_NET_RX_QUEUE))
+    if (dev.ops->msi_pending(VIRTIO_NET_RX_QUEUE))
         return;
     res->irqs = irq_counts[dev.rx_vector] - irqs;
     res->status = take_response(size, res);

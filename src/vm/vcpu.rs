@@ -3,7 +3,9 @@
 //! The loop only runs the vCPU and hands each exit to [`handle_exit`], which routes port and
 //! MMIO accesses to the buses and counts them; everything else is a device's business.
 
-use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, kvm_mp_state};
+use kvm_bindings::{
+    KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, kvm_mp_state, kvm_regs, kvm_sregs,
+};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
@@ -170,6 +172,21 @@ impl Vcpu {
             run_page,
             index,
         })
+    }
+
+    /// Enter the guest with `regs`, and the special registers `sregs` makes of the current
+    /// ones: a loader's entry state, set on the boot vCPU after [`Vcpu::new`].
+    pub fn set_entry(
+        &self,
+        regs: &kvm_regs,
+        sregs: impl FnOnce(kvm_sregs) -> kvm_sregs,
+    ) -> Result<(), VmError> {
+        let err = |what| move |source| VmError::Kvm { what, source };
+        let current = self.fd.get_sregs().map_err(err("get sregs"))?;
+        self.fd
+            .set_sregs(&sregs(current))
+            .map_err(err("set sregs"))?;
+        self.fd.set_regs(regs).map_err(err("set regs"))
     }
 
     /// The TSC frequency KVM gives this vCPU, in kHz.

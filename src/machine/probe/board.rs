@@ -1,13 +1,16 @@
 //! The ports through which the probe guest marks its phases, asks for MSI-X messages and ends
-//! its run (the port half of the contract in `src/contract.rs`).
+//! its run (the port half of the contract in `src/contract.rs`), and the board that installs
+//! them: only the probe machine has it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::bus::{BusDevice, DeviceId};
+use crate::bus::{BusDevice, DeviceId, IoBuses};
 use crate::contract::{MAX_OPS, PORT_DONE, PORT_MSIX_SEND, PORT_PHASE_BEGIN, PORT_PHASE_END};
 use crate::irq::{CommitStats, GsiRouting, MsiVectors};
+use crate::machine::wiring::names;
+use crate::machine::{Board, BoardParts, MachineError};
 use crate::stats::{ExitCounters, ExitKind, ExitSnapshot};
 use crate::vm::run_control::{RunControl, StopReason};
 
@@ -144,5 +147,43 @@ impl BusDevice for ProbePorts {
             }
             _ => {}
         }
+    }
+}
+
+/// The probe's board: its ports. Installed by the probe machine only.
+#[derive(Default)]
+pub struct ProbeBoard {
+    ports: Option<Arc<ProbePorts>>,
+}
+
+impl ProbeBoard {
+    /// What the VMM saw during each op (`None` if the op never completed); empty before the
+    /// board is installed.
+    pub fn records(&self) -> Vec<Option<PhaseRecord>> {
+        self.ports.as_ref().map_or_else(Vec::new, |p| p.records())
+    }
+}
+
+impl Board for ProbeBoard {
+    fn bus_devices(&self) -> usize {
+        1
+    }
+
+    fn install(&mut self, io: &mut IoBuses, parts: &BoardParts<'_>) -> Result<(), MachineError> {
+        let ports = Arc::new(ProbePorts::new(
+            parts.counters.clone(),
+            parts.control.clone(),
+            parts.routing.clone(),
+            parts.msix.clone(),
+        ));
+        let id = io.add_pio(
+            names::PROBE_PORTS,
+            PROBE_PORTS_BASE,
+            PROBE_PORTS_LEN,
+            ports.clone(),
+        )?;
+        ports.set_device_id(id);
+        self.ports = Some(ports);
+        Ok(())
     }
 }

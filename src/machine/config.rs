@@ -1,0 +1,78 @@
+//! What a machine is made of: RAM, vCPUs, how ECAM is served, the virtio devices.
+
+use crate::irq::CommitStrategy;
+use crate::machine::layout;
+use crate::pci::EcamMode;
+use crate::virtio::notify::NotifyPath;
+
+/// Most virtio-pci devices: PCI device numbers from `VIRTIO_PCI_FIRST_DEVICE` to 31.
+pub const MAX_VIRTIO_PCI: usize = 32 - layout::VIRTIO_PCI_FIRST_DEVICE as usize;
+/// Most queue pairs per virtio-net device: two MSI-X vectors each and one for configuration
+/// changes must fit the MSI-X table.
+pub const MAX_QUEUE_PAIRS: usize = (crate::virtio::pci::MAX_VECTORS - 1) / 2;
+
+/// The hardware of one machine.
+#[derive(Clone, Debug)]
+pub struct MachineConfig {
+    /// Bytes of guest RAM, from address 0.
+    pub ram_size: usize,
+    /// How ECAM is served; `None` leaves it undescribed.
+    pub ecam: Option<EcamMode>,
+    /// vCPUs; vCPU 0 boots.
+    pub vcpus: u8,
+    /// Send the guest's console to stdout as it is written, instead of into a buffer.
+    pub console_to_stdout: bool,
+    /// virtio-net devices with the request/response backend, in order: virtio-mmio ones take
+    /// the layout's windows in turn; virtio-pci ones are 00:03.0, 00:04.0, ….
+    pub virtio: Vec<VirtioNetConfig>,
+    /// Bytes of each response frame the request/response backend sends.
+    pub response_size: usize,
+    /// When GSI routing changes reach KVM.
+    pub gsi_commits: CommitStrategy,
+}
+
+impl Default for MachineConfig {
+    fn default() -> Self {
+        MachineConfig {
+            ram_size: layout::DEFAULT_RAM_SIZE,
+            ecam: Some(EcamMode::Shadow),
+            vcpus: 1,
+            console_to_stdout: false,
+            virtio: Vec::new(),
+            response_size: 1024,
+            gsi_commits: CommitStrategy::default(),
+        }
+    }
+}
+
+/// Which transport a virtio device sits behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// virtio-mmio (the guest picks the legacy line or the MSI extension).
+    Mmio,
+    /// Modern virtio-pci with MSI-X.
+    Pci,
+}
+
+/// A virtio-net device of a machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VirtioNetConfig {
+    /// Its transport.
+    pub transport: Transport,
+    /// How its doorbells reach it.
+    pub notify: NotifyPath,
+    /// Receive/transmit queue pairs (more than one adds the control queue and
+    /// VIRTIO_NET_F_MQ); each has its own request/response backend and MSI-X vectors.
+    pub queue_pairs: u16,
+}
+
+impl VirtioNetConfig {
+    /// A single-pair device on `transport` with doorbells on `notify`.
+    pub fn new(transport: Transport, notify: NotifyPath) -> Self {
+        VirtioNetConfig {
+            transport,
+            notify,
+            queue_pairs: 1,
+        }
+    }
+}

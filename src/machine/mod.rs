@@ -1,0 +1,219 @@
+//! A machine: a KVM VM, its guest-physical map, its devices on the buses, an optional board,
+//! and its vCPUs, run once with a loader's guest.
+//!
+//! - [`layout`]: the guest-physical map and the allocators of its windows and pins;
+//! - [`wiring`]: which devices there are and where each sits;
+//! - [`loader`]: what guest memory holds at boot and how the boot vCPU enters it;
+//! - [`vcpus`]: vCPU threads, from creation to join;
+//! - [`probe`]: the probe machine, the one machine today: its board (ports), loader and ops.
+
+pub mod config;
+pub mod layout;
+pub mod loader;
+pub mod probe;
+pub mod vcpus;
+pub mod wiring;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bus::{BusError, IoBuses};
+use crate::irq::{GsiRouting, IrqError, MsiVectors};
+use crate::pci::root::PciError;
+use crate::stats::ExitCounters;
+use crate::virtio::VirtioError;
+use crate::virtio::worker::Worker;
+use crate::vm::run_control::{RunControl, StopReason};
+use crate::vm::{Vm, VmError};
+
+pub use config::{MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, Transport, VirtioNetConfig};
+pub use layout::{LayoutError, MemoryLayout};
+pub use loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
+// The probe machine's API, where its callers have always found it.
+pub use probe::{PROBE_IMAGE, ProbeConfig, ProbeRun, ops, run_probe};
+pub use vcpus::RunEnd;
+pub use wiring::{names, populate_bus0};
+
+/// Errors building or running a machine.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    /// KVM or memory.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// The guest-physical map.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// Loading the guest.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// PCI model.
+    #[error(transparent)]
+    Pci(#[from] PciError),
+    /// Address map.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    /// Interrupt routing.
+    #[error(transparent)]
+    Irq(#[from] IrqError),
+    /// A virtio device.
+    #[error(transparent)]
+    Virtio(#[from] VirtioError),
+    /// More virtio devices than the machine has room for.
+    #[error(
+        "too many virtio devices: the machine takes at most {slots} virtio-mmio and \
+         {MAX_VIRTIO_PCI} virtio-pci ones",
+        slots = layout::VIRTIO_MMIO_SLOTS
+    )]
+    TooManyDevices,
+    /// A queue-pair count virtio-pci's MSI-X table cannot give vectors to.
+    #[error("{0} queue pairs: a virtio-net device here has 1 to {MAX_QUEUE_PAIRS}")]
+    QueuePairs(usize),
+    /// More ops than the contract holds.
+    #[error("{0} ops requested; the probe holds at most {max}", max = crate::contract::MAX_OPS)]
+    TooManyOps(usize),
+    /// Writing or reading guest memory.
+    #[error("guest memory access failed: {0}")]
+    GuestMemory(#[from] vm_memory::GuestMemoryError),
+    /// A host resource.
+    #[error("{what}: {source}{hint}", hint = crate::resource_hint(source))]
+    Host {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The guest did not finish.
+    #[error("the probe guest did not finish within {0:?}; its console said:\n{1}")]
+    Timeout(Duration, String),
+    /// The guest stopped abnormally.
+    #[error("the probe guest stopped abnormally ({0:?}); its console said:\n{1}")]
+    GuestFailed(StopReason, String),
+}
+
+pub(crate) fn host_err(what: &'static str) -> impl FnOnce(std::io::Error) -> MachineError {
+    move |source| MachineError::Host { what, source }
+}
+
+/// What a board's devices may use of the machine.
+pub struct BoardParts<'a> {
+    /// The exit counters, with a slot for each of the board's devices.
+    pub counters: &'a Arc<ExitCounters>,
+    /// Stops the run.
+    pub control: &'a Arc<RunControl>,
+    /// The GSI routing table's owner.
+    pub routing: &'a Arc<GsiRouting>,
+    /// MSI-X vectors of each virtio-pci function, by ECAM-style function address.
+    pub msix: &'a BTreeMap<u64, Arc<MsiVectors>>,
+}
+
+/// Devices one kind of machine adds beside the standard ones, such as the probe's ports.
+/// Installed last, so the exit counters can be sized for every device, the board's included.
+pub trait Board {
+    /// How many bus devices (distinct names) [`Board::install`] adds; exits at any device
+    /// past that count are counted as unclaimed.
+    fn bus_devices(&self) -> usize;
+    /// Put the board's devices on `io`.
+    fn install(&mut self, io: &mut IoBuses, parts: &BoardParts<'_>) -> Result<(), MachineError>;
+}
+
+/// A machine built and ready to run once.
+pub struct Machine {
+    // `vm` first: it is dropped before the devices whose memory it maps (the ECAM shadow).
+    vm: Vm,
+    io: Arc<IoBuses>,
+    layout: MemoryLayout,
+    /// Device threads, stopped when the machine is dropped.
+    _workers: Vec<Worker>,
+    vcpus: u8,
+    control: Arc<RunControl>,
+    counters: Arc<ExitCounters>,
+    console: Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+/// How a run went.
+#[derive(Debug)]
+pub struct Ran {
+    /// What ended it.
+    pub end: RunEnd,
+    /// The boot vCPU's TSC frequency in kHz, if KVM reported it.
+    pub tsc_khz: Option<u32>,
+}
+
+impl Machine {
+    /// Build the machine `cfg` describes, with `board`'s devices if any.
+    pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
+        let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
+        let mut vm = Vm::new(layout.ram_size())?;
+        let mut devices = wiring::wire(&mut vm, &mut layout, cfg)?;
+        let control = Arc::new(RunControl::default());
+        let extra = board.as_ref().map_or(0, |b| b.bus_devices());
+        let counters = Arc::new(ExitCounters::new(devices.io.names.len() + extra));
+        for (id, log) in std::mem::take(&mut devices.logs) {
+            counters.attach_log(id, log);
+        }
+        if let Some(board) = board {
+            let parts = BoardParts {
+                counters: &counters,
+                control: &control,
+                routing: &devices.routing,
+                msix: &devices.msix,
+            };
+            board.install(&mut devices.io, &parts)?;
+        }
+        Ok(Machine {
+            vm,
+            io: Arc::new(devices.io),
+            layout,
+            _workers: devices.workers,
+            vcpus: cfg.vcpus,
+            control,
+            counters,
+            console: devices.console,
+        })
+    }
+
+    /// Load the guest with `loader`, run every vCPU until the run stops or `timeout` passes,
+    /// and stop them all. Once per machine.
+    pub fn run(&self, loader: &dyn Loader, timeout: Duration) -> Result<Ran, MachineError> {
+        let vcpus = vcpus::Vcpus::create(&self.vm, self.vcpus)?;
+        let tsc_khz = vcpus.tsc_khz();
+        let info = MachineInfo {
+            layout: &self.layout,
+            vcpus: vcpus.count(),
+            tsc_khz,
+        };
+        let entry = loader.load(self.vm.memory(), &info)?;
+        vcpus.set_boot_entry(&entry)?;
+        let end = vcpus
+            .run(&self.io, &self.counters, &self.control, timeout)
+            .map_err(host_err("spawn a vCPU thread"))?;
+        Ok(Ran { end, tsc_khz })
+    }
+
+    /// Guest RAM.
+    pub fn memory(&self) -> &vm_memory::GuestMemoryMmap {
+        self.vm.memory()
+    }
+
+    /// The buses, with every device's name.
+    pub fn io(&self) -> &IoBuses {
+        &self.io
+    }
+
+    /// The exit counters.
+    pub fn counters(&self) -> &ExitCounters {
+        &self.counters
+    }
+
+    /// The guest-physical map.
+    pub fn layout(&self) -> &MemoryLayout {
+        &self.layout
+    }
+
+    /// What the guest wrote to its console (empty when it went to stdout).
+    pub fn console(&self) -> String {
+        String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()
+    }
+}

@@ -1,0 +1,177 @@
+//! The probe machine: the standard devices, the probe's board (its ports) and the probe
+//! loader, run once for a list of ops; then the results the guest left in memory.
+
+pub mod board;
+pub mod loader;
+pub mod ops;
+
+use std::time::Duration;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use zerocopy::FromBytes;
+
+use crate::bus::DeviceTable;
+use crate::contract::{
+    ENUM_ADDR, EnumRecord, MAX_ENUM_RECORDS, MAX_OPS, OP_ENUMERATE, Op, OpResult, RESULTS_ADDR,
+};
+use crate::irq::CommitStrategy;
+use crate::machine::config::{MachineConfig, VirtioNetConfig};
+use crate::machine::layout::DEFAULT_RAM_SIZE;
+use crate::machine::vcpus::RunEnd;
+use crate::machine::wiring::virtio_pci_address;
+use crate::machine::{Machine, MachineError};
+use crate::pci::{EcamMode, PciAddress};
+use crate::stats::ExitSnapshot;
+use crate::vm::run_control::StopReason;
+
+pub use board::{PhaseRecord, ProbeBoard};
+pub use loader::{PROBE_IMAGE, PROBE_MIN_RAM, ProbeLoader};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    /// The ops, in order.
+    pub ops: Vec<Op>,
+    /// How ECAM is served; `None` leaves it undescribed (the guest then falls back to PIO).
+    pub ecam: Option<EcamMode>,
+    /// vCPUs; the probe runs on vCPU 0, the others park in `hlt`.
+    pub vcpus: u8,
+    /// Bytes of guest RAM; at least [`PROBE_MIN_RAM`].
+    pub ram_size: usize,
+    /// Longest the run may take.
+    pub timeout: Duration,
+    /// Send the guest's console to stdout as it is written, instead of into `ProbeRun::console`.
+    pub console_to_stdout: bool,
+    /// virtio-net devices with the request/response backend, in order: virtio-mmio ones are
+    /// `BootInfo` entries 0, 1, …; virtio-pci ones are 00:03.0, 00:04.0, ….
+    pub virtio: Vec<VirtioNetConfig>,
+    /// Bytes of each response frame the request/response backend sends.
+    pub response_size: usize,
+    /// When GSI routing changes reach KVM.
+    pub gsi_commits: CommitStrategy,
+}
+
+impl ProbeConfig {
+    /// Where the `n`th virtio-pci device of `virtio` sits.
+    pub fn virtio_pci_address(n: usize) -> PciAddress {
+        virtio_pci_address(n).expect("fewer than MAX_VIRTIO_PCI devices")
+    }
+
+    /// The machine the probe runs on.
+    pub fn machine(&self) -> MachineConfig {
+        MachineConfig {
+            ram_size: self.ram_size,
+            ecam: self.ecam,
+            vcpus: self.vcpus,
+            console_to_stdout: self.console_to_stdout,
+            virtio: self.virtio.clone(),
+            response_size: self.response_size,
+            gsi_commits: self.gsi_commits,
+        }
+    }
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig {
+            ops: Vec::new(),
+            ecam: Some(EcamMode::Shadow),
+            vcpus: 1,
+            ram_size: DEFAULT_RAM_SIZE,
+            timeout: Duration::from_secs(600),
+            console_to_stdout: false,
+            virtio: Vec::new(),
+            response_size: 1024,
+            gsi_commits: CommitStrategy::default(),
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct ProbeRun {
+    /// One per op.
+    pub results: Vec<OpResult>,
+    /// What the VMM saw during each op (`None` if the op never completed).
+    pub phases: Vec<Option<PhaseRecord>>,
+    /// Records written by the last `OP_ENUMERATE`.
+    pub enum_records: Vec<EnumRecord>,
+    /// The vCPU's TSC frequency.
+    pub tsc_khz: Option<u32>,
+    /// Device names by id, for reading exit snapshots.
+    pub devices: DeviceTable,
+    /// All exits of the run.
+    pub total_exits: ExitSnapshot,
+    /// Guest console output (empty when it went to stdout).
+    pub console: String,
+}
+
+impl ProbeRun {
+    /// Exits op `i` caused (empty if it did not complete).
+    pub fn exits(&self, i: usize) -> ExitSnapshot {
+        self.phases
+            .get(i)
+            .cloned()
+            .flatten()
+            .map(|p| p.exits)
+            .unwrap_or_default()
+    }
+
+    /// Exits op `i` caused at the device called `name`.
+    pub fn exits_at(&self, i: usize, name: &str) -> u64 {
+        self.devices
+            .iter()
+            .position(|n| n == name)
+            .map_or(0, |id| self.exits(i).of_device(id))
+    }
+}
+
+/// Boot the probe guest with `cfg` and return what it measured.
+pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
+    // Refuse what the guest cannot hold before creating anything.
+    if cfg.ops.len() as u64 > MAX_OPS {
+        return Err(MachineError::TooManyOps(cfg.ops.len()));
+    }
+    loader::check_ram(cfg.ram_size)?;
+    let mut board = ProbeBoard::default();
+    let machine = Machine::new(&cfg.machine(), Some(&mut board))?;
+    let ran = machine.run(&ProbeLoader { ops: &cfg.ops }, cfg.timeout)?;
+    let console = machine.console();
+    match ran.end {
+        RunEnd::Stopped(StopReason::GuestDone(0)) => {}
+        RunEnd::Stopped(r) => return Err(MachineError::GuestFailed(r, console)),
+        RunEnd::TimedOut => return Err(MachineError::Timeout(cfg.timeout, console)),
+    }
+    let mem = machine.memory();
+    let results = read_blocks::<OpResult>(mem, RESULTS_ADDR, cfg.ops.len())?;
+    let enum_count = results
+        .iter()
+        .zip(&cfg.ops)
+        .rev()
+        .find(|(_, op)| op.kind == OP_ENUMERATE)
+        .map_or(0, |(r, _)| r.value.min(MAX_ENUM_RECORDS));
+    let enum_count = usize::try_from(enum_count).expect("at most MAX_ENUM_RECORDS");
+    let enum_records = read_blocks::<EnumRecord>(mem, ENUM_ADDR, enum_count)?;
+    Ok(ProbeRun {
+        results,
+        phases: board.records(),
+        enum_records,
+        tsc_khz: ran.tsc_khz,
+        devices: machine.io().names.clone(),
+        total_exits: machine.counters().snapshot(),
+        console,
+    })
+}
+
+fn read_blocks<T: FromBytes + Copy>(
+    mem: &GuestMemoryMmap,
+    addr: u64,
+    count: usize,
+) -> Result<Vec<T>, MachineError> {
+    let mut bytes = vec![0u8; count * size_of::<T>()];
+    mem.read_slice(&mut bytes, GuestAddress(addr))?;
+    Ok(bytes
+        .chunks_exact(size_of::<T>())
+        .map(|c| T::read_from_bytes(c).expect("chunk has the block's size"))
+        .collect())
+}

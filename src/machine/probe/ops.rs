@@ -1,0 +1,175 @@
+//! Builders for the ops the probe understands (the op half of the contract).
+
+use crate::contract::*;
+use crate::pci::PciAddress;
+
+/// The ECAM-style address the contract uses for register `reg` of `function`.
+pub fn config_address(function: PciAddress, reg: u16) -> u64 {
+    function.ecam_offset() + u64::from(reg)
+}
+
+/// Read `size` bytes of config space.
+pub fn cfg_read(method: u64, function: PciAddress, reg: u16, size: u64) -> Op {
+    Op {
+        kind: OP_CFG_READ,
+        method,
+        address: config_address(function, reg),
+        size,
+        ..Default::default()
+    }
+}
+
+/// Write `size` bytes of config space.
+pub fn cfg_write(method: u64, function: PciAddress, reg: u16, size: u64, value: u64) -> Op {
+    Op {
+        kind: OP_CFG_WRITE,
+        method,
+        address: config_address(function, reg),
+        size,
+        value,
+        ..Default::default()
+    }
+}
+
+/// Read one config dword `count` times.
+pub fn cfg_read_loop(method: u64, function: PciAddress, reg: u16, count: u64) -> Op {
+    Op {
+        kind: OP_CFG_READ_LOOP,
+        method,
+        address: config_address(function, reg),
+        size: 4,
+        count,
+        ..Default::default()
+    }
+}
+
+/// Read a RAM dword `count` times.
+pub fn ram_read_loop(count: u64) -> Op {
+    Op {
+        kind: OP_RAM_READ_LOOP,
+        count,
+        ..Default::default()
+    }
+}
+
+/// Enumerate the bus.
+pub fn enumerate(method: u64) -> Op {
+    Op {
+        kind: OP_ENUMERATE,
+        method,
+        ..Default::default()
+    }
+}
+
+/// Guest-physical read (device MMIO).
+pub fn mmio_read(address: u64, size: u64) -> Op {
+    Op {
+        kind: OP_MMIO_READ,
+        address,
+        size,
+        ..Default::default()
+    }
+}
+
+/// Bring up a virtio-net device: `transport` is `TRANSPORT_MMIO` (`address` = index among
+/// the virtio-mmio devices) or `TRANSPORT_PCI` (`address` = ECAM-style function address).
+pub fn virtio_init(transport: u64, address: u64, flags: u64) -> Op {
+    Op {
+        kind: OP_VIRTIO_INIT,
+        method: transport,
+        address,
+        value: flags,
+        ..Default::default()
+    }
+}
+
+/// `count` request/response transactions of `request_size`-byte requests.
+pub fn virtio_rr(request_size: u64, count: u64) -> Op {
+    Op {
+        kind: OP_VIRTIO_RR,
+        size: request_size,
+        count,
+        ..Default::default()
+    }
+}
+
+/// Reset the device and bring it up again.
+pub fn virtio_reset() -> Op {
+    Op {
+        kind: OP_VIRTIO_RESET,
+        ..Default::default()
+    }
+}
+
+/// One transaction with the receive vector masked, then unmasked.
+pub fn virtio_mask_pending(request_size: u64) -> Op {
+    Op {
+        kind: OP_VIRTIO_MASK_PENDING,
+        size: request_size,
+        ..Default::default()
+    }
+}
+
+/// Guest-physical write (device MMIO).
+pub fn mmio_write(address: u64, size: u64, value: u64) -> Op {
+    Op {
+        kind: OP_MMIO_WRITE,
+        address,
+        size,
+        value,
+        ..Default::default()
+    }
+}
+
+/// Program every MSI-X entry of `function` (data `first_vector + i`, message address
+/// `address`, 0 for the interrupt window's base) with MSI-X disabled, unmasked or not.
+pub fn msix_program(function: PciAddress, first_vector: u8, address: u32, unmask: bool) -> Op {
+    Op {
+        kind: OP_MSIX_PROGRAM,
+        address: function.ecam_offset(),
+        size: u64::from(address),
+        value: u64::from(first_vector),
+        count: u64::from(unmask),
+        ..Default::default()
+    }
+}
+
+/// Write MSI-X Message Control of `function` (`PCI_MSIX_FLAGS_*`), timed.
+pub fn msix_control(function: PciAddress, control: u16) -> Op {
+    Op {
+        kind: OP_MSIX_CONTROL,
+        address: function.ecam_offset(),
+        value: u64::from(control),
+        ..Default::default()
+    }
+}
+
+/// Mask or unmask every MSI-X entry of `function`, one after the other.
+pub fn msix_mask_each(function: PciAddress, masked: bool) -> Op {
+    Op {
+        kind: OP_MSIX_MASK_EACH,
+        address: function.ecam_offset(),
+        value: u64::from(masked),
+        ..Default::default()
+    }
+}
+
+/// Rewrite every MSI-X entry's data to `first_vector + i` without masking it.
+pub fn msix_retarget(function: PciAddress, first_vector: u8) -> Op {
+    Op {
+        kind: OP_MSIX_RETARGET,
+        address: function.ecam_offset(),
+        value: u64::from(first_vector),
+        ..Default::default()
+    }
+}
+
+/// Check MSI-X delivery on `function`, after asking the VMM to send every vector if `send`.
+pub fn msix_check(function: PciAddress, send: bool) -> Op {
+    Op {
+        kind: OP_MSIX_CHECK,
+        address: function.ecam_offset(),
+        count: u64::from(send),
+        ..Default::default()
+    }
+}

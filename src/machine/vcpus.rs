@@ -1,0 +1,114 @@
+//! vCPU lifecycle: create the vCPUs, give the boot vCPU its entry state, run one thread each,
+//! and stop them: the run ends, every thread is kicked out of `KVM_RUN` and joined.
+
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use vmm_sys_util::signal::Killable;
+
+use crate::bus::IoBuses;
+use crate::machine::loader::EntryState;
+use crate::stats::ExitCounters;
+use crate::vm::run_control::{RunControl, StopReason};
+use crate::vm::vcpu::{self, Vcpu};
+use crate::vm::{Vm, VmError};
+
+/// The vCPUs of a machine, created but not yet running. vCPU 0 boots; the others start where
+/// `Vcpu::new` puts them (the probe parks them in `hlt`).
+pub struct Vcpus(Vec<Vcpu>);
+
+/// How a run ended.
+#[derive(Debug)]
+pub enum RunEnd {
+    /// Something stopped the run (the guest, a vCPU).
+    Stopped(StopReason),
+    /// Nothing did within the time allowed.
+    TimedOut,
+}
+
+impl Vcpus {
+    /// Create `count` vCPUs (at least one) on `vm`.
+    pub fn create(vm: &Vm, count: u8) -> Result<Self, VmError> {
+        vcpu::install_kick_handler()?;
+        (0..count.max(1))
+            .map(|i| Vcpu::new(vm, i))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Vcpus)
+    }
+
+    /// How many there are.
+    pub fn count(&self) -> u8 {
+        u8::try_from(self.0.len()).expect("created from a u8 count")
+    }
+
+    /// The boot vCPU's TSC frequency in kHz, if KVM reports it.
+    pub fn tsc_khz(&self) -> Option<u32> {
+        self.0[0].tsc_khz()
+    }
+
+    /// Give the boot vCPU the loader's entry state.
+    pub fn set_boot_entry(&self, entry: &EntryState) -> Result<(), VmError> {
+        let mode = entry.mode;
+        self.0[0].set_entry(&entry.regs, |current| mode.sregs(current))
+    }
+
+    /// Run every vCPU on its own thread until `control` stops the run or `timeout` passes,
+    /// then stop, kick and join them all. Fails only if a thread could not start (the ones
+    /// that did are still stopped and joined).
+    pub fn run(
+        self,
+        io: &Arc<IoBuses>,
+        counters: &Arc<ExitCounters>,
+        control: &Arc<RunControl>,
+        timeout: Duration,
+    ) -> Result<RunEnd, std::io::Error> {
+        let mut threads = Vec::new();
+        let mut spawn_error = None;
+        for v in self.0 {
+            match spawn(v, io.clone(), counters.clone(), control.clone()) {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    spawn_error = Some(e);
+                    control.stop(StopReason::VcpuFailed(
+                        "a vCPU thread could not start".into(),
+                    ));
+                    break;
+                }
+            }
+        }
+        let reason = control.wait(timeout);
+        control.stop(StopReason::VcpuFailed("stopped by the VMM".into()));
+        stop_and_join(threads);
+        match (spawn_error, reason) {
+            (Some(e), _) => Err(e),
+            (None, Some(reason)) => Ok(RunEnd::Stopped(reason)),
+            (None, None) => Ok(RunEnd::TimedOut),
+        }
+    }
+}
+
+fn spawn(
+    v: Vcpu,
+    io: Arc<IoBuses>,
+    counters: Arc<ExitCounters>,
+    control: Arc<RunControl>,
+) -> Result<JoinHandle<()>, std::io::Error> {
+    thread::Builder::new()
+        .name("vcpu".into())
+        .spawn(move || v.run(&io, &counters, &control))
+}
+
+/// Kick every vCPU out of `KVM_RUN` until its thread ends (a kick can land before the thread
+/// re-enters the guest, hence the retry), then join them. The run must be stopping already.
+fn stop_and_join(threads: Vec<JoinHandle<()>>) {
+    for t in &threads {
+        while !t.is_finished() {
+            let _ = t.kill(vcpu::kick_signal());
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+}

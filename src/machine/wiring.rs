@@ -1,0 +1,263 @@
+//! Device wiring: which devices a machine has, where each sits on the buses, and which
+//! interrupt it raises. The serial console, PCI bus 0 (CF8/CFC, the BAR windows, ECAM trapped
+//! or shadowed) and the virtio-net devices behind virtio-mmio or virtio-pci.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::bus::{DeviceId, IoBuses};
+use crate::contract::PORT_SERIAL;
+use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
+use crate::irq::{GsiRouting, InterruptRoutes, MsiVectors};
+use crate::logging::DeviceLog;
+use crate::machine::config::{MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, Transport};
+use crate::machine::layout::{self, MemoryLayout};
+use crate::machine::{MachineError, host_err};
+use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
+use crate::pci::ecam::PciConfigMmio;
+use crate::pci::function::{HostBridge, TestDevice};
+use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
+use crate::pci::root::{BarSpace, BarWindow, BarWindows, PciError};
+use crate::pci::{EcamMode, PciAddress, PciRoot};
+use crate::virtio::mmio::{MmioPlacement, MmioTransport};
+use crate::virtio::net::{NetBackend, RequestResponse, VirtioNet};
+use crate::virtio::pci::VirtioPci;
+use crate::virtio::regs::VIRTIO_ID_NET;
+use crate::virtio::worker::Worker;
+use crate::vm::Vm;
+
+/// Device names used on the buses (and in exit reports).
+pub mod names {
+    /// Ports 0xCF8..=0xCFF.
+    pub const PCI_PIO: &str = "pci-cf8";
+    /// The ECAM window.
+    pub const PCI_ECAM: &str = "pci-ecam";
+    /// BAR decode windows.
+    pub const PCI_BARS: &str = "pci-bars";
+    /// The console.
+    pub const SERIAL: &str = "serial";
+    /// The probe's phase ports.
+    pub const PROBE_PORTS: &str = "probe-ports";
+}
+
+/// The functions of bus 0: a host bridge, a test endpoint, and a two-function test device.
+pub fn populate_bus0(root: &PciRoot) -> Result<(), PciError> {
+    let at = |d, f| PciAddress::new(0, d, f).expect("valid address");
+    root.add(at(0, 0), &HostBridge::layout(), Box::new(HostBridge))?;
+    root.add(
+        at(1, 0),
+        &TestDevice::layout(0x0001),
+        Box::<TestDevice>::default(),
+    )?;
+    root.add(
+        at(2, 0),
+        &TestDevice::layout(0x0002),
+        Box::<TestDevice>::default(),
+    )?;
+    root.add(
+        at(2, 1),
+        &TestDevice::layout(0x0003),
+        Box::<TestDevice>::default(),
+    )?;
+    Ok(())
+}
+
+/// Where the `n`th virtio-pci device sits: 00:03.0, 00:04.0, ….
+pub fn virtio_pci_address(n: usize) -> Option<PciAddress> {
+    let device = u8::try_from(n)
+        .ok()?
+        .checked_add(layout::VIRTIO_PCI_FIRST_DEVICE)?;
+    PciAddress::new(0, device, 0)
+}
+
+/// The devices of a machine once wired.
+pub struct Devices {
+    /// Both address spaces, every device on them.
+    pub io: IoBuses,
+    /// The one owner of the GSI routing table.
+    pub routing: Arc<GsiRouting>,
+    /// MSI-X vectors of each virtio-pci function, by ECAM-style function address.
+    pub msix: BTreeMap<u64, Arc<MsiVectors>>,
+    /// Device threads, stopped when dropped.
+    pub workers: Vec<Worker>,
+    /// What the guest wrote to its console, unless it went to stdout.
+    pub console: Arc<Mutex<Vec<u8>>>,
+    /// The logs of devices that count their guest errors, for the exit accounting.
+    pub logs: Vec<(DeviceId, Arc<DeviceLog>)>,
+}
+
+/// Wire every device `cfg` asks for onto `vm`, placing virtio-mmio ones through `layout`.
+pub fn wire(
+    vm: &mut Vm,
+    layout: &mut MemoryLayout,
+    cfg: &MachineConfig,
+) -> Result<Devices, MachineError> {
+    let mut io = IoBuses::default();
+    let routing = Arc::new(GsiRouting::new(vm.shared_fd(), cfg.gsi_commits)?);
+    let console = Arc::new(Mutex::new(Vec::new()));
+    let out = if cfg.console_to_stdout {
+        ConsoleOutput::Stdout
+    } else {
+        ConsoleOutput::Buffer(console.clone())
+    };
+    let serial_log = add_serial(&mut io, &routing, out)?;
+
+    let pci = Arc::new(PciRoot::new(BarWindows {
+        mmio: layout::PCI_MMIO_WINDOW,
+        io: (
+            layout::PCI_IO_BASE.into(),
+            u64::from(layout::PCI_IO_BASE) + u64::from(layout::PCI_IO_LEN),
+        ),
+    })?);
+    populate_bus0(&pci)?;
+    let mut devices = Devices {
+        io,
+        routing,
+        msix: BTreeMap::new(),
+        workers: Vec::new(),
+        console,
+        logs: vec![serial_log],
+    };
+    add_virtio_net(vm, layout, cfg, &pci, &mut devices)?;
+    add_pci_windows(vm, &mut devices.io, &pci, cfg.ecam)?;
+    Ok(devices)
+}
+
+/// The console; returns its bus id and log.
+fn add_serial(
+    io: &mut IoBuses,
+    routing: &GsiRouting,
+    out: ConsoleOutput,
+) -> Result<(DeviceId, Arc<DeviceLog>), MachineError> {
+    let irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the serial eventfd"))?;
+    routing.bind_pin(layout::SERIAL_GSI, &irq, None)?;
+    let serial = SerialConsole::new(irq, out, DeviceLog::new(names::SERIAL))
+        .map_err(host_err("start the console thread"))?;
+    let log = serial.log().clone();
+    let id = io.add_pio(
+        names::SERIAL,
+        PORT_SERIAL,
+        SERIAL_PORT_LEN,
+        Arc::new(serial),
+    )?;
+    Ok((id, log))
+}
+
+/// The virtio-net devices of `cfg`, each with its request/response backends, behind its
+/// transport: virtio-mmio ones in the layout's next window, virtio-pci ones at 00:03.0 on.
+fn add_virtio_net(
+    vm: &Vm,
+    layout: &mut MemoryLayout,
+    cfg: &MachineConfig,
+    pci: &PciRoot,
+    devices: &mut Devices,
+) -> Result<(), MachineError> {
+    let mut pci_count = 0;
+    for (i, dev) in cfg.virtio.iter().enumerate() {
+        let mut mac = layout::VIRTIO_NET_MAC;
+        mac[5] = u8::try_from(i).map_err(|_| MachineError::TooManyDevices)?;
+        let pairs = usize::from(dev.queue_pairs);
+        if !(1..=MAX_QUEUE_PAIRS).contains(&pairs) {
+            return Err(MachineError::QueuePairs(pairs));
+        }
+        let backends = (0..pairs)
+            .map(|_| Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>)
+            .collect();
+        let net = VirtioNet::parts(mac, backends);
+        let queues = net.device.queue_max_sizes().len();
+        // One MSI-X vector per receive and transmit queue and one for configuration
+        // changes; the control queue needs none (drivers poll it, as Linux does).
+        let vectors = 2 * pairs + 1;
+        let mem = vm.memory().clone();
+        match dev.transport {
+            Transport::Mmio => {
+                let slot = layout
+                    .allocate_virtio_mmio()
+                    .map_err(|_| MachineError::TooManyDevices)?;
+                let n = layout.virtio_mmio().len() - 1;
+                let at = MmioPlacement {
+                    base: slot.base,
+                    gsi: slot.gsi,
+                    notify: dev.notify,
+                };
+                let (transport, worker) =
+                    MmioTransport::new(vm.shared_fd(), devices.routing.clone(), net, mem, at)?;
+                devices.io.add_mmio(
+                    &format!("virtio-mmio.{n}"),
+                    slot.base,
+                    slot.size,
+                    Arc::new(transport),
+                )?;
+                devices.workers.push(worker);
+            }
+            Transport::Pci => {
+                let at = virtio_pci_address(pci_count)
+                    .filter(|_| pci_count < MAX_VIRTIO_PCI)
+                    .ok_or(MachineError::TooManyDevices)?;
+                pci_count += 1;
+                let (function, worker) = VirtioPci::new(
+                    vm.shared_fd(),
+                    devices.routing.clone(),
+                    net,
+                    mem,
+                    at.requester_id(),
+                    vectors,
+                    dev.notify,
+                )?;
+                let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, queues, vectors);
+                devices
+                    .msix
+                    .insert(at.ecam_offset(), function.msi().clone());
+                pci.add(at, &layout, Box::new(function))?;
+                devices.workers.push(worker);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The ways into bus 0: CF8/CFC, the memory and I/O BAR windows, and ECAM if described.
+fn add_pci_windows(
+    vm: &mut Vm,
+    io: &mut IoBuses,
+    pci: &Arc<PciRoot>,
+    ecam: Option<EcamMode>,
+) -> Result<(), MachineError> {
+    io.add_pio(
+        names::PCI_PIO,
+        PCI_CONFIG_ADDRESS_PORT,
+        PCI_CONFIG_IO_LEN,
+        Arc::new(PciConfigIo::new(pci.clone())),
+    )?;
+    let (mmio_start, mmio_end) = layout::PCI_MMIO_WINDOW;
+    let mem_bars = BarWindow::new(pci.clone(), BarSpace::Memory, mmio_start);
+    io.add_mmio(
+        names::PCI_BARS,
+        mmio_start,
+        mmio_end - mmio_start,
+        Arc::new(mem_bars),
+    )?;
+    let io_bars = BarWindow::new(pci.clone(), BarSpace::Io, layout::PCI_IO_BASE.into());
+    io.add_pio(
+        names::PCI_BARS,
+        layout::PCI_IO_BASE,
+        layout::PCI_IO_LEN,
+        Arc::new(io_bars),
+    )?;
+    if let Some(mode) = ecam {
+        let window = pci.window();
+        io.add_mmio(
+            names::PCI_ECAM,
+            layout::ECAM_BASE,
+            window.len() as u64,
+            Arc::new(PciConfigMmio::new(pci.clone())),
+        )?;
+        if mode == EcamMode::Shadow {
+            // The VM keeps the root, and so its window, until the slot is deleted.
+            vm.add_readonly_region(layout::ECAM_BASE, pci.clone(), |pci| pci.window().region())?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! A machine without the probe: the board is optional, the loader is any `Loader`, and RAM
+//! size is a checked parameter.
+
+use std::time::Duration;
+
+use exitless::machine::probe::PROBE_MIN_RAM;
+use exitless::machine::{
+    CpuMode, EntryState, LoadError, Loader, Machine, MachineConfig, MachineInfo, ProbeConfig,
+    RunEnd, names, run_probe,
+};
+use exitless::stats::ExitKind;
+use exitless::vm::boot;
+use exitless::vm::run_control::StopReason;
+use kvm_bindings::kvm_regs;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+/// A guest of three instructions at CPL 0: `out` to an unclaimed port, then `ud2`, which
+/// with no IDT triple-faults: the run ends in a shutdown.
+struct OutThenCrash;
+
+const ENTRY: u64 = 0x10_0000;
+
+impl Loader for OutThenCrash {
+    fn load(
+        &self,
+        mem: &GuestMemoryMmap,
+        machine: &MachineInfo<'_>,
+    ) -> Result<EntryState, LoadError> {
+        assert_eq!(machine.layout.ram_size(), 4 << 20);
+        boot::write_tables(mem)?;
+        // mov al, 0x42; out 0x80, al; ud2
+        mem.write_slice(&[0xb0, 0x42, 0xe6, 0x80, 0x0f, 0x0b], GuestAddress(ENTRY))?;
+        Ok(EntryState {
+            mode: CpuMode::LongMode,
+            regs: kvm_regs {
+                rip: ENTRY,
+                rsp: ENTRY,
+                rflags: 0x2,
+                ..Default::default()
+            },
+        })
+    }
+}
+
+#[test]
+fn a_machine_without_the_probe_board_runs_any_loader() {
+    let cfg = MachineConfig {
+        ram_size: 4 << 20,
+        ecam: None,
+        ..Default::default()
+    };
+    let machine = Machine::new(&cfg, None).expect("a machine without a board");
+    assert!(
+        !machine.io().names.iter().any(|n| n == names::PROBE_PORTS),
+        "no probe ports without the probe board: {:?}",
+        machine.io().names
+    );
+    let ran = machine
+        .run(&OutThenCrash, Duration::from_secs(60))
+        .expect("run");
+    assert!(
+        matches!(ran.end, RunEnd::Stopped(StopReason::Shutdown)),
+        "{:?}",
+        ran.end
+    );
+    let exits = machine.counters().snapshot();
+    assert_eq!(
+        exits.of_kind(ExitKind::PioWrite),
+        1,
+        "the loader's entry ran"
+    );
+    assert_eq!(
+        exits.by_device.last(),
+        Some(&1),
+        "to a port no device claims"
+    );
+}
+
+#[test]
+fn ram_too_small_for_the_probe_is_a_clear_error() {
+    let e = run_probe(&ProbeConfig {
+        ram_size: 8 << 20,
+        ..Default::default()
+    })
+    .expect_err("8 MiB cannot hold the probe");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("needs at least") && msg.contains("15 MiB"),
+        "{msg}"
+    );
+    let e = run_probe(&ProbeConfig {
+        ram_size: usize::try_from(PROBE_MIN_RAM).unwrap() + 1,
+        ..Default::default()
+    })
+    .expect_err("not whole pages");
+    assert!(e.to_string().contains("multiple of"), "{e}");
+}
+
+#[test]
+fn the_probe_runs_with_more_ram_than_the_default() {
+    let run = run_probe(&ProbeConfig {
+        ram_size: 64 << 20,
+        ..Default::default()
+    })
+    .expect("probe with 64 MiB");
+    assert!(run.results.is_empty());
+    assert!(run.devices.iter().any(|n| n == names::PROBE_PORTS));
+}
