@@ -57,6 +57,10 @@ pub enum ConfigError {
     /// Capabilities that do not fit where they must go.
     #[error("capabilities do not fit in configuration space")]
     CapabilitiesOverflow,
+    /// Extended capabilities on a function without a PCI Express capability: software only
+    /// looks past 256 bytes on PCIe functions (PCIe 4.0 §7.5.3, §7.6).
+    #[error("extended capabilities need a PCI Express capability")]
+    ExtCapabilitiesWithoutPcie,
 }
 
 /// The ECAM-layout store of configuration space for a range of buses, page-aligned so it can
@@ -203,6 +207,10 @@ pub struct FunctionLayout {
     pub class_code: u32,
     /// Revision ID.
     pub revision: u8,
+    /// Subsystem vendor ID (PCI 3.0 §6.2.4).
+    pub subsystem_vendor_id: u16,
+    /// Subsystem ID.
+    pub subsystem_id: u16,
     /// BARs in slot order; a 64-bit one takes two slots.
     pub bars: Vec<Bar>,
     /// Standard capabilities, chained from offset 0x40.
@@ -258,6 +266,8 @@ impl ConfigSpace {
             (layout.class_code << 8) | u32::from(layout.revision),
             0,
         );
+        cs.init_u16(PCI_SUBSYSTEM_VENDOR_ID, layout.subsystem_vendor_id, 0);
+        cs.init_u16(PCI_SUBSYSTEM_ID, layout.subsystem_id, 0);
         cs.init_u16(PCI_COMMAND, 0, COMMAND_WMASK);
         cs.w1cmask[PCI_STATUS as usize..][..2].copy_from_slice(&STATUS_W1C.to_le_bytes());
         cs.init_u8(0x0c, 0, 0xff); // cache line size
@@ -265,6 +275,11 @@ impl ConfigSpace {
         cs.init_u8(PCI_INTERRUPT_LINE, 0xff, 0xff);
         let slots = cs.init_bars(&layout.bars, bar_addresses)?;
         cs.init_capabilities(&layout.capabilities)?;
+        if !layout.ext_capabilities.is_empty()
+            && !layout.capabilities.iter().any(|c| c.id == PCI_CAP_ID_EXP)
+        {
+            return Err(ConfigError::ExtCapabilitiesWithoutPcie);
+        }
         cs.init_ext_capabilities(&layout.ext_capabilities)?;
         Ok((cs, slots))
     }
@@ -402,6 +417,23 @@ impl ConfigSpace {
             self.window
                 .store_u32(self.base + dword_off, u32::from_le_bytes(bytes));
         }
+    }
+
+    /// Offset of the first capability with ID `id` in the standard list (PCI 3.0 §6.7). The
+    /// walk is bounded, so a list the guest could not change anyway still cannot loop.
+    pub fn find_capability(&self, id: u8) -> Option<u16> {
+        let mut ptr = u16::from(self.get_u8(PCI_CAPABILITY_LIST) & 0xfc);
+        // 48 = the most 4-byte capabilities that fit in 0x40..0xff.
+        for _ in 0..48 {
+            if ptr < CAP_START {
+                return None;
+            }
+            if self.get_u8(ptr) == id {
+                return Some(ptr);
+            }
+            ptr = u16::from(self.get_u8(ptr + 1) & 0xfc);
+        }
+        None
     }
 
     /// Device-side read of a dword (any alignment inside the 4 KiB).
@@ -560,7 +592,11 @@ mod tests {
         assert_eq!(b[0], 0x40);
         assert_eq!(cs.get_u16(0x40), 0x4809, "vendor cap, next at 0x48");
         assert_eq!(cs.get_u16(0x48), 0x5001, "PM cap, next at 0x50");
-        assert_eq!(cs.get_u16(0x50), 0x0005, "MSI cap, end of list");
+        assert_eq!(cs.get_u16(0x50), 0x6005, "MSI cap, next at 0x60");
+        assert_eq!(cs.get_u16(0x60), 0x0010, "PCI Express cap, end of list");
+        assert_eq!(cs.get_u16(0x62), 0x0002, "version 2, Endpoint");
+        assert_eq!(cs.find_capability(PCI_CAP_ID_EXP), Some(0x60));
+        assert_eq!(cs.find_capability(PCI_CAP_ID_MSIX), None);
         cs.write(0x4c, &[0xff]); // PMCSR power state: only bits 1:0 writable
         assert_eq!(cs.get_u16(0x4c) & 0xff, 0x03);
         cs.write(0x42, &[0x55, 0x55]);
@@ -620,8 +656,15 @@ mod tests {
             body_wmask: vec![],
         }];
         assert!(matches!(
-            ConfigSpace::new(window, 0, &l, &[]),
+            ConfigSpace::new(window.clone(), 0, &l, &[]),
             Err(ConfigError::CapabilitiesOverflow)
+        ));
+        // Extended capabilities only on a PCI Express function (PCIe 4.0 §7.6).
+        let mut l = layout();
+        l.capabilities.retain(|c| c.id != PCI_CAP_ID_EXP);
+        assert!(matches!(
+            ConfigSpace::new(window, 0, &l, &[]),
+            Err(ConfigError::ExtCapabilitiesWithoutPcie)
         ));
     }
 }

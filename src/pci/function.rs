@@ -4,7 +4,8 @@
 
 use crate::pci::config::{Capability, ConfigSpace, ExtCapability, FunctionLayout};
 use crate::pci::regs::{
-    PCI_CAP_ID_MSI, PCI_CAP_ID_PM, PCI_CAP_ID_VNDR, PCI_STATUS, PCI_STATUS_SIG_TARGET_ABORT,
+    PCI_CAP_ID_EXP, PCI_CAP_ID_MSI, PCI_CAP_ID_PM, PCI_CAP_ID_VNDR, PCI_EXP_CAP_V2_SIZE,
+    PCI_EXP_FLAGS_VERSION_2, PCI_EXP_TYPE_ENDPOINT, PCI_STATUS, PCI_STATUS_SIG_TARGET_ABORT,
 };
 
 /// Vendor ID used by exitless's own functions. It is not a PCI-SIG assignment; guests other
@@ -56,9 +57,23 @@ pub mod test_regs {
 /// after its 4-byte header).
 pub const TEST_CAP_DATA: u16 = 0x44;
 
+/// A minimal PCI Express capability (PCIe 4.0 §7.5.3): version 2, an Endpoint, every other
+/// register zero (no optional feature, link or slot) and read-only. It is what makes the
+/// extended configuration space valid to look at.
+pub fn pcie_endpoint_capability() -> Capability {
+    let mut body = vec![0; usize::from(PCI_EXP_CAP_V2_SIZE) - 2];
+    let flags = PCI_EXP_FLAGS_VERSION_2 | (PCI_EXP_TYPE_ENDPOINT << 4);
+    body[..2].copy_from_slice(&flags.to_le_bytes());
+    Capability {
+        id: PCI_CAP_ID_EXP,
+        body,
+        body_wmask: vec![],
+    }
+}
+
 /// A simple endpoint whose BAR 0 lets the guest make the *device* change its own configuration
 /// space, so shadow coherence for device-side updates can be tested; BARs of every kind, a
-/// vendor, power-management and MSI capability, and an extended capability.
+/// vendor, power-management, MSI and PCI Express capability, and an extended capability.
 #[derive(Default)]
 pub struct TestDevice {
     scratch: u32,
@@ -73,6 +88,8 @@ impl TestDevice {
             device_id,
             class_code: 0xff_00_00, // "device does not fit any defined class"
             revision: 1,
+            subsystem_vendor_id: EXITLESS_VENDOR_ID,
+            subsystem_id: device_id,
             bars: vec![
                 Bar::Memory32 {
                     size: 0x1000,
@@ -106,6 +123,7 @@ impl TestDevice {
                         0x71, 0, 0xfc, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
                     ],
                 },
+                pcie_endpoint_capability(),
             ],
             ext_capabilities: vec![ExtCapability {
                 id: 0x000b, // vendor-specific extended capability (PCIe 4.0 §7.9.5)

@@ -24,9 +24,10 @@ use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
 use super::worker::Worker;
 use super::{Ring, VirtioError, set_queue_address};
-use crate::irq::{GsiRouting, MsiChange, MsiVectors};
+use crate::irq::{GsiRouting, MsiVectors};
 use crate::pci::config::{Bar, Capability, ConfigSpace, FunctionLayout};
 use crate::pci::function::PciFunction;
+use crate::pci::msix::{Msix, MsixLocation};
 use crate::pci::regs::*;
 
 /// BAR 0 as declared.
@@ -44,11 +45,7 @@ pub struct VirtioPci {
     interrupts: Arc<Interrupts>,
     events: QueueEvents,
     notify: NotifyPath,
-    /// Address low, address high, data of each MSI-X entry as the guest wrote them; the mask
-    /// bit lives in the [`MsiVectors`].
-    msix_table: Vec<[u32; 3]>,
-    msix_cap: Option<u16>,
-    msix_enabled: bool,
+    msix: Msix,
     doorbells_at: Option<u64>,
 }
 
@@ -76,10 +73,6 @@ impl VirtioPci {
         queues: usize,
         vectors: usize,
     ) -> FunctionLayout {
-        let table_size = u16::try_from(vectors.clamp(1, MAX_VECTORS) - 1).expect("≤ 2048 vectors");
-        let mut msix = table_size.to_le_bytes().to_vec();
-        msix.extend_from_slice(&VIRTIO_PCI_BAR_MSIX_TABLE.to_le_bytes()); // BIR 0
-        msix.extend_from_slice(&VIRTIO_PCI_BAR_MSIX_PBA.to_le_bytes());
         let notify_len = queues as u32 * VIRTIO_PCI_NOTIFY_MULTIPLIER;
         FunctionLayout {
             vendor_id: VIRTIO_PCI_VENDOR_ID as u16,
@@ -107,13 +100,17 @@ impl VirtioPci {
                     0x1000,
                     &[],
                 ),
-                Capability {
-                    id: PCI_CAP_ID_MSIX,
-                    body: msix,
-                    // Message Control: Enable and Function Mask are writable.
-                    body_wmask: ((PCI_MSIX_FLAGS_ENABLE | PCI_MSIX_FLAGS_MASKALL).to_le_bytes())
-                        .to_vec(),
-                },
+                Msix::capability(
+                    vectors.clamp(1, MAX_VECTORS),
+                    MsixLocation {
+                        bir: 0,
+                        offset: VIRTIO_PCI_BAR_MSIX_TABLE,
+                    },
+                    MsixLocation {
+                        bir: 0,
+                        offset: VIRTIO_PCI_BAR_MSIX_PBA,
+                    },
+                ),
             ],
             ..Default::default()
         }
@@ -132,8 +129,8 @@ impl VirtioPci {
         let state = VirtioState::new(device, 0, mem);
         let queues = state.queue_count();
         let vectors = vectors.clamp(1, MAX_VECTORS);
-        let msi = MsiVectors::new(routing.clone(), vectors)?;
-        let interrupts = Arc::new(Interrupts::new(queues, None, Some(Arc::new(msi))));
+        let msi = Arc::new(MsiVectors::new(routing.clone(), vectors)?);
+        let interrupts = Arc::new(Interrupts::new(queues, None, Some(msi.clone())));
         let events = QueueEvents::new(vm.clone(), queues).map_err(VirtioError::Io)?;
         let state = Arc::new(Mutex::new(state));
         let worker = Worker::spawn(
@@ -149,9 +146,7 @@ impl VirtioPci {
                 interrupts,
                 events,
                 notify,
-                msix_table: vec![[0; 3]; vectors],
-                msix_cap: None,
-                msix_enabled: false,
+                msix: Msix::new(msi),
                 doorbells_at: None,
             },
             worker,
@@ -160,9 +155,7 @@ impl VirtioPci {
 
     /// The function's MSI-X vectors.
     pub fn msi(&self) -> &Arc<MsiVectors> {
-        self.interrupts
-            .msi()
-            .expect("virtio-pci always has MSI-X vectors")
+        self.msix.vectors()
     }
 
     /// Register the doorbell ioeventfds where BAR 0 decodes now (none while decoding is off).
@@ -192,20 +185,6 @@ impl VirtioPci {
             warn_ratelimited!("virtio-pci: cannot register doorbell ioeventfds: {e}");
             self.doorbells_at = None;
         }
-    }
-
-    fn find_msix_cap(config: &ConfigSpace) -> Option<u16> {
-        let mut ptr = u16::from(config.get_u8(PCI_CAPABILITY_LIST));
-        for _ in 0..48 {
-            if ptr < 0x40 {
-                return None;
-            }
-            if config.get_u8(ptr) == PCI_CAP_ID_MSIX {
-                return Some(ptr);
-            }
-            ptr = u16::from(config.get_u8(ptr + 1) & 0xfc);
-        }
-        None
     }
 
     fn common_read(&self, offset: u32, len: usize) -> Option<u32> {
@@ -256,7 +235,7 @@ impl VirtioPci {
                 if st.write_status(value) == StatusChange::Reset {
                     // A virtio reset leaves the PCI function's MSI-X state alone.
                     self.interrupts.reset();
-                    self.interrupts.set_msi_active(self.msix_enabled);
+                    self.interrupts.set_msi_active(self.msix.is_enabled());
                 }
             }
             (VIRTIO_PCI_COMMON_Q_SELECT, 2) => st.queue_select = value,
@@ -289,74 +268,6 @@ impl VirtioPci {
         }
         true
     }
-
-    fn msix_read(&self, offset: u32) -> u32 {
-        let (entry, field) = (
-            (offset / PCI_MSIX_ENTRY_SIZE) as usize,
-            offset % PCI_MSIX_ENTRY_SIZE,
-        );
-        match (self.msix_table.get(entry), field) {
-            (Some(_), PCI_MSIX_ENTRY_VECTOR_CTRL) => u32::from(self.msi().is_masked(entry)),
-            (Some(e), f) => e[(f / 4) as usize],
-            (None, _) => 0,
-        }
-    }
-
-    fn msix_write(&mut self, offset: u32, value: u32) {
-        let (entry, field) = (
-            (offset / PCI_MSIX_ENTRY_SIZE) as usize,
-            offset % PCI_MSIX_ENTRY_SIZE,
-        );
-        let Some(e) = self.msix_table.get_mut(entry) else {
-            warn_ratelimited!("virtio-pci: MSI-X entry {entry} does not exist; write ignored");
-            return;
-        };
-        if field == PCI_MSIX_ENTRY_VECTOR_CTRL {
-            let masked = value & PCI_MSIX_ENTRY_CTRL_MASKBIT != 0;
-            let mask = MsiChange::Mask {
-                index: entry,
-                masked,
-            };
-            if masked {
-                self.msi().update(&[mask]);
-            } else {
-                // The entry is complete when software unmasks it (PCI 3.0 §6.8.2.9).
-                self.msi().update(&[self.entry_message(entry), mask]);
-            }
-            return;
-        }
-        e[(field / 4) as usize] = value;
-        // Software should mask an entry before changing it (individually or with Function
-        // Mask); if it did not, the data write is the last of the three (Linux's order), so the
-        // pair takes effect then and never half. While MSI-X is disabled the table is not in
-        // use: Enable takes every unmasked entry as it then is.
-        if field == PCI_MSIX_ENTRY_DATA
-            && self.msix_enabled
-            && !self.msi().is_masked(entry)
-            && !self.msi().is_function_masked()
-        {
-            self.msi().update(&[self.entry_message(entry)]);
-        }
-    }
-
-    /// The message of MSI-X entry `entry` as the guest wrote it.
-    fn entry_message(&self, entry: usize) -> MsiChange {
-        let [lo, hi, data] = self.msix_table[entry];
-        MsiChange::Program {
-            index: entry,
-            address: u64::from(hi) << 32 | u64::from(lo),
-            data,
-        }
-    }
-
-    fn pba_read(&self, offset: u32, data: &mut [u8]) {
-        for (i, byte) in data.iter_mut().enumerate() {
-            let first = (offset as usize + i) * 8;
-            *byte = (0..8).fold(0u8, |b, bit| {
-                b | (u8::from(self.msi().is_pending(first + bit)) << bit)
-            });
-        }
-    }
 }
 
 /// Regions of BAR 0.
@@ -383,7 +294,7 @@ fn le_value(data: &[u8]) -> u32 {
 
 impl PciFunction for VirtioPci {
     fn attached(&mut self, config: &ConfigSpace) {
-        self.msix_cap = Self::find_msix_cap(config);
+        self.msix.attached(config);
         self.place_doorbells(config);
     }
 
@@ -392,27 +303,8 @@ impl PciFunction for VirtioPci {
         if touches(PCI_COMMAND, 2) || touches(PCI_BAR0, 8) {
             self.place_doorbells(config);
         }
-        if let Some(cap) = self.msix_cap
-            && touches(cap + PCI_MSIX_FLAGS, 2)
-        {
-            let control = config.get_u16(cap + PCI_MSIX_FLAGS);
-            self.msix_enabled = control & PCI_MSIX_FLAGS_ENABLE != 0;
-            let function_masked = control & PCI_MSIX_FLAGS_MASKALL != 0;
-            let mut changes = vec![
-                MsiChange::FunctionMask(function_masked),
-                MsiChange::Enable(self.msix_enabled),
-            ];
-            // Entries software changed while the function was disabled or masked take effect
-            // now, all in this one access: one routing commit when batched.
-            if self.msix_enabled && !function_masked {
-                changes.extend(
-                    (0..self.msix_table.len())
-                        .filter(|&i| !self.msi().is_masked(i))
-                        .map(|i| self.entry_message(i)),
-                );
-            }
-            self.msi().update(&changes);
-            self.interrupts.set_msi_active(self.msix_enabled);
+        if self.msix.config_written(config, offset, len) {
+            self.interrupts.set_msi_active(self.msix.is_enabled());
         }
     }
 
@@ -431,10 +323,8 @@ impl PciFunction for VirtioPci {
             },
             VIRTIO_PCI_BAR_ISR if rel == 0 => data[0] = self.interrupts.take_status() as u8,
             VIRTIO_PCI_BAR_DEVICE => self.state.lock().unwrap().read_config(u64::from(rel), data),
-            VIRTIO_PCI_BAR_MSIX_TABLE if data.len() == 4 && rel % 4 == 0 => {
-                data.copy_from_slice(&self.msix_read(rel).to_le_bytes())
-            }
-            VIRTIO_PCI_BAR_MSIX_PBA => self.pba_read(rel, data),
+            VIRTIO_PCI_BAR_MSIX_TABLE => self.msix.table_read(u64::from(rel), data),
+            VIRTIO_PCI_BAR_MSIX_PBA => self.msix.pba_read(u64::from(rel), data),
             _ => {}
         }
     }
@@ -460,13 +350,8 @@ impl PciFunction for VirtioPci {
             VIRTIO_PCI_BAR_NOTIFY => self
                 .events
                 .notify((rel / VIRTIO_PCI_NOTIFY_MULTIPLIER) as usize),
-            VIRTIO_PCI_BAR_MSIX_TABLE if data.len() == 4 && rel % 4 == 0 => {
-                self.msix_write(rel, le_value(data))
-            }
-            VIRTIO_PCI_BAR_MSIX_TABLE if data.len() == 8 && rel % 8 == 0 => {
-                self.msix_write(rel, le_value(&data[..4]));
-                self.msix_write(rel + 4, le_value(&data[4..]));
-            }
+            VIRTIO_PCI_BAR_MSIX_TABLE => self.msix.table_write(u64::from(rel), data),
+            VIRTIO_PCI_BAR_MSIX_PBA => self.msix.pba_write(u64::from(rel), data),
             _ => warn_ratelimited!(
                 "virtio-pci: {}-byte write at BAR 0 offset {offset:#x} ignored",
                 data.len()
@@ -479,6 +364,7 @@ impl PciFunction for VirtioPci {
 #[allow(clippy::cast_possible_truncation)] // fixtures
 mod tests {
     use super::*;
+    use crate::irq::MsiChange;
     use crate::pci::config::ConfigWindow;
     use crate::vm::Vm;
 
@@ -619,6 +505,36 @@ mod tests {
             0,
             "sent at unmask"
         );
+    }
+
+    #[test]
+    fn msix_table_and_pba_take_aligned_qword_accesses() {
+        // PCI 3.0 §6.8.2: software may access the table and the PBA with aligned QWORDs.
+        let (mut f, _w, _vm) = function(NotifyPath::Exit);
+        let c = config();
+        let entry = |i: u32| u64::from(VIRTIO_PCI_BAR_MSIX_TABLE + i * PCI_MSIX_ENTRY_SIZE);
+        let qword = 0x0000_0001_fee0_1000u64;
+        f.bar_write(&c, 0, entry(1), &qword.to_le_bytes());
+        f.bar_write(&c, 0, entry(1) + 8, &(0x1_0000_0042u64).to_le_bytes());
+        let mut b = [0u8; 8];
+        f.bar_read(&c, 0, entry(1), &mut b);
+        assert_eq!(u64::from_le_bytes(b), qword, "address as one QWORD");
+        f.bar_read(&c, 0, entry(1) + 8, &mut b);
+        assert_eq!(
+            u64::from_le_bytes(b),
+            0x1_0000_0042,
+            "data and vector control"
+        );
+        assert!(
+            f.msi().is_masked(1),
+            "a QWORD write sets vector control too"
+        );
+        f.bar_write(&c, 0, entry(1) + 8, &(0x42u64).to_le_bytes());
+        assert!(!f.msi().is_masked(1));
+        f.bar_read(&c, 0, u64::from(VIRTIO_PCI_BAR_MSIX_PBA), &mut b);
+        assert_eq!(u64::from_le_bytes(b), 0, "PBA as one QWORD");
+        f.bar_read(&c, 0, entry(1) + 4, &mut b);
+        assert_eq!(u64::from_le_bytes(b), 0, "an unaligned QWORD reads zero");
     }
 
     #[test]
