@@ -96,6 +96,17 @@ impl ConfigWindow {
         self.len() == 0
     }
 
+    /// Read `data.len()` bytes at `offset`, exactly what a guest read of the shadow returns;
+    /// bytes past the window read all-ones. Takes no lock: each dword is one aligned load.
+    pub fn read(&self, offset: usize, data: &mut [u8]) {
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = match offset.checked_add(i).filter(|&o| o < self.len()) {
+                Some(o) => self.load_u32(o & !3).to_le_bytes()[o & 3],
+                None => 0xff,
+            };
+        }
+    }
+
     fn load_u32(&self, offset: usize) -> u32 {
         // Offsets are dword-aligned and inside a function's 4 KiB, checked by ConfigSpace; the
         // aligned volatile load is a single access, as a concurrent guest read would do.
@@ -422,18 +433,23 @@ impl ConfigSpace {
     /// Offset of the first capability with ID `id` in the standard list (PCI 3.0 §6.7). The
     /// walk is bounded, so a list the guest could not change anyway still cannot loop.
     pub fn find_capability(&self, id: u8) -> Option<u16> {
+        self.capabilities()
+            .find(|&(_, cap)| cap == id)
+            .map(|(offset, _)| offset)
+    }
+
+    /// The standard capabilities: (offset, ID) of each, in list order (PCI 3.0 §6.7).
+    pub fn capabilities(&self) -> impl Iterator<Item = (u16, u8)> + '_ {
         let mut ptr = u16::from(self.get_u8(PCI_CAPABILITY_LIST) & 0xfc);
-        // 48 = the most 4-byte capabilities that fit in 0x40..0xff.
-        for _ in 0..48 {
+        // 48 = the most 4-byte capabilities that fit in 0x40..0xff: bounds a looping list.
+        (0..48).map_while(move |_| {
             if ptr < CAP_START {
                 return None;
             }
-            if self.get_u8(ptr) == id {
-                return Some(ptr);
-            }
-            ptr = u16::from(self.get_u8(ptr + 1) & 0xfc);
-        }
-        None
+            let at = ptr;
+            ptr = u16::from(self.get_u8(at + 1) & 0xfc);
+            Some((at, self.get_u8(at)))
+        })
     }
 
     /// Device-side read of a dword (any alignment inside the 4 KiB).

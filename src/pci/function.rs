@@ -2,6 +2,8 @@
 //! nothing of buses or exits; the root calls it after guest config writes and for accesses that
 //! land in its BARs.
 
+use std::ops::Range;
+
 use crate::pci::config::{Capability, ConfigSpace, ExtCapability, FunctionLayout};
 use crate::pci::regs::{
     PCI_CAP_ID_EXP, PCI_CAP_ID_MSI, PCI_CAP_ID_PM, PCI_CAP_ID_VNDR, PCI_EXP_CAP_V2_SIZE,
@@ -18,6 +20,16 @@ pub trait PciFunction: Send {
     fn attached(&mut self, _config: &ConfigSpace) {}
     /// The guest changed `len` bytes of configuration space at `offset` (after masking).
     fn config_written(&mut self, _config: &ConfigSpace, _offset: u16, _len: usize) {}
+    /// Configuration bytes whose value the function produces when the guest reads them (a
+    /// read with side effects, such as virtio's `pci_cfg_data`), asked once, after
+    /// [`PciFunction::attached`]. Reads of other bytes never reach the function.
+    fn read_hooked(&self) -> Option<Range<u16>> {
+        None
+    }
+    /// A trapped guest read of `len` bytes at `offset` touches the read-hooked bytes: put
+    /// their value in `config` now; the read returns what is there afterwards. Reads through
+    /// the ECAM shadow never exit, so they see the bytes as last produced.
+    fn config_read(&mut self, _config: &ConfigSpace, _offset: u16, _len: usize) {}
     /// A guest read `data.len()` bytes at `offset` of BAR slot `bar`.
     fn bar_read(&mut self, _config: &ConfigSpace, _bar: usize, _offset: u64, data: &mut [u8]) {
         data.fill(0xff);
