@@ -4,6 +4,12 @@
 //! model, so its configuration space is the same bytes for CF8/CFC, trapped ECAM and the ECAM
 //! shadow.
 //!
+//! The PCI configuration access capability (virtio 1.2 §4.1.4.9) is a window into BAR 0 from
+//! configuration space, for firmware that cannot map the BAR: the driver sets its bar, offset
+//! and length, then a write of `pci_cfg_data` is that write to the BAR and a trapped read of it
+//! is that read of the BAR. Reads through the ECAM shadow never exit, so there they return the
+//! bytes the last trapped access left (the shadow's price; CF8/CFC and trapped ECAM are exact).
+//!
 //! Every queue has its own notify address (`notify_off_multiplier` = 4), so a doorbell can be an
 //! address-only ioeventfd. The ioeventfds follow BAR 0: they are registered where the BAR
 //! decodes and removed while memory decoding is off.
@@ -46,6 +52,8 @@ pub struct VirtioPci {
     events: QueueEvents,
     notify: NotifyPath,
     msix: Msix,
+    /// Offset of the PCI configuration access capability, once placed.
+    pci_cfg_cap: Option<u16>,
     doorbells_at: Option<u64>,
 }
 
@@ -64,6 +72,19 @@ fn virtio_cap(cfg_type: u32, offset: u32, length: u32, extra: &[u8]) -> Capabili
     }
 }
 
+/// The PCI configuration access capability (virtio 1.2 §4.1.4.9): a virtio_pci_cap whose bar,
+/// offset and length the driver writes, then the 4-byte pci_cfg_data.
+fn pci_cfg_cap() -> Capability {
+    let mut cap = virtio_cap(VIRTIO_PCI_CAP_PCI_CFG, 0, 0, &[0; 4]);
+    // Body offsets are from the capability ID byte minus the 2-byte header.
+    let mut wmask = vec![0u8; cap.body.len()];
+    wmask[VIRTIO_PCI_CAP_BAR as usize - 2] = 0xff;
+    let writable = VIRTIO_PCI_CAP_OFFSET as usize - 2..VIRTIO_PCI_CAP_PCI_CFG_DATA as usize + 2;
+    wmask[writable].fill(0xff);
+    cap.body_wmask = wmask;
+    cap
+}
+
 impl VirtioPci {
     /// Configuration layout of a virtio-pci function for `device_type` with class `class_code`,
     /// `queues` queues and `vectors` MSI-X vectors.
@@ -79,6 +100,8 @@ impl VirtioPci {
             device_id: (VIRTIO_PCI_DEVICE_ID_BASE + device_type) as u16,
             class_code,
             revision: 1, // modern devices have revision ≥ 1 (virtio 1.2 §4.1.2.1)
+            subsystem_vendor_id: VIRTIO_PCI_VENDOR_ID as u16,
+            subsystem_id: (VIRTIO_PCI_SUBSYSTEM_ID_BASE + device_type) as u16,
             bars: vec![BAR0],
             capabilities: vec![
                 virtio_cap(
@@ -100,6 +123,7 @@ impl VirtioPci {
                     0x1000,
                     &[],
                 ),
+                pci_cfg_cap(),
                 Msix::capability(
                     vectors.clamp(1, MAX_VECTORS),
                     MsixLocation {
@@ -147,6 +171,7 @@ impl VirtioPci {
                 events,
                 notify,
                 msix: Msix::new(msi),
+                pci_cfg_cap: None,
                 doorbells_at: None,
             },
             worker,
@@ -185,6 +210,29 @@ impl VirtioPci {
             warn_ratelimited!("virtio-pci: cannot register doorbell ioeventfds: {e}");
             self.doorbells_at = None;
         }
+    }
+
+    /// The BAR access the PCI configuration access capability now describes: (BAR, offset,
+    /// length), if it is one the driver may ask for (virtio 1.2 §4.1.4.9.2: an aligned access
+    /// of 1, 2 or 4 bytes inside a BAR).
+    fn pci_cfg_access(config: &ConfigSpace, cap: u16) -> Option<(usize, u64, usize)> {
+        let bar = config.get_u8(cap + VIRTIO_PCI_CAP_BAR as u16);
+        let offset = config.get_u32(cap + VIRTIO_PCI_CAP_OFFSET as u16);
+        let length = config.get_u32(cap + VIRTIO_PCI_CAP_LENGTH as u16);
+        let valid = bar == 0
+            && matches!(length, 1 | 2 | 4)
+            && offset.is_multiple_of(length)
+            && offset
+                .checked_add(length)
+                .is_some_and(|end| end <= VIRTIO_PCI_BAR_SIZE);
+        if !valid {
+            warn_ratelimited!(
+                "virtio-pci: PCI configuration access to BAR {bar} offset {offset:#x} length \
+                 {length} is not a valid access; ignored"
+            );
+            return None;
+        }
+        Some((usize::from(bar), u64::from(offset), length as usize))
     }
 
     fn common_read(&self, offset: u32, len: usize) -> Option<u32> {
@@ -295,13 +343,42 @@ fn le_value(data: &[u8]) -> u32 {
 impl PciFunction for VirtioPci {
     fn attached(&mut self, config: &ConfigSpace) {
         self.msix.attached(config);
+        self.pci_cfg_cap = config.capabilities().find_map(|(at, id)| {
+            let cfg_type = u32::from(config.get_u8(at + VIRTIO_PCI_CAP_CFG_TYPE as u16));
+            (id == PCI_CAP_ID_VNDR && cfg_type == VIRTIO_PCI_CAP_PCI_CFG).then_some(at)
+        });
         self.place_doorbells(config);
+    }
+
+    fn read_hooked(&self) -> Option<std::ops::Range<u16>> {
+        let data = self.pci_cfg_cap? + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16;
+        Some(data..data + 4)
+    }
+
+    fn config_read(&mut self, config: &ConfigSpace, _offset: u16, _len: usize) {
+        // The root calls this only for reads touching pci_cfg_data.
+        let Some(cap) = self.pci_cfg_cap else {
+            return;
+        };
+        if let Some((bar, offset, len)) = Self::pci_cfg_access(config, cap) {
+            let mut bytes = [0u8; 4];
+            self.bar_read(config, bar, offset, &mut bytes[..len]);
+            config.set_bytes(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, &bytes[..len]);
+        }
     }
 
     fn config_written(&mut self, config: &ConfigSpace, offset: u16, len: usize) {
         let touches = |start: u16, size: u16| offset < start + size && start < offset + len as u16;
         if touches(PCI_COMMAND, 2) || touches(PCI_BAR0, 8) {
             self.place_doorbells(config);
+        }
+        if let Some(cap) = self.pci_cfg_cap
+            && touches(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, 4)
+            && let Some((bar, at, n)) = Self::pci_cfg_access(config, cap)
+        {
+            let mut bytes = [0u8; 4];
+            config.read(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, &mut bytes);
+            self.bar_write(config, bar, at, &bytes[..n]);
         }
         if self.msix.config_written(config, offset, len) {
             self.interrupts.set_msi_active(self.msix.is_enabled());
@@ -365,7 +442,9 @@ impl PciFunction for VirtioPci {
 mod tests {
     use super::*;
     use crate::irq::MsiChange;
+    use crate::pci::PciAddress;
     use crate::pci::config::ConfigWindow;
+    use crate::pci::root::{BarBuses, BarWindows, PciRoot};
     use crate::vm::Vm;
 
     fn function(notify: NotifyPath) -> (VirtioPci, Worker, Vm) {
@@ -429,6 +508,7 @@ mod tests {
                 (VIRTIO_PCI_CAP_NOTIFY_CFG, VIRTIO_PCI_BAR_NOTIFY),
                 (VIRTIO_PCI_CAP_ISR_CFG, VIRTIO_PCI_BAR_ISR),
                 (VIRTIO_PCI_CAP_DEVICE_CFG, VIRTIO_PCI_BAR_DEVICE),
+                (VIRTIO_PCI_CAP_PCI_CFG, 0),
             ]
         );
     }
@@ -535,6 +615,103 @@ mod tests {
         assert_eq!(u64::from_le_bytes(b), 0, "PBA as one QWORD");
         f.bar_read(&c, 0, entry(1) + 4, &mut b);
         assert_eq!(u64::from_le_bytes(b), 0, "an unaligned QWORD reads zero");
+    }
+
+    #[test]
+    fn subsystem_ids_mark_a_non_transitional_device() {
+        let c = config();
+        assert_eq!(c.get_u16(PCI_SUBSYSTEM_VENDOR_ID), 0x1af4);
+        assert_eq!(c.get_u16(PCI_SUBSYSTEM_ID), 0x40 + VIRTIO_ID_NET as u16);
+    }
+
+    /// A virtio-pci net function at 00:03.0 of a root without buses, and its worker.
+    fn on_root(notify: NotifyPath) -> (PciRoot, PciAddress, Worker, Vm) {
+        let (f, w, vm) = function(notify);
+        let windows = BarWindows {
+            mmio: (0xc000_0000, 0xe000_0000),
+            io: (0xc000, 0x1_0000),
+        };
+        let root = PciRoot::new(windows, BarBuses::detached()).unwrap();
+        let at = PciAddress::new(0, 3, 0).unwrap();
+        let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
+        root.add(at, &layout, Box::new(f)).unwrap();
+        (root, at, w, vm)
+    }
+
+    fn cfg_read(root: &PciRoot, at: PciAddress, reg: u16, len: usize) -> u32 {
+        let mut b = [0u8; 4];
+        root.config_read(at, reg, &mut b[..len]);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn pci_cfg_capability_is_a_window_into_bar0() {
+        let (root, at, _w, _vm) = on_root(NotifyPath::Exit);
+        // Find the VIRTIO_PCI_CAP_PCI_CFG capability (virtio 1.2 §4.1.4.9).
+        let mut ptr = cfg_read(&root, at, PCI_CAPABILITY_LIST, 1) as u16;
+        let mut cap = None;
+        for _ in 0..48 {
+            if ptr < 0x40 {
+                break;
+            }
+            let typ = cfg_read(&root, at, ptr + VIRTIO_PCI_CAP_CFG_TYPE as u16, 1);
+            if cfg_read(&root, at, ptr, 1) == u32::from(PCI_CAP_ID_VNDR)
+                && typ == VIRTIO_PCI_CAP_PCI_CFG
+            {
+                cap = Some(ptr);
+            }
+            ptr = cfg_read(&root, at, ptr + 1, 1) as u16;
+        }
+        let cap = cap.expect("a PCI configuration access capability");
+        assert_eq!(
+            cfg_read(&root, at, cap + 2, 1),
+            20,
+            "cap_len covers pci_cfg_data"
+        );
+        let window = |bar: u8, offset: u32, length: u32| {
+            root.config_write(at, cap + VIRTIO_PCI_CAP_BAR as u16, &[bar]);
+            root.config_write(
+                at,
+                cap + VIRTIO_PCI_CAP_OFFSET as u16,
+                &offset.to_le_bytes(),
+            );
+            root.config_write(
+                at,
+                cap + VIRTIO_PCI_CAP_LENGTH as u16,
+                &length.to_le_bytes(),
+            );
+        };
+        let data = cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16;
+        window(0, VIRTIO_PCI_COMMON_NUMQ, 2);
+        assert_eq!(
+            cfg_read(&root, at, data, 2),
+            2,
+            "num_queues through the window"
+        );
+        // A write through the window is a write to the BAR: select queue 1, read it back.
+        window(0, VIRTIO_PCI_COMMON_Q_SELECT, 2);
+        root.config_write(at, data, &1u32.to_le_bytes());
+        window(0, VIRTIO_PCI_COMMON_Q_NOFF, 2);
+        assert_eq!(cfg_read(&root, at, data, 4) & 0xffff, 1);
+        window(0, VIRTIO_PCI_COMMON_DF, 4);
+        assert_ne!(cfg_read(&root, at, data, 4), 0, "device features 0..31");
+        // The MSI-X table through the window, entry 0's vector control: masked.
+        window(0, VIRTIO_PCI_BAR_MSIX_TABLE + PCI_MSIX_ENTRY_VECTOR_CTRL, 4);
+        assert_eq!(cfg_read(&root, at, data, 4), 1);
+        // Invalid windows (no such BAR, bad length, unaligned, past the BAR) do nothing.
+        for (bar, offset, length) in [
+            (1, 0, 4),
+            (0, 0, 3),
+            (0, 2, 4),
+            (0, VIRTIO_PCI_BAR_SIZE - 2, 4),
+            (0xff, u32::MAX, u32::MAX),
+        ] {
+            window(bar, offset, length);
+            root.config_write(at, data, &0xffff_ffffu32.to_le_bytes());
+            cfg_read(&root, at, data, 4);
+        }
+        window(0, VIRTIO_PCI_COMMON_Q_SELECT, 2);
+        assert_eq!(cfg_read(&root, at, data, 2), 1, "queue_select unchanged");
     }
 
     #[test]
