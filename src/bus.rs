@@ -1,11 +1,15 @@
 //! Guest address spaces (port I/O and MMIO) mapped to devices.
 //!
-//! A [`Bus`] is an ordered map of non-overlapping ranges, built before the vCPUs start and then
-//! shared read-only: lookups take no lock. Devices take `&self` and do their own locking, so a
-//! hot device never waits behind an unrelated one.
+//! A [`Bus`] is an ordered map of non-overlapping ranges. Most ranges are placed before the
+//! vCPUs start; PCI BARs come, move and go at run time as the guest programs them (the PCI root
+//! calls [`Bus::update_range`]). Devices take `&self` and do their own locking, so a hot device
+//! never waits behind an unrelated one.
+//!
+//! Lock order: a device's own lock may be held while it updates a bus (the PCI root does, to
+//! move a BAR); the bus lock is never held while a device is called.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, Weak};
 
 /// A device as the bus sees it: accesses arrive as an offset into its range.
 pub trait BusDevice: Send + Sync {
@@ -49,68 +53,140 @@ pub enum BusError {
 struct BusEntry {
     len: u64,
     id: DeviceId,
+    name: Arc<str>,
     device: Arc<dyn BusDevice>,
 }
 
-/// One address space: port I/O or MMIO.
+type Entries = BTreeMap<u64, BusEntry>;
+
+/// One address space: port I/O or MMIO. Clones share the same ranges.
+///
+/// The map sits behind an `RwLock` held only for the lookup (the device is cloned out and
+/// called after the lock is dropped): an uncontended read lock is one atomic operation, noise
+/// beside the exit that brought the access here, and updates (BAR moves) are rare. arc-swap
+/// would spare readers even that shared cache line, at the price of a dependency and of copying
+/// the whole map on every update; with a handful of vCPUs the lock is the simpler fit.
 #[derive(Default, Clone)]
 pub struct Bus {
-    entries: BTreeMap<u64, BusEntry>,
+    entries: Arc<RwLock<Entries>>,
+}
+
+/// A [`Bus`] that does not keep its ranges alive: for devices on the bus that update it (the
+/// PCI root), which would otherwise keep themselves alive through it.
+#[derive(Clone, Default)]
+pub struct WeakBus(Weak<RwLock<Entries>>);
+
+impl WeakBus {
+    /// The bus, if it still exists.
+    pub fn upgrade(&self) -> Option<Bus> {
+        self.0.upgrade().map(|entries| Bus { entries })
+    }
+}
+
+/// A range to place on a bus with [`Bus::update_range`].
+pub struct BusRange {
+    /// First address.
+    pub base: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Device id, for exit accounting.
+    pub id: DeviceId,
+    /// Device name, for error messages.
+    pub name: Arc<str>,
+    /// The device.
+    pub device: Arc<dyn BusDevice>,
+}
+
+fn check_free(entries: &Entries, r: &BusRange) -> Result<(), BusError> {
+    let name = r.name.to_string();
+    let (base, len) = (r.base, r.len);
+    let last = match base.checked_add(len) {
+        Some(end) if len > 0 => end - 1,
+        _ => return Err(BusError::BadRange { name, base, len }),
+    };
+    // The entry starting at or before `last` with the greatest base is the only candidate.
+    if let Some((&b, e)) = entries.range(..=last).next_back()
+        && b + e.len > base
+    {
+        return Err(BusError::Overlap {
+            name,
+            base,
+            len,
+            other: e.name.to_string(),
+        });
+    }
+    Ok(())
 }
 
 impl Bus {
-    fn insert(
-        &mut self,
-        names: &[String],
-        id: DeviceId,
-        base: u64,
-        len: u64,
-        device: Arc<dyn BusDevice>,
+    /// Place `range`; refused if it is empty, wraps, or overlaps a range already there.
+    pub fn insert(&self, range: BusRange) -> Result<(), BusError> {
+        self.update_range(None, Some(range))
+    }
+
+    /// In one step, remove the range at `old` (base and device: only if that device is the one
+    /// there) and place `new`. If `new` does not fit, `old` is still removed and the error
+    /// returned: a moved BAR that lands on another range decodes nowhere until moved again.
+    pub fn update_range(
+        &self,
+        old: Option<(u64, &Arc<dyn BusDevice>)>,
+        new: Option<BusRange>,
     ) -> Result<(), BusError> {
-        let name = names[id].clone();
-        let last = match base.checked_add(len) {
-            Some(end) if len > 0 => end - 1,
-            _ => return Err(BusError::BadRange { name, base, len }),
-        };
-        // The entry starting at or before `last` with the greatest base is the only candidate.
-        if let Some((&b, e)) = self.entries.range(..=last).next_back()
-            && b + e.len > base
+        let mut entries = self.entries.write().unwrap();
+        if let Some((base, device)) = old
+            && entries
+                .get(&base)
+                .is_some_and(|e| Arc::ptr_eq(&e.device, device))
         {
-            let other = names[e.id].clone();
-            return Err(BusError::Overlap {
-                name,
-                base,
-                len,
-                other,
-            });
+            entries.remove(&base);
         }
-        self.entries.insert(base, BusEntry { len, id, device });
+        let Some(r) = new else {
+            return Ok(());
+        };
+        check_free(&entries, &r)?;
+        let entry = BusEntry {
+            len: r.len,
+            id: r.id,
+            name: r.name,
+            device: r.device,
+        };
+        entries.insert(r.base, entry);
         Ok(())
     }
 
-    fn resolve(&self, addr: u64) -> Option<(&BusEntry, u64)> {
-        let (&base, entry) = self.entries.range(..=addr).next_back()?;
+    /// A handle that does not keep the bus alive.
+    pub fn downgrade(&self) -> WeakBus {
+        WeakBus(Arc::downgrade(&self.entries))
+    }
+
+    /// The device claiming `addr` (cloned out, so no lock is held while it runs), its id and
+    /// the offset of `addr` in its range.
+    fn resolve(&self, addr: u64) -> Option<(Arc<dyn BusDevice>, DeviceId, u64)> {
+        let entries = self.entries.read().unwrap();
+        let (&base, entry) = entries.range(..=addr).next_back()?;
         let offset = addr - base;
-        (offset < entry.len).then_some((entry, offset))
+        (offset < entry.len).then(|| (entry.device.clone(), entry.id, offset))
     }
 
     /// The device that claims `addr`, if any.
     pub fn device_at(&self, addr: u64) -> Option<DeviceId> {
-        self.resolve(addr).map(|(entry, _)| entry.id)
+        let entries = self.entries.read().unwrap();
+        let (&base, entry) = entries.range(..=addr).next_back()?;
+        (addr - base < entry.len).then_some(entry.id)
     }
 
     /// Read at `addr`; unclaimed addresses read all-ones, as a floating x86 bus does.
     pub fn read(&self, addr: u64, data: &mut [u8]) {
         match self.resolve(addr) {
-            Some((entry, offset)) => entry.device.read(offset, data),
+            Some((device, _, offset)) => device.read(offset, data),
             None => data.fill(0xff),
         }
     }
 
     /// Write at `addr`; writes to unclaimed addresses are dropped.
     pub fn write(&self, addr: u64, data: &[u8]) {
-        if let Some((entry, offset)) = self.resolve(addr) {
-            entry.device.write(offset, data);
+        if let Some((device, _, offset)) = self.resolve(addr) {
+            device.write(offset, data);
         }
     }
 }
@@ -130,7 +206,10 @@ pub struct IoBuses {
 pub type DeviceTable = Vec<String>;
 
 impl IoBuses {
-    fn id_for(&mut self, name: &str) -> DeviceId {
+    /// The id of the device called `name`, registered now if it is new: for devices placed on
+    /// a bus later, at run time (PCI BARs). Exit counters are sized when the vCPUs start, so
+    /// every name must be known by then.
+    pub fn id_for(&mut self, name: &str) -> DeviceId {
         match self.names.iter().position(|n| n == name) {
             Some(id) => id,
             None => {
@@ -149,8 +228,13 @@ impl IoBuses {
         device: Arc<dyn BusDevice>,
     ) -> Result<DeviceId, BusError> {
         let id = self.id_for(name);
-        self.pio
-            .insert(&self.names, id, base.into(), len.into(), device)?;
+        self.pio.insert(BusRange {
+            base: base.into(),
+            len: len.into(),
+            id,
+            name: name.into(),
+            device,
+        })?;
         Ok(id)
     }
 
@@ -163,7 +247,13 @@ impl IoBuses {
         device: Arc<dyn BusDevice>,
     ) -> Result<DeviceId, BusError> {
         let id = self.id_for(name);
-        self.mmio.insert(&self.names, id, base, len, device)?;
+        self.mmio.insert(BusRange {
+            base,
+            len,
+            id,
+            name: name.into(),
+            device,
+        })?;
         Ok(id)
     }
 }
@@ -226,6 +316,55 @@ mod tests {
             Err(BusError::BadRange { .. })
         ));
         io.add_pio("e", 0x18, 1, dev).unwrap();
+    }
+
+    #[test]
+    fn ranges_move_and_go_at_run_time_and_clones_see_it() {
+        let mut io = IoBuses::default();
+        let dev: Arc<dyn BusDevice> = Arc::new(Recorder::default());
+        let other: Arc<dyn BusDevice> = Arc::new(Recorder::default());
+        io.add_mmio("fixed", 0x2000, 0x100, other.clone()).unwrap();
+        let id = io.id_for("bar");
+        let vcpu_view = io.mmio.clone();
+        let range = |base| BusRange {
+            base,
+            len: 0x10,
+            id,
+            name: "bar".into(),
+            device: dev.clone(),
+        };
+        io.mmio.insert(range(0x1000)).unwrap();
+        assert_eq!(vcpu_view.device_at(0x1008), Some(id));
+        io.mmio
+            .update_range(Some((0x1000, &dev)), Some(range(0x3000)))
+            .unwrap();
+        assert_eq!(vcpu_view.device_at(0x1008), None, "moved away");
+        assert_eq!(vcpu_view.device_at(0x3008), Some(id));
+        // Moved onto another range: refused, and decoded nowhere.
+        let err = io
+            .mmio
+            .update_range(Some((0x3000, &dev)), Some(range(0x20f8)));
+        assert!(matches!(err, Err(BusError::Overlap { ref other, .. }) if other == "fixed"));
+        assert_eq!(vcpu_view.device_at(0x3008), None);
+        assert_eq!(
+            vcpu_view.device_at(0x20f8),
+            Some(0),
+            "the fixed device keeps its range"
+        );
+        // Another device's range is not removed by a stale base.
+        io.mmio
+            .update_range(Some((0x2000, &dev)), Some(range(0x4000)))
+            .unwrap();
+        assert_eq!(vcpu_view.device_at(0x2000), Some(0));
+        io.mmio.update_range(Some((0x4000, &dev)), None).unwrap();
+        assert_eq!(vcpu_view.device_at(0x4000), None, "decoding off");
+        let weak = io.mmio.downgrade();
+        assert!(weak.upgrade().is_some());
+        drop((io, vcpu_view));
+        assert!(
+            weak.upgrade().is_none(),
+            "a weak handle does not keep the bus"
+        );
     }
 
     #[test]

@@ -194,7 +194,7 @@ fn probe_lists_what_the_guest_enumerated_by_the_chosen_method() {
         "{text}"
     );
     assert!(text.contains("00:02.1 7e57:0003"));
-    assert!(text.contains("capabilities: vendor power-management msi ext:vendor"));
+    assert!(text.contains("capabilities: vendor power-management msi pci-express ext:vendor"));
 
     let out = exitless(&["probe", "--ecam", "none", "--vcpus", "2"]);
     let text = String::from_utf8(out.stdout).unwrap();

@@ -44,11 +44,11 @@ fn all_methods_enumerate_the_same_functions() {
     assert_eq!(testdev.bar_sizes, [0x1000, 0x20, 0x10_0000, 0, 0, 0]);
     assert_eq!(
         &testdev.caps[..usize::try_from(testdev.cap_count).unwrap()],
-        &[0x09, 0x01, 0x05, 0x1_000b]
+        &[0x09, 0x01, 0x05, 0x10, 0x1_000b]
     );
     assert_eq!(
         &pio[1].caps[..usize::try_from(pio[1].cap_count).unwrap()],
-        &[0x09, 0x01, 0x05]
+        &[0x09, 0x01, 0x05, 0x10]
     );
     assert_eq!(
         shadow[2].header[3] >> 16 & 0x80,

@@ -8,7 +8,9 @@ use exitless::contract::*;
 use exitless::machine::{ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops, run_probe};
 use exitless::pci::EcamMode;
 use exitless::virtio::notify::NotifyPath;
-use exitless::virtio::regs::{VIRTIO_ID_NET, VIRTIO_PCI_DEVICE_ID_BASE, VIRTIO_PCI_VENDOR_ID};
+use exitless::virtio::regs::{
+    VIRTIO_ID_NET, VIRTIO_PCI_DEVICE_ID_BASE, VIRTIO_PCI_SUBSYSTEM_ID_BASE, VIRTIO_PCI_VENDOR_ID,
+};
 
 const RESPONSE: u64 = 700;
 const N: u64 = 40;
@@ -202,9 +204,16 @@ fn virtio_pci_functions_look_the_same_by_every_config_method() {
             u64::from(VIRTIO_PCI_DEVICE_ID_BASE + VIRTIO_ID_NET)
         );
         assert_eq!(r.bar_sizes[0], 0x8000);
-        assert_eq!(&r.caps[..5], &[0x09, 0x09, 0x09, 0x09, 0x11]);
+        // Subsystem vendor and ID (0x2C): a non-transitional device (virtio 1.2 §4.1.2.1).
+        assert_eq!(
+            r.header[11],
+            u64::from(VIRTIO_PCI_SUBSYSTEM_ID_BASE + VIRTIO_ID_NET) << 16
+                | u64::from(VIRTIO_PCI_VENDOR_ID)
+        );
+        // Common, notify, ISR, device, PCI configuration access; MSI-X.
+        assert_eq!(&r.caps[..6], &[0x09, 0x09, 0x09, 0x09, 0x09, 0x11]);
         assert_eq!(records[0].header, records[1].header, "{ecam:?}");
-        assert_eq!(records[0].caps[..5], records[1].caps[..5], "{ecam:?}");
+        assert_eq!(records[0].caps[..6], records[1].caps[..6], "{ecam:?}");
     }
 }
 

@@ -19,7 +19,7 @@ use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
 use crate::pci::ecam::PciConfigMmio;
 use crate::pci::function::{HostBridge, TestDevice};
 use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
-use crate::pci::root::{BarSpace, BarWindow, BarWindows, PciError};
+use crate::pci::root::{BarBuses, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
 use crate::virtio::mmio::{MmioPlacement, MmioTransport};
 use crate::virtio::net::{NetBackend, RequestResponse, VirtioNet};
@@ -34,7 +34,7 @@ pub mod names {
     pub const PCI_PIO: &str = "pci-cf8";
     /// The ECAM window.
     pub const PCI_ECAM: &str = "pci-ecam";
-    /// BAR decode windows.
+    /// Every decoded BAR (each its own bus range).
     pub const PCI_BARS: &str = "pci-bars";
     /// The console.
     pub const SERIAL: &str = "serial";
@@ -104,13 +104,21 @@ pub fn wire(
     };
     let serial_log = add_serial(&mut io, &routing, out)?;
 
-    let pci = Arc::new(PciRoot::new(BarWindows {
+    // Each decoded BAR is a range of its own on these buses, all counted as PCI_BARS.
+    let bar_buses = BarBuses {
+        mmio: io.mmio.downgrade(),
+        pio: io.pio.downgrade(),
+        id: io.id_for(names::PCI_BARS),
+        name: names::PCI_BARS.into(),
+    };
+    let windows = BarWindows {
         mmio: layout::PCI_MMIO_WINDOW,
         io: (
             layout::PCI_IO_BASE.into(),
             u64::from(layout::PCI_IO_BASE) + u64::from(layout::PCI_IO_LEN),
         ),
-    })?);
+    };
+    let pci = Arc::new(PciRoot::new(windows, bar_buses)?);
     populate_bus0(&pci)?;
     let mut devices = Devices {
         io,
@@ -230,21 +238,6 @@ fn add_pci_windows(
         PCI_CONFIG_ADDRESS_PORT,
         PCI_CONFIG_IO_LEN,
         Arc::new(PciConfigIo::new(pci.clone())),
-    )?;
-    let (mmio_start, mmio_end) = layout::PCI_MMIO_WINDOW;
-    let mem_bars = BarWindow::new(pci.clone(), BarSpace::Memory, mmio_start);
-    io.add_mmio(
-        names::PCI_BARS,
-        mmio_start,
-        mmio_end - mmio_start,
-        Arc::new(mem_bars),
-    )?;
-    let io_bars = BarWindow::new(pci.clone(), BarSpace::Io, layout::PCI_IO_BASE.into());
-    io.add_pio(
-        names::PCI_BARS,
-        layout::PCI_IO_BASE,
-        layout::PCI_IO_LEN,
-        Arc::new(io_bars),
     )?;
     if let Some(mode) = ecam {
         let window = pci.window();

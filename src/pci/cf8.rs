@@ -77,14 +77,14 @@ impl BusDevice for PciConfigIo {
 mod tests {
     use super::*;
     use crate::machine::populate_bus0;
-    use crate::pci::root::BarWindows;
+    use crate::pci::root::{BarBuses, BarWindows};
 
     fn ports() -> PciConfigIo {
-        let root = PciRoot::new(BarWindows {
+        let windows = BarWindows {
             mmio: (0xc000_0000, 0xe000_0000),
             io: (0xc000, 0x1_0000),
-        })
-        .unwrap();
+        };
+        let root = PciRoot::new(windows, BarBuses::detached()).unwrap();
         populate_bus0(&root).unwrap();
         PciConfigIo::new(Arc::new(root))
     }

@@ -57,6 +57,10 @@ pub enum ConfigError {
     /// Capabilities that do not fit where they must go.
     #[error("capabilities do not fit in configuration space")]
     CapabilitiesOverflow,
+    /// Extended capabilities on a function without a PCI Express capability: software only
+    /// looks past 256 bytes on PCIe functions (PCIe 4.0 §7.5.3, §7.6).
+    #[error("extended capabilities need a PCI Express capability")]
+    ExtCapabilitiesWithoutPcie,
 }
 
 /// The ECAM-layout store of configuration space for a range of buses, page-aligned so it can
@@ -90,6 +94,17 @@ impl ConfigWindow {
     /// Whether the window covers no bus.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Read `data.len()` bytes at `offset`, exactly what a guest read of the shadow returns;
+    /// bytes past the window read all-ones. Takes no lock: each dword is one aligned load.
+    pub fn read(&self, offset: usize, data: &mut [u8]) {
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = match offset.checked_add(i).filter(|&o| o < self.len()) {
+                Some(o) => self.load_u32(o & !3).to_le_bytes()[o & 3],
+                None => 0xff,
+            };
+        }
     }
 
     fn load_u32(&self, offset: usize) -> u32 {
@@ -203,6 +218,10 @@ pub struct FunctionLayout {
     pub class_code: u32,
     /// Revision ID.
     pub revision: u8,
+    /// Subsystem vendor ID (PCI 3.0 §6.2.4).
+    pub subsystem_vendor_id: u16,
+    /// Subsystem ID.
+    pub subsystem_id: u16,
     /// BARs in slot order; a 64-bit one takes two slots.
     pub bars: Vec<Bar>,
     /// Standard capabilities, chained from offset 0x40.
@@ -258,6 +277,8 @@ impl ConfigSpace {
             (layout.class_code << 8) | u32::from(layout.revision),
             0,
         );
+        cs.init_u16(PCI_SUBSYSTEM_VENDOR_ID, layout.subsystem_vendor_id, 0);
+        cs.init_u16(PCI_SUBSYSTEM_ID, layout.subsystem_id, 0);
         cs.init_u16(PCI_COMMAND, 0, COMMAND_WMASK);
         cs.w1cmask[PCI_STATUS as usize..][..2].copy_from_slice(&STATUS_W1C.to_le_bytes());
         cs.init_u8(0x0c, 0, 0xff); // cache line size
@@ -265,6 +286,11 @@ impl ConfigSpace {
         cs.init_u8(PCI_INTERRUPT_LINE, 0xff, 0xff);
         let slots = cs.init_bars(&layout.bars, bar_addresses)?;
         cs.init_capabilities(&layout.capabilities)?;
+        if !layout.ext_capabilities.is_empty()
+            && !layout.capabilities.iter().any(|c| c.id == PCI_CAP_ID_EXP)
+        {
+            return Err(ConfigError::ExtCapabilitiesWithoutPcie);
+        }
         cs.init_ext_capabilities(&layout.ext_capabilities)?;
         Ok((cs, slots))
     }
@@ -402,6 +428,28 @@ impl ConfigSpace {
             self.window
                 .store_u32(self.base + dword_off, u32::from_le_bytes(bytes));
         }
+    }
+
+    /// Offset of the first capability with ID `id` in the standard list (PCI 3.0 §6.7). The
+    /// walk is bounded, so a list the guest could not change anyway still cannot loop.
+    pub fn find_capability(&self, id: u8) -> Option<u16> {
+        self.capabilities()
+            .find(|&(_, cap)| cap == id)
+            .map(|(offset, _)| offset)
+    }
+
+    /// The standard capabilities: (offset, ID) of each, in list order (PCI 3.0 §6.7).
+    pub fn capabilities(&self) -> impl Iterator<Item = (u16, u8)> + '_ {
+        let mut ptr = u16::from(self.get_u8(PCI_CAPABILITY_LIST) & 0xfc);
+        // 48 = the most 4-byte capabilities that fit in 0x40..0xff: bounds a looping list.
+        (0..48).map_while(move |_| {
+            if ptr < CAP_START {
+                return None;
+            }
+            let at = ptr;
+            ptr = u16::from(self.get_u8(at + 1) & 0xfc);
+            Some((at, self.get_u8(at)))
+        })
     }
 
     /// Device-side read of a dword (any alignment inside the 4 KiB).
@@ -560,7 +608,11 @@ mod tests {
         assert_eq!(b[0], 0x40);
         assert_eq!(cs.get_u16(0x40), 0x4809, "vendor cap, next at 0x48");
         assert_eq!(cs.get_u16(0x48), 0x5001, "PM cap, next at 0x50");
-        assert_eq!(cs.get_u16(0x50), 0x0005, "MSI cap, end of list");
+        assert_eq!(cs.get_u16(0x50), 0x6005, "MSI cap, next at 0x60");
+        assert_eq!(cs.get_u16(0x60), 0x0010, "PCI Express cap, end of list");
+        assert_eq!(cs.get_u16(0x62), 0x0002, "version 2, Endpoint");
+        assert_eq!(cs.find_capability(PCI_CAP_ID_EXP), Some(0x60));
+        assert_eq!(cs.find_capability(PCI_CAP_ID_MSIX), None);
         cs.write(0x4c, &[0xff]); // PMCSR power state: only bits 1:0 writable
         assert_eq!(cs.get_u16(0x4c) & 0xff, 0x03);
         cs.write(0x42, &[0x55, 0x55]);
@@ -620,8 +672,15 @@ mod tests {
             body_wmask: vec![],
         }];
         assert!(matches!(
-            ConfigSpace::new(window, 0, &l, &[]),
+            ConfigSpace::new(window.clone(), 0, &l, &[]),
             Err(ConfigError::CapabilitiesOverflow)
+        ));
+        // Extended capabilities only on a PCI Express function (PCIe 4.0 §7.6).
+        let mut l = layout();
+        l.capabilities.retain(|c| c.id != PCI_CAP_ID_EXP);
+        assert!(matches!(
+            ConfigSpace::new(window, 0, &l, &[]),
+            Err(ConfigError::ExtCapabilitiesWithoutPcie)
         ));
     }
 }

@@ -2,9 +2,12 @@
 //! nothing of buses or exits; the root calls it after guest config writes and for accesses that
 //! land in its BARs.
 
+use std::ops::Range;
+
 use crate::pci::config::{Capability, ConfigSpace, ExtCapability, FunctionLayout};
 use crate::pci::regs::{
-    PCI_CAP_ID_MSI, PCI_CAP_ID_PM, PCI_CAP_ID_VNDR, PCI_STATUS, PCI_STATUS_SIG_TARGET_ABORT,
+    PCI_CAP_ID_EXP, PCI_CAP_ID_MSI, PCI_CAP_ID_PM, PCI_CAP_ID_VNDR, PCI_EXP_CAP_V2_SIZE,
+    PCI_EXP_FLAGS_VERSION_2, PCI_EXP_TYPE_ENDPOINT, PCI_STATUS, PCI_STATUS_SIG_TARGET_ABORT,
 };
 
 /// Vendor ID used by exitless's own functions. It is not a PCI-SIG assignment; guests other
@@ -17,6 +20,16 @@ pub trait PciFunction: Send {
     fn attached(&mut self, _config: &ConfigSpace) {}
     /// The guest changed `len` bytes of configuration space at `offset` (after masking).
     fn config_written(&mut self, _config: &ConfigSpace, _offset: u16, _len: usize) {}
+    /// Configuration bytes whose value the function produces when the guest reads them (a
+    /// read with side effects, such as virtio's `pci_cfg_data`), asked once, after
+    /// [`PciFunction::attached`]. Reads of other bytes never reach the function.
+    fn read_hooked(&self) -> Option<Range<u16>> {
+        None
+    }
+    /// A trapped guest read of `len` bytes at `offset` touches the read-hooked bytes: put
+    /// their value in `config` now; the read returns what is there afterwards. Reads through
+    /// the ECAM shadow never exit, so they see the bytes as last produced.
+    fn config_read(&mut self, _config: &ConfigSpace, _offset: u16, _len: usize) {}
     /// A guest read `data.len()` bytes at `offset` of BAR slot `bar`.
     fn bar_read(&mut self, _config: &ConfigSpace, _bar: usize, _offset: u64, data: &mut [u8]) {
         data.fill(0xff);
@@ -56,9 +69,23 @@ pub mod test_regs {
 /// after its 4-byte header).
 pub const TEST_CAP_DATA: u16 = 0x44;
 
+/// A minimal PCI Express capability (PCIe 4.0 §7.5.3): version 2, an Endpoint, every other
+/// register zero (no optional feature, link or slot) and read-only. It is what makes the
+/// extended configuration space valid to look at.
+pub fn pcie_endpoint_capability() -> Capability {
+    let mut body = vec![0; usize::from(PCI_EXP_CAP_V2_SIZE) - 2];
+    let flags = PCI_EXP_FLAGS_VERSION_2 | (PCI_EXP_TYPE_ENDPOINT << 4);
+    body[..2].copy_from_slice(&flags.to_le_bytes());
+    Capability {
+        id: PCI_CAP_ID_EXP,
+        body,
+        body_wmask: vec![],
+    }
+}
+
 /// A simple endpoint whose BAR 0 lets the guest make the *device* change its own configuration
 /// space, so shadow coherence for device-side updates can be tested; BARs of every kind, a
-/// vendor, power-management and MSI capability, and an extended capability.
+/// vendor, power-management, MSI and PCI Express capability, and an extended capability.
 #[derive(Default)]
 pub struct TestDevice {
     scratch: u32,
@@ -73,6 +100,8 @@ impl TestDevice {
             device_id,
             class_code: 0xff_00_00, // "device does not fit any defined class"
             revision: 1,
+            subsystem_vendor_id: EXITLESS_VENDOR_ID,
+            subsystem_id: device_id,
             bars: vec![
                 Bar::Memory32 {
                     size: 0x1000,
@@ -106,6 +135,7 @@ impl TestDevice {
                         0x71, 0, 0xfc, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
                     ],
                 },
+                pcie_endpoint_capability(),
             ],
             ext_capabilities: vec![ExtCapability {
                 id: 0x000b, // vendor-specific extended capability (PCIe 4.0 §7.9.5)

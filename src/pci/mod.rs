@@ -15,6 +15,7 @@ pub mod cf8;
 pub mod config;
 pub mod ecam;
 pub mod function;
+pub mod msix;
 pub mod root;
 
 pub use address::PciAddress;

@@ -38,6 +38,10 @@ contract_consts! {
     PCI_BAR0: u16 = 0x10;
     /// Number of BARs in a type-0 header.
     PCI_BAR_COUNT: usize = 6;
+    /// Subsystem vendor ID register (PCI 3.0 §6.2.4).
+    PCI_SUBSYSTEM_VENDOR_ID: u16 = 0x2c;
+    /// Subsystem ID register (PCI 3.0 §6.2.4).
+    PCI_SUBSYSTEM_ID: u16 = 0x2e;
     /// Capabilities pointer (PCI 3.0 §6.7).
     PCI_CAPABILITY_LIST: u16 = 0x34;
     /// Interrupt line register.
@@ -69,6 +73,16 @@ contract_consts! {
     PCI_CAP_ID_PM: u8 = 0x01;
     /// Capability ID: MSI (PCI 3.0 §6.8.1).
     PCI_CAP_ID_MSI: u8 = 0x05;
+    /// Capability ID: PCI Express (PCIe 4.0 §7.5.3).
+    PCI_CAP_ID_EXP: u8 = 0x10;
+    /// PCI Express Capabilities register, from the capability ID byte (PCIe 4.0 §7.5.3.2).
+    PCI_EXP_FLAGS: u16 = 2;
+    /// PCI Express Capabilities bits 3:0: capability version 2 (PCIe 4.0 §7.5.3.2).
+    PCI_EXP_FLAGS_VERSION_2: u16 = 0x2;
+    /// PCI Express Capabilities bits 7:4: device/port type 0, a PCI Express Endpoint.
+    PCI_EXP_TYPE_ENDPOINT: u16 = 0x0;
+    /// Length of a version-2 PCI Express capability, header included (PCIe 4.0 §7.5.3).
+    PCI_EXP_CAP_V2_SIZE: u16 = 0x3c;
     /// Capability ID: vendor specific (PCI 3.0 appendix H).
     PCI_CAP_ID_VNDR: u8 = 0x09;
     /// Capability ID: MSI-X (PCI 3.0 §6.8.2).

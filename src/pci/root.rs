@@ -1,15 +1,33 @@
 //! The PCI root complex of bus 0: the functions, the configuration window they live in, the
-//! platform's BAR assignment, and BAR decoding for the MMIO and I/O windows.
+//! platform's BAR assignment, and configuration routing.
+//!
+//! BARs are not decoded here. Each decoded BAR is its own range on the MMIO or port bus
+//! (Cloud Hypervisor's `update_range`): placed when the command register enables decoding,
+//! moved when the guest reprograms the BAR, removed when decoding is turned off. A BAR moved
+//! onto another range (another BAR, a fixed device, the ECAM window) is not decoded, with a
+//! warning, until it is moved somewhere free; real hardware would just decode both. Over RAM it
+//! is placed, and RAM wins: KVM serves memslots before any exit.
+//!
+//! Locks, in order: the function table (`RwLock`, written only by [`PciRoot::add`]) → one
+//! function's state → a bus. Configuration reads take none (the bytes live in the
+//! ECAM-layout window, as the shadow shows them), except reads of a function's read-hooked
+//! bytes, which take that function's lock. A BAR access takes only its function's lock, so a
+//! busy function never stalls another one's accesses.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
-use crate::bus::BusDevice;
+use crate::bus::{BusDevice, BusRange, DeviceId, WeakBus};
 use crate::pci::PciAddress;
-use crate::pci::config::{BarSlots, ConfigError, ConfigSpace, ConfigWindow, FunctionLayout};
+use crate::pci::config::{
+    Bar, ConfigError, ConfigSpace, ConfigWindow, FUNCTIONS_PER_BUS, FunctionLayout,
+};
 use crate::pci::function::PciFunction;
 use crate::pci::regs::{
-    PCI_COMMAND, PCI_COMMAND_IO, PCI_COMMAND_MEMORY, PCI_HEADER_TYPE, PCI_HEADER_TYPE_MULTIFUNCTION,
+    PCI_BAR_COUNT, PCI_BAR0, PCI_CFG_SPACE_EXP_SIZE, PCI_COMMAND, PCI_COMMAND_IO,
+    PCI_COMMAND_MEMORY, PCI_HEADER_TYPE, PCI_HEADER_TYPE_MULTIFUNCTION,
 };
 
 /// Errors adding functions.
@@ -41,10 +59,30 @@ pub struct BarWindows {
     pub io: (u64, u64),
 }
 
-struct Slot {
-    config: ConfigSpace,
-    bars: BarSlots,
-    function: Box<dyn PciFunction>,
+/// The buses BARs decode on, and the device id and name their ranges are counted under.
+/// Weak, because the root is itself on those buses (CF8, ECAM).
+#[derive(Clone)]
+pub struct BarBuses {
+    /// Memory BARs.
+    pub mmio: WeakBus,
+    /// I/O BARs.
+    pub pio: WeakBus,
+    /// Id of every BAR range in the exit accounting.
+    pub id: DeviceId,
+    /// Name of every BAR range, for messages.
+    pub name: Arc<str>,
+}
+
+impl BarBuses {
+    /// No buses: BARs are programmed but decode nowhere (for tests of configuration space).
+    pub fn detached() -> Self {
+        BarBuses {
+            mmio: WeakBus::default(),
+            pio: WeakBus::default(),
+            id: 0,
+            name: "pci-bars".into(),
+        }
+    }
 }
 
 struct Allocator {
@@ -65,43 +103,94 @@ impl Allocator {
     }
 }
 
-/// Bus 0 and everything on it. All guest accesses take the one lock, `inner`.
+/// One BAR and where it decodes.
+struct PlacedBar {
+    /// BAR slot (a 64-bit BAR has the lower of its two).
+    slot: usize,
+    bar: Bar,
+    /// Where the guest last asked it to decode; `None` while decoding is off.
+    wanted: Option<u64>,
+    /// Whether its range is on the bus at `wanted` (not when that was taken).
+    decoded: bool,
+    /// Its bus device, the same one every time, so its range can be found and moved.
+    device: Arc<dyn BusDevice>,
+}
+
+struct FunctionState {
+    address: PciAddress,
+    config: ConfigSpace,
+    bars: Vec<PlacedBar>,
+    function: Box<dyn PciFunction>,
+}
+
+type Function = Mutex<FunctionState>;
+
+/// A BAR's range on a bus: accesses go to its function, with the offset in the BAR.
+struct BarDevice {
+    /// Weak: the function owns this device (to move its range), not the other way round.
+    function: Weak<Function>,
+    /// Index in the function's `bars`.
+    index: usize,
+}
+
+impl BarDevice {
+    fn with<R>(&self, f: impl FnOnce(&mut FunctionState, usize) -> R) -> Option<R> {
+        let function = self.function.upgrade()?;
+        let mut st = function.lock().unwrap();
+        // An access that found this range just before decoding was turned off: master abort.
+        let placed = st.bars.get(self.index).filter(|b| b.decoded)?;
+        let slot = placed.slot;
+        Some(f(&mut st, slot))
+    }
+}
+
+impl BusDevice for BarDevice {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        let done = self.with(|st, slot| st.function.bar_read(&st.config, slot, offset, data));
+        if done.is_none() {
+            data.fill(0xff);
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        self.with(|st, slot| st.function.bar_write(&st.config, slot, offset, data));
+    }
+}
+
+/// Pack a read-hooked range for [`PciRoot::read_hooks`]; 0 means none.
+fn pack_hook(range: &Range<u16>) -> u32 {
+    u32::from(range.start) | u32::from(range.end) << 16
+}
+
+/// Bus 0 and everything on it.
 pub struct PciRoot {
     window: Arc<ConfigWindow>,
-    inner: Mutex<RootInner>,
-}
-
-struct RootInner {
-    slots: BTreeMap<u8, Slot>,
-    mmio: Allocator,
-    io: Allocator,
-}
-
-/// Which address space a BAR decodes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BarSpace {
-    /// Memory space.
-    Memory,
-    /// I/O space.
-    Io,
+    functions: RwLock<BTreeMap<u8, Arc<Function>>>,
+    /// Per devfn, the packed configuration range whose reads the function produces (see
+    /// [`PciFunction::read_hooked`]), so that every other read takes no lock at all.
+    read_hooks: Box<[AtomicU32]>,
+    buses: BarBuses,
+    allocators: Mutex<(Allocator, Allocator)>,
 }
 
 impl PciRoot {
-    /// An empty bus 0 whose BARs will be placed in `windows`.
-    pub fn new(windows: BarWindows) -> Result<Self, PciError> {
+    /// An empty bus 0 whose BARs will be placed in `windows` and decode on `buses`.
+    pub fn new(windows: BarWindows, buses: BarBuses) -> Result<Self, PciError> {
         Ok(PciRoot {
             window: Arc::new(ConfigWindow::new(1)?),
-            inner: Mutex::new(RootInner {
-                slots: BTreeMap::new(),
-                mmio: Allocator {
+            functions: RwLock::new(BTreeMap::new()),
+            read_hooks: (0..FUNCTIONS_PER_BUS).map(|_| AtomicU32::new(0)).collect(),
+            buses,
+            allocators: Mutex::new((
+                Allocator {
                     next: windows.mmio.0,
                     end: windows.mmio.1,
                 },
-                io: Allocator {
+                Allocator {
                     next: windows.io.0,
                     end: windows.io.1,
                 },
-            }),
+            )),
         })
     }
 
@@ -120,139 +209,290 @@ impl PciRoot {
         if address.bus != 0 {
             return Err(PciError::NoSuchBus(address));
         }
-        let mut inner = self.inner.lock().unwrap();
+        let mut functions = self.functions.write().unwrap();
         let devfn = address.devfn();
-        if inner.slots.contains_key(&devfn) {
+        if functions.contains_key(&devfn) {
             return Err(PciError::Occupied(address));
         }
         let fn0 = devfn & !7;
-        if address.function != 0 && !inner.slots.contains_key(&fn0) {
+        if address.function != 0 && !functions.contains_key(&fn0) {
             return Err(PciError::NoFunctionZero(address));
         }
         let mut addresses = Vec::new();
         let mut command = 0u16;
-        for bar in &layout.bars {
-            let (alloc, what, enable) = if bar.is_io() {
-                (&mut inner.io, "I/O", PCI_COMMAND_IO)
-            } else {
-                (&mut inner.mmio, "MMIO", PCI_COMMAND_MEMORY)
-            };
-            addresses.push(alloc.take(bar.size(), what)?);
-            command |= enable;
+        {
+            let (mmio, io) = &mut *self.allocators.lock().unwrap();
+            for bar in &layout.bars {
+                let (alloc, what, enable) = if bar.is_io() {
+                    (&mut *io, "I/O", PCI_COMMAND_IO)
+                } else {
+                    (&mut *mmio, "MMIO", PCI_COMMAND_MEMORY)
+                };
+                addresses.push(alloc.take(bar.size(), what)?);
+                command |= enable;
+            }
         }
         let base = usize::try_from(address.ecam_offset()).expect("bus 0 offsets fit");
-        let (config, bars) = ConfigSpace::new(self.window.clone(), base, layout, &addresses)?;
+        let (config, slots) = ConfigSpace::new(self.window.clone(), base, layout, &addresses)?;
         config.set_u16(PCI_COMMAND, command);
         if address.function != 0 {
-            let fn0_config = &inner.slots[&fn0].config;
-            let header = fn0_config.get_u8(PCI_HEADER_TYPE);
-            fn0_config.set_u8(PCI_HEADER_TYPE, header | PCI_HEADER_TYPE_MULTIFUNCTION);
+            let fn0_state = functions[&fn0].lock().unwrap();
+            let header = fn0_state.config.get_u8(PCI_HEADER_TYPE);
+            fn0_state
+                .config
+                .set_u8(PCI_HEADER_TYPE, header | PCI_HEADER_TYPE_MULTIFUNCTION);
         }
-        let mut function = function;
-        function.attached(&config);
-        inner.slots.insert(
-            devfn,
-            Slot {
+        let entry = Arc::new_cyclic(|weak: &Weak<Function>| {
+            let bars = slots
+                .iter()
+                .enumerate()
+                .map(|(index, &(slot, bar))| PlacedBar {
+                    slot,
+                    bar,
+                    wanted: None,
+                    decoded: false,
+                    device: Arc::new(BarDevice {
+                        function: weak.clone(),
+                        index,
+                    }),
+                })
+                .collect();
+            Mutex::new(FunctionState {
+                address,
                 config,
                 bars,
                 function,
-            },
-        );
+            })
+        });
+        {
+            let mut st = entry.lock().unwrap();
+            let FunctionState {
+                config, function, ..
+            } = &mut *st;
+            function.attached(config);
+            if let Some(range) = function.read_hooked() {
+                self.read_hooks[usize::from(devfn)].store(pack_hook(&range), Ordering::Release);
+            }
+            self.sync_decoding(&mut st);
+        }
+        functions.insert(devfn, entry);
         Ok(())
     }
 
-    /// Guest configuration read; absent functions and buses read all-ones.
-    pub fn config_read(&self, address: PciAddress, reg: u16, data: &mut [u8]) {
-        let inner = self.inner.lock().unwrap();
-        match inner
-            .slots
-            .get(&address.devfn())
-            .filter(|_| address.bus == 0)
-        {
-            Some(slot) => slot.config.read(reg, data),
-            None => data.fill(0xff),
+    fn function(&self, address: PciAddress) -> Option<Arc<Function>> {
+        if address.bus != 0 {
+            return None;
         }
+        self.functions
+            .read()
+            .unwrap()
+            .get(&address.devfn())
+            .cloned()
     }
 
-    /// Guest configuration write; writes to absent functions are dropped.
-    pub fn config_write(&self, address: PciAddress, reg: u16, data: &[u8]) {
-        let mut inner = self.inner.lock().unwrap();
+    /// Guest configuration read; absent functions and buses read all-ones. Served from the
+    /// window without a lock, unless the bytes are read-hooked.
+    pub fn config_read(&self, address: PciAddress, reg: u16, data: &mut [u8]) {
         if address.bus != 0 {
+            data.fill(0xff);
             return;
         }
-        if let Some(slot) = inner.slots.get_mut(&address.devfn()) {
-            slot.config.write(reg, data);
-            slot.function.config_written(&slot.config, reg, data.len());
+        // Bytes past the function's 4 KiB read all-ones (callers split at functions anyway).
+        let n = data
+            .len()
+            .min(usize::from(PCI_CFG_SPACE_EXP_SIZE.saturating_sub(reg)));
+        let (inside, past) = data.split_at_mut(n);
+        past.fill(0xff);
+        let offset =
+            usize::try_from(address.ecam_offset()).expect("bus 0 offsets fit") + usize::from(reg);
+        let hook = self.read_hooks[usize::from(address.devfn())].load(Ordering::Acquire);
+        let (start, end) = (hook & 0xffff, hook >> 16);
+        let end_of_read = u32::from(reg) + u32::try_from(n).expect("≤ 4 KiB");
+        if hook != 0
+            && u32::from(reg) < end
+            && start < end_of_read
+            && let Some(function) = self.function(address)
+        {
+            // Produce the bytes, then read them under the same lock, so another vCPU's
+            // hooked read cannot replace them in between.
+            let mut st = function.lock().unwrap();
+            let FunctionState {
+                config, function, ..
+            } = &mut *st;
+            function.config_read(config, reg, n);
+            self.window.read(offset, inside);
+            return;
+        }
+        self.window.read(offset, inside);
+    }
+
+    /// Guest configuration write; writes to absent functions are dropped. A write to the
+    /// command register or a BAR moves the function's BAR ranges on the buses.
+    pub fn config_write(&self, address: PciAddress, reg: u16, data: &[u8]) {
+        let Some(function) = self.function(address) else {
+            return;
+        };
+        let mut st = function.lock().unwrap();
+        st.config.write(reg, data);
+        let FunctionState {
+            config, function, ..
+        } = &mut *st;
+        function.config_written(config, reg, data.len());
+        let end = usize::from(reg) + data.len();
+        let touches = |start: u16, len: usize| {
+            usize::from(start) < end && usize::from(reg) < usize::from(start) + len
+        };
+        if touches(PCI_COMMAND, 2) || touches(PCI_BAR0, 4 * PCI_BAR_COUNT) {
+            self.sync_decoding(&mut st);
         }
     }
 
-    /// Route an access at `addr` in `space` to the BAR that decodes it, if decoding is enabled
-    /// in that function's command register. Returns whether a BAR claimed it.
-    fn bar_access(&self, space: BarSpace, addr: u64, access: BarAccess<'_>) -> bool {
-        let mut inner = self.inner.lock().unwrap();
-        let enable = match space {
-            BarSpace::Memory => PCI_COMMAND_MEMORY,
-            BarSpace::Io => PCI_COMMAND_IO,
-        };
-        for slot in inner.slots.values_mut() {
-            if slot.config.get_u16(PCI_COMMAND) & enable == 0 {
+    /// Bring the function's BAR ranges on the buses in line with its command register and
+    /// BARs. A BAR whose wanted place did not change is left alone, so a BAR refused for a
+    /// conflict is retried only when the guest moves it.
+    fn sync_decoding(&self, st: &mut FunctionState) {
+        let FunctionState {
+            address,
+            config,
+            bars,
+            ..
+        } = st;
+        let command = config.get_u16(PCI_COMMAND);
+        for placed in bars.iter_mut() {
+            let (bus, enable) = if placed.bar.is_io() {
+                (&self.buses.pio, PCI_COMMAND_IO)
+            } else {
+                (&self.buses.mmio, PCI_COMMAND_MEMORY)
+            };
+            let want =
+                (command & enable != 0).then(|| config.bar_address(placed.slot, &placed.bar));
+            if want == placed.wanted {
                 continue;
             }
-            for &(index, bar) in &slot.bars {
-                if bar.is_io() != (space == BarSpace::Io) {
-                    continue;
-                }
-                let base = slot.config.bar_address(index, &bar);
-                if addr < base || addr - base >= bar.size() {
-                    continue;
-                }
-                let offset = addr - base;
-                match access {
-                    BarAccess::Read(data) => {
-                        slot.function.bar_read(&slot.config, index, offset, data)
-                    }
-                    BarAccess::Write(data) => {
-                        slot.function.bar_write(&slot.config, index, offset, data)
-                    }
-                }
-                return true;
+            let old = placed.wanted.filter(|_| placed.decoded);
+            placed.wanted = want;
+            placed.decoded = false;
+            let Some(bus) = bus.upgrade() else {
+                continue;
+            };
+            let new = want.map(|base| BusRange {
+                base,
+                len: placed.bar.size(),
+                id: self.buses.id,
+                name: self.buses.name.clone(),
+                device: placed.device.clone(),
+            });
+            match bus.update_range(old.map(|base| (base, &placed.device)), new) {
+                Ok(()) => placed.decoded = want.is_some(),
+                Err(e) => warn_ratelimited!(
+                    "PCI {address}: BAR {} not decoded until moved somewhere free: {e}",
+                    placed.slot
+                ),
             }
         }
-        false
     }
 }
 
-enum BarAccess<'a> {
-    Read(&'a mut [u8]),
-    Write(&'a [u8]),
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::IoBuses;
+    use crate::pci::function::{TestDevice, test_regs};
+    use crate::pci::regs::PCI_COMMAND_MEMORY;
 
-/// The window of guest-physical or port space in which BARs decode, as one bus device.
-pub struct BarWindow {
-    root: Arc<PciRoot>,
-    space: BarSpace,
-    base: u64,
-}
+    const NAME: &str = "pci-bars";
 
-impl BarWindow {
-    /// A device for `space` whose bus range starts at `base`.
-    pub fn new(root: Arc<PciRoot>, space: BarSpace, base: u64) -> Self {
-        BarWindow { root, space, base }
-    }
-}
-
-impl BusDevice for BarWindow {
-    fn read(&self, offset: u64, data: &mut [u8]) {
-        let claimed = self
-            .root
-            .bar_access(self.space, self.base + offset, BarAccess::Read(data));
-        if !claimed {
-            data.fill(0xff); // master abort: all-ones
+    fn root(io: &mut IoBuses) -> PciRoot {
+        let buses = BarBuses {
+            mmio: io.mmio.downgrade(),
+            pio: io.pio.downgrade(),
+            id: io.id_for(NAME),
+            name: NAME.into(),
+        };
+        let windows = BarWindows {
+            mmio: (0xc000_0000, 0xe000_0000),
+            io: (0xc000, 0x1_0000),
+        };
+        let root = PciRoot::new(windows, buses).unwrap();
+        for (d, id) in [(1, 1), (2, 2)] {
+            let at = PciAddress::new(0, d, 0).unwrap();
+            root.add(at, &TestDevice::layout(id), Box::<TestDevice>::default())
+                .unwrap();
         }
+        root
     }
 
-    fn write(&self, offset: u64, data: &[u8]) {
-        self.root
-            .bar_access(self.space, self.base + offset, BarAccess::Write(data));
+    fn scratch(io: &IoBuses, bar0: u64) -> u32 {
+        let mut b = [0; 4];
+        io.mmio.read(bar0 + test_regs::SCRATCH, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn each_decoded_bar_is_a_bus_range_that_follows_the_guest() {
+        let mut io = IoBuses::default();
+        let root = root(&mut io);
+        let f = PciAddress::new(0, 1, 0).unwrap();
+        let bars = io.id_for(NAME);
+        // Placed at add: BAR 0 (4 KiB), BAR 1 (I/O), BAR 2 (64-bit, 1 MiB).
+        assert_eq!(io.mmio.device_at(0xc000_0000), Some(bars));
+        assert_eq!(io.pio.device_at(0xc000), Some(bars));
+        io.mmio.write(0xc000_0000, &7u32.to_le_bytes());
+        assert_eq!(scratch(&io, 0xc000_0000), 7);
+        // Moved: the old place is free, the new one reaches the same function.
+        root.config_write(f, PCI_BAR0, &0xd000_0000u32.to_le_bytes());
+        assert_eq!(io.mmio.device_at(0xc000_0000), None);
+        assert_eq!(scratch(&io, 0xd000_0000), 7);
+        // Decoding off: gone; back on: back where the BAR says.
+        root.config_write(f, PCI_COMMAND, &0u16.to_le_bytes());
+        assert_eq!(io.mmio.device_at(0xd000_0000), None);
+        assert_eq!(io.pio.device_at(0xc000), None);
+        assert_eq!(scratch(&io, 0xd000_0000), 0xffff_ffff, "master abort");
+        root.config_write(f, PCI_COMMAND, &PCI_COMMAND_MEMORY.to_le_bytes());
+        assert_eq!(scratch(&io, 0xd000_0000), 7);
+        assert_eq!(io.pio.device_at(0xc000), None, "I/O decoding still off");
+    }
+
+    #[test]
+    fn a_bar_moved_onto_another_range_is_not_decoded_until_moved_free() {
+        let mut io = IoBuses::default();
+        let root = root(&mut io);
+        let (f1, f2) = (
+            PciAddress::new(0, 1, 0).unwrap(),
+            PciAddress::new(0, 2, 0).unwrap(),
+        );
+        let mut f2_bar0 = [0; 4];
+        root.config_read(f2, PCI_BAR0, &mut f2_bar0);
+        let f2_bar0 = u64::from(u32::from_le_bytes(f2_bar0));
+        io.mmio.write(f2_bar0, &2u32.to_le_bytes());
+        io.mmio.write(0xc000_0000, &1u32.to_le_bytes());
+        // 00:01.0 BAR 0 onto 00:02.0 BAR 0: refused (logged); 00:02.0 keeps decoding.
+        root.config_write(f1, PCI_BAR0, &u32::try_from(f2_bar0).unwrap().to_le_bytes());
+        assert_eq!(scratch(&io, f2_bar0), 2);
+        assert_eq!(io.mmio.device_at(0xc000_0000), None);
+        // An unrelated config write does not retry it.
+        root.config_write(f1, PCI_COMMAND, &0x0006u16.to_le_bytes());
+        assert_eq!(scratch(&io, f2_bar0), 2);
+        // Moved somewhere free: decoded again, same function state.
+        root.config_write(f1, PCI_BAR0, &0xd000_0000u32.to_le_bytes());
+        assert_eq!(scratch(&io, 0xd000_0000), 1);
+        // A 64-bit BAR moved to the top of the address space, where it would wrap: no panic.
+        root.config_write(f1, PCI_BAR0 + 8, &[0xff; 8]);
+        root.config_write(f1, PCI_BAR0 + 8, &[0; 8]);
+    }
+
+    #[test]
+    fn config_reads_are_served_from_the_window() {
+        let mut io = IoBuses::default();
+        let root = root(&mut io);
+        let mut b = [0; 4];
+        root.config_read(PciAddress::new(0, 1, 0).unwrap(), 0, &mut b);
+        assert_eq!(u32::from_le_bytes(b), 0x0001_7e57);
+        root.config_read(PciAddress::new(0, 9, 0).unwrap(), 0, &mut b);
+        assert_eq!(b, [0xff; 4], "absent function");
+        root.config_read(PciAddress::new(1, 1, 0).unwrap(), 0, &mut b);
+        assert_eq!(b, [0xff; 4], "no bus 1");
+        root.config_read(PciAddress::new(0, 1, 0).unwrap(), 0xffe, &mut b);
+        assert_eq!(b[2..], [0xff; 2], "past the function's 4 KiB");
     }
 }

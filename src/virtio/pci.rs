@@ -4,6 +4,12 @@
 //! model, so its configuration space is the same bytes for CF8/CFC, trapped ECAM and the ECAM
 //! shadow.
 //!
+//! The PCI configuration access capability (virtio 1.2 §4.1.4.9) is a window into BAR 0 from
+//! configuration space, for firmware that cannot map the BAR: the driver sets its bar, offset
+//! and length, then a write of `pci_cfg_data` is that write to the BAR and a trapped read of it
+//! is that read of the BAR. Reads through the ECAM shadow never exit, so there they return the
+//! bytes the last trapped access left (the shadow's price; CF8/CFC and trapped ECAM are exact).
+//!
 //! Every queue has its own notify address (`notify_off_multiplier` = 4), so a doorbell can be an
 //! address-only ioeventfd. The ioeventfds follow BAR 0: they are registered where the BAR
 //! decodes and removed while memory decoding is off.
@@ -27,6 +33,7 @@ use crate::dma::DmaContext;
 use crate::irq::{InterruptRoutes, MsiChange, MsiVectors};
 use crate::pci::config::{Bar, Capability, ConfigSpace, FunctionLayout};
 use crate::pci::function::PciFunction;
+use crate::pci::msix::{Msix, MsixLocation};
 use crate::pci::regs::*;
 
 /// BAR 0 as declared.
@@ -46,11 +53,9 @@ pub struct VirtioPci {
     interrupts: Arc<Interrupts>,
     events: QueueEvents,
     notify: NotifyPath,
-    /// Address low, address high, data of each MSI-X entry as the guest wrote them; the mask
-    /// bit lives in the [`MsiVectors`].
-    msix_table: Vec<[u32; 3]>,
-    msix_cap: Option<u16>,
-    msix_enabled: bool,
+    msix: Msix,
+    /// Offset of the PCI configuration access capability, once placed.
+    pci_cfg_cap: Option<u16>,
     doorbells_at: Option<u64>,
 }
 
@@ -69,6 +74,19 @@ fn virtio_cap(cfg_type: u32, offset: u32, length: u32, extra: &[u8]) -> Capabili
     }
 }
 
+/// The PCI configuration access capability (virtio 1.2 §4.1.4.9): a virtio_pci_cap whose bar,
+/// offset and length the driver writes, then the 4-byte pci_cfg_data.
+fn pci_cfg_cap() -> Capability {
+    let mut cap = virtio_cap(VIRTIO_PCI_CAP_PCI_CFG, 0, 0, &[0; 4]);
+    // Body offsets are from the capability ID byte minus the 2-byte header.
+    let mut wmask = vec![0u8; cap.body.len()];
+    wmask[VIRTIO_PCI_CAP_BAR as usize - 2] = 0xff;
+    let writable = VIRTIO_PCI_CAP_OFFSET as usize - 2..VIRTIO_PCI_CAP_PCI_CFG_DATA as usize + 2;
+    wmask[writable].fill(0xff);
+    cap.body_wmask = wmask;
+    cap
+}
+
 impl VirtioPci {
     /// Configuration layout of a virtio-pci function for `device_type` with class `class_code`,
     /// `queues` queues and `vectors` MSI-X vectors.
@@ -78,16 +96,14 @@ impl VirtioPci {
         queues: usize,
         vectors: usize,
     ) -> FunctionLayout {
-        let table_size = u16::try_from(vectors.clamp(1, MAX_VECTORS) - 1).expect("≤ 2048 vectors");
-        let mut msix = table_size.to_le_bytes().to_vec();
-        msix.extend_from_slice(&VIRTIO_PCI_BAR_MSIX_TABLE.to_le_bytes()); // BIR 0
-        msix.extend_from_slice(&VIRTIO_PCI_BAR_MSIX_PBA.to_le_bytes());
         let notify_len = queues as u32 * VIRTIO_PCI_NOTIFY_MULTIPLIER;
         FunctionLayout {
             vendor_id: VIRTIO_PCI_VENDOR_ID as u16,
             device_id: (VIRTIO_PCI_DEVICE_ID_BASE + device_type) as u16,
             class_code,
             revision: 1, // modern devices have revision ≥ 1 (virtio 1.2 §4.1.2.1)
+            subsystem_vendor_id: VIRTIO_PCI_VENDOR_ID as u16,
+            subsystem_id: (VIRTIO_PCI_SUBSYSTEM_ID_BASE + device_type) as u16,
             bars: vec![BAR0],
             capabilities: vec![
                 virtio_cap(
@@ -109,13 +125,18 @@ impl VirtioPci {
                     0x1000,
                     &[],
                 ),
-                Capability {
-                    id: PCI_CAP_ID_MSIX,
-                    body: msix,
-                    // Message Control: Enable and Function Mask are writable.
-                    body_wmask: ((PCI_MSIX_FLAGS_ENABLE | PCI_MSIX_FLAGS_MASKALL).to_le_bytes())
-                        .to_vec(),
-                },
+                pci_cfg_cap(),
+                Msix::capability(
+                    vectors.clamp(1, MAX_VECTORS),
+                    MsixLocation {
+                        bir: 0,
+                        offset: VIRTIO_PCI_BAR_MSIX_TABLE,
+                    },
+                    MsixLocation {
+                        bir: 0,
+                        offset: VIRTIO_PCI_BAR_MSIX_PBA,
+                    },
+                ),
             ],
             ..Default::default()
         }
@@ -135,10 +156,10 @@ impl VirtioPci {
         let state = VirtioState::new(device.device, 0, mem.clone());
         let queues = state.queue_count();
         let vectors = vectors.clamp(1, MAX_VECTORS);
-        let msi = MsiVectors::new(routing, vectors)?;
+        let msi = Arc::new(MsiVectors::new(routing, vectors)?);
         // The command register resets to 0: no messages until the driver sets Bus Master.
         msi.update(&[MsiChange::BusMaster(false)]);
-        let interrupts = Arc::new(Interrupts::new(queues, None, Some(Arc::new(msi))));
+        let interrupts = Arc::new(Interrupts::new(queues, None, Some(msi.clone())));
         let events = QueueEvents::new(ioevents, queues).map_err(VirtioError::Io)?;
         let worker = spawn_worker(
             "virtio-pci".into(),
@@ -155,9 +176,8 @@ impl VirtioPci {
                 interrupts,
                 events,
                 notify,
-                msix_table: vec![[0; 3]; vectors],
-                msix_cap: None,
-                msix_enabled: false,
+                msix: Msix::new(msi),
+                pci_cfg_cap: None,
                 doorbells_at: None,
             },
             worker,
@@ -166,9 +186,7 @@ impl VirtioPci {
 
     /// The function's MSI-X vectors.
     pub fn msi(&self) -> &Arc<MsiVectors> {
-        self.interrupts
-            .msi()
-            .expect("virtio-pci always has MSI-X vectors")
+        self.msix.vectors()
     }
 
     /// Register the doorbell ioeventfds where BAR 0 decodes now (none while decoding is off).
@@ -214,18 +232,27 @@ impl VirtioPci {
         }
     }
 
-    fn find_msix_cap(config: &ConfigSpace) -> Option<u16> {
-        let mut ptr = u16::from(config.get_u8(PCI_CAPABILITY_LIST));
-        for _ in 0..48 {
-            if ptr < 0x40 {
-                return None;
-            }
-            if config.get_u8(ptr) == PCI_CAP_ID_MSIX {
-                return Some(ptr);
-            }
-            ptr = u16::from(config.get_u8(ptr + 1) & 0xfc);
+    /// The BAR access the PCI configuration access capability now describes: (BAR, offset,
+    /// length), if it is one the driver may ask for (virtio 1.2 §4.1.4.9.2: an aligned access
+    /// of 1, 2 or 4 bytes inside a BAR).
+    fn pci_cfg_access(config: &ConfigSpace, cap: u16) -> Option<(usize, u64, usize)> {
+        let bar = config.get_u8(cap + VIRTIO_PCI_CAP_BAR as u16);
+        let offset = config.get_u32(cap + VIRTIO_PCI_CAP_OFFSET as u16);
+        let length = config.get_u32(cap + VIRTIO_PCI_CAP_LENGTH as u16);
+        let valid = bar == 0
+            && matches!(length, 1 | 2 | 4)
+            && offset.is_multiple_of(length)
+            && offset
+                .checked_add(length)
+                .is_some_and(|end| end <= VIRTIO_PCI_BAR_SIZE);
+        if !valid {
+            warn_ratelimited!(
+                "virtio-pci: PCI configuration access to BAR {bar} offset {offset:#x} length \
+                 {length} is not a valid access; ignored"
+            );
+            return None;
         }
-        None
+        Some((usize::from(bar), u64::from(offset), length as usize))
     }
 
     fn common_read(&self, offset: u32, len: usize) -> Option<u32> {
@@ -276,7 +303,7 @@ impl VirtioPci {
                 if write_status(&mut st, &self.worker, &self.dma, value) == StatusChange::Reset {
                     // A virtio reset leaves the PCI function's MSI-X state alone.
                     self.interrupts.reset();
-                    self.interrupts.set_msi_active(self.msix_enabled);
+                    self.interrupts.set_msi_active(self.msix.is_enabled());
                 }
             }
             (VIRTIO_PCI_COMMON_Q_SELECT, 2) => st.queue_select = value,
@@ -309,74 +336,6 @@ impl VirtioPci {
         }
         true
     }
-
-    fn msix_read(&self, offset: u32) -> u32 {
-        let (entry, field) = (
-            (offset / PCI_MSIX_ENTRY_SIZE) as usize,
-            offset % PCI_MSIX_ENTRY_SIZE,
-        );
-        match (self.msix_table.get(entry), field) {
-            (Some(_), PCI_MSIX_ENTRY_VECTOR_CTRL) => u32::from(self.msi().is_masked(entry)),
-            (Some(e), f) => e[(f / 4) as usize],
-            (None, _) => 0,
-        }
-    }
-
-    fn msix_write(&mut self, offset: u32, value: u32) {
-        let (entry, field) = (
-            (offset / PCI_MSIX_ENTRY_SIZE) as usize,
-            offset % PCI_MSIX_ENTRY_SIZE,
-        );
-        let Some(e) = self.msix_table.get_mut(entry) else {
-            warn_ratelimited!("virtio-pci: MSI-X entry {entry} does not exist; write ignored");
-            return;
-        };
-        if field == PCI_MSIX_ENTRY_VECTOR_CTRL {
-            let masked = value & PCI_MSIX_ENTRY_CTRL_MASKBIT != 0;
-            let mask = MsiChange::Mask {
-                index: entry,
-                masked,
-            };
-            if masked {
-                self.msi().update(&[mask]);
-            } else {
-                // The entry is complete when software unmasks it (PCI 3.0 §6.8.2.9).
-                self.msi().update(&[self.entry_message(entry), mask]);
-            }
-            return;
-        }
-        e[(field / 4) as usize] = value;
-        // Software should mask an entry before changing it (individually or with Function
-        // Mask); if it did not, the data write is the last of the three (Linux's order), so the
-        // pair takes effect then and never half. While MSI-X is disabled the table is not in
-        // use: Enable takes every unmasked entry as it then is.
-        if field == PCI_MSIX_ENTRY_DATA
-            && self.msix_enabled
-            && !self.msi().is_masked(entry)
-            && !self.msi().is_function_masked()
-        {
-            self.msi().update(&[self.entry_message(entry)]);
-        }
-    }
-
-    /// The message of MSI-X entry `entry` as the guest wrote it.
-    fn entry_message(&self, entry: usize) -> MsiChange {
-        let [lo, hi, data] = self.msix_table[entry];
-        MsiChange::Program {
-            index: entry,
-            address: u64::from(hi) << 32 | u64::from(lo),
-            data,
-        }
-    }
-
-    fn pba_read(&self, offset: u32, data: &mut [u8]) {
-        for (i, byte) in data.iter_mut().enumerate() {
-            let first = (offset as usize + i) * 8;
-            *byte = (0..8).fold(0u8, |b, bit| {
-                b | (u8::from(self.msi().is_pending(first + bit)) << bit)
-            });
-        }
-    }
 }
 
 /// Regions of BAR 0.
@@ -403,8 +362,29 @@ fn le_value(data: &[u8]) -> u32 {
 
 impl PciFunction for VirtioPci {
     fn attached(&mut self, config: &ConfigSpace) {
-        self.msix_cap = Self::find_msix_cap(config);
+        self.msix.attached(config);
+        self.pci_cfg_cap = config.capabilities().find_map(|(at, id)| {
+            let cfg_type = u32::from(config.get_u8(at + VIRTIO_PCI_CAP_CFG_TYPE as u16));
+            (id == PCI_CAP_ID_VNDR && cfg_type == VIRTIO_PCI_CAP_PCI_CFG).then_some(at)
+        });
         self.place_doorbells(config);
+    }
+
+    fn read_hooked(&self) -> Option<std::ops::Range<u16>> {
+        let data = self.pci_cfg_cap? + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16;
+        Some(data..data + 4)
+    }
+
+    fn config_read(&mut self, config: &ConfigSpace, _offset: u16, _len: usize) {
+        // The root calls this only for reads touching pci_cfg_data.
+        let Some(cap) = self.pci_cfg_cap else {
+            return;
+        };
+        if let Some((bar, offset, len)) = Self::pci_cfg_access(config, cap) {
+            let mut bytes = [0u8; 4];
+            self.bar_read(config, bar, offset, &mut bytes[..len]);
+            config.set_bytes(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, &bytes[..len]);
+        }
     }
 
     fn config_written(&mut self, config: &ConfigSpace, offset: u16, len: usize) {
@@ -415,27 +395,16 @@ impl PciFunction for VirtioPci {
         if touches(PCI_COMMAND, 2) {
             self.set_bus_master(config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0);
         }
-        if let Some(cap) = self.msix_cap
-            && touches(cap + PCI_MSIX_FLAGS, 2)
+        if let Some(cap) = self.pci_cfg_cap
+            && touches(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, 4)
+            && let Some((bar, at, n)) = Self::pci_cfg_access(config, cap)
         {
-            let control = config.get_u16(cap + PCI_MSIX_FLAGS);
-            self.msix_enabled = control & PCI_MSIX_FLAGS_ENABLE != 0;
-            let function_masked = control & PCI_MSIX_FLAGS_MASKALL != 0;
-            let mut changes = vec![
-                MsiChange::FunctionMask(function_masked),
-                MsiChange::Enable(self.msix_enabled),
-            ];
-            // Entries software changed while the function was disabled or masked take effect
-            // now, all in this one access: one routing commit when batched.
-            if self.msix_enabled && !function_masked {
-                changes.extend(
-                    (0..self.msix_table.len())
-                        .filter(|&i| !self.msi().is_masked(i))
-                        .map(|i| self.entry_message(i)),
-                );
-            }
-            self.msi().update(&changes);
-            self.interrupts.set_msi_active(self.msix_enabled);
+            let mut bytes = [0u8; 4];
+            config.read(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, &mut bytes);
+            self.bar_write(config, bar, at, &bytes[..n]);
+        }
+        if self.msix.config_written(config, offset, len) {
+            self.interrupts.set_msi_active(self.msix.is_enabled());
         }
     }
 
@@ -454,10 +423,8 @@ impl PciFunction for VirtioPci {
             },
             VIRTIO_PCI_BAR_ISR if rel == 0 => data[0] = self.interrupts.take_status() as u8,
             VIRTIO_PCI_BAR_DEVICE => self.state.lock().unwrap().read_config(u64::from(rel), data),
-            VIRTIO_PCI_BAR_MSIX_TABLE if data.len() == 4 && rel % 4 == 0 => {
-                data.copy_from_slice(&self.msix_read(rel).to_le_bytes())
-            }
-            VIRTIO_PCI_BAR_MSIX_PBA => self.pba_read(rel, data),
+            VIRTIO_PCI_BAR_MSIX_TABLE => self.msix.table_read(u64::from(rel), data),
+            VIRTIO_PCI_BAR_MSIX_PBA => self.msix.pba_read(u64::from(rel), data),
             _ => {}
         }
     }
@@ -483,13 +450,8 @@ impl PciFunction for VirtioPci {
             VIRTIO_PCI_BAR_NOTIFY => self
                 .events
                 .notify((rel / VIRTIO_PCI_NOTIFY_MULTIPLIER) as usize),
-            VIRTIO_PCI_BAR_MSIX_TABLE if data.len() == 4 && rel % 4 == 0 => {
-                self.msix_write(rel, le_value(data))
-            }
-            VIRTIO_PCI_BAR_MSIX_TABLE if data.len() == 8 && rel % 8 == 0 => {
-                self.msix_write(rel, le_value(&data[..4]));
-                self.msix_write(rel + 4, le_value(&data[4..]));
-            }
+            VIRTIO_PCI_BAR_MSIX_TABLE => self.msix.table_write(u64::from(rel), data),
+            VIRTIO_PCI_BAR_MSIX_PBA => self.msix.pba_write(u64::from(rel), data),
             _ => warn_ratelimited!(
                 "virtio-pci: {}-byte write at BAR 0 offset {offset:#x} ignored",
                 data.len()
@@ -503,7 +465,9 @@ impl PciFunction for VirtioPci {
 mod tests {
     use super::*;
     use crate::fakes::FakeIoEvents;
+    use crate::pci::PciAddress;
     use crate::pci::config::ConfigWindow;
+    use crate::pci::root::{BarBuses, BarWindows, PciRoot};
 
     fn function(notify: NotifyPath) -> (VirtioPci, Worker, Arc<FakeIoEvents>) {
         let p = crate::virtio::test_parts();
@@ -559,6 +523,7 @@ mod tests {
                 (VIRTIO_PCI_CAP_NOTIFY_CFG, VIRTIO_PCI_BAR_NOTIFY),
                 (VIRTIO_PCI_CAP_ISR_CFG, VIRTIO_PCI_BAR_ISR),
                 (VIRTIO_PCI_CAP_DEVICE_CFG, VIRTIO_PCI_BAR_DEVICE),
+                (VIRTIO_PCI_CAP_PCI_CFG, 0),
             ]
         );
     }
@@ -636,6 +601,133 @@ mod tests {
             0,
             "sent at unmask"
         );
+    }
+
+    #[test]
+    fn msix_table_and_pba_take_aligned_qword_accesses() {
+        // PCI 3.0 §6.8.2: software may access the table and the PBA with aligned QWORDs.
+        let (mut f, _w, _vm) = function(NotifyPath::Exit);
+        let c = config();
+        let entry = |i: u32| u64::from(VIRTIO_PCI_BAR_MSIX_TABLE + i * PCI_MSIX_ENTRY_SIZE);
+        let qword = 0x0000_0001_fee0_1000u64;
+        f.bar_write(&c, 0, entry(1), &qword.to_le_bytes());
+        f.bar_write(&c, 0, entry(1) + 8, &(0x1_0000_0042u64).to_le_bytes());
+        let mut b = [0u8; 8];
+        f.bar_read(&c, 0, entry(1), &mut b);
+        assert_eq!(u64::from_le_bytes(b), qword, "address as one QWORD");
+        f.bar_read(&c, 0, entry(1) + 8, &mut b);
+        assert_eq!(
+            u64::from_le_bytes(b),
+            0x1_0000_0042,
+            "data and vector control"
+        );
+        assert!(
+            f.msi().is_masked(1),
+            "a QWORD write sets vector control too"
+        );
+        f.bar_write(&c, 0, entry(1) + 8, &(0x42u64).to_le_bytes());
+        assert!(!f.msi().is_masked(1));
+        f.bar_read(&c, 0, u64::from(VIRTIO_PCI_BAR_MSIX_PBA), &mut b);
+        assert_eq!(u64::from_le_bytes(b), 0, "PBA as one QWORD");
+        f.bar_read(&c, 0, entry(1) + 4, &mut b);
+        assert_eq!(u64::from_le_bytes(b), 0, "an unaligned QWORD reads zero");
+    }
+
+    #[test]
+    fn subsystem_ids_mark_a_non_transitional_device() {
+        let c = config();
+        assert_eq!(c.get_u16(PCI_SUBSYSTEM_VENDOR_ID), 0x1af4);
+        assert_eq!(c.get_u16(PCI_SUBSYSTEM_ID), 0x40 + VIRTIO_ID_NET as u16);
+    }
+
+    /// A virtio-pci net function at 00:03.0 of a root without buses, and its worker.
+    fn on_root(notify: NotifyPath) -> (PciRoot, PciAddress, Worker, Arc<FakeIoEvents>) {
+        let (f, w, ioevents) = function(notify);
+        let windows = BarWindows {
+            mmio: (0xc000_0000, 0xe000_0000),
+            io: (0xc000, 0x1_0000),
+        };
+        let root = PciRoot::new(windows, BarBuses::detached()).unwrap();
+        let at = PciAddress::new(0, 3, 0).unwrap();
+        let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
+        root.add(at, &layout, Box::new(f)).unwrap();
+        (root, at, w, ioevents)
+    }
+
+    fn cfg_read(root: &PciRoot, at: PciAddress, reg: u16, len: usize) -> u32 {
+        let mut b = [0u8; 4];
+        root.config_read(at, reg, &mut b[..len]);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn pci_cfg_capability_is_a_window_into_bar0() {
+        let (root, at, _w, _vm) = on_root(NotifyPath::Exit);
+        // Find the VIRTIO_PCI_CAP_PCI_CFG capability (virtio 1.2 §4.1.4.9).
+        let mut ptr = cfg_read(&root, at, PCI_CAPABILITY_LIST, 1) as u16;
+        let mut cap = None;
+        for _ in 0..48 {
+            if ptr < 0x40 {
+                break;
+            }
+            let typ = cfg_read(&root, at, ptr + VIRTIO_PCI_CAP_CFG_TYPE as u16, 1);
+            if cfg_read(&root, at, ptr, 1) == u32::from(PCI_CAP_ID_VNDR)
+                && typ == VIRTIO_PCI_CAP_PCI_CFG
+            {
+                cap = Some(ptr);
+            }
+            ptr = cfg_read(&root, at, ptr + 1, 1) as u16;
+        }
+        let cap = cap.expect("a PCI configuration access capability");
+        assert_eq!(
+            cfg_read(&root, at, cap + 2, 1),
+            20,
+            "cap_len covers pci_cfg_data"
+        );
+        let window = |bar: u8, offset: u32, length: u32| {
+            root.config_write(at, cap + VIRTIO_PCI_CAP_BAR as u16, &[bar]);
+            root.config_write(
+                at,
+                cap + VIRTIO_PCI_CAP_OFFSET as u16,
+                &offset.to_le_bytes(),
+            );
+            root.config_write(
+                at,
+                cap + VIRTIO_PCI_CAP_LENGTH as u16,
+                &length.to_le_bytes(),
+            );
+        };
+        let data = cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16;
+        window(0, VIRTIO_PCI_COMMON_NUMQ, 2);
+        assert_eq!(
+            cfg_read(&root, at, data, 2),
+            2,
+            "num_queues through the window"
+        );
+        // A write through the window is a write to the BAR: select queue 1, read it back.
+        window(0, VIRTIO_PCI_COMMON_Q_SELECT, 2);
+        root.config_write(at, data, &1u32.to_le_bytes());
+        window(0, VIRTIO_PCI_COMMON_Q_NOFF, 2);
+        assert_eq!(cfg_read(&root, at, data, 4) & 0xffff, 1);
+        window(0, VIRTIO_PCI_COMMON_DF, 4);
+        assert_ne!(cfg_read(&root, at, data, 4), 0, "device features 0..31");
+        // The MSI-X table through the window, entry 0's vector control: masked.
+        window(0, VIRTIO_PCI_BAR_MSIX_TABLE + PCI_MSIX_ENTRY_VECTOR_CTRL, 4);
+        assert_eq!(cfg_read(&root, at, data, 4), 1);
+        // Invalid windows (no such BAR, bad length, unaligned, past the BAR) do nothing.
+        for (bar, offset, length) in [
+            (1, 0, 4),
+            (0, 0, 3),
+            (0, 2, 4),
+            (0, VIRTIO_PCI_BAR_SIZE - 2, 4),
+            (0xff, u32::MAX, u32::MAX),
+        ] {
+            window(bar, offset, length);
+            root.config_write(at, data, &0xffff_ffffu32.to_le_bytes());
+            cfg_read(&root, at, data, 4);
+        }
+        window(0, VIRTIO_PCI_COMMON_Q_SELECT, 2);
+        assert_eq!(cfg_read(&root, at, data, 2), 1, "queue_select unchanged");
     }
 
     #[test]

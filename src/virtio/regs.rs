@@ -149,6 +149,13 @@ contract_consts! {
     VIRTIO_PCI_CAP_ISR_CFG: u32 = 3;
     /// cfg_type: device-specific configuration.
     VIRTIO_PCI_CAP_DEVICE_CFG: u32 = 4;
+    /// cfg_type: PCI configuration access, a window into the BARs (virtio 1.2 §4.1.4.9).
+    VIRTIO_PCI_CAP_PCI_CFG: u32 = 5;
+    /// virtio_pci_cfg_cap.pci_cfg_data, from the capability ID byte (virtio 1.2 §4.1.4.9).
+    VIRTIO_PCI_CAP_PCI_CFG_DATA: u32 = 16;
+    /// Non-transitional devices have a PCI Subsystem ID of at least this (virtio 1.2
+    /// §4.1.2.1); ours is this plus the virtio device ID.
+    VIRTIO_PCI_SUBSYSTEM_ID_BASE: u32 = 0x40;
     /// Offsets inside a virtio_pci_cap, from the capability ID byte.
     VIRTIO_PCI_CAP_CFG_TYPE: u32 = 3;
     /// virtio_pci_cap.bar.
