@@ -231,3 +231,19 @@ fn a_device_that_is_not_there_is_reported_not_fatal() {
     assert_eq!(run.results[1].status, STATUS_DEVICE_ERROR);
     assert_eq!(run.results[2].status, STATUS_UNSUPPORTED);
 }
+
+/// Guest errors are counted, and rate-limited, per device: one device's bad accesses show
+/// under its own name and leave the other's count alone.
+#[test]
+fn guest_errors_are_counted_per_device() {
+    use exitless::machine::layout::VIRTIO_MMIO_BASE;
+    use exitless::virtio::regs::VIRTIO_MMIO_WINDOW_SIZE;
+    let second = VIRTIO_MMIO_BASE + u64::from(VIRTIO_MMIO_WINDOW_SIZE);
+    let reserved = 0x0f8;
+    let mut ops = vec![ops::mmio_write(VIRTIO_MMIO_BASE + reserved, 4, 1); 25];
+    ops.push(ops::mmio_read(second + 2, 2)); // registers are 32-bit aligned
+    let run = boot(vec![mmio(NotifyPath::Exit), mmio(NotifyPath::Exit)], ops);
+    let errors = run.total_exits.guest_errors_by_name(&run.devices);
+    assert_eq!(errors.get("virtio-mmio.0"), Some(&25), "{errors:?}");
+    assert_eq!(errors.get("virtio-mmio.1"), Some(&1), "{errors:?}");
+}

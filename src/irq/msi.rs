@@ -17,6 +17,8 @@ use super::regs::{
 };
 use super::routing::MsiGsi;
 use super::{InterruptRoutes, IrqError};
+use crate::guest_error;
+use crate::logging::DeviceLog;
 
 #[derive(Clone, Copy, Default)]
 struct Vector {
@@ -74,6 +76,7 @@ pub enum MsiChange {
 /// A device's MSI vectors.
 pub struct MsiVectors {
     routing: Arc<dyn InterruptRoutes>,
+    log: Arc<DeviceLog>,
     gsis: Vec<MsiGsi>,
     state: Mutex<State>,
 }
@@ -94,10 +97,16 @@ pub fn is_valid_message(address: u64, data: u32) -> bool {
 }
 
 impl MsiVectors {
-    /// `count` vectors, all masked and disabled, each with a GSI and an irqfd.
-    pub fn new(routing: Arc<dyn InterruptRoutes>, count: usize) -> Result<Self, IrqError> {
+    /// `count` vectors, all masked and disabled, each with a GSI and an irqfd; guest errors
+    /// are counted on `log`, the owning device's.
+    pub fn new(
+        routing: Arc<dyn InterruptRoutes>,
+        count: usize,
+        log: Arc<DeviceLog>,
+    ) -> Result<Self, IrqError> {
         let mut table = MsiVectors {
             routing,
+            log,
             gsis: Vec::with_capacity(count),
             state: Mutex::new(State {
                 vectors: vec![
@@ -117,6 +126,11 @@ impl MsiVectors {
             table.gsis.push(table.routing.allocate_msi()?);
         }
         Ok(table)
+    }
+
+    /// The owning device's log.
+    pub fn log(&self) -> &Arc<DeviceLog> {
+        &self.log
     }
 
     /// Number of vectors.
@@ -146,18 +160,25 @@ impl MsiVectors {
                     Some(v) => {
                         (v.address, v.data) = (address, data);
                         if !is_valid_message(address, data) {
-                            warn_ratelimited!(
+                            guest_error!(
+                                self.log,
                                 "MSI vector {index}: address {address:#x} data {data:#x} is not a \
                                  valid message; its interrupts are dropped"
                             );
                         }
                     }
-                    None => warn_ratelimited!("MSI vector {index} does not exist; update ignored"),
+                    None => guest_error!(
+                        self.log,
+                        "MSI vector {index} does not exist; update ignored"
+                    ),
                 },
                 MsiChange::Mask { index, masked } => match st.vectors.get_mut(index) {
                     Some(v) => v.masked = masked,
                     None => {
-                        warn_ratelimited!("MSI vector {index} does not exist; mask change ignored");
+                        guest_error!(
+                            self.log,
+                            "MSI vector {index} does not exist; mask change ignored"
+                        );
                     }
                 },
                 MsiChange::Enable(enabled) => st.enabled = enabled,
@@ -212,7 +233,9 @@ impl MsiVectors {
         let mut st = self.state.lock().unwrap();
         let blocked = st.blocked();
         let Some(v) = st.vectors.get_mut(index) else {
-            warn_ratelimited!("MSI vector {index} does not exist; interrupt dropped");
+            self.log.warn(format_args!(
+                "MSI vector {index} does not exist; interrupt dropped"
+            ));
             return;
         };
         if blocked || v.masked {
@@ -245,11 +268,11 @@ impl MsiVectors {
             };
             v.routed = want;
             if let Err(e) = result {
-                warn_ratelimited!("MSI vector {i}: {e}");
+                self.log.warn(format_args!("MSI vector {i}: {e}"));
             }
         }
         if let Err(e) = self.routing.commit() {
-            warn_ratelimited!("MSI vectors: {e}");
+            self.log.warn(format_args!("MSI vectors: {e}"));
         }
     }
 
@@ -269,7 +292,8 @@ impl MsiVectors {
 
     fn signal(&self, index: usize) {
         if let Err(e) = self.gsis[index].irqfd.write(1) {
-            warn_ratelimited!("MSI vector {index}: irqfd write failed: {e}");
+            self.log
+                .warn(format_args!("MSI vector {index}: irqfd write failed: {e}"));
         }
     }
 }
@@ -292,7 +316,7 @@ mod tests {
         let vm = Arc::new(kvm_ioctls::Kvm::new().unwrap().create_vm().unwrap());
         vm.create_irq_chip().unwrap();
         let routing = Arc::new(GsiRouting::new(vm, strategy).unwrap());
-        let msi = MsiVectors::new(routing.clone(), count).unwrap();
+        let msi = MsiVectors::new(routing.clone(), count, DeviceLog::new("test")).unwrap();
         (msi, routing)
     }
 

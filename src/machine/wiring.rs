@@ -21,6 +21,7 @@ use crate::pci::function::{HostBridge, TestDevice};
 use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
 use crate::pci::root::{BarBuses, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
+use crate::virtio::TransportEnv;
 use crate::virtio::mmio::{MmioPlacement, MmioTransport};
 use crate::virtio::net::{NetBackend, RequestResponse, VirtioNet};
 use crate::virtio::pci::VirtioPci;
@@ -178,7 +179,6 @@ fn add_virtio_net(
         // One MSI-X vector per receive and transmit queue and one for configuration
         // changes; the control queue needs none (drivers poll it, as Linux does).
         let vectors = 2 * pairs + 1;
-        let mem = vm.memory().clone();
         match dev.transport {
             Transport::Mmio => {
                 let slot = layout
@@ -190,14 +190,14 @@ fn add_virtio_net(
                     gsi: slot.gsi,
                     notify: dev.notify,
                 };
-                let (transport, worker) =
-                    MmioTransport::new(vm.shared_fd(), devices.routing.clone(), net, mem, at)?;
-                devices.io.add_mmio(
-                    &format!("virtio-mmio.{n}"),
-                    slot.base,
-                    slot.size,
-                    Arc::new(transport),
-                )?;
+                let name = format!("virtio-mmio.{n}");
+                let log = DeviceLog::new(name.as_str());
+                let env = transport_env(vm, devices, log.clone());
+                let (transport, worker) = MmioTransport::new(env, net, at)?;
+                let id = devices
+                    .io
+                    .add_mmio(&name, slot.base, slot.size, Arc::new(transport))?;
+                devices.logs.push((id, log));
                 devices.workers.push(worker);
             }
             Transport::Pci => {
@@ -205,15 +205,15 @@ fn add_virtio_net(
                     .filter(|_| pci_count < MAX_VIRTIO_PCI)
                     .ok_or(MachineError::TooManyDevices)?;
                 pci_count += 1;
-                let (function, worker) = VirtioPci::new(
-                    vm.shared_fd(),
-                    devices.routing.clone(),
-                    net,
-                    mem,
-                    at.requester_id(),
-                    vectors,
-                    dev.notify,
-                )?;
+                // Its registers are reached through BARs counted as `names::PCI_BARS`; its
+                // guest errors are counted under a name of its own.
+                let name = format!("virtio-pci.{at}");
+                let log = DeviceLog::new(name.as_str());
+                let env = transport_env(vm, devices, log.clone());
+                let (function, worker) =
+                    VirtioPci::new(env, net, at.requester_id(), vectors, dev.notify)?;
+                let id = devices.io.id_for(&name);
+                devices.logs.push((id, log));
                 let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, queues, vectors);
                 devices
                     .msix
@@ -224,6 +224,16 @@ fn add_virtio_net(
         }
     }
     Ok(())
+}
+
+/// A transport's environment on `vm`: KVM's ioeventfds, the machine's routing owner.
+fn transport_env(vm: &Vm, devices: &Devices, log: Arc<DeviceLog>) -> TransportEnv {
+    TransportEnv {
+        ioevents: vm.shared_fd(),
+        routes: devices.routing.clone(),
+        mem: vm.memory().clone(),
+        log,
+    }
 }
 
 /// The ways into bus 0: CF8/CFC, the memory and I/O BAR windows, and ECAM if described.

@@ -19,6 +19,7 @@
 
 use std::sync::Arc;
 
+use crate::guest_error;
 use crate::irq::{MsiChange, MsiVectors};
 use crate::pci::config::{Capability, ConfigSpace};
 use crate::pci::regs::*;
@@ -145,7 +146,8 @@ impl Msix {
     pub fn table_read(&self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         let Some(dwords) = Self::dwords(offset, data.len()) else {
-            warn_ratelimited!(
+            guest_error!(
+                self.vectors.log(),
                 "MSI-X: {}-byte table read at {offset:#x} is not an aligned DWORD or QWORD; \
                  reads zero",
                 data.len()
@@ -180,7 +182,8 @@ impl Msix {
     /// entries past the table, are ignored. The whole access is one update.
     pub fn table_write(&mut self, offset: u64, data: &[u8]) {
         let Some(dwords) = Self::dwords(offset, data.len()) else {
-            warn_ratelimited!(
+            guest_error!(
+                self.vectors.log(),
                 "MSI-X: {}-byte table write at {offset:#x} is not an aligned DWORD or QWORD; \
                  ignored",
                 data.len()
@@ -199,7 +202,10 @@ impl Msix {
 
     fn write_dword(&mut self, offset: u64, value: u32, changes: &mut Vec<MsiChange>) {
         let Some((entry, field)) = self.locate(offset) else {
-            warn_ratelimited!("MSI-X: table offset {offset:#x} is past the table; write ignored");
+            guest_error!(
+                self.vectors.log(),
+                "MSI-X: table offset {offset:#x} is past the table; write ignored"
+            );
             return;
         };
         if field == PCI_MSIX_ENTRY_VECTOR_CTRL {
@@ -255,7 +261,8 @@ impl Msix {
 
     /// Guest write to the pending-bit array: its bits are read-only (PCI 3.0 §6.8.2.10).
     pub fn pba_write(&self, offset: u64, data: &[u8]) {
-        warn_ratelimited!(
+        guest_error!(
+            self.vectors.log(),
             "MSI-X: {}-byte write to the read-only PBA at {offset:#x} ignored",
             data.len()
         );
@@ -280,7 +287,14 @@ mod tests {
     fn parts(entries: usize) -> (Msix, ConfigSpace, Arc<GsiRouting>, crate::vm::Vm) {
         let vm = crate::vm::Vm::new(1 << 20).expect("KVM is needed for MSI-X tests");
         let routing = Arc::new(GsiRouting::new(vm.shared_fd(), CommitStrategy::Batched).unwrap());
-        let vectors = Arc::new(MsiVectors::new(routing.clone(), entries).unwrap());
+        let vectors = Arc::new(
+            MsiVectors::new(
+                routing.clone(),
+                entries,
+                crate::logging::DeviceLog::new("test"),
+            )
+            .unwrap(),
+        );
         let layout = FunctionLayout {
             capabilities: vec![Msix::capability(entries, TABLE, PBA)],
             ..Default::default()

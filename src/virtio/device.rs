@@ -21,6 +21,8 @@ use vm_memory::GuestMemoryMmap;
 use super::chain::ChainError;
 use super::regs::*;
 use crate::dma::{DmaContext, DmaError};
+use crate::guest_error;
+use crate::logging::DeviceLog;
 
 /// Why a device stopped: it sets DEVICE_NEEDS_RESET and waits for the driver to reset it.
 #[derive(Debug, thiserror::Error)]
@@ -77,12 +79,13 @@ impl Progress {
 /// other events (reset, stop).
 pub trait QueueHandler: Send {
     /// The driver made buffers available on queue `index` (or the device may make progress on
-    /// it).
+    /// it). Guest errors that do not break the device (a frame dropped) are counted on `log`.
     fn process_queue(
         &mut self,
         index: usize,
         queues: &mut [Queue],
         dma: &DmaContext,
+        log: &DeviceLog,
     ) -> Result<Progress, DeviceError>;
     /// Forget all in-flight state (the driver reset the device).
     fn reset(&mut self);
@@ -104,17 +107,33 @@ pub fn next_chain<'m>(
 }
 
 /// The one state both the register side and the device thread write: DEVICE_NEEDS_RESET and
-/// the configuration generation it bumps.
-#[derive(Debug, Default)]
+/// the configuration generation it bumps, and the device's log.
+#[derive(Debug)]
 pub struct DeviceHealth {
     needs_reset: AtomicBool,
     config_generation: AtomicU32,
+    log: Arc<DeviceLog>,
 }
 
 impl DeviceHealth {
-    /// Mark the device broken (virtio 1.2 §2.1.2). Returns whether it was newly broken.
+    /// A healthy device logging to `log`.
+    pub fn new(log: Arc<DeviceLog>) -> Self {
+        DeviceHealth {
+            needs_reset: AtomicBool::new(false),
+            config_generation: AtomicU32::new(0),
+            log,
+        }
+    }
+
+    /// The device's log.
+    pub fn log(&self) -> &Arc<DeviceLog> {
+        &self.log
+    }
+
+    /// Mark the device broken (virtio 1.2 §2.1.2), a guest error. Returns whether it was
+    /// newly broken.
     pub fn fail(&self, why: &dyn std::fmt::Display) -> bool {
-        warn_ratelimited!("virtio: {why}; the device needs a reset");
+        guest_error!(self.log, "{why}; the device needs a reset");
         let newly = !self.needs_reset.swap(true, Ordering::SeqCst);
         if newly {
             self.config_generation.fetch_add(1, Ordering::SeqCst);
@@ -180,11 +199,12 @@ fn bit(n: u32) -> u64 {
 
 impl VirtioState {
     /// `device`, offering its features plus `transport_features`; rings are checked against
-    /// guest memory `mem`.
+    /// guest memory `mem`; guest errors are counted on `log`.
     pub fn new(
         device: Box<dyn VirtioDevice>,
         transport_features: u64,
         mem: GuestMemoryMmap,
+        log: Arc<DeviceLog>,
     ) -> Self {
         let offered = device.features()
             | transport_features
@@ -204,7 +224,7 @@ impl VirtioState {
             status: 0,
             queues,
             queue_select: 0,
-            health: Arc::default(),
+            health: Arc::new(DeviceHealth::new(log)),
             mem,
         }
     }
@@ -236,14 +256,20 @@ impl VirtioState {
     /// The driver writes 32 feature bits at the driver feature select.
     pub fn write_driver_features(&mut self, value: u32) {
         if self.status & VIRTIO_STATUS_FEATURES_OK != 0 {
-            warn_ratelimited!("virtio: driver features written after FEATURES_OK; ignored");
+            guest_error!(
+                self.health.log,
+                "driver features written after FEATURES_OK; ignored"
+            );
             return;
         }
         let shift = match self.driver_features_select {
             0 => 0,
             1 => 32,
             sel => {
-                warn_ratelimited!("virtio: driver feature select {sel} does not exist");
+                guest_error!(
+                    self.health.log,
+                    "driver feature select {sel} does not exist"
+                );
                 return;
             }
         };
@@ -293,8 +319,9 @@ impl VirtioState {
         }
         let mut value = value & 0xff & !VIRTIO_STATUS_DEVICE_NEEDS_RESET;
         if value & self.status != self.status {
-            warn_ratelimited!(
-                "virtio: driver cleared status bits ({:#x} → {value:#x}) without a reset; ignored",
+            guest_error!(
+                self.health.log,
+                "driver cleared status bits ({:#x} → {value:#x}) without a reset; ignored",
                 self.status
             );
             return StatusChange::None;
@@ -305,19 +332,21 @@ impl VirtioState {
             if unoffered != 0 {
                 // §2.2.2: a device must not accept features it did not offer; FEATURES_OK then
                 // reads back clear and the driver gives up.
-                warn_ratelimited!(
-                    "virtio: driver accepted features {unoffered:#x} the device did not offer"
+                guest_error!(
+                    self.health.log,
+                    "driver accepted features {unoffered:#x} the device did not offer"
                 );
                 value &= !VIRTIO_STATUS_FEATURES_OK;
             } else if self.acked & bit(VIRTIO_F_VERSION_1) == 0 {
-                warn_ratelimited!(
-                    "virtio: driver did not accept VIRTIO_F_VERSION_1 (legacy drivers are not supported)"
+                guest_error!(
+                    self.health.log,
+                    "driver did not accept VIRTIO_F_VERSION_1 (legacy drivers are not supported)"
                 );
                 value &= !VIRTIO_STATUS_FEATURES_OK;
             }
         }
         if newly & VIRTIO_STATUS_DRIVER_OK != 0 && value & VIRTIO_STATUS_FEATURES_OK == 0 {
-            warn_ratelimited!("virtio: DRIVER_OK without FEATURES_OK; ignored");
+            guest_error!(self.health.log, "DRIVER_OK without FEATURES_OK; ignored");
             value &= !VIRTIO_STATUS_DRIVER_OK;
         }
         self.status = value;
@@ -377,13 +406,17 @@ impl VirtioState {
                 true
             }
             Some(_) => {
-                warn_ratelimited!(
-                    "virtio: {what} of queue {index} written while it is live; ignored"
+                guest_error!(
+                    self.health.log,
+                    "{what} of queue {index} written while it is live; ignored"
                 );
                 false
             }
             None => {
-                warn_ratelimited!("virtio: {what} of queue {index}, which does not exist; ignored");
+                guest_error!(
+                    self.health.log,
+                    "{what} of queue {index}, which does not exist; ignored"
+                );
                 false
             }
         }
@@ -499,6 +532,11 @@ impl QueueEngine {
         }
     }
 
+    /// The device's log.
+    pub fn log(&self) -> &Arc<DeviceLog> {
+        self.health.log()
+    }
+
     /// Whether the engine has live queues.
     pub fn is_live(&self) -> bool {
         self.live.is_some()
@@ -518,7 +556,10 @@ impl QueueEngine {
         let Ok(mem) = dma.memory() else {
             return Work::default();
         };
-        match self.handler.process_queue(index, queues, dma) {
+        match self
+            .handler
+            .process_queue(index, queues, dma, &self.health.log)
+        {
             Ok(progress) => Work {
                 notifications: progress
                     .used
@@ -560,7 +601,7 @@ mod tests {
 
     fn device() -> VirtioState {
         let (net, _) = VirtioNet::new([0; 6], vec![Box::new(RequestResponse::new(8))]);
-        VirtioState::new(Box::new(net), 0, memory())
+        VirtioState::new(Box::new(net), 0, memory(), DeviceLog::new("test"))
     }
 
     const UP_TO_DRIVER: u32 = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;

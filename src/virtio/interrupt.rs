@@ -10,7 +10,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::device::Notification;
 use super::regs::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING, VIRTIO_MSI_NO_VECTOR};
+use crate::guest_error;
 use crate::irq::MsiVectors;
+use crate::logging::DeviceLog;
 
 /// A level-triggered IOAPIC line driven through an irqfd with a resample eventfd: KVM keeps the
 /// line asserted until the guest's EOI, then signals `resample`, and the device re-asserts it
@@ -30,14 +32,22 @@ pub struct Interrupts {
     status: AtomicU32,
     queue_vectors: Vec<AtomicU16>,
     config_vector: AtomicU16,
+    log: Arc<DeviceLog>,
 }
 
 const NO_VECTOR: u16 = VIRTIO_MSI_NO_VECTOR;
 
 impl Interrupts {
-    /// For a device with `queues` queues, an optional line and optional MSI vectors.
-    pub fn new(queues: usize, line: Option<LegacyLine>, msi: Option<Arc<MsiVectors>>) -> Self {
+    /// For a device with `queues` queues, an optional line and optional MSI vectors, logging
+    /// to the device's `log`.
+    pub fn new(
+        queues: usize,
+        line: Option<LegacyLine>,
+        msi: Option<Arc<MsiVectors>>,
+        log: Arc<DeviceLog>,
+    ) -> Self {
         Interrupts {
+            log,
             line,
             msi,
             msi_active: AtomicBool::new(false),
@@ -131,7 +141,10 @@ impl Interrupts {
             vector
         } else {
             if vector != NO_VECTOR {
-                warn_ratelimited!("virtio: MSI vector {vector} does not exist ({count} vectors)");
+                guest_error!(
+                    self.log,
+                    "MSI vector {vector} does not exist ({count} vectors)"
+                );
             }
             NO_VECTOR
         }
@@ -171,9 +184,9 @@ impl Interrupts {
             Some(line) => {
                 let _ = line.irqfd.write(1);
             }
-            None => warn_ratelimited!(
-                "virtio-pci: interrupt without MSI-X enabled; INTx is not implemented, so it is lost"
-            ),
+            None => self.log.warn(format_args!(
+                "interrupt without MSI-X enabled; INTx is not implemented, so it is lost"
+            )),
         }
     }
 }

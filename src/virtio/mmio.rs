@@ -10,18 +10,21 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use virtio_queue::QueueT;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::device::{Notification, StatusChange, VirtioState};
 use super::interrupt::{Interrupts, LegacyLine};
-use super::notify::{Datamatch, Doorbell, IoEventRegistrar, NotifyPath, QueueEvents};
+use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
 use super::worker::{Worker, WorkerHandle};
-use super::{DeviceParts, Ring, VirtioError, set_queue_address, spawn_worker, write_status};
+use super::{
+    DeviceParts, Ring, TransportEnv, VirtioError, set_queue_address, spawn_worker, write_status,
+};
 use crate::bus::BusDevice;
 use crate::dma::DmaContext;
-use crate::irq::{InterruptRoutes, MsiChange, MsiVectors};
+use crate::guest_error;
+use crate::irq::{MsiChange, MsiVectors};
+use crate::logging::DeviceLog;
 use crate::pci::function::EXITLESS_VENDOR_ID;
 
 /// The MSI registers that stage a vector's message until the UPDATE command.
@@ -35,6 +38,7 @@ struct MsiStaging {
 
 /// A virtio-mmio device on the MMIO bus.
 pub struct MmioTransport {
+    log: Arc<DeviceLog>,
     state: Mutex<VirtioState>,
     worker: WorkerHandle,
     dma: DmaContext,
@@ -60,28 +64,39 @@ fn feature(n: u32) -> u64 {
 }
 
 impl MmioTransport {
-    /// `device` at `at`, with its irqfds, ioeventfds and device thread.
+    /// `device` at `at` in `env`, with its irqfds, ioeventfds and device thread.
     pub fn new(
-        ioevents: Arc<dyn IoEventRegistrar>,
-        routing: Arc<dyn InterruptRoutes>,
+        env: TransportEnv,
         device: DeviceParts,
-        mem: GuestMemoryMmap,
         at: MmioPlacement,
     ) -> Result<(Self, Worker), VirtioError> {
+        let TransportEnv {
+            ioevents,
+            routes,
+            mem,
+            log,
+        } = env;
         let state = VirtioState::new(
             device.device,
             feature(VIRTIO_F_MMIO_MSI) | feature(VIRTIO_F_MMIO_NOTIFY),
             mem.clone(),
+            log.clone(),
         );
         let queues = state.queue_count();
         let line = LegacyLine {
             irqfd: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::Io)?,
             resample: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::Io)?,
         };
-        routing.bind_pin(at.gsi, &line.irqfd, Some(&line.resample))?;
-        let msi = MsiVectors::new(routing, queues + 1)?;
-        let interrupts = Arc::new(Interrupts::new(queues, Some(line), Some(Arc::new(msi))));
-        let mut events = QueueEvents::new(ioevents, queues).map_err(VirtioError::Io)?;
+        routes.bind_pin(at.gsi, &line.irqfd, Some(&line.resample))?;
+        let msi = MsiVectors::new(routes, queues + 1, log.clone())?;
+        let interrupts = Arc::new(Interrupts::new(
+            queues,
+            Some(line),
+            Some(Arc::new(msi)),
+            log.clone(),
+        ));
+        let mut events =
+            QueueEvents::new(ioevents, queues, log.clone()).map_err(VirtioError::Io)?;
         let doorbells: Vec<Doorbell> = (0..queues)
             .filter_map(|q| {
                 let q32 = u32::try_from(q).ok()?;
@@ -116,6 +131,7 @@ impl MmioTransport {
                 worker: worker.handle(),
                 // A platform device: no Bus Master Enable gates it.
                 dma: DmaContext::platform(mem),
+                log,
                 interrupts,
                 events,
                 staging: Mutex::new(MsiStaging::default()),
@@ -184,8 +200,9 @@ impl MmioTransport {
         if let Some(f) = extension_feature(reg)
             && !st.negotiated(f)
         {
-            warn_ratelimited!(
-                "virtio-mmio: register {reg:#x} written without its feature {f} negotiated; ignored"
+            guest_error!(
+                self.log,
+                "register {reg:#x} written without its feature {f} negotiated; ignored"
             );
             return;
         }
@@ -243,8 +260,9 @@ impl MmioTransport {
                 self.interrupts.set_msi_active(enable);
                 self.msi().update(&[MsiChange::Enable(enable)]);
             }
-            _ => warn_ratelimited!(
-                "virtio-mmio: write of {value:#x} to register {reg:#x}, which is read-only or reserved; ignored"
+            _ => guest_error!(
+                self.log,
+                "write of {value:#x} to register {reg:#x}, which is read-only or reserved; ignored"
             ),
         }
         drop(st);
@@ -257,8 +275,9 @@ impl MmioTransport {
         let staging = self.staging.lock().unwrap();
         let index = staging.select as usize;
         if index >= self.msi().len() {
-            warn_ratelimited!(
-                "virtio-mmio: MSI command {command} for vector {index}, which does not exist; ignored"
+            guest_error!(
+                self.log,
+                "MSI command {command} for vector {index}, which does not exist; ignored"
             );
             return;
         }
@@ -278,7 +297,7 @@ impl MmioTransport {
                     masked: command == VIRTIO_MMIO_MSI_CMD_MASK,
                 }]);
             }
-            _ => warn_ratelimited!("virtio-mmio: unknown MSI command {command}; ignored"),
+            _ => guest_error!(self.log, "unknown MSI command {command}; ignored"),
         }
     }
 
@@ -289,7 +308,10 @@ impl MmioTransport {
         )
         .unwrap_or(usize::MAX);
         if !self.state.lock().unwrap().negotiated(VIRTIO_F_MMIO_NOTIFY) {
-            warn_ratelimited!("virtio-mmio: doorbell written without the notify feature; ignored");
+            guest_error!(
+                self.log,
+                "doorbell written without the notify feature; ignored"
+            );
             return;
         }
         self.events.notify(queue);
@@ -343,7 +365,8 @@ impl BusDevice for MmioTransport {
             Window::Config(at) => self.state.lock().unwrap().read_config(at, data),
             Window::Doorbell(_) => data.fill(0),
             Window::BadAccess => {
-                warn_ratelimited!(
+                guest_error!(
+                    self.log,
                     "virtio-mmio: {}-byte read at {offset:#x}: registers are 32-bit aligned; reads zero",
                     data.len()
                 );
@@ -360,8 +383,9 @@ impl BusDevice for MmioTransport {
             }
             Window::Config(at) => self.state.lock().unwrap().write_config(at, data),
             Window::Doorbell(at) => self.doorbell(at),
-            Window::BadAccess => warn_ratelimited!(
-                "virtio-mmio: {}-byte write at {offset:#x}: registers are 32-bit aligned; ignored",
+            Window::BadAccess => guest_error!(
+                self.log,
+                "{}-byte write at {offset:#x}: registers are 32-bit aligned; ignored",
                 data.len()
             ),
         }
@@ -381,7 +405,7 @@ mod tests {
             gsi: 16,
             notify,
         };
-        let (t, w) = MmioTransport::new(p.ioevents, p.routes.clone(), p.net, p.mem, at).unwrap();
+        let (t, w) = MmioTransport::new(p.env, p.net, at).unwrap();
         (t, w, p.routes)
     }
 
@@ -586,6 +610,7 @@ mod tests {
             index: usize,
             _queues: &mut [virtio_queue::Queue],
             _dma: &DmaContext,
+            _log: &DeviceLog,
         ) -> Result<crate::virtio::device::Progress, crate::virtio::device::DeviceError> {
             self.calls.lock().unwrap().push(index);
             let _ = self.entered.send(());
@@ -628,7 +653,7 @@ mod tests {
             gsi: 16,
             notify: NotifyPath::Exit,
         };
-        let (t, w) = MmioTransport::new(p.ioevents, p.routes.clone(), parts, p.mem, at).unwrap();
+        let (t, w) = MmioTransport::new(p.env, parts, at).unwrap();
         negotiate(&t, 0);
         write(&t, VIRTIO_MMIO_QUEUE_SEL, 0);
         write(&t, VIRTIO_MMIO_QUEUE_NUM, 16);

@@ -22,11 +22,14 @@ use std::sync::Arc;
 
 use virtio_queue::QueueT;
 
+use vm_memory::GuestMemoryMmap;
+
 use crate::dma::DmaContext;
-use crate::irq::IrqError;
+use crate::irq::{InterruptRoutes, IrqError};
+use crate::logging::DeviceLog;
 use device::{QueueEngine, QueueHandler, StatusChange, VirtioDevice, VirtioState};
 use interrupt::Interrupts;
-use notify::QueueEvents;
+use notify::{IoEventRegistrar, QueueEvents};
 use worker::{Command, Worker, WorkerHandle};
 
 /// Errors building a virtio device.
@@ -53,6 +56,19 @@ impl VirtioError {
     fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Self {
         move |source| VirtioError::Kvm { what, source }
     }
+}
+
+/// What a transport needs from the machine it sits in: where its doorbells and interrupts are
+/// registered (KVM, or the in-memory fakes), guest memory, and the device's log.
+pub struct TransportEnv {
+    /// Doorbell ioeventfd registration.
+    pub ioevents: Arc<dyn IoEventRegistrar>,
+    /// The interrupt routing owner.
+    pub routes: Arc<dyn InterruptRoutes>,
+    /// Guest memory.
+    pub mem: GuestMemoryMmap,
+    /// The device's log: its guest errors are counted there.
+    pub log: Arc<DeviceLog>,
 }
 
 /// A device type's two halves: the register side the transport keeps, and the queue work the
@@ -126,23 +142,29 @@ pub fn set_queue_address(st: &mut VirtioState, ring: Ring, high: bool, value: u3
     });
 }
 
-/// What the transport tests share: guest memory, in-memory KVM stand-ins and a virtio-net
-/// device; no /dev/kvm needed.
+/// What the transport tests share: in-memory KVM stand-ins (no /dev/kvm needed), the
+/// environment built on them, and a virtio-net device.
 #[cfg(test)]
 pub(crate) struct TestParts {
-    pub mem: vm_memory::GuestMemoryMmap,
     pub ioevents: Arc<crate::fakes::FakeIoEvents>,
     pub routes: Arc<crate::fakes::FakeRoutes>,
+    pub env: TransportEnv,
     pub net: DeviceParts,
 }
 
 #[cfg(test)]
 pub(crate) fn test_parts() -> TestParts {
+    let ioevents = Arc::new(crate::fakes::FakeIoEvents::default());
+    let routes = Arc::new(crate::fakes::FakeRoutes::default());
     TestParts {
-        mem: vm_memory::GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)])
-            .unwrap(),
-        ioevents: Arc::default(),
-        routes: Arc::default(),
+        env: TransportEnv {
+            ioevents: ioevents.clone(),
+            routes: routes.clone(),
+            mem: GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)]).unwrap(),
+            log: DeviceLog::new("test"),
+        },
+        ioevents,
+        routes,
         net: net::VirtioNet::parts([0; 6], vec![Box::new(net::RequestResponse::new(8))]),
     }
 }

@@ -10,6 +10,8 @@ use super::chain;
 use super::device::{DeviceError, Progress, QueueHandler, VirtioDevice, budget, next_chain};
 use super::regs::{VIRTIO_ID_NET, VIRTIO_NET_HDR_SIZE};
 use crate::dma::DmaContext;
+use crate::guest_error;
+use crate::logging::DeviceLog;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_F_CTRL_VQ,
     VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_OK,
@@ -154,6 +156,7 @@ impl NetQueues {
         index: usize,
         q: &mut Queue,
         dma: &DmaContext,
+        log: &DeviceLog,
     ) -> Result<Progress, DeviceError> {
         let mem = dma.memory()?;
         let mut progress = Progress::default();
@@ -168,7 +171,8 @@ impl NetQueues {
                 let c = chain::check(desc, mem)?;
                 let len = c.readable_len();
                 if len < HDR as u64 || len > (HDR + MAX_FRAME) as u64 {
-                    warn_ratelimited!(
+                    guest_error!(
+                        log,
                         "virtio-net: transmitted frame of {len} bytes (with header) dropped"
                     );
                 } else {
@@ -190,7 +194,12 @@ impl NetQueues {
     }
 
     /// Fill the driver's receive buffers with the backend's frames; returns whether any was used.
-    fn receive(pair: &mut QueuePair, q: &mut Queue, dma: &DmaContext) -> Result<bool, DeviceError> {
+    fn receive(
+        pair: &mut QueuePair,
+        q: &mut Queue,
+        dma: &DmaContext,
+        log: &DeviceLog,
+    ) -> Result<bool, DeviceError> {
         let mem = dma.memory()?;
         let mut used = false;
         // Receive buffers are refilled by the driver as it consumes them: no kicks are needed
@@ -208,7 +217,8 @@ impl NetQueues {
             let c = chain::check(desc, mem)?;
             let total = HDR + frame.len();
             if c.writable_len() < total as u64 {
-                warn_ratelimited!(
+                guest_error!(
+                    log,
                     "virtio-net: receive buffer of {} bytes too small for a {total}-byte frame; frame dropped",
                     c.writable_len()
                 );
@@ -237,6 +247,7 @@ impl NetQueues {
         index: usize,
         q: &mut Queue,
         dma: &DmaContext,
+        log: &DeviceLog,
     ) -> Result<Progress, DeviceError> {
         let mem = dma.memory()?;
         let mut progress = Progress::default();
@@ -247,7 +258,7 @@ impl NetQueues {
             progress.mark(index, true);
             let c = chain::check(desc, mem)?;
             if c.writable_len() == 0 || c.readable_len() > 64 {
-                warn_ratelimited!("virtio-net: malformed control command dropped");
+                guest_error!(log, "virtio-net: malformed control command dropped");
                 q.add_used(mem, c.head, 0)?;
                 continue;
             }
@@ -264,7 +275,8 @@ impl NetQueues {
                     if (1..=self.pairs.len()).contains(&pairs) {
                         VIRTIO_NET_OK
                     } else {
-                        warn_ratelimited!(
+                        guest_error!(
+                            log,
                             "virtio-net: driver asked for {pairs} queue pairs of {}; refused",
                             self.pairs.len()
                         );
@@ -321,9 +333,10 @@ impl QueueHandler for NetQueues {
         index: usize,
         queues: &mut [Queue],
         dma: &DmaContext,
+        log: &DeviceLog,
     ) -> Result<Progress, DeviceError> {
         if Some(index) == self.control_queue() {
-            return self.control(index, &mut queues[index], dma);
+            return self.control(index, &mut queues[index], dma, log);
         }
         let (rx, tx) = (index & !1, index | 1);
         let Some(pair) = self.pairs.get_mut(index / 2) else {
@@ -331,10 +344,10 @@ impl QueueHandler for NetQueues {
         };
         let mut progress = Progress::default();
         if index == tx && tx < queues.len() {
-            progress = Self::transmit(pair, tx, &mut queues[tx], dma)?;
+            progress = Self::transmit(pair, tx, &mut queues[tx], dma, log)?;
         }
         if queues[rx].ready() {
-            let used = Self::receive(pair, &mut queues[rx], dma)?;
+            let used = Self::receive(pair, &mut queues[rx], dma, log)?;
             progress.mark(rx, used);
         }
         Ok(progress)
@@ -398,7 +411,7 @@ mod tests {
         for (i, mock) in live {
             queues[*i] = mock.create_queue().unwrap();
         }
-        let health = Arc::new(DeviceHealth::default());
+        let health = Arc::new(DeviceHealth::new(DeviceLog::new("test")));
         let mut engine = QueueEngine::new(Box::new(handler), health.clone());
         engine.activate(queues, dma);
         (engine, health)

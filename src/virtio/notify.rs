@@ -5,6 +5,9 @@ use std::sync::Arc;
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::guest_error;
+use crate::logging::DeviceLog;
+
 /// The path of a doorbell write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NotifyPath {
@@ -82,18 +85,24 @@ impl IoEventRegistrar for VmFd {
 /// One eventfd per queue, and the ioeventfds that signal them.
 pub struct QueueEvents {
     registrar: Arc<dyn IoEventRegistrar>,
+    log: Arc<DeviceLog>,
     events: Vec<EventFd>,
     registered: Vec<Doorbell>,
 }
 
 impl QueueEvents {
     /// Eventfds for `queues` queues; no doorbell registered yet.
-    pub fn new(registrar: Arc<dyn IoEventRegistrar>, queues: usize) -> std::io::Result<Self> {
+    pub fn new(
+        registrar: Arc<dyn IoEventRegistrar>,
+        queues: usize,
+        log: Arc<DeviceLog>,
+    ) -> std::io::Result<Self> {
         let events = (0..queues)
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<Result<_, _>>()?;
         Ok(QueueEvents {
             registrar,
+            log,
             events,
             registered: Vec::new(),
         })
@@ -110,8 +119,9 @@ impl QueueEvents {
             Some(e) => {
                 let _ = e.write(1);
             }
-            None => warn_ratelimited!(
-                "virtio: notification for queue {queue}, which does not exist; ignored"
+            None => guest_error!(
+                self.log,
+                "notification for queue {queue}, which does not exist; ignored"
             ),
         }
     }

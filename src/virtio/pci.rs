@@ -21,16 +21,19 @@
 use std::sync::{Arc, Mutex};
 
 use virtio_queue::QueueT;
-use vm_memory::GuestMemoryMmap;
 
 use super::device::{Notification, StatusChange, VirtioState};
 use super::interrupt::Interrupts;
-use super::notify::{Datamatch, Doorbell, IoEventRegistrar, NotifyPath, QueueEvents};
+use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
 use super::worker::{Command, Worker, WorkerHandle};
-use super::{DeviceParts, Ring, VirtioError, set_queue_address, spawn_worker, write_status};
+use super::{
+    DeviceParts, Ring, TransportEnv, VirtioError, set_queue_address, spawn_worker, write_status,
+};
 use crate::dma::DmaContext;
-use crate::irq::{InterruptRoutes, MsiChange, MsiVectors};
+use crate::guest_error;
+use crate::irq::{MsiChange, MsiVectors};
+use crate::logging::DeviceLog;
 use crate::pci::config::{Bar, Capability, ConfigSpace, FunctionLayout};
 use crate::pci::function::PciFunction;
 use crate::pci::msix::{Msix, MsixLocation};
@@ -47,6 +50,7 @@ pub const MAX_VECTORS: usize =
 
 /// A virtio device behind a PCI function.
 pub struct VirtioPci {
+    log: Arc<DeviceLog>,
     state: Mutex<VirtioState>,
     worker: WorkerHandle,
     dma: DmaContext,
@@ -145,22 +149,31 @@ impl VirtioPci {
     /// `device` as the virtio-pci function `requester_id` (bus << 8 | devfn) with `vectors`
     /// MSI-X vectors (at most [`MAX_VECTORS`]), doorbells on `notify`, and its device thread.
     pub fn new(
-        ioevents: Arc<dyn IoEventRegistrar>,
-        routing: Arc<dyn InterruptRoutes>,
+        env: TransportEnv,
         device: DeviceParts,
-        mem: GuestMemoryMmap,
         requester_id: u16,
         vectors: usize,
         notify: NotifyPath,
     ) -> Result<(Self, Worker), VirtioError> {
-        let state = VirtioState::new(device.device, 0, mem.clone());
+        let TransportEnv {
+            ioevents,
+            routes,
+            mem,
+            log,
+        } = env;
+        let state = VirtioState::new(device.device, 0, mem.clone(), log.clone());
         let queues = state.queue_count();
         let vectors = vectors.clamp(1, MAX_VECTORS);
-        let msi = Arc::new(MsiVectors::new(routing, vectors)?);
+        let msi = Arc::new(MsiVectors::new(routes, vectors, log.clone())?);
         // The command register resets to 0: no messages until the driver sets Bus Master.
         msi.update(&[MsiChange::BusMaster(false)]);
-        let interrupts = Arc::new(Interrupts::new(queues, None, Some(msi.clone())));
-        let events = QueueEvents::new(ioevents, queues).map_err(VirtioError::Io)?;
+        let interrupts = Arc::new(Interrupts::new(
+            queues,
+            None,
+            Some(msi.clone()),
+            log.clone(),
+        ));
+        let events = QueueEvents::new(ioevents, queues, log.clone()).map_err(VirtioError::Io)?;
         let worker = spawn_worker(
             "virtio-pci".into(),
             &state,
@@ -173,6 +186,7 @@ impl VirtioPci {
                 state: Mutex::new(state),
                 worker: worker.handle(),
                 dma: DmaContext::pci(mem, requester_id),
+                log,
                 interrupts,
                 events,
                 notify,
@@ -213,7 +227,8 @@ impl VirtioPci {
         };
         if let Err(e) = self.events.register(&doorbells) {
             // The doorbells still work, through exits.
-            warn_ratelimited!("virtio-pci: cannot register doorbell ioeventfds: {e}");
+            self.log
+                .warn(format_args!("cannot register doorbell ioeventfds: {e}"));
             self.doorbells_at = None;
         }
     }
@@ -235,7 +250,7 @@ impl VirtioPci {
     /// The BAR access the PCI configuration access capability now describes: (BAR, offset,
     /// length), if it is one the driver may ask for (virtio 1.2 §4.1.4.9.2: an aligned access
     /// of 1, 2 or 4 bytes inside a BAR).
-    fn pci_cfg_access(config: &ConfigSpace, cap: u16) -> Option<(usize, u64, usize)> {
+    fn pci_cfg_access(&self, config: &ConfigSpace, cap: u16) -> Option<(usize, u64, usize)> {
         let bar = config.get_u8(cap + VIRTIO_PCI_CAP_BAR as u16);
         let offset = config.get_u32(cap + VIRTIO_PCI_CAP_OFFSET as u16);
         let length = config.get_u32(cap + VIRTIO_PCI_CAP_LENGTH as u16);
@@ -246,8 +261,9 @@ impl VirtioPci {
                 .checked_add(length)
                 .is_some_and(|end| end <= VIRTIO_PCI_BAR_SIZE);
         if !valid {
-            warn_ratelimited!(
-                "virtio-pci: PCI configuration access to BAR {bar} offset {offset:#x} length \
+            guest_error!(
+                self.log,
+                "PCI configuration access to BAR {bar} offset {offset:#x} length \
                  {length} is not a valid access; ignored"
             );
             return None;
@@ -316,8 +332,9 @@ impl VirtioPci {
                 if value == 1 {
                     config_changed = st.set_queue_ready();
                 } else {
-                    warn_ratelimited!(
-                        "virtio-pci: queue_enable written with {value} (only 1 is allowed); ignored"
+                    guest_error!(
+                        self.log,
+                        "queue_enable written with {value} (only 1 is allowed); ignored"
                     );
                 }
             }
@@ -380,7 +397,7 @@ impl PciFunction for VirtioPci {
         let Some(cap) = self.pci_cfg_cap else {
             return;
         };
-        if let Some((bar, offset, len)) = Self::pci_cfg_access(config, cap) {
+        if let Some((bar, offset, len)) = self.pci_cfg_access(config, cap) {
             let mut bytes = [0u8; 4];
             self.bar_read(config, bar, offset, &mut bytes[..len]);
             config.set_bytes(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, &bytes[..len]);
@@ -397,7 +414,7 @@ impl PciFunction for VirtioPci {
         }
         if let Some(cap) = self.pci_cfg_cap
             && touches(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, 4)
-            && let Some((bar, at, n)) = Self::pci_cfg_access(config, cap)
+            && let Some((bar, at, n)) = self.pci_cfg_access(config, cap)
         {
             let mut bytes = [0u8; 4];
             config.read(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, &mut bytes);
@@ -416,8 +433,9 @@ impl PciFunction for VirtioPci {
         match start {
             VIRTIO_PCI_BAR_COMMON => match self.common_read(rel, data.len()) {
                 Some(v) => data.copy_from_slice(&v.to_le_bytes()[..data.len()]),
-                None => warn_ratelimited!(
-                    "virtio-pci: {}-byte read at common config {rel:#x} is not a field; reads zero",
+                None => guest_error!(
+                    self.log,
+                    "{}-byte read at common config {rel:#x} is not a field; reads zero",
                     data.len()
                 ),
             },
@@ -436,8 +454,9 @@ impl PciFunction for VirtioPci {
         match start {
             VIRTIO_PCI_BAR_COMMON => {
                 if !self.common_write(rel, data.len(), le_value(data)) {
-                    warn_ratelimited!(
-                        "virtio-pci: {}-byte write at common config {rel:#x} is not a writable field; ignored",
+                    guest_error!(
+                        self.log,
+                        "{}-byte write at common config {rel:#x} is not a writable field; ignored",
                         data.len()
                     );
                 }
@@ -452,8 +471,9 @@ impl PciFunction for VirtioPci {
                 .notify((rel / VIRTIO_PCI_NOTIFY_MULTIPLIER) as usize),
             VIRTIO_PCI_BAR_MSIX_TABLE => self.msix.table_write(u64::from(rel), data),
             VIRTIO_PCI_BAR_MSIX_PBA => self.msix.pba_write(u64::from(rel), data),
-            _ => warn_ratelimited!(
-                "virtio-pci: {}-byte write at BAR 0 offset {offset:#x} ignored",
+            _ => guest_error!(
+                self.log,
+                "{}-byte write at BAR 0 offset {offset:#x} ignored",
                 data.len()
             ),
         }
@@ -471,8 +491,7 @@ mod tests {
 
     fn function(notify: NotifyPath) -> (VirtioPci, Worker, Arc<FakeIoEvents>) {
         let p = crate::virtio::test_parts();
-        let (f, w) =
-            VirtioPci::new(p.ioevents.clone(), p.routes, p.net, p.mem, 0x18, 3, notify).unwrap();
+        let (f, w) = VirtioPci::new(p.env, p.net, 0x18, 3, notify).unwrap();
         (f, w, p.ioevents)
     }
 

@@ -21,6 +21,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use super::device::QueueEngine;
 use super::interrupt::Interrupts;
 use crate::dma::DmaContext;
+use crate::logging::DeviceLog;
 
 /// Longest a vCPU waits for the device thread to acknowledge a command. The thread's loops are
 /// bounded, so this is only reached if it died or the host stalls; the vCPU then goes on.
@@ -50,6 +51,7 @@ pub struct Worker {
 pub struct WorkerHandle {
     commands: Sender<Command>,
     wake: Arc<EventFd>,
+    log: Arc<DeviceLog>,
 }
 
 impl Worker {
@@ -87,6 +89,7 @@ impl Worker {
                 EpollEvent::new(EventSet::IN, token),
             )?;
         }
+        let log = engine.log().clone();
         let (commands, inbox) = mpsc::channel();
         let wake = Arc::new(wake);
         let wake_clone = wake.clone();
@@ -140,7 +143,11 @@ impl Worker {
             }
         })?;
         Ok(Worker {
-            handle: WorkerHandle { commands, wake },
+            handle: WorkerHandle {
+                commands,
+                wake,
+                log,
+            },
             stop,
             thread: Some(thread),
         })
@@ -166,9 +173,9 @@ impl WorkerHandle {
         let (ack, acked) = mpsc::sync_channel(1);
         self.send(make(ack));
         if let Err(mpsc::RecvTimeoutError::Timeout) = acked.recv_timeout(ACK_TIMEOUT) {
-            warn_ratelimited!(
-                "virtio: the device thread did not acknowledge within {ACK_TIMEOUT:?}"
-            );
+            self.log.warn(format_args!(
+                "the device thread did not acknowledge within {ACK_TIMEOUT:?}"
+            ));
         }
     }
 
