@@ -247,3 +247,89 @@ fn guest_errors_are_counted_per_device() {
     assert_eq!(errors.get("virtio-mmio.0"), Some(&25), "{errors:?}");
     assert_eq!(errors.get("virtio-mmio.1"), Some(&1), "{errors:?}");
 }
+
+/// Offset of the PCI configuration access capability of a virtio-net function as the machine
+/// builds it (one queue pair: 2 queues, 3 vectors).
+fn pci_cfg_capability() -> u16 {
+    use exitless::pci::config::{ConfigSpace, ConfigWindow};
+    use exitless::virtio::pci::VirtioPci;
+    use exitless::virtio::regs::{VIRTIO_PCI_CAP_CFG_TYPE, VIRTIO_PCI_CAP_PCI_CFG};
+    let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
+    let window = std::sync::Arc::new(ConfigWindow::new(1).unwrap());
+    let (config, _) = ConfigSpace::new(window, 0, &layout, &[0xc000_0000]).unwrap();
+    config
+        .capabilities()
+        .find(|&(at, _)| {
+            u32::from(config.get_u8(at + u16::try_from(VIRTIO_PCI_CAP_CFG_TYPE).unwrap()))
+                == VIRTIO_PCI_CAP_PCI_CFG
+        })
+        .expect("virtio-pci presents VIRTIO_PCI_CAP_PCI_CFG")
+        .0
+}
+
+/// Defect: a read of `pci_cfg_data` through the ECAM shadow never exited, so it returned stale
+/// bytes instead of the BAR register (virtio 1.2 §4.1.4.9). While the driver has a window set
+/// up, that function's config reads exit; every other function's stay free, and so do its own
+/// once the window is closed.
+#[test]
+fn pci_cfg_data_reads_the_bar_by_every_method() {
+    use exitless::virtio::regs::{
+        VIRTIO_PCI_BAR_COMMON, VIRTIO_PCI_CAP_BAR, VIRTIO_PCI_CAP_LENGTH, VIRTIO_PCI_CAP_OFFSET,
+        VIRTIO_PCI_CAP_PCI_CFG_DATA, VIRTIO_PCI_COMMON_NUMQ,
+    };
+    let cap = pci_cfg_capability();
+    let f = ProbeConfig::virtio_pci_address(0);
+    let test_device = exitless::pci::PciAddress::new(0, 1, 0).unwrap();
+    for (ecam, method) in [
+        (EcamMode::Shadow, METHOD_ECAM),
+        (EcamMode::Trap, METHOD_ECAM),
+        (EcamMode::Shadow, METHOD_PIO),
+    ] {
+        let field = |reg: u32| cap + u16::try_from(reg).unwrap();
+        let ops = vec![
+            ops::cfg_write(method, f, field(VIRTIO_PCI_CAP_BAR), 1, 0),
+            ops::cfg_write(
+                method,
+                f,
+                field(VIRTIO_PCI_CAP_OFFSET),
+                4,
+                u64::from(VIRTIO_PCI_BAR_COMMON + VIRTIO_PCI_COMMON_NUMQ),
+            ),
+            ops::cfg_write(method, f, field(VIRTIO_PCI_CAP_LENGTH), 4, 2),
+            ops::cfg_read(method, f, field(VIRTIO_PCI_CAP_PCI_CFG_DATA), 2),
+            ops::cfg_read(method, test_device, 0, 4),
+            ops::cfg_write(method, f, field(VIRTIO_PCI_CAP_LENGTH), 4, 0),
+            ops::cfg_read(method, f, 0, 4),
+        ];
+        let run = run_probe(&ProbeConfig {
+            ops,
+            ecam: Some(ecam),
+            virtio: vec![pci(NotifyPath::Exit)],
+            timeout: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("probe run failed: {e}"));
+        for i in 0..run.results.len() {
+            assert_ok(&run, i);
+        }
+        let what = format!("{ecam:?} by method {method}");
+        assert_eq!(
+            run.results[3].value, 2,
+            "num_queues through pci_cfg_data, {what}"
+        );
+        assert_eq!(
+            run.results[6].value & 0xffff,
+            u64::from(VIRTIO_PCI_VENDOR_ID),
+            "{what}"
+        );
+        if ecam == EcamMode::Shadow && method == METHOD_ECAM {
+            assert_eq!(run.exits(3).total(), 1, "the hooked read exits");
+            assert_eq!(run.exits(4).total(), 0, "other functions stay shadowed");
+            assert_eq!(
+                run.exits(6).total(),
+                0,
+                "shadowed again once the window is closed"
+            );
+        }
+    }
+}

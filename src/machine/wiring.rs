@@ -258,8 +258,11 @@ fn add_pci_windows(
             Arc::new(PciConfigMmio::new(pci.clone())),
         )?;
         if mode == EcamMode::Shadow {
-            // The VM keeps the root, and so its window, until the slot is deleted.
-            vm.add_readonly_region(layout::ECAM_BASE, pci.clone(), |pci| pci.window().region())?;
+            // The shadow keeps the window until its slots are deleted; the root can take a
+            // function's page out of it (its reads then exit).
+            let shadow =
+                vm.add_readonly_region(layout::ECAM_BASE, pci.shared_window(), |w| w.region())?;
+            pci.set_shadow(shadow);
         }
     }
     Ok(())

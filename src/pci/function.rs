@@ -20,15 +20,16 @@ pub trait PciFunction: Send {
     fn attached(&mut self, _config: &ConfigSpace) {}
     /// The guest changed `len` bytes of configuration space at `offset` (after masking).
     fn config_written(&mut self, _config: &ConfigSpace, _offset: u16, _len: usize) {}
-    /// Configuration bytes whose value the function produces when the guest reads them (a
-    /// read with side effects, such as virtio's `pci_cfg_data`), asked once, after
-    /// [`PciFunction::attached`]. Reads of other bytes never reach the function.
+    /// Configuration bytes whose value the function produces when the guest reads them now (a
+    /// read with side effects, such as virtio's `pci_cfg_data` while its window is set up),
+    /// asked after [`PciFunction::attached`] and after every configuration write. Reads of
+    /// other bytes never reach the function; while there are any, the function's reads do
+    /// not go through the ECAM shadow.
     fn read_hooked(&self) -> Option<Range<u16>> {
         None
     }
-    /// A trapped guest read of `len` bytes at `offset` touches the read-hooked bytes: put
-    /// their value in `config` now; the read returns what is there afterwards. Reads through
-    /// the ECAM shadow never exit, so they see the bytes as last produced.
+    /// A guest read of `len` bytes at `offset` touches the read-hooked bytes: put their value
+    /// in `config` now; the read returns what is there afterwards.
     fn config_read(&mut self, _config: &ConfigSpace, _offset: u16, _len: usize) {}
     /// A guest read `data.len()` bytes at `offset` of BAR slot `bar`.
     fn bar_read(&mut self, _config: &ConfigSpace, _bar: usize, _offset: u64, data: &mut [u8]) {

@@ -13,11 +13,15 @@
 //! ECAM-layout window, as the shadow shows them), except reads of a function's read-hooked
 //! bytes, which take that function's lock. A BAR access takes only its function's lock, so a
 //! busy function never stalls another one's accesses.
+//!
+//! Read hooks and the ECAM shadow: a read through the shadow never exits, so while a function
+//! has read-hooked bytes (a read with a side effect) its 4 KiB page is taken out of the shadow
+//! mapping and its reads exit like trapped ECAM; every other function stays shadowed.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use crate::bus::{BusDevice, BusRange, DeviceId, WeakBus};
 use crate::pci::PciAddress;
@@ -29,6 +33,7 @@ use crate::pci::regs::{
     PCI_BAR_COUNT, PCI_BAR0, PCI_CFG_SPACE_EXP_SIZE, PCI_COMMAND, PCI_COMMAND_IO,
     PCI_COMMAND_MEMORY, PCI_HEADER_TYPE, PCI_HEADER_TYPE_MULTIFUNCTION,
 };
+use crate::vm::shadow::ShadowRegion;
 
 /// Errors adding functions.
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +174,9 @@ pub struct PciRoot {
     /// Per devfn, the packed configuration range whose reads the function produces (see
     /// [`PciFunction::read_hooked`]), so that every other read takes no lock at all.
     read_hooks: Box<[AtomicU32]>,
+    /// The ECAM shadow, if config space is served that way: a function's page is taken out
+    /// of it while the function has read-hooked bytes, so those reads exit and reach it.
+    shadow: OnceLock<Arc<ShadowRegion>>,
     buses: BarBuses,
     allocators: Mutex<(Allocator, Allocator)>,
 }
@@ -180,6 +188,7 @@ impl PciRoot {
             window: Arc::new(ConfigWindow::new(1)?),
             functions: RwLock::new(BTreeMap::new()),
             read_hooks: (0..FUNCTIONS_PER_BUS).map(|_| AtomicU32::new(0)).collect(),
+            shadow: OnceLock::new(),
             buses,
             allocators: Mutex::new((
                 Allocator {
@@ -197,6 +206,46 @@ impl PciRoot {
     /// The configuration window (the ECAM shadow).
     pub fn window(&self) -> &ConfigWindow {
         &self.window
+    }
+
+    /// The configuration window, for a mapping that must keep it alive.
+    pub fn shared_window(&self) -> Arc<ConfigWindow> {
+        self.window.clone()
+    }
+
+    /// Config space is also served by `shadow`, the window mapped read-only into the guest.
+    pub fn set_shadow(&self, shadow: Arc<ShadowRegion>) {
+        if self.shadow.set(shadow).is_err() {
+            return;
+        }
+        for (devfn, hook) in self.read_hooks.iter().enumerate() {
+            if hook.load(Ordering::Acquire) != 0 {
+                self.trap_reads(devfn, true);
+            }
+        }
+    }
+
+    /// Record what function `devfn` now produces on reads, and make the shadow trap its page
+    /// while that is anything.
+    fn update_read_hook(&self, devfn: u8, range: Option<Range<u16>>) {
+        let packed = range.as_ref().map_or(0, pack_hook);
+        let old = self.read_hooks[usize::from(devfn)].swap(packed, Ordering::AcqRel);
+        if (old != 0) != (packed != 0) {
+            self.trap_reads(usize::from(devfn), packed != 0);
+        }
+    }
+
+    fn trap_reads(&self, devfn: usize, trap: bool) {
+        let Some(shadow) = self.shadow.get() else {
+            return;
+        };
+        // Bus 0: a function's 4 KiB page is its devfn.
+        if let Err(e) = shadow.set_hole(devfn as u64, trap) {
+            warn_ratelimited!(
+                "PCI: cannot {} config reads of devfn {devfn:#x} in the ECAM shadow: {e}",
+                if trap { "trap" } else { "stop trapping" }
+            );
+        }
     }
 
     /// Add a function, assign its BARs as firmware would and enable their decoding.
@@ -270,9 +319,7 @@ impl PciRoot {
                 config, function, ..
             } = &mut *st;
             function.attached(config);
-            if let Some(range) = function.read_hooked() {
-                self.read_hooks[usize::from(devfn)].store(pack_hook(&range), Ordering::Release);
-            }
+            self.update_read_hook(devfn, function.read_hooked());
             self.sync_decoding(&mut st);
         }
         functions.insert(devfn, entry);
@@ -338,6 +385,7 @@ impl PciRoot {
             config, function, ..
         } = &mut *st;
         function.config_written(config, reg, data.len());
+        self.update_read_hook(address.devfn(), function.read_hooked());
         let end = usize::from(reg) + data.len();
         let touches = |start: u16, len: usize| {
             usize::from(start) < end && usize::from(reg) < usize::from(start) + len

@@ -6,9 +6,10 @@
 //!
 //! The PCI configuration access capability (virtio 1.2 §4.1.4.9) is a window into BAR 0 from
 //! configuration space, for firmware that cannot map the BAR: the driver sets its bar, offset
-//! and length, then a write of `pci_cfg_data` is that write to the BAR and a trapped read of it
-//! is that read of the BAR. Reads through the ECAM shadow never exit, so there they return the
-//! bytes the last trapped access left (the shadow's price; CF8/CFC and trapped ECAM are exact).
+//! and length, then a write of `pci_cfg_data` is that write to the BAR and a read of it is that
+//! read of the BAR. While a length is set the function's config reads are hooked, so the ECAM
+//! shadow stops mapping its page and those reads exit too (`pci::root`); Linux never sets one,
+//! so its reads stay exit-free.
 //!
 //! Every queue has its own notify address (`notify_off_multiplier` = 4), so a doorbell can be an
 //! address-only ioeventfd. The ioeventfds follow BAR 0: they are registered where the BAR
@@ -60,6 +61,8 @@ pub struct VirtioPci {
     msix: Msix,
     /// Offset of the PCI configuration access capability, once placed.
     pci_cfg_cap: Option<u16>,
+    /// The driver set a length in the PCI configuration access capability.
+    pci_cfg_armed: bool,
     doorbells_at: Option<u64>,
 }
 
@@ -192,6 +195,7 @@ impl VirtioPci {
                 notify,
                 msix: Msix::new(msi),
                 pci_cfg_cap: None,
+                pci_cfg_armed: false,
                 doorbells_at: None,
             },
             worker,
@@ -388,7 +392,8 @@ impl PciFunction for VirtioPci {
     }
 
     fn read_hooked(&self) -> Option<std::ops::Range<u16>> {
-        let data = self.pci_cfg_cap? + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16;
+        let data =
+            self.pci_cfg_cap.filter(|_| self.pci_cfg_armed)? + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16;
         Some(data..data + 4)
     }
 
@@ -411,6 +416,10 @@ impl PciFunction for VirtioPci {
         }
         if touches(PCI_COMMAND, 2) {
             self.set_bus_master(config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0);
+        }
+        if let Some(cap) = self.pci_cfg_cap {
+            // A window is set up once the driver gives it a length (§4.1.4.9.1).
+            self.pci_cfg_armed = config.get_u32(cap + VIRTIO_PCI_CAP_LENGTH as u16) != 0;
         }
         if let Some(cap) = self.pci_cfg_cap
             && touches(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, 4)

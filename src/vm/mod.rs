@@ -4,13 +4,16 @@ pub mod boot;
 pub mod cpuid;
 pub mod kvm_run;
 pub mod run_control;
+pub mod shadow;
 pub mod vcpu;
 
 use std::sync::Arc;
 
-use kvm_bindings::{KVM_MEM_READONLY, kvm_userspace_memory_region};
+use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MmapRegion};
+
+use shadow::ShadowRegion;
 
 /// Errors creating or configuring a VM. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +40,12 @@ pub enum VmError {
     /// A capability the VMM needs is missing.
     #[error("this KVM lacks {0}, which exitless needs")]
     MissingCap(&'static str),
+    /// A shadow page outside its region.
+    #[error("page {0} is outside the read-only shadow")]
+    ShadowPage(u64),
+    /// More shadow holes than reserved slots.
+    #[error("a read-only shadow maps at most {0} runs of pages")]
+    ShadowSlots(usize),
     /// Guest memory allocation failed.
     #[error("cannot allocate {size} bytes of guest memory: {reason}")]
     Memory {
@@ -63,8 +72,11 @@ fn open_kvm(path: &std::ffi::CStr) -> Result<Kvm, VmError> {
     })
 }
 
-/// Memory that a memslot maps: kept alive by the [`Vm`] until the slot is deleted.
+/// Memory that a memslot maps: kept alive until the slot is deleted.
 type SlotOwner = Arc<dyn Send + Sync>;
+
+/// Slot numbers each read-only shadow reserves: it can have one hole fewer at once.
+pub const SHADOW_SLOTS: u32 = 16;
 
 /// A VM with an in-kernel irqchip and guest RAM at address 0.
 ///
@@ -76,8 +88,11 @@ pub struct Vm {
     kvm: Kvm,
     fd: Arc<VmFd>,
     memory: GuestMemoryMmap,
-    /// The slots registered, in slot order, with the owner of each extra region's memory.
-    slots: Vec<(kvm_userspace_memory_region, Option<SlotOwner>)>,
+    /// The RAM slots registered, in slot order.
+    slots: Vec<kvm_userspace_memory_region>,
+    /// Read-only shadows; each deletes its own slots when the last holder drops it.
+    shadows: Vec<Arc<ShadowRegion>>,
+    next_slot: u32,
 }
 
 impl Vm {
@@ -109,6 +124,8 @@ impl Vm {
             fd: Arc::new(fd),
             memory,
             slots: Vec::new(),
+            shadows: Vec::new(),
+            next_slot: 0,
         };
         let regions: Vec<(u64, u64, u64)> = vm
             .memory
@@ -122,48 +139,58 @@ impl Vm {
             })
             .collect();
         for (gpa, len, host) in regions {
-            vm.add_slot(gpa, len, host, 0, None)?;
+            vm.add_ram_slot(gpa, len, host)?;
         }
         Ok(vm)
     }
 
-    fn add_slot(
-        &mut self,
-        gpa: u64,
-        len: u64,
-        host: u64,
-        flags: u32,
-        owner: Option<SlotOwner>,
-    ) -> Result<(), VmError> {
+    /// Reserve `n` slot numbers. KVM rejects one past its limit (EINVAL) when it is used.
+    fn reserve_slots(&mut self, n: u32) -> std::ops::Range<u32> {
+        let start = self.next_slot;
+        self.next_slot = self.next_slot.saturating_add(n);
+        start..self.next_slot
+    }
+
+    fn add_ram_slot(&mut self, gpa: u64, len: u64, host: u64) -> Result<(), VmError> {
         let region = kvm_userspace_memory_region {
-            // KVM rejects a slot number past its limit (EINVAL), u32::MAX included.
-            slot: u32::try_from(self.slots.len()).unwrap_or(u32::MAX),
-            flags,
+            slot: self.reserve_slots(1).start,
+            flags: 0,
             guest_phys_addr: gpa,
             memory_size: len,
             userspace_addr: host,
         };
-        // SAFETY: `host..host+len` is a live mapping owned by `self.memory` or by `owner`, both
-        // kept by `self` until `Drop` deletes the slot; KVM checks overlaps.
+        // SAFETY: `host..host+len` is a live mapping owned by `self.memory`, kept by `self`
+        // until `Drop` deletes the slot; KVM checks overlaps.
         unsafe { self.fd.set_user_memory_region(region) }.map_err(kvm_err("set memory region"))?;
-        self.slots.push((region, owner));
+        self.slots.push(region);
         Ok(())
     }
 
     /// Map the region `region(&owner)` read-only at `gpa`: guest reads are plain memory
-    /// accesses, writes exit as MMIO. The VM keeps `owner`, and so the region (which `region`
-    /// borrows from it), until the slot is deleted when the VM is dropped.
+    /// accesses, writes exit as MMIO. The shadow keeps `owner`, and so the region (which
+    /// `region` borrows from it), until it has deleted its slots: when the VM and every other
+    /// holder of the returned handle (which can take pages out of the mapping) have dropped it.
     pub fn add_readonly_region<T: Send + Sync + 'static>(
         &mut self,
         gpa: u64,
         owner: Arc<T>,
         region: fn(&T) -> &MmapRegion,
-    ) -> Result<(), VmError> {
+    ) -> Result<Arc<ShadowRegion>, VmError> {
         let (len, host) = {
             let r = region(&owner);
             (r.size() as u64, r.as_ptr() as u64)
         };
-        self.add_slot(gpa, len, host, KVM_MEM_READONLY, Some(owner))
+        let slots = self.reserve_slots(SHADOW_SLOTS);
+        let shadow = Arc::new(ShadowRegion::new(
+            self.fd.clone(),
+            gpa,
+            host,
+            len,
+            slots,
+            owner,
+        )?);
+        self.shadows.push(shadow.clone());
+        Ok(shadow)
     }
 
     /// The KVM system handle.
@@ -189,7 +216,7 @@ impl Vm {
 
 impl Drop for Vm {
     fn drop(&mut self) {
-        for (region, owner) in self.slots.drain(..) {
+        for region in self.slots.drain(..) {
             let delete = kvm_userspace_memory_region {
                 memory_size: 0,
                 ..region
@@ -197,9 +224,8 @@ impl Drop for Vm {
             // SAFETY: a zero `memory_size` deletes the slot (api.rst §4.35,
             // KVM_SET_USER_MEMORY_REGION); no memory is mapped.
             if unsafe { self.fd.set_user_memory_region(delete) }.is_err() {
-                // KVM may still map the range: leaking it is the only safe outcome. Guest RAM
-                // is leaked likewise by keeping a clone of its (shared) regions alive.
-                std::mem::forget(owner);
+                // KVM may still map the range: leaking it is the only safe outcome, by keeping
+                // a clone of guest RAM's (shared) regions alive.
                 std::mem::forget(self.memory.clone());
             }
         }
@@ -209,6 +235,7 @@ impl Drop for Vm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvm_bindings::KVM_MEM_READONLY;
 
     #[test]
     fn a_missing_kvm_device_says_what_to_do() {
