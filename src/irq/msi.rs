@@ -228,6 +228,14 @@ impl MsiVectors {
         self.sync_routes(&mut st);
     }
 
+    /// Drop every pending message (the device behind the vectors was reset); the table,
+    /// masks and enable stay.
+    pub fn clear_pending(&self) {
+        for v in &mut self.state.lock().unwrap().vectors {
+            v.pending = false;
+        }
+    }
+
     /// Send vector `index`'s message, or make it pending if it cannot be sent now.
     pub fn trigger(&self, index: usize) {
         let mut st = self.state.lock().unwrap();

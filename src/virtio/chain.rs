@@ -7,7 +7,7 @@
 use std::ops::Deref;
 
 use virtio_queue::DescriptorChain;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::dma::{DmaContext, DmaError};
 
@@ -40,14 +40,10 @@ pub enum ChainError {
     /// The chain loops, links outside the table, or a descriptor cannot be read.
     #[error("descriptor chain from {0} loops, links outside the table or cannot be read")]
     Unterminated(u16),
-    /// A buffer lies (partly) outside guest memory.
-    #[error("descriptor buffer {addr:#x}+{len:#x} is outside guest memory")]
-    OutsideMemory {
-        /// Buffer address.
-        addr: u64,
-        /// Buffer length.
-        len: u32,
-    },
+    /// A buffer the device may not reach through its DMA context: outside guest memory, or
+    /// bus mastering is off.
+    #[error("descriptor buffer: {0}")]
+    Dma(#[from] DmaError),
     /// The buffers add up to more than 4 GiB (virtio 1.2 §2.7.5.2).
     #[error("descriptor chain from {0} is longer than 4 GiB")]
     TooLong(u16),
@@ -56,8 +52,9 @@ pub enum ChainError {
     ReadableAfterWritable(u16),
 }
 
-/// Walk `chain` (of queue memory `mem`), checking every descriptor.
-pub fn check<M>(chain: DescriptorChain<M>, mem: &GuestMemoryMmap) -> Result<Chain, ChainError>
+/// Walk `chain`, checking every descriptor, and every buffer against what the device may
+/// reach through `dma`.
+pub fn check<M>(chain: DescriptorChain<M>, dma: &DmaContext) -> Result<Chain, ChainError>
 where
     M: Deref<Target = GuestMemoryMmap>,
 {
@@ -70,9 +67,7 @@ where
     let mut last_has_next = None;
     for desc in chain {
         let (addr, len) = (desc.addr(), desc.len());
-        if !mem.check_range(addr, len as usize) && len != 0 {
-            return Err(ChainError::OutsideMemory { addr: addr.0, len });
-        }
+        dma.check(addr, len as usize)?;
         total = total.checked_add(len).ok_or(ChainError::TooLong(head))?;
         let buffer = Buffer { addr, len };
         if desc.is_write_only() {
@@ -159,7 +154,7 @@ mod tests {
         let chain = q
             .pop_descriptor_chain(&mem)
             .expect("one chain is available");
-        check(chain, &mem)
+        check(chain, &DmaContext::platform(mem.clone()))
     }
 
     #[test]
@@ -199,7 +194,8 @@ mod tests {
         vq.avail().idx().store(1);
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.pop_descriptor_chain(&mem).unwrap();
-        assert_eq!(check(chain, &mem), Err(ChainError::BadHead(500)));
+        let dma = DmaContext::platform(mem.clone());
+        assert_eq!(check(chain, &dma), Err(ChainError::BadHead(500)));
     }
 
     #[test]
@@ -212,7 +208,7 @@ mod tests {
             assert!(
                 matches!(
                     first_chain(&[desc(addr, len, 0, 0)]),
-                    Err(ChainError::OutsideMemory { .. })
+                    Err(ChainError::Dma(DmaError::OutsideMemory { .. }))
                 ),
                 "{addr:#x}+{len:#x}"
             );

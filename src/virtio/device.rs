@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use super::chain::ChainError;
+use super::Ring;
+use super::chain::{self, Chain, ChainError};
 use super::regs::*;
 use crate::dma::{DmaContext, DmaError};
 use crate::guest_error;
@@ -40,6 +41,18 @@ pub enum DeviceError {
     /// A buffer the device may not access now.
     #[error(transparent)]
     Dma(#[from] DmaError),
+}
+
+impl DeviceError {
+    /// The device may not master the bus now: not an error but a pause, until Bus Master
+    /// Enable is set again (PCI 3.0 §6.2.2).
+    pub fn is_pause(&self) -> bool {
+        matches!(
+            self,
+            DeviceError::Dma(DmaError::NotMaster(_))
+                | DeviceError::Chain(ChainError::Dma(DmaError::NotMaster(_)))
+        )
+    }
 }
 
 /// A device type as the transport sees it: identity, features, queues, configuration space.
@@ -74,9 +87,9 @@ impl Progress {
     }
 }
 
-/// The queue work of a device type, run on the device thread. Every loop over guest data is
-/// bounded by [`budget`]: a driver that keeps adding buffers cannot keep the thread from its
-/// other events (reset, stop).
+/// The queue work of a device type, run on the device thread. Its loops over a ring go through
+/// [`serve_chains`], which bounds them: a driver that keeps adding buffers cannot keep the
+/// thread from its other events (reset, stop).
 pub trait QueueHandler: Send {
     /// The driver made buffers available on queue `index` (or the device may make progress on
     /// it). Guest errors that do not break the device (a frame dropped) are counted on `log`.
@@ -91,19 +104,82 @@ pub trait QueueHandler: Send {
     fn reset(&mut self);
 }
 
-/// Most chains a handler takes from one queue in one call: a full ring.
-pub fn budget(q: &Queue) -> usize {
-    usize::from(q.size())
+/// What a handler does with the chains [`serve_chains`] takes for it.
+pub trait ChainServer {
+    /// Whether there is anything to do with a chain now (a receive path needs a frame to
+    /// deliver), asked before each chain is taken: the ring is left alone, and its
+    /// notifications as they are, when there is not.
+    fn wants_chain(&mut self) -> bool {
+        true
+    }
+    /// Serve one checked chain; returns the bytes written into it, for the used ring.
+    fn serve(&mut self, chain: &Chain) -> Result<u32, DeviceError>;
 }
 
-/// Pop the next available chain of `q`, turning every ring error (an available index more than
-/// a ring ahead, a ring outside memory) into a device error instead of virtio-queue's quiet
-/// `None`.
-pub fn next_chain<'m>(
+impl<F: FnMut(&Chain) -> Result<u32, DeviceError>> ChainServer for F {
+    fn serve(&mut self, chain: &Chain) -> Result<u32, DeviceError> {
+        self(chain)
+    }
+}
+
+/// What [`serve_chains`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ChainsServed {
+    /// Chains were put in the used ring.
+    pub used: bool,
+    /// The budget ran out with chains left: come back for them.
+    pub more: bool,
+}
+
+/// Take the available chains of `q`, check each through `dma` and give it to `server`: the one
+/// loop over a ring that every handler uses. It is bounded: a ring's worth of attempts per
+/// call, re-reads of the ring included, so a driver that keeps adding buffers (or toggles the
+/// available index) cannot hold the device thread; `more` then asks to be called again. Ring
+/// errors (an available index more than a ring ahead, virtio 1.2 §2.7.6) are device errors.
+/// Notifications stay off while chains are being taken and are re-enabled when the ring runs
+/// dry, looking once more for buffers added meanwhile (§2.7.10). If Bus Master Enable closes
+/// in the middle of a chain, the chain goes back to the ring and the loop stops: a pause, not
+/// an error; the transport looks at the queues again when it opens. The used-ring write that
+/// completes a chain already served is not gated again.
+pub fn serve_chains(
     q: &mut Queue,
-    mem: &'m GuestMemoryMmap,
-) -> Result<Option<virtio_queue::DescriptorChain<&'m GuestMemoryMmap>>, DeviceError> {
-    Ok(q.iter(mem)?.next())
+    dma: &DmaContext,
+    mut server: impl ChainServer,
+) -> Result<ChainsServed, DeviceError> {
+    let Ok(mem) = dma.memory() else {
+        return Ok(ChainsServed::default());
+    };
+    let mut done = ChainsServed::default();
+    q.disable_notification(mem)?;
+    for _ in 0..usize::from(q.size()) {
+        if !server.wants_chain() {
+            return Ok(done);
+        }
+        let Some(desc) = q.iter(mem)?.next() else {
+            if q.enable_notification(mem)? {
+                // Buffers arrived meanwhile: take them, notifications off again.
+                q.disable_notification(mem)?;
+                continue;
+            }
+            return Ok(done);
+        };
+        let served = chain::check(desc, dma)
+            .map_err(DeviceError::from)
+            .and_then(|c| Ok((c.head, server.serve(&c)?)));
+        match served {
+            Ok((head, len)) => {
+                q.add_used(mem, head, len)?;
+                done.used = true;
+            }
+            Err(e) if e.is_pause() => {
+                q.go_to_previous_position();
+                return Ok(done);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    done.more = true;
+    Ok(done)
 }
 
 /// The one state both the register side and the device thread write: DEVICE_NEEDS_RESET and
@@ -305,11 +381,6 @@ impl VirtioState {
         self.health.config_generation()
     }
 
-    /// Whether the device is live: DRIVER_OK and no error.
-    pub fn is_live(&self) -> bool {
-        self.status & VIRTIO_STATUS_DRIVER_OK != 0 && !self.health.needs_reset()
-    }
-
     /// The driver writes the status register (virtio 1.2 §3.1.1). On a reset the transport
     /// must first have stopped the device thread's work (see the module comment).
     pub fn write_status(&mut self, value: u32) -> StatusChange {
@@ -372,10 +443,9 @@ impl VirtioState {
             .collect()
     }
 
-    /// Mark the device broken (DEVICE_NEEDS_RESET, virtio 1.2 §2.1.2). Returns whether the
-    /// transport must send a configuration notification (newly broken while live).
-    pub fn needs_reset(&mut self, why: &dyn std::fmt::Display) -> bool {
-        self.health.fail(why) && self.status & VIRTIO_STATUS_DRIVER_OK != 0
+    /// Mark the device broken (DEVICE_NEEDS_RESET, virtio 1.2 §2.1.2).
+    pub fn fail(&self, why: &dyn std::fmt::Display) {
+        self.health.fail(why);
     }
 
     fn reset(&mut self) {
@@ -423,45 +493,68 @@ impl VirtioState {
     }
 
     /// The driver writes the selected queue's size; a size that is not a power of two, is 0 or
-    /// exceeds the maximum breaks the device (§2.7: sizes are powers of two).
-    pub fn set_queue_size(&mut self, size: u32) -> bool {
-        let mut bad = None;
+    /// exceeds the maximum breaks the device (§2.7: sizes are powers of two). Queues can only
+    /// change before DRIVER_OK, so no configuration notification is ever due.
+    pub fn set_queue_size(&mut self, size: u32) {
+        let mut bad = false;
         self.configure_queue("size", |q| {
-            match u16::try_from(size)
+            bad = u16::try_from(size)
                 .map_err(|_| virtio_queue::Error::InvalidSize)
                 .and_then(|s| q.try_set_size(s))
-            {
-                Ok(()) => {}
-                Err(_) => bad = Some(size),
-            }
+                .is_err();
         });
-        match bad {
-            Some(size) => self.needs_reset(&format_args!(
+        if bad {
+            self.fail(&format_args!(
                 "queue size {size} is not a power of two ≤ the maximum"
-            )),
-            None => false,
+            ));
+        }
+    }
+
+    /// Set the low or high dword of the selected queue's `ring` address. A misaligned address
+    /// (virtio 1.2 §2.7: 16, 2 and 4 bytes) is refused and leaves the old one.
+    pub fn set_queue_address(&mut self, ring: Ring, high: bool, value: u32) {
+        let merge = |old: u64| {
+            if high {
+                old & 0xffff_ffff | u64::from(value) << 32
+            } else {
+                old & !0xffff_ffff | u64::from(value)
+            }
+        };
+        let mut refused = None;
+        self.configure_queue("ring address", |q| {
+            let result = match ring {
+                Ring::Descriptors => {
+                    q.try_set_desc_table_address(GuestAddress(merge(q.desc_table())))
+                }
+                Ring::Driver => q.try_set_avail_ring_address(GuestAddress(merge(q.avail_ring()))),
+                Ring::Device => q.try_set_used_ring_address(GuestAddress(merge(q.used_ring()))),
+            };
+            refused = result.err();
+        });
+        if let Some(e) = refused {
+            guest_error!(self.health.log, "{ring:?} ring address: {e}; ignored");
         }
     }
 
     /// The driver enables the selected queue. A queue whose rings do not fit in guest memory
-    /// breaks the device. Returns whether a configuration notification is due.
-    pub fn set_queue_ready(&mut self) -> bool {
+    /// breaks the device, and so does an available ring at guest-physical 0, which
+    /// virtio-queue takes for "not set up" (its iterator then refuses the queue).
+    pub fn set_queue_ready(&mut self) {
         let mem = self.mem.clone();
         let mut invalid = false;
         let ok = self.configure_queue("enable", |q| {
             q.set_ready(true);
-            if !q.is_valid(&mem) {
+            if !q.is_valid(&mem) || q.avail_ring() == 0 {
                 q.set_ready(false);
                 invalid = true;
             }
         });
         if ok && invalid {
             let index = self.queue_select;
-            return self.needs_reset(&format_args!(
-                "queue {index}'s rings are misaligned or outside guest memory"
+            self.fail(&format_args!(
+                "queue {index}'s rings are misaligned, outside guest memory or at address 0"
             ));
         }
-        false
     }
 
     /// The driver stops the selected queue (virtio-mmio QueueReady = 0, virtio 1.2 §4.2.2):
@@ -535,11 +628,6 @@ impl QueueEngine {
     /// The device's log.
     pub fn log(&self) -> &Arc<DeviceLog> {
         self.health.log()
-    }
-
-    /// Whether the engine has live queues.
-    pub fn is_live(&self) -> bool {
-        self.live.is_some()
     }
 
     /// Let the handler work on queue `index`; returns the notifications due. A device that
@@ -684,9 +772,35 @@ mod tests {
     #[test]
     fn rings_outside_guest_memory_break_the_device() {
         let mut st = device();
-        crate::virtio::set_queue_address(&mut st, crate::virtio::Ring::Device, false, 0xffff_f000);
+        st.set_queue_address(Ring::Device, false, 0xffff_f000);
         st.set_queue_ready();
         assert_ne!(st.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET, 0);
         assert_eq!(st.selected_queue().map(|q| q.ready()), Some(false));
+    }
+
+    /// virtio-queue takes an available ring at 0 for "not set up" and would refuse the queue
+    /// at its first use; the device says so when the driver enables it.
+    #[test]
+    fn an_available_ring_at_address_zero_is_refused_when_enabled() {
+        let mut st = device();
+        st.set_queue_size(16);
+        st.set_queue_address(Ring::Descriptors, false, 0x1000);
+        st.set_queue_address(Ring::Device, false, 0x3000);
+        st.set_queue_ready();
+        assert_ne!(st.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET, 0);
+        assert_eq!(st.selected_queue().map(|q| q.ready()), Some(false));
+    }
+
+    #[test]
+    fn misaligned_ring_addresses_are_refused() {
+        let mut st = device();
+        st.set_queue_address(Ring::Descriptors, false, 0x1008);
+        assert_eq!(st.selected_queue().map(|q| q.desc_table()), Some(0));
+        st.set_queue_address(Ring::Descriptors, false, 0x1010);
+        st.set_queue_address(Ring::Descriptors, true, 0x1);
+        assert_eq!(
+            st.selected_queue().map(|q| q.desc_table()),
+            Some(0x1_0000_1010)
+        );
     }
 }

@@ -12,14 +12,12 @@ use std::sync::{Arc, Mutex};
 use virtio_queue::QueueT;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::device::{Notification, StatusChange, VirtioState};
+use super::device::{StatusChange, VirtioState};
 use super::interrupt::{Interrupts, LegacyLine};
 use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
 use super::worker::{Worker, WorkerHandle};
-use super::{
-    DeviceParts, Ring, TransportEnv, VirtioError, set_queue_address, spawn_worker, write_status,
-};
+use super::{DeviceParts, Ring, TransportEnv, VirtioError, spawn_worker, write_status};
 use crate::bus::BusDevice;
 use crate::dma::DmaContext;
 use crate::guest_error;
@@ -206,19 +204,22 @@ impl MmioTransport {
             );
             return;
         }
-        let mut config_changed = false;
         match reg {
             VIRTIO_MMIO_DEVICE_FEATURES_SEL => st.device_features_select = value,
             VIRTIO_MMIO_DRIVER_FEATURES => st.write_driver_features(value),
             VIRTIO_MMIO_DRIVER_FEATURES_SEL => st.driver_features_select = value,
             VIRTIO_MMIO_QUEUE_SEL => st.queue_select = value,
-            VIRTIO_MMIO_QUEUE_NUM => config_changed = st.set_queue_size(value),
-            VIRTIO_MMIO_QUEUE_READY if value != 0 => config_changed = st.set_queue_ready(),
+            VIRTIO_MMIO_QUEUE_NUM => st.set_queue_size(value),
+            VIRTIO_MMIO_QUEUE_READY if value != 0 => st.set_queue_ready(),
             VIRTIO_MMIO_QUEUE_READY => {
                 // §4.2.2: writing 0 stops the queue; the driver reads 0 back once the device
                 // has stopped using it.
-                if let Some(index) = st.stop_queue() {
-                    self.worker.stop_queue(index);
+                if let Some(index) = st.stop_queue()
+                    && !self.worker.stop_queue(index)
+                {
+                    st.fail(&format_args!(
+                        "the device thread did not stop queue {index}"
+                    ));
                 }
             }
             VIRTIO_MMIO_QUEUE_NOTIFY => self.events.notify(value as usize),
@@ -237,7 +238,7 @@ impl MmioTransport {
                 // Low/high dword pairs, one ring per 16 bytes: descriptors, driver, device.
                 let rel = reg - VIRTIO_MMIO_QUEUE_DESC_LOW;
                 let ring = [Ring::Descriptors, Ring::Driver, Ring::Device][(rel / 0x10) as usize];
-                set_queue_address(&mut st, ring, rel % 0x10 == 4, value);
+                st.set_queue_address(ring, rel % 0x10 == 4, value);
             }
             VIRTIO_MMIO_MSI_SEL => self.staging.lock().unwrap().select = value,
             VIRTIO_MMIO_MSI_ADDRESS_LOW => self.staging.lock().unwrap().address_low = value,
@@ -264,10 +265,6 @@ impl MmioTransport {
                 self.log,
                 "write of {value:#x} to register {reg:#x}, which is read-only or reserved; ignored"
             ),
-        }
-        drop(st);
-        if config_changed {
-            self.interrupts.notify(Notification::Config);
         }
     }
 
@@ -397,6 +394,7 @@ impl BusDevice for MmioTransport {
 mod tests {
     use super::*;
     use crate::fakes::FakeRoutes;
+    use crate::virtio::device::Notification;
 
     fn transport(notify: NotifyPath) -> (MmioTransport, Worker, Arc<FakeRoutes>) {
         let p = crate::virtio::test_parts();

@@ -20,8 +20,6 @@ pub mod regs {
 
 use std::sync::Arc;
 
-use virtio_queue::QueueT;
-
 use vm_memory::GuestMemoryMmap;
 
 use crate::dma::DmaContext;
@@ -107,8 +105,11 @@ fn write_status(
     dma: &DmaContext,
     value: u32,
 ) -> StatusChange {
-    if value == 0 {
-        worker.reset();
+    if value == 0 && !worker.reset() {
+        // The device thread may still be using the rings: the reset has not happened, and the
+        // status says so (the driver reads it non-zero and may try again).
+        st.fail(&"the device thread did not stop for a reset");
+        return StatusChange::None;
     }
     let change = st.write_status(value);
     if change == StatusChange::Activate {
@@ -126,20 +127,6 @@ pub enum Ring {
     Driver,
     /// The used ring ("device area").
     Device,
-}
-
-/// Set the low or high dword of the selected queue's `ring` address.
-pub fn set_queue_address(st: &mut VirtioState, ring: Ring, high: bool, value: u32) {
-    let (low, high) = if high {
-        (None, Some(value))
-    } else {
-        (Some(value), None)
-    };
-    st.configure_queue("ring address", |q| match ring {
-        Ring::Descriptors => q.set_desc_table_address(low, high),
-        Ring::Driver => q.set_avail_ring_address(low, high),
-        Ring::Device => q.set_used_ring_address(low, high),
-    });
 }
 
 /// What the transport tests share: in-memory KVM stand-ins (no /dev/kvm needed), the

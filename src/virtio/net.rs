@@ -6,8 +6,10 @@ use std::collections::VecDeque;
 use virtio_queue::{Queue, QueueT};
 
 use super::DeviceParts;
-use super::chain;
-use super::device::{DeviceError, Progress, QueueHandler, VirtioDevice, budget, next_chain};
+use super::chain::Chain;
+use super::device::{
+    ChainServer, ChainsServed, DeviceError, Progress, QueueHandler, VirtioDevice, serve_chains,
+};
 use super::regs::{VIRTIO_ID_NET, VIRTIO_NET_HDR_SIZE};
 use crate::dma::DmaContext;
 use crate::guest_error;
@@ -27,8 +29,9 @@ const HDR: usize = VIRTIO_NET_HDR_SIZE as usize;
 /// Where frames go and come from. A tap device is one backend; the benchmark's request/response
 /// responder is another.
 pub trait NetBackend: Send {
-    /// The driver sent `frame` (without the virtio-net header).
-    fn transmit(&mut self, frame: &[u8]);
+    /// The driver sent `frame` (without the virtio-net header); returns false if the
+    /// backend had no room and dropped it.
+    fn transmit(&mut self, frame: &[u8]) -> bool;
     /// The next frame for the driver, if any.
     fn receive(&mut self) -> Option<Vec<u8>>;
     /// Drop anything queued (the device was reset).
@@ -62,18 +65,16 @@ impl RequestResponse {
 }
 
 impl NetBackend for RequestResponse {
-    fn transmit(&mut self, frame: &[u8]) {
+    fn transmit(&mut self, frame: &[u8]) -> bool {
         if frame.is_empty() {
-            return;
+            return true; // nothing to answer
         }
         if self.queued.len() >= MAX_QUEUED {
-            warn_ratelimited!(
-                "virtio-net responder: {MAX_QUEUED} responses undelivered; request dropped"
-            );
-            return;
+            return false;
         }
         self.queued
             .push_back(Self::response_to(frame, self.response_size));
+        true
     }
 
     fn receive(&mut self) -> Option<Vec<u8>> {
@@ -150,117 +151,56 @@ impl NetQueues {
         (self.pairs.len() > 1).then(|| 2 * self.pairs.len())
     }
 
-    /// Send what the driver put on transmit queue `index` (`q`) to the backend.
+    /// Send what the driver put on the transmit queue `q` to the backend.
     fn transmit(
         pair: &mut QueuePair,
-        index: usize,
         q: &mut Queue,
         dma: &DmaContext,
         log: &DeviceLog,
-    ) -> Result<Progress, DeviceError> {
-        let mem = dma.memory()?;
-        let mut progress = Progress::default();
-        let mut budget = budget(q);
-        loop {
-            q.disable_notification(mem)?;
-            while budget > 0 {
-                let Some(desc) = next_chain(q, mem)? else {
-                    break;
-                };
-                budget -= 1;
-                let c = chain::check(desc, mem)?;
-                let len = c.readable_len();
-                if len < HDR as u64 || len > (HDR + MAX_FRAME) as u64 {
-                    guest_error!(
-                        log,
-                        "virtio-net: transmitted frame of {len} bytes (with header) dropped"
-                    );
-                } else {
-                    let data = c.read_all(dma)?;
-                    pair.backend.transmit(&data[HDR..]);
+    ) -> Result<ChainsServed, DeviceError> {
+        serve_chains(q, dma, |c: &Chain| {
+            let len = c.readable_len();
+            if len < HDR as u64 || len > (HDR + MAX_FRAME) as u64 {
+                guest_error!(
+                    log,
+                    "virtio-net: transmitted frame of {len} bytes (with header) dropped"
+                );
+            } else {
+                let data = c.read_all(dma)?;
+                if !pair.backend.transmit(&data[HDR..]) {
+                    log.warn(format_args!(
+                        "virtio-net: the backend is full (receive buffers not refilled); frame dropped"
+                    ));
                 }
-                q.add_used(mem, c.head, 0)?;
-                progress.mark(index, true);
             }
-            if budget == 0 {
-                // Leave notifications off: the device thread comes back for the rest.
-                progress.more = true;
-                return Ok(progress);
-            }
-            if !q.enable_notification(mem)? {
-                return Ok(progress);
-            }
-        }
+            Ok(0)
+        })
     }
 
-    /// Fill the driver's receive buffers with the backend's frames; returns whether any was used.
+    /// Fill the driver's receive buffers (`q`) with the backend's frames. Receive buffers are
+    /// refilled by the driver as it consumes them: no kicks are needed while there are
+    /// buffers, so notifications stay off until the ring runs dry with a frame waiting.
     fn receive(
         pair: &mut QueuePair,
         q: &mut Queue,
         dma: &DmaContext,
         log: &DeviceLog,
-    ) -> Result<bool, DeviceError> {
-        let mem = dma.memory()?;
-        let mut used = false;
-        // Receive buffers are refilled by the driver as it consumes them: no kicks are needed
-        // while there are buffers, so notifications stay off until the queue runs dry. Frames
-        // come from the backend, whose queue is bounded, so this loop is too.
-        q.disable_notification(mem)?;
-        while let Some(frame) = pair.waiting.take().or_else(|| pair.backend.receive()) {
-            let Some(desc) = next_chain(q, mem)? else {
-                pair.waiting = Some(frame);
-                if q.enable_notification(mem)? {
-                    continue; // buffers arrived meanwhile
-                }
-                break;
-            };
-            let c = chain::check(desc, mem)?;
-            let total = HDR + frame.len();
-            if c.writable_len() < total as u64 {
-                guest_error!(
-                    log,
-                    "virtio-net: receive buffer of {} bytes too small for a {total}-byte frame; frame dropped",
-                    c.writable_len()
-                );
-                q.add_used(mem, c.head, 0)?;
-            } else {
-                let mut data = vec![0u8; total];
-                // num_buffers (le16 at offset 10) is 1: one buffer holds the frame.
-                data[10] = 1;
-                data[HDR..].copy_from_slice(&frame);
-                c.write_all(dma, &data)?;
-                q.add_used(
-                    mem,
-                    c.head,
-                    u32::try_from(total).expect("≤ MAX_FRAME + header"),
-                )?;
-            }
-            used = true;
-        }
-        Ok(used)
+    ) -> Result<ChainsServed, DeviceError> {
+        serve_chains(q, dma, Deliver { pair, dma, log })
     }
 
     /// Control commands (virtio 1.2 §5.1.6.5): class, command, data, then one writable ack
     /// byte. Only VQ_PAIRS_SET is supported; anything else is answered VIRTIO_NET_ERR.
     fn control(
         &self,
-        index: usize,
         q: &mut Queue,
         dma: &DmaContext,
         log: &DeviceLog,
-    ) -> Result<Progress, DeviceError> {
-        let mem = dma.memory()?;
-        let mut progress = Progress::default();
-        for _ in 0..budget(q) {
-            let Some(desc) = next_chain(q, mem)? else {
-                return Ok(progress);
-            };
-            progress.mark(index, true);
-            let c = chain::check(desc, mem)?;
+    ) -> Result<ChainsServed, DeviceError> {
+        serve_chains(q, dma, |c: &Chain| {
             if c.writable_len() == 0 || c.readable_len() > 64 {
                 guest_error!(log, "virtio-net: malformed control command dropped");
-                q.add_used(mem, c.head, 0)?;
-                continue;
+                return Ok(0);
             }
             let command = c.read_all(dma)?;
             let ack = match command.as_slice() {
@@ -289,10 +229,49 @@ impl NetQueues {
                 dma,
                 &[u8::try_from(ack).expect("VIRTIO_NET_OK or VIRTIO_NET_ERR")],
             )?;
-            q.add_used(mem, c.head, 1)?;
+            Ok(1)
+        })
+    }
+}
+
+/// The receive path: a chain is wanted only while a frame waits for one.
+struct Deliver<'a> {
+    pair: &'a mut QueuePair,
+    dma: &'a DmaContext,
+    log: &'a DeviceLog,
+}
+
+impl ChainServer for Deliver<'_> {
+    fn wants_chain(&mut self) -> bool {
+        if self.pair.waiting.is_none() {
+            self.pair.waiting = self.pair.backend.receive();
         }
-        progress.more = true;
-        Ok(progress)
+        self.pair.waiting.is_some()
+    }
+
+    fn serve(&mut self, c: &Chain) -> Result<u32, DeviceError> {
+        let Some(frame) = self.pair.waiting.take() else {
+            return Ok(0); // not reached: a chain is only taken for a waiting frame
+        };
+        let total = HDR + frame.len();
+        if c.writable_len() < total as u64 {
+            guest_error!(
+                self.log,
+                "virtio-net: receive buffer of {} bytes too small for a {total}-byte frame; frame dropped",
+                c.writable_len()
+            );
+            return Ok(0);
+        }
+        let mut data = vec![0u8; total];
+        // num_buffers (le16 at offset 10) is 1: one buffer holds the frame.
+        data[10] = 1;
+        data[HDR..].copy_from_slice(&frame);
+        if let Err(e) = c.write_all(self.dma, &data) {
+            // Kept for the next buffer if this was only a pause (Bus Master off).
+            self.pair.waiting = Some(frame);
+            return Err(e.into());
+        }
+        Ok(u32::try_from(total).expect("≤ MAX_FRAME + header"))
     }
 }
 
@@ -335,20 +314,26 @@ impl QueueHandler for NetQueues {
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<Progress, DeviceError> {
+        let mut progress = Progress::default();
         if Some(index) == self.control_queue() {
-            return self.control(index, &mut queues[index], dma, log);
+            let done = self.control(&mut queues[index], dma, log)?;
+            progress.mark(index, done.used);
+            progress.more = done.more;
+            return Ok(progress);
         }
         let (rx, tx) = (index & !1, index | 1);
         let Some(pair) = self.pairs.get_mut(index / 2) else {
-            return Ok(Progress::default());
+            return Ok(progress);
         };
-        let mut progress = Progress::default();
         if index == tx && tx < queues.len() {
-            progress = Self::transmit(pair, tx, &mut queues[tx], dma, log)?;
+            let done = Self::transmit(pair, &mut queues[tx], dma, log)?;
+            progress.mark(tx, done.used);
+            progress.more = done.more;
         }
         if queues[rx].ready() {
-            let used = Self::receive(pair, &mut queues[rx], dma, log)?;
-            progress.mark(rx, used);
+            let done = Self::receive(pair, &mut queues[rx], dma, log)?;
+            progress.mark(rx, done.used);
+            progress.more |= done.more;
         }
         Ok(progress)
     }
@@ -402,6 +387,14 @@ mod tests {
         let backends = (0..pairs)
             .map(|_| Box::new(RequestResponse::new(64)) as Box<dyn NetBackend>)
             .collect();
+        engine_with(backends, live, dma)
+    }
+
+    fn engine_with(
+        backends: Vec<Box<dyn NetBackend>>,
+        live: &[(usize, &MockSplitQueue<'_, GuestMemoryMmap>)],
+        dma: DmaContext,
+    ) -> (QueueEngine, Arc<DeviceHealth>) {
         let (net, handler) = VirtioNet::new([2, 0, 0, 0, 0, 1], backends);
         let mut queues: Vec<Queue> = net
             .queue_max_sizes()
@@ -624,6 +617,49 @@ mod tests {
                 ack as u8
             );
         }
+        assert!(!health.needs_reset());
+    }
+
+    /// A responder that clears Bus Master Enable as it takes a frame, as a guest clearing it
+    /// in the middle of a batch would.
+    struct ClosesTheGate(crate::dma::BusMaster, RequestResponse);
+
+    impl NetBackend for ClosesTheGate {
+        fn transmit(&mut self, frame: &[u8]) -> bool {
+            self.0.set(false);
+            self.1.transmit(frame)
+        }
+        fn receive(&mut self) -> Option<Vec<u8>> {
+            self.1.receive()
+        }
+        fn reset(&mut self) {}
+    }
+
+    /// Defect: clearing Bus Master Enable in the middle of a batch broke the device and lost
+    /// the chain it was on; it is a pause, and the chain is served when it is set again.
+    #[test]
+    fn bus_master_closing_mid_batch_pauses_instead_of_breaking_the_device() {
+        let mem = memory();
+        let tx = driver_queue(&mem, 1);
+        let dma = DmaContext::pci(mem.clone(), 0x18);
+        dma.bus_master().set(true);
+        let backend = ClosesTheGate(dma.bus_master().clone(), RequestResponse::new(8));
+        let (mut engine, health) = engine_with(vec![Box::new(backend)], &[(1, &tx)], dma.clone());
+        mem.write_slice(&[0u8; HDR + 4], GuestAddress(BUFFERS))
+            .unwrap();
+        let frame = |at: u64| desc(at, (HDR + 4) as u32, 0);
+        tx.add_desc_chains(&[frame(BUFFERS)], 0).unwrap();
+        tx.add_desc_chains(&[frame(BUFFERS)], 1).unwrap();
+        engine.process(1);
+        assert!(!health.needs_reset(), "a pause, not an error");
+        assert_eq!(
+            tx.used().idx().load(),
+            1,
+            "the second chain went back to the ring"
+        );
+        dma.bus_master().set(true);
+        engine.process(1);
+        assert_eq!(tx.used().idx().load(), 2, "served once mastering is back");
         assert!(!health.needs_reset());
     }
 }

@@ -100,7 +100,7 @@ impl Worker {
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(e) => {
-                        eprintln!("exitless: device thread stopped: epoll: {e}");
+                        log::error!("device thread stopped: epoll: {e}");
                         return;
                     }
                 };
@@ -123,7 +123,7 @@ impl Worker {
                         interrupts.resample();
                     } else if token == command_token {
                         let _ = wake_clone.read();
-                        run_commands(&inbox, &mut engine, &queue_events);
+                        run_commands(&inbox, &mut engine, &interrupts, &queue_events);
                     } else if let Some((q, e)) = usize::try_from(token)
                         .ok()
                         .and_then(|q| Some((q, queue_events.get(q)?)))
@@ -168,29 +168,45 @@ impl WorkerHandle {
     }
 
     /// Send the command `make` builds around an acknowledgement channel and wait for the
-    /// acknowledgement.
-    fn call(&self, make: impl FnOnce(SyncSender<()>) -> Command) {
+    /// acknowledgement. Returns false if it did not come in time (the thread is still busy,
+    /// so it may still use what the command was to take away); a thread that has ended holds
+    /// nothing and counts as done.
+    fn call(&self, make: impl FnOnce(SyncSender<()>) -> Command) -> bool {
         let (ack, acked) = mpsc::sync_channel(1);
         self.send(make(ack));
-        if let Err(mpsc::RecvTimeoutError::Timeout) = acked.recv_timeout(ACK_TIMEOUT) {
+        let timed_out = matches!(
+            acked.recv_timeout(ACK_TIMEOUT),
+            Err(mpsc::RecvTimeoutError::Timeout)
+        );
+        if timed_out {
             self.log.warn(format_args!(
                 "the device thread did not acknowledge within {ACK_TIMEOUT:?}"
             ));
         }
+        !timed_out
     }
 
-    /// Reset the device thread's side; returns once it no longer uses the queues.
-    pub fn reset(&self) {
-        self.call(Command::Reset);
+    /// Reset the device thread's side; returns once it no longer uses the queues (true), or
+    /// false if it did not say so in time.
+    #[must_use]
+    pub fn reset(&self) -> bool {
+        self.call(Command::Reset)
     }
 
-    /// Stop queue `index`; returns once the device thread no longer uses it.
-    pub fn stop_queue(&self, index: usize) {
-        self.call(|ack| Command::StopQueue(index, ack));
+    /// Stop queue `index`; returns once the device thread no longer uses it (true), or false
+    /// if it did not say so in time.
+    #[must_use]
+    pub fn stop_queue(&self, index: usize) -> bool {
+        self.call(|ack| Command::StopQueue(index, ack))
     }
 }
 
-fn run_commands(inbox: &Receiver<Command>, engine: &mut QueueEngine, queue_events: &[EventFd]) {
+fn run_commands(
+    inbox: &Receiver<Command>,
+    engine: &mut QueueEngine,
+    interrupts: &Interrupts,
+    queue_events: &[EventFd],
+) {
     while let Ok(command) = inbox.try_recv() {
         match command {
             Command::Activate(queues, dma) => {
@@ -200,6 +216,9 @@ fn run_commands(inbox: &Receiver<Command>, engine: &mut QueueEngine, queue_event
             }
             Command::Reset(ack) => {
                 engine.reset();
+                // Cleared here, before the acknowledgement: a line resample handled after it
+                // must not see the old status and assert the line again.
+                interrupts.reset();
                 let _ = ack.send(());
             }
             Command::StopQueue(index, ack) => {
