@@ -31,6 +31,10 @@ pub trait PciFunction: Send {
     /// A guest read of `len` bytes at `offset` touches the read-hooked bytes: put their value
     /// in `config` now; the read returns what is there afterwards.
     fn config_read(&mut self, _config: &ConfigSpace, _offset: u16, _len: usize) {}
+    /// BAR slot `bar` now decodes at `at` on the bus, or no longer decodes (`None`: decoding
+    /// off, or the range was refused for a conflict): what the guest's accesses really reach,
+    /// for anything the function registers by address (ioeventfds).
+    fn bar_decoded(&mut self, _config: &ConfigSpace, _bar: usize, _at: Option<u64>) {}
     /// A guest read `data.len()` bytes at `offset` of BAR slot `bar`.
     fn bar_read(&mut self, _config: &ConfigSpace, _bar: usize, _offset: u64, data: &mut [u8]) {
         data.fill(0xff);

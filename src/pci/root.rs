@@ -403,7 +403,7 @@ impl PciRoot {
             address,
             config,
             bars,
-            ..
+            function,
         } = st;
         let command = config.get_u16(PCI_COMMAND);
         for placed in bars.iter_mut() {
@@ -436,6 +436,10 @@ impl PciRoot {
                     "PCI {address}: BAR {} not decoded until moved somewhere free: {e}",
                     placed.slot
                 ),
+            }
+            let now = want.filter(|_| placed.decoded);
+            if now != old {
+                function.bar_decoded(config, placed.slot, now);
             }
         }
     }

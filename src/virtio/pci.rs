@@ -12,8 +12,9 @@
 //! so its reads stay exit-free.
 //!
 //! Every queue has its own notify address (`notify_off_multiplier` = 4), so a doorbell can be an
-//! address-only ioeventfd. The ioeventfds follow BAR 0: they are registered where the BAR
-//! decodes and removed while memory decoding is off.
+//! address-only ioeventfd. The ioeventfds follow BAR 0 as the root places it on the bus: they
+//! are registered where it decodes and removed while it does not (decoding off, or a BAR moved
+//! onto another range, which the root refuses).
 
 // Common-configuration fields are 8, 16 or 32 bits wide: a value is cut to its field's width,
 // as the hardware register would cut it.
@@ -205,10 +206,9 @@ impl VirtioPci {
         self.msix.vectors()
     }
 
-    /// Register the doorbell ioeventfds where BAR 0 decodes now (none while decoding is off).
-    fn place_doorbells(&mut self, config: &ConfigSpace) {
-        let decoding = config.get_u16(PCI_COMMAND) & PCI_COMMAND_MEMORY != 0;
-        let at = decoding.then(|| config.bar_address(0, &BAR0));
+    /// Register the doorbell ioeventfds where BAR 0 decodes now, `at` (none while it does not
+    /// decode: they would catch writes meant for whatever is there instead).
+    fn place_doorbells(&mut self, at: Option<u64>) {
         if at == self.doorbells_at || self.notify == NotifyPath::Exit {
             return;
         }
@@ -384,7 +384,12 @@ impl PciFunction for VirtioPci {
             let cfg_type = u32::from(config.get_u8(at + VIRTIO_PCI_CAP_CFG_TYPE as u16));
             (id == PCI_CAP_ID_VNDR && cfg_type == VIRTIO_PCI_CAP_PCI_CFG).then_some(at)
         });
-        self.place_doorbells(config);
+    }
+
+    fn bar_decoded(&mut self, _config: &ConfigSpace, bar: usize, at: Option<u64>) {
+        if bar == 0 {
+            self.place_doorbells(at);
+        }
     }
 
     fn read_hooked(&self) -> Option<std::ops::Range<u16>> {
@@ -407,9 +412,6 @@ impl PciFunction for VirtioPci {
 
     fn config_written(&mut self, config: &ConfigSpace, offset: u16, len: usize) {
         let touches = |start: u16, size: u16| offset < start + size && start < offset + len as u16;
-        if touches(PCI_COMMAND, 2) || touches(PCI_BAR0, 8) {
-            self.place_doorbells(config);
-        }
         if touches(PCI_COMMAND, 2) {
             self.set_bus_master(config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0);
         }
@@ -755,40 +757,58 @@ mod tests {
     }
 
     #[test]
-    fn doorbell_ioeventfds_follow_bar0() {
-        let (mut f, _w, _vm) = function(NotifyPath::Address);
-        let c = config();
-        let addresses = |f: &VirtioPci| {
-            f.events
+    fn doorbell_ioeventfds_follow_bar0_where_it_really_decodes() {
+        use crate::bus::{BusDevice, IoBuses};
+        struct Elsewhere;
+        impl BusDevice for Elsewhere {
+            fn read(&self, _offset: u64, data: &mut [u8]) {
+                data.fill(0);
+            }
+            fn write(&self, _offset: u64, _data: &[u8]) {}
+        }
+        let (f, _w, ioevents) = function(NotifyPath::Address);
+        let mut io = IoBuses::default();
+        let buses = BarBuses {
+            mmio: io.mmio.downgrade(),
+            pio: io.pio.downgrade(),
+            id: io.id_for("pci-bars"),
+            name: "pci-bars".into(),
+        };
+        io.add_mmio("elsewhere", 0xc100_0000, 0x1000, Arc::new(Elsewhere))
+            .unwrap();
+        let windows = BarWindows {
+            mmio: (0xc000_0000, 0xe000_0000),
+            io: (0xc000, 0x1_0000),
+        };
+        let root = PciRoot::new(windows, buses).unwrap();
+        let at = PciAddress::new(0, 3, 0).unwrap();
+        let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
+        root.add(at, &layout, Box::new(f)).unwrap();
+        let addresses = || {
+            ioevents
                 .registered()
                 .iter()
                 .map(|d| d.address)
                 .collect::<Vec<_>>()
         };
-        assert!(
-            addresses(&f).is_empty(),
-            "nothing before the function is placed"
-        );
-        c.set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY);
-        f.attached(&c);
         let notify = u64::from(VIRTIO_PCI_BAR_NOTIFY);
         assert_eq!(
-            addresses(&f),
+            addresses(),
             vec![0xc000_0000 + notify, 0xc000_0004 + notify]
         );
-        assert!(f.events.registered().iter().all(|d| d.datamatch.is_none()));
-        // Decoding off: no doorbell; BAR moved and decoding on: doorbells at the new place.
-        c.write(PCI_COMMAND, &0u16.to_le_bytes());
-        f.config_written(&c, PCI_COMMAND, 2);
-        assert!(addresses(&f).is_empty());
-        c.write(PCI_BAR0, &0xc100_0000u32.to_le_bytes());
-        f.config_written(&c, PCI_BAR0, 4);
-        assert!(addresses(&f).is_empty(), "still not decoding");
-        c.write(PCI_COMMAND, &PCI_COMMAND_MEMORY.to_le_bytes());
-        f.config_written(&c, PCI_COMMAND, 2);
+        assert!(ioevents.registered().iter().all(|d| d.datamatch.is_none()));
+        // Decoding off: no doorbell.
+        root.config_write(at, PCI_COMMAND, &0u16.to_le_bytes());
+        assert!(addresses().is_empty());
+        // Defect: moved onto another device's range, the BAR does not decode (the root
+        // refuses it), so doorbells there would catch that device's writes.
+        root.config_write(at, PCI_BAR0, &0xc100_0000u32.to_le_bytes());
+        root.config_write(at, PCI_COMMAND, &PCI_COMMAND_MEMORY.to_le_bytes());
+        assert!(addresses().is_empty(), "not where the BAR does not decode");
+        root.config_write(at, PCI_BAR0, &0xc200_0000u32.to_le_bytes());
         assert_eq!(
-            addresses(&f),
-            vec![0xc100_0000 + notify, 0xc100_0004 + notify]
+            addresses(),
+            vec![0xc200_0000 + notify, 0xc200_0004 + notify]
         );
     }
 
