@@ -2,6 +2,15 @@
 //! `RUST_LOG` says otherwise, so the rust-vmm crates' own `log` records are seen too), and a
 //! per-device handle for what a guest can repeat as fast as it likes.
 //!
+//! # Logging never waits on stderr
+//!
+//! vCPUs and device threads log while holding device locks, so a stderr that stops draining
+//! (a full pipe, a suspended terminal) must not stall them. The binary's logger hands each
+//! record to a bounded [`LogQueue`]; one "log writer" thread writes the queue to stderr. When
+//! the queue is full the record is dropped and counted, and the writer reports how many were
+//! dropped once it catches up. [`flush`] waits, for a bounded time, until the queue is written:
+//! `main` calls it before exiting.
+//!
 //! # How a device gets its handle
 //!
 //! A device model creates its [`DeviceLog`] when it is built, named as on the bus
@@ -12,9 +21,12 @@
 //! so the device's guest-error count appears in every exit snapshot beside its exits. Tests need
 //! no logger: without one the `log` macros do nothing, and the counts are kept all the same.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread;
 use std::time::{Duration, Instant};
 
 /// The `log` target of guest-error records (`RUST_LOG=exitless::guest=off` silences them).
@@ -129,23 +141,202 @@ macro_rules! guest_error {
     };
 }
 
+/// Records the queue holds before it drops new ones: enough for a burst of every device's
+/// rate-limited warnings, small enough that a stalled stderr costs little memory.
+pub const QUEUE_RECORDS: usize = 1024;
+/// How long [`flush`] waits for the writer at most.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+struct QueueState {
+    records: VecDeque<Vec<u8>>,
+    /// Records dropped because the queue was full, not yet reported.
+    dropped: u64,
+    /// The writer holds records it took and has not finished writing.
+    writing: bool,
+}
+
+/// A bounded queue of formatted log records between the threads that log, which never wait
+/// on it for more than a short critical section, and the one writer thread that does the I/O.
+pub struct LogQueue {
+    capacity: usize,
+    state: Mutex<QueueState>,
+    /// Signalled when a record arrives or is dropped.
+    ready: Condvar,
+    /// Signalled when the writer finishes a batch.
+    written: Condvar,
+}
+
+impl LogQueue {
+    /// A queue of at most `capacity` records.
+    pub fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(LogQueue {
+            capacity,
+            state: Mutex::default(),
+            ready: Condvar::new(),
+            written: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queue `record` (a formatted line), or drop and count it if the queue is full. Never
+    /// waits for the writer.
+    pub fn push(&self, record: Vec<u8>) {
+        let mut st = self.lock();
+        if st.records.len() < self.capacity {
+            st.records.push_back(record);
+        } else {
+            st.dropped += 1;
+        }
+        drop(st);
+        self.ready.notify_one();
+    }
+
+    /// Records dropped and not yet reported by the writer.
+    pub fn dropped(&self) -> u64 {
+        self.lock().dropped
+    }
+
+    /// Write queued records to `sink` until the process ends: the writer thread's body. Takes
+    /// every queued record at once and writes them without the lock, then the number dropped
+    /// meanwhile, which came after them; write errors are ignored, as there is nowhere to
+    /// report them.
+    fn drain_into(&self, sink: &mut dyn Write) -> ! {
+        loop {
+            let (batch, dropped) = {
+                let mut st = self.lock();
+                while st.records.is_empty() && st.dropped == 0 {
+                    st = self.ready.wait(st).unwrap_or_else(PoisonError::into_inner);
+                }
+                st.writing = true;
+                (
+                    std::mem::take(&mut st.records),
+                    std::mem::take(&mut st.dropped),
+                )
+            };
+            for record in &batch {
+                let _ = sink.write_all(record);
+            }
+            if dropped > 0 {
+                let _ = writeln!(sink, "exitless: warn: {dropped} log lines dropped");
+            }
+            let _ = sink.flush();
+            self.lock().writing = false;
+            self.written.notify_all();
+        }
+    }
+
+    /// Wait until everything queued so far is written, or `timeout` passes. Returns whether
+    /// the queue was written.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        while !st.records.is_empty() || st.dropped > 0 || st.writing {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            st = self
+                .written
+                .wait_timeout(st, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+
+    /// Start the thread that writes this queue to `sink`.
+    pub fn spawn_writer(
+        self: &Arc<Self>,
+        mut sink: Box<dyn Write + Send>,
+    ) -> io::Result<thread::JoinHandle<()>> {
+        let queue = self.clone();
+        thread::Builder::new()
+            .name(WRITER_THREAD.into())
+            .spawn(move || queue.drain_into(&mut sink))
+    }
+}
+
+const WRITER_THREAD: &str = "log writer";
+
+/// The `Write` end of a [`LogQueue`] that `env_logger` writes to: it writes each record with
+/// one `write_all` and then flushes, so what arrives between flushes is one record.
+pub struct QueueWriter {
+    queue: Arc<LogQueue>,
+    record: Vec<u8>,
+}
+
+impl QueueWriter {
+    /// A writer into `queue`.
+    pub fn new(queue: Arc<LogQueue>) -> Self {
+        QueueWriter {
+            queue,
+            record: Vec::new(),
+        }
+    }
+}
+
+impl Write for QueueWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.record.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.record.is_empty() {
+            self.queue.push(std::mem::take(&mut self.record));
+        }
+        Ok(())
+    }
+}
+
+/// The binary's queue, once [`init`] has installed the logger.
+static QUEUE: OnceLock<Arc<LogQueue>> = OnceLock::new();
+
 /// Install the logger of the `exitless` binary: `env_logger`, level `warn` unless `RUST_LOG`
 /// says otherwise, lines as `exitless: LEVEL: message` (other crates' records name their
-/// module). A second call does nothing.
+/// module), written to stderr by the log writer thread (module comment). A second call does
+/// nothing.
 pub fn init() {
-    use std::io::Write;
     let env = env_logger::Env::default().default_filter_or("warn");
-    let _ = env_logger::Builder::from_env(env)
-        .format(|buf, record| {
-            let level = record.level().as_str().to_ascii_lowercase();
-            match record.module_path() {
-                Some(m) if !m.starts_with("exitless") => {
-                    writeln!(buf, "exitless: {level}: {m}: {}", record.args())
-                }
-                _ => writeln!(buf, "exitless: {level}: {}", record.args()),
+    let mut builder = env_logger::Builder::from_env(env);
+    builder.format(|buf, record| {
+        let level = record.level().as_str().to_ascii_lowercase();
+        match record.module_path() {
+            Some(m) if !m.starts_with("exitless") => {
+                writeln!(buf, "exitless: {level}: {m}: {}", record.args())
             }
-        })
-        .try_init();
+            _ => writeln!(buf, "exitless: {level}: {}", record.args()),
+        }
+    });
+    if QUEUE.get().is_some() {
+        return;
+    }
+    let queue = LogQueue::new(QUEUE_RECORDS);
+    // Without a writer thread, log synchronously rather than not at all.
+    if queue.spawn_writer(Box::new(io::stderr())).is_ok() && QUEUE.set(queue.clone()).is_ok() {
+        builder.target(env_logger::Target::Pipe(Box::new(QueueWriter::new(queue))));
+        // A panic's message goes straight to stderr: write what was logged before it first.
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            flush();
+            previous(info);
+        }));
+    }
+    let _ = builder.try_init();
+}
+
+/// Wait, at most [`FLUSH_TIMEOUT`], until every record logged so far is on stderr. Does
+/// nothing without [`init`], or on the log writer thread itself.
+pub fn flush() {
+    if thread::current().name() == Some(WRITER_THREAD) {
+        return;
+    }
+    if let Some(queue) = QUEUE.get() {
+        queue.flush(FLUSH_TIMEOUT);
+    }
 }
 
 #[cfg(test)]
@@ -181,5 +372,91 @@ mod tests {
         assert!(b.window.lock().unwrap().admit(Instant::now()).0);
         b.warn(format_args!("host-side"));
         assert_eq!(b.guest_errors(), 1, "warn does not count a guest error");
+    }
+
+    /// A sink that blocks every write until `gate` is opened, and keeps what it was given.
+    struct Gated {
+        gate: Arc<(Mutex<bool>, Condvar)>,
+        entered: std::sync::mpsc::Sender<()>,
+        out: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Gated {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let _ = self.entered.send(());
+            let (open, cv) = &*self.gate;
+            let _open = cv.wait_while(open.lock().unwrap(), |o| !*o).unwrap();
+            self.out.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn log_line(w: &mut QueueWriter, i: usize) {
+        writeln!(w, "line {i}").unwrap();
+        w.flush().unwrap();
+    }
+
+    #[test]
+    fn a_stalled_sink_drops_records_instead_of_blocking_and_reports_them() {
+        let queue = LogQueue::new(4);
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let (entered, entered_rx) = std::sync::mpsc::channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink = Gated {
+            gate: gate.clone(),
+            entered,
+            out: out.clone(),
+        };
+        queue.spawn_writer(Box::new(sink)).unwrap();
+        let mut w = QueueWriter::new(queue.clone());
+        log_line(&mut w, 0);
+        // The writer took line 0 and is stuck writing it: the queue has all its room again.
+        entered_rx.recv().unwrap();
+        let start = Instant::now();
+        for i in 1..=10 {
+            log_line(&mut w, i);
+        }
+        assert!(start.elapsed() < Duration::from_secs(1), "logging waited");
+        assert_eq!(queue.dropped(), 6);
+        assert!(
+            !queue.flush(Duration::from_millis(10)),
+            "the sink is stalled"
+        );
+
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        assert!(queue.flush(Duration::from_secs(10)));
+        log_line(&mut w, 11);
+        assert!(queue.flush(Duration::from_secs(10)));
+        let out = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            out,
+            "line 0\nline 1\nline 2\nline 3\nline 4\n\
+             exitless: warn: 6 log lines dropped\nline 11\n"
+        );
+    }
+
+    #[test]
+    fn a_sink_that_never_returns_cannot_block_logging() {
+        let queue = LogQueue::new(2);
+        let (entered, entered_rx) = std::sync::mpsc::channel();
+        let sink = Gated {
+            // Never opened: the writer thread stays blocked for the rest of the test run.
+            gate: Arc::new((Mutex::new(false), Condvar::new())),
+            entered,
+            out: Arc::default(),
+        };
+        queue.spawn_writer(Box::new(sink)).unwrap();
+        let mut w = QueueWriter::new(queue.clone());
+        log_line(&mut w, 0);
+        entered_rx.recv().unwrap();
+        for i in 1..=100_000 {
+            log_line(&mut w, i);
+        }
+        assert_eq!(queue.dropped(), 100_000 - 2);
     }
 }

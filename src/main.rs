@@ -218,6 +218,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench(args),
         Command::Probe(args) => probe(args),
     };
+    // Log lines still queued come before the error, and are not lost at exit.
+    exitless::logging::flush();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -32,6 +32,25 @@ fn high32(v: u64) -> u32 {
     u32::try_from(v >> 32).expect("shifted to 32 bits")
 }
 
+/// Whether a configuration access of `len` bytes at `offset` touches any of the `size` bytes
+/// at `start`: whether the two byte ranges overlap. Empty ranges touch nothing.
+///
+/// ```
+/// use exitless::pci::config::touches;
+/// use exitless::pci::regs::{PCI_BAR0, PCI_COMMAND};
+///
+/// assert!(touches(PCI_COMMAND, 4, PCI_COMMAND, 2)); // a dword write at Command
+/// assert!(touches(PCI_BAR0 + 4, 1, PCI_BAR0, 8)); // a byte of a 64-bit BAR's high half
+/// assert!(!touches(PCI_COMMAND + 2, 2, PCI_COMMAND, 2)); // Status, beside Command
+/// assert!(!touches(PCI_COMMAND, 0, PCI_COMMAND, 2));
+/// assert!(touches(u16::MAX, usize::MAX, 0, usize::MAX)); // no overflow
+/// ```
+pub fn touches(offset: u16, len: usize, start: u16, size: usize) -> bool {
+    let (offset, start) = (usize::from(offset), usize::from(start));
+    // The u16 side of each sum is below usize::MAX, so a saturated sum compares as the true one.
+    offset < start.saturating_add(size) && start < offset.saturating_add(len)
+}
+
 /// Functions per bus in an ECAM window: 32 devices × 8 functions.
 pub const FUNCTIONS_PER_BUS: usize = 256;
 
@@ -515,6 +534,29 @@ impl ConfigSpace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn touches_is_range_overlap_for_every_edge() {
+        for (offset, len, start, size, want) in [
+            (4, 2, 4, 2, true),
+            (3, 1, 4, 2, false),
+            (3, 2, 4, 2, true),
+            (5, 4, 4, 2, true),
+            (6, 4, 4, 2, false),
+            (4, 0, 4, 2, false),
+            (4, 2, 4, 0, false),
+            (0, usize::MAX, u16::MAX, 1, true),
+            (u16::MAX, usize::MAX, u16::MAX, usize::MAX, true),
+            (u16::MAX, 1, 0, usize::from(u16::MAX), false),
+        ] {
+            assert_eq!(
+                touches(offset, len, start, size),
+                want,
+                "{offset} {len} {start} {size}"
+            );
+            assert_eq!(touches(start, size, offset, len), want, "symmetric");
+        }
+    }
 
     fn space(layout: &FunctionLayout, addrs: &[u64]) -> ConfigSpace {
         let window = Arc::new(ConfigWindow::new(1).unwrap());

@@ -75,8 +75,6 @@ contract_consts! {
     PCI_CAP_ID_MSI: u8 = 0x05;
     /// Capability ID: PCI Express (PCIe 4.0 §7.5.3).
     PCI_CAP_ID_EXP: u8 = 0x10;
-    /// PCI Express Capabilities register, from the capability ID byte (PCIe 4.0 §7.5.3.2).
-    PCI_EXP_FLAGS: u16 = 2;
     /// PCI Express Capabilities bits 3:0: capability version 2 (PCIe 4.0 §7.5.3.2).
     PCI_EXP_FLAGS_VERSION_2: u16 = 0x2;
     /// PCI Express Capabilities bits 7:4: device/port type 0, a PCI Express Endpoint.

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::bus::{BusDevice, DeviceId, IoBuses};
 use crate::contract::{MAX_OPS, PORT_DONE, PORT_MSIX_SEND, PORT_PHASE_BEGIN, PORT_PHASE_END};
+use crate::guest_error;
 use crate::irq::{CommitStats, GsiRouting, MsiVectors};
+use crate::logging::DeviceLog;
 use crate::machine::wiring::names;
 use crate::machine::{Board, BoardParts, MachineError};
 use crate::stats::{ExitCounters, ExitKind, ExitSnapshot};
@@ -52,6 +54,7 @@ pub struct ProbePorts {
     msix: BTreeMap<u64, Arc<MsiVectors>>,
     phases: Mutex<Phases>,
     own_id: OnceLock<DeviceId>,
+    log: Arc<DeviceLog>,
 }
 
 impl ProbePorts {
@@ -70,7 +73,13 @@ impl ProbePorts {
             msix,
             phases: Mutex::default(),
             own_id: OnceLock::new(),
+            log: DeviceLog::new(names::PROBE_PORTS),
         }
+    }
+
+    /// The ports' log, named as on the bus.
+    pub fn log(&self) -> &Arc<DeviceLog> {
+        &self.log
     }
 
     /// Tell the ports their bus device id, so their own exits can be left out of phases.
@@ -140,8 +149,9 @@ impl BusDevice for ProbePorts {
                 let (function, entry) = (value & !0xfff, (value & 0xfff) as usize);
                 match self.msix.get(&function) {
                     Some(vectors) => vectors.trigger(entry),
-                    None => warn_ratelimited!(
-                        "probe: no MSI-X function at {function:#x} to send a vector from; ignored"
+                    None => guest_error!(
+                        self.log,
+                        "no MSI-X function at {function:#x} to send a vector from; ignored"
                     ),
                 }
             }
@@ -183,7 +193,39 @@ impl Board for ProbeBoard {
             ports.clone(),
         )?;
         ports.set_device_id(id);
+        parts.counters.attach_log(id, ports.log().clone());
         self.ports = Some(ports);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::irq::CommitStrategy;
+
+    #[test]
+    fn an_msix_send_to_no_function_is_a_guest_error_of_the_ports() {
+        let vm = kvm_ioctls::Kvm::new().unwrap().create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        let routing = Arc::new(GsiRouting::new(Arc::new(vm), CommitStrategy::Batched).unwrap());
+        let counters = Arc::new(ExitCounters::new(1));
+        let parts = BoardParts {
+            counters: &counters,
+            control: &Arc::new(RunControl::default()),
+            routing: &routing,
+            msix: &BTreeMap::new(),
+        };
+        let mut io = IoBuses::default();
+        let mut board = ProbeBoard::default();
+        board.install(&mut io, &parts).unwrap();
+        let id = io.id_for(names::PROBE_PORTS);
+        let offset = u64::from(PORT_MSIX_SEND - PROBE_PORTS_BASE);
+        board
+            .ports
+            .as_ref()
+            .unwrap()
+            .write(offset, &0x1000u32.to_le_bytes());
+        assert_eq!(counters.snapshot().guest_errors_of(id), 1);
     }
 }
