@@ -15,25 +15,6 @@ pub mod contract {
     include!("contract.rs");
 }
 
-/// Warn through `log`, at most 10 times per call site for the life of the process: for guest
-/// misbehaviour, which a guest can repeat as fast as it likes.
-///
-/// Superseded by the per-device [`logging::DeviceLog`] and [`guest_error!`], which limit each
-/// device separately and count its guest errors; kept until the remaining call sites move.
-macro_rules! warn_ratelimited {
-    ($($arg:tt)*) => {{
-        static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        const LIMIT: u64 = 10;
-        let n = SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if n < LIMIT {
-            ::log::warn!("{}", format_args!($($arg)*));
-            if n + 1 == LIMIT {
-                ::log::warn!("further warnings of this kind are suppressed");
-            }
-        }
-    }};
-}
-
 /// What to do about a host error that is a resource limit, to append to its message.
 pub(crate) fn resource_hint(e: &std::io::Error) -> &'static str {
     match e.raw_os_error() {

@@ -119,6 +119,7 @@ pub fn wire(
             u64::from(layout::PCI_IO_BASE) + u64::from(layout::PCI_IO_LEN),
         ),
     };
+    let bars_id = bar_buses.id;
     let pci = Arc::new(PciRoot::new(windows, bar_buses)?);
     populate_bus0(&pci)?;
     let mut devices = Devices {
@@ -127,7 +128,7 @@ pub fn wire(
         msix: BTreeMap::new(),
         workers: Vec::new(),
         console,
-        logs: vec![serial_log],
+        logs: vec![serial_log, (bars_id, pci.log().clone())],
     };
     add_virtio_net(vm, layout, cfg, &pci, &mut devices)?;
     add_pci_windows(vm, &mut devices.io, &pci, cfg.ecam)?;

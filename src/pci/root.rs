@@ -24,9 +24,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use crate::bus::{BusDevice, BusRange, DeviceId, WeakBus};
+use crate::guest_error;
+use crate::logging::DeviceLog;
 use crate::pci::PciAddress;
 use crate::pci::config::{
-    Bar, ConfigError, ConfigSpace, ConfigWindow, FUNCTIONS_PER_BUS, FunctionLayout,
+    Bar, ConfigError, ConfigSpace, ConfigWindow, FUNCTIONS_PER_BUS, FunctionLayout, touches,
 };
 use crate::pci::function::PciFunction;
 use crate::pci::regs::{
@@ -178,6 +180,8 @@ pub struct PciRoot {
     /// of it while the function has read-hooked bytes, so those reads exit and reach it.
     shadow: OnceLock<Arc<ShadowRegion>>,
     buses: BarBuses,
+    /// Guest errors of the bus (BARs programmed onto other ranges), under the BARs' name.
+    log: Arc<DeviceLog>,
     allocators: Mutex<(Allocator, Allocator)>,
 }
 
@@ -189,6 +193,7 @@ impl PciRoot {
             functions: RwLock::new(BTreeMap::new()),
             read_hooks: (0..FUNCTIONS_PER_BUS).map(|_| AtomicU32::new(0)).collect(),
             shadow: OnceLock::new(),
+            log: DeviceLog::new(&*buses.name),
             buses,
             allocators: Mutex::new((
                 Allocator {
@@ -201,6 +206,11 @@ impl PciRoot {
                 },
             )),
         })
+    }
+
+    /// The bus's log: count its guest errors under the BARs' id.
+    pub fn log(&self) -> &Arc<DeviceLog> {
+        &self.log
     }
 
     /// The configuration window (the ECAM shadow).
@@ -241,10 +251,10 @@ impl PciRoot {
         };
         // Bus 0: a function's 4 KiB page is its devfn.
         if let Err(e) = shadow.set_hole(devfn as u64, trap) {
-            warn_ratelimited!(
-                "PCI: cannot {} config reads of devfn {devfn:#x} in the ECAM shadow: {e}",
+            self.log.warn(format_args!(
+                "cannot {} config reads of devfn {devfn:#x} in the ECAM shadow: {e}",
                 if trap { "trap" } else { "stop trapping" }
-            );
+            ));
         }
     }
 
@@ -386,11 +396,8 @@ impl PciRoot {
         } = &mut *st;
         function.config_written(config, reg, data.len());
         self.update_read_hook(address.devfn(), function.read_hooked());
-        let end = usize::from(reg) + data.len();
-        let touches = |start: u16, len: usize| {
-            usize::from(start) < end && usize::from(reg) < usize::from(start) + len
-        };
-        if touches(PCI_COMMAND, 2) || touches(PCI_BAR0, 4 * PCI_BAR_COUNT) {
+        let written = |start: u16, size: usize| touches(reg, data.len(), start, size);
+        if written(PCI_COMMAND, 2) || written(PCI_BAR0, 4 * PCI_BAR_COUNT) {
             self.sync_decoding(&mut st);
         }
     }
@@ -432,7 +439,8 @@ impl PciRoot {
             });
             match bus.update_range(old.map(|base| (base, &placed.device)), new) {
                 Ok(()) => placed.decoded = want.is_some(),
-                Err(e) => warn_ratelimited!(
+                Err(e) => guest_error!(
+                    self.log,
                     "PCI {address}: BAR {} not decoded until moved somewhere free: {e}",
                     placed.slot
                 ),

@@ -37,6 +37,8 @@ struct MsiStaging {
 /// A virtio-mmio device on the MMIO bus.
 pub struct MmioTransport {
     log: Arc<DeviceLog>,
+    /// The per-queue doorbells to register when the notify feature is negotiated.
+    address_doorbells: Vec<Doorbell>,
     state: Mutex<VirtioState>,
     worker: WorkerHandle,
     dma: DmaContext,
@@ -93,8 +95,7 @@ impl MmioTransport {
             Some(Arc::new(msi)),
             log.clone(),
         ));
-        let mut events =
-            QueueEvents::new(ioevents, queues, log.clone()).map_err(VirtioError::Io)?;
+        let events = QueueEvents::new(ioevents, queues, log.clone()).map_err(VirtioError::Io)?;
         let doorbells: Vec<Doorbell> = (0..queues)
             .filter_map(|q| {
                 let q32 = u32::try_from(q).ok()?;
@@ -113,7 +114,14 @@ impl MmioTransport {
                 }
             })
             .collect();
-        events.register(&doorbells).map_err(VirtioError::kvm(
+        // QueueNotify is a standard register: its ioeventfds hold from the start. The
+        // per-queue doorbell page is the extension's, live only once its feature is
+        // negotiated (docs/virtio-mmio-msi.md), so those wait for FEATURES_OK.
+        let (address_doorbells, now) = match at.notify {
+            NotifyPath::Address => (doorbells, Vec::new()),
+            _ => (Vec::new(), doorbells),
+        };
+        events.register(&now).map_err(VirtioError::kvm(
             "register a virtio-mmio doorbell ioeventfd",
         ))?;
         let worker = spawn_worker(
@@ -130,6 +138,7 @@ impl MmioTransport {
                 // A platform device: no Bus Master Enable gates it.
                 dma: DmaContext::platform(mem),
                 log,
+                address_doorbells,
                 interrupts,
                 events,
                 staging: Mutex::new(MsiStaging::default()),
@@ -225,7 +234,13 @@ impl MmioTransport {
             VIRTIO_MMIO_QUEUE_NOTIFY => self.events.notify(value as usize),
             VIRTIO_MMIO_INTERRUPT_ACK => self.interrupts.ack(value),
             VIRTIO_MMIO_STATUS => {
-                if write_status(&mut st, &self.worker, &self.dma, value) == StatusChange::Reset {
+                let had_features = st.negotiated(VIRTIO_F_MMIO_NOTIFY);
+                let change = write_status(&mut st, &self.worker, &self.dma, value);
+                if !had_features && st.negotiated(VIRTIO_F_MMIO_NOTIFY) {
+                    self.place_address_doorbells(true);
+                }
+                if change == StatusChange::Reset {
+                    self.place_address_doorbells(false);
                     self.interrupts.reset();
                     self.msi().reset();
                     self.msi_control.store(0, Ordering::SeqCst);
@@ -265,6 +280,20 @@ impl MmioTransport {
                 self.log,
                 "write of {value:#x} to register {reg:#x}, which is read-only or reserved; ignored"
             ),
+        }
+    }
+
+    /// Register (or remove) the per-queue doorbell ioeventfds of the extension's page.
+    fn place_address_doorbells(&self, on: bool) {
+        if self.address_doorbells.is_empty() {
+            return;
+        }
+        if !on {
+            self.events.unregister_all();
+        } else if let Err(e) = self.events.register(&self.address_doorbells) {
+            // The doorbells still work, through exits.
+            self.log
+                .warn(format_args!("cannot register doorbell ioeventfds: {e}"));
         }
     }
 
@@ -751,5 +780,40 @@ mod tests {
             0,
             "the notify feature was not negotiated"
         );
+    }
+
+    /// Defect: the per-queue doorbell page caught writes through its ioeventfds before the
+    /// notify feature was negotiated, although its registers are the extension's.
+    #[test]
+    fn address_doorbells_exist_only_while_the_notify_feature_is_negotiated() {
+        let p = crate::virtio::test_parts();
+        let ioevents = p.ioevents.clone();
+        let at = MmioPlacement {
+            base: 0xd000_0000,
+            gsi: 16,
+            notify: NotifyPath::Address,
+        };
+        let (t, _w) = MmioTransport::new(p.env, p.net, at).unwrap();
+        assert!(
+            ioevents.registered().is_empty(),
+            "nothing before negotiation"
+        );
+        negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
+        assert!(
+            ioevents.registered().is_empty(),
+            "the notify feature was not accepted"
+        );
+        write(&t, VIRTIO_MMIO_STATUS, 0);
+        negotiate(&t, 1 << VIRTIO_F_MMIO_NOTIFY);
+        let addresses: Vec<u64> = ioevents.registered().iter().map(|d| d.address).collect();
+        assert_eq!(
+            addresses,
+            vec![
+                0xd000_0000 + u64::from(doorbell_offset(0)),
+                0xd000_0000 + u64::from(doorbell_offset(1))
+            ]
+        );
+        write(&t, VIRTIO_MMIO_STATUS, 0);
+        assert!(ioevents.registered().is_empty(), "gone with the reset");
     }
 }

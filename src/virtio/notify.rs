@@ -1,6 +1,6 @@
 //! How a driver's queue notification (a doorbell write) reaches the device (T4).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -87,7 +87,7 @@ pub struct QueueEvents {
     registrar: Arc<dyn IoEventRegistrar>,
     log: Arc<DeviceLog>,
     events: Vec<EventFd>,
-    registered: Vec<Doorbell>,
+    registered: Mutex<Vec<Doorbell>>,
 }
 
 impl QueueEvents {
@@ -104,7 +104,7 @@ impl QueueEvents {
             registrar,
             log,
             events,
-            registered: Vec::new(),
+            registered: Mutex::new(Vec::new()),
         })
     }
 
@@ -127,28 +127,28 @@ impl QueueEvents {
     }
 
     /// Replace the registered doorbells with `doorbells`.
-    pub fn register(&mut self, doorbells: &[Doorbell]) -> Result<(), kvm_ioctls::Error> {
+    pub fn register(&self, doorbells: &[Doorbell]) -> Result<(), kvm_ioctls::Error> {
         self.unregister_all();
         for &d in doorbells {
             let Some(fd) = self.events.get(d.queue) else {
                 continue;
             };
             self.registrar.register(fd, &d)?;
-            self.registered.push(d);
+            self.registered.lock().unwrap().push(d);
         }
         Ok(())
     }
 
     /// Remove every doorbell.
-    pub fn unregister_all(&mut self) {
-        for d in std::mem::take(&mut self.registered) {
+    pub fn unregister_all(&self) {
+        for d in std::mem::take(&mut *self.registered.lock().unwrap()) {
             let _ = self.registrar.unregister(&self.events[d.queue], &d);
         }
     }
 
     /// The doorbells registered now.
-    pub fn registered(&self) -> &[Doorbell] {
-        &self.registered
+    pub fn registered(&self) -> Vec<Doorbell> {
+        self.registered.lock().unwrap().clone()
     }
 }
 

@@ -34,7 +34,7 @@ use crate::dma::DmaContext;
 use crate::guest_error;
 use crate::irq::{MsiChange, MsiVectors};
 use crate::logging::DeviceLog;
-use crate::pci::config::{Bar, Capability, ConfigSpace, FunctionLayout};
+use crate::pci::config::{Bar, Capability, ConfigSpace, FunctionLayout, touches};
 use crate::pci::function::PciFunction;
 use crate::pci::msix::{Msix, MsixLocation};
 use crate::pci::regs::*;
@@ -411,8 +411,8 @@ impl PciFunction for VirtioPci {
     }
 
     fn config_written(&mut self, config: &ConfigSpace, offset: u16, len: usize) {
-        let touches = |start: u16, size: u16| offset < start + size && start < offset + len as u16;
-        if touches(PCI_COMMAND, 2) {
+        let written = |start: u16, size: usize| touches(offset, len, start, size);
+        if written(PCI_COMMAND, 2) {
             self.set_bus_master(config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0);
         }
         if let Some(cap) = self.pci_cfg_cap {
@@ -420,7 +420,7 @@ impl PciFunction for VirtioPci {
             self.pci_cfg_armed = config.get_u32(cap + VIRTIO_PCI_CAP_LENGTH as u16) != 0;
         }
         if let Some(cap) = self.pci_cfg_cap
-            && touches(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, 4)
+            && written(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, 4)
             && let Some((bar, at, n)) = self.pci_cfg_access(config, cap)
         {
             let mut bytes = [0u8; 4];
