@@ -81,11 +81,6 @@ impl DmaContext {
         }
     }
 
-    /// The requester.
-    pub fn requester(&self) -> Requester {
-        self.requester
-    }
-
     /// The Bus Master Enable gate, for the function's command register.
     pub fn bus_master(&self) -> &BusMaster {
         &self.master

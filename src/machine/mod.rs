@@ -120,7 +120,8 @@ pub trait Board {
 
 /// A machine built and ready to run once.
 pub struct Machine {
-    // `vm` first: it is dropped before the devices whose memory it maps (the ECAM shadow).
+    // Every memslot's memory is owned by whoever deletes the slot (the VM, or the ECAM
+    // shadow), so the order these fields drop in does not matter.
     vm: Vm,
     io: Arc<IoBuses>,
     layout: MemoryLayout,

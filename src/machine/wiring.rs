@@ -25,7 +25,6 @@ use crate::virtio::TransportEnv;
 use crate::virtio::mmio::{MmioPlacement, MmioTransport};
 use crate::virtio::net::{NetBackend, RequestResponse, VirtioNet};
 use crate::virtio::pci::VirtioPci;
-use crate::virtio::regs::VIRTIO_ID_NET;
 use crate::virtio::worker::Worker;
 use crate::vm::Vm;
 
@@ -176,7 +175,6 @@ fn add_virtio_net(
             .map(|_| Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>)
             .collect();
         let net = VirtioNet::parts(mac, backends);
-        let queues = net.device.queue_max_sizes().len();
         // One MSI-X vector per receive and transmit queue and one for configuration
         // changes; the control queue needs none (drivers poll it, as Linux does).
         let vectors = 2 * pairs + 1;
@@ -215,7 +213,8 @@ fn add_virtio_net(
                     VirtioPci::new(env, net, at.requester_id(), vectors, dev.notify)?;
                 let id = devices.io.id_for(&name);
                 devices.logs.push((id, log));
-                let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, queues, vectors);
+                // Class 02/00/00: Ethernet controller (PCI Code and ID Assignment §1.3).
+                let layout = function.config_layout(0x02_00_00);
                 devices
                     .msix
                     .insert(at.ecam_offset(), function.msi().clone());

@@ -471,7 +471,8 @@ mod tests {
 
     #[test]
     fn identifies_itself_and_offers_the_extension_as_feature_bits() {
-        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        let (t, _w, routes) = transport(NotifyPath::Exit);
+        assert_eq!(routes.pins(), vec![16], "its line is bound to its pin");
         assert_eq!(read(&t, VIRTIO_MMIO_MAGIC_VALUE), VIRTIO_MMIO_MAGIC);
         assert_eq!(
             read(&t, VIRTIO_MMIO_VERSION),
@@ -502,7 +503,7 @@ mod tests {
 
     #[test]
     fn accesses_of_the_wrong_width_or_offset_are_ignored() {
-        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        let (t, _w, _routes) = transport(NotifyPath::Exit);
         let mut two = [0xaau8; 2];
         t.read(u64::from(VIRTIO_MMIO_MAGIC_VALUE), &mut two);
         assert_eq!(two, [0, 0]);
@@ -519,7 +520,7 @@ mod tests {
 
     #[test]
     fn notifications_for_queues_that_do_not_exist_are_ignored() {
-        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        let (t, _w, _routes) = transport(NotifyPath::Exit);
         write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 5);
         write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, u32::MAX);
         negotiate(&t, 1 << VIRTIO_F_MMIO_NOTIFY);
@@ -533,7 +534,7 @@ mod tests {
 
     #[test]
     fn msi_registers_need_the_feature_and_vectors_must_exist() {
-        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        let (t, _w, _routes) = transport(NotifyPath::Exit);
         write(&t, VIRTIO_MMIO_MSI_CONTROL, VIRTIO_MMIO_MSI_CTRL_ENABLE);
         assert_eq!(
             read(&t, VIRTIO_MMIO_MSI_CONTROL),
@@ -587,7 +588,7 @@ mod tests {
 
     #[test]
     fn a_masked_vector_keeps_its_message_pending_until_unmasked() {
-        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        let (t, _w, _routes) = transport(NotifyPath::Exit);
         negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
         write(&t, VIRTIO_MMIO_MSI_SEL, 1);
         write(&t, VIRTIO_MMIO_MSI_ADDRESS_LOW, 0xfee0_0000);
@@ -612,7 +613,7 @@ mod tests {
 
     #[test]
     fn without_msi_a_notification_sets_the_status_register_until_acked() {
-        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        let (t, _w, _routes) = transport(NotifyPath::Exit);
         negotiate(&t, 0);
         t.interrupts.notify(Notification::Queue(0));
         assert_eq!(
@@ -758,7 +759,7 @@ mod tests {
 
     #[test]
     fn extension_registers_read_zero_and_ignore_writes_until_negotiated() {
-        let (t, _w, _vm) = transport(NotifyPath::Exit);
+        let (t, _w, _routes) = transport(NotifyPath::Exit);
         for reg in [
             VIRTIO_MMIO_MSI_VEC_NUM,
             VIRTIO_MMIO_MSI_STATE,

@@ -201,6 +201,18 @@ impl VirtioPci {
         ))
     }
 
+    /// Its configuration layout, with class code `class_code`: the one [`VirtioPci::layout`]
+    /// gives for its device type, queues and MSI-X vectors.
+    pub fn config_layout(&self, class_code: u32) -> FunctionLayout {
+        let st = self.state.lock().unwrap();
+        Self::layout(
+            st.device_type(),
+            class_code,
+            st.queue_count(),
+            self.msi().len(),
+        )
+    }
+
     /// The function's MSI-X vectors.
     pub fn msi(&self) -> &Arc<MsiVectors> {
         self.msix.vectors()
