@@ -328,8 +328,9 @@ pub fn init() {
     let _ = builder.try_init();
 }
 
-/// Wait, at most [`FLUSH_TIMEOUT`], until every record logged so far is on stderr. Does
-/// nothing without [`init`], or on the log writer thread itself.
+/// Wait, at most [`FLUSH_TIMEOUT`], until the log queue is empty (records logged meanwhile
+/// count too, so steady logging runs to the timeout). Does nothing without [`init`], or on
+/// the log writer thread itself.
 pub fn flush() {
     if thread::current().name() == Some(WRITER_THREAD) {
         return;

@@ -21,6 +21,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use super::Ring;
 use super::chain::{self, Chain, ChainError};
 use super::regs::*;
+use super::worker::PendingAck;
 use crate::dma::{DmaContext, DmaError};
 use crate::guest_error;
 use crate::logging::DeviceLog;
@@ -107,8 +108,8 @@ pub trait QueueHandler: Send {
 /// What a handler does with the chains [`serve_chains`] takes for it.
 pub trait ChainServer {
     /// Whether there is anything to do with a chain now (a receive path needs a frame to
-    /// deliver), asked before each chain is taken: the ring is left alone, and its
-    /// notifications as they are, when there is not.
+    /// deliver), asked before each chain is taken: when there is not, no chain is taken and
+    /// notifications are not re-enabled (the device will not need a kick for it).
     fn wants_chain(&mut self) -> bool {
         true
     }
@@ -267,6 +268,8 @@ pub struct VirtioState {
     pub queue_select: u32,
     health: Arc<DeviceHealth>,
     mem: GuestMemoryMmap,
+    /// A reset the device thread has not acknowledged yet.
+    pending_reset: Option<PendingAck>,
 }
 
 fn bit(n: u32) -> u64 {
@@ -302,6 +305,7 @@ impl VirtioState {
             queue_select: 0,
             health: Arc::new(DeviceHealth::new(log)),
             mem,
+            pending_reset: None,
         }
     }
 
@@ -443,9 +447,27 @@ impl VirtioState {
             .collect()
     }
 
-    /// Mark the device broken (DEVICE_NEEDS_RESET, virtio 1.2 §2.1.2).
-    pub fn fail(&self, why: &dyn std::fmt::Display) {
-        self.health.fail(why);
+    /// Mark the device broken (DEVICE_NEEDS_RESET, virtio 1.2 §2.1.2). Returns whether the
+    /// transport should send a configuration notification (newly broken while live).
+    pub fn fail(&self, why: &dyn std::fmt::Display) -> bool {
+        self.health.fail(why) && self.status & VIRTIO_STATUS_DRIVER_OK != 0
+    }
+
+    /// The driver's reset waits for the device thread, which has not let go of the rings yet:
+    /// until it does the status reads as before, with DEVICE_NEEDS_RESET (virtio 1.2 §2.4.1
+    /// lets a device take its time; the driver reads the status back until it is 0).
+    pub fn reset_pending(&mut self, ack: PendingAck) -> bool {
+        self.pending_reset = Some(ack);
+        self.fail(&"the device thread is slow to stop for a reset")
+    }
+
+    /// Whether a pending reset's acknowledgement has come: the transport finishes the reset.
+    pub fn pending_reset_arrived(&mut self) -> bool {
+        if self.pending_reset.as_ref().is_some_and(PendingAck::arrived) {
+            self.pending_reset = None;
+            return true;
+        }
+        false
     }
 
     fn reset(&mut self) {
@@ -557,16 +579,26 @@ impl VirtioState {
         }
     }
 
-    /// The driver stops the selected queue (virtio-mmio QueueReady = 0, virtio 1.2 §4.2.2):
-    /// returns the queue's index if it was live, so the transport stops the device thread's
-    /// copy too before the register reads back 0.
+    /// The driver stops the selected queue (virtio-mmio QueueReady = 0, virtio 1.2 §4.2.2).
+    /// Returns the queue's index if the device thread has it: the transport stops its copy and
+    /// then calls [`VirtioState::queue_stopped`], so the register reads 0 only once the queue
+    /// is no longer used.
     pub fn stop_queue(&mut self) -> Option<usize> {
         let index = self.queue_select as usize;
         let live = self.status & VIRTIO_STATUS_DRIVER_OK != 0;
         let q = self.queues.get_mut(index)?;
-        let was_ready = q.ready();
+        if live && q.ready() {
+            return Some(index);
+        }
         q.set_ready(false);
-        (was_ready && live).then_some(index)
+        None
+    }
+
+    /// The device thread no longer uses queue `index`.
+    pub fn queue_stopped(&mut self, index: usize) {
+        if let Some(q) = self.queues.get_mut(index) {
+            q.set_ready(false);
+        }
     }
 
     /// Device configuration read.

@@ -12,12 +12,14 @@ use std::sync::{Arc, Mutex};
 use virtio_queue::QueueT;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::device::{StatusChange, VirtioState};
+use super::device::{Notification, StatusChange, VirtioState};
 use super::interrupt::{Interrupts, LegacyLine};
 use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
 use super::worker::{Worker, WorkerHandle};
-use super::{DeviceParts, Ring, TransportEnv, VirtioError, spawn_worker, write_status};
+use super::{
+    DeviceParts, Ring, TransportEnv, VirtioError, finish_late_reset, spawn_worker, write_status,
+};
 use crate::bus::BusDevice;
 use crate::dma::DmaContext;
 use crate::guest_error;
@@ -155,7 +157,10 @@ impl MmioTransport {
     }
 
     fn read_register(&self, reg: u32) -> u32 {
-        let st = self.state.lock().unwrap();
+        let mut st = self.state.lock().unwrap();
+        if finish_late_reset(&mut st) {
+            self.after_reset();
+        }
         if let Some(f) = extension_feature(reg)
             && !st.negotiated(f)
         {
@@ -204,6 +209,9 @@ impl MmioTransport {
 
     fn write_register(&self, reg: u32, value: u32) {
         let mut st = self.state.lock().unwrap();
+        if finish_late_reset(&mut st) {
+            self.after_reset();
+        }
         if let Some(f) = extension_feature(reg)
             && !st.negotiated(f)
         {
@@ -222,29 +230,31 @@ impl MmioTransport {
             VIRTIO_MMIO_QUEUE_READY if value != 0 => st.set_queue_ready(),
             VIRTIO_MMIO_QUEUE_READY => {
                 // §4.2.2: writing 0 stops the queue; the driver reads 0 back once the device
-                // has stopped using it.
-                if let Some(index) = st.stop_queue()
-                    && !self.worker.stop_queue(index)
-                {
-                    st.fail(&format_args!(
-                        "the device thread did not stop queue {index}"
-                    ));
+                // has stopped using it. If the device thread does not say so in time, the
+                // register keeps reading 1 and the device is broken.
+                if let Some(index) = st.stop_queue() {
+                    match self.worker.stop_queue(index) {
+                        Ok(()) => st.queue_stopped(index),
+                        Err(_) => {
+                            let why = format_args!("the device thread did not stop queue {index}");
+                            if st.fail(&why) {
+                                self.interrupts.notify(Notification::Config);
+                            }
+                        }
+                    }
                 }
             }
             VIRTIO_MMIO_QUEUE_NOTIFY => self.events.notify(value as usize),
             VIRTIO_MMIO_INTERRUPT_ACK => self.interrupts.ack(value),
             VIRTIO_MMIO_STATUS => {
                 let had_features = st.negotiated(VIRTIO_F_MMIO_NOTIFY);
-                let change = write_status(&mut st, &self.worker, &self.dma, value);
+                let change =
+                    write_status(&mut st, &self.worker, &self.dma, &self.interrupts, value);
                 if !had_features && st.negotiated(VIRTIO_F_MMIO_NOTIFY) {
                     self.place_address_doorbells(true);
                 }
                 if change == StatusChange::Reset {
-                    self.place_address_doorbells(false);
-                    self.interrupts.reset();
-                    self.msi().reset();
-                    self.msi_control.store(0, Ordering::SeqCst);
-                    *self.staging.lock().unwrap() = MsiStaging::default();
+                    self.after_reset();
                 }
             }
             VIRTIO_MMIO_QUEUE_DESC_LOW..=VIRTIO_MMIO_QUEUE_USED_HIGH
@@ -283,6 +293,16 @@ impl MmioTransport {
         }
     }
 
+    /// What a reset puts back besides the common state: the extension's registers and
+    /// doorbells, the interrupt state.
+    fn after_reset(&self) {
+        self.place_address_doorbells(false);
+        self.interrupts.reset();
+        self.msi().reset();
+        self.msi_control.store(0, Ordering::SeqCst);
+        *self.staging.lock().unwrap() = MsiStaging::default();
+    }
+
     /// Register (or remove) the per-queue doorbell ioeventfds of the extension's page.
     fn place_address_doorbells(&self, on: bool) {
         if self.address_doorbells.is_empty() {
@@ -291,9 +311,10 @@ impl MmioTransport {
         if !on {
             self.events.unregister_all();
         } else if let Err(e) = self.events.register(&self.address_doorbells) {
-            // The doorbells still work, through exits.
+            // The doorbells still work, through exits; none may stay half-registered.
             self.log
                 .warn(format_args!("cannot register doorbell ioeventfds: {e}"));
+            self.events.unregister_all();
         }
     }
 
@@ -816,5 +837,47 @@ mod tests {
         );
         write(&t, VIRTIO_MMIO_STATUS, 0);
         assert!(ioevents.registered().is_empty(), "gone with the reset");
+    }
+
+    /// A reset the device thread is late to acknowledge is not done until it does: the status
+    /// keeps reading non-zero (DEVICE_NEEDS_RESET), then 0 once the thread has let go.
+    #[test]
+    fn a_reset_the_device_thread_is_late_for_completes_when_it_acknowledges() {
+        let (t, _w, _routes, (_calls, entered, release)) = live_recording(true);
+        let release = release.unwrap();
+        entered.recv().unwrap(); // activation's look at the queues
+        release.send(()).unwrap();
+        write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+        entered.recv().unwrap(); // the device thread is now inside its work
+        write(&t, VIRTIO_MMIO_STATUS, 0); // returns after the acknowledgement timeout
+        let status = read(&t, VIRTIO_MMIO_STATUS);
+        assert_ne!(status & VIRTIO_STATUS_DEVICE_NEEDS_RESET, 0, "{status:#x}");
+        assert_ne!(status & VIRTIO_STATUS_DRIVER_OK, 0, "not reset yet");
+        release.send(()).unwrap();
+        let reset = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            read(&t, VIRTIO_MMIO_STATUS) == 0
+        });
+        assert!(reset, "the reset completes once acknowledged");
+        assert_eq!(read(&t, VIRTIO_MMIO_INTERRUPT_STATUS), 0);
+    }
+
+    /// A queue stop the device thread is late to acknowledge leaves QueueReady reading 1 and
+    /// the device broken: the driver must not free a ring still in use.
+    #[test]
+    fn a_queue_stop_the_device_thread_is_late_for_keeps_queue_ready() {
+        let (t, _w, _routes, (_calls, entered, release)) = live_recording(true);
+        let release = release.unwrap();
+        entered.recv().unwrap();
+        release.send(()).unwrap();
+        write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+        entered.recv().unwrap();
+        write(&t, VIRTIO_MMIO_QUEUE_READY, 0);
+        assert_eq!(read(&t, VIRTIO_MMIO_QUEUE_READY), 1);
+        assert_ne!(
+            read(&t, VIRTIO_MMIO_STATUS) & VIRTIO_STATUS_DEVICE_NEEDS_RESET,
+            0
+        );
+        release.send(()).unwrap();
     }
 }

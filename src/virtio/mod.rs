@@ -25,7 +25,7 @@ use vm_memory::GuestMemoryMmap;
 use crate::dma::DmaContext;
 use crate::irq::{InterruptRoutes, IrqError};
 use crate::logging::DeviceLog;
-use device::{QueueEngine, QueueHandler, StatusChange, VirtioDevice, VirtioState};
+use device::{Notification, QueueEngine, QueueHandler, StatusChange, VirtioDevice, VirtioState};
 use interrupt::Interrupts;
 use notify::{IoEventRegistrar, QueueEvents};
 use worker::{Command, Worker, WorkerHandle};
@@ -103,12 +103,17 @@ fn write_status(
     st: &mut VirtioState,
     worker: &WorkerHandle,
     dma: &DmaContext,
+    interrupts: &Interrupts,
     value: u32,
 ) -> StatusChange {
-    if value == 0 && !worker.reset() {
-        // The device thread may still be using the rings: the reset has not happened, and the
-        // status says so (the driver reads it non-zero and may try again).
-        st.fail(&"the device thread did not stop for a reset");
+    if value == 0
+        && let Err(pending) = worker.reset()
+    {
+        // The device thread may still be using the rings: the reset is not done until it
+        // says so (see `VirtioState::reset_pending`; `finish_reset` completes it).
+        if st.reset_pending(pending) {
+            interrupts.notify(Notification::Config);
+        }
         return StatusChange::None;
     }
     let change = st.write_status(value);
@@ -116,6 +121,12 @@ fn write_status(
         worker.send(Command::Activate(st.activation_queues(), dma.clone()));
     }
     change
+}
+
+/// Complete a reset whose acknowledgement came late (see `write_status`): true if it did now,
+/// and the transport then resets its own interrupt state as after any reset.
+fn finish_late_reset(st: &mut VirtioState) -> bool {
+    st.pending_reset_arrived() && st.write_status(0) == StatusChange::Reset
 }
 
 /// The three areas of a split virtqueue (virtio 1.2 §2.7).

@@ -29,7 +29,9 @@ use super::interrupt::Interrupts;
 use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
 use super::worker::{Command, Worker, WorkerHandle};
-use super::{DeviceParts, Ring, TransportEnv, VirtioError, spawn_worker, write_status};
+use super::{
+    DeviceParts, Ring, TransportEnv, VirtioError, finish_late_reset, spawn_worker, write_status,
+};
 use crate::dma::DmaContext;
 use crate::guest_error;
 use crate::irq::{MsiChange, MsiVectors};
@@ -240,9 +242,10 @@ impl VirtioPci {
                 .collect(),
         };
         if let Err(e) = self.events.register(&doorbells) {
-            // The doorbells still work, through exits.
+            // The doorbells still work, through exits; none may stay half-registered.
             self.log
                 .warn(format_args!("cannot register doorbell ioeventfds: {e}"));
+            self.events.unregister_all();
             self.doorbells_at = None;
         }
     }
@@ -258,6 +261,10 @@ impl VirtioPci {
         self.msi().update(&[MsiChange::BusMaster(enabled)]);
         if enabled {
             self.worker.send(Command::KickAll);
+        } else {
+            // The device thread may be past the gate in a ring walk: the guest's write
+            // completes only once that work is done (the call logs if it takes too long).
+            let _ = self.worker.sync();
         }
     }
 
@@ -285,8 +292,20 @@ impl VirtioPci {
         Some((usize::from(bar), u64::from(offset), length as usize))
     }
 
+    /// What a virtio reset puts back besides the common state. It leaves the PCI function's
+    /// MSI-X table, masks and enable alone, but no message the device raised before it may
+    /// arrive after it (virtio 1.2 §2.4), on whatever the vector is used for next.
+    fn after_reset(&self) {
+        self.interrupts.reset();
+        self.msi().clear_pending();
+        self.interrupts.set_msi_active(self.msix.is_enabled());
+    }
+
     fn common_read(&self, offset: u32, len: usize) -> Option<u32> {
-        let st = self.state.lock().unwrap();
+        let mut st = self.state.lock().unwrap();
+        if finish_late_reset(&mut st) {
+            self.after_reset();
+        }
         let queue = st.selected_queue();
         let sel = st.queue_select as usize;
         Some(match (offset, len) {
@@ -321,6 +340,9 @@ impl VirtioPci {
 
     fn common_write(&mut self, offset: u32, len: usize, value: u32) -> bool {
         let mut st = self.state.lock().unwrap();
+        if finish_late_reset(&mut st) {
+            self.after_reset();
+        }
         match (offset, len) {
             (VIRTIO_PCI_COMMON_DFSELECT, 4) => st.device_features_select = value,
             (VIRTIO_PCI_COMMON_GFSELECT, 4) => st.driver_features_select = value,
@@ -329,13 +351,10 @@ impl VirtioPci {
                 self.interrupts.set_config_vector(value as u16);
             }
             (VIRTIO_PCI_COMMON_STATUS, 1) => {
-                if write_status(&mut st, &self.worker, &self.dma, value) == StatusChange::Reset {
-                    // A virtio reset leaves the PCI function's MSI-X table, masks and enable
-                    // alone, but no message the device raised before it may arrive after it
-                    // (virtio 1.2 §2.4), on whatever the vector is used for next.
-                    self.interrupts.reset();
-                    self.msi().clear_pending();
-                    self.interrupts.set_msi_active(self.msix.is_enabled());
+                let change =
+                    write_status(&mut st, &self.worker, &self.dma, &self.interrupts, value);
+                if change == StatusChange::Reset {
+                    self.after_reset();
                 }
             }
             (VIRTIO_PCI_COMMON_Q_SELECT, 2) => st.queue_select = value,

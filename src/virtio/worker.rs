@@ -4,7 +4,8 @@
 //!
 //! Transports talk to it with [`Command`]s: activation hands it the queues at DRIVER_OK;
 //! reset and queue stop are acknowledged, so when the register reads back the driver knows
-//! the device thread no longer uses what it had. Because the thread sends its notifications
+//! the device thread no longer uses what it had (an acknowledgement that comes late leaves the
+//! register reading as before, with DEVICE_NEEDS_RESET, until it does). Because the thread sends its notifications
 //! itself, before it takes the next command, nothing it computed before a reset can be
 //! delivered after the reset's acknowledgement (virtio 1.2 §2.4).
 
@@ -24,8 +25,13 @@ use crate::dma::DmaContext;
 use crate::logging::DeviceLog;
 
 /// Longest a vCPU waits for the device thread to acknowledge a command. The thread's loops are
-/// bounded, so this is only reached if it died or the host stalls; the vCPU then goes on.
-const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// bounded, so this is only reached if the host stalls it; the vCPU then goes on and the
+/// command completes when the acknowledgement comes. Short in unit tests, which exercise it.
+const ACK_TIMEOUT: Duration = if cfg!(test) {
+    Duration::from_millis(300)
+} else {
+    Duration::from_secs(5)
+};
 
 /// What a transport asks of the device thread.
 pub enum Command {
@@ -37,6 +43,19 @@ pub enum Command {
     StopQueue(usize, SyncSender<()>),
     /// Work may have become possible on every queue (Bus Master Enable was set).
     KickAll,
+    /// Acknowledge once no work is in flight (Bus Master Enable was cleared: nothing may
+    /// touch guest memory after the guest's write completes).
+    Sync(SyncSender<()>),
+}
+
+/// An acknowledgement that did not come in time: the device thread is still working.
+pub struct PendingAck(Receiver<()>);
+
+impl PendingAck {
+    /// Whether it has come by now (or the thread has ended, holding nothing).
+    pub fn arrived(&self) -> bool {
+        !matches!(self.0.try_recv(), Err(mpsc::TryRecvError::Empty))
+    }
 }
 
 /// A running device thread; dropping it stops and joins the thread.
@@ -168,36 +187,36 @@ impl WorkerHandle {
     }
 
     /// Send the command `make` builds around an acknowledgement channel and wait for the
-    /// acknowledgement. Returns false if it did not come in time (the thread is still busy,
-    /// so it may still use what the command was to take away); a thread that has ended holds
-    /// nothing and counts as done.
-    fn call(&self, make: impl FnOnce(SyncSender<()>) -> Command) -> bool {
+    /// acknowledgement; if it does not come in time (the thread is still busy, so it may still
+    /// use what the command was to take away), the caller gets it to look at later. A thread
+    /// that has ended holds nothing and counts as done.
+    fn call(&self, make: impl FnOnce(SyncSender<()>) -> Command) -> Result<(), PendingAck> {
         let (ack, acked) = mpsc::sync_channel(1);
         self.send(make(ack));
-        let timed_out = matches!(
-            acked.recv_timeout(ACK_TIMEOUT),
-            Err(mpsc::RecvTimeoutError::Timeout)
-        );
-        if timed_out {
-            self.log.warn(format_args!(
-                "the device thread did not acknowledge within {ACK_TIMEOUT:?}"
-            ));
+        match acked.recv_timeout(ACK_TIMEOUT) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                self.log.warn(format_args!(
+                    "the device thread did not acknowledge within {ACK_TIMEOUT:?}"
+                ));
+                Err(PendingAck(acked))
+            }
+            _ => Ok(()),
         }
-        !timed_out
     }
 
-    /// Reset the device thread's side; returns once it no longer uses the queues (true), or
-    /// false if it did not say so in time.
-    #[must_use]
-    pub fn reset(&self) -> bool {
+    /// Reset the device thread's side; returns once it no longer uses the queues.
+    pub fn reset(&self) -> Result<(), PendingAck> {
         self.call(Command::Reset)
     }
 
-    /// Stop queue `index`; returns once the device thread no longer uses it (true), or false
-    /// if it did not say so in time.
-    #[must_use]
-    pub fn stop_queue(&self, index: usize) -> bool {
+    /// Stop queue `index`; returns once the device thread no longer uses it.
+    pub fn stop_queue(&self, index: usize) -> Result<(), PendingAck> {
         self.call(|ack| Command::StopQueue(index, ack))
+    }
+
+    /// Returns once no work is in flight on the device thread.
+    pub fn sync(&self) -> Result<(), PendingAck> {
+        self.call(Command::Sync)
     }
 }
 
@@ -226,6 +245,9 @@ fn run_commands(
                 let _ = ack.send(());
             }
             Command::KickAll => kick(queue_events),
+            Command::Sync(ack) => {
+                let _ = ack.send(());
+            }
         }
     }
 }

@@ -43,9 +43,6 @@ pub enum VmError {
     /// A shadow page outside its region.
     #[error("page {0} is outside the read-only shadow")]
     ShadowPage(u64),
-    /// More shadow holes than reserved slots.
-    #[error("a read-only shadow maps at most {0} runs of pages")]
-    ShadowSlots(usize),
     /// Guest memory allocation failed.
     #[error("cannot allocate {size} bytes of guest memory: {reason}")]
     Memory {
@@ -80,10 +77,11 @@ pub const SHADOW_SLOTS: u32 = 16;
 
 /// A VM with an in-kernel irqchip and guest RAM at address 0.
 ///
-/// Every memslot's memory is owned here (guest RAM, and an owner handle for each extra region)
-/// and the slots are deleted when the `Vm` is dropped, before that memory can be unmapped: the
-/// `VmFd` is shared (irqfds, ioeventfds, routes) and may outlive the `Vm`, and KVM would keep
-/// mapping a slot's host range for as long as the VM file is open.
+/// Every memslot's memory is owned by whoever deletes the slot, and the slot is deleted before
+/// that memory can be unmapped: guest RAM by the `Vm` when it is dropped, each read-only
+/// shadow by its [`ShadowRegion`] when the last holder drops it. The `VmFd` is shared (irqfds,
+/// ioeventfds, routes) and may outlive both, and KVM would keep mapping a slot's host range for
+/// as long as the VM file is open.
 pub struct Vm {
     kvm: Kvm,
     fd: Arc<VmFd>,

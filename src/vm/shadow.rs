@@ -39,7 +39,7 @@ struct Mapped {
 
 impl ShadowRegion {
     /// Map `len` bytes of `owner`'s memory at host address `host` read-only at `gpa`, using
-    /// slot numbers from `slots` (one more than the most holes it will have at once).
+    /// slot numbers from `slots` (one more than the most holes it maps around).
     pub(super) fn new(
         fd: Arc<VmFd>,
         gpa: u64,
@@ -62,7 +62,7 @@ impl ShadowRegion {
         };
         {
             let mut m = shadow.lock();
-            shadow.remap(&mut m)?;
+            shadow.remap(&mut m, &BTreeSet::new())?;
         }
         Ok(shadow)
     }
@@ -72,27 +72,30 @@ impl ShadowRegion {
     }
 
     /// Take page `page` (an index from the region's start) out of the mapping, or put it back.
-    /// Fails if the page is outside the region or there are more holes than reserved slots
-    /// allow; the mapping is then as before.
+    /// With more holes than the reserved slots can map around, nothing is mapped: every read
+    /// exits, which always shows the right bytes, just not for free. On a KVM failure fewer
+    /// pages may stay mapped than asked for (never more): reads of those exit too.
     pub fn set_hole(&self, page: u64, hole: bool) -> Result<(), VmError> {
         if page >= self.len / PAGE {
             return Err(VmError::ShadowPage(page));
         }
         let mut m = self.lock();
+        let mut holes = m.holes.clone();
         let changed = if hole {
-            m.holes.insert(page)
+            holes.insert(page)
         } else {
-            m.holes.remove(&page)
+            holes.remove(&page)
         };
         if !changed {
             return Ok(());
         }
-        let runs = self.runs(&m.holes).len();
-        if runs > self.slots.len() {
-            m.holes.remove(&page);
-            return Err(VmError::ShadowSlots(self.slots.len()));
+        let result = self.remap(&mut m, &holes);
+        if result.is_ok() || hole {
+            // A hole asked for is recorded even if mapping around it failed: the page is
+            // unmapped unless deleting the old slots failed, which the error reports.
+            m.holes = holes;
         }
-        self.remap(&mut m)
+        result
     }
 
     /// The pages taken out now.
@@ -116,10 +119,15 @@ impl ShadowRegion {
         runs
     }
 
-    /// Delete every slot, then map the runs around the holes.
-    fn remap(&self, m: &mut Mapped) -> Result<(), VmError> {
+    /// Delete every slot, then map the runs around `holes` (none if they need more slots than
+    /// were reserved).
+    fn remap(&self, m: &mut Mapped, holes: &BTreeSet<u64>) -> Result<(), VmError> {
         self.delete_all(m)?;
-        for (slot, run) in self.slots.clone().zip(self.runs(&m.holes)) {
+        let runs = self.runs(holes);
+        if runs.len() > self.slots.len() {
+            return Ok(());
+        }
+        for (slot, run) in self.slots.clone().zip(runs) {
             let region = kvm_userspace_memory_region {
                 slot,
                 flags: KVM_MEM_READONLY,
@@ -205,5 +213,28 @@ mod tests {
         shadow.set_hole(2, false).unwrap();
         assert!(!fits(2), "mapped again");
         assert!(shadow.set_hole(4, true).is_err(), "outside the region");
+        // More holes than slots: nothing is mapped, every page reads by exiting.
+        let many = 2 * u64::from(crate::vm::SHADOW_SLOTS) + 2;
+        let pages = usize::try_from(many).unwrap() + 1;
+        let region = Arc::new(MmapRegion::<()>::new(0x1000 * pages).unwrap());
+        let wide = vm.add_readonly_region(0x2000_0000, region, |r| r).unwrap();
+        for page in (0..many).step_by(2) {
+            wide.set_hole(page, true).unwrap();
+        }
+        let at = |page: u64| kvm_userspace_memory_region {
+            guest_phys_addr: 0x2000_0000 + page * PAGE,
+            ..probe(0)
+        };
+        // SAFETY: `scratch` outlives the slot, deleted right after.
+        let mapped = unsafe { fd.set_user_memory_region(at(1)) };
+        assert!(mapped.is_ok(), "nothing mapped");
+        let delete = kvm_userspace_memory_region {
+            memory_size: 0,
+            ..at(1)
+        };
+        // SAFETY: deleting maps nothing.
+        unsafe { fd.set_user_memory_region(delete) }.unwrap();
+        wide.set_hole(0, false).unwrap();
+        assert_eq!(wide.holes().len(), pages / 2 - 1);
     }
 }
