@@ -5,6 +5,8 @@
 
 pub mod chain;
 pub mod device;
+#[cfg(test)]
+mod hostile;
 pub mod interrupt;
 pub mod mmio;
 pub mod net;
