@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::irq::{InterruptRoutes, IrqError, MsiGsi};
+use crate::irq::{CommitStrategy, InterruptRoutes, IrqError, MsiGsi};
 use crate::virtio::notify::{Doorbell, IoEventRegistrar};
 
 /// First GSI handed out for MSI vectors: after the 24 IOAPIC pins, as on KVM.
@@ -23,15 +23,30 @@ struct Routes {
     irqfds: BTreeMap<u32, Arc<EventFd>>,
     pins: Vec<u32>,
     commits: u64,
+    injected: Vec<(u64, u32)>,
 }
 
 /// A routing table in memory: routes are staged until [`InterruptRoutes::commit`] installs them.
 #[derive(Default)]
 pub struct FakeRoutes {
+    strategy: CommitStrategy,
     routes: Mutex<Routes>,
 }
 
 impl FakeRoutes {
+    /// A table whose owners follow `strategy`.
+    pub fn with_strategy(strategy: CommitStrategy) -> Self {
+        FakeRoutes {
+            strategy,
+            routes: Mutex::default(),
+        }
+    }
+
+    /// The messages injected directly (`KVM_SIGNAL_MSI`), in order.
+    pub fn injected(&self) -> Vec<(u64, u32)> {
+        self.routes.lock().unwrap().injected.clone()
+    }
+
     /// The committed route of `gsi`: its MSI message.
     pub fn route(&self, gsi: u32) -> Option<(u64, u32)> {
         self.routes.lock().unwrap().committed.get(&gsi).copied()
@@ -49,6 +64,15 @@ impl FakeRoutes {
 }
 
 impl InterruptRoutes for FakeRoutes {
+    fn strategy(&self) -> CommitStrategy {
+        self.strategy
+    }
+
+    fn signal_msi(&self, address: u64, data: u32) -> Result<(), IrqError> {
+        self.routes.lock().unwrap().injected.push((address, data));
+        Ok(())
+    }
+
     fn bind_pin(
         &self,
         gsi: u32,

@@ -20,6 +20,10 @@ use vmm_sys_util::eventfd::EventFd;
 /// implements it for a VM ([`GsiRouting`], on KVM); [`crate::fakes::FakeRoutes`] records the
 /// same calls in memory, so devices can be tested and fuzzed without /dev/kvm.
 pub trait InterruptRoutes: Send + Sync {
+    /// How MSI messages reach the guest.
+    fn strategy(&self) -> CommitStrategy;
+    /// Inject one MSI message now, without a route (`KVM_SIGNAL_MSI`).
+    fn signal_msi(&self, address: u64, data: u32) -> Result<(), IrqError>;
     /// Bind `irqfd` to IOAPIC pin `gsi` (a level-triggered line when `resample` is given: KVM
     /// signals it at the EOI that de-asserts the line).
     fn bind_pin(

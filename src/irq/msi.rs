@@ -16,7 +16,7 @@ use super::regs::{
     MSI_DELIVERY_INIT, MSI_DELIVERY_LOWEST, MSI_DELIVERY_NMI, MSI_DELIVERY_SMI,
 };
 use super::routing::MsiGsi;
-use super::{InterruptRoutes, IrqError};
+use super::{CommitStrategy, InterruptRoutes, IrqError};
 use crate::guest_error;
 use crate::logging::DeviceLog;
 
@@ -26,6 +26,8 @@ struct Vector {
     data: u32,
     /// The message KVM routes this vector's GSI to, if any.
     routed: Option<(u64, u32)>,
+    /// Its route changed and may not be committed yet (first-use: the next signal commits).
+    staged: bool,
     masked: bool,
     pending: bool,
 }
@@ -76,7 +78,10 @@ pub enum MsiChange {
 /// A device's MSI vectors.
 pub struct MsiVectors {
     routing: Arc<dyn InterruptRoutes>,
+    strategy: CommitStrategy,
     log: Arc<DeviceLog>,
+    count: usize,
+    /// A GSI and irqfd per vector; none when messages are injected directly.
     gsis: Vec<MsiGsi>,
     state: Mutex<State>,
 }
@@ -104,9 +109,12 @@ impl MsiVectors {
         count: usize,
         log: Arc<DeviceLog>,
     ) -> Result<Self, IrqError> {
+        let strategy = routing.strategy();
         let mut table = MsiVectors {
             routing,
+            strategy,
             log,
+            count,
             gsis: Vec::with_capacity(count),
             state: Mutex::new(State {
                 vectors: vec![
@@ -122,8 +130,10 @@ impl MsiVectors {
             }),
         };
         // On an error, Drop gives back what was taken so far.
-        for _ in 0..count {
-            table.gsis.push(table.routing.allocate_msi()?);
+        if strategy != CommitStrategy::Direct {
+            for _ in 0..count {
+                table.gsis.push(table.routing.allocate_msi()?);
+            }
         }
         Ok(table)
     }
@@ -135,12 +145,12 @@ impl MsiVectors {
 
     /// Number of vectors.
     pub fn len(&self) -> usize {
-        self.gsis.len()
+        self.count
     }
 
     /// Whether there are no vectors.
     pub fn is_empty(&self) -> bool {
-        self.gsis.is_empty()
+        self.count == 0
     }
 
     /// Apply what one guest access did, then bring KVM's routes up to date in (at most) one
@@ -248,8 +258,8 @@ impl MsiVectors {
         };
         if blocked || v.masked {
             v.pending = true;
-        } else if v.routed.is_some() {
-            self.signal(index);
+        } else {
+            self.send(index, v, true);
         }
     }
 
@@ -260,9 +270,14 @@ impl MsiVectors {
         }
     }
 
-    /// Stage the route each vector should have, then commit. Called with the state locked, so
-    /// no message is sent before its route is in KVM (the rule in `routing.rs`).
+    /// Stage the route each vector should have: one while the table is enabled and its
+    /// message valid. Under per-vector and batched commits, commit now; under first-use, the
+    /// vector's next signal does; direct messages have no routes. Called with the state
+    /// locked, as [`MsiVectors::send`] is (the rule in `routing.rs`).
     fn sync_routes(&self, st: &mut State) {
+        if self.strategy == CommitStrategy::Direct {
+            return;
+        }
         for (i, v) in st.vectors.iter_mut().enumerate() {
             let want =
                 (st.enabled && is_valid_message(v.address, v.data)).then_some((v.address, v.data));
@@ -275,10 +290,20 @@ impl MsiVectors {
                 None => self.routing.clear(gsi),
             };
             v.routed = want;
+            v.staged = true;
             if let Err(e) = result {
                 self.log.warn(format_args!("MSI vector {i}: {e}"));
             }
         }
+        if self.strategy.commits_per_access() {
+            self.commit();
+            for v in &mut st.vectors {
+                v.staged = false;
+            }
+        }
+    }
+
+    fn commit(&self) {
         if let Err(e) = self.routing.commit() {
             self.log.warn(format_args!("MSI vectors: {e}"));
         }
@@ -288,17 +313,37 @@ impl MsiVectors {
         if st.blocked() {
             return;
         }
+        let enabled = st.enabled;
         for (i, v) in st.vectors.iter_mut().enumerate() {
             if v.pending && !v.masked {
                 v.pending = false;
-                if v.routed.is_some() {
-                    self.signal(i);
-                }
+                self.send(i, v, enabled);
             }
         }
     }
 
-    fn signal(&self, index: usize) {
+    /// Send vector `index`'s message `v` now, if it is one (an invalid message goes nowhere,
+    /// as on a real bus). **The rule that keeps delivery correct, for every strategy**: called
+    /// only with the state locked, and never through a route that is not in KVM: a direct
+    /// message carries its own address and data; a first-use route staged since the last
+    /// commit is committed here, before its irqfd is written.
+    fn send(&self, index: usize, v: &mut Vector, enabled: bool) {
+        if self.strategy == CommitStrategy::Direct {
+            if enabled
+                && is_valid_message(v.address, v.data)
+                && let Err(e) = self.routing.signal_msi(v.address, v.data)
+            {
+                self.log.warn(format_args!("MSI vector {index}: {e}"));
+            }
+            return;
+        }
+        if v.routed.is_none() {
+            return;
+        }
+        if v.staged {
+            self.commit();
+            v.staged = false;
+        }
         if let Err(e) = self.gsis[index].irqfd.write(1) {
             self.log
                 .warn(format_args!("MSI vector {index}: irqfd write failed: {e}"));
@@ -448,5 +493,80 @@ mod tests {
                 mode(reserved_or_extint, 0x41)
             ));
         }
+    }
+
+    fn faked(
+        strategy: CommitStrategy,
+        count: usize,
+    ) -> (MsiVectors, Arc<crate::fakes::FakeRoutes>) {
+        let routes = Arc::new(crate::fakes::FakeRoutes::with_strategy(strategy));
+        let msi = MsiVectors::new(routes.clone(), count, DeviceLog::new("test")).unwrap();
+        (msi, routes)
+    }
+
+    fn unmask(index: usize) -> MsiChange {
+        MsiChange::Mask {
+            index,
+            masked: false,
+        }
+    }
+
+    #[test]
+    fn first_use_commits_at_the_first_message_after_a_change_and_never_before() {
+        let (msi, routes) = faked(CommitStrategy::FirstUse, 2);
+        msi.update(&[program(0, 0x40), program(1, 0x41), unmask(0), unmask(1)]);
+        msi.update(&[MsiChange::Enable(true)]);
+        assert_eq!(routes.commits(), 0, "guest accesses only stage");
+        msi.trigger(0);
+        assert_eq!(
+            routes.commits(),
+            1,
+            "the first message commits everything staged"
+        );
+        assert_eq!(
+            routes.route(msi.gsis[1].gsi),
+            Some((MSI_ADDRESS_BASE, 0x41))
+        );
+        msi.trigger(1);
+        msi.trigger(0);
+        assert_eq!(routes.commits(), 1, "nothing new to commit");
+        assert_eq!(msi.gsis[0].irqfd.read().unwrap(), 2, "both messages sent");
+        // Re-programmed between two messages: the next one goes to the new message.
+        msi.update(&[program(0, 0x50)]);
+        assert_eq!(routes.commits(), 1);
+        msi.trigger(0);
+        assert_eq!(routes.commits(), 2);
+        assert_eq!(
+            routes.route(msi.gsis[0].gsi),
+            Some((MSI_ADDRESS_BASE, 0x50))
+        );
+    }
+
+    #[test]
+    fn direct_messages_need_no_route_and_follow_masks_and_validity() {
+        let (msi, routes) = faked(CommitStrategy::Direct, 2);
+        assert!(msi.gsis.is_empty(), "no GSIs, no irqfds");
+        assert_eq!(msi.len(), 2);
+        msi.update(&[program(0, 0x40), program(1, 0x05), unmask(1)]);
+        msi.update(&[MsiChange::Enable(true)]);
+        msi.trigger(0);
+        assert!(msi.is_pending(0), "masked: held");
+        msi.trigger(1);
+        assert!(
+            routes.injected().is_empty(),
+            "an invalid message is never injected"
+        );
+        msi.update(&[program(0, 0x44), unmask(0)]);
+        assert_eq!(
+            routes.injected(),
+            vec![(MSI_ADDRESS_BASE, 0x44)],
+            "sent at unmask"
+        );
+        msi.update(&[MsiChange::BusMaster(false)]);
+        msi.trigger(0);
+        assert_eq!(routes.injected().len(), 1, "no Bus Master, no message");
+        msi.update(&[MsiChange::BusMaster(true)]);
+        assert_eq!(routes.injected().len(), 2, "sent when it is back");
+        assert_eq!(routes.commits(), 0);
     }
 }

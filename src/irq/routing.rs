@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use kvm_bindings::{
     KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
-    KVM_IRQCHIP_PIC_SLAVE, KvmIrqRouting, kvm_irq_routing_entry,
+    KVM_IRQCHIP_PIC_SLAVE, KvmIrqRouting, kvm_irq_routing_entry, kvm_msi,
 };
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -40,7 +40,8 @@ pub const MAX_ROUTES: u32 = 4096;
 /// MSI vectors one VM can route: the table's entries less the IOAPIC and PIC pins.
 pub const MAX_MSI_ROUTES: u32 = MAX_ROUTES - IOAPIC_PINS - PIC_PINS;
 
-/// When staged route changes reach KVM.
+/// How MSI messages reach the guest: through routes in KVM's table, committed when, or
+/// without routes at all.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CommitStrategy {
     /// Every change commits at once: enabling N vectors makes N commits.
@@ -48,15 +49,37 @@ pub enum CommitStrategy {
     /// Changes wait for [`GsiRouting::commit`], which their owner calls once per guest access.
     #[default]
     Batched,
+    /// Guest accesses only stage changes; the first signal of a vector whose route is staged
+    /// commits everything staged so far, before its irqfd is written. For vectors an outside
+    /// signaller (vhost, VFIO) must reach through an irqfd.
+    FirstUse,
+    /// No routes and no irqfds: vectors only the VMM signals are injected with
+    /// `KVM_SIGNAL_MSI` (api.rst §4.71), as QEMU's userspace devices do.
+    Direct,
 }
 
 impl CommitStrategy {
+    /// Every strategy, in report order.
+    pub const ALL: [CommitStrategy; 4] = [
+        CommitStrategy::PerVector,
+        CommitStrategy::Batched,
+        CommitStrategy::FirstUse,
+        CommitStrategy::Direct,
+    ];
+
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
             CommitStrategy::PerVector => "per-vector",
             CommitStrategy::Batched => "batched",
+            CommitStrategy::FirstUse => "first-use",
+            CommitStrategy::Direct => "direct",
         }
+    }
+
+    /// Whether the owner of the vectors commits at the end of each guest access.
+    pub fn commits_per_access(self) -> bool {
+        matches!(self, CommitStrategy::PerVector | CommitStrategy::Batched)
     }
 }
 
@@ -165,7 +188,7 @@ impl GsiRouting {
     fn after_change(&self, t: &mut Table) -> Result<(), IrqError> {
         match self.strategy {
             CommitStrategy::PerVector => self.commit_locked(t),
-            CommitStrategy::Batched => Ok(()),
+            _ => Ok(()),
         }
     }
 
@@ -227,6 +250,24 @@ impl GsiRouting {
 }
 
 impl InterruptRoutes for GsiRouting {
+    fn strategy(&self) -> CommitStrategy {
+        self.strategy
+    }
+
+    fn signal_msi(&self, address: u64, data: u32) -> Result<(), IrqError> {
+        let msi = kvm_msi {
+            address_lo: (address & 0xffff_ffff) as u32,
+            address_hi: (address >> 32) as u32,
+            data,
+            ..Default::default()
+        };
+        // 0 means the guest blocked it (api.rst §4.71): as a masked line would, not an error.
+        self.vm
+            .signal_msi(msi)
+            .map(|_| ())
+            .map_err(kvm_err("inject an MSI"))
+    }
+
     fn bind_pin(
         &self,
         gsi: u32,
