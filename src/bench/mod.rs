@@ -73,6 +73,9 @@ pub struct Variant {
     /// Interrupts the guest took per operation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub irqs_per_op: Option<f64>,
+    /// How the device's interrupts reached KVM (`irqfd`, or `signal-msi` for direct MSI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<&'static str>,
     /// Guest errors the devices counted during the variant's ops, by device (none: omitted).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub guest_errors: BTreeMap<String, u64>,
@@ -212,6 +215,7 @@ pub(crate) fn variant(
         trans_per_s: None,
         seed_trans_per_s: None,
         irqs_per_op: None,
+        delivery: None,
         guest_errors,
         routing: None,
     }

@@ -29,7 +29,7 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
     let _ = writeln!(t, "== {} ==\n{}\ntiming: {}\n", s.name, s.title, s.timing);
     let _ = writeln!(
         t,
-        "{:<22} {:>12} {:>12}   {:>11} {:>10} {:>8}  exits by kind",
+        "{:<26} {:>12} {:>12}   {:>11} {:>10} {:>8}  exits by kind",
         "variant", "time ratio", "seed ratio", "time/op", "exits/op", "ops"
     );
     for v in &s.variants {
@@ -55,9 +55,12 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
         if let Some(irqs) = v.irqs_per_op {
             let _ = write!(extra, " irqs/op:{irqs:.2}");
         }
+        if let Some(delivery) = v.delivery {
+            let _ = write!(extra, " via {delivery}");
+        }
         let _ = writeln!(
             t,
-            "{:<22} {:>12} {:>12}   {:>11} {:>10.2} {:>8}  {}{extra}",
+            "{:<26} {:>12} {:>12}   {:>11} {:>10.2} {:>8}  {}{extra}",
             v.name,
             vs,
             seed,

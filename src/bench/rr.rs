@@ -14,6 +14,7 @@ use crate::contract::{
     Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE, TRANSPORT_MMIO,
     TRANSPORT_PCI,
 };
+use crate::irq::CommitStrategy;
 use crate::machine::{MachineError, ProbeConfig, Transport, VirtioNetConfig, ops};
 use crate::stats::ExitKind;
 use crate::virtio::notify::NotifyPath;
@@ -93,6 +94,9 @@ fn devices() -> Vec<VirtioNetConfig> {
         .collect()
 }
 
+/// Name suffix of the variants whose MSI messages are injected directly.
+const DIRECT_SUFFIX: &str = "-direct";
+
 fn variant_name(mode: Mode, path: NotifyPath) -> String {
     format!("{}-{}", mode.name(), path.name())
 }
@@ -116,12 +120,12 @@ impl RrBench {
         Ok(())
     }
 
-    /// Boot once, run every variant, and report.
-    pub fn run(&self) -> Result<ScenarioReport, MachineError> {
+    /// The guest's ops for `modes`: for each, every doorbell path; and the op indexes timed.
+    fn ops(&self, modes: &[Mode]) -> (Vec<Op>, Vec<(Mode, NotifyPath, usize)>) {
         let n = self.transactions.max(1);
         let mut ops: Vec<Op> = Vec::new();
         let mut timed = Vec::new();
-        for mode in Mode::ALL {
+        for &mode in modes {
             for (i, path) in NotifyPath::ALL.into_iter().enumerate() {
                 let doorbells = if path == NotifyPath::Address {
                     RR_FLAG_DOORBELLS
@@ -144,22 +148,53 @@ impl RrBench {
                 ops.push(ops::virtio_rr(self.request_size, n));
             }
         }
+        (ops, timed)
+    }
+
+    /// Boot with MSI messages delivered by `delivery`, run `modes`, return their variants.
+    fn boot(
+        &self,
+        delivery: CommitStrategy,
+        modes: &[Mode],
+    ) -> Result<(Vec<Variant>, Clock), MachineError> {
+        let n = self.transactions.max(1);
+        let (ops, timed) = self.ops(modes);
         let run = run_ok(&ProbeConfig {
             ops,
             virtio: devices(),
             response_size: usize::try_from(self.response_size).expect("validated size"),
             timeout: self.timeout,
+            gsi_commits: delivery,
             ..Default::default()
         })?;
         let clock = Clock::of(&run);
-        let mut variants: Vec<Variant> = Vec::new();
-        for &(mode, path, op) in &timed {
-            let mut v = variant(&variant_name(mode, path), &run, &clock, &[op], n, n);
-            v.trans_per_s = Some(1e9 / v.ns_per_op);
-            v.seed_trans_per_s = Some(mode.seed());
-            v.irqs_per_op = Some(run.results[op].irqs as f64 / n as f64);
-            variants.push(v);
-        }
+        let direct = delivery == CommitStrategy::Direct;
+        let variants = timed
+            .iter()
+            .map(|&(mode, path, op)| {
+                let name = variant_name(mode, path) + if direct { DIRECT_SUFFIX } else { "" };
+                let mut v = variant(&name, &run, &clock, &[op], n, n);
+                v.trans_per_s = Some(1e9 / v.ns_per_op);
+                v.seed_trans_per_s = Some(mode.seed());
+                v.irqs_per_op = Some(run.results[op].irqs as f64 / n as f64);
+                // The legacy line is an IOAPIC pin: always an irqfd.
+                v.delivery = Some(if direct && mode != Mode::MmioLegacy {
+                    "signal-msi"
+                } else {
+                    "irqfd"
+                });
+                v
+            })
+            .collect();
+        Ok((variants, clock))
+    }
+
+    /// Boot once with MSI routes and irqfds (every mode), once with direct MSI (the MSI modes),
+    /// and report.
+    pub fn run(&self) -> Result<ScenarioReport, MachineError> {
+        let n = self.transactions.max(1);
+        let (mut variants, clock) = self.boot(CommitStrategy::Batched, &Mode::ALL)?;
+        let (mut direct, _) = self.boot(CommitStrategy::Direct, &[Mode::PciMsix, Mode::MmioMsi])?;
         for path in NotifyPath::ALL {
             let base = variant_name(Mode::MmioLegacy, path);
             let seed: Vec<(String, f64)> = Mode::ALL
@@ -179,6 +214,25 @@ impl RrBench {
                 }
             }
         }
+        // Each direct variant against the same device and path with irqfds.
+        for d in &mut direct {
+            let twin = d.name.trim_end_matches(DIRECT_SUFFIX);
+            if let Some(t) = variants.iter().find(|v| v.name == twin) {
+                d.baseline = t.name.clone();
+                d.time_ratio = d.ns_per_op / t.ns_per_op;
+            }
+        }
+        let notes = vec![format!(
+            "`{DIRECT_SUFFIX}` variants: the same devices with MSI messages injected by \
+             KVM_SIGNAL_MSI (no routes, no irqfds; `exitless bench msix` strategy direct), their \
+             time ratio against the irqfd variant of the same device and doorbell path: {}",
+            direct
+                .iter()
+                .map(|d| format!("{} {:.3}x", d.name, d.time_ratio))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )];
+        variants.extend(direct);
         let targets = targets(&variants);
         Ok(ScenarioReport {
             name: "rr".into(),
@@ -187,12 +241,12 @@ impl RrBench {
                 self.request_size, self.response_size
             ),
             timing: format!(
-                "{}; each variant's time ratio is against mmio-legacy with the same doorbell path",
+                "{}; each variant's time ratio is against mmio-legacy with the same doorbell path (a `-direct` one's: against the same variant with irqfds)",
                 clock.describe()
             ),
             variants,
             targets,
-            notes: Vec::new(),
+            notes,
         })
     }
 }

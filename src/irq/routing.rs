@@ -47,14 +47,16 @@ pub enum CommitStrategy {
     /// Every change commits at once: enabling N vectors makes N commits.
     PerVector,
     /// Changes wait for [`GsiRouting::commit`], which their owner calls once per guest access.
-    #[default]
     Batched,
     /// Guest accesses only stage changes; the first signal of a vector whose route is staged
     /// commits everything staged so far, before its irqfd is written. For vectors an outside
     /// signaller (vhost, VFIO) must reach through an irqfd.
     FirstUse,
     /// No routes and no irqfds: vectors only the VMM signals are injected with
-    /// `KVM_SIGNAL_MSI` (api.rst §4.71), as QEMU's userspace devices do.
+    /// `KVM_SIGNAL_MSI` (api.rst §4.71), as QEMU's userspace devices do. The default: every
+    /// exitless device signals its own vectors, and `exitless bench` measures it cheapest at
+    /// enable, in the unmask burst and on request/response traffic.
+    #[default]
     Direct,
 }
 

@@ -284,7 +284,9 @@ mod tests {
     };
 
     fn parts(entries: usize) -> (Msix, ConfigSpace, Arc<FakeRoutes>) {
-        let routes = Arc::new(FakeRoutes::default());
+        let routes = Arc::new(FakeRoutes::with_strategy(
+            crate::irq::CommitStrategy::Batched,
+        ));
         let vectors = Arc::new(
             MsiVectors::new(
                 routes.clone(),
