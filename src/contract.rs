@@ -166,6 +166,12 @@ contract_consts! {
     /// interrupts on expected vectors; `stray_irqs`: any other; status `STATUS_BAD_DATA` on a
     /// mismatch.
     OP_MSIX_CHECK: u64 = 16;
+    /// `Op::kind`: interrupt latency on the function at `address`: `count` rounds, each asking
+    /// the VMM (`PORT_MSIX_SEND`) for entries `value` .. `value + size` (one if `size` is 0) one
+    /// at a time and waiting for each on the IDT vector in its data; cycles: all of it, from
+    /// the first request to the last handler. `OpResult::value`: requests; `irqs`: interrupts
+    /// that arrived; status `STATUS_TIMEOUT` if one did not.
+    OP_MSIX_LATENCY: u64 = 17;
     /// `Op::method` of virtio ops: a virtio-mmio device.
     TRANSPORT_MMIO: u64 = 1;
     /// `Op::method` of virtio ops: a virtio-pci device (MSI-X).

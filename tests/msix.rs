@@ -153,3 +153,32 @@ fn messages_outside_the_interrupt_window_are_dropped_not_fatal() {
         assert_delivered(&run, 6, VECTORS);
     }
 }
+
+/// The first interrupt of every vector after an enable, then steady traffic on one, under every
+/// strategy: each arrives once on its own vector; first-use pays its one commit at the first of
+/// them, the others none.
+#[test]
+fn the_first_interrupt_after_enable_pays_first_use_commit_and_no_more() {
+    let d = device();
+    for strategy in CommitStrategy::ALL {
+        let run = boot(
+            strategy,
+            vec![
+                ops::msix_program(d, 0x40, 0, true),
+                ops::msix_control(d, ENABLE),
+                ops::msix_latency(d, 0, VECTORS, 1), // 2: every vector's first interrupt
+                ops::msix_latency(d, 3, 1, 20),      // 3: steady state on one vector
+                ops::msix_check(d, true),
+            ],
+        );
+        let name = strategy.name();
+        for (op, n) in [(2, VECTORS), (3, 20)] {
+            let r = assert_ok(&run, op);
+            assert_eq!((r.value, r.irqs), (n, n), "{name}: op {op}");
+        }
+        let first = u64::from(strategy == CommitStrategy::FirstUse);
+        assert_eq!(commits(&run, 2), first, "{name}: first interrupts");
+        assert_eq!(commits(&run, 3), 0, "{name}: steady state");
+        assert_delivered(&run, 4, VECTORS);
+    }
+}

@@ -173,3 +173,16 @@ pub fn msix_check(function: PciAddress, send: bool) -> Op {
         ..Default::default()
     }
 }
+
+/// Interrupt latency on `function`: `rounds` times, ask for entries `first..first + entries`
+/// one at a time and wait for each.
+pub fn msix_latency(function: PciAddress, first: u64, entries: u64, rounds: u64) -> Op {
+    Op {
+        kind: OP_MSIX_LATENCY,
+        address: function.ecam_offset(),
+        value: first,
+        size: entries,
+        count: rounds,
+        ..Default::default()
+    }
+}
