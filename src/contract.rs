@@ -47,7 +47,7 @@ contract_consts! {
     /// Guest-physical address of the op array (`MAX_OPS` entries).
     OPS_ADDR: u64 = 0x1_0000;
     /// Capacity of the op array.
-    MAX_OPS: u64 = 256;
+    MAX_OPS: u64 = 512;
     /// Guest-physical address of the op results (`MAX_OPS` entries).
     RESULTS_ADDR: u64 = 0x1_8000;
     /// Guest-physical address of the enumeration records written by `OP_ENUMERATE`.

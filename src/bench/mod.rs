@@ -112,6 +112,16 @@ pub struct RoutingFigures {
     /// The other burst: unmasking vectors one by one after MSI-X Enable.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unmask_one_by_one: Option<Box<RoutingFigures>>,
+    /// The seed's restore pattern: after every function's Enable, one interrupt per vector,
+    /// each waited for (request through an exit, then the handler).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore_interrupts: Option<Box<RoutingFigures>>,
+    /// The first interrupt of a vector after the unmask burst (first-use commits here).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_interrupt: Option<Box<RoutingFigures>>,
+    /// Steady-state interrupts on that vector, [`STEADY_ROUNDS`](crate::bench::msix) of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_interrupts: Option<Box<RoutingFigures>>,
 }
 
 /// A target from the issue, and whether this run met it.

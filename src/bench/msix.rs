@@ -61,11 +61,18 @@ impl Default for MsixBench {
 }
 
 /// Op indexes of one device's steps.
+#[derive(Default)]
 struct DeviceOps {
     program: usize,
     enable: usize,
+    restore: usize,
     burst: usize,
+    first: usize,
+    steady: usize,
 }
+
+/// Interrupts timed on one vector in the steady state, per device.
+pub const STEADY_ROUNDS: u64 = 50;
 
 const STRATEGIES: [CommitStrategy; 4] = CommitStrategy::ALL;
 
@@ -91,7 +98,9 @@ impl MsixBench {
         2 * u64::from(self.queue_pairs) + 1
     }
 
-    /// The guest's work: every device's enable burst, then every device's unmask burst.
+    /// The guest's work: every device's enable; the restore pattern (one interrupt per vector
+    /// of every device, now that all are live); checks; then every device's unmask burst, the
+    /// first interrupt after it and steady-state interrupts.
     fn ops(&self) -> (Vec<Op>, Vec<DeviceOps>) {
         let mut list = Vec::new();
         let mut steps = Vec::new();
@@ -99,16 +108,24 @@ impl MsixBench {
             list.push(op);
             list.len() - 1
         };
+        let vectors = self.vectors();
         for d in 0..self.devices {
             let f = ProbeConfig::virtio_pci_address(d);
-            let program = push(&mut list, ops::msix_program(f, FIRST_VECTOR, 0, true));
-            let enable = push(&mut list, ops::msix_control(f, PCI_MSIX_FLAGS_ENABLE));
-            push(&mut list, ops::msix_check(f, true));
             steps.push(DeviceOps {
-                program,
-                enable,
-                burst: 0,
+                program: push(&mut list, ops::msix_program(f, FIRST_VECTOR, 0, true)),
+                enable: push(&mut list, ops::msix_control(f, PCI_MSIX_FLAGS_ENABLE)),
+                ..Default::default()
             });
+        }
+        for (d, step) in steps.iter_mut().enumerate() {
+            let f = ProbeConfig::virtio_pci_address(d);
+            step.restore = push(&mut list, ops::msix_latency(f, 0, vectors, 1));
+        }
+        for d in 0..self.devices {
+            push(
+                &mut list,
+                ops::msix_check(ProbeConfig::virtio_pci_address(d), true),
+            );
         }
         for (d, step) in steps.iter_mut().enumerate() {
             let f = ProbeConfig::virtio_pci_address(d);
@@ -118,6 +135,8 @@ impl MsixBench {
             );
             push(&mut list, ops::msix_control(f, PCI_MSIX_FLAGS_ENABLE));
             step.burst = push(&mut list, ops::msix_mask_each(f, false));
+            step.first = push(&mut list, ops::msix_latency(f, 0, 1, 1));
+            step.steady = push(&mut list, ops::msix_latency(f, 0, 1, STEADY_ROUNDS));
             push(&mut list, ops::msix_check(f, true));
         }
         (list, steps)
@@ -196,9 +215,15 @@ impl MsixBench {
             enable.seed_per_device_ms = Some(per_device.to_vec());
             enable.seed_total_ms = Some(total);
         }
-        let programs: Vec<usize> = steps.iter().map(|s| s.program).collect();
-        enable.table_programming = Some(Box::new(figures(run, clock, &programs)));
+        let of = |pick: fn(&DeviceOps) -> usize| {
+            let ops: Vec<usize> = steps.iter().map(pick).collect();
+            Some(Box::new(figures(run, clock, &ops)))
+        };
+        enable.table_programming = of(|s| s.program);
         enable.unmask_one_by_one = Some(Box::new(figures(run, clock, &bursts)));
+        enable.restore_interrupts = of(|s| s.restore);
+        enable.first_interrupt = of(|s| s.first);
+        enable.steady_interrupts = of(|s| s.steady);
         v.routing = Some(enable);
         v
     }
@@ -342,7 +367,37 @@ fn findings(variants: &[Variant], vectors: u64) -> (Vec<TargetCheck>, Vec<String
         })
         .collect::<Vec<_>>()
         .join(", ");
+    let interrupts_line = STRATEGIES
+        .iter()
+        .map(|&s| {
+            let f = get(s);
+            let restore = part(f, |f| &f.restore_interrupts);
+            let first = part(f, |f| &f.first_interrupt);
+            let steady = part(f, |f| &f.steady_interrupts);
+            let devices = steady.per_device_ms.len().max(1) as f64;
+            format!(
+                "{}: restore {:.2} ms ({} commits), first {:.1} us, steady {:.1} us",
+                s.name(),
+                restore.total_ms,
+                restore.commits,
+                1e3 * first.total_ms / devices,
+                1e3 * steady.total_ms / (devices * STEADY_ROUNDS as f64),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
     let notes = vec![
+        format!(
+            "the price of each strategy, per interrupt requested through one port exit and \
+             waited for: the seed's restore pattern (every vector of every function live, then \
+             one interrupt each: all {} delivered), the first interrupt after the unmask burst \
+             (mean per device), the steady state (mean of {STEADY_ROUNDS} per device). \
+             {interrupts_line}",
+            vectors
+                * part(per_vector, |f| &f.restore_interrupts)
+                    .per_device_ms
+                    .len() as u64
+        ),
         format!(
             "per-vector enable grows with the table, as in the seed: first device {:.2} ms, last {:.2} ms",
             per_vector

@@ -5,8 +5,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zerocopy::IntoBytes;
 
 use crate::contract::{
-    BOOT_INFO_ADDR, BOOT_INFO_MAGIC, BootInfo, DMA_ADDR, DMA_SIZE, MAX_OPS, MAX_VIRTIO_MMIO,
-    OPS_ADDR, Op, PROBE_LOAD_ADDR, PROBE_MAX_SIZE,
+    BOOT_INFO_ADDR, BOOT_INFO_MAGIC, BootInfo, DMA_ADDR, DMA_SIZE, ENUM_ADDR, MAX_OPS,
+    MAX_VIRTIO_MMIO, OPS_ADDR, Op, OpResult, PROBE_LOAD_ADDR, PROBE_MAX_SIZE, RESULTS_ADDR,
 };
 use crate::machine::layout::VIRTIO_MMIO_SLOTS;
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -14,6 +14,12 @@ use crate::vm::boot;
 
 /// The probe guest image, built by build.rs from guest/.
 pub static PROBE_IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe.bin"));
+
+// The op and result arrays fit between their neighbours in the contract's map.
+const _: () = assert!(
+    OPS_ADDR + MAX_OPS * size_of::<Op>() as u64 <= RESULTS_ADDR
+        && RESULTS_ADDR + MAX_OPS * size_of::<OpResult>() as u64 <= ENUM_ADDR
+);
 
 /// RAM the probe needs: everything up to the end of its driver area, the highest thing it uses.
 pub const PROBE_MIN_RAM: u64 = DMA_ADDR + DMA_SIZE;
