@@ -112,6 +112,10 @@ pub struct RoutingFigures {
     /// The other burst: unmasking vectors one by one after MSI-X Enable.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unmask_one_by_one: Option<Box<RoutingFigures>>,
+    /// The first interrupt of each function after every function's Enable (first-use commits
+    /// at the first of them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_after_enable: Option<Box<RoutingFigures>>,
     /// The seed's restore pattern: after every function's Enable, one interrupt per vector,
     /// each waited for (request through an exit, then the handler).
     #[serde(skip_serializing_if = "Option::is_none")]
