@@ -1,13 +1,15 @@
 //! A table of MSI vectors with per-vector mask and pending bits, as MSI-X has them (PCI 3.0
 //! §6.8.2) and as exitless's virtio-mmio MSI extension has them (docs/virtio-mmio-msi.md).
 //!
-//! Each vector owns a GSI and an irqfd from the [`GsiRouting`]. A message is sent by
-//! signalling the irqfd; a message due while the vector (or the whole function) is masked, or
-//! while the table is disabled, sets the vector's pending bit instead and is sent when it
-//! becomes deliverable. Transports turn each guest access into one [`MsiVectors::update`] with
-//! complete address/data pairs, so no message can use a half-written pair, and a burst that
-//! makes many vectors live at once (MSI-X Enable) costs one routing commit under
-//! [`super::CommitStrategy::Batched`].
+//! A message is sent by signalling the vector's irqfd, whose GSI is routed to the message
+//! (committed per vector, per guest access or at the vector's first message), or, under
+//! [`CommitStrategy::Direct`], injected with `KVM_SIGNAL_MSI` without a route. A message due
+//! while the vector (or the whole function) is masked, while the table is disabled, or while
+//! the function may not master the bus, sets the vector's pending bit instead and is sent when
+//! it becomes deliverable. Transports turn each guest access into one [`MsiVectors::update`]
+//! with complete address/data pairs, so no message can use a half-written pair, and a burst that
+//! makes many vectors live at once (MSI-X Enable) costs at most one routing commit when batched,
+//! none at all when deferred to first use or direct.
 
 use std::sync::{Arc, Mutex};
 

@@ -11,11 +11,10 @@
 //! installs the table, then binds the irqfds of new routes and unbinds those of removed ones
 //! (the order of seed 002's QEMU patch).
 //!
-//! **The rule that keeps delivery correct**: an irqfd is only signalled by its owner
-//! ([`super::MsiVectors`]), and the owner commits the changes it staged before it releases the
-//! lock under which it signals. So no interrupt can ever use a staged-but-uncommitted (stale)
-//! route, and one guest access (an MSI-X enable, a function unmask, a reset) costs at most one
-//! commit.
+//! Routes are needed only for irqfds something other than the VMM signals; the owner of the
+//! vectors ([`super::MsiVectors`]) can also commit at a vector's first message, or use no
+//! routes and inject each message ([`CommitStrategy`]). The rule that keeps delivery correct
+//! under every strategy is stated once, at `MsiVectors::send`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
