@@ -101,10 +101,12 @@ enum Scenario {
     Pci,
     /// virtio-net request/response over virtio-pci (MSI-X), virtio-mmio (legacy line) and
     /// virtio-mmio (MSI extension), each with doorbells that exit, hit a datamatch ioeventfd or
-    /// an address-only ioeventfd (T2 + T4, seeds 001 and 004).
+    /// an address-only ioeventfd, MSI delivered through irqfds and directly (T2 + T4, seeds
+    /// 001 and 004).
     Rr,
-    /// MSI-X Enable on multiqueue virtio-net functions with every vector programmed, GSI
-    /// routing committed per vector vs once per guest access (T3, seed 002).
+    /// MSI-X Enable, unmask bursts and interrupts on multiqueue virtio-net functions with every
+    /// vector programmed: GSI routes committed per vector, once per guest access, at a vector's
+    /// first message, or no routes (KVM_SIGNAL_MSI) (T3, seed 002, and beyond).
     Msix,
 }
 
