@@ -1037,6 +1037,15 @@ static void msix_check(const struct msix_fn *x, const struct op *op, struct op_r
     msix_remember(x);
 }
 
+/* Message data of entry i for a table programmed from IDT vector `first`: first + i, wrapping
+ * within first..0xff, so a table with more entries than vectors above `first` reuses them
+ * instead of reaching the exception and legacy vectors below. */
+static u32 msix_data(u64 first, u32 i)
+{
+    u32 span = first < 0x100 ? 0x100 - (u32)first : 1;
+    return (u32)first + i % span;
+}
+
 /* Time requests for interrupts, each waited for on its own IDT vector (OP_MSIX_LATENCY). The
  * vectors are read from the table before the clock starts; only the request (one port exit)
  * and the wait for the handler are timed. */
@@ -1050,11 +1059,11 @@ static void msix_latency(const struct msix_fn *x, const struct op *op, struct op
     }
     for (u64 i = first; i < first + n; i++)
         vector[i] = (u32)mem_read(msix_entry(x, (u32)i, PCI_MSIX_ENTRY_DATA), 4) & 0xff;
-    u64 deadline = tsc_timeout();
     op_start = rdtsc();
     for (u64 round = 0; round < op->count && res->status == STATUS_OK; round++) {
         for (u64 i = first; i < first + n; i++) {
             u64 before = irq_counts[vector[i]];
+            u64 deadline = tsc_timeout(); /* per request: a long op is not a late interrupt */
             outl(PORT_MSIX_SEND, (u32)op->address | (u32)i);
             res->value++;
             while (irq_counts[vector[i]] == before && rdtsc() < deadline)
@@ -1086,7 +1095,7 @@ static void msix_op(const struct op *op, struct op_result *res)
         for (u32 i = 0; i < x.entries; i++) {
             mem_write(msix_entry(&x, i, PCI_MSIX_ENTRY_LOWER_ADDR), 4, op->size ? op->size : MSI_ADDRESS_BASE);
             mem_write(msix_entry(&x, i, PCI_MSIX_ENTRY_UPPER_ADDR), 4, 0);
-            mem_write(msix_entry(&x, i, PCI_MSIX_ENTRY_DATA), 4, op->value + i);
+            mem_write(msix_entry(&x, i, PCI_MSIX_ENTRY_DATA), 4, msix_data(op->value, i));
             mem_write(msix_entry(&x, i, PCI_MSIX_ENTRY_VECTOR_CTRL), 4,
                       op->count == 1 ? 0 : PCI_MSIX_ENTRY_CTRL_MASKBIT);
         }
@@ -1106,7 +1115,7 @@ static void msix_op(const struct op *op, struct op_result *res)
     case OP_MSIX_RETARGET:
         for (u32 i = 0; i < x.entries; i++) {
             mem_write(msix_entry(&x, i, PCI_MSIX_ENTRY_LOWER_ADDR), 4, MSI_ADDRESS_BASE);
-            mem_write(msix_entry(&x, i, PCI_MSIX_ENTRY_DATA), 4, op->value + i);
+            mem_write(msix_entry(&x, i, PCI_MSIX_ENTRY_DATA), 4, msix_data(op->value, i));
         }
         res->value = x.entries;
         break;

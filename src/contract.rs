@@ -141,7 +141,8 @@ contract_consts! {
     /// pending bit clears. MSI modes only.
     OP_VIRTIO_MASK_PENDING: u64 = 11;
     /// `Op::kind`: program every MSI-X entry of the function at `address` (ECAM-style) with
-    /// message address `size` (`MSI_ADDRESS_BASE` if 0) and data `value + i` for entry i, then
+    /// message address `size` (`MSI_ADDRESS_BASE` if 0) and data `value + i` for entry i
+    /// (wrapping within `value`..=0xff, so no entry reaches an exception vector), then
     /// unmask it if
     /// `count` is 1 (leave it masked if 0), all while MSI-X is disabled (the op clears Enable
     /// first). `OpResult::value`: entries programmed; cycles: the programming alone.
@@ -153,7 +154,8 @@ contract_consts! {
     /// one entry after the other: unmask if `value` is 0, mask if 1.
     OP_MSIX_MASK_EACH: u64 = 14;
     /// `Op::kind`: rewrite the data of every MSI-X entry of the function at `address` to
-    /// `value + i` without masking it first (address, then data: Linux's order).
+    /// `value + i` (wrapping as `OP_MSIX_PROGRAM` does) without masking it first (address,
+    /// then data: Linux's order).
     OP_MSIX_RETARGET: u64 = 15;
     /// `Op::kind`: check MSI-X delivery on the function at `address`. First, messages left
     /// pending at the previous check (or `OP_MSIX_PROGRAM`) on entries that can deliver now
@@ -170,7 +172,8 @@ contract_consts! {
     /// the VMM (`PORT_MSIX_SEND`) for entries `value` .. `value + size` (one if `size` is 0) one
     /// at a time and waiting for each on the IDT vector in its data; cycles: all of it, from
     /// the first request to the last handler. `OpResult::value`: requests; `irqs`: interrupts
-    /// that arrived; status `STATUS_TIMEOUT` if one did not.
+    /// that arrived; status `STATUS_TIMEOUT` if one did not within a second (as for a held or
+    /// invalid vector: ask only for deliverable ones).
     OP_MSIX_LATENCY: u64 = 17;
     /// `Op::method` of virtio ops: a virtio-mmio device.
     TRANSPORT_MMIO: u64 = 1;

@@ -24,6 +24,7 @@ struct Routes {
     pins: Vec<u32>,
     commits: u64,
     injected: Vec<(u64, u32)>,
+    refuse_commits: bool,
 }
 
 /// A routing table in memory: routes are staged until [`InterruptRoutes::commit`] installs them.
@@ -40,6 +41,11 @@ impl FakeRoutes {
             strategy,
             routes: Mutex::default(),
         }
+    }
+
+    /// Make commits fail (as KVM may refuse a table), or succeed again.
+    pub fn refuse_commits(&self, refuse: bool) {
+        self.routes.lock().unwrap().refuse_commits = refuse;
     }
 
     /// The messages injected directly (`KVM_SIGNAL_MSI`), in order.
@@ -119,6 +125,9 @@ impl InterruptRoutes for FakeRoutes {
 
     fn commit(&self) -> Result<(), IrqError> {
         let mut r = self.routes.lock().unwrap();
+        if r.refuse_commits {
+            return Err(IrqError::EventFd(std::io::Error::other("commit refused")));
+        }
         if r.committed != r.staged {
             r.committed = r.staged.clone();
             r.commits += 1;

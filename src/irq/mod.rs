@@ -1,5 +1,6 @@
 //! Interrupt delivery: the KVM GSI routing table (IOAPIC pins and MSI routes), and MSI vector
-//! tables with per-vector mask and pending bits, delivered through irqfds.
+//! tables with per-vector mask and pending bits, delivered through routed irqfds or injected
+//! directly (`KVM_SIGNAL_MSI`).
 
 pub mod msi;
 pub mod routing;
@@ -15,8 +16,9 @@ pub use routing::{CommitStats, CommitStrategy, GsiRouting, MsiGsi};
 
 use vmm_sys_util::eventfd::EventFd;
 
-/// What interrupt sources need from the platform's interrupt routing: IOAPIC pins for lines,
-/// and GSIs with irqfds for MSI vectors whose routes are staged and then committed. One owner
+/// What interrupt sources need from the platform's interrupt routing: IOAPIC pins for lines;
+/// for MSI vectors, GSIs with irqfds whose routes are staged and then committed, or direct
+/// injection without a route, as its [`CommitStrategy`] says. One owner
 /// implements it for a VM ([`GsiRouting`], on KVM); [`crate::fakes::FakeRoutes`] records the
 /// same calls in memory, so devices can be tested and fuzzed without /dev/kvm.
 pub trait InterruptRoutes: Send + Sync {

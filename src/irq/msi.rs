@@ -26,9 +26,9 @@ use crate::logging::DeviceLog;
 struct Vector {
     address: u64,
     data: u32,
-    /// The message KVM routes this vector's GSI to, if any.
+    /// The message this vector's GSI is routed to, if any: in KVM once committed.
     routed: Option<(u64, u32)>,
-    /// Its route changed and may not be committed yet (first-use: the next signal commits).
+    /// Its route changed and may not be committed yet: the next message commits first.
     staged: bool,
     masked: bool,
     pending: bool,
@@ -104,8 +104,8 @@ pub fn is_valid_message(address: u64, data: u32) -> bool {
 }
 
 impl MsiVectors {
-    /// `count` vectors, all masked and disabled, each with a GSI and an irqfd; guest errors
-    /// are counted on `log`, the owning device's.
+    /// `count` vectors, all masked and disabled, each with a GSI and an irqfd unless messages
+    /// are injected directly; guest errors are counted on `log`, the owning device's.
     pub fn new(
         routing: Arc<dyn InterruptRoutes>,
         count: usize,
@@ -155,11 +155,13 @@ impl MsiVectors {
         self.count == 0
     }
 
-    /// Apply what one guest access did, then bring KVM's routes up to date in (at most) one
-    /// commit, then send the messages that became deliverable. A vector is routed while the
-    /// table is enabled and its message is valid; masks only decide whether a message is sent
-    /// or left pending, so they never cost a commit. An invalid message is never routed: its
-    /// interrupts are dropped, as a real bus would send them nowhere.
+    /// Apply what one guest access did, then bring KVM's routes up to date as the strategy
+    /// says (one commit batched, one per change per-vector, none yet at first use or direct),
+    /// then send the messages that became deliverable. A vector is routed while the table is
+    /// enabled and its message is valid; masks only decide whether a message is sent or left
+    /// pending, so they cost a commit only by releasing a pending message whose route is staged
+    /// (first use). An invalid message is never routed or injected: its interrupts are dropped,
+    /// as a real bus would send them nowhere.
     pub fn update(&self, changes: &[MsiChange]) {
         let mut st = self.state.lock().unwrap();
         for &change in changes {
@@ -261,7 +263,7 @@ impl MsiVectors {
         if blocked || v.masked {
             v.pending = true;
         } else {
-            self.send(index, v, true);
+            self.send(index, v);
         }
     }
 
@@ -297,17 +299,21 @@ impl MsiVectors {
                 self.log.warn(format_args!("MSI vector {i}: {e}"));
             }
         }
-        if self.strategy.commits_per_access() {
-            self.commit();
+        if self.strategy.commits_per_access() && self.commit() {
             for v in &mut st.vectors {
                 v.staged = false;
             }
         }
     }
 
-    fn commit(&self) {
-        if let Err(e) = self.routing.commit() {
-            self.log.warn(format_args!("MSI vectors: {e}"));
+    /// Commit what is staged; false (and a warning) if KVM refused.
+    fn commit(&self) -> bool {
+        match self.routing.commit() {
+            Ok(()) => true,
+            Err(e) => {
+                self.log.warn(format_args!("MSI vectors: {e}"));
+                false
+            }
         }
     }
 
@@ -315,36 +321,35 @@ impl MsiVectors {
         if st.blocked() {
             return;
         }
-        let enabled = st.enabled;
         for (i, v) in st.vectors.iter_mut().enumerate() {
             if v.pending && !v.masked {
                 v.pending = false;
-                self.send(i, v, enabled);
+                self.send(i, v);
             }
         }
     }
 
     /// Send vector `index`'s message `v` now, if it is one (an invalid message goes nowhere,
-    /// as on a real bus). **The rule that keeps delivery correct, for every strategy**: called
-    /// only with the state locked, and never through a route that is not in KVM: a direct
-    /// message carries its own address and data; a first-use route staged since the last
-    /// commit is committed here, before its irqfd is written.
-    fn send(&self, index: usize, v: &mut Vector, enabled: bool) {
-        if self.strategy == CommitStrategy::Direct {
-            if enabled
-                && is_valid_message(v.address, v.data)
-                && let Err(e) = self.routing.signal_msi(v.address, v.data)
-            {
+    /// as on a real bus); the caller checked that the table is enabled, the function and the
+    /// vector unmasked and the bus mastered. **The rule that keeps delivery correct, for every
+    /// strategy**: called only with the state locked, and never through a route that is not in
+    /// KVM. A direct message carries its own address and data; a route staged since the last
+    /// commit (first use, or a batched commit KVM refused) is committed here, before its irqfd
+    /// is written, and if KVM refuses again the message is injected directly instead.
+    fn send(&self, index: usize, v: &mut Vector) {
+        if !is_valid_message(v.address, v.data) {
+            return;
+        }
+        let direct = self.strategy == CommitStrategy::Direct;
+        if direct || (v.staged && !self.commit()) {
+            if let Err(e) = self.routing.signal_msi(v.address, v.data) {
                 self.log.warn(format_args!("MSI vector {index}: {e}"));
             }
             return;
         }
+        v.staged = false;
         if v.routed.is_none() {
             return;
-        }
-        if v.staged {
-            self.commit();
-            v.staged = false;
         }
         if let Err(e) = self.gsis[index].irqfd.write(1) {
             self.log
@@ -570,5 +575,24 @@ mod tests {
         msi.update(&[MsiChange::BusMaster(true)]);
         assert_eq!(routes.injected().len(), 2, "sent when it is back");
         assert_eq!(routes.commits(), 0);
+    }
+
+    /// A route KVM refused to take is never used: the message goes directly instead, and the
+    /// route is committed at a later message once KVM takes it.
+    #[test]
+    fn a_refused_commit_never_leaves_a_message_on_a_stale_route() {
+        let (msi, routes) = faked(CommitStrategy::FirstUse, 1);
+        msi.update(&[program(0, 0x40), unmask(0), MsiChange::Enable(true)]);
+        routes.refuse_commits(true);
+        msi.trigger(0);
+        assert_eq!(routes.injected(), vec![(MSI_ADDRESS_BASE, 0x40)]);
+        assert!(
+            msi.gsis[0].irqfd.read().is_err(),
+            "not through the uncommitted route"
+        );
+        routes.refuse_commits(false);
+        msi.trigger(0);
+        assert_eq!(routes.commits(), 1);
+        assert_eq!(msi.gsis[0].irqfd.read().unwrap(), 1);
     }
 }

@@ -47,9 +47,10 @@ pub enum CommitStrategy {
     PerVector,
     /// Changes wait for [`GsiRouting::commit`], which their owner calls once per guest access.
     Batched,
-    /// Guest accesses only stage changes; the first signal of a vector whose route is staged
-    /// commits everything staged so far, before its irqfd is written. For vectors an outside
-    /// signaller (vhost, VFIO) must reach through an irqfd.
+    /// Guest accesses only stage changes; the first message the VMM sends on a vector whose
+    /// route is staged commits everything staged so far, before its irqfd is written. An
+    /// outside signaller (vhost, VFIO) writes its irqfd without the VMM, so it would need a
+    /// commit where its irqfd is handed out; exitless has none yet, and does not build that.
     FirstUse,
     /// No routes and no irqfds: vectors only the VMM signals are injected with
     /// `KVM_SIGNAL_MSI` (api.rst §4.71), as QEMU's userspace devices do. The default: every
@@ -303,14 +304,15 @@ impl InterruptRoutes for GsiRouting {
         let Some(irqfd) = t.irqfds.remove(&gsi) else {
             return Ok(());
         };
+        // The route goes whatever happens to the irqfd, so a reused GSI never inherits it.
+        if t.routes.remove(&gsi).is_some() {
+            t.staged = true;
+        }
         t.free.push(gsi);
         if t.bound.remove(&gsi) {
             self.vm
                 .unregister_irqfd(&irqfd, gsi)
                 .map_err(kvm_err("unbind an MSI irqfd"))?;
-        }
-        if t.routes.remove(&gsi).is_some() {
-            t.staged = true;
         }
         self.after_change(&mut t)
     }
