@@ -256,6 +256,11 @@ impl MmioTransport {
                 if change == StatusChange::Reset {
                     self.after_reset();
                 }
+                // With the MSI feature negotiated, notifications go to the vectors, which hold
+                // them pending until MsiControl enables them (docs/virtio-mmio-msi.md); without
+                // it, to the line.
+                self.interrupts
+                    .set_msi_active(st.negotiated(VIRTIO_F_MMIO_MSI));
             }
             VIRTIO_MMIO_QUEUE_DESC_LOW..=VIRTIO_MMIO_QUEUE_USED_HIGH
                 if (reg - VIRTIO_MMIO_QUEUE_DESC_LOW) % 0x10 < 8 =>
@@ -283,7 +288,6 @@ impl MmioTransport {
                 let enable = value & VIRTIO_MMIO_MSI_CTRL_ENABLE != 0;
                 self.msi_control
                     .store(value & VIRTIO_MMIO_MSI_CTRL_ENABLE, Ordering::SeqCst);
-                self.interrupts.set_msi_active(enable);
                 self.msi().update(&[MsiChange::Enable(enable)]);
             }
             _ => guest_error!(
@@ -879,5 +883,28 @@ mod tests {
             0
         );
         release.send(()).unwrap();
+    }
+
+    /// Defect: a message due while MSI was negotiated but MsiControl not yet enabled raised
+    /// the legacy line; our spec has it pend on its vector and go at enable.
+    #[test]
+    fn with_msi_negotiated_a_message_before_enable_pends_on_its_vector() {
+        let (t, _w, _routes) = transport(NotifyPath::Exit);
+        negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
+        write(&t, VIRTIO_MMIO_MSI_SEL, 0);
+        write(&t, VIRTIO_MMIO_MSI_ADDRESS_LOW, 0xfee0_0000);
+        write(&t, VIRTIO_MMIO_MSI_DATA, 0x41);
+        write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UPDATE);
+        write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UNMASK);
+        write(&t, VIRTIO_MMIO_QUEUE_SEL, 0);
+        write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 0);
+        t.interrupts.notify(Notification::Queue(0));
+        assert_eq!(read(&t, VIRTIO_MMIO_INTERRUPT_STATUS), 0, "not on the line");
+        assert_eq!(
+            read(&t, VIRTIO_MMIO_MSI_STATE),
+            VIRTIO_MMIO_MSI_STATE_PENDING
+        );
+        write(&t, VIRTIO_MMIO_MSI_CONTROL, VIRTIO_MMIO_MSI_CTRL_ENABLE);
+        assert_eq!(read(&t, VIRTIO_MMIO_MSI_STATE), 0, "sent at enable");
     }
 }

@@ -177,6 +177,9 @@ impl VirtioPci {
             Some(msi.clone()),
             log.clone(),
         ));
+        // The function has no INTx: its notifications always go to its MSI-X vectors, which
+        // hold them pending while MSI-X is disabled and send them at Enable.
+        interrupts.set_msi_active(true);
         let events = QueueEvents::new(ioevents, queues, log.clone()).map_err(VirtioError::Io)?;
         let worker = spawn_worker(
             "virtio-pci".into(),
@@ -298,7 +301,7 @@ impl VirtioPci {
     fn after_reset(&self) {
         self.interrupts.reset();
         self.msi().clear_pending();
-        self.interrupts.set_msi_active(self.msix.is_enabled());
+        self.interrupts.set_msi_active(true);
     }
 
     fn common_read(&self, offset: u32, len: usize) -> Option<u32> {
@@ -458,9 +461,7 @@ impl PciFunction for VirtioPci {
             config.read(cap + VIRTIO_PCI_CAP_PCI_CFG_DATA as u16, &mut bytes);
             self.bar_write(config, bar, at, &bytes[..n]);
         }
-        if self.msix.config_written(config, offset, len) {
-            self.interrupts.set_msi_active(self.msix.is_enabled());
-        }
+        self.msix.config_written(config, offset, len);
     }
 
     fn bar_read(&mut self, _config: &ConfigSpace, bar: usize, offset: u64, data: &mut [u8]) {
@@ -899,6 +900,35 @@ mod tests {
         assert!(
             f.msi().is_masked(1),
             "the table is the function's, not the device's"
+        );
+    }
+
+    /// Defect: a notification while MSI-X was disabled (or just being enabled) went to an INTx
+    /// the function does not have and was lost; it pends on its vector and goes at Enable.
+    #[test]
+    fn a_notification_before_msix_enable_pends_and_is_sent_at_enable() {
+        let (mut f, _w, _io) = function(NotifyPath::Exit);
+        let c = config();
+        set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+        let entry = |field: u32| VIRTIO_PCI_BAR_MSIX_TABLE + field;
+        bar_write(&mut f, &c, entry(PCI_MSIX_ENTRY_LOWER_ADDR), 4, 0xfee0_0000);
+        bar_write(&mut f, &c, entry(PCI_MSIX_ENTRY_DATA), 4, 0x42);
+        bar_write(&mut f, &c, entry(PCI_MSIX_ENTRY_VECTOR_CTRL), 4, 0);
+        bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_SELECT, 2, 0);
+        bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_MSIX, 2, 0);
+        f.interrupts
+            .notify(crate::virtio::device::Notification::Queue(0));
+        assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4), 1, "held");
+        f.attached(&c);
+        let cap = c
+            .find_capability(PCI_CAP_ID_MSIX)
+            .expect("MSI-X capability");
+        c.set_u16(cap + PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE);
+        f.config_written(&c, cap + PCI_MSIX_FLAGS, 2);
+        assert_eq!(
+            bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4),
+            0,
+            "sent at Enable"
         );
     }
 }
