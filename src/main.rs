@@ -91,8 +91,20 @@ fn probe(args: ProbeArgs) -> Result<(), String> {
                 .into(),
         );
     }
-    print!("{}", inspect::describe(&run, ecam));
-    Ok(())
+    emit(&inspect::describe(&run, ecam))
+}
+
+/// Write `text` to stdout. A reader that went away (`exitless probe | head -2`) ends the
+/// output normally, as for any Unix filter; other errors are reported.
+fn emit(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("cannot write the report to stdout: {e}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -184,9 +196,9 @@ fn bench(args: BenchArgs) -> Result<(), String> {
         report.scenarios.push(result.map_err(|e| e.to_string())?);
     }
     if args.json {
-        println!("{}", report::json(&report));
+        emit(&(report::json(&report) + "\n"))?;
     } else {
-        print!("{}", report::text(&report));
+        emit(&report::text(&report))?;
     }
     if let Some(path) = args.svg {
         std::fs::write(&path, report::svg(&report))

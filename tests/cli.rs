@@ -286,3 +286,20 @@ fn running_out_of_file_descriptors_is_an_error_not_a_crash() {
     assert!(err.contains("raise the open-file limit"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// Defect: a reader that goes away (`exitless probe --console | head -2`) made exitless panic
+/// with a backtrace; it is a normal end of the output.
+#[test]
+fn a_closed_stdout_ends_the_output_quietly() {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "{} probe --console | head -2 >/dev/null; exit ${{PIPESTATUS[0]}}",
+            env!("CARGO_BIN_EXE_exitless")
+        ))
+        .output()
+        .expect("bash runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
