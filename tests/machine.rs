@@ -106,3 +106,74 @@ fn the_probe_runs_with_more_ram_than_the_default() {
     assert!(run.results.is_empty());
     assert!(run.devices.iter().any(|n| n == names::PROBE_PORTS));
 }
+
+/// A port whose device never answers: the vCPU that reads it is stuck outside the guest.
+struct Stuck;
+
+impl exitless::bus::BusDevice for Stuck {
+    fn read(&self, _offset: u64, _data: &mut [u8]) {
+        loop {
+            std::thread::park();
+        }
+    }
+    fn write(&self, _offset: u64, _data: &[u8]) {}
+}
+
+/// `in al, 0x80` at CPL 0: reaches the stuck port.
+struct ReadsTheStuckPort;
+
+impl Loader for ReadsTheStuckPort {
+    fn load(
+        &self,
+        mem: &GuestMemoryMmap,
+        _machine: &MachineInfo<'_>,
+    ) -> Result<EntryState, LoadError> {
+        boot::write_tables(mem)?;
+        mem.write_slice(&[0xe4, 0x80, 0x0f, 0x0b], GuestAddress(ENTRY))?;
+        Ok(EntryState {
+            mode: CpuMode::LongMode,
+            regs: kvm_regs {
+                rip: ENTRY,
+                rsp: ENTRY,
+                rflags: 0x2,
+                ..Default::default()
+            },
+        })
+    }
+}
+
+/// Defect: the stop path had no bound: a vCPU stuck in a device kept the run from ever ending,
+/// whatever its timeout said.
+#[test]
+fn a_vcpu_stuck_in_a_device_does_not_keep_the_run_from_ending() {
+    let cfg = MachineConfig {
+        ram_size: 4 << 20,
+        ecam: None,
+        ..Default::default()
+    };
+    let machine = Machine::new(&cfg, None).expect("a machine");
+    machine
+        .io()
+        .pio
+        .update_range(
+            None,
+            Some(exitless::bus::BusRange {
+                base: 0x80,
+                len: 1,
+                id: 0,
+                name: "stuck".into(),
+                device: std::sync::Arc::new(Stuck),
+            }),
+        )
+        .expect("port 0x80 is free");
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ran = machine.run(&ReadsTheStuckPort, Duration::from_secs(1));
+        let _ = done.send(ran.map(|r| matches!(r.end, RunEnd::TimedOut)));
+    });
+    let timed_out = finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the run ends in bounded time")
+        .expect("run");
+    assert!(timed_out, "the run reports its timeout");
+}

@@ -99,16 +99,29 @@ fn spawn(
         .spawn(move || v.run(&io, &counters, &control))
 }
 
+/// Longest the VMM waits for the vCPU threads to stop. A thread still going then is stuck
+/// outside the guest (in a device that never returns) where no kick reaches it.
+const STOP_DEADLINE: Duration = Duration::from_secs(5);
+
 /// Kick every vCPU out of `KVM_RUN` until its thread ends (a kick can land before the thread
 /// re-enters the guest, hence the retry), then join them. The run must be stopping already.
+/// A thread that does not end within [`STOP_DEADLINE`] is reported and abandoned, so the run
+/// (and the process) always ends.
 fn stop_and_join(threads: Vec<JoinHandle<()>>) {
-    for t in &threads {
-        while !t.is_finished() {
+    let deadline = std::time::Instant::now() + STOP_DEADLINE;
+    while threads.iter().any(|t| !t.is_finished()) && std::time::Instant::now() < deadline {
+        for t in threads.iter().filter(|t| !t.is_finished()) {
             let _ = t.kill(vcpu::kick_signal());
-            thread::sleep(Duration::from_millis(1));
         }
+        thread::sleep(Duration::from_millis(1));
     }
-    for t in threads {
-        let _ = t.join();
+    for (i, t) in threads.into_iter().enumerate() {
+        if t.is_finished() {
+            let _ = t.join();
+        } else {
+            log::error!(
+                "vCPU {i} did not stop within {STOP_DEADLINE:?} (stuck in a device?); abandoned"
+            );
+        }
     }
 }

@@ -907,4 +907,20 @@ mod tests {
         write(&t, VIRTIO_MMIO_MSI_CONTROL, VIRTIO_MMIO_MSI_CTRL_ENABLE);
         assert_eq!(read(&t, VIRTIO_MMIO_MSI_STATE), 0, "sent at enable");
     }
+
+    /// Defect: tearing a device down waited forever for a device thread stuck in its work.
+    #[test]
+    fn a_stuck_device_thread_does_not_hold_up_teardown() {
+        let (t, w, _routes, (_calls, entered, release)) = live_recording(true);
+        entered.recv().unwrap(); // the device thread is stuck in its first look at the queues
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(w);
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the worker is dropped in bounded time");
+        drop((t, release)); // only now may the handler return
+    }
 }

@@ -258,11 +258,28 @@ fn kick(queue_events: &[EventFd]) {
     }
 }
 
+/// Longest a dropped worker waits for its thread: one stuck in a backend that never returns
+/// is reported and abandoned, so tearing a machine down always ends.
+const STOP_DEADLINE: Duration = if cfg!(test) {
+    Duration::from_millis(500)
+} else {
+    Duration::from_secs(5)
+};
+
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.stop.write(1);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            let deadline = std::time::Instant::now() + STOP_DEADLINE;
+            while !t.is_finished() && std::time::Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                let name = t.thread().name().unwrap_or("device").to_owned();
+                log::error!("{name} thread did not stop within {STOP_DEADLINE:?}; abandoned");
+            }
         }
     }
 }
