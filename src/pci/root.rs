@@ -183,11 +183,14 @@ pub struct PciRoot {
     /// Guest errors of the bus (BARs programmed onto other ranges), under the BARs' name.
     log: Arc<DeviceLog>,
     allocators: Mutex<(Allocator, Allocator)>,
+    /// The host bridge's apertures: a BAR decodes only inside them.
+    windows: BarWindows,
 }
 
 impl PciRoot {
     /// An empty bus 0 whose BARs will be placed in `windows` and decode on `buses`.
     pub fn new(windows: BarWindows, buses: BarBuses) -> Result<Self, PciError> {
+        let apertures = windows;
         Ok(PciRoot {
             window: Arc::new(ConfigWindow::new(1)?),
             functions: RwLock::new(BTreeMap::new()),
@@ -205,6 +208,7 @@ impl PciRoot {
                     end: windows.io.1,
                 },
             )),
+            windows: apertures,
         })
     }
 
@@ -419,8 +423,21 @@ impl PciRoot {
             } else {
                 (&self.buses.mmio, PCI_COMMAND_MEMORY)
             };
-            let want =
-                (command & enable != 0).then(|| config.bar_address(placed.slot, &placed.bar));
+            // The host bridge forwards only its apertures (the windows the platform describes
+            // to the guest): a BAR programmed outside them decodes nowhere.
+            let (start, end) = if placed.bar.is_io() {
+                self.windows.io
+            } else {
+                self.windows.mmio
+            };
+            let want = (command & enable != 0)
+                .then(|| config.bar_address(placed.slot, &placed.bar))
+                .filter(|&base| {
+                    base >= start
+                        && base
+                            .checked_add(placed.bar.size())
+                            .is_some_and(|bar_end| bar_end <= end)
+                });
             if want == placed.wanted {
                 continue;
             }
