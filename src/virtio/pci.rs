@@ -842,6 +842,12 @@ mod tests {
             addresses(),
             vec![0xc200_0000 + notify, 0xc200_0004 + notify]
         );
+        // Defect: outside the host bridge's aperture the BAR decodes nowhere, yet doorbells
+        // were registered there and swallowed writes meant for whatever is there.
+        root.config_write(at, PCI_BAR0, &0xf000_0000u32.to_le_bytes());
+        assert!(addresses().is_empty(), "outside the MMIO window");
+        root.config_write(at, PCI_BAR0, &0xc200_0000u32.to_le_bytes());
+        assert_eq!(addresses().len(), 2, "inside again");
     }
 
     fn set_command(f: &mut VirtioPci, c: &ConfigSpace, command: u16) {
