@@ -14,13 +14,12 @@ use exitless::vm::run_control::StopReason;
 use kvm_bindings::kvm_regs;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-/// A guest of three instructions at CPL 0: `out` to an unclaimed port, then `ud2`, which
-/// with no IDT triple-faults: the run ends in a shutdown.
-struct OutThenCrash;
+/// A guest of a few instructions at CPL 0, loaded at `ENTRY` in long mode.
+struct Code(&'static [u8]);
 
 const ENTRY: u64 = 0x10_0000;
 
-impl Loader for OutThenCrash {
+impl Loader for Code {
     fn load(
         &self,
         mem: &GuestMemoryMmap,
@@ -28,8 +27,7 @@ impl Loader for OutThenCrash {
     ) -> Result<EntryState, LoadError> {
         assert_eq!(machine.layout.ram_size(), 4 << 20);
         boot::write_tables(mem)?;
-        // mov al, 0x42; out 0x80, al; ud2
-        mem.write_slice(&[0xb0, 0x42, 0xe6, 0x80, 0x0f, 0x0b], GuestAddress(ENTRY))?;
+        mem.write_slice(self.0, GuestAddress(ENTRY))?;
         Ok(EntryState {
             mode: CpuMode::LongMode,
             regs: kvm_regs {
@@ -42,21 +40,30 @@ impl Loader for OutThenCrash {
     }
 }
 
-#[test]
-fn a_machine_without_the_probe_board_runs_any_loader() {
+/// `out` to an unclaimed port, then `ud2`, which with no IDT triple-faults: the run ends in
+/// a shutdown. (mov al, 0x42; out 0x80, al; ud2)
+const OUT_THEN_CRASH: Code = Code(&[0xb0, 0x42, 0xe6, 0x80, 0x0f, 0x0b]);
+
+/// A 4 MiB machine without the probe's board or ECAM.
+fn small_machine() -> Machine {
     let cfg = MachineConfig {
         ram_size: 4 << 20,
         ecam: None,
         ..Default::default()
     };
-    let machine = Machine::new(&cfg, None).expect("a machine without a board");
+    Machine::new(&cfg, None).expect("a machine without a board")
+}
+
+#[test]
+fn a_machine_without_the_probe_board_runs_any_loader() {
+    let machine = small_machine();
     assert!(
         !machine.io().names.iter().any(|n| n == names::PROBE_PORTS),
         "no probe ports without the probe board: {:?}",
         machine.io().names
     );
     let ran = machine
-        .run(&OutThenCrash, Duration::from_secs(60))
+        .run(&OUT_THEN_CRASH, Duration::from_secs(60))
         .expect("run");
     assert!(
         matches!(ran.end, RunEnd::Stopped(StopReason::Shutdown)),
@@ -119,39 +126,14 @@ impl exitless::bus::BusDevice for Stuck {
     fn write(&self, _offset: u64, _data: &[u8]) {}
 }
 
-/// `in al, 0x80` at CPL 0: reaches the stuck port.
-struct ReadsTheStuckPort;
-
-impl Loader for ReadsTheStuckPort {
-    fn load(
-        &self,
-        mem: &GuestMemoryMmap,
-        _machine: &MachineInfo<'_>,
-    ) -> Result<EntryState, LoadError> {
-        boot::write_tables(mem)?;
-        mem.write_slice(&[0xe4, 0x80, 0x0f, 0x0b], GuestAddress(ENTRY))?;
-        Ok(EntryState {
-            mode: CpuMode::LongMode,
-            regs: kvm_regs {
-                rip: ENTRY,
-                rsp: ENTRY,
-                rflags: 0x2,
-                ..Default::default()
-            },
-        })
-    }
-}
+/// `in al, 0x80`: reaches the stuck port.
+const READS_THE_STUCK_PORT: Code = Code(&[0xe4, 0x80, 0x0f, 0x0b]);
 
 /// Defect: the stop path had no bound: a vCPU stuck in a device kept the run from ever ending,
 /// whatever its timeout said.
 #[test]
 fn a_vcpu_stuck_in_a_device_does_not_keep_the_run_from_ending() {
-    let cfg = MachineConfig {
-        ram_size: 4 << 20,
-        ecam: None,
-        ..Default::default()
-    };
-    let machine = Machine::new(&cfg, None).expect("a machine");
+    let machine = small_machine();
     machine
         .io()
         .pio
@@ -168,7 +150,7 @@ fn a_vcpu_stuck_in_a_device_does_not_keep_the_run_from_ending() {
         .expect("port 0x80 is free");
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let ran = machine.run(&ReadsTheStuckPort, Duration::from_secs(1));
+        let ran = machine.run(&READS_THE_STUCK_PORT, Duration::from_secs(1));
         let _ = done.send(ran.map(|r| matches!(r.end, RunEnd::TimedOut)));
     });
     let timed_out = finished

@@ -20,19 +20,10 @@ use exitless::virtio::net::{RequestResponse, VirtioNet};
 use exitless::virtio::notify::NotifyPath;
 use exitless::virtio::pci::VirtioPci;
 use libfuzzer_sys::fuzz_target;
+
+mod common;
+use common::Input;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn bytes<const N: usize>(&mut self) -> [u8; N] {
-        let mut b = [0u8; N];
-        let n = N.min(self.0.len());
-        b[..n].copy_from_slice(&self.0[..n]);
-        self.0 = &self.0[n..];
-        b
-    }
-}
 
 /// Functions present: (address, vendor and device ID dword, class dword >> 8).
 fn identities(root: &PciRoot) -> Vec<[u8; 8]> {
@@ -52,12 +43,7 @@ fn identities(root: &PciRoot) -> Vec<[u8; 8]> {
 fuzz_target!(|data: &[u8]| {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let mut io = IoBuses::default();
-    let buses = BarBuses {
-        mmio: io.mmio.downgrade(),
-        pio: io.pio.downgrade(),
-        id: io.id_for("pci-bars"),
-        name: "pci-bars".into(),
-    };
+    let buses = BarBuses::on(&mut io, "pci-bars");
     let windows = BarWindows {
         mmio: (0xc000_0000, 0xe000_0000),
         io: (0xc000, 0x1_0000),

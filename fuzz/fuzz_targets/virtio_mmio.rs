@@ -15,22 +15,12 @@ use exitless::virtio::net::{RequestResponse, VirtioNet};
 use exitless::virtio::notify::NotifyPath;
 use exitless::virtio::regs::*;
 use libfuzzer_sys::fuzz_target;
+
+mod common;
+use common::Input;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const MEM: usize = 1 << 20;
-
-/// Reads fixed-size fields from the input, zeros once it runs out.
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn bytes<const N: usize>(&mut self) -> [u8; N] {
-        let mut b = [0u8; N];
-        let n = N.min(self.0.len());
-        b[..n].copy_from_slice(&self.0[..n]);
-        self.0 = &self.0[n..];
-        b
-    }
-}
 
 fn read(t: &MmioTransport, reg: u32) -> u32 {
     let mut b = [0u8; 4];

@@ -105,12 +105,7 @@ pub fn wire(
     let serial_log = add_serial(&mut io, &routing, out)?;
 
     // Each decoded BAR is a range of its own on these buses, all counted as PCI_BARS.
-    let bar_buses = BarBuses {
-        mmio: io.mmio.downgrade(),
-        pio: io.pio.downgrade(),
-        id: io.id_for(names::PCI_BARS),
-        name: names::PCI_BARS.into(),
-    };
+    let bar_buses = BarBuses::on(&mut io, names::PCI_BARS);
     let windows = BarWindows {
         mmio: layout::PCI_MMIO_WINDOW,
         io: (

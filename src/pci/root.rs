@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
-use crate::bus::{BusDevice, BusRange, DeviceId, WeakBus};
+use crate::bus::{BusDevice, BusRange, DeviceId, IoBuses, WeakBus};
 use crate::guest_error;
 use crate::logging::DeviceLog;
 use crate::pci::PciAddress;
@@ -81,6 +81,16 @@ pub struct BarBuses {
 }
 
 impl BarBuses {
+    /// The buses of `io`, every BAR range counted as the device `name`.
+    pub fn on(io: &mut IoBuses, name: &str) -> Self {
+        BarBuses {
+            mmio: io.mmio.downgrade(),
+            pio: io.pio.downgrade(),
+            id: io.id_for(name),
+            name: name.into(),
+        }
+    }
+
     /// No buses: BARs are programmed but decode nowhere (for tests of configuration space).
     pub fn detached() -> Self {
         BarBuses {
@@ -480,12 +490,7 @@ mod tests {
     const NAME: &str = "pci-bars";
 
     fn root(io: &mut IoBuses) -> PciRoot {
-        let buses = BarBuses {
-            mmio: io.mmio.downgrade(),
-            pio: io.pio.downgrade(),
-            id: io.id_for(NAME),
-            name: NAME.into(),
-        };
+        let buses = BarBuses::on(io, NAME);
         let windows = BarWindows {
             mmio: (0xc000_0000, 0xe000_0000),
             io: (0xc000, 0x1_0000),

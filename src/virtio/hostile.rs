@@ -108,12 +108,7 @@ fn random_accesses_to_virtio_pci_neither_panic_nor_hang() {
     let (mem, log) = (p.env.mem.clone(), p.env.log.clone());
     let (function, _w) = VirtioPci::new(p.env, p.net, 0x18, 3, NotifyPath::Address).unwrap();
     let mut io = IoBuses::default();
-    let buses = BarBuses {
-        mmio: io.mmio.downgrade(),
-        pio: io.pio.downgrade(),
-        id: io.id_for("pci-bars"),
-        name: "pci-bars".into(),
-    };
+    let buses = BarBuses::on(&mut io, "pci-bars");
     let windows = BarWindows {
         mmio: (0xc000_0000, 0xe000_0000),
         io: (0xc000, 0x1_0000),

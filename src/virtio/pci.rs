@@ -800,12 +800,7 @@ mod tests {
         }
         let (f, _w, ioevents) = function(NotifyPath::Address);
         let mut io = IoBuses::default();
-        let buses = BarBuses {
-            mmio: io.mmio.downgrade(),
-            pio: io.pio.downgrade(),
-            id: io.id_for("pci-bars"),
-            name: "pci-bars".into(),
-        };
+        let buses = BarBuses::on(&mut io, "pci-bars");
         io.add_mmio("elsewhere", 0xc100_0000, 0x1000, Arc::new(Elsewhere))
             .unwrap();
         let windows = BarWindows {
