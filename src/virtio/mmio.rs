@@ -461,6 +461,15 @@ mod tests {
         (t, w, p.routes)
     }
 
+    /// Select vector `index` and give it the message (interrupt window, `data`), as a driver
+    /// does: staging registers, then UPDATE.
+    fn program_vector(t: &MmioTransport, index: u32, data: u32) {
+        write(t, VIRTIO_MMIO_MSI_SEL, index);
+        write(t, VIRTIO_MMIO_MSI_ADDRESS_LOW, 0xfee0_0000);
+        write(t, VIRTIO_MMIO_MSI_DATA, data);
+        write(t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UPDATE);
+    }
+
     fn read(t: &MmioTransport, reg: u32) -> u32 {
         let mut b = [0u8; 4];
         t.read(u64::from(reg), &mut b);
@@ -615,10 +624,7 @@ mod tests {
     fn a_masked_vector_keeps_its_message_pending_until_unmasked() {
         let (t, _w, _routes) = transport(NotifyPath::Exit);
         negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
-        write(&t, VIRTIO_MMIO_MSI_SEL, 1);
-        write(&t, VIRTIO_MMIO_MSI_ADDRESS_LOW, 0xfee0_0000);
-        write(&t, VIRTIO_MMIO_MSI_DATA, 0x41);
-        write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UPDATE);
+        program_vector(&t, 1, 0x41);
         write(&t, VIRTIO_MMIO_MSI_CONTROL, VIRTIO_MMIO_MSI_CTRL_ENABLE);
         write(&t, VIRTIO_MMIO_QUEUE_SEL, 1);
         write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 1);
@@ -891,10 +897,7 @@ mod tests {
     fn with_msi_negotiated_a_message_before_enable_pends_on_its_vector() {
         let (t, _w, _routes) = transport(NotifyPath::Exit);
         negotiate(&t, 1 << VIRTIO_F_MMIO_MSI);
-        write(&t, VIRTIO_MMIO_MSI_SEL, 0);
-        write(&t, VIRTIO_MMIO_MSI_ADDRESS_LOW, 0xfee0_0000);
-        write(&t, VIRTIO_MMIO_MSI_DATA, 0x41);
-        write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UPDATE);
+        program_vector(&t, 0, 0x41);
         write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UNMASK);
         write(&t, VIRTIO_MMIO_QUEUE_SEL, 0);
         write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 0);
