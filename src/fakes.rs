@@ -63,6 +63,22 @@ impl FakeRoutes {
         self.routes.lock().unwrap().commits
     }
 
+    /// What reached the guest since the last call, directly or through an irqfd, in no
+    /// particular order: each irqfd signal is delivered as its committed route's message, or
+    /// `None` when its GSI had no committed route (an interrupt lost).
+    pub fn take_delivered(&self) -> Vec<Option<(u64, u32)>> {
+        let mut r = self.routes.lock().unwrap();
+        let mut out: Vec<_> = r.injected.drain(..).map(Some).collect();
+        for (gsi, irqfd) in &r.irqfds {
+            // A non-blocking eventfd reads its count, or fails when it is 0.
+            if let Ok(count) = irqfd.read() {
+                let route = r.committed.get(gsi).copied();
+                out.extend((0..count).map(|_| route));
+            }
+        }
+        out
+    }
+
     /// The IOAPIC pins bound so far.
     pub fn pins(&self) -> Vec<u32> {
         self.routes.lock().unwrap().pins.clone()
