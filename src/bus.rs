@@ -126,7 +126,7 @@ impl Bus {
 
     /// In one step, remove the range at `old` (base and device: only if that device is the one
     /// there) and place `new`. If `new` does not fit, `old` is still removed and the error
-    /// returned: a moved BAR that lands on another range decodes nowhere until moved again.
+    /// returned: a moved BAR that lands on another range decodes nowhere until its range is free.
     pub fn update_range(
         &self,
         old: Option<(u64, &Arc<dyn BusDevice>)>,

@@ -175,6 +175,24 @@ contract_consts! {
     /// that arrived; status `STATUS_TIMEOUT` if one did not within a second (as for a held or
     /// invalid vector: ask only for deliverable ones).
     OP_MSIX_LATENCY: u64 = 17;
+    /// `Op::kind`: a hostile burst from seed `value`: `count` random accesses of every width
+    /// at any offset and value into every device window and config space (both mechanisms),
+    /// BAR moves, decode and bus-master toggles, device resets with requests in flight,
+    /// random descriptor chains on the driven device's rings and random MSI messages. DMA
+    /// addresses it writes point at `HOSTILE_DMA_ADDR`'s area or outside RAM, and MSI data
+    /// it writes never names an exception vector, SMI, NMI or INIT, so the probe survives
+    /// its own attack. Afterwards every virtio-pci function gets the BARs, decode, bus
+    /// mastering and MSI-X Enable firmware gave it; devices are left for `OP_VIRTIO_INIT` to
+    /// bring up. `OpResult::value`: accesses made; `resets`: device resets among them;
+    /// `irqs`: interrupts that arrived meanwhile on any device vector.
+    OP_HOSTILE: u64 = 18;
+    /// Guest RAM that DMA addresses written by `OP_HOSTILE` point into, after everything else
+    /// the probe uses: whatever a device writes there hurts no code, stack or table.
+    HOSTILE_DMA_ADDR: u64 = DMA_ADDR + DMA_SIZE;
+    /// Size of the `OP_HOSTILE` DMA area; the soak's RAM ends with it.
+    HOSTILE_DMA_SIZE: u64 = 0x10_0000;
+    /// DMA addresses from here up, written by `OP_HOSTILE`, are outside the soak's RAM.
+    HOSTILE_OUTSIDE_RAM: u64 = 0x1000_0000;
     /// `Op::method` of virtio ops: a virtio-mmio device.
     TRANSPORT_MMIO: u64 = 1;
     /// `Op::method` of virtio ops: a virtio-pci device (MSI-X).
@@ -269,6 +287,8 @@ contract_structs! {
         stray_irqs,
         /// Virtio ops: response payload bytes received and checked.
         bytes,
+        /// `OP_HOSTILE`: device resets the burst made.
+        resets,
     }
 
     /// One enumerated PCI function, written by `OP_ENUMERATE` at `ENUM_ADDR`.

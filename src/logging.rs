@@ -321,11 +321,21 @@ pub fn init() {
         // A panic's message goes straight to stderr: write what was logged before it first.
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Ordering::Relaxed);
             flush();
             previous(info);
         }));
     }
     let _ = builder.try_init();
+}
+
+/// Panics on any thread since [`init`] (a device or vCPU thread's panic ends that thread,
+/// not the process: the soak reports them).
+static PANICS: AtomicU64 = AtomicU64::new(0);
+
+/// How many threads have panicked since [`init`].
+pub fn panics() -> u64 {
+    PANICS.load(Ordering::Relaxed)
 }
 
 /// Wait, at most [`FLUSH_TIMEOUT`], until the log queue is empty (records logged meanwhile

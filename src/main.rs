@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use exitless::bench::{Report, host, msix::MsixBench, pci::PciBench, report, rr::RrBench};
+use exitless::bench::{
+    Report, host, msix::MsixBench, pci::PciBench, report, rr::RrBench, soak::SoakBench,
+};
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
 use exitless::inspect;
 use exitless::machine::ProbeConfig;
@@ -120,6 +122,11 @@ enum Scenario {
     /// vector programmed: GSI routes committed per vector, once per guest access, at a vector's
     /// first message, or no routes (KVM_SIGNAL_MSI) (T3, seed 002, and beyond).
     Msix,
+    /// A hostile guest: bursts of random accesses into every device window and config space,
+    /// BAR moves, resets with requests in flight, random descriptor chains and MSI messages,
+    /// each followed by correct transactions on every device; reports accesses, resets,
+    /// transactions, VMM memory before and after, panics. Not in the default run.
+    Soak,
 }
 
 #[derive(clap::Args)]
@@ -154,6 +161,15 @@ struct BenchArgs {
     /// Queue pairs per function in `msix` (2 × pairs + 1 MSI-X vectors; the seed had 65).
     #[arg(long, default_value_t = 32)]
     queue_pairs: u16,
+    /// Hostile bursts in `soak` (50 per boot of the probe).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    bursts: u64,
+    /// Random accesses per burst in `soak`.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    accesses: u64,
+    /// Seed of the first `soak` burst (the report names it, to reproduce a run).
+    #[arg(long, default_value_t = 0x5eed, value_parser = parse_seed)]
+    seed: u64,
     /// Give up on a guest run after this many seconds.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     timeout: u64,
@@ -178,6 +194,13 @@ fn bench(args: BenchArgs) -> Result<(), String> {
         timeout: Duration::from_secs(args.timeout),
     };
     msix.validate()?;
+    let soak = SoakBench {
+        bursts: args.bursts,
+        accesses: args.accesses,
+        seed: args.seed,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    soak.validate()?;
     let mut report = Report {
         host: host::describe(),
         scenarios: Vec::new(),
@@ -192,6 +215,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
             .run(),
             Scenario::Rr => rr.run(),
             Scenario::Msix => msix.run(),
+            Scenario::Soak => soak.run(),
         };
         report.scenarios.push(result.map_err(|e| e.to_string())?);
     }
@@ -205,6 +229,15 @@ fn bench(args: BenchArgs) -> Result<(), String> {
             .map_err(|e| format!("cannot write the chart to {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// A seed in decimal or, with 0x, hexadecimal.
+fn parse_seed(s: &str) -> Result<u64, String> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("not a seed ({e}): give a number such as 42 or 0x5eed"))
 }
 
 /// Raise the soft open-file limit to the hard one: every MSI vector and doorbell holds an

@@ -6,6 +6,7 @@ pub mod msix;
 pub mod pci;
 pub mod report;
 pub mod rr;
+pub mod soak;
 
 use std::collections::BTreeMap;
 
@@ -40,6 +41,9 @@ pub struct ScenarioReport {
     /// What the figures show beyond the targets, one finding per line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The hostile-guest soak's figures (`soak` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soak: Option<soak::SoakFigures>,
 }
 
 /// One variant of a scenario.

@@ -192,6 +192,7 @@ impl MsixBench {
             variants,
             targets,
             notes,
+            soak: None,
         })
     }
 

@@ -115,6 +115,7 @@ impl PciBench {
             variants: reads,
             targets,
             notes: Vec::new(),
+            soak: None,
         })
     }
 }

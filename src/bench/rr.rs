@@ -247,6 +247,7 @@ impl RrBench {
             variants,
             targets,
             notes,
+            soak: None,
         })
     }
 }

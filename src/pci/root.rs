@@ -5,8 +5,9 @@
 //! (Cloud Hypervisor's `update_range`): placed when the command register enables decoding,
 //! moved when the guest reprograms the BAR, removed when decoding is turned off. A BAR moved
 //! onto another range (another BAR, a fixed device, the ECAM window) is not decoded, with a
-//! warning, until it is moved somewhere free; real hardware would just decode both. Over RAM it
-//! is placed, and RAM wins: KVM serves memslots before any exit.
+//! warning, until its range is free: when it is moved somewhere free, or when the BAR in its
+//! way moves off (every refused BAR is tried again then). Real hardware would decode both
+//! meanwhile. Over RAM it is placed, and RAM wins: KVM serves memslots before any exit.
 //!
 //! Locks, in order: the function table (`RwLock`, written only by [`PciRoot::add`]) → one
 //! function's state → a bus. Configuration reads take none (the bytes live in the
@@ -23,7 +24,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
-use crate::bus::{BusDevice, BusRange, DeviceId, IoBuses, WeakBus};
+use crate::bus::{BusDevice, BusError, BusRange, DeviceId, IoBuses, WeakBus};
 use crate::guest_error;
 use crate::logging::DeviceLog;
 use crate::pci::PciAddress;
@@ -411,15 +412,62 @@ impl PciRoot {
         function.config_written(config, reg, data.len());
         self.update_read_hook(address.devfn(), function.read_hooked());
         let written = |start: u16, size: usize| touches(reg, data.len(), start, size);
-        if written(PCI_COMMAND, 2) || written(PCI_BAR0, 4 * PCI_BAR_COUNT) {
-            self.sync_decoding(&mut st);
+        if (written(PCI_COMMAND, 2) || written(PCI_BAR0, 4 * PCI_BAR_COUNT))
+            && self.sync_decoding(&mut st)
+        {
+            // Taken one function at a time, with this one's lock released (lock order).
+            drop(st);
+            self.retry_refused();
         }
     }
 
+    /// Place again every BAR refused for a conflict whose range is free now.
+    fn retry_refused(&self) {
+        let functions: Vec<Arc<Function>> =
+            self.functions.read().unwrap().values().cloned().collect();
+        for function in functions {
+            let mut st = function.lock().unwrap();
+            let FunctionState {
+                config,
+                bars,
+                function,
+                ..
+            } = &mut *st;
+            for placed in bars.iter_mut().filter(|p| p.wanted.is_some() && !p.decoded) {
+                if self.place(placed, None).is_ok() {
+                    function.bar_decoded(config, placed.slot, placed.wanted);
+                }
+            }
+        }
+    }
+
+    /// Move `placed`'s range on its bus from `old` to where it is wanted now, and record
+    /// whether it decodes there.
+    fn place(&self, placed: &mut PlacedBar, old: Option<u64>) -> Result<(), BusError> {
+        let bus = if placed.bar.is_io() {
+            &self.buses.pio
+        } else {
+            &self.buses.mmio
+        };
+        let Some(bus) = bus.upgrade() else {
+            return Ok(());
+        };
+        let new = placed.wanted.map(|base| BusRange {
+            base,
+            len: placed.bar.size(),
+            id: self.buses.id,
+            name: self.buses.name.clone(),
+            device: placed.device.clone(),
+        });
+        let result = bus.update_range(old.map(|base| (base, &placed.device)), new);
+        placed.decoded = result.is_ok() && placed.wanted.is_some();
+        result
+    }
+
     /// Bring the function's BAR ranges on the buses in line with its command register and
-    /// BARs. A BAR whose wanted place did not change is left alone, so a BAR refused for a
-    /// conflict is retried only when the guest moves it.
-    fn sync_decoding(&self, st: &mut FunctionState) {
+    /// BARs. A BAR whose wanted place did not change is left alone. Returns whether a range
+    /// left its place, so that BARs refused for a conflict may now fit.
+    fn sync_decoding(&self, st: &mut FunctionState) -> bool {
         let FunctionState {
             address,
             config,
@@ -427,11 +475,12 @@ impl PciRoot {
             function,
         } = st;
         let command = config.get_u16(PCI_COMMAND);
+        let mut freed = false;
         for placed in bars.iter_mut() {
-            let (bus, enable) = if placed.bar.is_io() {
-                (&self.buses.pio, PCI_COMMAND_IO)
+            let enable = if placed.bar.is_io() {
+                PCI_COMMAND_IO
             } else {
-                (&self.buses.mmio, PCI_COMMAND_MEMORY)
+                PCI_COMMAND_MEMORY
             };
             // The host bridge forwards only its apertures (the windows the platform describes
             // to the guest): a BAR programmed outside them decodes nowhere.
@@ -453,30 +502,20 @@ impl PciRoot {
             }
             let old = placed.wanted.filter(|_| placed.decoded);
             placed.wanted = want;
-            placed.decoded = false;
-            let Some(bus) = bus.upgrade() else {
-                continue;
-            };
-            let new = want.map(|base| BusRange {
-                base,
-                len: placed.bar.size(),
-                id: self.buses.id,
-                name: self.buses.name.clone(),
-                device: placed.device.clone(),
-            });
-            match bus.update_range(old.map(|base| (base, &placed.device)), new) {
-                Ok(()) => placed.decoded = want.is_some(),
-                Err(e) => guest_error!(
+            freed |= old.is_some();
+            if let Err(e) = self.place(placed, old) {
+                guest_error!(
                     self.log,
-                    "PCI {address}: BAR {} not decoded until moved somewhere free: {e}",
+                    "PCI {address}: BAR {} not decoded until its range is free: {e}",
                     placed.slot
-                ),
+                );
             }
             let now = want.filter(|_| placed.decoded);
             if now != old {
                 function.bar_decoded(config, placed.slot, now);
             }
         }
+        freed
     }
 }
 
@@ -536,7 +575,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bar_moved_onto_another_range_is_not_decoded_until_moved_free() {
+    fn a_bar_moved_onto_another_range_decodes_once_its_range_is_free() {
         let mut io = IoBuses::default();
         let root = root(&mut io);
         let (f1, f2) = (
@@ -552,9 +591,13 @@ mod tests {
         root.config_write(f1, PCI_BAR0, &u32::try_from(f2_bar0).unwrap().to_le_bytes());
         assert_eq!(scratch(&io, f2_bar0), 2);
         assert_eq!(io.mmio.device_at(0xc000_0000), None);
-        // An unrelated config write does not retry it.
+        // An unrelated config write does not place it: the range is still taken.
         root.config_write(f1, PCI_COMMAND, &0x0006u16.to_le_bytes());
         assert_eq!(scratch(&io, f2_bar0), 2);
+        // 00:02.0 moves off: 00:01.0 decodes where it was programmed, without a rewrite.
+        root.config_write(f2, PCI_BAR0, &0xd100_0000u32.to_le_bytes());
+        assert_eq!(scratch(&io, f2_bar0), 1);
+        assert_eq!(scratch(&io, 0xd100_0000), 2);
         // Moved somewhere free: decoded again, same function state.
         root.config_write(f1, PCI_BAR0, &0xd000_0000u32.to_le_bytes());
         assert_eq!(scratch(&io, 0xd000_0000), 1);

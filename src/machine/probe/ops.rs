@@ -186,3 +186,13 @@ pub fn msix_latency(function: PciAddress, first: u64, entries: u64, rounds: u64)
         ..Default::default()
     }
 }
+
+/// A hostile burst of `accesses` random accesses from `seed`.
+pub fn hostile(seed: u64, accesses: u64) -> Op {
+    Op {
+        kind: OP_HOSTILE,
+        value: seed,
+        count: accesses,
+        ..Default::default()
+    }
+}
