@@ -301,6 +301,442 @@ static u64 tsc_timeout(void)
     return rdtsc() + khz * 1000; /* one second */
 }
 
+/* ---- A VT-d driver (Intel VT-d spec, legacy mode; ../shared/design/T5-IOMMU.md) ----
+ *
+ * The DMA-API pattern of Linux's intel-iommu with dma-iommu: every buffer is mapped (page-table
+ * writes in guest RAM; CAP.CM=0, so a map needs no invalidation) before the device sees it and
+ * unmapped when the device gives it back. An unmapped IOVA may be reused only once the IOTLB
+ * cannot hold it any more: strict mode invalidates each unmap at once (one IQT write, one
+ * exit), the deferred modes batch unmaps and flush them with one invalidation, as seed 003 does
+ * and as Linux's flush queue does today. The price of deferral is the exposure: an unmapped
+ * page stays reachable through a stale IOTLB entry until the flush; it is measured per page. */
+
+/* VT-d registers and structure bits (VT-d spec §10.4, §9, §6.5.2). PROVISIONAL: they move to
+ * the shared register file of the VMM's unit when it lands. */
+#define DMAR_CAP_REG 0x08
+#define DMAR_ECAP_REG 0x10
+#define DMAR_GCMD_REG 0x18
+#define DMAR_GSTS_REG 0x1c
+#define DMAR_RTADDR_REG 0x20
+#define DMAR_FECTL_REG 0x38
+#define DMAR_FEDATA_REG 0x3c
+#define DMAR_FEADDR_REG 0x40
+#define DMAR_FEUADDR_REG 0x44
+#define DMAR_IQT_REG 0x88
+#define DMAR_IQA_REG 0x90
+#define DMAR_IQ_SHIFT 4
+#define DMA_CAP_SAGAW_4LEVEL (1ull << 10)
+#define DMA_ECAP_QI (1ull << 1)
+#define DMA_GCMD_TE (1u << 31)
+#define DMA_GCMD_SRTP (1u << 30)
+#define DMA_GCMD_QIE (1u << 26)
+#define QI_CC_TYPE 1ull
+#define QI_IOTLB_TYPE 2ull
+#define QI_WAIT_TYPE 5ull
+#define QI_CC_GRAN_GLOBAL (1ull << 4)
+#define QI_IOTLB_GRAN_GLOBAL (1ull << 4)
+#define QI_IOTLB_GRAN_DOMAIN (2ull << 4)
+#define QI_IOTLB_GRAN_PAGE (3ull << 4)
+#define QI_DID_SHIFT 16
+#define QI_WAIT_SW (1ull << 5)
+#define QI_WAIT_DATA_SHIFT 32
+#define VTD_PRESENT 1ull
+#define VTD_CONTEXT_AW_4LEVEL 2ull
+#define VTD_CONTEXT_DID_SHIFT 8
+#define VTD_PTE_R 1ull
+#define VTD_PTE_W 2ull
+#define VIRTIO_F_ACCESS_PLATFORM 33
+
+#define VTD_PAGE 0x1000ull
+#define VTD_SLOT_PAGES 8                         /* IOVA per mapping: up to 28 KiB + offset */
+#define VTD_SLOTS 2048
+#define VTD_DOMAINS 8
+#define VTD_QUEUE_ENTRIES 256                    /* IQA.QS = 0: 256 128-bit descriptors */
+#define VTD_MAX_PENDING 1024                     /* the deferred modes' most pending unmaps */
+#define VTD_FQ_SIZE 256                          /* Linux's IOVA_FQ_SIZE */
+#define VTD_TIMEOUT_MS 10                        /* Linux's IOVA_FQ_TIMEOUT and the seed's */
+
+/* The structure area: root table, context table of bus 0, invalidation queue, wait status,
+ * then page-table pages. */
+#define VTD_ROOT (IOMMU_TABLES_ADDR)
+#define VTD_CONTEXT (IOMMU_TABLES_ADDR + VTD_PAGE)
+#define VTD_QUEUE (IOMMU_TABLES_ADDR + 2 * VTD_PAGE)
+#define VTD_STATUS (IOMMU_TABLES_ADDR + 3 * VTD_PAGE)
+#define VTD_POOL (IOMMU_TABLES_ADDR + 4 * VTD_PAGE)
+
+struct vtd_domain {
+    u64 devfn, pml4;
+    u16 did;
+    u16 nfree;
+    u16 free[VTD_SLOTS];
+};
+
+/* One unmap waiting for the invalidation that lets its IOVA be reused. */
+struct vtd_pending {
+    u64 tsc;          /* when it was unmapped */
+    u32 next;         /* list mode: the next node, or ~0 */
+    u16 slot, pages;
+    u8 domain;
+};
+
+static struct {
+    int ready;
+    u64 base, mode, hwm, pool_next, qtail, wait_seq, deadline;
+    struct vtd_domain domains[VTD_DOMAINS];
+    u64 ndomains;
+    /* deferred-list: nodes from a pool (the seed's kmalloc per unmap), linked in order */
+    struct vtd_pending nodes[VTD_MAX_PENDING];
+    u32 node_free, list_head, list_tail;
+    /* deferred-array and per-domain: a fixed array; linux-fq: a ring */
+    struct vtd_pending array[VTD_MAX_PENDING];
+    u64 count;        /* pending unmaps, whatever holds them */
+    u64 fq_head;
+    u64 pending_pages;
+    u64 faults_before;
+    struct iommu_report rep;
+} vtd;
+
+static u64 vtd_read(u64 reg, u64 size) { return mem_read(vtd.base + reg, size); }
+static void vtd_write(u64 reg, u64 size, u64 v) { mem_write(vtd.base + reg, size, v); }
+
+static u64 tsc_per_ms(void) { return boot->tsc_khz ? boot->tsc_khz : 3000000; }
+
+/* Set a GCMD bit and wait for GSTS to show it (VT-d §10.4.4: software writes GSTS's value
+ * with the one bit changed). */
+static int vtd_command(u32 bit)
+{
+    /* Keep the persistent enables; the one-shot status bits must not be written back. */
+    u32 sts = (u32)vtd_read(DMAR_GSTS_REG, 4) & (DMA_GCMD_TE | DMA_GCMD_QIE);
+    vtd_write(DMAR_GCMD_REG, 4, sts | bit);
+    u64 deadline = tsc_timeout();
+    while (!(vtd_read(DMAR_GSTS_REG, 4) & bit))
+        if (rdtsc() > deadline)
+            return 0;
+    return 1;
+}
+
+static u64 vtd_alloc_page(void)
+{
+    u64 p = vtd.pool_next;
+    if (p + VTD_PAGE > IOMMU_TABLES_ADDR + IOMMU_TABLES_SIZE)
+        return 0;
+    vtd.pool_next += VTD_PAGE;
+    for (u64 i = 0; i < VTD_PAGE; i += 8)
+        *(volatile u64 *)(p + i) = 0;
+    return p;
+}
+
+/* Queue `n` descriptors and a wait descriptor, write the tail once, and spin until the unit
+ * wrote the wait status (it processes the queue inside the IQT write: one exit). */
+static void vtd_submit(const u64 (*descs)[2], u64 n)
+{
+    volatile u64 *q = (volatile u64 *)VTD_QUEUE;
+    volatile u32 *status = (volatile u32 *)VTD_STATUS;
+    u32 seq = (u32)++vtd.wait_seq;
+    for (u64 i = 0; i <= n; i++) {
+        u64 slot = vtd.qtail % VTD_QUEUE_ENTRIES;
+        if (i < n) {
+            q[2 * slot] = descs[i][0];
+            q[2 * slot + 1] = descs[i][1];
+        } else {
+            q[2 * slot] = QI_WAIT_TYPE | QI_WAIT_SW | (u64)seq << QI_WAIT_DATA_SHIFT;
+            q[2 * slot + 1] = VTD_STATUS;
+        }
+        vtd.qtail++;
+    }
+    __asm__ volatile("mfence" ::: "memory");
+    vtd_write(DMAR_IQT_REG, 8, (vtd.qtail % VTD_QUEUE_ENTRIES) << DMAR_IQ_SHIFT);
+    vtd.rep.iqt_writes++;
+    vtd.rep.descriptors += n + 1;
+    u64 deadline = tsc_timeout();
+    while (*status != seq)
+        if (rdtsc() > deadline) {
+            vtd.rep.wait_timeouts++;
+            break;
+        }
+}
+
+/* Bring the unit up once: root and context tables, queued invalidation, fault events,
+ * translation on. */
+static u64 vtd_init(void)
+{
+    if (vtd.ready)
+        return STATUS_OK;
+    vtd.base = boot->iommu_base;
+    if (!vtd.base)
+        return STATUS_UNSUPPORTED;
+    u64 cap = vtd_read(DMAR_CAP_REG, 8), ecap = vtd_read(DMAR_ECAP_REG, 8);
+    if (!(cap & DMA_CAP_SAGAW_4LEVEL) || !(ecap & DMA_ECAP_QI))
+        return STATUS_DEVICE_ERROR;
+    vtd.pool_next = VTD_POOL;
+    for (u64 p = VTD_ROOT; p < VTD_POOL; p += 8)
+        *(volatile u64 *)p = 0;
+    *(volatile u64 *)VTD_ROOT = VTD_CONTEXT | VTD_PRESENT; /* bus 0 */
+    vtd_write(DMAR_RTADDR_REG, 8, VTD_ROOT);
+    if (!vtd_command(DMA_GCMD_SRTP))
+        return STATUS_TIMEOUT;
+    vtd_write(DMAR_IQT_REG, 8, 0);
+    vtd_write(DMAR_IQA_REG, 8, VTD_QUEUE); /* QS 0: 256 entries */
+    vtd.qtail = 0;
+    if (!vtd_command(DMA_GCMD_QIE))
+        return STATUS_TIMEOUT;
+    vtd_write(DMAR_FEDATA_REG, 4, IOMMU_FAULT_VECTOR);
+    vtd_write(DMAR_FEADDR_REG, 4, MSI_ADDRESS_BASE);
+    vtd_write(DMAR_FEUADDR_REG, 4, 0);
+    vtd_write(DMAR_FECTL_REG, 4, 0); /* unmask */
+    const u64 flush[2][2] = {{QI_CC_TYPE | QI_CC_GRAN_GLOBAL, 0},
+                             {QI_IOTLB_TYPE | QI_IOTLB_GRAN_GLOBAL, 0}};
+    vtd_submit(flush, 2);
+    if (!vtd_command(DMA_GCMD_TE))
+        return STATUS_TIMEOUT;
+    vtd.mode = IOMMU_MODE_STRICT;
+    vtd.hwm = 250; /* the seed's default high-water mark */
+    vtd.list_head = vtd.list_tail = ~0u;
+    vtd.node_free = 0;
+    for (u32 i = 0; i < VTD_MAX_PENDING; i++)
+        vtd.nodes[i].next = i + 1 < VTD_MAX_PENDING ? i + 1 : ~0u;
+    vtd.ready = 1;
+    return STATUS_OK;
+}
+
+/* The domain of PCI function `fn`, set up at its first use: a context entry pointing at a
+ * 4-level page table, its IOVA slots all free. */
+static struct vtd_domain *vtd_domain(u64 fn)
+{
+    u64 devfn = (fn >> ECAM_FUNCTION_SHIFT) & 0xff;
+    for (u64 i = 0; i < vtd.ndomains; i++)
+        if (vtd.domains[i].devfn == devfn)
+            return &vtd.domains[i];
+    if (vtd.ndomains == VTD_DOMAINS)
+        return 0;
+    struct vtd_domain *d = &vtd.domains[vtd.ndomains];
+    d->devfn = devfn;
+    d->did = (u16)(vtd.ndomains + 1);
+    d->pml4 = vtd_alloc_page();
+    if (!d->pml4)
+        return 0;
+    vtd.ndomains++;
+    volatile u64 *ctx = (volatile u64 *)(VTD_CONTEXT + 16 * devfn);
+    ctx[1] = VTD_CONTEXT_AW_4LEVEL | (u64)d->did << VTD_CONTEXT_DID_SHIFT;
+    ctx[0] = d->pml4 | VTD_PRESENT; /* TT 0: translate */
+    const u64 flush[1][2] = {{QI_CC_TYPE | QI_CC_GRAN_GLOBAL, 0}};
+    vtd_submit(flush, 1);
+    return d;
+}
+
+static u64 slot_iova(u16 slot) { return IOVA_BASE + (u64)slot * VTD_SLOT_PAGES * VTD_PAGE; }
+
+/* The last-level entry for `iova` in `d`, the tables above it made as needed (`alloc`), or
+ * 0 when a table is missing. */
+static volatile u64 *vtd_pte(struct vtd_domain *d, u64 iova, int alloc)
+{
+    u64 table = d->pml4;
+    for (int shift = 39; shift > 12; shift -= 9) {
+        volatile u64 *e = (volatile u64 *)table + ((iova >> shift) & 511);
+        if (!(*e & VTD_PTE_R)) {
+            u64 page = alloc ? vtd_alloc_page() : 0;
+            if (!page)
+                return 0;
+            *e = page | VTD_PTE_R | VTD_PTE_W;
+        }
+        table = *e & ~0xfffull;
+    }
+    return (volatile u64 *)table + ((iova >> 12) & 511);
+}
+
+/* Map `len` bytes at `buf` for the device (`write`: the device writes them) at IOVA slot
+ * `slot`; returns the IOVA, 0 when out of page-table memory. */
+static u64 vtd_map_at(struct vtd_domain *d, u16 slot, u64 page, const void *buf, u64 len, int write)
+{
+    u64 gpa = (u64)buf, first = gpa & ~0xfffull;
+    u64 iova = slot_iova(slot) + page * VTD_PAGE;
+    for (u64 p = first; p < gpa + len; p += VTD_PAGE) {
+        volatile u64 *pte = vtd_pte(d, iova + (p - first), 1);
+        if (!pte)
+            return 0;
+        *pte = p | VTD_PTE_R | (write ? VTD_PTE_W : 0);
+    }
+    vtd.rep.maps++;
+    return iova + (gpa & 0xfff);
+}
+
+static u64 vtd_pages(const void *buf, u64 len)
+{
+    u64 gpa = (u64)buf;
+    return ((gpa + len + 0xfff) >> 12) - (gpa >> 12);
+}
+
+/* Give `slot` back once its invalidation completed, and count how long its pages were
+ * exposed. */
+static void vtd_release(struct vtd_pending *p, u64 now)
+{
+    struct vtd_domain *d = &vtd.domains[p->domain];
+    d->free[d->nfree++] = p->slot;
+    u64 exposure = now - p->tsc;
+    if (exposure > vtd.rep.exposure_max)
+        vtd.rep.exposure_max = exposure;
+    vtd.rep.exposure_sum += exposure * p->pages;
+    u64 b = 0;
+    while (b + 1 < EXPOSURE_BUCKETS && (exposure >> (b + 1)))
+        b++;
+    vtd.rep.exposure_log2[b] += p->pages;
+    vtd.pending_pages -= p->pages;
+}
+
+/* Invalidate everything pending with one descriptor (global, or per domain) and a wait, then
+ * release it. Returns the pages it covered. */
+static u64 vtd_flush(void)
+{
+    if (!vtd.count)
+        return 0;
+    u64 covered = vtd.pending_pages;
+    if (vtd.mode == IOMMU_MODE_PER_DOMAIN) {
+        u64 descs[VTD_DOMAINS][2], n = 0;
+        for (u64 i = 0; i < vtd.ndomains; i++) {
+            int used = 0;
+            for (u64 k = 0; k < vtd.count; k++)
+                used |= vtd.array[k].domain == i;
+            if (used) {
+                descs[n][0] = QI_IOTLB_TYPE | QI_IOTLB_GRAN_DOMAIN |
+                              (u64)vtd.domains[i].did << QI_DID_SHIFT;
+                descs[n++][1] = 0;
+            }
+        }
+        vtd_submit((const u64(*)[2])descs, n);
+    } else {
+        const u64 global[1][2] = {{QI_IOTLB_TYPE | QI_IOTLB_GRAN_GLOBAL, 0}};
+        vtd_submit(global, 1);
+    }
+    u64 now = rdtsc();
+    if (vtd.mode == IOMMU_MODE_DEFERRED_LIST) {
+        while (vtd.list_head != ~0u) {
+            u32 i = vtd.list_head;
+            vtd_release(&vtd.nodes[i], now);
+            vtd.list_head = vtd.nodes[i].next;
+            vtd.nodes[i].next = vtd.node_free;
+            vtd.node_free = i;
+        }
+        vtd.list_tail = ~0u;
+    } else if (vtd.mode == IOMMU_MODE_LINUX_FQ) {
+        for (u64 k = 0; k < vtd.count; k++)
+            vtd_release(&vtd.array[(vtd.fq_head + k) % VTD_FQ_SIZE], now);
+        vtd.fq_head = (vtd.fq_head + vtd.count) % VTD_FQ_SIZE;
+    } else {
+        for (u64 k = 0; k < vtd.count; k++)
+            vtd_release(&vtd.array[k], now);
+    }
+    vtd.count = 0;
+    vtd.rep.flushes++;
+    return covered;
+}
+
+/* The deferred modes' timer: flush once the oldest pending unmap is 10 ms old. Checked at
+ * every unmap and in the driver's wait loops, like an rdtsc deadline. */
+static void vtd_tick(void)
+{
+    if (vtd.ready && vtd.count && rdtsc() > vtd.deadline)
+        vtd_flush();
+}
+
+/* The most unmaps a deferred mode holds before it flushes. */
+static u64 vtd_capacity(void)
+{
+    if (vtd.mode == IOMMU_MODE_LINUX_FQ)
+        return VTD_FQ_SIZE - 1; /* Linux's fq_full: one entry stays free */
+    return vtd.hwm;
+}
+
+/* Unmap the buffer at `slot`: clear its PTEs, then invalidate as the mode says. */
+static void vtd_unmap(struct vtd_domain *d, u16 slot, u64 pages)
+{
+    u64 iova = slot_iova(slot);
+    for (u64 i = 0; i < pages; i++)
+        *vtd_pte(d, iova + i * VTD_PAGE, 0) = 0;
+    vtd.rep.unmaps++;
+    vtd.rep.pages += pages;
+    struct vtd_pending p = {.tsc = rdtsc(), .next = ~0u, .slot = slot, .pages = (u16)pages,
+                            .domain = (u8)(d - vtd.domains)};
+    vtd.pending_pages += pages;
+    if (vtd.pending_pages > vtd.rep.max_pending)
+        vtd.rep.max_pending = vtd.pending_pages;
+    if (vtd.mode == IOMMU_MODE_STRICT) {
+        /* Page-selective: the slot is 8 pages, naturally aligned, so one descriptor with
+         * address mask 3 names exactly it. */
+        const u64 psi[1][2] = {{QI_IOTLB_TYPE | QI_IOTLB_GRAN_PAGE | (u64)d->did << QI_DID_SHIFT,
+                                iova | 3}};
+        vtd_submit(psi, 1);
+        vtd.rep.flushes++;
+        vtd_release(&p, rdtsc());
+        return;
+    }
+    if (vtd.count == 0)
+        vtd.deadline = p.tsc + VTD_TIMEOUT_MS * tsc_per_ms();
+    if (vtd.mode == IOMMU_MODE_DEFERRED_LIST) {
+        u32 i = vtd.node_free;
+        vtd.node_free = vtd.nodes[i].next;
+        vtd.nodes[i] = p;
+        if (vtd.list_tail == ~0u)
+            vtd.list_head = i;
+        else
+            vtd.nodes[vtd.list_tail].next = i;
+        vtd.list_tail = i;
+    } else if (vtd.mode == IOMMU_MODE_LINUX_FQ) {
+        vtd.array[(vtd.fq_head + vtd.count) % VTD_FQ_SIZE] = p;
+    } else {
+        vtd.array[vtd.count] = p;
+    }
+    vtd.count++;
+    if (vtd.count >= vtd_capacity())
+        vtd_flush();
+    else
+        vtd_tick();
+}
+
+/* Forget every mapping of `d`, as a driver does when it brings its device up again: the
+ * device was reset, so whatever it still held is gone. Slot 0 holds the rings; buffers get
+ * the others, lowest first. */
+static void vtd_domain_reset(struct vtd_domain *d)
+{
+    vtd_flush();
+    for (u64 page = 0; page < (u64)VTD_SLOTS * VTD_SLOT_PAGES; page++) {
+        volatile u64 *pte = vtd_pte(d, IOVA_BASE + page * VTD_PAGE, 0);
+        if (pte)
+            *pte = 0;
+    }
+    d->nfree = 0;
+    for (u16 s = VTD_SLOTS - 1; s >= 1; s--)
+        d->free[d->nfree++] = s;
+    const u64 flush[1][2] = {{QI_IOTLB_TYPE | QI_IOTLB_GRAN_DOMAIN | (u64)d->did << QI_DID_SHIFT, 0}};
+    vtd_submit(flush, 1);
+}
+
+static void vtd_set_mode(const struct op *op, struct op_result *res)
+{
+    if (op->method < IOMMU_MODE_STRICT || op->method > IOMMU_MODE_LINUX_FQ ||
+        op->value > VTD_MAX_PENDING) {
+        res->status = STATUS_UNSUPPORTED;
+        return;
+    }
+    if (vtd.ready)
+        res->value = vtd_flush(); /* leave the old mode with nothing pending */
+    vtd.mode = op->method;
+    if (op->value)
+        vtd.hwm = op->value;
+}
+
+static void vtd_report(const struct op *op, struct op_result *res)
+{
+    if (op->address >= MAX_IOMMU_REPORTS) {
+        res->status = STATUS_UNSUPPORTED;
+        return;
+    }
+    vtd.rep.faults = irq_counts[IOMMU_FAULT_VECTOR] - vtd.faults_before;
+    ((struct iommu_report *)IOMMU_REPORT_ADDR)[op->address] = vtd.rep;
+    vtd.rep = (struct iommu_report){0};
+    vtd.rep.max_pending = vtd.pending_pages;
+    vtd.faults_before = irq_counts[IOMMU_FAULT_VECTOR];
+}
+
 /* ---- A virtio-net driver for virtio-mmio (legacy line or MSI extension) and virtio-pci ---- */
 
 #define QSIZE 16
@@ -317,6 +753,8 @@ struct vq {
     volatile u16 *used;   /* flags, idx, {u32 id, u32 len}[size], avail_event */
     u16 size, avail_idx, last_used, index;
     u64 notify;           /* doorbell address */
+    u16 iova_slot[QSIZE]; /* behind the IOMMU: each descriptor's mapping (0: none) */
+    u8 iova_pages[QSIZE];
 };
 
 /* What differs between the transports, one table each: virtio-mmio on its legacy line,
@@ -345,8 +783,10 @@ struct vdev {
     u64 notify_mult, msix_table, msix_pba;
     struct vq rx, tx;
     u8 *rx_buf, *tx_buf;
+    u8 *stream_buf;                         /* OP_NET_STREAM: one frame per descriptor */
     u32 rx_vector;                          /* IDT vector that signals a receive */
     int ready;
+    struct vtd_domain *iommu;               /* behind the IOMMU (RR_FLAG_IOMMU) */
 };
 
 static struct vdev dev;
@@ -691,6 +1131,11 @@ static int setup_queue(struct vq *q, u16 index)
     if (!q->desc || !q->avail || !q->used)
         return 0;
     u64 addr[3] = {(u64)q->desc, (u64)q->avail, (u64)q->used};
+    const u64 len[3] = {16 * QSIZE, 6 + 2 * QSIZE, 6 + 8 * QSIZE};
+    /* Behind the IOMMU the rings too are IOVAs: slot 0, one page per ring, for good. */
+    for (u64 i = 0; dev.iommu && i < 3; i++)
+        if (!(addr[i] = vtd_map_at(dev.iommu, 0, 3 * (u64)index + i, (void *)addr[i], len[i], 1)))
+            return 0;
     return dev.ops->queue_enable(q, addr);
 }
 
@@ -700,10 +1145,38 @@ static u16 used_idx(struct vq *q) { return q->used[1]; }
 
 /* Make one buffer available and notify the device if it asked for it (event index,
  * virtio 1.2 §2.7.10: notify when the new index passes avail_event). */
+/* The address the device is given for `buf`: behind the IOMMU, a fresh mapping of it
+ * (recorded for descriptor `slot`, unmapped when the device returns it); flushing what is
+ * pending when no IOVA is free, as an allocator that waits for the flush queue does. */
+static u64 vq_map(struct vq *q, u16 slot, void *buf, u32 len, u16 flags)
+{
+    struct vtd_domain *d = dev.iommu;
+    if (!d)
+        return (u64)buf;
+    if (!d->nfree)
+        vtd_flush();
+    if (!d->nfree)
+        return 0; /* the device faults on it */
+    u16 iova_slot = d->free[--d->nfree];
+    q->iova_slot[slot] = iova_slot;
+    q->iova_pages[slot] = (u8)vtd_pages(buf, len);
+    return vtd_map_at(d, iova_slot, 0, buf, len, flags & VIRTQ_DESC_F_WRITE);
+}
+
+/* The device returned descriptor `slot`: unmap its buffer. */
+static void vq_unmap(struct vq *q, u32 slot)
+{
+    slot %= QSIZE; /* the device wrote it: keep it in the table */
+    if (dev.iommu && q->iova_slot[slot]) {
+        vtd_unmap(dev.iommu, q->iova_slot[slot], q->iova_pages[slot]);
+        q->iova_slot[slot] = 0;
+    }
+}
+
 static void vq_post(struct vq *q, void *buf, u32 len, u16 flags)
 {
     u16 slot = q->avail_idx % q->size;
-    q->desc[slot].addr = (u64)buf;
+    q->desc[slot].addr = vq_map(q, slot, buf, len, flags);
     q->desc[slot].len = len;
     q->desc[slot].flags = flags;
     q->desc[slot].next = 0;
@@ -721,6 +1194,19 @@ static void post_rx(void)
 {
     *used_event(&dev.rx) = dev.rx.last_used; /* interrupt on the next receive */
     vq_post(&dev.rx, dev.rx_buf, RR_RX_BUFFER_SIZE, VIRTQ_DESC_F_WRITE);
+}
+
+/* The used element `n` of `q`: the head it returns and the bytes written. */
+static u32 used_id(struct vq *q, u16 n) { return *(volatile u32 *)((volatile u8 *)q->used + 4 + 8 * (n % q->size)); }
+static u32 used_len(struct vq *q, u16 n) { return *(volatile u32 *)((volatile u8 *)q->used + 8 + 8 * (n % q->size)); }
+
+/* Take back the transmit buffers the device returned; how many. */
+static u64 reap_tx(void)
+{
+    u64 n = 0;
+    for (u16 end = used_idx(&dev.tx); dev.tx.last_used != end; dev.tx.last_used++, n++)
+        vq_unmap(&dev.tx, used_id(&dev.tx, dev.tx.last_used));
+    return n;
 }
 
 static u64 device_irqs(void)
@@ -742,7 +1228,10 @@ static u64 virtio_init(u64 transport, u64 address, u64 flags)
     dev.address = address;
     dev.flags = flags;
     dev.ready = 0;
+    dev.iommu = 0;
     dma_next = DMA_ADDR;
+    if ((flags & RR_FLAG_IOMMU) && transport != TRANSPORT_PCI)
+        return STATUS_UNSUPPORTED; /* only PCI functions have a source-id */
     u64 located = ops->locate(address);
     if (located != STATUS_OK)
         return located;
@@ -751,9 +1240,19 @@ static u64 virtio_init(u64 transport, u64 address, u64 flags)
     while (ops->get_status() != 0) /* virtio-pci: reset completes when status reads 0 */
         if (rdtsc() > deadline)
             return STATUS_TIMEOUT;
+    if (flags & RR_FLAG_IOMMU) {
+        u64 up = vtd_init();
+        if (up != STATUS_OK)
+            return up;
+        if (!(dev.iommu = vtd_domain(address)))
+            return STATUS_DEVICE_ERROR;
+        vtd_domain_reset(dev.iommu);
+    }
     ops->set_status(VIRTIO_STATUS_ACKNOWLEDGE);
     ops->set_status(VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER);
     u64 want = (1ull << VIRTIO_F_VERSION_1) | (1ull << VIRTIO_F_EVENT_IDX) | ops->features();
+    if (dev.iommu)
+        want |= 1ull << VIRTIO_F_ACCESS_PLATFORM;
     if ((get_features() & want) != want)
         return STATUS_DEVICE_ERROR;
     set_features(want);
@@ -766,6 +1265,9 @@ static u64 virtio_init(u64 transport, u64 address, u64 flags)
         return STATUS_DEVICE_ERROR;
     dev.rx_buf = dma_alloc(RR_RX_BUFFER_SIZE);
     dev.tx_buf = dma_alloc(VIRTIO_NET_HDR_SIZE + RR_MAX_REQUEST);
+    dev.stream_buf = dma_alloc(QSIZE * NET_STREAM_FRAME_SIZE);
+    for (u64 i = 0; i < QSIZE; i++)
+        dev.rx.iova_slot[i] = dev.tx.iova_slot[i] = 0;
     ops->set_status(s | VIRTIO_STATUS_DRIVER_OK);
     if (ops->get_status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET)
         return STATUS_DEVICE_ERROR;
@@ -790,10 +1292,10 @@ static void send_request(u64 size, u64 seq)
 /* Take the response to the request `seq` of `size` bytes; check it; give the buffer back. */
 static u64 take_response(u64 size, struct op_result *res)
 {
-    u16 slot = dev.rx.last_used % dev.rx.size;
-    u32 len = *(volatile u32 *)((volatile u8 *)dev.rx.used + 4 + 8 * slot + 4);
+    u32 len = used_len(&dev.rx, dev.rx.last_used);
+    vq_unmap(&dev.rx, used_id(&dev.rx, dev.rx.last_used));
     dev.rx.last_used++;
-    dev.tx.last_used = used_idx(&dev.tx);
+    reap_tx();
     const u8 *req = dev.tx_buf + VIRTIO_NET_HDR_SIZE;
     const u8 *resp = dev.rx_buf + VIRTIO_NET_HDR_SIZE;
     u64 status = STATUS_OK;
@@ -819,9 +1321,11 @@ static int wait_rx(u64 irqs_before)
 {
     u64 deadline = tsc_timeout();
     while (used_idx(&dev.rx) == dev.rx.last_used ||
-           (irqs_before != ~0ull && irq_counts[dev.rx_vector] == irqs_before))
+           (irqs_before != ~0ull && irq_counts[dev.rx_vector] == irqs_before)) {
+        vtd_tick();
         if (rdtsc() > deadline)
             return 0;
+    }
     return 1;
 }
 
@@ -1545,6 +2049,46 @@ static void hostile_burst(const struct op *op, struct op_result *res)
     res->irqs -= irqs_before;
 }
 
+/* A stream of small frames into the transmit queue, `value` in flight (UDP_STREAM-like, the
+ * seed's workload): each buffer mapped when posted, unmapped when returned. */
+static void net_stream(const struct op *op, struct op_result *res)
+{
+    u64 frame = VIRTIO_NET_HDR_SIZE + op->size, limit = op->value ? op->value : QSIZE;
+    if (!dev.ready || op->size == 0 || frame > NET_STREAM_FRAME_SIZE || limit > QSIZE) {
+        res->status = STATUS_UNSUPPORTED;
+        return;
+    }
+    *used_event(&dev.tx) = (u16)(dev.tx.avail_idx + 0x4000); /* no transmit interrupts */
+    reap_tx();
+    u64 posted = 0, in_flight = (u16)(dev.tx.avail_idx - dev.tx.last_used);
+    u64 deadline = tsc_timeout();
+    while (res->value < op->count) {
+        if (posted < op->count && in_flight < limit) {
+            u8 *buf = dev.stream_buf + (dev.tx.avail_idx % QSIZE) * NET_STREAM_FRAME_SIZE;
+            for (u64 i = 0; i < VIRTIO_NET_HDR_SIZE; i++)
+                buf[i] = 0;
+            for (u64 i = 0; i < op->size; i++)
+                buf[VIRTIO_NET_HDR_SIZE + i] = (u8)(posted + i);
+            vq_post(&dev.tx, buf, (u32)frame, 0);
+            posted++;
+            in_flight++;
+            continue;
+        }
+        u64 n = reap_tx();
+        res->value += n;
+        in_flight -= n;
+        if (n) {
+            deadline = tsc_timeout();
+        } else {
+            vtd_tick();
+            if (rdtsc() > deadline) {
+                res->status = STATUS_TIMEOUT;
+                return;
+            }
+        }
+    }
+}
+
 /* ---- The op interpreter ---- */
 
 static void run_op(const struct op *op, struct op_result *res)
@@ -1633,6 +2177,15 @@ static void run_op(const struct op *op, struct op_result *res)
         break;
     case OP_HOSTILE:
         hostile_burst(op, res);
+        break;
+    case OP_IOMMU_MODE:
+        vtd_set_mode(op, res);
+        break;
+    case OP_NET_STREAM:
+        net_stream(op, res);
+        break;
+    case OP_IOMMU_REPORT:
+        vtd_report(op, res);
         break;
     default:
         res->status = STATUS_BAD_OP;

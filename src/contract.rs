@@ -193,6 +193,58 @@ contract_consts! {
     HOSTILE_DMA_SIZE: u64 = 0x10_0000;
     /// DMA addresses from here up, written by `OP_HOSTILE`, are outside the soak's RAM.
     HOSTILE_OUTSIDE_RAM: u64 = 0x1000_0000;
+    /// `Op::kind`: from now on, unmap IOMMU-mapped buffers as `method` (`IOMMU_MODE_*`) says,
+    /// flushing past a high-water mark of `value` pending unmaps (the deferred modes; 0 keeps
+    /// the last one). Unmaps still pending are flushed first, as Linux does when it leaves
+    /// lazy mode. `OpResult::value`: pages that flush covered.
+    OP_IOMMU_MODE: u64 = 19;
+    /// `Op::kind`: `count` frames of `size` payload bytes on the transmit queue of the device
+    /// of the last `OP_VIRTIO_INIT`, at most `value` in flight (its queue size if 0): each
+    /// buffer is mapped before it is posted and unmapped when the device returns it, when the
+    /// device is behind the IOMMU. `OpResult::value`: frames the device returned.
+    OP_NET_STREAM: u64 = 20;
+    /// `Op::kind`: copy the IOMMU driver's counters since the last `OP_IOMMU_REPORT` into
+    /// `IommuReport` slot `address` at `IOMMU_REPORT_ADDR` (up to `MAX_IOMMU_REPORTS`) and
+    /// start them again.
+    OP_IOMMU_REPORT: u64 = 21;
+    /// `OP_IOMMU_MODE` method: every unmap invalidates its pages (page-selective IOTLB
+    /// invalidation and a wait, one IQT write) before the IOVA is reused.
+    IOMMU_MODE_STRICT: u64 = 1;
+    /// `OP_IOMMU_MODE` method: the seed's first version: a list node per unmap, one global
+    /// invalidation and a wait when the list passes the high-water mark or after 10 ms.
+    IOMMU_MODE_DEFERRED_LIST: u64 = 2;
+    /// `OP_IOMMU_MODE` method: the seed's second version: a fixed array, flushed when full
+    /// (the high-water mark) or after 10 ms.
+    IOMMU_MODE_DEFERRED_ARRAY: u64 = 3;
+    /// `OP_IOMMU_MODE` method: as deferred-array, but a domain-selective invalidation.
+    IOMMU_MODE_PER_DOMAIN: u64 = 4;
+    /// `OP_IOMMU_MODE` method: Linux's dma-iommu flush queue today: a 256-entry ring flushed
+    /// when full or after 10 ms (the high-water mark does not apply).
+    IOMMU_MODE_LINUX_FQ: u64 = 5;
+    /// `RR_FLAG_*` bit: the device's DMA goes through the IOMMU (VIRTIO_F_ACCESS_PLATFORM);
+    /// virtio-pci only. The probe sets the unit up at the first such device. A device
+    /// brought up without it is not behind the IOMMU: nothing is mapped (the `none` variant).
+    RR_FLAG_IOMMU: u64 = 4;
+    /// Bytes of each `OP_NET_STREAM` frame buffer: the payload is at most this less the
+    /// virtio-net header.
+    NET_STREAM_FRAME_SIZE: u64 = 0x100;
+    /// IDT vector of the IOMMU's fault event interrupt.
+    IOMMU_FAULT_VECTOR: u64 = 0xf0;
+    /// Guest RAM for the probe's VT-d structures: root and context tables, the invalidation
+    /// queue, its wait status, page tables.
+    IOMMU_TABLES_ADDR: u64 = 0x91_0000;
+    /// Size of the VT-d structure area.
+    IOMMU_TABLES_SIZE: u64 = 0xe_0000;
+    /// First IOVA the probe's driver hands out: above RAM, so a DMA that was not translated
+    /// cannot land in guest memory by chance.
+    IOVA_BASE: u64 = 0x1_0000_0000;
+    /// Guest-physical address of the `IommuReport` slots.
+    IOMMU_REPORT_ADDR: u64 = 0x4_0000;
+    /// Number of `IommuReport` slots.
+    MAX_IOMMU_REPORTS: u64 = 32;
+    /// Buckets of `IommuReport::exposure_log2`: bucket `b` counts exposures of
+    /// 2^b ..< 2^(b+1) TSC cycles (the last also counts longer ones).
+    EXPOSURE_BUCKETS: u64 = 32;
     /// `Op::method` of virtio ops: a virtio-mmio device.
     TRANSPORT_MMIO: u64 = 1;
     /// `Op::method` of virtio ops: a virtio-pci device (MSI-X).
@@ -252,6 +304,8 @@ contract_structs! {
         virtio_mmio_base[8],
         /// IOAPIC pin of each virtio-mmio device's legacy interrupt line.
         virtio_mmio_gsi[8],
+        /// Guest-physical base of the VT-d remapping unit's registers, 0 when there is none.
+        iommu_base,
     }
 
     /// One step of the guest's work, read by the guest at `OPS_ADDR`.
@@ -289,6 +343,35 @@ contract_structs! {
         bytes,
         /// `OP_HOSTILE`: device resets the burst made.
         resets,
+    }
+
+    /// What the probe's VT-d driver did between two `OP_IOMMU_REPORT`s.
+    struct IommuReport as iommu_report {
+        /// Buffers mapped.
+        maps,
+        /// Buffers unmapped (each may span several pages).
+        unmaps,
+        /// Pages unmapped.
+        pages,
+        /// Flushes of deferred unmaps (strict: one per unmap).
+        flushes,
+        /// Invalidation descriptors queued, waits included.
+        descriptors,
+        /// Writes to the invalidation queue tail (each one exit).
+        iqt_writes,
+        /// Most pages pending invalidation at once.
+        max_pending,
+        /// Exposure of each unmapped page (TSC cycles from its unmap until the invalidation
+        /// covering it completed): the longest.
+        exposure_max,
+        /// The sum, for the mean.
+        exposure_sum,
+        /// Its distribution (`EXPOSURE_BUCKETS` log2 buckets), for percentiles.
+        exposure_log2[32],
+        /// Wait descriptors whose status did not come within a second (0 unless broken).
+        wait_timeouts,
+        /// Fault event interrupts taken.
+        faults,
     }
 
     /// One enumerated PCI function, written by `OP_ENUMERATE` at `ENUM_ADDR`.

@@ -54,6 +54,17 @@ pub enum Transport {
     Pci,
 }
 
+/// Where a virtio-net device's frames go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NetBackendKind {
+    /// Every frame is answered ([`crate::virtio::net::RequestResponse`]).
+    #[default]
+    RequestResponse,
+    /// Frames are taken and dropped, nothing is received ([`crate::virtio::net::Sink`]): a
+    /// transmit stream's far end.
+    Sink,
+}
+
 /// A virtio-net device of a machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VirtioNetConfig {
@@ -62,8 +73,10 @@ pub struct VirtioNetConfig {
     /// How its doorbells reach it.
     pub notify: NotifyPath,
     /// Receive/transmit queue pairs (more than one adds the control queue and
-    /// VIRTIO_NET_F_MQ); each has its own request/response backend and MSI-X vectors.
+    /// VIRTIO_NET_F_MQ); each has its own backend and MSI-X vectors.
     pub queue_pairs: u16,
+    /// What each pair's backend is.
+    pub backend: NetBackendKind,
 }
 
 impl VirtioNetConfig {
@@ -73,6 +86,7 @@ impl VirtioNetConfig {
             transport,
             notify,
             queue_pairs: 1,
+            backend: NetBackendKind::default(),
         }
     }
 }

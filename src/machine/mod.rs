@@ -27,7 +27,9 @@ use crate::virtio::worker::Worker;
 use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::{Vm, VmError};
 
-pub use config::{MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, Transport, VirtioNetConfig};
+pub use config::{
+    MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Transport, VirtioNetConfig,
+};
 pub use layout::{LayoutError, MemoryLayout};
 pub use loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
 // The probe machine's API, where its callers have always found it.

@@ -12,7 +12,9 @@ use crate::contract::PORT_SERIAL;
 use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
 use crate::irq::{GsiRouting, InterruptRoutes, MsiVectors};
 use crate::logging::DeviceLog;
-use crate::machine::config::{MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, Transport};
+use crate::machine::config::{
+    MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Transport,
+};
 use crate::machine::layout::{self, MemoryLayout};
 use crate::machine::{MachineError, host_err};
 use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
@@ -23,7 +25,7 @@ use crate::pci::root::{BarBuses, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
 use crate::virtio::TransportEnv;
 use crate::virtio::mmio::{MmioPlacement, MmioTransport};
-use crate::virtio::net::{NetBackend, RequestResponse, VirtioNet};
+use crate::virtio::net::{NetBackend, RequestResponse, Sink, VirtioNet};
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::worker::Worker;
 use crate::vm::Vm;
@@ -167,7 +169,12 @@ fn add_virtio_net(
             return Err(MachineError::QueuePairs(pairs));
         }
         let backends = (0..pairs)
-            .map(|_| Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>)
+            .map(|_| match dev.backend {
+                NetBackendKind::RequestResponse => {
+                    Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>
+                }
+                NetBackendKind::Sink => Box::new(Sink),
+            })
             .collect();
         let net = VirtioNet::parts(mac, backends);
         // One MSI-X vector per receive and transmit queue and one for configuration

@@ -86,6 +86,23 @@ impl NetBackend for RequestResponse {
     }
 }
 
+/// Takes every transmitted frame and drops it; receives nothing: the far end of a transmit
+/// stream (netperf UDP_STREAM's sink).
+#[derive(Debug, Default)]
+pub struct Sink;
+
+impl NetBackend for Sink {
+    fn transmit(&mut self, _frame: &[u8]) -> bool {
+        true
+    }
+
+    fn receive(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn reset(&mut self) {}
+}
+
 /// One receive/transmit queue pair and the backend queue behind it (a multiqueue tap has one
 /// file per pair in the same way).
 struct QueuePair {

@@ -30,6 +30,9 @@ pub struct PhaseRecord {
     pub host_time: Duration,
     /// GSI routing commits between the marks.
     pub routing: CommitStats,
+    /// CPU time the whole VMM process (vCPU and device threads, user and system) spent
+    /// between the marks: the host's service demand of the op.
+    pub host_cpu: Duration,
 }
 
 struct OpenPhase {
@@ -37,6 +40,21 @@ struct OpenPhase {
     exits: ExitSnapshot,
     routing: CommitStats,
     start: Instant,
+    cpu: Duration,
+}
+
+/// CPU time of this process so far, every thread (`CLOCK_PROCESS_CPUTIME_ID`).
+fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec passed.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
 }
 
 #[derive(Default)]
@@ -117,6 +135,7 @@ impl BusDevice for ProbePorts {
                     exits: self.counters.snapshot(),
                     routing: self.routing.stats(),
                     start: Instant::now(),
+                    cpu: process_cpu(),
                 });
             }
             PORT_PHASE_END => {
@@ -141,6 +160,7 @@ impl BusDevice for ProbePorts {
                         exits,
                         host_time: now - open.start,
                         routing: self.routing.stats().since(&open.routing),
+                        host_cpu: process_cpu().saturating_sub(open.cpu),
                     });
                 }
             }

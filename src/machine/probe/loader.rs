@@ -5,8 +5,10 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zerocopy::IntoBytes;
 
 use crate::contract::{
-    BOOT_INFO_ADDR, BOOT_INFO_MAGIC, BootInfo, DMA_ADDR, DMA_SIZE, ENUM_ADDR, MAX_OPS,
-    MAX_VIRTIO_MMIO, OPS_ADDR, Op, OpResult, PROBE_LOAD_ADDR, PROBE_MAX_SIZE, RESULTS_ADDR,
+    BOOT_INFO_ADDR, BOOT_INFO_MAGIC, BootInfo, DMA_ADDR, DMA_SIZE, ENUM_ADDR, EXPOSURE_BUCKETS,
+    EnumRecord, IOMMU_REPORT_ADDR, IOMMU_TABLES_ADDR, IOMMU_TABLES_SIZE, IommuReport,
+    MAX_ENUM_RECORDS, MAX_IOMMU_REPORTS, MAX_OPS, MAX_VIRTIO_MMIO, OPS_ADDR, Op, OpResult,
+    PROBE_LOAD_ADDR, PROBE_MAX_SIZE, RAM_SCRATCH_ADDR, RAM_SCRATCH_SIZE, RESULTS_ADDR,
 };
 use crate::machine::layout::VIRTIO_MMIO_SLOTS;
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -19,6 +21,16 @@ pub static PROBE_IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe.
 const _: () = assert!(
     OPS_ADDR + MAX_OPS * size_of::<Op>() as u64 <= RESULTS_ADDR
         && RESULTS_ADDR + MAX_OPS * size_of::<OpResult>() as u64 <= ENUM_ADDR
+        && ENUM_ADDR + MAX_ENUM_RECORDS * size_of::<EnumRecord>() as u64 <= IOMMU_REPORT_ADDR
+        && IOMMU_REPORT_ADDR + MAX_IOMMU_REPORTS * size_of::<IommuReport>() as u64
+            <= PROBE_LOAD_ADDR
+);
+// The VT-d structures sit between the RAM scratch page and the driver area; the report's
+// histogram has the contract's bucket count.
+const _: () = assert!(
+    RAM_SCRATCH_ADDR + RAM_SCRATCH_SIZE <= IOMMU_TABLES_ADDR
+        && IOMMU_TABLES_ADDR + IOMMU_TABLES_SIZE <= DMA_ADDR
+        && size_of::<IommuReport>() as u64 == (11 + EXPOSURE_BUCKETS) * 8
 );
 
 /// RAM the probe needs: everything up to the end of its driver area, the highest thing it uses.

@@ -12,7 +12,8 @@ use zerocopy::FromBytes;
 
 use crate::bus::DeviceTable;
 use crate::contract::{
-    ENUM_ADDR, EnumRecord, MAX_ENUM_RECORDS, MAX_OPS, OP_ENUMERATE, Op, OpResult, RESULTS_ADDR,
+    ENUM_ADDR, EnumRecord, IOMMU_REPORT_ADDR, IommuReport, MAX_ENUM_RECORDS, MAX_IOMMU_REPORTS,
+    MAX_OPS, OP_ENUMERATE, Op, OpResult, RESULTS_ADDR,
 };
 use crate::irq::CommitStrategy;
 use crate::machine::config::{MachineConfig, VirtioNetConfig};
@@ -96,6 +97,8 @@ pub struct ProbeRun {
     pub phases: Vec<Option<PhaseRecord>>,
     /// Records written by the last `OP_ENUMERATE`.
     pub enum_records: Vec<EnumRecord>,
+    /// The `IommuReport` slots, as `OP_IOMMU_REPORT` left them (zero where none wrote).
+    pub iommu_reports: Vec<IommuReport>,
     /// The vCPU's TSC frequency.
     pub tsc_khz: Option<u32>,
     /// Device names by id, for reading exit snapshots.
@@ -152,10 +155,13 @@ pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
         .map_or(0, |(r, _)| r.value.min(MAX_ENUM_RECORDS));
     let enum_count = usize::try_from(enum_count).expect("at most MAX_ENUM_RECORDS");
     let enum_records = read_blocks::<EnumRecord>(mem, ENUM_ADDR, enum_count)?;
+    let reports = usize::try_from(MAX_IOMMU_REPORTS).expect("a few slots");
+    let iommu_reports = read_blocks::<IommuReport>(mem, IOMMU_REPORT_ADDR, reports)?;
     Ok(ProbeRun {
         results,
         phases: board.records(),
         enum_records,
+        iommu_reports,
         tsc_khz: ran.tsc_khz,
         devices: machine.io().names.clone(),
         total_exits: machine.counters().snapshot(),
