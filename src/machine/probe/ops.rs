@@ -196,3 +196,33 @@ pub fn hostile(seed: u64, accesses: u64) -> Op {
         ..Default::default()
     }
 }
+
+/// Unmap as `mode` (`IOMMU_MODE_*`) says from now on, with high-water mark `hwm` (0 keeps it).
+pub fn iommu_mode(mode: u64, hwm: u64) -> Op {
+    Op {
+        kind: OP_IOMMU_MODE,
+        method: mode,
+        value: hwm,
+        ..Default::default()
+    }
+}
+
+/// Stream `count` frames of `payload` bytes, at most `in_flight` at once.
+pub fn net_stream(payload: u64, count: u64, in_flight: u64) -> Op {
+    Op {
+        kind: OP_NET_STREAM,
+        size: payload,
+        count,
+        value: in_flight,
+        ..Default::default()
+    }
+}
+
+/// Copy the IOMMU driver's counters into report slot `slot` and start them again.
+pub fn iommu_report(slot: u64) -> Op {
+    Op {
+        kind: OP_IOMMU_REPORT,
+        address: slot,
+        ..Default::default()
+    }
+}
