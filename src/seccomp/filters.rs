@@ -314,7 +314,37 @@ pub(crate) fn prepare_allocator() {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
+
+    /// Distinct system calls, and ioctl requests, of `list`.
+    fn counts(list: &[Allowed]) -> (usize, usize) {
+        let calls: BTreeSet<_> = list.iter().map(|a| a.nr).collect();
+        let ioctls: BTreeSet<u64> = list
+            .iter()
+            .filter(|a| a.nr == libc::SYS_ioctl)
+            .flat_map(|a| match &a.args {
+                Args::OneOf { values, .. } => values.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        (calls.len(), ioctls.len())
+    }
+
+    #[test]
+    fn the_readme_table_counts_what_each_kind_may_call() {
+        let readme = include_str!("../../README.md");
+        let kinds = ThreadKind::ALL.map(|k| (k.name(), counts(&allowed(k))));
+        let runtime = ("every thread (runtime)", counts(&runtime()));
+        for (name, (calls, ioctls)) in kinds.into_iter().chain([runtime]) {
+            let row = format!("| {name} | {calls} | {ioctls} |");
+            assert!(
+                readme.contains(&row),
+                "README.md's table lacks the row {row}"
+            );
+        }
+    }
 
     #[test]
     fn main_allows_every_call_of_the_threads_it_starts() {
