@@ -19,9 +19,10 @@ use exitless::seccomp::{self, ThreadKind};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Run without seccomp filters, for debugging (strace, gdb, RUST_BACKTRACE=1). By default
-    /// every thread may make only the system calls its kind of work needs; a forbidden call
-    /// ends the process with a line naming the thread and the call, and status 159.
+    /// Run without seccomp filters, for debugging (backtraces with RUST_BACKTRACE=1, a change
+    /// that makes new system calls). By default every thread may make only the system calls
+    /// its kind of work needs; a forbidden call ends the process with status 159 and a line
+    /// naming the thread and the call.
     #[arg(long, global = true)]
     no_seccomp: bool,
 }

@@ -97,7 +97,7 @@ pub enum SeccompError {
 static FILTERS: OnceLock<Vec<BpfProgram>> = OnceLock::new();
 
 /// Compile `kind`'s filter.
-pub fn compile(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
+fn compile(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
     filters::compile(&allowed(kind)).map_err(|source| SeccompError::Build {
         kind: kind.name(),
         source,
