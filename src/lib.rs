@@ -36,6 +36,7 @@ pub mod irq;
 pub mod logging;
 pub mod machine;
 pub mod pci;
+pub mod seccomp;
 pub mod stats;
 pub mod virtio;
 pub mod vm;

@@ -29,6 +29,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::seccomp::{self, ThreadKind};
+
 /// The `log` target of guest-error records (`RUST_LOG=exitless::guest=off` silences them).
 pub const GUEST_TARGET: &str = "exitless::guest";
 
@@ -253,9 +255,9 @@ impl LogQueue {
         mut sink: Box<dyn Write + Send>,
     ) -> io::Result<thread::JoinHandle<()>> {
         let queue = self.clone();
-        thread::Builder::new()
-            .name(WRITER_THREAD.into())
-            .spawn(move || queue.drain_into(&mut sink))
+        seccomp::spawn(ThreadKind::LogWriter, WRITER_THREAD.into(), move || {
+            queue.drain_into(&mut sink)
+        })
     }
 }
 

@@ -13,6 +13,7 @@ use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
 use exitless::inspect;
 use exitless::machine::ProbeConfig;
 use exitless::pci::EcamMode;
+use exitless::seccomp::{self, ThreadKind};
 
 /// exitless: a KVM VMM whose device I/O avoids VM exits, and the benchmarks that prove it.
 #[derive(Parser)]
@@ -20,6 +21,12 @@ use exitless::pci::EcamMode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Run without seccomp filters, for debugging (backtraces with RUST_BACKTRACE=1, a change
+    /// that makes new system calls). By default every thread may make only the system calls
+    /// its kind of work needs; a forbidden call ends the process with status 159 and a line
+    /// naming the thread and the call.
+    #[arg(long, global = true)]
+    no_seccomp: bool,
 }
 
 #[derive(Subcommand)]
@@ -259,12 +266,22 @@ fn raise_open_file_limit() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread starts, so that each confines itself as it starts (the log writer now).
+    if !cli.no_seccomp
+        && let Err(e) = seccomp::enable()
+    {
+        eprintln!("exitless: error: {e}");
+        return ExitCode::FAILURE;
+    }
     exitless::logging::init();
     raise_open_file_limit();
-    let result = match cli.command {
-        Command::Bench(args) => bench(args),
-        Command::Probe(args) => probe(args),
-    };
+    // The main thread's own filter, before it builds any machine.
+    let result = seccomp::confine(ThreadKind::Main)
+        .map_err(|e| e.to_string())
+        .and_then(|()| match cli.command {
+            Command::Bench(args) => bench(args),
+            Command::Probe(args) => probe(args),
+        });
     // Log lines still queued come before the error, and are not lost at exit.
     exitless::logging::flush();
     match result {

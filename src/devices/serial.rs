@@ -8,7 +8,6 @@
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, mpsc};
-use std::thread;
 use std::time::Duration;
 
 use vm_superio::{Serial, Trigger};
@@ -17,6 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::bus::BusDevice;
 use crate::guest_error;
 use crate::logging::DeviceLog;
+use crate::seccomp::{self, ThreadKind};
 
 /// Most bytes of guest console output an in-memory log keeps.
 pub const CONSOLE_LOG_LIMIT: usize = 1 << 20;
@@ -99,15 +99,13 @@ impl ConsoleThread {
         let queue = Arc::new(Queue::default());
         let (done, finished) = mpsc::channel::<()>();
         let q = queue.clone();
-        thread::Builder::new()
-            .name("console".into())
-            .spawn(move || {
-                let _done = done;
-                while let Some(bytes) = q.take() {
-                    // A closed stdout must not stop the guest: its output is lost.
-                    let _ = out.write_all(&bytes).and_then(|()| out.flush());
-                }
-            })?;
+        seccomp::spawn(ThreadKind::Console, "console".into(), move || {
+            let _done = done;
+            while let Some(bytes) = q.take() {
+                // A closed stdout must not stop the guest: its output is lost.
+                let _ = out.write_all(&bytes).and_then(|()| out.flush());
+            }
+        })?;
         Ok(ConsoleThread { queue, finished })
     }
 }
@@ -302,7 +300,7 @@ mod tests {
         // The guest's writes run on their own thread, so a regression fails instead of hanging.
         let (finished, wrote) = mpsc::channel();
         let s = serial.clone();
-        let guest = thread::spawn(move || {
+        let guest = std::thread::spawn(move || {
             for _ in 0..total {
                 s.write(0, b"x");
             }

@@ -9,6 +9,7 @@ use vmm_sys_util::signal::Killable;
 
 use crate::bus::IoBuses;
 use crate::machine::loader::EntryState;
+use crate::seccomp::{self, ThreadKind};
 use crate::stats::ExitCounters;
 use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::vcpu::{self, Vcpu};
@@ -94,9 +95,9 @@ fn spawn(
     counters: Arc<ExitCounters>,
     control: Arc<RunControl>,
 ) -> Result<JoinHandle<()>, std::io::Error> {
-    thread::Builder::new()
-        .name("vcpu".into())
-        .spawn(move || v.run(&io, &counters, &control))
+    seccomp::spawn(ThreadKind::Vcpu, "vcpu".into(), move || {
+        v.run(&io, &counters, &control)
+    })
 }
 
 /// Longest the VMM waits for the vCPU threads to stop. A thread still going then is stuck

@@ -23,6 +23,7 @@ use super::device::QueueEngine;
 use super::interrupt::Interrupts;
 use crate::dma::DmaContext;
 use crate::logging::DeviceLog;
+use crate::seccomp::{self, ThreadKind};
 
 /// Longest a vCPU waits for the device thread to acknowledge a command. The thread's loops are
 /// bounded, so this is only reached if the host stalls it; the vCPU then goes on and the
@@ -112,7 +113,7 @@ impl Worker {
         let (commands, inbox) = mpsc::channel();
         let wake = Arc::new(wake);
         let wake_clone = wake.clone();
-        let thread = thread::Builder::new().name(name).spawn(move || {
+        let thread = seccomp::spawn(ThreadKind::Device, name, move || {
             let mut events = vec![EpollEvent::default(); queues + 3];
             loop {
                 let n = match epoll.wait(-1, &mut events) {

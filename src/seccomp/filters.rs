@@ -1,0 +1,363 @@
+//! What each kind of thread may call, and how the lists become BPF.
+//!
+//! The lists were taken from what the threads do (`strace -ff` of `exitless bench` and
+//! `exitless probe --console`) and from the code paths that a short run may miss: error and
+//! teardown paths, logging, panics (the message goes to stderr with `write`), `abort`. Each
+//! entry says why it is there. The targets are x86-64 Linux and glibc (`x86_64-unknown-linux-gnu`):
+//! another libc makes other calls for the same work.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+use super::ThreadKind;
+use super::kvm::*;
+
+/// A system call a kind of thread may make, and with which arguments.
+#[derive(Clone, Debug)]
+pub(crate) struct Allowed {
+    /// Its number (`SYS_*`).
+    pub(crate) nr: libc::c_long,
+    /// The arguments it may take.
+    pub(crate) args: Args,
+}
+
+/// The arguments a system call may take.
+#[derive(Clone, Debug)]
+pub(crate) enum Args {
+    /// Any.
+    Any,
+    /// Argument `arg` is one of `values`. Compared as 32 bits: every argument checked so is an
+    /// `int` or `unsigned int` to the kernel (an ioctl's request, `prctl`'s option, a signal, a
+    /// pid, an `fcntl` command), which ignores the upper half.
+    OneOf {
+        /// Which argument, from 0.
+        arg: u8,
+        /// The values it may have.
+        values: Vec<u64>,
+    },
+    /// Argument `arg` has none of the bits of `mask`.
+    Without {
+        /// Which argument, from 0.
+        arg: u8,
+        /// The bits it must not have.
+        mask: u64,
+    },
+}
+
+impl Allowed {
+    fn only(self, arg: u8, values: impl IntoIterator<Item = u64>) -> Self {
+        Allowed {
+            args: Args::OneOf {
+                arg,
+                values: values.into_iter().collect(),
+            },
+            ..self
+        }
+    }
+
+    fn without(self, arg: u8, mask: u64) -> Self {
+        Allowed {
+            args: Args::Without { arg, mask },
+            ..self
+        }
+    }
+}
+
+/// `sys!(SYS_futex)`: the system call, with any arguments.
+macro_rules! sys {
+    ($nr:ident) => {
+        Allowed {
+            nr: libc::$nr,
+            args: Args::Any,
+        }
+    };
+}
+
+/// A non-negative C constant as a filter value.
+fn value(v: libc::c_int) -> u64 {
+    u64::try_from(v).expect("a non-negative constant")
+}
+
+/// What any thread does, whatever its work: the Rust standard library and glibc under it.
+fn runtime() -> Vec<Allowed> {
+    vec![
+        // Mutexes, condition variables, channels, once-cells and joins.
+        sys!(SYS_futex),
+        // std's channels back off by yielding when contended.
+        sys!(SYS_sched_yield),
+        // The allocator: glibc's thread arenas are mapped heaps, grown with mprotect and
+        // trimmed with madvise or munmap; big blocks are mapped alone (and grown with mremap);
+        // a thread that shares the main arena moves the break. Nothing here maps code.
+        sys!(SYS_mmap).without(2, value(libc::PROT_EXEC)),
+        sys!(SYS_mprotect).without(2, value(libc::PROT_EXEC)),
+        sys!(SYS_munmap),
+        sys!(SYS_madvise),
+        sys!(SYS_mremap),
+        sys!(SYS_brk),
+        // `Instant::now` and timed waits, on clock sources the vDSO cannot read.
+        sys!(SYS_clock_gettime),
+        // Output: log lines, console bytes, eventfd signals, a panic's message (which names the
+        // thread's id: gettid), the report of a forbidden call.
+        sys!(SYS_write),
+        sys!(SYS_gettid),
+        // Dropping a file descriptor; with debug assertions std first checks that it is open
+        // (fcntl F_GETFD), to catch a descriptor closed twice.
+        sys!(SYS_close),
+        sys!(SYS_fcntl).only(1, [value(libc::F_GETFD)]),
+        // Back from a signal handler (the vCPU kick).
+        sys!(SYS_rt_sigreturn),
+        // The end of a thread: glibc blocks signals and releases the stack (madvise, above);
+        // std takes down the alternate signal stack it reports stack overflows on.
+        sys!(SYS_rt_sigprocmask),
+        sys!(SYS_sigaltstack),
+        sys!(SYS_exit),
+        // The end of the process from any thread: exit(), and the violation report's _exit.
+        sys!(SYS_exit_group),
+        // abort() (a failed allocation, a panic while panicking) raises SIGABRT with
+        // tgkill(getpid(), tid, SIGABRT), so the process ends as it would without seccomp.
+        // Signals go to this process's threads only (the main thread's kicks too).
+        sys!(SYS_getpid),
+        sys!(SYS_tgkill).only(0, [u64::from(std::process::id())]),
+    ]
+}
+
+/// A vCPU thread: runs the guest and, on an exit, the device model code the access reaches.
+fn vcpu() -> Vec<Allowed> {
+    vec![sys!(SYS_ioctl).only(
+        1,
+        [
+            KVM_RUN(),
+            // The guest's register writes reach devices that place and remove doorbells
+            // (ioeventfds), bind and unbind MSI irqfds and commit their routes, send MSIs
+            // directly, and start or stop trapping a function's page of the ECAM shadow (a
+            // memslot change).
+            KVM_IOEVENTFD(),
+            KVM_IRQFD(),
+            KVM_SET_GSI_ROUTING(),
+            KVM_SIGNAL_MSI(),
+            KVM_SET_USER_MEMORY_REGION(),
+        ],
+    )]
+}
+
+/// A device thread: sleeps on its eventfds, works on the queues in guest memory (plain memory
+/// accesses) and sends interrupts.
+fn device() -> Vec<Allowed> {
+    vec![
+        // Wait for queue, resample, command and stop events, then consume them.
+        sys!(SYS_epoll_wait),
+        sys!(SYS_read),
+        sys!(SYS_ioctl).only(
+            1,
+            [
+                // MSIs sent directly; a first-use route commit and the irqfd binds after it; a
+                // function's vectors released when the thread drops the last reference to
+                // them as the machine is torn down.
+                KVM_SIGNAL_MSI(),
+                KVM_SET_GSI_ROUTING(),
+                KVM_IRQFD(),
+            ],
+        ),
+    ]
+}
+
+/// What the main thread does itself. Its filter also holds every other kind's list: the
+/// threads it starts inherit its filter.
+fn main_thread() -> Vec<Allowed> {
+    vec![
+        // Starting threads. glibc's pthread_create uses clone3, whose flags are in a struct a
+        // filter cannot read.
+        sys!(SYS_clone3),
+        // What a new thread does before it installs its own filter, under the one it inherits:
+        // glibc registers rseq and its robust futex list; std names the thread, finds its stack
+        // (pthread_getattr_np reads the affinity) and maps its alternate signal stack (in
+        // runtime()); then the thread sets no_new_privs and installs its filter.
+        sys!(SYS_rseq),
+        sys!(SYS_set_robust_list),
+        sys!(SYS_sched_getaffinity),
+        sys!(SYS_prctl).only(
+            0,
+            [value(libc::PR_SET_NAME), value(libc::PR_SET_NO_NEW_PRIVS)],
+        ),
+        sys!(SYS_seccomp).only(0, [u64::from(libc::SECCOMP_SET_MODE_FILTER)]),
+        // Building machines: /dev/kvm; eventfds for interrupts, doorbells and device wake-ups
+        // (and duplicates of them, and of the vCPU file for its kvm_run page); the device
+        // threads' epoll sets.
+        sys!(SYS_openat),
+        sys!(SYS_eventfd2),
+        sys!(SYS_fcntl).only(1, [value(libc::F_DUPFD_CLOEXEC)]),
+        sys!(SYS_epoll_create1),
+        sys!(SYS_epoll_ctl),
+        sys!(SYS_ioctl).only(
+            1,
+            [
+                KVM_CHECK_EXTENSION(),
+                KVM_CREATE_VM(),
+                KVM_GET_VCPU_MMAP_SIZE(),
+                KVM_GET_SUPPORTED_CPUID(),
+                KVM_CREATE_IRQCHIP(),
+                KVM_SET_USER_MEMORY_REGION(),
+                KVM_CREATE_VCPU(),
+                KVM_SET_CPUID2(),
+                KVM_GET_SREGS(),
+                KVM_SET_SREGS(),
+                KVM_SET_REGS(),
+                KVM_SET_MP_STATE(),
+                KVM_GET_TSC_KHZ(),
+                // Wiring devices: doorbells, interrupt lines and routes.
+                KVM_IOEVENTFD(),
+                KVM_IRQFD(),
+                KVM_SET_GSI_ROUTING(),
+            ],
+        ),
+        // Running: the vCPU kick's handler, installed at the first run (the kicks themselves
+        // are tgkill, in runtime()), and the short sleeps while threads stop.
+        sys!(SYS_rt_sigaction).only(0, [value(crate::vm::vcpu::kick_signal())]),
+        sys!(SYS_clock_nanosleep),
+        // The report: the host's description (/proc, /sys/module, the CPU count from the
+        // affinity and cgroup files) and the --svg chart.
+        sys!(SYS_read),
+        sys!(SYS_lseek),
+        sys!(SYS_statx),
+    ]
+}
+
+/// Everything a thread of `kind` may call.
+pub(crate) fn allowed(kind: ThreadKind) -> Vec<Allowed> {
+    let own = match kind {
+        // The children's entries first: a call's argument checks run in list order, and theirs
+        // are the hot ones (KVM_RUN at every exit).
+        ThreadKind::Main => ThreadKind::ALL
+            .into_iter()
+            .filter(|&k| k != ThreadKind::Main)
+            .flat_map(allowed)
+            .chain(main_thread())
+            .collect(),
+        ThreadKind::Vcpu => vcpu(),
+        ThreadKind::Device => device(),
+        // Writing to stderr or stdout, waiting for more: runtime() is all they do.
+        ThreadKind::LogWriter | ThreadKind::Console => Vec::new(),
+    };
+    runtime().into_iter().chain(own).collect()
+}
+
+/// The rules of one entry: none for any arguments (seccompiler's "match on the number alone").
+fn rules(args: &Args) -> Result<Vec<SeccompRule>, seccompiler::Error> {
+    let rule = |arg, op, value| {
+        let condition = SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)?;
+        Ok(SeccompRule::new(vec![condition])?)
+    };
+    match args {
+        Args::Any => Ok(Vec::new()),
+        Args::OneOf { arg, values } => values
+            .iter()
+            .map(|&v| rule(*arg, SeccompCmpOp::Eq, v))
+            .collect(),
+        Args::Without { arg, mask } => Ok(vec![rule(*arg, SeccompCmpOp::MaskedEq(*mask), 0)?]),
+    }
+}
+
+/// Compile `list` into a filter that allows its calls and traps every other. A call listed
+/// more than once may take the arguments of any of its entries.
+pub(crate) fn compile(list: &[Allowed]) -> Result<BpfProgram, seccompiler::Error> {
+    // `None`: any arguments.
+    let mut by_nr: BTreeMap<i64, Option<Vec<SeccompRule>>> = BTreeMap::new();
+    for a in list {
+        let new = match a.args {
+            Args::Any => None,
+            ref args => Some(rules(args)?),
+        };
+        let merged = match (by_nr.remove(&a.nr), new) {
+            (None, new) => new,
+            (Some(None), _) | (Some(_), None) => None,
+            (Some(Some(mut old)), Some(new)) => {
+                for rule in new {
+                    if !old.contains(&rule) {
+                        old.push(rule);
+                    }
+                }
+                Some(old)
+            }
+        };
+        by_nr.insert(a.nr, merged);
+    }
+    let rules = by_nr
+        .into_iter()
+        .map(|(nr, rules)| (nr, rules.unwrap_or_default()))
+        .collect();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Trap,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )?;
+    Ok(filter.try_into()?)
+}
+
+/// Make glibc's allocator need nothing a filter forbids. When a process passes 8 arenas, glibc
+/// counts the CPUs (reading /sys/devices/system/cpu/online) to cap them at 8 per CPU: a file
+/// open that would trap in whichever thread got there first. Setting that same cap now, before
+/// any thread is confined, skips the count.
+pub(crate) fn prepare_allocator() {
+    // SAFETY: sysconf and mallopt only read and set the C library's own settings.
+    unsafe {
+        let cpus = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).max(1);
+        // NARENAS_FROM_NCORES in glibc's malloc/arena.c, for 64-bit.
+        let arenas = libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX);
+        libc::mallopt(libc::M_ARENA_MAX, arenas);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// Distinct system calls, and ioctl requests, of `list`.
+    fn counts(list: &[Allowed]) -> (usize, usize) {
+        let calls: BTreeSet<_> = list.iter().map(|a| a.nr).collect();
+        let ioctls: BTreeSet<u64> = list
+            .iter()
+            .filter(|a| a.nr == libc::SYS_ioctl)
+            .flat_map(|a| match &a.args {
+                Args::OneOf { values, .. } => values.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        (calls.len(), ioctls.len())
+    }
+
+    #[test]
+    fn the_readme_table_counts_what_each_kind_may_call() {
+        let readme = include_str!("../../README.md");
+        let kinds = ThreadKind::ALL.map(|k| (k.name(), counts(&allowed(k))));
+        let runtime = ("every thread (runtime)", counts(&runtime()));
+        for (name, (calls, ioctls)) in kinds.into_iter().chain([runtime]) {
+            let row = format!("| {name} | {calls} | {ioctls} |");
+            assert!(
+                readme.contains(&row),
+                "README.md's table lacks the row {row}"
+            );
+        }
+    }
+
+    #[test]
+    fn main_allows_every_call_of_the_threads_it_starts() {
+        let main = allowed(ThreadKind::Main);
+        for kind in ThreadKind::ALL {
+            for a in allowed(kind) {
+                assert!(
+                    main.iter().any(|m| m.nr == a.nr),
+                    "system call {} of the {} thread",
+                    a.nr,
+                    kind.name()
+                );
+            }
+        }
+    }
+}
