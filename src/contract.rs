@@ -252,6 +252,10 @@ contract_structs! {
         virtio_mmio_base[8],
         /// IOAPIC pin of each virtio-mmio device's legacy interrupt line.
         virtio_mmio_gsi[8],
+        /// Guest-physical base of the VT-d remapping unit's register page (`VTD_*_REG`
+        /// offsets), 0 when the machine has none. virtio-pci devices offer
+        /// VIRTIO_F_ACCESS_PLATFORM when it is there.
+        iommu_base,
     }
 
     /// One step of the guest's work, read by the guest at `OPS_ADDR`.

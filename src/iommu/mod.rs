@@ -35,6 +35,8 @@ pub mod iotlb;
 pub mod queue;
 pub mod tables;
 #[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
 mod tests;
 
 #[allow(missing_docs)] // each constant is documented in the shared file

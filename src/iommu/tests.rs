@@ -4,165 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::regs::*;
 use super::tables::build::Tables;
+use super::testing::*;
 use super::*;
 use crate::bus::BusDevice;
 use crate::dma::DmaContext;
-use crate::fakes::FakeRoutes;
-
-const RAM: u64 = 0x10_0000;
-const ROOT: u64 = 0x1_0000;
-const QUEUE: u64 = 0xf_0000;
-const STATUS: u64 = 0xe_0000;
-/// The source-id of 00:03.0.
-const SID: u16 = 0x18;
-const FAULT_MSI: (u64, u32) = (0xfee0_0000, 0x45);
-const INVALIDATION_MSI: (u64, u32) = (0xfee0_0000, 0x46);
-const RW: u64 = VTD_PTE_R | VTD_PTE_W;
-
-struct Unit {
-    iommu: Arc<Iommu>,
-    routes: Arc<FakeRoutes>,
-    mem: GuestMemoryMmap,
-    /// Descriptors submitted so far (the tail, in descriptors).
-    submitted: u64,
-}
-
-fn unit() -> Unit {
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
-    let routes = Arc::new(FakeRoutes::default());
-    let iommu = Arc::new(Iommu::new(
-        mem.clone(),
-        routes.clone(),
-        DeviceLog::new("iommu"),
-    ));
-    Unit {
-        iommu,
-        routes,
-        mem,
-        submitted: 0,
-    }
-}
-
-impl Unit {
-    fn r32(&self, reg: u64) -> u32 {
-        let mut b = [0u8; 4];
-        self.iommu.read(reg, &mut b);
-        u32::from_le_bytes(b)
-    }
-
-    fn r64(&self, reg: u64) -> u64 {
-        let mut b = [0u8; 8];
-        self.iommu.read(reg, &mut b);
-        u64::from_le_bytes(b)
-    }
-
-    fn w32(&self, reg: u64, value: u32) {
-        self.iommu.write(reg, &value.to_le_bytes());
-    }
-
-    fn w64(&self, reg: u64, value: u64) {
-        self.iommu.write(reg, &value.to_le_bytes());
-    }
-
-    /// GCMD as Linux writes it: the bits it keeps on, plus `bit`.
-    fn command(&self, bit: u32) {
-        let kept = self.r32(VTD_GSTS_REG) & (VTD_GCMD_TE | VTD_GCMD_QIE);
-        self.w32(VTD_GCMD_REG, kept | bit);
-    }
-
-    /// Root table at `ROOT`, latched, translation on, the fault event unmasked.
-    fn enable(&self) {
-        self.w32(VTD_FEDATA_REG, FAULT_MSI.1);
-        self.w32(VTD_FEADDR_REG, FAULT_MSI.0 as u32);
-        self.w32(VTD_FECTL_REG, 0);
-        self.w64(VTD_RTADDR_REG, ROOT);
-        self.command(VTD_GCMD_SRTP);
-        self.command(VTD_GCMD_TE);
-    }
-
-    /// Queued invalidation at `QUEUE` (one page: 256 descriptors), its event unmasked.
-    fn enable_queue(&self) {
-        self.w32(VTD_IEDATA_REG, INVALIDATION_MSI.1);
-        self.w32(VTD_IEADDR_REG, INVALIDATION_MSI.0 as u32);
-        self.w32(VTD_IECTL_REG, 0);
-        self.w64(VTD_IQT_REG, 0);
-        self.w64(VTD_IQA_REG, QUEUE);
-        self.command(VTD_GCMD_QIE);
-    }
-
-    /// Put `descriptors` in the queue and hand them over with one IQT write.
-    fn submit(&mut self, descriptors: &[[u64; 2]]) {
-        for d in descriptors {
-            let at = QUEUE + 16 * (self.submitted % 256);
-            self.mem.write_obj(d[0], GuestAddress(at)).unwrap();
-            self.mem.write_obj(d[1], GuestAddress(at + 8)).unwrap();
-            self.submitted += 1;
-        }
-        self.w64(VTD_IQT_REG, 16 * (self.submitted % 256));
-    }
-
-    fn translate(&self, iova: u64, access: Access) -> Result<u64, DmaError> {
-        self.iommu.translate(SID, iova, access)
-    }
-
-    /// FRCD0's reason, if a fault is recorded.
-    fn fault_reason(&self) -> Option<u8> {
-        let high = self.r64(VTD_FRCD_REG + 8);
-        (high & VTD_FRCD_F != 0).then_some((high >> VTD_FRCD_FR_SHIFT) as u8)
-    }
-
-    /// Free FRCD0 and clear FSTS.
-    fn clear_faults(&self) {
-        self.w32(VTD_FRCD_REG + 12, (VTD_FRCD_F >> 32) as u32);
-        self.w32(VTD_FSTS_REG, VTD_FSTS_PFO | VTD_FSTS_IQE);
-    }
-}
-
-fn iotlb_global() -> [u64; 2] {
-    [VTD_QI_IOTLB_TYPE | VTD_GRAN_GLOBAL << VTD_QI_GRAN_SHIFT, 0]
-}
-
-fn iotlb_domain(domain: u16) -> [u64; 2] {
-    [
-        VTD_QI_IOTLB_TYPE
-            | VTD_GRAN_DOMAIN << VTD_QI_GRAN_SHIFT
-            | u64::from(domain) << VTD_QI_DID_SHIFT,
-        0,
-    ]
-}
-
-fn iotlb_pages(domain: u16, address: u64, mask: u64) -> [u64; 2] {
-    [
-        VTD_QI_IOTLB_TYPE
-            | VTD_GRAN_PAGE << VTD_QI_GRAN_SHIFT
-            | u64::from(domain) << VTD_QI_DID_SHIFT,
-        address | mask,
-    ]
-}
-
-fn context_device(source: u16) -> [u64; 2] {
-    [
-        VTD_QI_CC_TYPE
-            | VTD_GRAN_DEVICE << VTD_QI_GRAN_SHIFT
-            | u64::from(source) << VTD_QI_CC_SID_SHIFT,
-        0,
-    ]
-}
-
-fn wait(status: Option<u32>, interrupt: bool) -> [u64; 2] {
-    let mut low = VTD_QI_WAIT_TYPE;
-    if let Some(data) = status {
-        low |= VTD_QI_WAIT_SW | u64::from(data) << VTD_QI_WAIT_DATA_SHIFT;
-    }
-    if interrupt {
-        low |= VTD_QI_WAIT_IF;
-    }
-    [low, STATUS]
-}
 
 #[test]
 fn the_register_page_reads_by_dword_or_qword_and_undefined_offsets_read_zero() {
@@ -581,13 +430,6 @@ fn the_iotlb_is_bounded_and_counts_its_evictions() {
     assert_eq!(u.iommu.stats().walks, pages + 1, "the oldest was evicted");
 }
 
-/// A PCI function's DMA context behind the unit, mastering.
-fn device(u: &Unit) -> DmaContext {
-    let dma = DmaContext::pci(u.mem.clone(), SID).behind(u.iommu.clone());
-    dma.bus_master().set(true);
-    dma
-}
-
 #[test]
 fn a_buffer_spans_pages_that_are_not_contiguous_and_needs_each_pages_permission() {
     let u = unit();
@@ -596,7 +438,7 @@ fn a_buffer_spans_pages_that_are_not_contiguous_and_needs_each_pages_permission(
     let pt = t.attach(SID, 1);
     t.map(pt, 0x10_0000, 0x9_0000, RW);
     t.map(pt, 0x10_1000, 0x7_0000, VTD_PTE_R);
-    let dma = device(&u);
+    let dma = u.device();
     u.mem.write_slice(&[1, 2], GuestAddress(0x9_0ffe)).unwrap();
     u.mem.write_slice(&[3, 4], GuestAddress(0x7_0000)).unwrap();
     let mut b = [0u8; 4];
@@ -622,6 +464,16 @@ fn a_buffer_spans_pages_that_are_not_contiguous_and_needs_each_pages_permission(
     ));
 }
 
+#[test]
+fn a_platform_device_has_no_source_id_and_stays_untranslated() {
+    let u = unit();
+    u.enable();
+    let dma = DmaContext::platform(u.mem.clone()).behind(u.iommu.clone());
+    assert!(!dma.translated());
+    dma.write(GuestAddress(0x9000), &[1]).unwrap();
+    assert!(u.device().translated());
+}
+
 /// The exposure the seed's deferral admits, and what strict closes: after the guest clears a
 /// PTE, the cached translation is still used until the invalidation and its wait; right after
 /// them, the same DMA faults.
@@ -633,7 +485,7 @@ fn a_dma_right_after_unmap_and_invalidation_faults_and_without_it_uses_the_cache
     u.enable_queue();
     let pt = t.attach(SID, 1);
     t.map(pt, 0x20_0000, 0x9_0000, RW);
-    let dma = device(&u);
+    let dma = u.device();
     dma.write(GuestAddress(0x20_0000), &[1]).unwrap();
     t.unmap(pt, 0x20_0000);
     dma.write(GuestAddress(0x20_0000), &[2]).unwrap();

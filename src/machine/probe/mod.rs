@@ -14,6 +14,7 @@ use crate::bus::DeviceTable;
 use crate::contract::{
     ENUM_ADDR, EnumRecord, MAX_ENUM_RECORDS, MAX_OPS, OP_ENUMERATE, Op, OpResult, RESULTS_ADDR,
 };
+use crate::iommu::IommuStats;
 use crate::irq::CommitStrategy;
 use crate::machine::config::{MachineConfig, VirtioNetConfig};
 use crate::machine::layout::DEFAULT_RAM_SIZE;
@@ -49,6 +50,9 @@ pub struct ProbeConfig {
     pub response_size: usize,
     /// When GSI routing changes reach KVM.
     pub gsi_commits: CommitStrategy,
+    /// A VT-d remapping unit (`BootInfo::iommu_base`) that virtio-pci devices' DMA goes
+    /// through when their driver negotiates VIRTIO_F_ACCESS_PLATFORM.
+    pub iommu: bool,
 }
 
 impl ProbeConfig {
@@ -67,6 +71,7 @@ impl ProbeConfig {
             virtio: self.virtio.clone(),
             response_size: self.response_size,
             gsi_commits: self.gsi_commits,
+            iommu: self.iommu,
         }
     }
 }
@@ -83,6 +88,7 @@ impl Default for ProbeConfig {
             virtio: Vec::new(),
             response_size: 1024,
             gsi_commits: CommitStrategy::default(),
+            iommu: false,
         }
     }
 }
@@ -104,6 +110,9 @@ pub struct ProbeRun {
     pub total_exits: ExitSnapshot,
     /// Guest console output (empty when it went to stdout).
     pub console: String,
+    /// What the IOMMU did over the whole run, if the machine had one (its exits are counted
+    /// under `names::IOMMU` like any device's).
+    pub iommu: Option<IommuStats>,
 }
 
 impl ProbeRun {
@@ -160,6 +169,7 @@ pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
         devices: machine.io().names.clone(),
         total_exits: machine.counters().snapshot(),
         console,
+        iommu: machine.iommu().map(|i| i.stats()),
     })
 }
 
