@@ -408,7 +408,10 @@ impl Iommu {
             }
             found.push(gpa);
         }
-        remap.watched.retain(|w| !w.watch.ptr_eq(&watched.watch));
+        // One entry per live watch: a device reset many times leaves none behind.
+        remap
+            .watched
+            .retain(|w| w.watch.strong_count() > 0 && !w.watch.ptr_eq(&watched.watch));
         remap.watched.push(watched);
         watch.stale.store(false, Ordering::Release);
         Ok(found)

@@ -322,6 +322,21 @@ mod tests {
         assert_eq!(walk(&mem, &ctx, 0x5000, Access::Write), Err(VTD_FR_WRITE));
     }
 
+    /// A table that points at itself is walked four levels and no more.
+    #[test]
+    fn a_table_pointing_at_itself_ends_after_four_levels() {
+        let mem = memory();
+        let mut t = Tables::new(&mem, 0x1_0000);
+        let pt = t.attach(0x0008, 1);
+        t.write(pt, pt | VTD_PTE_R | VTD_PTE_W);
+        let ctx = Context {
+            domain: 1,
+            page_table: pt,
+        };
+        let leaf = walk(&mem, &ctx, 0, Access::Read).unwrap();
+        assert_eq!(leaf.page, pt, "the table itself, as the page");
+    }
+
     #[test]
     fn tables_or_pages_outside_ram_and_superpages_fault() {
         let mem = memory();
