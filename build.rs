@@ -29,12 +29,18 @@ mod irq_regs {
     include!("src/irq/regs.rs");
 }
 
+#[allow(dead_code, missing_docs)]
+mod iommu_regs {
+    include!("src/iommu/regs.rs");
+}
+
 /// The files the header is generated from.
-const SHARED_SOURCES: [&str; 4] = [
+const SHARED_SOURCES: [&str; 5] = [
     "src/contract.rs",
     "src/pci/regs.rs",
     "src/virtio/regs.rs",
     "src/irq/regs.rs",
+    "src/iommu/regs.rs",
 ];
 
 fn contract_header() -> String {
@@ -49,6 +55,7 @@ fn contract_header() -> String {
         .chain(pci_regs::PCI_REGS)
         .chain(virtio_regs::VIRTIO_REGS)
         .chain(irq_regs::IRQ_REGS)
+        .chain(iommu_regs::IOMMU_REGS)
     {
         writeln!(h, "#define {name} CONTRACT_U64(0x{value:x})").unwrap();
     }

@@ -311,42 +311,6 @@ static u64 tsc_timeout(void)
  * and as Linux's flush queue does today. The price of deferral is the exposure: an unmapped
  * page stays reachable through a stale IOTLB entry until the flush; it is measured per page. */
 
-/* VT-d registers and structure bits (VT-d spec §10.4, §9, §6.5.2). PROVISIONAL: they move to
- * the shared register file of the VMM's unit when it lands. */
-#define DMAR_CAP_REG 0x08
-#define DMAR_ECAP_REG 0x10
-#define DMAR_GCMD_REG 0x18
-#define DMAR_GSTS_REG 0x1c
-#define DMAR_RTADDR_REG 0x20
-#define DMAR_FECTL_REG 0x38
-#define DMAR_FEDATA_REG 0x3c
-#define DMAR_FEADDR_REG 0x40
-#define DMAR_FEUADDR_REG 0x44
-#define DMAR_IQT_REG 0x88
-#define DMAR_IQA_REG 0x90
-#define DMAR_IQ_SHIFT 4
-#define DMA_CAP_SAGAW_4LEVEL (1ull << 10)
-#define DMA_ECAP_QI (1ull << 1)
-#define DMA_GCMD_TE (1u << 31)
-#define DMA_GCMD_SRTP (1u << 30)
-#define DMA_GCMD_QIE (1u << 26)
-#define QI_CC_TYPE 1ull
-#define QI_IOTLB_TYPE 2ull
-#define QI_WAIT_TYPE 5ull
-#define QI_CC_GRAN_GLOBAL (1ull << 4)
-#define QI_IOTLB_GRAN_GLOBAL (1ull << 4)
-#define QI_IOTLB_GRAN_DOMAIN (2ull << 4)
-#define QI_IOTLB_GRAN_PAGE (3ull << 4)
-#define QI_DID_SHIFT 16
-#define QI_WAIT_SW (1ull << 5)
-#define QI_WAIT_DATA_SHIFT 32
-#define VTD_PRESENT 1ull
-#define VTD_CONTEXT_AW_4LEVEL 2ull
-#define VTD_CONTEXT_DID_SHIFT 8
-#define VTD_PTE_R 1ull
-#define VTD_PTE_W 2ull
-#define VIRTIO_F_ACCESS_PLATFORM 33
-
 #define VTD_PAGE 0x1000ull
 #define VTD_SLOT_PAGES 8                         /* IOVA per mapping: up to 28 KiB + offset */
 #define VTD_SLOTS 2048
@@ -406,10 +370,10 @@ static u64 tsc_per_ms(void) { return boot->tsc_khz ? boot->tsc_khz : 3000000; }
 static int vtd_command(u32 bit)
 {
     /* Keep the persistent enables; the one-shot status bits must not be written back. */
-    u32 sts = (u32)vtd_read(DMAR_GSTS_REG, 4) & (DMA_GCMD_TE | DMA_GCMD_QIE);
-    vtd_write(DMAR_GCMD_REG, 4, sts | bit);
+    u32 sts = (u32)vtd_read(VTD_GSTS_REG, 4) & (VTD_GCMD_TE | VTD_GCMD_QIE);
+    vtd_write(VTD_GCMD_REG, 4, sts | bit);
     u64 deadline = tsc_timeout();
-    while (!(vtd_read(DMAR_GSTS_REG, 4) & bit))
+    while (!(vtd_read(VTD_GSTS_REG, 4) & bit))
         if (rdtsc() > deadline)
             return 0;
     return 1;
@@ -439,13 +403,13 @@ static void vtd_submit(const u64 (*descs)[2], u64 n)
             q[2 * slot] = descs[i][0];
             q[2 * slot + 1] = descs[i][1];
         } else {
-            q[2 * slot] = QI_WAIT_TYPE | QI_WAIT_SW | (u64)seq << QI_WAIT_DATA_SHIFT;
+            q[2 * slot] = VTD_QI_WAIT_TYPE | VTD_QI_WAIT_SW | (u64)seq << VTD_QI_WAIT_DATA_SHIFT;
             q[2 * slot + 1] = VTD_STATUS;
         }
         vtd.qtail++;
     }
     __asm__ volatile("mfence" ::: "memory");
-    vtd_write(DMAR_IQT_REG, 8, (vtd.qtail % VTD_QUEUE_ENTRIES) << DMAR_IQ_SHIFT);
+    vtd_write(VTD_IQT_REG, 8, (vtd.qtail % VTD_QUEUE_ENTRIES) * VTD_QI_DESC_SIZE);
     vtd.rep.iqt_writes++;
     vtd.rep.descriptors += n + 1;
     u64 deadline = tsc_timeout();
@@ -465,29 +429,29 @@ static u64 vtd_init(void)
     vtd.base = boot->iommu_base;
     if (!vtd.base)
         return STATUS_UNSUPPORTED;
-    u64 cap = vtd_read(DMAR_CAP_REG, 8), ecap = vtd_read(DMAR_ECAP_REG, 8);
-    if (!(cap & DMA_CAP_SAGAW_4LEVEL) || !(ecap & DMA_ECAP_QI))
+    u64 cap = vtd_read(VTD_CAP_REG, 8), ecap = vtd_read(VTD_ECAP_REG, 8);
+    if (!(cap & VTD_CAP_SAGAW_4LEVEL) || !(ecap & VTD_ECAP_QI))
         return STATUS_DEVICE_ERROR;
     vtd.pool_next = VTD_POOL;
     for (u64 p = VTD_ROOT; p < VTD_POOL; p += 8)
         *(volatile u64 *)p = 0;
-    *(volatile u64 *)VTD_ROOT = VTD_CONTEXT | VTD_PRESENT; /* bus 0 */
-    vtd_write(DMAR_RTADDR_REG, 8, VTD_ROOT);
-    if (!vtd_command(DMA_GCMD_SRTP))
+    *(volatile u64 *)VTD_ROOT = VTD_CONTEXT | VTD_ROOT_P; /* bus 0 */
+    vtd_write(VTD_RTADDR_REG, 8, VTD_ROOT);
+    if (!vtd_command(VTD_GCMD_SRTP))
         return STATUS_TIMEOUT;
-    vtd_write(DMAR_IQT_REG, 8, 0);
-    vtd_write(DMAR_IQA_REG, 8, VTD_QUEUE); /* QS 0: 256 entries */
+    vtd_write(VTD_IQT_REG, 8, 0);
+    vtd_write(VTD_IQA_REG, 8, VTD_QUEUE); /* QS 0: 256 entries */
     vtd.qtail = 0;
-    if (!vtd_command(DMA_GCMD_QIE))
+    if (!vtd_command(VTD_GCMD_QIE))
         return STATUS_TIMEOUT;
-    vtd_write(DMAR_FEDATA_REG, 4, IOMMU_FAULT_VECTOR);
-    vtd_write(DMAR_FEADDR_REG, 4, MSI_ADDRESS_BASE);
-    vtd_write(DMAR_FEUADDR_REG, 4, 0);
-    vtd_write(DMAR_FECTL_REG, 4, 0); /* unmask */
-    const u64 flush[2][2] = {{QI_CC_TYPE | QI_CC_GRAN_GLOBAL, 0},
-                             {QI_IOTLB_TYPE | QI_IOTLB_GRAN_GLOBAL, 0}};
+    vtd_write(VTD_FEDATA_REG, 4, IOMMU_FAULT_VECTOR);
+    vtd_write(VTD_FEADDR_REG, 4, MSI_ADDRESS_BASE);
+    vtd_write(VTD_FEUADDR_REG, 4, 0);
+    vtd_write(VTD_FECTL_REG, 4, 0); /* unmask */
+    const u64 flush[2][2] = {{VTD_QI_CC_TYPE | VTD_GRAN_GLOBAL << VTD_QI_GRAN_SHIFT, 0},
+                             {VTD_QI_IOTLB_TYPE | VTD_GRAN_GLOBAL << VTD_QI_GRAN_SHIFT, 0}};
     vtd_submit(flush, 2);
-    if (!vtd_command(DMA_GCMD_TE))
+    if (!vtd_command(VTD_GCMD_TE))
         return STATUS_TIMEOUT;
     vtd.mode = IOMMU_MODE_STRICT;
     vtd.hwm = 250; /* the seed's default high-water mark */
@@ -517,9 +481,9 @@ static struct vtd_domain *vtd_domain(u64 fn)
         return 0;
     vtd.ndomains++;
     volatile u64 *ctx = (volatile u64 *)(VTD_CONTEXT + 16 * devfn);
-    ctx[1] = VTD_CONTEXT_AW_4LEVEL | (u64)d->did << VTD_CONTEXT_DID_SHIFT;
-    ctx[0] = d->pml4 | VTD_PRESENT; /* TT 0: translate */
-    const u64 flush[1][2] = {{QI_CC_TYPE | QI_CC_GRAN_GLOBAL, 0}};
+    ctx[1] = VTD_CTX_AW_4LEVEL | (u64)d->did << VTD_CTX_DID_SHIFT;
+    ctx[0] = d->pml4 | VTD_CTX_P; /* TT 0: translate */
+    const u64 flush[1][2] = {{VTD_QI_CC_TYPE | VTD_GRAN_GLOBAL << VTD_QI_GRAN_SHIFT, 0}};
     vtd_submit(flush, 1);
     return d;
 }
@@ -597,14 +561,14 @@ static u64 vtd_flush(void)
             for (u64 k = 0; k < vtd.count; k++)
                 used |= vtd.array[k].domain == i;
             if (used) {
-                descs[n][0] = QI_IOTLB_TYPE | QI_IOTLB_GRAN_DOMAIN |
-                              (u64)vtd.domains[i].did << QI_DID_SHIFT;
+                descs[n][0] = VTD_QI_IOTLB_TYPE | VTD_GRAN_DOMAIN << VTD_QI_GRAN_SHIFT |
+                              (u64)vtd.domains[i].did << VTD_QI_DID_SHIFT;
                 descs[n++][1] = 0;
             }
         }
         vtd_submit((const u64(*)[2])descs, n);
     } else {
-        const u64 global[1][2] = {{QI_IOTLB_TYPE | QI_IOTLB_GRAN_GLOBAL, 0}};
+        const u64 global[1][2] = {{VTD_QI_IOTLB_TYPE | VTD_GRAN_GLOBAL << VTD_QI_GRAN_SHIFT, 0}};
         vtd_submit(global, 1);
     }
     u64 now = rdtsc();
@@ -662,7 +626,7 @@ static void vtd_unmap(struct vtd_domain *d, u16 slot, u64 pages)
     if (vtd.mode == IOMMU_MODE_STRICT) {
         /* Page-selective: the slot is 8 pages, naturally aligned, so one descriptor with
          * address mask 3 names exactly it. */
-        const u64 psi[1][2] = {{QI_IOTLB_TYPE | QI_IOTLB_GRAN_PAGE | (u64)d->did << QI_DID_SHIFT,
+        const u64 psi[1][2] = {{VTD_QI_IOTLB_TYPE | VTD_GRAN_PAGE << VTD_QI_GRAN_SHIFT | (u64)d->did << VTD_QI_DID_SHIFT,
                                 iova | 3}};
         vtd_submit(psi, 1);
         vtd.rep.flushes++;
@@ -706,7 +670,7 @@ static void vtd_domain_reset(struct vtd_domain *d)
     d->nfree = 0;
     for (u16 s = VTD_SLOTS - 1; s >= 1; s--)
         d->free[d->nfree++] = s;
-    const u64 flush[1][2] = {{QI_IOTLB_TYPE | QI_IOTLB_GRAN_DOMAIN | (u64)d->did << QI_DID_SHIFT, 0}};
+    const u64 flush[1][2] = {{VTD_QI_IOTLB_TYPE | VTD_GRAN_DOMAIN << VTD_QI_GRAN_SHIFT | (u64)d->did << VTD_QI_DID_SHIFT, 0}};
     vtd_submit(flush, 1);
 }
 

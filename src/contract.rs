@@ -304,7 +304,9 @@ contract_structs! {
         virtio_mmio_base[8],
         /// IOAPIC pin of each virtio-mmio device's legacy interrupt line.
         virtio_mmio_gsi[8],
-        /// Guest-physical base of the VT-d remapping unit's registers, 0 when there is none.
+        /// Guest-physical base of the VT-d remapping unit's register page (`VTD_*_REG`
+        /// offsets), 0 when the machine has none. virtio-pci devices offer
+        /// VIRTIO_F_ACCESS_PLATFORM when it is there.
         iommu_base,
     }
 

@@ -1,14 +1,21 @@
 //! The DMA context of a device: every guest-memory access a device makes (rings, buffers) goes
 //! through it. It names the requester, applies the Bus Master Enable gate (PCI 3.0 §6.2.2: a
 //! function whose command register has bit 2 clear may not issue memory requests) and holds
-//! the memory view the device sees: guest-physical memory today, an IOMMU-translated view once
-//! the platform has one. Buffers are checked here at access time, not only when a chain is
-//! parsed, so a gate closed in between is honoured.
+//! the memory view the device sees: guest-physical memory, or, for a PCI function behind the
+//! machine's IOMMU whose driver negotiated VIRTIO_F_ACCESS_PLATFORM, bus addresses translated
+//! page by page by the unit with the access's permission (a buffer may span pages that are
+//! not contiguous in guest memory). Buffers are checked here at access time, not only when a
+//! chain is parsed, so a gate closed in between is honoured and a page unmapped in between
+//! faults.
 
-use std::sync::Arc;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLockReadGuard};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use crate::iommu::tables::PAGE_SIZE;
+use crate::iommu::{Access, Iommu, RingArea, RingWatch};
 
 /// Who issues a device's memory requests: a PCI bus/device/function, or a platform device
 /// (virtio-mmio) that has no requester ID.
@@ -21,7 +28,7 @@ pub enum Requester {
 }
 
 /// Why a device may not make an access.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DmaError {
     /// Bus mastering is off.
     #[error("{0:?} has bus mastering disabled")]
@@ -33,6 +40,23 @@ pub enum DmaError {
         addr: u64,
         /// Length.
         len: usize,
+    },
+    /// The IOMMU blocked the access and recorded the fault: the device completes the
+    /// request with nothing transferred and goes on.
+    #[error("the IOMMU blocked an access at bus address {addr:#x} (fault reason {reason:#x})")]
+    Fault {
+        /// The bus address.
+        addr: u64,
+        /// The fault reason (`VTD_FR_*`).
+        reason: u8,
+    },
+    /// A ring that is not one range of guest-physical memory (virtio-queue needs it to be).
+    #[error("the ring of {len:#x} bytes at bus address {addr:#x} is not physically contiguous")]
+    Discontiguous {
+        /// Bus address.
+        addr: u64,
+        /// Length.
+        len: u64,
     },
 }
 
@@ -59,6 +83,8 @@ pub struct DmaContext {
     requester: Requester,
     master: BusMaster,
     mem: GuestMemoryMmap,
+    /// The IOMMU that translates this PCI function's requests, if any.
+    iommu: Option<Arc<Iommu>>,
 }
 
 impl DmaContext {
@@ -69,7 +95,51 @@ impl DmaContext {
             requester: Requester::Pci(requester_id),
             master: BusMaster(Arc::new(AtomicBool::new(false))),
             mem,
+            iommu: None,
         }
+    }
+
+    /// The same function with its requests translated by `iommu`, by its requester ID as
+    /// source-id. A platform device has no source-id and stays untranslated.
+    pub fn behind(mut self, iommu: Arc<Iommu>) -> Self {
+        if let Requester::Pci(_) = self.requester {
+            self.iommu = Some(iommu);
+        }
+        self
+    }
+
+    /// The same device without translation: its driver did not negotiate
+    /// VIRTIO_F_ACCESS_PLATFORM, so it gives guest-physical addresses (virtio 1.2 §6.1).
+    pub fn untranslated(&self) -> Self {
+        DmaContext {
+            iommu: None,
+            ..self.clone()
+        }
+    }
+
+    /// Whether addresses are bus addresses translated by an IOMMU.
+    pub fn translated(&self) -> bool {
+        self.iommu.is_some()
+    }
+
+    /// A round of DMA (one round of queue work) while translated: the IOMMU completes no
+    /// invalidation until it is dropped (see `crate::iommu`).
+    pub fn round(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        self.iommu.as_ref().map(|i| i.dma_round())
+    }
+
+    /// The guest-physical addresses of a translated device's `rings`, each physically
+    /// contiguous; `watch` then stands for their pages. Untranslated, the addresses as given.
+    pub fn map_rings(
+        &self,
+        watch: &Arc<RingWatch>,
+        rings: &[RingArea],
+    ) -> Result<Vec<GuestAddress>, DmaError> {
+        let found = match (&self.iommu, self.requester) {
+            (Some(iommu), Requester::Pci(source)) => iommu.map_rings(source, watch, rings)?,
+            _ => rings.iter().map(|r| r.address).collect(),
+        };
+        Ok(found.into_iter().map(GuestAddress).collect())
     }
 
     /// A platform device's context: always allowed to master.
@@ -78,6 +148,7 @@ impl DmaContext {
             requester: Requester::Platform,
             master: BusMaster(Arc::new(AtomicBool::new(true))),
             mem,
+            iommu: None,
         }
     }
 
@@ -96,36 +167,57 @@ impl DmaContext {
         }
     }
 
-    /// Check that the device may access `len` bytes at `addr` now.
+    /// Check that the device may access `len` bytes at `addr` now. Translated addresses are
+    /// checked page by page when the device accesses them: an unmapped page faults there.
     pub fn check(&self, addr: GuestAddress, len: usize) -> Result<(), DmaError> {
         let mem = self.memory()?;
-        if len == 0 || mem.check_range(addr, len) {
+        if len == 0 || self.translated() || mem.check_range(addr, len) {
             Ok(())
         } else {
             Err(DmaError::OutsideMemory { addr: addr.0, len })
         }
     }
 
+    /// Call `copy` with the guest-physical address of each piece of the `len` bytes at `addr`
+    /// and the piece's range in them: one piece untranslated, one per page translated.
+    fn pieces(
+        &self,
+        addr: GuestAddress,
+        len: usize,
+        access: Access,
+        mut copy: impl FnMut(GuestAddress, Range<usize>) -> Result<(), vm_memory::GuestMemoryError>,
+    ) -> Result<(), DmaError> {
+        self.check(addr, len)?;
+        let outside = DmaError::OutsideMemory { addr: addr.0, len };
+        let (Some(iommu), Requester::Pci(source)) = (&self.iommu, self.requester) else {
+            return copy(addr, 0..len).map_err(|_| outside);
+        };
+        let mut done = 0;
+        while done < len {
+            let iova = addr.0.checked_add(done as u64).ok_or(outside.clone())?;
+            // Less than a page: no truncation.
+            #[allow(clippy::cast_possible_truncation)]
+            let in_page = ((PAGE_SIZE - iova % PAGE_SIZE) as usize).min(len - done);
+            let gpa = iommu.translate(source, iova, access)?;
+            copy(GuestAddress(gpa), done..done + in_page).map_err(|_| outside.clone())?;
+            done += in_page;
+        }
+        Ok(())
+    }
+
     /// Read `buf.len()` bytes at `addr`.
     pub fn read(&self, addr: GuestAddress, buf: &mut [u8]) -> Result<(), DmaError> {
-        self.check(addr, buf.len())?;
-        self.mem
-            .read_slice(buf, addr)
-            .map_err(|_| DmaError::OutsideMemory {
-                addr: addr.0,
-                len: buf.len(),
-            })
+        let len = buf.len();
+        self.pieces(addr, len, Access::Read, |at, piece| {
+            self.mem.read_slice(&mut buf[piece], at)
+        })
     }
 
     /// Write `data` at `addr`.
     pub fn write(&self, addr: GuestAddress, data: &[u8]) -> Result<(), DmaError> {
-        self.check(addr, data.len())?;
-        self.mem
-            .write_slice(data, addr)
-            .map_err(|_| DmaError::OutsideMemory {
-                addr: addr.0,
-                len: data.len(),
-            })
+        self.pieces(addr, data.len(), Access::Write, |at, piece| {
+            self.mem.write_slice(&data[piece], at)
+        })
     }
 }
 

@@ -32,6 +32,7 @@ pub mod devices;
 pub mod dma;
 pub mod fakes;
 pub mod inspect;
+pub mod iommu;
 pub mod irq;
 pub mod logging;
 pub mod machine;

@@ -54,6 +54,7 @@ fuzz_target!(|data: &[u8]| {
         ioevents: Arc::new(FakeIoEvents::default()),
         routes: Arc::new(FakeRoutes::default()),
         mem,
+        iommu: None,
         log: DeviceLog::new("fuzz"),
     };
     let net = VirtioNet::parts([0; 6], vec![Box::new(RequestResponse::new(64))]);

@@ -2,6 +2,7 @@
 //! variant side by side in one run, reported as ratios first.
 
 pub mod host;
+pub mod iommu;
 pub mod msix;
 pub mod pci;
 pub mod report;
@@ -86,6 +87,9 @@ pub struct Variant {
     /// Routing bursts (`msix`): what the measured operation cost per device and in all.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingFigures>,
+    /// Unmap strategies (`iommu`): the stream's and the transactions' figures.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub iommu: Option<iommu::IommuFigures>,
 }
 
 /// What a burst of GSI routing changes cost, one entry per device, in device order.
@@ -236,6 +240,7 @@ pub(crate) fn variant(
         delivery: None,
         guest_errors,
         routing: None,
+        iommu: None,
     }
 }
 

@@ -29,6 +29,9 @@ pub struct MachineConfig {
     pub response_size: usize,
     /// When GSI routing changes reach KVM.
     pub gsi_commits: CommitStrategy,
+    /// A VT-d remapping unit at [`layout::IOMMU_BASE`]: virtio-pci devices then offer
+    /// VIRTIO_F_ACCESS_PLATFORM, and their DMA goes through it when the driver takes it.
+    pub iommu: bool,
 }
 
 impl Default for MachineConfig {
@@ -41,6 +44,7 @@ impl Default for MachineConfig {
             virtio: Vec::new(),
             response_size: 1024,
             gsi_commits: CommitStrategy::default(),
+            iommu: false,
         }
     }
 }

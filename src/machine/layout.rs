@@ -30,6 +30,8 @@ pub const VIRTIO_MMIO_SLOTS: u32 = 8;
 /// IOAPIC pin of the first virtio-mmio device's line; the next ones follow. Pins 16..23
 /// have no 8259 PIC input behind them, so a line can only arrive through the IOAPIC.
 pub const VIRTIO_MMIO_GSI_BASE: u32 = 16;
+/// The VT-d remapping unit's register page, where QEMU's q35 puts it.
+pub const IOMMU_BASE: u64 = 0xfed9_0000;
 /// PCI device number of the first virtio-pci function; the next ones follow.
 pub const VIRTIO_PCI_FIRST_DEVICE: u8 = 3;
 /// MAC address of the first virtio-net device; the last byte counts up.
@@ -66,6 +68,7 @@ pub struct MmioSlot {
 pub struct MemoryLayout {
     ram_size: usize,
     ecam: Option<u64>,
+    iommu: Option<u64>,
     mmio_windows: AddressAllocator,
     mmio_gsis: IdAllocator,
     virtio_mmio: Vec<MmioSlot>,
@@ -92,6 +95,7 @@ impl MemoryLayout {
         Ok(MemoryLayout {
             ram_size,
             ecam: ecam.then_some(ECAM_BASE),
+            iommu: None,
             mmio_windows,
             mmio_gsis,
             virtio_mmio: Vec::new(),
@@ -106,6 +110,16 @@ impl MemoryLayout {
     /// Base of the ECAM window, if one is described.
     pub fn ecam_base(&self) -> Option<u64> {
         self.ecam
+    }
+
+    /// Place the IOMMU's register page; returns its base.
+    pub fn place_iommu(&mut self) -> u64 {
+        *self.iommu.insert(IOMMU_BASE)
+    }
+
+    /// Base of the IOMMU's register page, if the machine has one.
+    pub fn iommu_base(&self) -> Option<u64> {
+        self.iommu
     }
 
     /// Give the next virtio-mmio device its window and pin. Windows and pins are handed out

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bus::{BusError, IoBuses};
+use crate::iommu::Iommu;
 use crate::irq::{GsiRouting, IrqError, MsiVectors};
 use crate::pci::root::PciError;
 use crate::stats::ExitCounters;
@@ -133,6 +134,7 @@ pub struct Machine {
     control: Arc<RunControl>,
     counters: Arc<ExitCounters>,
     console: Arc<std::sync::Mutex<Vec<u8>>>,
+    iommu: Option<Arc<Iommu>>,
 }
 
 /// How a run went.
@@ -174,6 +176,7 @@ impl Machine {
             control,
             counters,
             console: devices.console,
+            iommu: devices.iommu,
         })
     }
 
@@ -208,6 +211,11 @@ impl Machine {
     /// The exit counters.
     pub fn counters(&self) -> &ExitCounters {
         &self.counters
+    }
+
+    /// The IOMMU, if the machine has one.
+    pub fn iommu(&self) -> Option<&Arc<Iommu>> {
+        self.iommu.as_ref()
     }
 
     /// The guest-physical map.

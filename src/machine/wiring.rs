@@ -1,6 +1,7 @@
 //! Device wiring: which devices a machine has, where each sits on the buses, and which
 //! interrupt it raises. The serial console, PCI bus 0 (CF8/CFC, the BAR windows, ECAM trapped
-//! or shadowed) and the virtio-net devices behind virtio-mmio or virtio-pci.
+//! or shadowed), the VT-d remapping unit if configured, and the virtio-net devices behind
+//! virtio-mmio or virtio-pci.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,8 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use crate::bus::{DeviceId, IoBuses};
 use crate::contract::PORT_SERIAL;
 use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
+use crate::iommu::Iommu;
+use crate::iommu::regs::VTD_REG_SIZE;
 use crate::irq::{GsiRouting, InterruptRoutes, MsiVectors};
 use crate::logging::DeviceLog;
 use crate::machine::config::{
@@ -42,6 +45,8 @@ pub mod names {
     pub const SERIAL: &str = "serial";
     /// The probe's phase ports.
     pub const PROBE_PORTS: &str = "probe-ports";
+    /// The VT-d remapping unit's register page.
+    pub const IOMMU: &str = "iommu";
 }
 
 /// The functions of bus 0: a host bridge, a test endpoint, and a two-function test device.
@@ -88,6 +93,8 @@ pub struct Devices {
     pub console: Arc<Mutex<Vec<u8>>>,
     /// The logs of devices that count their guest errors, for the exit accounting.
     pub logs: Vec<(DeviceId, Arc<DeviceLog>)>,
+    /// The IOMMU, if the machine has one.
+    pub iommu: Option<Arc<Iommu>>,
 }
 
 /// Wire every device `cfg` asks for onto `vm`, placing virtio-mmio ones through `layout`.
@@ -118,13 +125,22 @@ pub fn wire(
     let bars_id = bar_buses.id;
     let pci = Arc::new(PciRoot::new(windows, bar_buses)?);
     populate_bus0(&pci)?;
+    let mut logs = vec![serial_log, (bars_id, pci.log().clone())];
+    let iommu = if cfg.iommu {
+        let (iommu, id) = add_iommu(vm, layout, &mut io, &routing)?;
+        logs.push((id, iommu.log().clone()));
+        Some(iommu)
+    } else {
+        None
+    };
     let mut devices = Devices {
         io,
         routing,
         msix: BTreeMap::new(),
         workers: Vec::new(),
         console,
-        logs: vec![serial_log, (bars_id, pci.log().clone())],
+        logs,
+        iommu,
     };
     add_virtio_net(vm, layout, cfg, &pci, &mut devices)?;
     add_pci_windows(vm, &mut devices.io, &pci, cfg.ecam)?;
@@ -149,6 +165,24 @@ fn add_serial(
         Arc::new(serial),
     )?;
     Ok((id, log))
+}
+
+/// The VT-d remapping unit, placed by the layout; returns it and its bus id.
+fn add_iommu(
+    vm: &Vm,
+    layout: &mut MemoryLayout,
+    io: &mut IoBuses,
+    routing: &Arc<GsiRouting>,
+) -> Result<(Arc<Iommu>, DeviceId), MachineError> {
+    let log = DeviceLog::new(names::IOMMU);
+    let iommu = Arc::new(Iommu::new(vm.memory().clone(), routing.clone(), log));
+    let id = io.add_mmio(
+        names::IOMMU,
+        layout.place_iommu(),
+        VTD_REG_SIZE,
+        iommu.clone(),
+    )?;
+    Ok((iommu, id))
 }
 
 /// The virtio-net devices of `cfg`, each with its request/response backends, behind its
@@ -234,6 +268,7 @@ fn transport_env(vm: &Vm, devices: &Devices, log: Arc<DeviceLog>) -> TransportEn
         ioevents: vm.shared_fd(),
         routes: devices.routing.clone(),
         mem: vm.memory().clone(),
+        iommu: devices.iommu.clone(),
         log,
     }
 }

@@ -6,8 +6,9 @@
 
 use std::ops::Deref;
 
-use virtio_queue::DescriptorChain;
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::dma::{DmaContext, DmaError};
 
@@ -50,6 +51,38 @@ pub enum ChainError {
     /// A device-readable buffer follows a device-writable one (virtio 1.2 §2.7.4.2).
     #[error("descriptor chain from {0} has a readable buffer after a writable one")]
     ReadableAfterWritable(u16),
+    /// An indirect descriptor (virtio 1.2 §2.7.5.3), a feature not offered.
+    #[error("descriptor chain from {0} uses an indirect table, a feature not offered")]
+    Indirect(u16),
+}
+
+/// Whether the chain from `head` in `q`'s descriptor table has an indirect descriptor.
+/// virtio-queue follows one to a table at the address it holds, read as guest-physical;
+/// behind an IOMMU that is memory the device was not given, so translated devices look
+/// first (the table is read through the device's translated rings; the walk is bounded by
+/// the queue size, as virtio-queue's).
+pub fn refers_to_indirect(mem: &GuestMemoryMmap, q: &Queue, head: u16) -> bool {
+    let mut index = head;
+    for _ in 0..q.size() {
+        if index >= q.size() {
+            return false;
+        }
+        let at = q
+            .desc_table()
+            .checked_add(u64::from(index) * 16)
+            .map(GuestAddress);
+        let Some(desc) = at.and_then(|at| mem.read_obj::<Descriptor>(at).ok()) else {
+            return false;
+        };
+        if desc.refers_to_indirect_table() {
+            return true;
+        }
+        if !desc.has_next() {
+            return false;
+        }
+        index = desc.next();
+    }
+    false
 }
 
 /// Walk `chain`, checking every descriptor, and every buffer against what the device may

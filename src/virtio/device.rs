@@ -21,6 +21,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use super::Ring;
 use super::chain::{self, Chain, ChainError};
 use super::regs::*;
+use super::rings::BusRings;
 use super::worker::PendingAck;
 use crate::dma::{DmaContext, DmaError};
 use crate::guest_error;
@@ -52,6 +53,16 @@ impl DeviceError {
             self,
             DeviceError::Dma(DmaError::NotMaster(_))
                 | DeviceError::Chain(ChainError::Dma(DmaError::NotMaster(_)))
+        )
+    }
+
+    /// The IOMMU blocked an access and recorded the fault (VT-d §7): not the device's error.
+    /// The chain completes with nothing written, or the rings wait for the next kick.
+    pub fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            DeviceError::Dma(DmaError::Fault { .. })
+                | DeviceError::Chain(ChainError::Dma(DmaError::Fault { .. }))
         )
     }
 }
@@ -141,7 +152,10 @@ pub struct ChainsServed {
 /// dry, looking once more for buffers added meanwhile (§2.7.10). If Bus Master Enable closes
 /// in the middle of a chain, the chain goes back to the ring and the loop stops: a pause, not
 /// an error; the transport looks at the queues again when it opens. The used-ring write that
-/// completes a chain already served is not gated again.
+/// completes a chain already served is not gated again. A chain whose buffer the IOMMU
+/// refused is completed with used length 0 (the fault is the unit's to report); behind an
+/// IOMMU a chain with an indirect descriptor is refused outright (its table would be read
+/// untranslated).
 pub fn serve_chains(
     q: &mut Queue,
     dma: &DmaContext,
@@ -164,17 +178,26 @@ pub fn serve_chains(
             }
             return Ok(done);
         };
-        let served = chain::check(desc, dma)
-            .map_err(DeviceError::from)
-            .and_then(|c| Ok((c.head, server.serve(&c)?)));
+        let head = desc.head_index();
+        let served = if dma.translated() && chain::refers_to_indirect(mem, q, head) {
+            Err(ChainError::Indirect(head).into())
+        } else {
+            chain::check(desc, dma)
+                .map_err(DeviceError::from)
+                .and_then(|c| server.serve(&c))
+        };
         match served {
-            Ok((head, len)) => {
+            Ok(len) => {
                 q.add_used(mem, head, len)?;
                 done.used = true;
             }
             Err(e) if e.is_pause() => {
                 q.go_to_previous_position();
                 return Ok(done);
+            }
+            Err(e) if e.is_fault() => {
+                q.add_used(mem, head, 0)?;
+                done.used = true;
             }
             Err(e) => return Err(e),
         }
@@ -560,13 +583,16 @@ impl VirtioState {
 
     /// The driver enables the selected queue. A queue whose rings do not fit in guest memory
     /// breaks the device, and so does an available ring at guest-physical 0, which
-    /// virtio-queue takes for "not set up" (its iterator then refuses the queue).
+    /// virtio-queue takes for "not set up" (its iterator then refuses the queue). With
+    /// VIRTIO_F_ACCESS_PLATFORM the ring addresses are bus addresses: the device thread
+    /// translates and checks them (`super::rings`).
     pub fn set_queue_ready(&mut self) {
         let mem = self.mem.clone();
+        let bus_addresses = self.negotiated(VIRTIO_F_ACCESS_PLATFORM);
         let mut invalid = false;
         let ok = self.configure_queue("enable", |q| {
             q.set_ready(true);
-            if !q.is_valid(&mem) || q.avail_ring() == 0 {
+            if !(bus_addresses || q.is_valid(&mem)) || q.avail_ring() == 0 {
                 q.set_ready(false);
                 invalid = true;
             }
@@ -617,7 +643,15 @@ impl VirtioState {
 pub struct QueueEngine {
     handler: Box<dyn QueueHandler>,
     health: Arc<DeviceHealth>,
-    live: Option<(Vec<Queue>, DmaContext)>,
+    live: Option<Live>,
+}
+
+/// What a device works on between DRIVER_OK and reset.
+struct Live {
+    queues: Vec<Queue>,
+    dma: DmaContext,
+    /// The rings' bus addresses, when they are translated.
+    rings: Option<BusRings>,
 }
 
 /// What processing a queue produced.
@@ -641,7 +675,8 @@ impl QueueEngine {
 
     /// DRIVER_OK: start working on `queues` through `dma`.
     pub fn activate(&mut self, queues: Vec<Queue>, dma: DmaContext) {
-        self.live = Some((queues, dma));
+        let rings = dma.translated().then(|| BusRings::new(&queues));
+        self.live = Some(Live { queues, dma, rings });
     }
 
     /// Reset: drop the queues and the handler's in-flight state.
@@ -652,7 +687,7 @@ impl QueueEngine {
 
     /// Stop working on queue `index` (the driver disabled it).
     pub fn stop_queue(&mut self, index: usize) {
-        if let Some(q) = self.live.as_mut().and_then(|(qs, _)| qs.get_mut(index)) {
+        if let Some(q) = self.live.as_mut().and_then(|l| l.queues.get_mut(index)) {
             q.set_ready(false);
         }
     }
@@ -664,9 +699,12 @@ impl QueueEngine {
 
     /// Let the handler work on queue `index`; returns the notifications due. A device that
     /// may not master (Bus Master Enable clear) leaves the work where it is: the transport
-    /// kicks its queues when mastering is enabled again.
+    /// kicks its queues when mastering is enabled again. Behind an IOMMU the whole call is one
+    /// round of DMA (`crate::iommu`: no invalidation completes while it runs), the rings are
+    /// translated first if they must be, and a ring the unit refuses (the fault recorded)
+    /// leaves the work for the driver's next notification.
     pub fn process(&mut self, index: usize) -> Work {
-        let Some((queues, dma)) = self.live.as_mut() else {
+        let Some(Live { queues, dma, rings }) = self.live.as_mut() else {
             return Work::default();
         };
         let ready = queues.get(index).is_some_and(|q| q.ready());
@@ -676,10 +714,16 @@ impl QueueEngine {
         let Ok(mem) = dma.memory() else {
             return Work::default();
         };
-        match self
-            .handler
-            .process_queue(index, queues, dma, &self.health.log)
-        {
+        let _round = dma.round();
+        let result = match rings {
+            Some(rings) => rings.map(queues, dma),
+            None => Ok(()),
+        }
+        .and_then(|()| {
+            self.handler
+                .process_queue(index, queues, dma, &self.health.log)
+        });
+        match result {
             Ok(progress) => Work {
                 notifications: progress
                     .used
@@ -693,6 +737,7 @@ impl QueueEngine {
                     .collect(),
                 more: progress.more,
             },
+            Err(e) if e.is_fault() => Work::default(),
             Err(e) => {
                 let notifications = if self.health.fail(&e) {
                     vec![Notification::Config]

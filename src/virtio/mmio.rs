@@ -76,6 +76,7 @@ impl MmioTransport {
             ioevents,
             routes,
             mem,
+            iommu: _,
             log,
         } = env;
         let state = VirtioState::new(

@@ -12,6 +12,7 @@ pub mod mmio;
 pub mod net;
 pub mod notify;
 pub mod pci;
+pub mod rings;
 pub mod worker;
 
 #[allow(missing_docs)] // each constant is documented in the shared file
@@ -25,11 +26,13 @@ use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
 
 use crate::dma::DmaContext;
+use crate::iommu::Iommu;
 use crate::irq::{InterruptRoutes, IrqError};
 use crate::logging::DeviceLog;
 use device::{Notification, QueueEngine, QueueHandler, StatusChange, VirtioDevice, VirtioState};
 use interrupt::Interrupts;
 use notify::{IoEventRegistrar, QueueEvents};
+use regs::VIRTIO_F_ACCESS_PLATFORM;
 use worker::{Command, Worker, WorkerHandle};
 
 /// Errors building a virtio device.
@@ -59,7 +62,8 @@ impl VirtioError {
 }
 
 /// What a transport needs from the machine it sits in: where its doorbells and interrupts are
-/// registered (KVM, or the in-memory fakes), guest memory, and the device's log.
+/// registered (KVM, or the in-memory fakes), guest memory, the IOMMU if the machine has one,
+/// and the device's log.
 pub struct TransportEnv {
     /// Doorbell ioeventfd registration.
     pub ioevents: Arc<dyn IoEventRegistrar>,
@@ -67,6 +71,10 @@ pub struct TransportEnv {
     pub routes: Arc<dyn InterruptRoutes>,
     /// Guest memory.
     pub mem: GuestMemoryMmap,
+    /// The machine's IOMMU: a virtio-pci function's DMA goes through it when its driver
+    /// negotiates VIRTIO_F_ACCESS_PLATFORM. virtio-mmio devices have no source-id and
+    /// ignore it.
+    pub iommu: Option<Arc<Iommu>>,
     /// The device's log: its guest errors are counted there.
     pub log: Arc<DeviceLog>,
 }
@@ -100,7 +108,9 @@ fn spawn_worker(
 
 /// A driver's status write, as both transports carry it out: a reset first waits until the
 /// device thread has dropped the queues (so none of its work lands after the reset), and
-/// DRIVER_OK hands the configured queues to the device thread with the device's DMA context.
+/// DRIVER_OK hands the configured queues to the device thread with the device's DMA context,
+/// translated only if the driver negotiated VIRTIO_F_ACCESS_PLATFORM (without it the driver
+/// gives guest-physical addresses, virtio 1.2 §6.1).
 fn write_status(
     st: &mut VirtioState,
     worker: &WorkerHandle,
@@ -120,7 +130,12 @@ fn write_status(
     }
     let change = st.write_status(value);
     if change == StatusChange::Activate {
-        worker.send(Command::Activate(st.activation_queues(), dma.clone()));
+        let dma = if st.negotiated(VIRTIO_F_ACCESS_PLATFORM) {
+            dma.clone()
+        } else {
+            dma.untranslated()
+        };
+        worker.send(Command::Activate(st.activation_queues(), dma));
     }
     change
 }
@@ -161,6 +176,7 @@ pub(crate) fn test_parts() -> TestParts {
             ioevents: ioevents.clone(),
             routes: routes.clone(),
             mem: GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)]).unwrap(),
+            iommu: None,
             log: DeviceLog::new("test"),
         },
         ioevents,

@@ -284,7 +284,8 @@ impl ChainServer for Deliver<'_> {
         data[10] = 1;
         data[HDR..].copy_from_slice(&frame);
         if let Err(e) = c.write_all(self.dma, &data) {
-            // Kept for the next buffer if this was only a pause (Bus Master off).
+            // Kept for the next buffer: this one was only a pause (Bus Master off), or a
+            // buffer the IOMMU refused.
             self.pair.waiting = Some(frame);
             return Err(e.into());
         }
@@ -370,8 +371,13 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::iommu::regs::{VTD_FR_READ, VTD_PTE_R};
+    use crate::iommu::tables::build::Tables;
+    use crate::iommu::testing::*;
     use crate::virtio::device::{DeviceHealth, Notification, QueueEngine, Work};
-    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_bindings::virtio_ring::{
+        VRING_DESC_F_INDIRECT as VIRTQ_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    };
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::desc::split::Descriptor;
     use virtio_queue::mock::MockSplitQueue;
@@ -380,6 +386,8 @@ mod tests {
     const QSIZE: u16 = 16;
     /// Buffers live above the rings.
     const BUFFERS: u64 = 0x8_0000;
+    /// Behind an IOMMU, the bus address of guest-physical `p` is `IOVA + p`.
+    const IOVA: u64 = 0x1_0000_0000;
 
     fn memory() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
@@ -418,8 +426,17 @@ mod tests {
             .into_iter()
             .map(|max| Queue::new(max).unwrap())
             .collect();
+        // Behind an IOMMU the driver gives bus addresses: `IOVA` above the guest-physical ones.
+        let bus = if dma.translated() { IOVA } else { 0 };
         for (i, mock) in live {
-            queues[*i] = mock.create_queue().unwrap();
+            let q = &mut queues[*i];
+            *q = mock.create_queue().unwrap();
+            q.try_set_desc_table_address(GuestAddress(bus + q.desc_table()))
+                .unwrap();
+            q.try_set_avail_ring_address(GuestAddress(bus + q.avail_ring()))
+                .unwrap();
+            q.try_set_used_ring_address(GuestAddress(bus + q.used_ring()))
+                .unwrap();
         }
         let health = Arc::new(DeviceHealth::new(DeviceLog::new("test")));
         let mut engine = QueueEngine::new(Box::new(handler), health.clone());
@@ -431,21 +448,28 @@ mod tests {
         q.used().ring().ref_at(i).unwrap().load().len()
     }
 
-    /// A 5-byte request (after the header) on `tx`, a 2 KiB receive buffer on `rx`.
+    /// A 5-byte request (after the header) on `tx`, a 2 KiB receive buffer on `rx`, given to
+    /// the device at bus address `bus` + their guest-physical one.
     fn request_and_buffer(
         mem: &GuestMemoryMmap,
         rx: &MockSplitQueue<'_, GuestMemoryMmap>,
         tx: &MockSplitQueue<'_, GuestMemoryMmap>,
+        bus: u64,
     ) -> Vec<u8> {
-        rx.add_desc_chains(&[desc(BUFFERS, 0x800, VRING_DESC_F_WRITE)], 0)
+        let next = rx.avail().idx().load();
+        rx.add_desc_chains(&[desc(bus + BUFFERS, 0x800, VRING_DESC_F_WRITE)], next)
             .unwrap();
         let request: Vec<u8> = (0..(HDR + 5))
             .map(|i| if i < HDR { 0 } else { i as u8 })
             .collect();
         mem.write_slice(&request, GuestAddress(BUFFERS + 0x1000))
             .unwrap();
-        tx.add_desc_chains(&[desc(BUFFERS + 0x1000, request.len() as u32, 0)], 0)
-            .unwrap();
+        let next = tx.avail().idx().load();
+        tx.add_desc_chains(
+            &[desc(bus + BUFFERS + 0x1000, request.len() as u32, 0)],
+            next,
+        )
+        .unwrap();
         request
     }
 
@@ -454,7 +478,7 @@ mod tests {
         let mem = memory();
         let (rx, tx) = (driver_queue(&mem, 0), driver_queue(&mem, 1));
         let (mut engine, _) = engine(1, &[(0, &rx), (1, &tx)], DmaContext::platform(mem.clone()));
-        let request = request_and_buffer(&mem, &rx, &tx);
+        let request = request_and_buffer(&mem, &rx, &tx, 0);
         let work = engine.process(1);
         assert!(
             work.notifications.contains(&Notification::Queue(0)),
@@ -501,7 +525,7 @@ mod tests {
                 let (mut engine, health) =
                     engine(1, &[(0, &rx), (1, &tx)], DmaContext::platform(mem.clone()));
                 // One request to answer, so the receive path runs too.
-                request_and_buffer(&mem, &rx, &tx);
+                request_and_buffer(&mem, &rx, &tx, 0);
                 let ahead = [&rx, &tx][queue];
                 ahead.avail().idx().store(QSIZE + 5);
                 let work = engine.process(1);
@@ -525,7 +549,7 @@ mod tests {
         let (rx, tx) = (driver_queue(&mem, 0), driver_queue(&mem, 1));
         let dma = DmaContext::pci(mem.clone(), 0x18);
         let (mut engine, health) = engine(1, &[(0, &rx), (1, &tx)], dma.clone());
-        request_and_buffer(&mem, &rx, &tx);
+        request_and_buffer(&mem, &rx, &tx, 0);
         assert_eq!(engine.process(1), Work::default());
         assert_eq!(tx.used().idx().load(), 0, "nothing consumed");
         assert_eq!(rx.used().idx().load(), 0, "nothing written");
@@ -591,7 +615,7 @@ mod tests {
             &[(2, &rx), (3, &tx), (6, &ctrl)],
             DmaContext::platform(mem.clone()),
         );
-        request_and_buffer(&mem, &rx, &tx);
+        request_and_buffer(&mem, &rx, &tx, 0);
         let work = engine.process(3);
         assert!(
             work.notifications.contains(&Notification::Queue(2)),
@@ -678,5 +702,149 @@ mod tests {
         engine.process(1);
         assert_eq!(tx.used().idx().load(), 2, "served once mastering is back");
         assert!(!health.needs_reset());
+    }
+
+    /// A remapping unit with translation and queued invalidation on, the function `SID` in
+    /// domain 1 with every page of the first two queues' rings and of the buffers mapped at
+    /// `IOVA` above it; the engine is given its DMA context.
+    fn behind_iommu() -> (Unit, Tables, u64) {
+        let u = unit();
+        u.enable();
+        u.enable_queue();
+        let mut t = Tables::new(&u.mem, ROOT);
+        let pt = t.attach(SID, 1);
+        for page in (0x4000..0xc000)
+            .chain(BUFFERS..BUFFERS + 0x2000)
+            .step_by(0x1000)
+        {
+            t.map(pt, IOVA + page, page, RW);
+        }
+        (u, t, pt)
+    }
+
+    #[test]
+    fn behind_an_iommu_requests_are_answered_through_translated_rings_and_buffers() {
+        let (u, _t, _pt) = behind_iommu();
+        let (rx, tx) = (driver_queue(&u.mem, 0), driver_queue(&u.mem, 1));
+        let (mut engine, health) = engine(1, &[(0, &rx), (1, &tx)], u.device());
+        let request = request_and_buffer(&u.mem, &rx, &tx, IOVA);
+        let work = engine.process(1);
+        assert!(
+            work.notifications.contains(&Notification::Queue(0)),
+            "{work:?}"
+        );
+        assert_eq!(used_len(&rx, 0), HDR as u32 + 64);
+        let mut response = [0u8; 64];
+        u.mem
+            .read_slice(&mut response, GuestAddress(BUFFERS + HDR as u64))
+            .unwrap();
+        assert_eq!(
+            response.to_vec(),
+            RequestResponse::response_to(&request[HDR..], 64)
+        );
+        assert!(!health.needs_reset());
+        let s = u.iommu.stats();
+        assert!(s.walks >= 2 && s.faults == 0, "{s:?}");
+    }
+
+    /// A buffer the guest did not map: the unit records the fault, the device never touches
+    /// it and completes the chain with length 0, and goes on with the next one.
+    #[test]
+    fn a_buffer_the_iommu_refuses_completes_with_length_zero_and_the_device_goes_on() {
+        let (u, mut t, pt) = behind_iommu();
+        let (rx, tx) = (driver_queue(&u.mem, 0), driver_queue(&u.mem, 1));
+        let (mut engine, health) = engine(1, &[(0, &rx), (1, &tx)], u.device());
+        t.unmap(pt, IOVA + BUFFERS + 0x1000);
+        request_and_buffer(&u.mem, &rx, &tx, IOVA);
+        let work = engine.process(1);
+        assert_eq!(work.notifications, vec![Notification::Queue(1)]);
+        assert_eq!((tx.used().idx().load(), used_len(&tx, 0)), (1, 0));
+        assert_eq!(rx.used().idx().load(), 0, "nothing was transmitted");
+        assert!(!health.needs_reset(), "a fault is not DEVICE_NEEDS_RESET");
+        assert_eq!(u.fault_reason(), Some(VTD_FR_READ));
+        assert_eq!(u.routes.injected(), vec![FAULT_MSI]);
+        // Mapped again (not-present entries are not cached): served.
+        t.map(pt, IOVA + BUFFERS + 0x1000, BUFFERS + 0x1000, VTD_PTE_R);
+        request_and_buffer(&u.mem, &rx, &tx, IOVA);
+        engine.process(1);
+        assert_eq!(rx.used().idx().load(), 1);
+    }
+
+    /// The seed's exposure and what strict closes, at the device: after the guest clears the
+    /// PTE of a buffer page, a chain on it is still served from the IOTLB until the
+    /// invalidation and its wait; the first chain after them faults.
+    #[test]
+    fn after_unmap_a_buffer_is_reachable_until_the_invalidation_and_not_after_it() {
+        let (mut u, mut t, pt) = behind_iommu();
+        let mem = u.mem.clone();
+        let (rx, tx) = (driver_queue(&mem, 0), driver_queue(&mem, 1));
+        let (mut engine, _) = engine(1, &[(0, &rx), (1, &tx)], u.device());
+        request_and_buffer(&u.mem, &rx, &tx, IOVA);
+        engine.process(1);
+        assert_eq!(rx.used().idx().load(), 1);
+        t.unmap(pt, IOVA + BUFFERS + 0x1000);
+        request_and_buffer(&u.mem, &rx, &tx, IOVA);
+        engine.process(1);
+        assert_eq!(
+            rx.used().idx().load(),
+            2,
+            "deferred: the cached translation is used"
+        );
+        u.submit(&[
+            iotlb_pages(1, IOVA + BUFFERS + 0x1000, 0),
+            wait(Some(1), false),
+        ]);
+        request_and_buffer(&u.mem, &rx, &tx, IOVA);
+        engine.process(1);
+        assert_eq!(
+            rx.used().idx().load(),
+            2,
+            "strict: refused right after the wait"
+        );
+        assert_eq!((tx.used().idx().load(), used_len(&tx, 2)), (3, 0));
+        assert_eq!(u.iommu.stats().iotlb_dropped_stale, 1);
+    }
+
+    /// Rings are translated at activation and again when an invalidation covers them: a ring
+    /// the unit refuses is a fault and the queue waits, the device stays healthy.
+    #[test]
+    fn a_ring_is_translated_again_after_an_invalidation_covering_it() {
+        let (mut u, mut t, pt) = behind_iommu();
+        let mem = u.mem.clone();
+        let (rx, tx) = (driver_queue(&mem, 0), driver_queue(&mem, 1));
+        let (mut engine, health) = engine(1, &[(0, &rx), (1, &tx)], u.device());
+        request_and_buffer(&u.mem, &rx, &tx, IOVA);
+        engine.process(1);
+        let used_ring = tx.used_addr().0 & !0xfff;
+        t.unmap(pt, IOVA + used_ring);
+        request_and_buffer(&u.mem, &rx, &tx, IOVA);
+        engine.process(1);
+        assert_eq!(
+            tx.used().idx().load(),
+            2,
+            "uninvalidated: the ring translation stays"
+        );
+        u.submit(&[iotlb_pages(1, IOVA + used_ring, 0), wait(Some(1), false)]);
+        request_and_buffer(&u.mem, &rx, &tx, IOVA);
+        assert_eq!(engine.process(1), Work::default());
+        assert_eq!(tx.used().idx().load(), 2);
+        // The page holds the driver ring too, translated (for reading) first.
+        assert_eq!(u.fault_reason(), Some(VTD_FR_READ));
+        assert!(!health.needs_reset());
+        t.map(pt, IOVA + used_ring, used_ring, RW);
+        engine.process(1);
+        assert_eq!(tx.used().idx().load(), 3, "mapped again: the queue goes on");
+    }
+
+    #[test]
+    fn behind_an_iommu_an_indirect_descriptor_breaks_the_device() {
+        let (u, _t, _pt) = behind_iommu();
+        let tx = driver_queue(&u.mem, 1);
+        let (mut engine, health) = engine(1, &[(1, &tx)], u.device());
+        let indirect = VIRTQ_DESC_F_INDIRECT;
+        tx.add_desc_chains(&[desc(IOVA + BUFFERS, 16, indirect)], 0)
+            .unwrap();
+        assert_eq!(engine.process(1).notifications, vec![Notification::Config]);
+        assert!(health.needs_reset());
     }
 }

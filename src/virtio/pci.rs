@@ -152,6 +152,8 @@ impl VirtioPci {
 
     /// `device` as the virtio-pci function `requester_id` (bus << 8 | devfn) with `vectors`
     /// MSI-X vectors (at most [`MAX_VECTORS`]), doorbells on `notify`, and its device thread.
+    /// Behind the environment's IOMMU, if any, it offers VIRTIO_F_ACCESS_PLATFORM (and never
+    /// indirect descriptors, whose tables it would read untranslated).
     pub fn new(
         env: TransportEnv,
         device: DeviceParts,
@@ -163,9 +165,16 @@ impl VirtioPci {
             ioevents,
             routes,
             mem,
+            iommu,
             log,
         } = env;
-        let state = VirtioState::new(device.device, 0, mem.clone(), log.clone());
+        let mut dma = DmaContext::pci(mem.clone(), requester_id);
+        let mut features = 0;
+        if let Some(iommu) = iommu {
+            dma = dma.behind(iommu);
+            features |= 1 << VIRTIO_F_ACCESS_PLATFORM;
+        }
+        let state = VirtioState::new(device.device, features, mem, log.clone());
         let queues = state.queue_count();
         let vectors = vectors.clamp(1, MAX_VECTORS);
         let msi = Arc::new(MsiVectors::new(routes, vectors, log.clone())?);
@@ -192,7 +201,7 @@ impl VirtioPci {
             VirtioPci {
                 state: Mutex::new(state),
                 worker: worker.handle(),
-                dma: DmaContext::pci(mem, requester_id),
+                dma,
                 log,
                 interrupts,
                 events,
@@ -931,5 +940,106 @@ mod tests {
             0,
             "sent at Enable"
         );
+    }
+
+    #[test]
+    fn access_platform_is_offered_only_behind_an_iommu() {
+        let (mut f, _w, _io) = function(NotifyPath::Exit);
+        let c = config();
+        bar_write(&mut f, &c, VIRTIO_PCI_COMMON_DFSELECT, 4, 1);
+        let high = bar_read(&mut f, &c, VIRTIO_PCI_COMMON_DF, 4);
+        assert_eq!(high & 1 << (VIRTIO_F_ACCESS_PLATFORM - 32), 0);
+    }
+
+    /// The whole path through the transport: a driver negotiates VIRTIO_F_ACCESS_PLATFORM,
+    /// gives bus addresses for the rings and buffers, and a request is answered through the
+    /// unit's translations by the device thread.
+    #[test]
+    fn behind_an_iommu_a_driver_that_takes_access_platform_is_served_through_it() {
+        use crate::iommu::tables::build::Tables;
+        use crate::iommu::testing::{ROOT, RW, SID, unit};
+        use virtio_queue::mock::MockSplitQueue;
+        use vm_memory::{Bytes, GuestAddress};
+
+        const IOVA: u64 = 0x1_0000_0000;
+        const BUFFERS: u64 = 0x8_0000;
+        let u = unit();
+        u.enable();
+        let mut t = Tables::new(&u.mem, ROOT);
+        let pt = t.attach(SID, 1);
+        for page in (0x4000..0xc000)
+            .chain(BUFFERS..BUFFERS + 0x2000)
+            .step_by(0x1000)
+        {
+            t.map(pt, IOVA + page, page, RW);
+        }
+        let mut p = crate::virtio::test_parts();
+        p.env.mem = u.mem.clone();
+        p.env.iommu = Some(u.iommu.clone());
+        let (mut f, _w) = VirtioPci::new(p.env, p.net, SID, 3, NotifyPath::Exit).unwrap();
+        let c = config();
+        let common = |f: &mut VirtioPci, offset, len, value| bar_write(f, &c, offset, len, value);
+        common(&mut f, VIRTIO_PCI_COMMON_DFSELECT, 4, 1);
+        let offered = bar_read(&mut f, &c, VIRTIO_PCI_COMMON_DF, 4);
+        let platform = 1 << (VIRTIO_F_ACCESS_PLATFORM - 32);
+        assert_ne!(offered & platform, 0, "offered behind an IOMMU");
+        common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 3);
+        common(&mut f, VIRTIO_PCI_COMMON_GFSELECT, 4, 1);
+        common(
+            &mut f,
+            VIRTIO_PCI_COMMON_GF,
+            4,
+            1 << (VIRTIO_F_VERSION_1 - 32) | platform,
+        );
+        common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 0xb);
+        let (rx, tx) = (
+            MockSplitQueue::create(&u.mem, GuestAddress(0x4000), 16),
+            MockSplitQueue::create(&u.mem, GuestAddress(0x8000), 16),
+        );
+        for (index, mock) in [&rx, &tx].into_iter().enumerate() {
+            common(&mut f, VIRTIO_PCI_COMMON_Q_SELECT, 2, index as u32);
+            common(&mut f, VIRTIO_PCI_COMMON_Q_SIZE, 2, 16);
+            let rings = [mock.desc_table_addr(), mock.avail_addr(), mock.used_addr()];
+            for (n, ring) in rings.into_iter().enumerate() {
+                let at = VIRTIO_PCI_COMMON_Q_DESCLO + 8 * n as u32;
+                common(&mut f, at, 4, (IOVA + ring.0) as u32);
+                common(&mut f, at + 4, 4, ((IOVA + ring.0) >> 32) as u32);
+            }
+            common(&mut f, VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1);
+        }
+        set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+        common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 0xf);
+        assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1), 0xf);
+        let request = [7u8; VIRTIO_NET_HDR_SIZE as usize + 4];
+        u.mem
+            .write_slice(&request, GuestAddress(BUFFERS + 0x1000))
+            .unwrap();
+        let desc = |addr, len, flags| {
+            virtio_queue::desc::RawDescriptor::from(virtio_queue::desc::split::Descriptor::new(
+                addr, len, flags, 0,
+            ))
+        };
+        rx.add_desc_chains(&[desc(IOVA + BUFFERS, 0x800, VIRTQ_DESC_F_WRITE as u16)], 0)
+            .unwrap();
+        tx.add_desc_chains(&[desc(IOVA + BUFFERS + 0x1000, request.len() as u32, 0)], 0)
+            .unwrap();
+        bar_write(
+            &mut f,
+            &c,
+            VIRTIO_PCI_BAR_NOTIFY + VIRTIO_PCI_NOTIFY_MULTIPLIER,
+            2,
+            1,
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while rx.used().idx().load() == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(rx.used().idx().load(), 1, "answered");
+        let response = u.mem.read_obj::<u8>(GuestAddress(BUFFERS + 12)).unwrap();
+        assert_eq!(
+            response, !7,
+            "the responder's byte, written through the unit"
+        );
+        assert!(u.iommu.stats().walks > 0);
     }
 }

@@ -22,6 +22,10 @@ contract_consts! {
     VIRTIO_F_EVENT_IDX: u32 = 29;
     /// Feature bit: a virtio 1.x (non-legacy) device.
     VIRTIO_F_VERSION_1: u32 = 32;
+    /// Feature bit: the device's memory accesses go through the platform's IOMMU; ring and
+    /// buffer addresses are bus addresses (virtio 1.2 §6). Offered by virtio-pci devices of a
+    /// machine with an IOMMU.
+    VIRTIO_F_ACCESS_PLATFORM: u32 = 33;
     /// Feature bit (ours, docs/virtio-mmio-msi.md): virtio-mmio MSI vectors.
     VIRTIO_F_MMIO_MSI: u32 = 42;
     /// Feature bit (ours, docs/virtio-mmio-msi.md): a doorbell address per virtio-mmio queue.

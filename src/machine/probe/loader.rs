@@ -93,7 +93,8 @@ impl Loader for ProbeLoader<'_> {
     }
 }
 
-/// The boot-info block: where ECAM and the virtio-mmio devices are, and the op count.
+/// The boot-info block: where ECAM, the IOMMU and the virtio-mmio devices are, and the op
+/// count.
 fn boot_info(machine: &MachineInfo<'_>, ops: usize) -> BootInfo {
     let layout = machine.layout;
     let slots = layout.virtio_mmio();
@@ -105,6 +106,7 @@ fn boot_info(machine: &MachineInfo<'_>, ops: usize) -> BootInfo {
         op_count: ops as u64,
         tsc_khz: machine.tsc_khz.map_or(0, u64::from),
         virtio_mmio_count: slots.len() as u64,
+        iommu_base: layout.iommu_base().unwrap_or(0),
         ..Default::default()
     };
     for (i, slot) in slots.iter().enumerate() {
@@ -130,8 +132,9 @@ mod tests {
     }
 
     #[test]
-    fn boot_info_describes_ecam_and_every_virtio_mmio_slot() {
+    fn boot_info_describes_ecam_the_iommu_and_every_virtio_mmio_slot() {
         let mut layout = MemoryLayout::new(DEFAULT_RAM_SIZE, true).unwrap();
+        let iommu = layout.place_iommu();
         let a = layout.allocate_virtio_mmio().unwrap();
         let b = layout.allocate_virtio_mmio().unwrap();
         let info = boot_info(
@@ -146,6 +149,7 @@ mod tests {
         assert_eq!(info.ecam_base, crate::machine::layout::ECAM_BASE);
         assert_eq!((info.op_count, info.tsc_khz), (3, 2_000_000));
         assert_eq!(info.virtio_mmio_count, 2);
+        assert_eq!(info.iommu_base, iommu);
         assert_eq!(info.virtio_mmio_base[..2], [a.base, b.base]);
         assert_eq!(
             info.virtio_mmio_gsi[..2],

@@ -15,6 +15,7 @@ use crate::contract::{
     ENUM_ADDR, EnumRecord, IOMMU_REPORT_ADDR, IommuReport, MAX_ENUM_RECORDS, MAX_IOMMU_REPORTS,
     MAX_OPS, OP_ENUMERATE, Op, OpResult, RESULTS_ADDR,
 };
+use crate::iommu::IommuStats;
 use crate::irq::CommitStrategy;
 use crate::machine::config::{MachineConfig, VirtioNetConfig};
 use crate::machine::layout::DEFAULT_RAM_SIZE;
@@ -50,6 +51,9 @@ pub struct ProbeConfig {
     pub response_size: usize,
     /// When GSI routing changes reach KVM.
     pub gsi_commits: CommitStrategy,
+    /// A VT-d remapping unit (`BootInfo::iommu_base`) that virtio-pci devices' DMA goes
+    /// through when their driver negotiates VIRTIO_F_ACCESS_PLATFORM.
+    pub iommu: bool,
 }
 
 impl ProbeConfig {
@@ -68,6 +72,7 @@ impl ProbeConfig {
             virtio: self.virtio.clone(),
             response_size: self.response_size,
             gsi_commits: self.gsi_commits,
+            iommu: self.iommu,
         }
     }
 }
@@ -84,6 +89,7 @@ impl Default for ProbeConfig {
             virtio: Vec::new(),
             response_size: 1024,
             gsi_commits: CommitStrategy::default(),
+            iommu: false,
         }
     }
 }
@@ -107,6 +113,9 @@ pub struct ProbeRun {
     pub total_exits: ExitSnapshot,
     /// Guest console output (empty when it went to stdout).
     pub console: String,
+    /// What the IOMMU did over the whole run, if the machine had one (its exits are counted
+    /// under `names::IOMMU` like any device's).
+    pub iommu: Option<IommuStats>,
 }
 
 impl ProbeRun {
@@ -166,6 +175,7 @@ pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
         devices: machine.io().names.clone(),
         total_exits: machine.counters().snapshot(),
         console,
+        iommu: machine.iommu().map(|i| i.stats()),
     })
 }
 

@@ -1,0 +1,376 @@
+//! The translation structures in guest memory (VT-d chapter 9), walked for one request: the
+//! root table (one entry per bus), a context table per bus (one entry per device/function)
+//! and a 4-level second-level page table per domain, 4 KiB pages only. Every read of guest
+//! memory is checked: a structure outside guest RAM is a fault with its own reason, never a
+//! host access elsewhere. With four fixed levels a walk cannot loop.
+
+// Register, entry and descriptor fields are cut to their width, as the hardware cuts them.
+#![allow(clippy::cast_possible_truncation)]
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use super::regs::*;
+
+/// Size of a page, and of every table (VT-d §9: tables are 4 KiB).
+pub const PAGE_SIZE: u64 = 0x1000;
+/// Bits of the offset inside a page.
+pub const PAGE_SHIFT: u32 = 12;
+/// Levels of a second-level table with a 48-bit address width (§3.6: 4-level, SAGAW bit 2).
+const LEVELS: u32 = 4;
+/// Address bits each level translates: 512 eight-byte entries per table.
+const LEVEL_BITS: u32 = 9;
+/// Bits 63:12 of a root or context entry: the address of the next structure.
+const TABLE_ADDR_MASK: u64 = !(PAGE_SIZE - 1);
+
+/// The direction of a request, for the permission it needs (VT-d §3.6: a read needs R, a
+/// write needs W, at every level).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// The device reads memory (a device-readable buffer, the descriptor and driver rings).
+    Read,
+    /// The device writes memory (a device-writable buffer, the used ring).
+    Write,
+}
+
+impl Access {
+    /// The paging-entry bit this access needs.
+    fn permission(self) -> u64 {
+        match self {
+            Access::Read => VTD_PTE_R,
+            Access::Write => VTD_PTE_W,
+        }
+    }
+
+    /// The fault reason when that bit is clear (§7.1.3: 5 for writes, 6 for reads).
+    fn denied(self) -> u8 {
+        match self {
+            Access::Read => VTD_FR_READ,
+            Access::Write => VTD_FR_WRITE,
+        }
+    }
+}
+
+/// A present, valid context entry (§9.3), as the context cache keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Context {
+    /// Domain ID: what IOTLB entries are tagged with.
+    pub domain: u16,
+    /// Guest-physical address of the second-level page table (SLPTPTR).
+    pub page_table: u64,
+}
+
+/// A translated page (§9.8): where it is and what it allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leaf {
+    /// Guest-physical address of the page.
+    pub page: u64,
+    /// `VTD_PTE_R` and `VTD_PTE_W`, ANDed over the four levels; never 0 (a page that allows
+    /// nothing is not present, and is neither returned nor cached).
+    pub permissions: u64,
+}
+
+impl Leaf {
+    /// The guest-physical address of `iova` in this page, if `access` is allowed.
+    pub fn allows(&self, iova: u64, access: Access) -> Result<u64, u8> {
+        if self.permissions & access.permission() == 0 {
+            return Err(access.denied());
+        }
+        Ok(self.page | iova & (PAGE_SIZE - 1))
+    }
+}
+
+/// One 64-bit entry `index` of the table at `table`, or `outside` if it is not guest RAM.
+fn entry(mem: &GuestMemoryMmap, table: u64, index: u64, outside: u8) -> Result<u64, u8> {
+    let at = table.checked_add(index * 8).ok_or(outside)?;
+    mem.read_obj::<u64>(GuestAddress(at)).map_err(|_| outside)
+}
+
+/// The context entry of source-id `source` (bus in 15:8, device/function in 7:0) under the
+/// root table at `root_table` (§3.4.3: root entry by bus, context entry by devfn).
+pub fn context(mem: &GuestMemoryMmap, root_table: u64, source: u16) -> Result<Context, u8> {
+    let (bus, devfn) = (u64::from(source >> 8), u64::from(source & 0xff));
+    // Each root and context entry is 16 bytes: the low qword is entry 2n of the table.
+    let root = entry(mem, root_table, 2 * bus, VTD_FR_ROOT_TABLE)?;
+    if root & VTD_ROOT_P == 0 {
+        return Err(VTD_FR_ROOT_NOT_PRESENT);
+    }
+    let table = root & TABLE_ADDR_MASK;
+    let low = entry(mem, table, 2 * devfn, VTD_FR_CONTEXT_TABLE)?;
+    if low & VTD_CTX_P == 0 {
+        return Err(VTD_FR_CONTEXT_NOT_PRESENT);
+    }
+    let high = entry(mem, table, 2 * devfn + 1, VTD_FR_CONTEXT_TABLE)?;
+    // Only translation through a 4-level table is offered (ECAP.PT = 0, SAGAW bit 2 only).
+    if low & VTD_CTX_TT_MASK != 0 || high & 7 != VTD_CTX_AW_4LEVEL {
+        return Err(VTD_FR_CONTEXT_INVALID);
+    }
+    Ok(Context {
+        domain: (high >> VTD_CTX_DID_SHIFT) as u16,
+        page_table: low & TABLE_ADDR_MASK,
+    })
+}
+
+/// Walk `context`'s page table for `iova` (§3.6): four levels, permissions ANDed down them.
+/// A level that allows nothing is not present (the fault reason then follows `access`); a
+/// page-size bit above the last level is reserved (no superpages); a table or page outside
+/// guest RAM is a paging-entry error.
+pub fn walk(
+    mem: &GuestMemoryMmap,
+    context: &Context,
+    iova: u64,
+    access: Access,
+) -> Result<Leaf, u8> {
+    if iova >> VTD_ADDRESS_WIDTH != 0 {
+        return Err(VTD_FR_ADDRESS_WIDTH);
+    }
+    let mut table = context.page_table;
+    let mut permissions = VTD_PTE_R | VTD_PTE_W;
+    for level in (0..LEVELS).rev() {
+        let index = (iova >> (PAGE_SHIFT + LEVEL_BITS * level)) & ((1 << LEVEL_BITS) - 1);
+        let e = entry(mem, table, index, VTD_FR_PTE)?;
+        permissions &= e;
+        if permissions == 0 {
+            return Err(access.denied());
+        }
+        if level > 0 && e & VTD_PTE_PS != 0 {
+            return Err(VTD_FR_PTE_RESERVED);
+        }
+        table = e & VTD_PTE_ADDR_MASK;
+    }
+    // The VMM copies device data only to and from guest RAM.
+    if !mem.check_range(GuestAddress(table), PAGE_SIZE as usize) {
+        return Err(VTD_FR_PTE);
+    }
+    Ok(Leaf {
+        page: table,
+        permissions,
+    })
+}
+
+/// Builds translation structures in guest memory, as a guest driver does, for the tests.
+#[cfg(test)]
+pub(crate) mod build {
+    use super::*;
+
+    /// A root table at `root`, with tables allocated from `next` upward.
+    pub struct Tables {
+        pub mem: GuestMemoryMmap,
+        pub root: u64,
+        next: u64,
+    }
+
+    impl Tables {
+        /// Empty tables in pages from `root` up.
+        pub fn new(mem: &GuestMemoryMmap, root: u64) -> Self {
+            let t = Tables {
+                mem: mem.clone(),
+                root,
+                next: root + PAGE_SIZE,
+            };
+            t.zero(root);
+            t
+        }
+
+        fn zero(&self, page: u64) {
+            self.mem
+                .write_slice(&[0u8; PAGE_SIZE as usize], GuestAddress(page))
+                .unwrap();
+        }
+
+        fn page(&mut self) -> u64 {
+            let page = self.next;
+            self.next += PAGE_SIZE;
+            self.zero(page);
+            page
+        }
+
+        pub fn read(&self, at: u64) -> u64 {
+            self.mem.read_obj(GuestAddress(at)).unwrap()
+        }
+
+        pub fn write(&self, at: u64, value: u64) {
+            self.mem.write_obj(value, GuestAddress(at)).unwrap();
+        }
+
+        /// The entry at `at`, pointing at a new table unless it does already.
+        fn table_at(&mut self, at: u64, flags: u64) -> u64 {
+            let e = self.read(at);
+            if e & flags != 0 {
+                return e & VTD_PTE_ADDR_MASK;
+            }
+            let table = self.page();
+            self.write(at, table | flags);
+            table
+        }
+
+        /// Give `source` a context in `domain` with its own page table; returns the table.
+        pub fn attach(&mut self, source: u16, domain: u16) -> u64 {
+            let bus = u64::from(source >> 8);
+            let devfn = u64::from(source & 0xff);
+            let contexts = self.table_at(self.root + 16 * bus, VTD_ROOT_P);
+            let at = contexts + 16 * devfn;
+            let page_table = self.page();
+            self.write(
+                at + 8,
+                VTD_CTX_AW_4LEVEL | u64::from(domain) << VTD_CTX_DID_SHIFT,
+            );
+            self.write(at, page_table | VTD_CTX_P);
+            page_table
+        }
+
+        /// The address of the last-level entry for `iova` under `page_table`, making the
+        /// tables on the way (read and write at every upper level).
+        pub fn pte(&mut self, page_table: u64, iova: u64) -> u64 {
+            let mut table = page_table;
+            for level in (1..LEVELS).rev() {
+                let index = (iova >> (PAGE_SHIFT + LEVEL_BITS * level)) & 0x1ff;
+                table = self.table_at(table + 8 * index, VTD_PTE_R | VTD_PTE_W);
+            }
+            table + 8 * ((iova >> PAGE_SHIFT) & 0x1ff)
+        }
+
+        /// Map the page at `iova` to `gpa` with `permissions` (`VTD_PTE_R | VTD_PTE_W`).
+        pub fn map(&mut self, page_table: u64, iova: u64, gpa: u64, permissions: u64) {
+            let pte = self.pte(page_table, iova);
+            self.write(pte, gpa | permissions);
+        }
+
+        /// Clear the last-level entry of `iova`.
+        pub fn unmap(&mut self, page_table: u64, iova: u64) {
+            let pte = self.pte(page_table, iova);
+            self.write(pte, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::build::Tables;
+    use super::*;
+
+    const RAM: u64 = 0x10_0000;
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap()
+    }
+
+    #[test]
+    fn four_levels_translate_with_permissions_anded_down_them() {
+        let mem = memory();
+        let mut t = Tables::new(&mem, 0x1_0000);
+        let pt = t.attach(0x0018, 7);
+        let ctx = context(&mem, t.root, 0x0018).unwrap();
+        assert_eq!(
+            ctx,
+            Context {
+                domain: 7,
+                page_table: pt
+            }
+        );
+        let iova = 0x7f12_3456_7000;
+        t.map(pt, iova, 0x8_0000, VTD_PTE_R | VTD_PTE_W);
+        let leaf = walk(&mem, &ctx, iova + 0x10, Access::Write).unwrap();
+        assert_eq!(leaf.allows(iova + 0x10, Access::Write), Ok(0x8_0010));
+        // Read-only at the last level: reads pass, writes are denied.
+        t.map(pt, iova + 0x1000, 0x9_0000, VTD_PTE_R);
+        let leaf = walk(&mem, &ctx, iova + 0x1000, Access::Read).unwrap();
+        assert_eq!(leaf.allows(iova + 0x1004, Access::Read), Ok(0x9_0004));
+        assert_eq!(leaf.allows(iova + 0x1004, Access::Write), Err(VTD_FR_WRITE));
+        // Write-only at an upper level takes R away from everything below it.
+        let pml4e = pt + 8 * ((iova >> 39) & 0x1ff);
+        t.write(pml4e, t.read(pml4e) & !VTD_PTE_R);
+        let leaf = walk(&mem, &ctx, iova, Access::Write).unwrap();
+        assert_eq!(leaf.permissions, VTD_PTE_W);
+        assert_eq!(
+            walk(&mem, &ctx, iova + 0x1000, Access::Read),
+            Err(VTD_FR_READ),
+            "R at the leaf, W above: nothing allowed, not present"
+        );
+    }
+
+    #[test]
+    fn missing_or_invalid_structures_give_their_fault_reasons() {
+        let mem = memory();
+        let mut t = Tables::new(&mem, 0x1_0000);
+        assert_eq!(context(&mem, t.root, 0x0100), Err(VTD_FR_ROOT_NOT_PRESENT));
+        let pt = t.attach(0x0100, 1);
+        assert_eq!(
+            context(&mem, t.root, 0x0108),
+            Err(VTD_FR_CONTEXT_NOT_PRESENT)
+        );
+        assert_eq!(context(&mem, RAM, 0x0100), Err(VTD_FR_ROOT_TABLE));
+        // A root entry pointing outside RAM.
+        t.write(t.root + 16, (RAM + 0x4000) | VTD_ROOT_P);
+        assert_eq!(context(&mem, t.root, 0x0100), Err(VTD_FR_CONTEXT_TABLE));
+        t.attach(0x0200, 2);
+        let ctx_table = t.read(t.root + 32) & TABLE_ADDR_MASK;
+        // Pass-through and 3-level tables are not offered.
+        t.write(ctx_table, t.read(ctx_table) | 0x8);
+        assert_eq!(context(&mem, t.root, 0x0200), Err(VTD_FR_CONTEXT_INVALID));
+        t.write(ctx_table, t.read(ctx_table) & !0xc);
+        t.write(ctx_table + 8, 1);
+        assert_eq!(context(&mem, t.root, 0x0200), Err(VTD_FR_CONTEXT_INVALID));
+        let ctx = Context {
+            domain: 1,
+            page_table: pt,
+        };
+        assert_eq!(
+            walk(&mem, &ctx, 1 << 48, Access::Read),
+            Err(VTD_FR_ADDRESS_WIDTH)
+        );
+        assert_eq!(walk(&mem, &ctx, 0x5000, Access::Read), Err(VTD_FR_READ));
+        assert_eq!(walk(&mem, &ctx, 0x5000, Access::Write), Err(VTD_FR_WRITE));
+    }
+
+    /// A table that points at itself is walked four levels and no more.
+    #[test]
+    fn a_table_pointing_at_itself_ends_after_four_levels() {
+        let mem = memory();
+        let mut t = Tables::new(&mem, 0x1_0000);
+        let pt = t.attach(0x0008, 1);
+        t.write(pt, pt | VTD_PTE_R | VTD_PTE_W);
+        let ctx = Context {
+            domain: 1,
+            page_table: pt,
+        };
+        let leaf = walk(&mem, &ctx, 0, Access::Read).unwrap();
+        assert_eq!(leaf.page, pt, "the table itself, as the page");
+    }
+
+    #[test]
+    fn tables_or_pages_outside_ram_and_superpages_fault() {
+        let mem = memory();
+        let mut t = Tables::new(&mem, 0x1_0000);
+        let pt = t.attach(0x0008, 1);
+        let ctx = Context {
+            domain: 1,
+            page_table: pt,
+        };
+        // A leaf outside RAM: the VMM would have to copy to or from non-RAM.
+        t.map(pt, 0x2000, RAM, VTD_PTE_R | VTD_PTE_W);
+        assert_eq!(walk(&mem, &ctx, 0x2000, Access::Read), Err(VTD_FR_PTE));
+        // An upper level pointing outside RAM (as far out as the entry can say).
+        let pml4e = pt;
+        t.write(pml4e, VTD_PTE_ADDR_MASK | VTD_PTE_R | VTD_PTE_W);
+        assert_eq!(walk(&mem, &ctx, 0x2000, Access::Read), Err(VTD_FR_PTE));
+        // A page-table pointer outside RAM in the context entry.
+        let outside = Context {
+            domain: 1,
+            page_table: TABLE_ADDR_MASK,
+        };
+        assert_eq!(walk(&mem, &outside, 0x2000, Access::Read), Err(VTD_FR_PTE));
+        // A superpage bit above the last level.
+        let mut t = Tables::new(&mem, 0x4_0000);
+        let pt = t.attach(0x0008, 1);
+        t.map(pt, 0x2000, 0x8000, VTD_PTE_R);
+        t.write(pt, t.read(pt) | VTD_PTE_PS);
+        let ctx = Context {
+            domain: 1,
+            page_table: pt,
+        };
+        assert_eq!(
+            walk(&mem, &ctx, 0x2000, Access::Read),
+            Err(VTD_FR_PTE_RESERVED)
+        );
+    }
+}
