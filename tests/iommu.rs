@@ -5,11 +5,16 @@
 
 use std::time::Duration;
 
-use exitless::contract::{STATUS_OK, TRANSPORT_PCI};
+use exitless::contract::{
+    IOMMU_MODE_DEFERRED_ARRAY, IOMMU_MODE_DEFERRED_LIST, IOMMU_MODE_LINUX_FQ,
+    IOMMU_MODE_PER_DOMAIN, IOMMU_MODE_STRICT, RR_FLAG_IOMMU, STATUS_OK, TRANSPORT_PCI,
+};
 use exitless::iommu::regs::{VTD_CAP_REG, VTD_GSTS_REG, VTD_VER_REG, VTD_VER_VALUE};
 use exitless::iommu::{CAP, IommuStats};
 use exitless::machine::layout::IOMMU_BASE;
-use exitless::machine::{ProbeConfig, Transport, VirtioNetConfig, names, ops, run_probe};
+use exitless::machine::{
+    NetBackendKind, ProbeConfig, Transport, VirtioNetConfig, names, ops, run_probe,
+};
 use exitless::virtio::notify::NotifyPath;
 
 #[test]
@@ -48,4 +53,99 @@ fn a_machine_without_the_unit_reports_none() {
     let run = run_probe(&ProbeConfig::default()).expect("probe run");
     assert_eq!(run.iommu, None);
     assert!(!run.devices.iter().any(|n| n == names::IOMMU));
+}
+
+/// The probe's modes, each with a small high-water mark so that flushes happen in a short run.
+const MODES: [(u64, u64); 5] = [
+    (IOMMU_MODE_STRICT, 0),
+    (IOMMU_MODE_DEFERRED_LIST, 16),
+    (IOMMU_MODE_DEFERRED_ARRAY, 16),
+    (IOMMU_MODE_PER_DOMAIN, 16),
+    (IOMMU_MODE_LINUX_FQ, 0),
+];
+const FRAMES: u64 = 200;
+const TRANSACTIONS: u64 = 40;
+
+#[test]
+fn traffic_is_byte_exact_in_every_unmap_mode_switched_at_run_time() {
+    let function = |n| ProbeConfig::virtio_pci_address(n).ecam_offset();
+    let mut list = Vec::new();
+    let mut streams = Vec::new();
+    let mut transactions = Vec::new();
+    let mut switches = Vec::new();
+    for (slot, &(mode, hwm)) in MODES.iter().enumerate() {
+        switches.push(list.len());
+        list.push(ops::iommu_mode(mode, hwm));
+        list.push(ops::virtio_init(TRANSPORT_PCI, function(0), RR_FLAG_IOMMU));
+        streams.push(list.len());
+        list.push(ops::net_stream(32, FRAMES, 8));
+        list.push(ops::virtio_init(TRANSPORT_PCI, function(1), RR_FLAG_IOMMU));
+        transactions.push(list.len());
+        list.push(ops::virtio_rr(32, TRANSACTIONS));
+        list.push(ops::iommu_report(slot as u64));
+    }
+    let run = run_probe(&ProbeConfig {
+        ops: list,
+        virtio: vec![
+            VirtioNetConfig {
+                backend: NetBackendKind::Sink,
+                ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
+            },
+            VirtioNetConfig::new(Transport::Pci, NotifyPath::Address),
+        ],
+        iommu: true,
+        timeout: Duration::from_secs(300),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("probe run failed: {e}"));
+    for (i, r) in run.results.iter().enumerate() {
+        assert_eq!(r.status, STATUS_OK, "op {i}: {r:?}\n{}", run.console);
+    }
+    for (k, &(mode, hwm)) in MODES.iter().enumerate() {
+        assert_eq!(
+            run.results[streams[k]].value, FRAMES,
+            "mode {mode}: frames back"
+        );
+        let rr = run.results[transactions[k]];
+        assert_eq!(rr.value, TRANSACTIONS, "mode {mode}: transactions");
+        assert_eq!(
+            rr.bytes,
+            TRANSACTIONS * 1024,
+            "mode {mode}: response bytes checked"
+        );
+        let r = run.iommu_reports[k];
+        // Every buffer given to a device came back and was unmapped; nothing faulted.
+        assert_eq!(r.unmaps, FRAMES + 2 * TRANSACTIONS, "mode {mode}: {r:?}");
+        assert_eq!((r.faults, r.wait_timeouts), (0, 0), "mode {mode}: {r:?}");
+        let buffers = r.unmaps;
+        match mode {
+            IOMMU_MODE_STRICT => {
+                // One invalidation per unmap, and a few for the unit's and devices' bring-up.
+                assert!(
+                    (buffers..=buffers + 8).contains(&r.iqt_writes),
+                    "one invalidation per unmap: {r:?}"
+                );
+                assert!(r.max_pending <= 5, "at most one buffer's pages: {r:?}");
+            }
+            IOMMU_MODE_LINUX_FQ => {
+                assert!(r.iqt_writes < buffers / 10, "batched: {r:?}");
+            }
+            _ => {
+                // One flush per `hwm` unmaps (the 10 ms timer may add a few).
+                assert!(r.flushes >= buffers / hwm, "mode {mode}: {r:?}");
+                assert!(r.max_pending <= 5 * hwm, "mode {mode}: {r:?}");
+            }
+        }
+    }
+    // A switch flushes what the old mode held: strict holds nothing.
+    for (k, &(mode, _)) in MODES.iter().enumerate().skip(1) {
+        let previous = MODES[k - 1].0;
+        if previous == IOMMU_MODE_STRICT {
+            assert_eq!(run.results[switches[k]].value, 0, "after strict: {mode}");
+        }
+    }
+    // The unit really translated, and deferral really left stale entries to drop.
+    let unit = run.iommu.expect("the unit's figures");
+    assert!(unit.walks > 0 && unit.faults == 0, "{unit:?}");
+    assert!(unit.iotlb_dropped_stale > 0, "{unit:?}");
 }
