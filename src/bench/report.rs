@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use crate::bench::iommu::IommuFigures;
 use crate::bench::{Report, RoutingFigures, ScenarioReport};
 
 /// A duration in the unit that suits it.
@@ -86,6 +87,7 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
         bases_unique.join(", ")
     );
     routing_table(&mut t, s);
+    iommu_table(&mut t, s);
     let _ = writeln!(t, "targets (benchmark figures, not test asserts):");
     for c in &s.targets {
         let mark = if c.met { "met" } else { "MISSED" };
@@ -95,6 +97,64 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
         let _ = writeln!(t, "  - {n}");
     }
     t
+}
+
+/// The unmap strategies' figures (`iommu`), one row per variant: packets/s against `none`
+/// with the seed's ratio, costs per packet, the exposure, the transactions.
+fn iommu_table(t: &mut String, s: &ScenarioReport) {
+    let rows: Vec<(&str, &IommuFigures)> = s
+        .variants
+        .iter()
+        .filter_map(|v| Some((v.name.as_str(), v.iommu.as_ref()?)))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        t,
+        "\n{:<24} {:>9} {:>8} {:>6} {:>10} {:>9} {:>7} {:>7} {:>22} {:>6} {:>11} {:>8}",
+        "variant",
+        "pkts/s",
+        "vs none",
+        "seed",
+        "cyc/pkt",
+        "vmm/pkt",
+        "iqt/pk",
+        "stale",
+        "exposure max/mean/p99",
+        "pend",
+        "rr trans/s",
+        "rr"
+    );
+    for (name, f) in rows {
+        let seed = f
+            .seed_packets_ratio
+            .map_or("-".into(), |r| format!("{r:.2}"));
+        let stale = f.unit.as_ref().map_or(0, |u| u.iotlb_dropped_stale);
+        let _ = writeln!(
+            t,
+            "{name:<24} {:>9.0} {:>8} {seed:>6} {:>10.0} {:>9} {:>7.4} {stale:>7} {:>22} {:>6} {:>11.0} {:>8}",
+            f.packets_per_s,
+            ratio(f.packets_ratio),
+            f.guest_cycles_per_packet,
+            human_ns(f.host_cpu_ns_per_packet),
+            f.iqt_writes_per_packet,
+            format!(
+                "{:.0}/{:.0}/{:.0} us",
+                f.exposure_max_us, f.exposure_mean_us, f.exposure_p99_us
+            ),
+            f.max_pending_pages,
+            f.rr_trans_per_s,
+            ratio(f.rr_ratio),
+        );
+    }
+    let _ = writeln!(
+        t,
+        "pkts/s: streamed frames per second; vs none, seed: over none's, here and in the seed; vmm/pkt: \
+         VMM CPU (every thread) per frame; iqt/pk: invalidation-queue writes (exits) per frame; \
+         stale: IOTLB entries dropped for pages the guest had already unmapped; exposure: per \
+         unmapped page, unmap to completed invalidation; pend: most pages pending"
+    );
 }
 
 /// Per-device figures of the variants that have them, side by side, the seed's beside them.
