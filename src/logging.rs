@@ -76,6 +76,8 @@ pub struct DeviceLog {
     name: String,
     window: Mutex<Window>,
     guest_errors: AtomicU64,
+    /// CPU time the device's own thread has spent, in nanoseconds.
+    thread_cpu_ns: AtomicU64,
 }
 
 impl DeviceLog {
@@ -89,6 +91,7 @@ impl DeviceLog {
                 suppressed: 0,
             }),
             guest_errors: AtomicU64::new(0),
+            thread_cpu_ns: AtomicU64::new(0),
         })
     }
 
@@ -122,6 +125,17 @@ impl DeviceLog {
     /// Guest errors counted so far.
     pub fn guest_errors(&self) -> u64 {
         self.guest_errors.load(Ordering::Relaxed)
+    }
+
+    /// Count CPU time the device's thread spent.
+    pub fn add_thread_cpu(&self, spent: Duration) {
+        let ns = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+        self.thread_cpu_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// CPU time the device's thread has spent so far, in nanoseconds.
+    pub fn thread_cpu_ns(&self) -> u64 {
+        self.thread_cpu_ns.load(Ordering::Relaxed)
     }
 }
 

@@ -65,6 +65,8 @@ pub struct ExitSnapshot {
     /// Guest errors by device id, as `by_device`; the last slot counts accesses to unclaimed
     /// addresses. Devices without an attached log count 0.
     pub guest_errors: Vec<u64>,
+    /// CPU time of each device's own thread (virtio devices), in nanoseconds, as `by_device`.
+    pub thread_cpu_ns: Vec<u64>,
 }
 
 impl ExitCounters {
@@ -119,8 +121,38 @@ impl ExitCounters {
                 .iter()
                 .map(|l| l.get().map_or(0, |l| l.guest_errors()))
                 .collect(),
+            thread_cpu_ns: self
+                .logs
+                .iter()
+                .map(|l| l.get().map_or(0, |l| l.thread_cpu_ns()))
+                .collect(),
         }
     }
+}
+
+/// CPU time so far on `clock` (`CLOCK_THREAD_CPUTIME_ID`: the calling thread's;
+/// `CLOCK_PROCESS_CPUTIME_ID`: every thread's), 0 if the clock cannot be read.
+pub fn cpu_time(clock: libc::clockid_t) -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec passed.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// `now - earlier`, slot by slot (a slot `earlier` lacks counts from 0).
+fn since(now: &[u64], earlier: &[u64]) -> Vec<u64> {
+    now.iter()
+        .zip(earlier.iter().chain(std::iter::repeat(&0)))
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect()
 }
 
 impl ExitSnapshot {
@@ -134,13 +166,14 @@ impl ExitSnapshot {
                 .zip(&earlier.by_device)
                 .map(|(a, b)| a - b)
                 .collect(),
-            guest_errors: self
-                .guest_errors
-                .iter()
-                .zip(earlier.guest_errors.iter().chain(std::iter::repeat(&0)))
-                .map(|(a, b)| a.saturating_sub(*b))
-                .collect(),
+            guest_errors: since(&self.guest_errors, &earlier.guest_errors),
+            thread_cpu_ns: since(&self.thread_cpu_ns, &earlier.thread_cpu_ns),
         }
+    }
+
+    /// CPU time device `id`'s own thread spent, in nanoseconds.
+    pub fn thread_cpu_ns_of(&self, id: DeviceId) -> u64 {
+        self.thread_cpu_ns.get(id).copied().unwrap_or(0)
     }
 
     /// Take back one exit of `kind` at `device` (a bookkeeping exit that is not the guest's

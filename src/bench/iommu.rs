@@ -129,8 +129,11 @@ pub struct IommuFigures {
     pub seed_packets_ratio: Option<f64>,
     /// Guest TSC cycles per streamed frame.
     pub guest_cycles_per_packet: f64,
-    /// CPU time of the whole VMM process per streamed frame, in nanoseconds (vCPU emulation
-    /// and device threads): the host's service demand.
+    /// CPU time of the stream device's thread per frame, in nanoseconds: translation and
+    /// the frame's handling (the seed's service demand, on the host side).
+    pub device_cpu_ns_per_packet: f64,
+    /// CPU time of the whole VMM process per frame, in nanoseconds: the device thread, the
+    /// vCPU (guest time included) and every other thread.
     pub host_cpu_ns_per_packet: f64,
     /// Exits at the remapping unit per streamed frame.
     pub iommu_exits_per_packet: f64,
@@ -234,6 +237,7 @@ impl IommuBench {
         let mut variants = Vec::new();
         let mut none: Option<(f64, f64)> = None;
         let mut timing = String::new();
+        let stream_device = names::virtio_pci(ProbeConfig::virtio_pci_address(0));
         for plan in plans() {
             let (mut v, run, stream, rr) = self.boot(&plan)?;
             let clock = Clock::of(&run);
@@ -252,6 +256,8 @@ impl IommuBench {
                 packets_ratio: pps / none_pps,
                 seed_packets_ratio: plan.seed,
                 guest_cycles_per_packet: run.results[stream].cycles as f64 / packets,
+                device_cpu_ns_per_packet: run.thread_cpu_ns_at(stream, &stream_device) as f64
+                    / packets,
                 host_cpu_ns_per_packet: phase.host_cpu.as_nanos() as f64 / packets,
                 iommu_exits_per_packet: run.exits_at(stream, names::IOMMU) as f64 / packets,
                 iqt_writes_per_packet: report.iqt_writes as f64 / packets,
@@ -323,17 +329,17 @@ fn targets(variants: &[Variant]) -> Vec<TargetCheck> {
                 && array.iommu_exits_per_packet <= 1.0 / DEFAULT_HWM as f64,
         },
         TargetCheck {
-            target: "VMM CPU per packet ordered strict > deferred-array > none (the seed's \
-                     service demand)"
+            target: "device-thread CPU per packet ordered strict > deferred-array > none (the \
+                     seed's service demand)"
                 .into(),
             measured: format!(
                 "strict {:.0} ns, deferred-array {:.0} ns, none {:.0} ns",
-                strict.host_cpu_ns_per_packet,
-                array.host_cpu_ns_per_packet,
-                none.host_cpu_ns_per_packet
+                strict.device_cpu_ns_per_packet,
+                array.device_cpu_ns_per_packet,
+                none.device_cpu_ns_per_packet
             ),
-            met: strict.host_cpu_ns_per_packet > array.host_cpu_ns_per_packet
-                && array.host_cpu_ns_per_packet > none.host_cpu_ns_per_packet,
+            met: strict.device_cpu_ns_per_packet > array.device_cpu_ns_per_packet
+                && array.device_cpu_ns_per_packet > none.device_cpu_ns_per_packet,
         },
     ]
 }

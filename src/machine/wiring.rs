@@ -47,6 +47,12 @@ pub mod names {
     pub const PROBE_PORTS: &str = "probe-ports";
     /// The VT-d remapping unit's register page.
     pub const IOMMU: &str = "iommu";
+
+    /// A virtio-pci function: its guest errors and its thread's CPU time are counted under
+    /// this name (its registers are reached through `PCI_BARS`).
+    pub fn virtio_pci(at: crate::pci::PciAddress) -> String {
+        format!("virtio-pci.{at}")
+    }
 }
 
 /// The functions of bus 0: a host bridge, a test endpoint, and a two-function test device.
@@ -242,7 +248,7 @@ fn add_virtio_net(
                 pci_count += 1;
                 // Its registers are reached through BARs counted as `names::PCI_BARS`; its
                 // guest errors are counted under a name of its own.
-                let name = format!("virtio-pci.{at}");
+                let name = names::virtio_pci(at);
                 let log = DeviceLog::new(name.as_str());
                 let env = transport_env(vm, devices, log.clone());
                 let (function, worker) =

@@ -24,6 +24,7 @@ use super::interrupt::Interrupts;
 use crate::dma::DmaContext;
 use crate::logging::DeviceLog;
 use crate::seccomp::{self, ThreadKind};
+use crate::stats::cpu_time;
 
 /// Longest a vCPU waits for the device thread to acknowledge a command. The thread's loops are
 /// bounded, so this is only reached if the host stalls it; the vCPU then goes on and the
@@ -115,7 +116,12 @@ impl Worker {
         let wake_clone = wake.clone();
         let thread = seccomp::spawn(ThreadKind::Device, name, move || {
             let mut events = vec![EpollEvent::default(); queues + 3];
+            let mut cpu = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
             loop {
+                // The device's work is what its thread spent between waits.
+                let now = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
+                engine.log().add_thread_cpu(now.saturating_sub(cpu));
+                cpu = now;
                 let n = match epoll.wait(-1, &mut events) {
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

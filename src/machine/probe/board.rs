@@ -13,7 +13,7 @@ use crate::irq::{CommitStats, GsiRouting, MsiVectors};
 use crate::logging::DeviceLog;
 use crate::machine::wiring::names;
 use crate::machine::{Board, BoardParts, MachineError};
-use crate::stats::{ExitCounters, ExitKind, ExitSnapshot};
+use crate::stats::{ExitCounters, ExitKind, ExitSnapshot, cpu_time};
 use crate::vm::run_control::{RunControl, StopReason};
 
 /// First port of the range; the others follow at 4-byte steps.
@@ -41,20 +41,6 @@ struct OpenPhase {
     routing: CommitStats,
     start: Instant,
     cpu: Duration,
-}
-
-/// CPU time of this process so far, every thread (`CLOCK_PROCESS_CPUTIME_ID`).
-fn process_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes the timespec passed.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
 }
 
 #[derive(Default)]
@@ -135,7 +121,7 @@ impl BusDevice for ProbePorts {
                     exits: self.counters.snapshot(),
                     routing: self.routing.stats(),
                     start: Instant::now(),
-                    cpu: process_cpu(),
+                    cpu: cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID),
                 });
             }
             PORT_PHASE_END => {
@@ -160,7 +146,7 @@ impl BusDevice for ProbePorts {
                         exits,
                         host_time: now - open.start,
                         routing: self.routing.stats().since(&open.routing),
-                        host_cpu: process_cpu().saturating_sub(open.cpu),
+                        host_cpu: cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(open.cpu),
                     });
                 }
             }

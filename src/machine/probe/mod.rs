@@ -131,10 +131,18 @@ impl ProbeRun {
 
     /// Exits op `i` caused at the device called `name`.
     pub fn exits_at(&self, i: usize, name: &str) -> u64 {
-        self.devices
-            .iter()
-            .position(|n| n == name)
+        self.device_id(name)
             .map_or(0, |id| self.exits(i).of_device(id))
+    }
+
+    /// CPU time the thread of the device called `name` spent during op `i`, in nanoseconds.
+    pub fn thread_cpu_ns_at(&self, i: usize, name: &str) -> u64 {
+        self.device_id(name)
+            .map_or(0, |id| self.exits(i).thread_cpu_ns_of(id))
+    }
+
+    fn device_id(&self, name: &str) -> Option<usize> {
+        self.devices.iter().position(|n| n == name)
     }
 }
 
