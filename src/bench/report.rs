@@ -112,7 +112,7 @@ fn iommu_table(t: &mut String, s: &ScenarioReport) {
     }
     let _ = writeln!(
         t,
-        "\n{:<24} {:>9} {:>8} {:>6} {:>10} {:>9} {:>9} {:>7} {:>7} {:>22} {:>6} {:>11} {:>8}",
+        "\n{:<24} {:>9} {:>8} {:>6} {:>10} {:>9} {:>9} {:>7} {:>13} {:>7} {:>22} {:>6} {:>11} {:>8}",
         "variant",
         "pkts/s",
         "vs none",
@@ -121,6 +121,7 @@ fn iommu_table(t: &mut String, s: &ScenarioReport) {
         "dev/pkt",
         "vmm/pkt",
         "iqt/pk",
+        "iotlb hit/miss",
         "stale",
         "exposure max/mean/p99",
         "pend",
@@ -132,9 +133,12 @@ fn iommu_table(t: &mut String, s: &ScenarioReport) {
             .seed_packets_ratio
             .map_or("-".into(), |r| format!("{r:.2}"));
         let stale = f.unit.as_ref().map_or(0, |u| u.iotlb_dropped_stale);
+        let iotlb = f.unit.as_ref().map_or("-".into(), |u| {
+            format!("{}/{}", u.iotlb.hits, u.iotlb.misses)
+        });
         let _ = writeln!(
             t,
-            "{name:<24} {:>9.0} {:>8} {seed:>6} {:>10.0} {:>9} {:>9} {:>7.4} {stale:>7} {:>22} {:>6} {:>11.0} {:>8}",
+            "{name:<24} {:>9.0} {:>8} {seed:>6} {:>10.0} {:>9} {:>9} {:>7.4} {iotlb:>13} {stale:>7} {:>22} {:>6} {:>11.0} {:>8}",
             f.packets_per_s,
             ratio(f.packets_ratio),
             f.guest_cycles_per_packet,
@@ -155,7 +159,7 @@ fn iommu_table(t: &mut String, s: &ScenarioReport) {
         "pkts/s: streamed frames per second; vs none, seed: over none's, here and in the seed; cyc/pkt: \
          guest cycles per frame; dev/pkt: the device thread's CPU per frame; vmm/pkt: the whole \
          VMM's CPU (every thread, guest time included) per frame; iqt/pk: invalidation-queue writes (exits) per frame; \
-         stale: IOTLB entries dropped for pages the guest had already unmapped; exposure: per \
+         iotlb: the unit's hits and misses over the variant's boot; stale: IOTLB entries dropped for pages the guest had already unmapped; exposure: per \
          unmapped page, unmap to completed invalidation; pend: most pages pending"
     );
 }
