@@ -188,7 +188,7 @@ impl Machine {
             tsc_khz,
         };
         let entry = loader.load(self.vm.memory(), &info)?;
-        vcpus.set_boot_entry(&entry)?;
+        vcpus.set_entries(&entry, loader)?;
         let end = vcpus
             .run(&self.io, &self.counters, &self.control, timeout)
             .map_err(host_err("spawn a vCPU thread"))?;
