@@ -81,6 +81,12 @@ pub enum LoadError {
     /// Writing guest memory failed.
     #[error("writing guest memory failed: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
+    /// A multiboot kernel that cannot be loaded.
+    #[error(transparent)]
+    Multiboot(#[from] crate::machine::run::multiboot::MultibootError),
+    /// The ACPI tables.
+    #[error(transparent)]
+    Acpi(#[from] crate::machine::run::acpi::AcpiError),
 }
 
 /// Puts a guest into memory and says how the boot vCPU enters it.

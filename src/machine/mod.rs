@@ -5,12 +5,14 @@
 //! - [`wiring`]: which devices there are and where each sits;
 //! - [`loader`]: what guest memory holds at boot and how the boot vCPU enters it;
 //! - [`vcpus`]: vCPU threads, from creation to join;
-//! - [`probe`]: the probe machine, the one machine today: its board (ports), loader and ops.
+//! - [`probe`]: the probe machine: its board (ports), loader and ops;
+//! - [`run`]: `exitless run`'s machine: the PC platform, ACPI, memory map, kernel loaders.
 
 pub mod config;
 pub mod layout;
 pub mod loader;
 pub mod probe;
+pub mod run;
 pub mod vcpus;
 pub mod wiring;
 
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bus::{BusError, IoBuses};
+use crate::devices::serial::ConsoleInput;
 use crate::irq::{GsiRouting, IrqError, MsiVectors};
 use crate::pci::root::PciError;
 use crate::stats::ExitCounters;
@@ -28,7 +31,8 @@ use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::{Vm, VmError};
 
 pub use config::{
-    MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Transport, VirtioNetConfig,
+    Console, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform, Transport,
+    VirtioNetConfig,
 };
 pub use layout::{LayoutError, MemoryLayout};
 pub use loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -77,6 +81,18 @@ pub enum MachineError {
     /// Writing or reading guest memory.
     #[error("guest memory access failed: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
+    /// The console file cannot be opened.
+    #[error("cannot open the console file {path}: {source}")]
+    ConsoleFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// fw_cfg's items.
+    #[error(transparent)]
+    FwCfg(#[from] crate::devices::fw_cfg::FwCfgError),
     /// A host resource.
     #[error("{what}: {source}{hint}", hint = crate::resource_hint(source))]
     Host {
@@ -129,6 +145,8 @@ pub struct Machine {
     layout: MemoryLayout,
     /// Device threads, stopped when the machine is dropped.
     _workers: Vec<Worker>,
+    /// The console input thread, if any, stopped when the machine is dropped.
+    _console_input: Option<ConsoleInput>,
     vcpus: u8,
     control: Arc<RunControl>,
     counters: Arc<ExitCounters>,
@@ -149,8 +167,8 @@ impl Machine {
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
         let mut vm = Vm::new(layout.ram_size())?;
-        let mut devices = wiring::wire(&mut vm, &mut layout, cfg)?;
         let control = Arc::new(RunControl::default());
+        let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
         let extra = board.as_ref().map_or(0, |b| b.bus_devices());
         let counters = Arc::new(ExitCounters::new(devices.io.names.len() + extra));
         for (id, log) in std::mem::take(&mut devices.logs) {
@@ -170,6 +188,7 @@ impl Machine {
             io: Arc::new(devices.io),
             layout,
             _workers: devices.workers,
+            _console_input: devices.console_input,
             vcpus: cfg.vcpus,
             control,
             counters,
