@@ -17,7 +17,7 @@ use crate::machine::layout::MemoryLayout;
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
 use crate::machine::run::acpi::AcpiTables;
 use crate::machine::run::memmap::{
-    BOOT_DATA, E820Entry, FIRMWARE_RANGES, HIGH_RAM_START, LOW_RAM_END, Range, e820,
+    BOOT_DATA, E820Entry, FIRMWARE_RANGES, HIGH_RAM_START, LOW_RAM_END, MIN_RAM, Range, e820,
 };
 
 /// The header's magic (§3.1.1).
@@ -683,7 +683,15 @@ impl Loader for MultibootKernel {
         mem: &GuestMemoryMmap,
         machine: &MachineInfo<'_>,
     ) -> Result<EntryState, LoadError> {
-        self.check_fits(machine.layout.ram_size() as u64)?;
+        let ram = machine.layout.ram_size() as u64;
+        if ram < MIN_RAM {
+            return Err(LoadError::RamTooSmall {
+                what: "a multiboot kernel (the first megabyte holds the firmware areas)",
+                need: MIN_RAM,
+                have: ram,
+            });
+        }
+        self.check_fits(ram)?;
         for s in &self.segments {
             let bytes = &self.image[s.file.clone()];
             mem.write_slice(bytes, GuestAddress(s.addr))?;
@@ -931,6 +939,22 @@ mod tests {
             let e = kernel.check_fits(16 << 20).expect_err("over the firmware");
             assert!(e.to_string().contains(over), "{e}");
         }
+    }
+
+    #[test]
+    fn a_machine_without_room_for_the_firmware_areas_is_refused() {
+        let (mem, layout) = machine(1);
+        let kernel = MultibootKernel::parse(elf32(&[TEXT]), "").unwrap();
+        let info = MachineInfo {
+            layout: &layout,
+            vcpus: 1,
+            tsc_khz: None,
+        };
+        let e = kernel.load(&mem, &info).expect_err("1 MiB");
+        assert!(
+            matches!(e, LoadError::RamTooSmall { need: MIN_RAM, .. }),
+            "{e}"
+        );
     }
 
     #[test]
