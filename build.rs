@@ -1,6 +1,12 @@
 //! Builds the probe guest (guest/) with gcc and embeds it: the VMM binary needs no other file.
 //! The contract header the guest includes is generated here from `src/contract.rs`, the single
 //! definition of the VMM ↔ guest contract.
+//!
+//! Also builds the multiboot test kernel (guest/testkernel/) for `exitless run`: a 32-bit ELF,
+//! `testkernel.elf`, and the same kernel as a flat image loaded by its multiboot address fields,
+//! `testkernel.bin`. Both are put next to the exitless binary (target/debug/ or
+//! target/release/), where the tests and the README's examples find them. The test kernel
+//! shares nothing with the VMM's sources: it checks exitless against QEMU's conventions.
 
 use std::env;
 use std::fmt::Write as _;
@@ -72,6 +78,59 @@ fn run(cmd: &mut Command) {
     assert!(status.success(), "{cmd:?} failed with {status}");
 }
 
+/// Flags for freestanding guest code, 32- or 64-bit.
+const FREESTANDING: [&str; 13] = [
+    "-ffreestanding",
+    "-fno-pic",
+    "-fno-stack-protector",
+    "-fno-asynchronous-unwind-tables",
+    "-mgeneral-regs-only",
+    "-nostdlib",
+    "-static",
+    "-no-pie",
+    "-O2",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-Wl,--build-id=none",
+];
+
+/// The multiboot test kernel: `testkernel.elf` (ELF) and `testkernel.bin` (flat, loaded by the
+/// header's address fields), in `out` and next to the binary cargo builds.
+fn build_test_kernel(cc: &str, out: &Path) {
+    let dir = Path::new("guest/testkernel");
+    for f in ["entry.S", "main.c", "testkernel.ld", "testkernel.h"] {
+        println!("cargo:rerun-if-changed=guest/testkernel/{f}");
+    }
+    let build = |defines: &[&str], elf: &Path| {
+        run(Command::new(cc)
+            .args(["-m32", "-march=i686", "-fno-delete-null-pointer-checks"])
+            .args(FREESTANDING)
+            .args(defines)
+            .arg("-T")
+            .arg(dir.join("testkernel.ld"))
+            .arg(dir.join("entry.S"))
+            .arg(dir.join("main.c"))
+            .arg("-o")
+            .arg(elf));
+    };
+    let elf = out.join("testkernel.elf");
+    build(&[], &elf);
+    let kludge = out.join("testkernel-kludge.elf");
+    build(&["-DAOUT_KLUDGE"], &kludge);
+    let flat = out.join("testkernel.bin");
+    run(Command::new("objcopy")
+        .args(["-O", "binary"])
+        .arg(&kludge)
+        .arg(&flat));
+    // OUT_DIR is <target>/<profile>/build/<package>-<hash>/out: the binary is in <profile>.
+    let profile_dir = out.ancestors().nth(3).expect("cargo's OUT_DIR layout");
+    for file in [&elf, &flat] {
+        let name = file.file_name().expect("a file");
+        fs::copy(file, profile_dir.join(name)).expect("copy the test kernel beside the binary");
+    }
+}
+
 fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let guest = Path::new("guest");
@@ -86,22 +145,8 @@ fn main() {
     let elf = out.join("probe.elf");
     let cc = env::var("EXITLESS_GUEST_CC").unwrap_or_else(|_| "gcc".into());
     run(Command::new(&cc)
-        .args([
-            "-ffreestanding",
-            "-fno-pic",
-            "-fno-stack-protector",
-            "-fno-asynchronous-unwind-tables",
-            "-mno-red-zone",
-            "-mgeneral-regs-only",
-            "-mcmodel=small",
-            "-nostdlib",
-            "-static",
-            "-no-pie",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-        ])
+        .args(FREESTANDING)
+        .args(["-mno-red-zone", "-mcmodel=small"])
         .arg("-I")
         .arg(&out)
         .arg(format!(
@@ -118,4 +163,5 @@ fn main() {
         .args(["-O", "binary"])
         .arg(&elf)
         .arg(out.join("probe.bin")));
+    build_test_kernel(&cc, &out);
 }

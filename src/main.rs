@@ -12,7 +12,8 @@ use exitless::bench::{
 };
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
 use exitless::inspect;
-use exitless::machine::ProbeConfig;
+use exitless::machine::run::RunConfig;
+use exitless::machine::{Console, ProbeConfig};
 use exitless::pci::EcamMode;
 use exitless::seccomp::{self, ThreadKind};
 
@@ -39,6 +40,71 @@ enum Command {
     /// Boot the probe guest, let it enumerate PCI as an operating system would, and print the
     /// functions it found and the exits that took.
     Probe(ProbeArgs),
+    /// Boot a multiboot kernel (what `qemu -kernel` boots without a Linux header, such as a
+    /// test kernel) on a PC-like machine: ACPI tables, the serial console on stdio, QEMU's
+    /// isa-debug-exit and fw_cfg. Runs until the guest exits, powers off or resets.
+    #[command(after_help = RUN_STATUS)]
+    Run(RunArgs),
+}
+
+/// How `exitless run` exits, for its --help.
+const RUN_STATUS: &str = "Exit status: (v << 1) | 1 when the guest writes v to isa-debug-exit \
+(port 0xf4, as QEMU's -device isa-debug-exit,iobase=0xf4,iosize=4; always odd); 0 when it powers \
+off (ACPI S5) or resets (i8042 command 0xfe, or 0x06 to port 0xcf9); 2 with a one-line error \
+when exitless cannot run it (a bad option, a missing or unrecognised kernel, a guest that \
+triple-faults); 159 when a thread breaks its seccomp filter.";
+
+/// `exitless run`'s status for an error of its own: even, so never a guest's isa-debug-exit
+/// status (always odd), nor a clean exit.
+const RUN_ERROR_STATUS: u8 = 2;
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The kernel: a multiboot v1 image (a 32-bit ELF, a 64-bit ELF with a multiboot header,
+    /// or any file whose multiboot header has the address fields).
+    #[arg(long, value_name = "FILE")]
+    kernel: PathBuf,
+    /// The kernel command line. The kernel gets it after its own path, as from QEMU; fw_cfg's
+    /// file opt/exitless/cmdline holds it alone.
+    #[arg(long, value_name = "STR", default_value = "")]
+    cmdline: String,
+    /// Guest RAM in MiB (2 to 3072, and no more than the host has).
+    #[arg(long, value_name = "MIB", default_value_t = 128)]
+    memory: u64,
+    /// vCPUs (1 to 64): the first boots the kernel, the others wait for INIT/SIPI.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    cpus: u64,
+    /// Where the serial console goes: `stdio` (output to stdout, input from stdin), or a file
+    /// that receives the output.
+    #[arg(long, value_name = "stdio|FILE", default_value = "stdio")]
+    console: String,
+    /// How the VMM serves the ECAM window (the MCFG table describes it unless `none`).
+    #[arg(long, value_enum, default_value = "shadow")]
+    ecam: EcamArg,
+    /// Give the machine a VT-d IOMMU at 0xFED90000, described by an ACPI DMAR table
+    /// (virtio-pci devices offer VIRTIO_F_ACCESS_PLATFORM behind it).
+    #[arg(long)]
+    iommu: bool,
+}
+
+/// Boot the kernel; the status to exit with.
+fn run(args: RunArgs) -> Result<u8, String> {
+    let console = match args.console.as_str() {
+        "stdio" => Console::Stdio,
+        path => Console::File(path.into()),
+    };
+    let cfg = RunConfig {
+        kernel: args.kernel,
+        cmdline: args.cmdline,
+        memory_mib: args.memory,
+        cpus: args.cpus,
+        ecam: ecam_mode(args.ecam),
+        iommu: args.iommu,
+        console,
+    };
+    cfg.run()
+        .map(|outcome| outcome.exit_status())
+        .map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -77,12 +143,16 @@ struct ProbeArgs {
     console: bool,
 }
 
-fn probe(args: ProbeArgs) -> Result<(), String> {
-    let ecam = match args.ecam {
+fn ecam_mode(arg: EcamArg) -> Option<EcamMode> {
+    match arg {
         EcamArg::Trap => Some(EcamMode::Trap),
         EcamArg::Shadow => Some(EcamMode::Shadow),
         EcamArg::None => None,
-    };
+    }
+}
+
+fn probe(args: ProbeArgs) -> Result<(), String> {
+    let ecam = ecam_mode(args.ecam);
     let method = match args.method {
         MethodArg::Auto => METHOD_AUTO,
         MethodArg::Pio => METHOD_PIO,
@@ -285,12 +355,17 @@ fn raise_open_file_limit() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `exitless run` exits with the guest's status, and its own errors with an even one.
+    let error_status = match cli.command {
+        Command::Run(_) => ExitCode::from(RUN_ERROR_STATUS),
+        _ => ExitCode::FAILURE,
+    };
     // Before any thread starts, so that each confines itself as it starts (the log writer now).
     if !cli.no_seccomp
         && let Err(e) = seccomp::enable()
     {
         eprintln!("exitless: error: {e}");
-        return ExitCode::FAILURE;
+        return error_status;
     }
     exitless::logging::init();
     raise_open_file_limit();
@@ -298,16 +373,14 @@ fn main() -> ExitCode {
     let result = seccomp::confine(ThreadKind::Main)
         .map_err(|e| e.to_string())
         .and_then(|()| match cli.command {
-            Command::Bench(args) => bench(args),
-            Command::Probe(args) => probe(args),
+            Command::Bench(args) => bench(args).map(|()| ExitCode::SUCCESS),
+            Command::Probe(args) => probe(args).map(|()| ExitCode::SUCCESS),
+            Command::Run(args) => run(args).map(ExitCode::from),
         });
     // Log lines still queued come before the error, and are not lost at exit.
     exitless::logging::flush();
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("exitless: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    result.unwrap_or_else(|e| {
+        eprintln!("exitless: error: {e}");
+        error_status
+    })
 }

@@ -4,14 +4,22 @@
 //! goes to stdout (or any writer) passes through a bounded queue to a console thread, so a
 //! stalled stdout holds neither the vCPU nor the UART lock. The in-memory log of tests and
 //! benchmarks cannot stall and is written in place.
+//!
+//! Input (stdin for `exitless run`) comes the other way through a console input thread
+//! ([`SerialConsole::spawn_input`]): it waits for bytes, puts what fits into the UART's 64-byte
+//! receive FIFO (which raises the receive interrupt when the guest enabled it), and waits for
+//! the guest to empty the FIFO before it puts more, so no byte is lost and a vCPU never waits.
 
 use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, mpsc};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, mpsc};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
+use vm_superio::serial::SerialEvents;
 use vm_superio::{Serial, Trigger};
-use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::bus::BusDevice;
 use crate::guest_error;
@@ -164,12 +172,34 @@ impl Trigger for IrqTrigger {
     }
 }
 
+/// Signals the console input thread, once there is one, when the guest has read the last byte
+/// of the receive FIFO: there is room for more input.
+#[derive(Default)]
+pub struct InputRoom(OnceLock<Arc<EventFd>>);
+
+impl SerialEvents for InputRoom {
+    fn buffer_read(&self) {}
+    fn out_byte(&self) {}
+    fn tx_lost_byte(&self) {}
+    fn in_buffer_empty(&self) {
+        if let Some(room) = self.0.get() {
+            // Counts up: the thread wakes once whatever the number of signals.
+            let _ = room.write(1);
+        }
+    }
+}
+
 /// Number of ports a 16550 decodes.
 pub const SERIAL_PORT_LEN: u16 = 8;
 
+/// How long the input thread waits for room in the receive FIFO before it tries again: the
+/// guest may have put the UART in loopback mode, where input is dropped and no room is ever
+/// signalled.
+const INPUT_RETRY: Duration = Duration::from_millis(100);
+
 /// The UART as a bus device.
 pub struct SerialConsole {
-    uart: Mutex<Serial<IrqTrigger, vm_superio::serial::NoEvents, Sink>>,
+    uart: Mutex<Serial<IrqTrigger, InputRoom, Sink>>,
     log: Arc<DeviceLog>,
     /// The console thread's dropped-byte count, if output goes through it.
     dropped: Option<Arc<Queue>>,
@@ -190,9 +220,56 @@ impl SerialConsole {
             Sink::Buffer(_) => None,
         };
         Ok(SerialConsole {
-            uart: Mutex::new(Serial::new(IrqTrigger(irq), sink)),
+            uart: Mutex::new(Serial::with_events(
+                IrqTrigger(irq),
+                InputRoom::default(),
+                sink,
+            )),
             log,
             dropped,
+        })
+    }
+
+    /// Put as much of `input` as fits into the receive FIFO, raising the receive interrupt if
+    /// the guest enabled it; returns how many bytes were taken.
+    fn receive(&self, input: &[u8]) -> usize {
+        let mut uart = self.uart.lock().unwrap_or_else(PoisonError::into_inner);
+        let room = uart.fifo_capacity();
+        match uart.enqueue_raw_bytes(input) {
+            Ok(n) => n,
+            Err(vm_superio::serial::Error::FullFifo) => 0,
+            // The bytes are in the FIFO; only the interrupt was lost.
+            Err(_) => room.min(input.len()),
+        }
+    }
+
+    /// Start the console input thread: it feeds the receive FIFO with what `source` gives
+    /// until `source` ends or the returned handle is dropped. Once per console.
+    pub fn spawn_input<S: AsFd + Send + 'static>(
+        self: &Arc<Self>,
+        source: S,
+    ) -> io::Result<ConsoleInput> {
+        let room = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let events_room = room.clone();
+        let installed = self
+            .uart
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .events()
+            .0
+            .set(events_room)
+            .is_ok();
+        if !installed {
+            return Err(io::Error::other("the console already has an input thread"));
+        }
+        let stop = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let (serial, thread_stop) = (self.clone(), stop.clone());
+        let thread = seccomp::spawn(ThreadKind::ConsoleInput, "console-in".into(), move || {
+            pump(&serial, source.as_fd().as_raw_fd(), &room, &thread_stop)
+        })?;
+        Ok(ConsoleInput {
+            stop,
+            thread: Some(thread),
         })
     }
 
@@ -206,6 +283,88 @@ impl SerialConsole {
     /// The device's log.
     pub fn log(&self) -> &Arc<DeviceLog> {
         &self.log
+    }
+}
+
+/// The console input thread; dropping the handle stops it and waits for it.
+pub struct ConsoleInput {
+    stop: Arc<EventFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for ConsoleInput {
+    fn drop(&mut self) {
+        // The thread only ever waits in poll(2), which the stop event ends.
+        let _ = self.stop.write(1);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What a wait for input ended with.
+#[derive(PartialEq, Eq)]
+enum Wake {
+    /// The awaited descriptor is readable (or at its end).
+    Ready,
+    /// The wait timed out.
+    Timeout,
+    /// Stop: the handle was dropped, or the descriptor is unusable.
+    Stop,
+}
+
+/// Wait until `fd` is readable, `stop` is signalled or `timeout` passes (`None`: forever).
+fn wait(fd: RawFd, stop: &EventFd, timeout: Option<Duration>) -> Wake {
+    let pollfd = |fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut fds = [pollfd(fd), pollfd(stop.as_raw_fd())];
+    let ms = timeout.map_or(-1, |t| libc::c_int::try_from(t.as_millis()).unwrap_or(-1));
+    loop {
+        // SAFETY: poll only writes the `revents` of the two entries it is given.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return match (n, fds[0].revents, fds[1].revents) {
+            (0, _, _) => Wake::Timeout,
+            (n, _, stopped) if n < 0 || stopped != 0 => Wake::Stop,
+            (_, input, _) if input & (libc::POLLERR | libc::POLLNVAL) != 0 => Wake::Stop,
+            _ => Wake::Ready,
+        };
+    }
+}
+
+/// The console input thread: read from `source`, feed the receive FIFO, wait for room.
+fn pump(serial: &SerialConsole, source: RawFd, room: &EventFd, stop: &EventFd) {
+    let mut buf = [0u8; 256];
+    while wait(source, stop, None) == Wake::Ready {
+        // SAFETY: read writes at most `buf.len()` bytes into `buf`.
+        let n = unsafe { libc::read(source, buf.as_mut_ptr().cast(), buf.len()) };
+        let Ok(n) = usize::try_from(n) else {
+            match io::Error::last_os_error().kind() {
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => continue,
+                _ => return,
+            }
+        };
+        if n == 0 {
+            return; // the end of the input: the guest sees no more
+        }
+        let mut rest = &buf[..n];
+        loop {
+            rest = &rest[serial.receive(rest)..];
+            if rest.is_empty() {
+                break;
+            }
+            match wait(room.as_raw_fd(), stop, Some(INPUT_RETRY)) {
+                Wake::Stop => return,
+                // Consume the signal; another may come before the FIFO drains again.
+                Wake::Ready => drop(room.read()),
+                Wake::Timeout => {}
+            }
+        }
     }
 }
 
@@ -319,6 +478,53 @@ mod tests {
         drop(open);
         drop(Arc::into_inner(serial).expect("the only handle"));
         assert_eq!(got.lock().unwrap().len() as u64 + dropped, total as u64);
+    }
+
+    /// A byte the guest reads from the receiver: the data register once LSR says data ready.
+    fn guest_read(serial: &SerialConsole) -> Option<u8> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut b = [0];
+        while std::time::Instant::now() < deadline {
+            serial.read(5, &mut b); // LSR
+            if b[0] & 1 != 0 {
+                serial.read(0, &mut b); // RBR
+                return Some(b[0]);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    }
+
+    #[test]
+    fn input_reaches_the_receiver_in_order_past_the_fifo() {
+        let serial = Arc::new(console(ConsoleOutput::Buffer(Arc::default())));
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        let input = serial.spawn_input(reader).unwrap();
+        // More than the 64-byte FIFO: the rest waits until the guest empties it.
+        let sent: Vec<u8> = (0..200u8).collect();
+        writer.write_all(&sent).unwrap();
+        let got: Vec<u8> = (0..sent.len()).map_while(|_| guest_read(&serial)).collect();
+        assert_eq!(got, sent);
+        assert!(
+            serial.spawn_input(std::io::pipe().unwrap().0).is_err(),
+            "one input per console"
+        );
+        drop(writer);
+        drop(input);
+    }
+
+    #[test]
+    fn dropping_the_input_stops_its_thread_while_it_waits() {
+        let serial = Arc::new(console(ConsoleOutput::Buffer(Arc::default())));
+        let (reader, writer) = std::io::pipe().unwrap();
+        let input = serial.spawn_input(reader).unwrap();
+        drop(input); // returns: the thread saw the stop while the pipe was open and empty
+        drop(writer);
+        assert_eq!(
+            Arc::strong_count(&serial),
+            1,
+            "the thread let go of the console"
+        );
     }
 
     #[test]

@@ -1,4 +1,7 @@
-//! What a machine is made of: RAM, vCPUs, how ECAM is served, the virtio devices.
+//! What a machine is made of: RAM, vCPUs, how ECAM is served, the console, the platform
+//! devices, the virtio devices.
+
+use std::path::PathBuf;
 
 use crate::irq::CommitStrategy;
 use crate::machine::layout;
@@ -20,8 +23,10 @@ pub struct MachineConfig {
     pub ecam: Option<EcamMode>,
     /// vCPUs; vCPU 0 boots.
     pub vcpus: u8,
-    /// Send the guest's console to stdout as it is written, instead of into a buffer.
-    pub console_to_stdout: bool,
+    /// Where the guest's serial console goes.
+    pub console: Console,
+    /// The PC platform devices, if the machine has them.
+    pub platform: Option<Platform>,
     /// virtio-net devices with the request/response backend, in order: virtio-mmio ones take
     /// the layout's windows in turn; virtio-pci ones are 00:03.0, 00:04.0, ….
     pub virtio: Vec<VirtioNetConfig>,
@@ -40,13 +45,37 @@ impl Default for MachineConfig {
             ram_size: layout::DEFAULT_RAM_SIZE,
             ecam: Some(EcamMode::Shadow),
             vcpus: 1,
-            console_to_stdout: false,
+            console: Console::default(),
+            platform: None,
             virtio: Vec::new(),
             response_size: 1024,
             gsi_commits: CommitStrategy::default(),
             iommu: false,
         }
     }
+}
+
+/// Where a machine's serial console goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Console {
+    /// Into memory, for [`Machine::console`](crate::machine::Machine::console).
+    #[default]
+    Buffer,
+    /// To stdout, as it is written.
+    Stdout,
+    /// To stdout, and stdin feeds the UART's receiver.
+    Stdio,
+    /// Into this file, created or truncated.
+    File(PathBuf),
+}
+
+/// The PC platform devices guests written for QEMU expect, which `exitless run`'s machine has
+/// and the probe's does not: isa-debug-exit, fw_cfg, the ACPI power-management block, the
+/// i8042's reset command and the reset control register at 0xCF9.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Platform {
+    /// fw_cfg's named files, beside its fixed items (RAM size and CPU count, from the machine).
+    pub fw_cfg_files: Vec<(String, Vec<u8>)>,
 }
 
 /// Which transport a virtio device sits behind.

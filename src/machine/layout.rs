@@ -17,6 +17,10 @@ pub const RAM_ALIGN: usize = 0x1000;
 pub const PCI_MMIO_WINDOW: (u64, u64) = (0xc000_0000, 0xe000_0000);
 /// ECAM window for bus 0 (1 MiB: 32 devices × 8 functions × 4 KiB).
 pub const ECAM_BASE: u64 = 0xe000_0000;
+/// The last bus the ECAM window covers (and the host bridge decodes): bus 0 only.
+pub const ECAM_LAST_BUS: u8 = 0;
+/// Bytes of the ECAM window: 1 MiB per bus (PCIe 4.0 §7.2.2).
+pub const ECAM_SIZE: u64 = (ECAM_LAST_BUS as u64 + 1) << 20;
 /// I/O BARs are placed in ports `PCI_IO_BASE..PCI_IO_BASE + PCI_IO_LEN`.
 pub const PCI_IO_BASE: u16 = 0xc000;
 /// Length of the I/O BAR window.

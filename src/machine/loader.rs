@@ -19,6 +19,9 @@ pub struct MachineInfo<'a> {
     pub vcpus: u8,
     /// The boot vCPU's TSC frequency in kHz, when KVM reports one.
     pub tsc_khz: Option<u32>,
+    /// ACPI tables the machine's devices describe themselves with (the DMAR of its IOMMU),
+    /// for loaders that write ACPI tables.
+    pub acpi_tables: &'a [Vec<u8>],
 }
 
 /// The processor mode the boot vCPU starts in; sets its special registers.
@@ -27,14 +30,17 @@ pub enum CpuMode {
     /// 64-bit long mode at CPL 0 on the identity-mapping page tables, GDT and TSS that
     /// `vm::boot::write_tables` wrote (the loader must have called it).
     LongMode,
+    /// 32-bit protected mode at CPL 0, paging off, flat segments: multiboot's entry state.
+    Protected32,
 }
 
 impl CpuMode {
-    /// The special registers of this mode, made from the vCPU's current ones (today the
-    /// long mode `Vcpu::new` set; a mode must set every field it depends on).
+    /// The special registers of this mode, made from the vCPU's current ones (KVM's reset
+    /// state; a mode must set every field it depends on).
     pub fn sregs(self, current: kvm_sregs) -> kvm_sregs {
         match self {
             CpuMode::LongMode => boot::long_mode_sregs(current),
+            CpuMode::Protected32 => boot::protected_mode_sregs(current),
         }
     }
 }
@@ -78,6 +84,12 @@ pub enum LoadError {
     /// Writing guest memory failed.
     #[error("writing guest memory failed: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
+    /// A multiboot kernel that cannot be loaded.
+    #[error(transparent)]
+    Multiboot(#[from] crate::machine::run::multiboot::MultibootError),
+    /// The ACPI tables.
+    #[error(transparent)]
+    Acpi(#[from] crate::machine::run::acpi::AcpiError),
 }
 
 /// Puts a guest into memory and says how the boot vCPU enters it.
@@ -89,4 +101,12 @@ pub trait Loader {
         mem: &GuestMemoryMmap,
         machine: &MachineInfo<'_>,
     ) -> Result<EntryState, LoadError>;
+
+    /// How vCPU `index` (1 and up) starts: at an entry state of its own at once, or, with
+    /// `None`, as on a PC: it waits for the boot vCPU's INIT and start-up IPIs, which KVM's
+    /// in-kernel local APIC delivers (Intel SDM vol. 3 §9.4, MP initialization), and then runs
+    /// from the start-up vector in real mode.
+    fn secondary_entry(&self, _index: u8) -> Option<EntryState> {
+        None
+    }
 }

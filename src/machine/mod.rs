@@ -5,12 +5,14 @@
 //! - [`wiring`]: which devices there are and where each sits;
 //! - [`loader`]: what guest memory holds at boot and how the boot vCPU enters it;
 //! - [`vcpus`]: vCPU threads, from creation to join;
-//! - [`probe`]: the probe machine, the one machine today: its board (ports), loader and ops.
+//! - [`probe`]: the probe machine: its board (ports), loader and ops;
+//! - [`run`]: `exitless run`'s machine: the PC platform, ACPI, memory map, kernel loaders.
 
 pub mod config;
 pub mod layout;
 pub mod loader;
 pub mod probe;
+pub mod run;
 pub mod vcpus;
 pub mod wiring;
 
@@ -19,17 +21,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bus::{BusError, IoBuses};
+use crate::devices::serial::ConsoleInput;
 use crate::iommu::Iommu;
+use crate::iommu::dmar::dmar_table;
 use crate::irq::{GsiRouting, IrqError, MsiVectors};
 use crate::pci::root::PciError;
 use crate::stats::ExitCounters;
 use crate::virtio::VirtioError;
 use crate::virtio::worker::Worker;
 use crate::vm::run_control::{RunControl, StopReason};
-use crate::vm::{Vm, VmError};
+use crate::vm::{self, Vm, VmError};
 
 pub use config::{
-    MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Transport, VirtioNetConfig,
+    Console, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform, Transport,
+    VirtioNetConfig,
 };
 pub use layout::{LayoutError, MemoryLayout};
 pub use loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -78,6 +83,18 @@ pub enum MachineError {
     /// Writing or reading guest memory.
     #[error("guest memory access failed: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
+    /// The console file cannot be opened.
+    #[error("cannot open the console file {path}: {source}")]
+    ConsoleFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// fw_cfg's items.
+    #[error(transparent)]
+    FwCfg(#[from] crate::devices::fw_cfg::FwCfgError),
     /// A host resource.
     #[error("{what}: {source}{hint}", hint = crate::resource_hint(source))]
     Host {
@@ -130,6 +147,8 @@ pub struct Machine {
     layout: MemoryLayout,
     /// Device threads, stopped when the machine is dropped.
     _workers: Vec<Worker>,
+    /// The console input thread, if any, stopped when the machine is dropped.
+    _console_input: Option<ConsoleInput>,
     vcpus: u8,
     control: Arc<RunControl>,
     counters: Arc<ExitCounters>,
@@ -151,8 +170,8 @@ impl Machine {
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
         let mut vm = Vm::new(layout.ram_size())?;
-        let mut devices = wiring::wire(&mut vm, &mut layout, cfg)?;
         let control = Arc::new(RunControl::default());
+        let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
         let extra = board.as_ref().map_or(0, |b| b.bus_devices());
         let counters = Arc::new(ExitCounters::new(devices.io.names.len() + extra));
         for (id, log) in std::mem::take(&mut devices.logs) {
@@ -172,6 +191,7 @@ impl Machine {
             io: Arc::new(devices.io),
             layout,
             _workers: devices.workers,
+            _console_input: devices.console_input,
             vcpus: cfg.vcpus,
             control,
             counters,
@@ -185,13 +205,20 @@ impl Machine {
     pub fn run(&self, loader: &dyn Loader, timeout: Duration) -> Result<Ran, MachineError> {
         let vcpus = vcpus::Vcpus::create(&self.vm, self.vcpus)?;
         let tsc_khz = vcpus.tsc_khz();
+        let dmar: Vec<Vec<u8>> = self
+            .iommu
+            .as_ref()
+            .map(|_| dmar_table(layout::IOMMU_BASE, vm::cpuid::host_phys_bits()))
+            .into_iter()
+            .collect();
         let info = MachineInfo {
             layout: &self.layout,
             vcpus: vcpus.count(),
             tsc_khz,
+            acpi_tables: &dmar,
         };
         let entry = loader.load(self.vm.memory(), &info)?;
-        vcpus.set_boot_entry(&entry)?;
+        vcpus.set_entries(&entry, loader)?;
         let end = vcpus
             .run(&self.io, &self.counters, &self.control, timeout)
             .map_err(host_err("spawn a vCPU thread"))?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use vmm_sys_util::signal::Killable;
 
 use crate::bus::IoBuses;
-use crate::machine::loader::EntryState;
+use crate::machine::loader::{EntryState, Loader};
 use crate::seccomp::{self, ThreadKind};
 use crate::stats::ExitCounters;
 use crate::vm::run_control::{RunControl, StopReason};
@@ -16,7 +16,7 @@ use crate::vm::vcpu::{self, Vcpu};
 use crate::vm::{Vm, VmError};
 
 /// The vCPUs of a machine, created but not yet running. vCPU 0 boots; the others start where
-/// `Vcpu::new` puts them (the probe parks them in `hlt`).
+/// the loader says (the probe parks them in `hlt`) or wait for INIT/SIPI.
 pub struct Vcpus(Vec<Vcpu>);
 
 /// How a run ended.
@@ -48,10 +48,20 @@ impl Vcpus {
         self.0[0].tsc_khz()
     }
 
-    /// Give the boot vCPU the loader's entry state.
-    pub fn set_boot_entry(&self, entry: &EntryState) -> Result<(), VmError> {
-        let mode = entry.mode;
-        self.0[0].set_entry(&entry.regs, |current| mode.sregs(current))
+    /// Give the boot vCPU `boot`, the state `loader` loaded the guest for, and each other
+    /// vCPU the state `loader` gives it, if any (without one it waits for INIT/SIPI).
+    pub fn set_entries(&self, boot: &EntryState, loader: &dyn Loader) -> Result<(), VmError> {
+        for (i, vcpu) in self.0.iter().enumerate() {
+            let index = u8::try_from(i).expect("created from a u8 count");
+            let entry = match index {
+                0 => Some(*boot),
+                _ => loader.secondary_entry(index),
+            };
+            if let Some(EntryState { mode, regs }) = entry {
+                vcpu.set_entry(&regs, |current| mode.sregs(current))?;
+            }
+        }
+        Ok(())
     }
 
     /// Run every vCPU on its own thread until `control` stops the run or `timeout` passes,

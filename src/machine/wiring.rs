@@ -1,22 +1,27 @@
 //! Device wiring: which devices a machine has, where each sits on the buses, and which
 //! interrupt it raises. The serial console, PCI bus 0 (CF8/CFC, the BAR windows, ECAM trapped
-//! or shadowed), the VT-d remapping unit if configured, and the virtio-net devices behind
-//! virtio-mmio or virtio-pci.
+//! or shadowed), the PC platform devices if the machine has them, the VT-d remapping unit if
+//! configured, and the virtio-net devices behind virtio-mmio or virtio-pci.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::bus::{DeviceId, IoBuses};
+use crate::bus::{BusDevice, DeviceId, IoBuses};
 use crate::contract::PORT_SERIAL;
-use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
+use crate::devices::acpi_pm::{AcpiPm, PM_BASE, PM_BLOCK_LEN};
+use crate::devices::debug_exit::{DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit};
+use crate::devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORTS_LEN, FwCfg, FwCfgContents};
+use crate::devices::i8042::{I8042, I8042_COMMAND_PORT};
+use crate::devices::reset_control::ResetControl;
+use crate::devices::serial::{ConsoleInput, ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
 use crate::iommu::Iommu;
 use crate::iommu::regs::VTD_REG_SIZE;
 use crate::irq::{GsiRouting, InterruptRoutes, MsiVectors};
 use crate::logging::DeviceLog;
 use crate::machine::config::{
-    MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Transport,
+    Console, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform, Transport,
 };
 use crate::machine::layout::{self, MemoryLayout};
 use crate::machine::{MachineError, host_err};
@@ -32,6 +37,7 @@ use crate::virtio::net::{NetBackend, RequestResponse, Sink, VirtioNet};
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::worker::Worker;
 use crate::vm::Vm;
+use crate::vm::run_control::RunControl;
 
 /// Device names used on the buses (and in exit reports).
 pub mod names {
@@ -53,6 +59,14 @@ pub mod names {
     pub fn virtio_pci(at: crate::pci::PciAddress) -> String {
         format!("virtio-pci.{at}")
     }
+    /// QEMU's test exit.
+    pub const DEBUG_EXIT: &str = "debug-exit";
+    /// QEMU's firmware configuration ports.
+    pub const FW_CFG: &str = "fw-cfg";
+    /// The ACPI power-management block.
+    pub const ACPI_PM: &str = "acpi-pm";
+    /// The keyboard controller's command port.
+    pub const I8042: &str = "i8042";
 }
 
 /// The functions of bus 0: a host bridge, a test endpoint, and a two-function test device.
@@ -95,29 +109,39 @@ pub struct Devices {
     pub msix: BTreeMap<u64, Arc<MsiVectors>>,
     /// Device threads, stopped when dropped.
     pub workers: Vec<Worker>,
-    /// What the guest wrote to its console, unless it went to stdout.
+    /// What the guest wrote to its console, unless it went elsewhere.
     pub console: Arc<Mutex<Vec<u8>>>,
+    /// The thread that feeds the console from stdin, if it does.
+    pub console_input: Option<ConsoleInput>,
     /// The logs of devices that count their guest errors, for the exit accounting.
-    pub logs: Vec<(DeviceId, Arc<DeviceLog>)>,
+    pub logs: Vec<CountedLog>,
     /// The IOMMU, if the machine has one.
     pub iommu: Option<Arc<Iommu>>,
 }
 
-/// Wire every device `cfg` asks for onto `vm`, placing virtio-mmio ones through `layout`.
+/// A device that counts its guest errors: its bus id and its log.
+pub type CountedLog = (DeviceId, Arc<DeviceLog>);
+
+/// Wire every device `cfg` asks for onto `vm`, placing virtio-mmio ones through `layout`;
+/// the platform devices end the run through `control`.
 pub fn wire(
     vm: &mut Vm,
     layout: &mut MemoryLayout,
     cfg: &MachineConfig,
+    control: &Arc<RunControl>,
 ) -> Result<Devices, MachineError> {
     let mut io = IoBuses::default();
     let routing = Arc::new(GsiRouting::new(vm.shared_fd(), cfg.gsi_commits)?);
     let console = Arc::new(Mutex::new(Vec::new()));
-    let out = if cfg.console_to_stdout {
-        ConsoleOutput::Stdout
-    } else {
-        ConsoleOutput::Buffer(console.clone())
+    let (serial_log, console_input) = add_serial(&mut io, &routing, &cfg.console, &console)?;
+    let mut logs = vec![serial_log];
+    let reset_control = match &cfg.platform {
+        Some(platform) => {
+            logs.push(add_platform(&mut io, cfg, platform, control)?);
+            Some(Arc::new(ResetControl::new(control.clone())) as Arc<dyn BusDevice>)
+        }
+        None => None,
     };
-    let serial_log = add_serial(&mut io, &routing, out)?;
 
     // Each decoded BAR is a range of its own on these buses, all counted as PCI_BARS.
     let bar_buses = BarBuses::on(&mut io, names::PCI_BARS);
@@ -131,7 +155,7 @@ pub fn wire(
     let bars_id = bar_buses.id;
     let pci = Arc::new(PciRoot::new(windows, bar_buses)?);
     populate_bus0(&pci)?;
-    let mut logs = vec![serial_log, (bars_id, pci.log().clone())];
+    logs.push((bars_id, pci.log().clone()));
     let iommu = if cfg.iommu {
         let (iommu, id) = add_iommu(vm, layout, &mut io, &routing)?;
         logs.push((id, iommu.log().clone()));
@@ -145,31 +169,84 @@ pub fn wire(
         msix: BTreeMap::new(),
         workers: Vec::new(),
         console,
+        console_input,
         logs,
         iommu,
     };
     add_virtio_net(vm, layout, cfg, &pci, &mut devices)?;
-    add_pci_windows(vm, &mut devices.io, &pci, cfg.ecam)?;
+    add_pci_windows(vm, &mut devices.io, &pci, cfg.ecam, reset_control)?;
     Ok(devices)
 }
 
-/// The console; returns its bus id and log.
+/// The console, writing where `console` says (`buffer` for memory); returns its bus id and
+/// log, and its input thread if stdin feeds it.
 fn add_serial(
     io: &mut IoBuses,
     routing: &GsiRouting,
-    out: ConsoleOutput,
-) -> Result<(DeviceId, Arc<DeviceLog>), MachineError> {
+    console: &Console,
+    buffer: &Arc<Mutex<Vec<u8>>>,
+) -> Result<(CountedLog, Option<ConsoleInput>), MachineError> {
+    let out = match console {
+        Console::Buffer => ConsoleOutput::Buffer(buffer.clone()),
+        Console::Stdout | Console::Stdio => ConsoleOutput::Stdout,
+        Console::File(path) => {
+            let file = std::fs::File::create(path).map_err(|source| MachineError::ConsoleFile {
+                path: path.clone(),
+                source,
+            })?;
+            ConsoleOutput::Writer(Box::new(file))
+        }
+    };
     let irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the serial eventfd"))?;
     routing.bind_pin(layout::SERIAL_GSI, &irq, None)?;
-    let serial = SerialConsole::new(irq, out, DeviceLog::new(names::SERIAL))
-        .map_err(host_err("start the console thread"))?;
+    let serial = Arc::new(
+        SerialConsole::new(irq, out, DeviceLog::new(names::SERIAL))
+            .map_err(host_err("start the console thread"))?,
+    );
+    let input = match console {
+        Console::Stdio => Some(
+            serial
+                .spawn_input(std::io::stdin())
+                .map_err(host_err("start the console input thread"))?,
+        ),
+        _ => None,
+    };
     let log = serial.log().clone();
-    let id = io.add_pio(
-        names::SERIAL,
-        PORT_SERIAL,
-        SERIAL_PORT_LEN,
-        Arc::new(serial),
+    let id = io.add_pio(names::SERIAL, PORT_SERIAL, SERIAL_PORT_LEN, serial)?;
+    Ok(((id, log), input))
+}
+
+/// The PC platform devices but the reset control register (which sits behind the PCI ports);
+/// returns the bus id and log of the one that counts guest errors (the ACPI PM block).
+fn add_platform(
+    io: &mut IoBuses,
+    cfg: &MachineConfig,
+    platform: &Platform,
+    control: &Arc<RunControl>,
+) -> Result<CountedLog, MachineError> {
+    let fw_cfg = FwCfg::new(FwCfgContents {
+        ram_size: cfg.ram_size as u64,
+        cpus: cfg.vcpus.into(),
+        files: platform.fw_cfg_files.clone(),
+    })?;
+    io.add_pio(
+        names::FW_CFG,
+        FW_CFG_PORT,
+        FW_CFG_PORTS_LEN,
+        Arc::new(fw_cfg),
     )?;
+    let debug_exit = Arc::new(DebugExit::new(control.clone()));
+    io.add_pio(
+        names::DEBUG_EXIT,
+        DEBUG_EXIT_PORT,
+        DEBUG_EXIT_LEN,
+        debug_exit,
+    )?;
+    let i8042 = Arc::new(I8042::new(control.clone()));
+    io.add_pio(names::I8042, I8042_COMMAND_PORT, 1, i8042)?;
+    let pm = Arc::new(AcpiPm::new(control.clone(), DeviceLog::new(names::ACPI_PM)));
+    let log = pm.log().clone();
+    let id = io.add_pio(names::ACPI_PM, PM_BASE, PM_BLOCK_LEN, pm)?;
     Ok((id, log))
 }
 
@@ -279,25 +356,37 @@ fn transport_env(vm: &Vm, devices: &Devices, log: Arc<DeviceLog>) -> TransportEn
     }
 }
 
-/// The ways into bus 0: CF8/CFC, the memory and I/O BAR windows, and ECAM if described.
+/// The ways into bus 0: CF8/CFC (sharing its ports with `reset_control` at 0xCF9, if the
+/// machine has one), the memory and I/O BAR windows, and ECAM if described.
 fn add_pci_windows(
     vm: &mut Vm,
     io: &mut IoBuses,
     pci: &Arc<PciRoot>,
     ecam: Option<EcamMode>,
+    reset_control: Option<Arc<dyn BusDevice>>,
 ) -> Result<(), MachineError> {
+    let ports = PciConfigIo::new(pci.clone());
+    let ports = match reset_control {
+        Some(reset) => ports.with_reset_control(reset),
+        None => ports,
+    };
     io.add_pio(
         names::PCI_PIO,
         PCI_CONFIG_ADDRESS_PORT,
         PCI_CONFIG_IO_LEN,
-        Arc::new(PciConfigIo::new(pci.clone())),
+        Arc::new(ports),
     )?;
     if let Some(mode) = ecam {
         let window = pci.window();
+        assert_eq!(
+            window.len() as u64,
+            layout::ECAM_SIZE,
+            "the window is the ECAM range"
+        );
         io.add_mmio(
             names::PCI_ECAM,
             layout::ECAM_BASE,
-            window.len() as u64,
+            layout::ECAM_SIZE,
             Arc::new(PciConfigMmio::new(pci.clone())),
         )?;
         if mode == EcamMode::Shadow {

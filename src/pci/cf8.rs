@@ -16,10 +16,16 @@ const DATA_OFFSET: u64 = 4;
 /// (7:2). Reserved bits 30:24 and 1:0 read as zero.
 const ADDRESS_MASK: u32 = 0x80ff_fffc;
 
+/// Offset from 0xCF8 of the chipset's reset control register (0xCF9).
+const RESET_CONTROL_OFFSET: u64 = 1;
+
 /// The 0xCF8/0xCFC port pair.
 pub struct PciConfigIo {
     root: Arc<PciRoot>,
     config_address: AtomicU32,
+    /// The byte register at 0xCF9, if the machine has one: it shares these ports on a PC, where
+    /// only a dword access to 0xCF8 reaches CONFIG_ADDRESS.
+    reset_control: Option<Arc<dyn BusDevice>>,
 }
 
 impl PciConfigIo {
@@ -28,7 +34,23 @@ impl PciConfigIo {
         PciConfigIo {
             root,
             config_address: AtomicU32::new(0),
+            reset_control: None,
         }
+    }
+
+    /// The same, with byte accesses to 0xCF9 going to `reset_control` (offset 0).
+    pub fn with_reset_control(self, reset_control: Arc<dyn BusDevice>) -> Self {
+        PciConfigIo {
+            reset_control: Some(reset_control),
+            ..self
+        }
+    }
+
+    /// The reset control register, if `offset` and `len` make an access to it.
+    fn reset_control(&self, offset: u64, len: usize) -> Option<&Arc<dyn BusDevice>> {
+        self.reset_control
+            .as_ref()
+            .filter(|_| offset == RESET_CONTROL_OFFSET && len == 1)
     }
 
     /// The function, register and data-lane range a CONFIG_DATA access at `offset` (from 0xCFC)
@@ -46,7 +68,9 @@ impl BusDevice for PciConfigIo {
     fn read(&self, offset: u64, data: &mut [u8]) {
         if offset < DATA_OFFSET {
             // Only a dword access to 0xCF8 is CONFIG_ADDRESS; anything else there is not ours.
-            if offset == 0 && data.len() == 4 {
+            if let Some(reset) = self.reset_control(offset, data.len()) {
+                reset.read(0, data);
+            } else if offset == 0 && data.len() == 4 {
                 data.copy_from_slice(&self.config_address.load(Ordering::Acquire).to_le_bytes());
             } else {
                 data.fill(0xff);
@@ -61,7 +85,9 @@ impl BusDevice for PciConfigIo {
 
     fn write(&self, offset: u64, data: &[u8]) {
         if offset < DATA_OFFSET {
-            if let (0, Ok(bytes)) = (offset, <[u8; 4]>::try_from(data)) {
+            if let Some(reset) = self.reset_control(offset, data.len()) {
+                reset.write(0, data);
+            } else if let (0, Ok(bytes)) = (offset, <[u8; 4]>::try_from(data)) {
                 self.config_address
                     .store(u32::from_le_bytes(bytes) & ADDRESS_MASK, Ordering::Release);
             }
@@ -108,6 +134,28 @@ mod tests {
         p.write(1, &[0]);
         assert_eq!(read(&p, 0, 4), 0x80ff_fffcu32.to_le_bytes());
         assert_eq!(read(&p, 2, 2), [0xff, 0xff]);
+    }
+
+    #[test]
+    fn byte_accesses_at_0xcf9_reach_the_reset_control_register() {
+        use crate::vm::run_control::{RunControl, StopReason};
+        let control = Arc::new(RunControl::default());
+        let reset = crate::devices::reset_control::ResetControl::new(control.clone());
+        let p = ports().with_reset_control(Arc::new(reset));
+        select(&p, 0x8000_0800);
+        p.write(1, &[0x02]); // SYS_RST alone: kept, no reset
+        assert_eq!(read(&p, 1, 1), [0x02]);
+        assert_eq!(
+            read(&p, 0, 4),
+            0x8000_0800u32.to_le_bytes(),
+            "CONFIG_ADDRESS unchanged"
+        );
+        assert_eq!(control.wait(std::time::Duration::ZERO), None);
+        p.write(1, &[0x06]);
+        assert_eq!(
+            control.wait(std::time::Duration::ZERO),
+            Some(StopReason::Reset)
+        );
     }
 
     #[test]

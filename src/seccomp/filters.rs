@@ -165,6 +165,17 @@ fn device() -> Vec<Allowed> {
     ]
 }
 
+/// The console input thread: waits for stdin or its stop event, reads stdin, puts bytes into
+/// the UART (plain memory, and an eventfd write for the receive interrupt, in runtime()).
+fn console_input() -> Vec<Allowed> {
+    vec![
+        // Wait for input, room in the receive FIFO, or the stop event.
+        sys!(SYS_poll),
+        // Read stdin, and consume the room event.
+        sys!(SYS_read),
+    ]
+}
+
 /// What the main thread does itself. Its filter also holds every other kind's list: the
 /// threads it starts inherit its filter.
 fn main_thread() -> Vec<Allowed> {
@@ -241,6 +252,7 @@ pub(crate) fn allowed(kind: ThreadKind) -> Vec<Allowed> {
         ThreadKind::Device => device(),
         // Writing to stderr or stdout, waiting for more: runtime() is all they do.
         ThreadKind::LogWriter | ThreadKind::Console => Vec::new(),
+        ThreadKind::ConsoleInput => console_input(),
     };
     runtime().into_iter().chain(own).collect()
 }

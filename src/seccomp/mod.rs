@@ -2,8 +2,8 @@
 //! that allows the system calls its kind of work needs and nothing else.
 //!
 //! The [`ThreadKind`]s are the threads exitless has: the main thread (command line, machine
-//! building, reports), one per vCPU, one per virtio device, the log writer and the console
-//! writer. [`enable`] compiles one filter per kind and installs the SIGSYS handler, once, before
+//! building, reports), one per vCPU, one per virtio device, the log writer, the console
+//! writer and the console input. [`enable`] compiles one filter per kind and installs the SIGSYS handler, once, before
 //! any thread starts; every thread then installs its own kind's filter as it starts
 //! ([`spawn`]), and the main thread with [`confine`] before it builds a machine. Without
 //! [`enable`] (tests, `--no-seccomp`) nothing is confined.
@@ -43,16 +43,19 @@ pub enum ThreadKind {
     LogWriter,
     /// Writes the guest's console output.
     Console,
+    /// Feeds the console UART's receiver from stdin.
+    ConsoleInput,
 }
 
 impl ThreadKind {
     /// Every kind.
-    pub const ALL: [ThreadKind; 5] = [
+    pub const ALL: [ThreadKind; 6] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::Device,
         ThreadKind::LogWriter,
         ThreadKind::Console,
+        ThreadKind::ConsoleInput,
     ];
 
     /// The kind's name, as reports show it.
@@ -63,6 +66,7 @@ impl ThreadKind {
             ThreadKind::Device => "device",
             ThreadKind::LogWriter => "log writer",
             ThreadKind::Console => "console",
+            ThreadKind::ConsoleInput => "console input",
         }
     }
 }

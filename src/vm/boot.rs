@@ -1,7 +1,11 @@
-//! Puts a vCPU straight into 64-bit long mode: identity-mapped page tables, a GDT with ring-0
-//! and ring-3 segments, and a 64-bit TSS whose I/O permission bitmap lets ring-3 code use port
-//! I/O (Intel SDM vol. 1 §19.5.2). `RFLAGS.IOPL` is not honoured on this host, so the bitmap is
-//! the only way to give CPL-3 code the ports (see PLATFORM.md).
+//! Puts a vCPU straight into the mode a guest starts in.
+//!
+//! - 64-bit long mode (the probe): identity-mapped page tables, a GDT with ring-0 and ring-3
+//!   segments, and a 64-bit TSS whose I/O permission bitmap lets ring-3 code use port I/O (Intel
+//!   SDM vol. 1 §19.5.2). `RFLAGS.IOPL` is not honoured on this host, so the bitmap is the only
+//!   way to give CPL-3 code the ports (see PLATFORM.md).
+//! - 32-bit protected mode with paging off and flat segments (multiboot kernels, Multiboot
+//!   0.6.96 §3.2): no tables in guest memory at all.
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -29,6 +33,10 @@ const TSS_SIZE: usize = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as usize;
 
 const KERNEL_DS: u16 = 0x10;
 const TSS_SELECTOR: u16 = 0x28;
+/// Selectors of the flat 32-bit segments: those of QEMU's multiboot option ROM, whose GDT a
+/// kernel must not rely on either (Multiboot 0.6.96 §3.2: "GDTR may be invalid").
+const FLAT32_CS: u16 = 0x08;
+const FLAT32_DS: u16 = 0x10;
 
 // Page-table entry bits (Intel SDM vol. 3 §4.5): present, writable, user, 2 MiB page.
 const PTE_PRESENT: u64 = 1 << 0;
@@ -66,6 +74,24 @@ impl Segment {
     /// 64-bit TSS, busy (type 0xB), as the CPU holds it once loaded in TR.
     const TSS: Segment = Segment {
         selector: TSS_SELECTOR,
+        type_: 0xb,
+        dpl: 0,
+        code_or_data: false,
+        long: false,
+        big: false,
+    };
+
+    /// 32-bit flat code and data at CPL 0.
+    const FLAT32_CODE: Segment = Segment {
+        long: false,
+        big: true,
+        ..Segment::code(FLAT32_CS, 0)
+    };
+    const FLAT32_DATA: Segment = Segment::data(FLAT32_DS, 0);
+    /// A busy 32-bit TSS (type 0xB): TR must hold one in protected mode (Intel SDM vol. 3
+    /// §28.3.1.2 checks on guest TR), though nothing here ever switches tasks.
+    const TSS32: Segment = Segment {
+        selector: 0,
         type_: 0xb,
         dpl: 0,
         code_or_data: false,
@@ -194,6 +220,27 @@ pub fn long_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
     sregs
 }
 
+/// Special registers for 32-bit protected mode at CPL 0 with paging off, as Multiboot 0.6.96
+/// §3.2 leaves the machine: CS a 32-bit read/execute segment and DS, ES, FS, GS, SS 32-bit
+/// read/write segments, each with offset 0 and limit 0xFFFFFFFF; CR0.PG clear, CR0.PE set.
+/// GDTR and IDTR are left empty: the kernel sets up its own before it loads any segment.
+pub fn protected_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
+    let code = Segment::FLAT32_CODE.kvm(0, 0);
+    let data = Segment::FLAT32_DATA.kvm(0, 0);
+    sregs.cs = code;
+    (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
+    sregs.tr = Segment::TSS32.kvm(0, 0xffff);
+    sregs.gdt.base = 0;
+    sregs.gdt.limit = 0;
+    sregs.idt.base = 0;
+    sregs.idt.limit = 0;
+    sregs.cr0 = CR0_PE | CR0_ET;
+    sregs.cr3 = 0;
+    sregs.cr4 = 0;
+    sregs.efer = 0;
+    sregs
+}
+
 /// General registers at the probe's entry: `rdi` = vCPU index, the ring-0 stack below the
 /// ring-3 one (the entry code only uses it for the `iretq` frame).
 pub fn entry_regs(vcpu_index: u64) -> kvm_regs {
@@ -228,6 +275,19 @@ mod tests {
                 segment.selector
             );
         }
+    }
+
+    #[test]
+    fn protected_mode_is_flat_32_bit_with_paging_off() {
+        let s = protected_mode_sregs(kvm_sregs::default());
+        for seg in [s.cs, s.ds, s.es, s.fs, s.gs, s.ss] {
+            assert_eq!((seg.base, seg.limit, seg.g, seg.l), (0, 0xffff_ffff, 1, 0));
+            assert_eq!((seg.db, seg.present, seg.s), (1, 1, 1));
+        }
+        assert_eq!(s.cs.type_, 0xb, "execute/read");
+        assert_eq!(s.ds.type_, 0x3, "read/write");
+        assert_eq!(s.cr0 & (CR0_PE | CR0_PG), CR0_PE);
+        assert_eq!((s.cr4, s.efer), (0, 0));
     }
 
     #[test]

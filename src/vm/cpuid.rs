@@ -24,3 +24,13 @@ pub fn for_vcpu(mut cpuid: CpuId, index: u8) -> CpuId {
     }
     cpuid
 }
+
+/// Physical address bits of this host, as its guests see them (CPUID 8000_0008H:EAX[7:0],
+/// Intel SDM vol. 2A): 36 when the leaf is missing, the architectural minimum.
+pub fn host_phys_bits() -> u8 {
+    let max = std::arch::x86_64::__cpuid(0x8000_0000).eax;
+    if max < 0x8000_0008 {
+        return 36;
+    }
+    (std::arch::x86_64::__cpuid(0x8000_0008).eax & 0xff) as u8
+}

@@ -9,6 +9,12 @@ use std::time::Duration;
 pub enum StopReason {
     /// The probe wrote this status to its done port.
     GuestDone(u64),
+    /// The guest wrote this value to isa-debug-exit (QEMU's test exit).
+    DebugExit(u64),
+    /// The guest asked for an orderly power-off (ACPI S5).
+    PowerOff,
+    /// The guest reset the machine (keyboard controller or reset control register).
+    Reset,
     /// The guest triple-faulted or otherwise shut down.
     Shutdown,
     /// A vCPU failed; the message says how.

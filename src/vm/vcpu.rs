@@ -13,7 +13,7 @@ use crate::bus::{DeviceId, IoBuses};
 use crate::stats::{ExitCounters, ExitKind};
 use crate::vm::kvm_run::RunPage;
 use crate::vm::run_control::{RunControl, StopReason};
-use crate::vm::{Vm, VmError, boot, cpuid};
+use crate::vm::{Vm, VmError, cpuid};
 
 /// What the loop does after an exit.
 #[derive(Debug, PartialEq, Eq)]
@@ -109,7 +109,7 @@ impl Drop for StopOnExit<'_> {
     }
 }
 
-/// One vCPU, configured for the probe's entry.
+/// One vCPU and its view of the `kvm_run` page.
 pub struct Vcpu {
     fd: VcpuFd,
     run_page: RunPage,
@@ -140,7 +140,9 @@ pub fn install_kick_handler() -> Result<(), VmError> {
 }
 
 impl Vcpu {
-    /// Create vCPU `index` in long mode at the probe entry.
+    /// Create vCPU `index` in KVM's reset state, with its CPUID. With the in-kernel irqchip
+    /// the boot vCPU (0) is runnable and the others wait for INIT/SIPI
+    /// (`KVM_MP_STATE_UNINITIALIZED`, api.rst §4.38) until [`Vcpu::set_entry`] starts them.
     pub fn new(vm: &Vm, index: u8) -> Result<Self, VmError> {
         let err = |what| move |source| VmError::Kvm { what, source };
         let fd = vm
@@ -153,19 +155,6 @@ impl Vcpu {
             .map_err(err("get supported CPUID"))?;
         fd.set_cpuid2(&cpuid::for_vcpu(supported, index))
             .map_err(err("set CPUID"))?;
-        let sregs = fd.get_sregs().map_err(err("get sregs"))?;
-        fd.set_sregs(&boot::long_mode_sregs(sregs))
-            .map_err(err("set sregs"))?;
-        fd.set_regs(&boot::entry_regs(index.into()))
-            .map_err(err("set regs"))?;
-        if index != 0 {
-            // With the in-kernel LAPIC an AP waits for INIT/SIPI; ours start at the probe entry
-            // directly, which parks them.
-            fd.set_mp_state(kvm_mp_state {
-                mp_state: KVM_MP_STATE_RUNNABLE,
-            })
-            .map_err(err("set MP state"))?;
-        }
         let run_page = RunPage::new(&fd)?;
         Ok(Vcpu {
             fd,
@@ -175,7 +164,8 @@ impl Vcpu {
     }
 
     /// Enter the guest with `regs`, and the special registers `sregs` makes of the current
-    /// ones: a loader's entry state, set on the boot vCPU after [`Vcpu::new`].
+    /// ones: a loader's entry state. A vCPU other than the boot one starts there at once
+    /// instead of waiting for INIT/SIPI.
     pub fn set_entry(
         &self,
         regs: &kvm_regs,
@@ -186,7 +176,15 @@ impl Vcpu {
         self.fd
             .set_sregs(&sregs(current))
             .map_err(err("set sregs"))?;
-        self.fd.set_regs(regs).map_err(err("set regs"))
+        self.fd.set_regs(regs).map_err(err("set regs"))?;
+        if self.index != 0 {
+            self.fd
+                .set_mp_state(kvm_mp_state {
+                    mp_state: KVM_MP_STATE_RUNNABLE,
+                })
+                .map_err(err("set MP state"))?;
+        }
+        Ok(())
     }
 
     /// The TSC frequency KVM gives this vCPU, in kHz.
@@ -219,6 +217,7 @@ impl Vcpu {
 mod tests {
     use super::*;
     use crate::bus::BusDevice;
+    use crate::vm::boot;
     use std::sync::{Arc, Mutex};
 
     #[derive(Default)]
@@ -356,6 +355,8 @@ mod tests {
             .unwrap();
         install_kick_handler().unwrap();
         let vcpu = Vcpu::new(&vm, 0).unwrap();
+        vcpu.set_entry(&boot::entry_regs(0), boot::long_mode_sregs)
+            .unwrap();
         let control = Arc::new(RunControl::default());
         let mut io = IoBuses::default();
         let rec = Arc::new(Recorder::default());

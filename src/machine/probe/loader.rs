@@ -91,6 +91,14 @@ impl Loader for ProbeLoader<'_> {
             regs: boot::entry_regs(0),
         })
     }
+
+    /// The other vCPUs enter the probe too, which parks them in `hlt`.
+    fn secondary_entry(&self, index: u8) -> Option<EntryState> {
+        Some(EntryState {
+            mode: CpuMode::LongMode,
+            regs: boot::entry_regs(index.into()),
+        })
+    }
 }
 
 /// The boot-info block: where ECAM, the IOMMU and the virtio-mmio devices are, and the op
@@ -142,6 +150,7 @@ mod tests {
                 layout: &layout,
                 vcpus: 1,
                 tsc_khz: Some(2_000_000),
+                acpi_tables: &[],
             },
             3,
         );

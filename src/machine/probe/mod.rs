@@ -17,7 +17,7 @@ use crate::contract::{
 };
 use crate::iommu::IommuStats;
 use crate::irq::CommitStrategy;
-use crate::machine::config::{MachineConfig, VirtioNetConfig};
+use crate::machine::config::{Console, MachineConfig, VirtioNetConfig};
 use crate::machine::layout::DEFAULT_RAM_SIZE;
 use crate::machine::vcpus::RunEnd;
 use crate::machine::wiring::virtio_pci_address;
@@ -68,7 +68,12 @@ impl ProbeConfig {
             ram_size: self.ram_size,
             ecam: self.ecam,
             vcpus: self.vcpus,
-            console_to_stdout: self.console_to_stdout,
+            console: if self.console_to_stdout {
+                Console::Stdout
+            } else {
+                Console::Buffer
+            },
+            platform: None,
             virtio: self.virtio.clone(),
             response_size: self.response_size,
             gsi_commits: self.gsi_commits,

@@ -1,0 +1,565 @@
+/* exitless's multiboot test kernel. It checks the platform a VMM gives a kernel it did not
+ * build, by QEMU's conventions, so the same image runs under `exitless run` and under
+ * `qemu-system-x86_64 -machine q35 -kernel`:
+ *
+ *   - the multiboot information (Multiboot 0.6.96 §3.3): memory sizes, map, command line;
+ *   - fw_cfg (QEMU docs/specs/fw_cfg.rst): signature, CPU count, RAM size, the file directory
+ *     and the file opt/exitless/cmdline, which must hold this kernel's command line;
+ *   - ACPI (ACPI 6.5 §5.2): the RSDP found by scanning, every table's checksum, the FADT's PM
+ *     timer and PM1a control, the DSDT's PCIe host bridge and \_S5, the MADT's local APICs,
+ *     IOAPIC and IRQ 0 override, the MCFG and config space read through it;
+ *   - the PM timer advancing; the application processors answering INIT/SIPI; console input.
+ *
+ * What it expects comes from its command line: cpus=N (default 1), mem=MIB (RAM size, if
+ * given), ecam=0|1 (whether an MCFG must be there; default 1), iommu=0|1 (whether a DMAR
+ * describing a live VT-d unit must be there; default 0), echo=1 (read a line from the
+ * console), exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
+ * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
+ *
+ * It prints PASS/FAIL lines on COM1, polled. Everything runs at ring 0, which the KVM of
+ * exitless's machines emulates at about a microsecond an instruction (PLATFORM.md): the
+ * kernel stays small, and its loops are short. */
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "testkernel.h"
+
+#define COM1            0x3f8
+#define COM1_LSR        (COM1 + 5)
+#define LSR_DATA_READY  0x01
+#define LSR_THR_EMPTY   0x20
+#define DEBUG_EXIT      0xf4            /* -device isa-debug-exit,iobase=0xf4 */
+#define EXIT_PASS       0x10
+#define EXIT_FAIL       0x11
+#define FW_CFG_SEL      0x510
+#define FW_CFG_DATA     0x511
+#define FW_CFG_SIGNATURE 0x00
+#define FW_CFG_ID       0x01
+#define FW_CFG_RAM_SIZE 0x03
+#define FW_CFG_NB_CPUS  0x05
+#define FW_CFG_FILE_DIR 0x19
+#define CMDLINE_FILE    "opt/exitless/cmdline"
+#define PCI_CONFIG_ADDRESS 0xcf8
+#define PCI_CONFIG_DATA 0xcfc
+#define RESET_CONTROL   0xcf9
+#define I8042_COMMAND   0x64
+#define LAPIC           0xfee00000u
+#define LAPIC_SVR       0xf0
+#define LAPIC_ICR_LOW   0x300
+#define LAPIC_ICR_HIGH  0x310
+#define ICR_INIT_OTHERS 0x000c4500u     /* INIT, assert, to all excluding self */
+#define ICR_SIPI_OTHERS 0x000c4600u     /* start-up, to all excluding self */
+#define IOAPIC          0xfec00000u
+#define PM_TIMER_HZ     3579545u
+#define PM_TIMER_MASK   0xffffffu       /* 24 bits unless the FADT says 32 */
+#define SLP_EN          (1u << 13)
+#define S5_SLP_TYP      0u              /* QEMU's \_S5, and exitless's */
+#define MB_BOOTLOADER_MAGIC 0x2badb002u
+#define MB_INFO_MEMORY  (1u << 0)
+#define MB_INFO_CMDLINE (1u << 2)
+#define MB_INFO_MMAP    (1u << 6)
+#define MB_INFO_LOADER_NAME (1u << 9)
+
+/* The multiboot information (§3.3), up to the fields read here. */
+struct mb_info {
+    uint32_t flags, mem_lower, mem_upper, boot_device, cmdline, mods_count, mods_addr;
+    uint32_t syms[4];
+    uint32_t mmap_length, mmap_addr, drives_length, drives_addr, config_table;
+    uint32_t boot_loader_name;
+};
+
+/* Set by the application processors (entry.S). */
+volatile uint32_t ap_count;
+extern const char ap_trampoline[], ap_trampoline_end[];
+
+/* gcc may call these even in freestanding code. */
+void *memcpy(void *d, const void *s, __SIZE_TYPE__ n)
+{
+    uint8_t *dp = d;
+    const uint8_t *sp = s;
+    while (n--)
+        *dp++ = *sp++;
+    return d;
+}
+
+void *memset(void *d, int c, __SIZE_TYPE__ n)
+{
+    uint8_t *dp = d;
+    while (n--)
+        *dp++ = (uint8_t)c;
+    return d;
+}
+
+static int equal(const void *a, const void *b, uint32_t n)
+{
+    const uint8_t *x = a, *y = b;
+    while (n--)
+        if (*x++ != *y++)
+            return 0;
+    return 1;
+}
+
+static uint32_t length(const char *s)
+{
+    uint32_t n = 0;
+    while (s[n])
+        n++;
+    return n;
+}
+
+static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" : : "a"(v), "Nd"(port)); }
+static inline void outw(uint16_t port, uint16_t v) { __asm__ volatile("outw %0, %1" : : "a"(v), "Nd"(port)); }
+static inline void outl(uint16_t port, uint32_t v) { __asm__ volatile("outl %0, %1" : : "a"(v), "Nd"(port)); }
+static inline uint8_t inb(uint16_t port) { uint8_t v; __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port)); return v; }
+static inline uint16_t inw(uint16_t port) { uint16_t v; __asm__ volatile("inw %1, %0" : "=a"(v) : "Nd"(port)); return v; }
+static inline uint32_t inl(uint16_t port) { uint32_t v; __asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port)); return v; }
+
+/* `rep insb`: one string instruction for n bytes of one port (the VMM splits it per byte). */
+static inline void insb(uint16_t port, void *buf, uint32_t n)
+{
+    __asm__ volatile("rep insb" : "+D"(buf), "+c"(n) : "d"(port) : "memory");
+}
+
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | p[1] << 16 | p[2] << 8 | p[3]; }
+static inline uint32_t mmio32(uint32_t addr) { return *(volatile uint32_t *)addr; }
+static inline void mmio_write32(uint32_t addr, uint32_t v) { *(volatile uint32_t *)addr = v; }
+
+/* ---- console ---- */
+
+static void putc(char c)
+{
+    while (!(inb(COM1_LSR) & LSR_THR_EMPTY))
+        ;
+    outb(COM1, (uint8_t)c);
+}
+
+static void puts(const char *s)
+{
+    while (*s)
+        putc(*s++);
+}
+
+static void put_number(uint32_t v, uint32_t base, int width)
+{
+    char digits[12];
+    int n = 0;
+    do {
+        digits[n++] = "0123456789abcdef"[v % base];
+        v /= base;
+    } while (v);
+    while (width-- > n)
+        putc('0');
+    while (n)
+        putc(digits[--n]);
+}
+
+/* printf's %s %c %u %x, with a zero-padded width. */
+static void vprint(const char *fmt, va_list ap)
+{
+    for (; *fmt; fmt++) {
+        if (*fmt != '%') {
+            putc(*fmt);
+            continue;
+        }
+        int width = 0;
+        while (fmt[1] >= '0' && fmt[1] <= '9')
+            width = width * 10 + (*++fmt - '0');
+        switch (*++fmt) {
+        case 's': puts(va_arg(ap, const char *)); break;
+        case 'c': putc((char)va_arg(ap, int)); break;
+        case 'u': put_number(va_arg(ap, uint32_t), 10, width); break;
+        case 'x': put_number(va_arg(ap, uint32_t), 16, width); break;
+        default: putc('%'); putc(*fmt); break;
+        }
+    }
+}
+
+static void print(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprint(fmt, ap);
+    va_end(ap);
+}
+
+static uint32_t passed, failed;
+
+/* One result line: "PASS what" or "FAIL what". */
+static int check(int ok, const char *fmt, ...)
+{
+    va_list ap;
+    puts(ok ? "PASS " : "FAIL ");
+    va_start(ap, fmt);
+    vprint(fmt, ap);
+    va_end(ap);
+    putc('\n');
+    if (ok)
+        passed++;
+    else
+        failed++;
+    return ok;
+}
+
+/* ---- the command line ---- */
+
+static const char *cmdline = "";
+
+/* The value of `key=` in the command line (a pointer into it), or 0. */
+static const char *arg(const char *key)
+{
+    uint32_t n = length(key);
+    for (const char *p = cmdline; *p; p++) {
+        if ((p == cmdline || p[-1] == ' ') && equal(p, key, n) && p[n] == '=')
+            return p + n + 1;
+    }
+    return 0;
+}
+
+static uint32_t arg_number(const char *key, uint32_t otherwise)
+{
+    const char *v = arg(key);
+    if (!v)
+        return otherwise;
+    uint32_t n = 0;
+    while (*v >= '0' && *v <= '9')
+        n = n * 10 + (uint32_t)(*v++ - '0');
+    return n;
+}
+
+static int arg_is(const char *key, const char *value)
+{
+    const char *v = arg(key);
+    uint32_t n = length(value);
+    return v && equal(v, value, n) && (v[n] == ' ' || v[n] == 0);
+}
+
+/* ---- the PM timer ---- */
+
+static uint16_t pm_timer_port;
+static uint32_t pm_timer_mask = PM_TIMER_MASK;
+
+static uint32_t pm_timer(void)
+{
+    return inl(pm_timer_port) & pm_timer_mask;
+}
+
+/* Wait `ticks` of the PM timer (at most half its range). */
+static void delay(uint32_t ticks)
+{
+    uint32_t start = pm_timer();
+    while (((pm_timer() - start) & pm_timer_mask) < ticks)
+        ;
+}
+
+/* ---- the checks ---- */
+
+static void check_multiboot(const struct mb_info *mb, uint32_t mem_mib)
+{
+    check((mb->flags & (MB_INFO_MEMORY | MB_INFO_MMAP)) == (MB_INFO_MEMORY | MB_INFO_MMAP),
+          "multiboot: memory sizes and map given (flags %x)", mb->flags);
+    if (mb->flags & MB_INFO_LOADER_NAME)
+        print("testkernel: booted by %s\n", (const char *)mb->boot_loader_name);
+    /* RAM available from 1 MiB on, by the map: no more than mem_upper says. */
+    uint32_t kib_above_1m = 0, entries = 0;
+    for (uint32_t at = mb->mmap_addr; at < mb->mmap_addr + mb->mmap_length; entries++) {
+        const uint8_t *e = (const uint8_t *)at;
+        uint32_t base = rd32(e + 4), base_high = rd32(e + 8), len = rd32(e + 12);
+        if (rd32(e + 20) == 1 && base_high == 0 && base >= 0x100000)
+            kib_above_1m += len >> 10;
+        at += rd32(e) + 4;
+    }
+    check(mb->mem_lower >= 512 && mb->mem_lower <= 640 && kib_above_1m > 0 &&
+          kib_above_1m <= mb->mem_upper,
+          "multiboot: mem_lower %u KiB, mem_upper %u KiB, %u map entries with %u KiB of RAM "
+          "above 1 MiB", mb->mem_lower, mb->mem_upper, entries, kib_above_1m);
+    if (mem_mib)
+        check(mb->mem_upper + 1024 <= mem_mib * 1024 && mb->mem_upper + 2048 > mem_mib * 1024,
+              "multiboot: mem_upper matches mem=%u", mem_mib);
+}
+
+static void fw_cfg_select(uint16_t key) { outw(FW_CFG_SEL, key); }
+static void fw_cfg_read(void *buf, uint32_t n) { insb(FW_CFG_DATA, buf, n); }
+
+static void check_fw_cfg(uint32_t cpus, uint32_t mem_mib)
+{
+    char signature[5] = {0};
+    fw_cfg_select(FW_CFG_SIGNATURE);
+    fw_cfg_read(signature, 4);
+    if (!check(equal(signature, "QEMU", 4), "fw_cfg: signature '%s'", signature))
+        return;
+    uint32_t id;
+    fw_cfg_select(FW_CFG_ID);
+    fw_cfg_read(&id, 4);
+    check(id & 1, "fw_cfg: traditional interface (ID %x)", id);
+    uint16_t nb_cpus;
+    fw_cfg_select(FW_CFG_NB_CPUS);
+    fw_cfg_read(&nb_cpus, 2);
+    check(nb_cpus == cpus, "fw_cfg: %u CPUs, cpus=%u", nb_cpus, cpus);
+    uint32_t ram[2];
+    fw_cfg_select(FW_CFG_RAM_SIZE);
+    fw_cfg_read(ram, 8);
+    if (mem_mib)
+        check(ram[1] == 0 && ram[0] == mem_mib << 20, "fw_cfg: RAM %u MiB, mem=%u",
+              ram[0] >> 20, mem_mib);
+    else
+        check(ram[0] || ram[1], "fw_cfg: RAM %u MiB", ram[0] >> 20);
+
+    /* The file directory: a big-endian count, then 64-byte entries (size, select, name). */
+    uint8_t count[4], entry[64];
+    fw_cfg_select(FW_CFG_FILE_DIR);
+    fw_cfg_read(count, 4);
+    uint32_t files = be32(count), size = 0;
+    uint16_t select = 0;
+    for (uint32_t i = 0; i < files && i < 256; i++) {
+        fw_cfg_read(entry, 64);
+        if (equal(entry + 8, CMDLINE_FILE, sizeof(CMDLINE_FILE))) {
+            size = be32(entry);
+            select = (uint16_t)(entry[4] << 8 | entry[5]);
+        }
+    }
+    if (!check(select, "fw_cfg: %u files, %s among them", files, CMDLINE_FILE))
+        return;
+    /* It holds the command line as given: ours without the kernel's path before it. */
+    const char *given = cmdline;
+    while (*given && *given != ' ')
+        given++;
+    if (*given)
+        given++;
+    char file[256] = {0};
+    uint32_t n = size < sizeof file - 1 ? size : sizeof file - 1;
+    fw_cfg_select(select);
+    fw_cfg_read(file, n);
+    if (n && file[n - 1] == 0)
+        n--;
+    check(n == length(given) && equal(file, given, n), "fw_cfg: %s is '%s'", CMDLINE_FILE, file);
+}
+
+static int checksum_ok(const uint8_t *p, uint32_t len)
+{
+    uint8_t sum = 0;
+    while (len--)
+        sum = (uint8_t)(sum + *p++);
+    return sum == 0;
+}
+
+/* The RSDP, 16-byte aligned in the EBDA's first KiB or the BIOS area (ACPI 6.5 §5.2.5.1). */
+static const uint8_t *find_rsdp(void)
+{
+    uint16_t ebda_segment; /* the BIOS data area's word at 0x40E */
+    __asm__ volatile("movw 0x40e, %0" : "=r"(ebda_segment));
+    uint32_t ebda = (uint32_t)ebda_segment << 4;
+    uint32_t ranges[2][2] = {{ebda, ebda + 1024}, {0xe0000, 0x100000}};
+    for (int r = ebda ? 0 : 1; r < 2; r++)
+        for (uint32_t at = ranges[r][0]; at < ranges[r][1]; at += 16)
+            if (equal((const void *)at, "RSD PTR ", 8) && checksum_ok((const void *)at, 20))
+                return (const uint8_t *)at;
+    return 0;
+}
+
+static int contains(const uint8_t *p, uint32_t len, const void *needle, uint32_t n)
+{
+    for (uint32_t i = 0; i + n <= len; i++)
+        if (equal(p + i, needle, n))
+            return 1;
+    return 0;
+}
+
+static const uint8_t *fadt, *madt, *mcfg, *dmar;
+
+static void check_acpi(void)
+{
+    const uint8_t *rsdp = find_rsdp();
+    if (!check(rsdp != 0, "acpi: RSDP found by scanning"))
+        return;
+    /* Revision 2 and up: the XSDT, 64-bit entries; before that the RSDT (QEMU's). */
+    int x = rsdp[15] >= 2 && rd32(rsdp + 24) && checksum_ok(rsdp, rd32(rsdp + 20));
+    const uint8_t *root = (const uint8_t *)(x ? rd32(rsdp + 24) : rd32(rsdp + 16));
+    uint32_t root_len = rd32(root + 4), step = x ? 8 : 4, tables = (root_len - 36) / step;
+    int sums = checksum_ok(root, root_len) && equal(root, x ? "XSDT" : "RSDT", 4);
+    for (uint32_t i = 0; i < tables; i++) {
+        const uint8_t *t = (const uint8_t *)rd32(root + 36 + i * step);
+        sums &= checksum_ok(t, rd32(t + 4));
+        if (equal(t, "FACP", 4))
+            fadt = t;
+        else if (equal(t, "APIC", 4))
+            madt = t;
+        else if (equal(t, "MCFG", 4))
+            mcfg = t;
+        else if (equal(t, "DMAR", 4))
+            dmar = t;
+    }
+    check(sums, "acpi: RSDP revision %u at %x, %s lists %u tables, every checksum right", rsdp[15],
+          (uint32_t)rsdp, x ? "XSDT" : "RSDT", tables);
+}
+
+static void check_fadt(void)
+{
+    if (!check(fadt != 0, "fadt: present"))
+        return;
+    uint32_t fadt_len = rd32(fadt + 4);
+    pm_timer_port = (uint16_t)rd32(fadt + 76);
+    if (rd32(fadt + 112) & (1u << 8)) /* TMR_VAL_EXT */
+        pm_timer_mask = 0xffffffffu;
+    check(pm_timer_port == 0x608 && rd32(fadt + 64) == 0x604,
+          "fadt: PM timer at %x, PM1a control at %x", pm_timer_port, rd32(fadt + 64));
+    /* X_DSDT if the FADT has it and it is set, else DSDT. */
+    uint32_t dsdt_at = fadt_len >= 148 && rd32(fadt + 140) ? rd32(fadt + 140) : rd32(fadt + 40);
+    const uint8_t *dsdt = (const uint8_t *)dsdt_at;
+    uint32_t len = rd32(dsdt + 4);
+    static const uint8_t pnp0a08[] = {0x41, 0xd0, 0x0a, 0x08}; /* EISAID("PNP0A08") */
+    check(equal(dsdt, "DSDT", 4) && checksum_ok(dsdt, len) && contains(dsdt, len, pnp0a08, 4) &&
+          contains(dsdt, len, "_S5_", 4),
+          "dsdt: %u bytes, a PCI Express host bridge (PNP0A08) and \\_S5", len);
+}
+
+static void check_madt(uint32_t cpus)
+{
+    if (!check(madt != 0, "madt: present"))
+        return;
+    uint32_t len = rd32(madt + 4), lapics = 0, ioapic = 0, irq0_gsi = 0xffffffffu;
+    for (uint32_t at = 44; at + 2 <= len && madt[at + 1] >= 2; at += madt[at + 1]) {
+        const uint8_t *e = madt + at;
+        if (e[0] == 0 && (rd32(e + 4) & 1)) /* an enabled processor local APIC */
+            lapics++;
+        else if (e[0] == 1)
+            ioapic = rd32(e + 4);
+        else if (e[0] == 2 && e[3] == 0) /* the override of ISA IRQ 0 */
+            irq0_gsi = rd32(e + 4);
+    }
+    check(rd32(madt + 36) == LAPIC && lapics == cpus,
+          "madt: local APICs at %x, %u enabled, cpus=%u", rd32(madt + 36), lapics, cpus);
+    check(ioapic == IOAPIC && irq0_gsi == 2, "madt: IOAPIC at %x, IRQ 0 on GSI %u", ioapic,
+          irq0_gsi);
+}
+
+static uint16_t vendor_by_ports(void)
+{
+    outl(PCI_CONFIG_ADDRESS, 0x80000000u); /* 00:00.0, register 0 */
+    return inw(PCI_CONFIG_DATA);
+}
+
+static void check_mcfg(uint32_t ecam)
+{
+    if (!ecam) {
+        check(mcfg == 0, "mcfg: absent, as ecam=0 says");
+        return;
+    }
+    if (!check(mcfg != 0 && rd32(mcfg + 4) >= 60, "mcfg: present"))
+        return;
+    const uint8_t *e = mcfg + 44;
+    uint32_t base = rd32(e), start_bus = e[10], end_bus = e[11];
+    uint16_t by_ecam = 0xffff;
+    if (rd32(e + 4) == 0 && rd16(e + 8) == 0 && start_bus == 0)
+        by_ecam = (uint16_t)mmio32(base);
+    uint16_t by_ports = vendor_by_ports();
+    check(by_ecam != 0xffff && by_ecam == by_ports,
+          "mcfg: ECAM at %x for buses %u-%u; 00:00.0 vendor %04x by ECAM, %04x by port I/O", base,
+          start_bus, end_bus, by_ecam, by_ports);
+}
+
+/* The DMAR (Intel VT-d §8.1): its first remapping structure a DRHD (type 0) with
+ * INCLUDE_PCI_ALL, whose register page answers with its version (VER, §10.4.1). */
+static void check_dmar(uint32_t iommu)
+{
+    if (!iommu) {
+        check(dmar == 0, "dmar: absent, as iommu=0 says");
+        return;
+    }
+    if (!check(dmar != 0 && rd32(dmar + 4) >= 48 + 16, "dmar: present"))
+        return;
+    const uint8_t *drhd = dmar + 48;
+    uint32_t base = rd32(drhd + 8), version = mmio32(base);
+    check(rd16(drhd) == 0 && (drhd[4] & 1) && version == 0x10,
+          "dmar: host address width %u, a DRHD for every PCI device at %x, VER %x", dmar[36] + 1u,
+          base, version);
+}
+
+static void check_smp(uint32_t cpus)
+{
+    uint32_t others = cpus - 1;
+    memcpy((void *)TRAMPOLINE, ap_trampoline, (uint32_t)(ap_trampoline_end - ap_trampoline));
+    ap_count = 0;
+    mmio_write32(LAPIC + LAPIC_SVR, mmio32(LAPIC + LAPIC_SVR) | 0x1ff); /* enable, vector 0xff */
+    mmio_write32(LAPIC + LAPIC_ICR_HIGH, 0);
+    mmio_write32(LAPIC + LAPIC_ICR_LOW, ICR_INIT_OTHERS);
+    delay(PM_TIMER_HZ / 100); /* 10 ms, then two start-up IPIs 200 us apart (SDM §9.4.4.1) */
+    for (int i = 0; i < 2; i++) {
+        mmio_write32(LAPIC + LAPIC_ICR_LOW, ICR_SIPI_OTHERS | TRAMPOLINE >> 12);
+        delay(PM_TIMER_HZ / 5000);
+    }
+    for (int waited = 0; ap_count < others && waited < 100; waited++)
+        delay(PM_TIMER_HZ / 100);
+    check(ap_count == others, "smp: %u of %u application processors started by INIT/SIPI",
+          ap_count, others);
+}
+
+static void check_echo(void)
+{
+    char line[64];
+    uint32_t n = 0, waited = 0, last = pm_timer();
+    print("echo: type a line\n");
+    while (n < sizeof line - 1 && waited < 10 * PM_TIMER_HZ) {
+        if (inb(COM1_LSR) & LSR_DATA_READY) {
+            char c = (char)inb(COM1);
+            if (c == '\n' || c == '\r')
+                break;
+            line[n++] = c;
+        }
+        uint32_t now = pm_timer();
+        waited += (now - last) & pm_timer_mask;
+        last = now;
+    }
+    line[n] = 0;
+    check(n > 0 && waited < 10 * PM_TIMER_HZ, "echo: read '%s' from the console", line);
+}
+
+static void finish(void)
+{
+    print("testkernel: %u passed, %u failed\n", passed, failed);
+    if (arg_is("exit", "poweroff")) {
+        uint16_t pm1a_cnt = fadt ? (uint16_t)rd32(fadt + 64) : 0x604;
+        outw(pm1a_cnt, S5_SLP_TYP << 10 | SLP_EN);
+    } else if (arg_is("exit", "reset")) {
+        outb(RESET_CONTROL, 0x06);
+    } else if (arg_is("exit", "kbd")) {
+        outb(I8042_COMMAND, 0xfe);
+    } else {
+        outb(DEBUG_EXIT, failed ? EXIT_FAIL : EXIT_PASS);
+    }
+    puts("testkernel: still running after its exit\n");
+}
+
+void kmain(uint32_t magic, const struct mb_info *mb)
+{
+    puts("testkernel: multiboot test kernel\n");
+    if (!check(magic == MB_BOOTLOADER_MAGIC, "multiboot: EAX %x", magic))
+        goto out;
+    if (mb->flags & MB_INFO_CMDLINE)
+        cmdline = (const char *)mb->cmdline;
+    print("testkernel: command line '%s'\n", cmdline);
+    uint32_t cpus = arg_number("cpus", 1), mem = arg_number("mem", 0);
+
+    check_multiboot(mb, mem);
+    check_fw_cfg(cpus, mem);
+    check_acpi();
+    check_fadt();
+    if (pm_timer_port) {
+        uint32_t before = pm_timer();
+        check_madt(cpus);
+        check_mcfg(arg_number("ecam", 1));
+        check_dmar(arg_number("iommu", 0));
+        uint32_t ticks = (pm_timer() - before) & pm_timer_mask;
+        check(ticks > 0 && ticks < pm_timer_mask / 2, "pm timer: %u ticks across the last checks",
+              ticks);
+        if (cpus > 1)
+            check_smp(cpus);
+        if (arg_number("echo", 0))
+            check_echo();
+    }
+out:
+    finish();
+    for (;;)
+        __asm__ volatile("cli; hlt");
+}

@@ -1,0 +1,216 @@
+//! The ACPI fixed-hardware registers a PC has at its power-management base (ACPI 6.5 §4.8.3):
+//! the PM1a event block (status and enable), the PM1a control block (sleep type and enable:
+//! S5 is an orderly power-off) and the power-management timer (§4.8.3.3), at the addresses of
+//! QEMU's q35 machine (the ICH9 PMBASE 0x600), which the FADT gives the guest.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use crate::bus::BusDevice;
+use crate::guest_error;
+use crate::logging::DeviceLog;
+use crate::vm::run_control::{RunControl, StopReason};
+
+/// First port of the block.
+pub const PM_BASE: u16 = 0x600;
+/// Offset of PM1a_EVT_BLK: PM1 status (2 bytes) and PM1 enable (2 bytes).
+pub const PM1_EVT_OFFSET: u16 = 0;
+/// Length of PM1a_EVT_BLK.
+pub const PM1_EVT_LEN: u8 = 4;
+/// Offset of PM1a_CNT_BLK.
+pub const PM1_CNT_OFFSET: u16 = 4;
+/// Length of PM1a_CNT_BLK.
+pub const PM1_CNT_LEN: u8 = 2;
+/// Offset of PM_TMR_BLK: port 0x608, as QEMU has it.
+pub const PM_TMR_OFFSET: u16 = 8;
+/// Length of PM_TMR_BLK.
+pub const PM_TMR_LEN: u8 = 4;
+/// Ports the device decodes.
+pub const PM_BLOCK_LEN: u16 = PM_TMR_OFFSET + PM_TMR_LEN as u16;
+
+/// The timer's fixed frequency (ACPI 6.5 §4.8.3.3).
+pub const PM_TIMER_HZ: u128 = 3_579_545;
+/// The timer counts in 24 bits (the FADT leaves TMR_VAL_EXT clear), as QEMU's does.
+const TMR_VAL_MASK: u32 = 0xff_ffff;
+
+/// PM1 control bits (ACPI 6.5 §4.8.3.2.1, table 4.16).
+const SCI_EN: u16 = 1 << 0;
+const SLP_TYP_SHIFT: u16 = 10;
+const SLP_TYP_MASK: u16 = 0x7 << SLP_TYP_SHIFT;
+const SLP_EN: u16 = 1 << 13;
+/// The SLP_TYP of S5 (soft off), as the DSDT's `\_S5` package gives it: QEMU's value, so a
+/// kernel that powers QEMU off powers exitless off.
+pub const S5_SLP_TYP: u16 = 0;
+
+/// The registers the guest can write.
+#[derive(Default)]
+struct Regs {
+    enable: u16,
+    control: u16,
+}
+
+/// The device.
+pub struct AcpiPm {
+    regs: Mutex<Regs>,
+    /// The timer's zero.
+    start: Instant,
+    control: Arc<RunControl>,
+    log: Arc<DeviceLog>,
+}
+
+impl AcpiPm {
+    /// A block whose S5 request stops the run through `control`.
+    pub fn new(control: Arc<RunControl>, log: Arc<DeviceLog>) -> Self {
+        AcpiPm {
+            regs: Mutex::default(),
+            start: Instant::now(),
+            control,
+            log,
+        }
+    }
+
+    /// The device's log.
+    pub fn log(&self) -> &Arc<DeviceLog> {
+        &self.log
+    }
+
+    /// TMR_VAL: ticks of the 3.579545 MHz clock since the device was made, in 24 bits.
+    fn timer(&self) -> u32 {
+        let ticks = self.start.elapsed().as_nanos() * PM_TIMER_HZ / 1_000_000_000;
+        u32::try_from(ticks & u128::from(TMR_VAL_MASK)).expect("24 bits")
+    }
+
+    /// The block as the guest reads it. PM1 status is all clear: no fixed event is modelled
+    /// (there is no SCI to raise). SCI_EN reads set: the machine is in ACPI mode from the
+    /// start (the FADT has no SMI_CMD port to switch it). SLP_EN always reads zero.
+    fn image(&self) -> [u8; PM_BLOCK_LEN as usize] {
+        let regs = self.regs.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut image = [0u8; PM_BLOCK_LEN as usize];
+        let at = |offset: u16| usize::from(offset);
+        image[at(PM1_EVT_OFFSET) + 2..at(PM1_EVT_OFFSET) + 4]
+            .copy_from_slice(&regs.enable.to_le_bytes());
+        image[at(PM1_CNT_OFFSET)..at(PM1_CNT_OFFSET) + 2]
+            .copy_from_slice(&(regs.control | SCI_EN).to_le_bytes());
+        drop(regs);
+        image[at(PM_TMR_OFFSET)..].copy_from_slice(&self.timer().to_le_bytes());
+        image
+    }
+
+    /// A write of PM1 control: SLP_EN with S5's sleep type powers off; other sleep states are
+    /// not supported and the write is ignored, as QEMU ignores the ones it lacks.
+    fn write_control(&self, value: u16) {
+        if value & SLP_EN == 0 {
+            return;
+        }
+        match (value & SLP_TYP_MASK) >> SLP_TYP_SHIFT {
+            S5_SLP_TYP => self.control.stop(StopReason::PowerOff),
+            typ => guest_error!(
+                self.log,
+                "sleep type {typ} requested: only S5 (type {S5_SLP_TYP}) is supported; ignored"
+            ),
+        }
+    }
+}
+
+impl BusDevice for AcpiPm {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        let image = self.image();
+        for (i, byte) in data.iter_mut().enumerate() {
+            let at = usize::try_from(offset).ok().and_then(|o| o.checked_add(i));
+            *byte = at.and_then(|at| image.get(at)).copied().unwrap_or(0xff);
+        }
+    }
+
+    /// Each byte lands in its register: PM1 status bits are write-one-to-clear (none is ever
+    /// set), PM1 enable is kept, PM1 control is kept and acted on, the timer is read-only.
+    fn write(&self, offset: u64, data: &[u8]) {
+        let mut regs = self.regs.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut control = None;
+        for (i, &byte) in data.iter().enumerate() {
+            let Some(at) = offset.checked_add(i as u64) else {
+                break;
+            };
+            let set_byte = |reg: u16, lane: u64| {
+                let mut bytes = reg.to_le_bytes();
+                bytes[usize::from(lane == 1)] = byte;
+                u16::from_le_bytes(bytes)
+            };
+            let (enable, cnt) = (u64::from(PM1_EVT_OFFSET) + 2, u64::from(PM1_CNT_OFFSET));
+            match at {
+                a if (enable..enable + 2).contains(&a) => {
+                    regs.enable = set_byte(regs.enable, a - enable)
+                }
+                a if (cnt..cnt + 2).contains(&a) => {
+                    let value = set_byte(control.unwrap_or(regs.control), a - cnt);
+                    control = Some(value);
+                }
+                _ => {}
+            }
+        }
+        if let Some(value) = control {
+            regs.control = value & !(SLP_EN | SCI_EN);
+            drop(regs);
+            self.write_control(value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn device() -> (AcpiPm, Arc<RunControl>) {
+        let control = Arc::new(RunControl::default());
+        (
+            AcpiPm::new(control.clone(), DeviceLog::new("acpi-pm")),
+            control,
+        )
+    }
+
+    fn read_u32(dev: &AcpiPm, offset: u16) -> u32 {
+        let mut b = [0u8; 4];
+        dev.read(offset.into(), &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn the_timer_advances_at_its_frequency_in_24_bits() {
+        let (dev, _) = device();
+        let a = read_u32(&dev, PM_TMR_OFFSET);
+        std::thread::sleep(Duration::from_millis(20));
+        let b = read_u32(&dev, PM_TMR_OFFSET);
+        let ticks = b.wrapping_sub(a) & TMR_VAL_MASK;
+        // 20 ms is 71,591 ticks; a loaded host may sleep longer, never shorter.
+        assert!((71_000..3_579_545).contains(&ticks), "{ticks} ticks");
+        assert_eq!(b & !TMR_VAL_MASK, 0);
+    }
+
+    #[test]
+    fn s5_powers_off_and_other_sleep_states_are_ignored() {
+        let (dev, control) = device();
+        let cnt = u64::from(PM1_CNT_OFFSET);
+        let mut b = [0u8; 2];
+        dev.read(cnt, &mut b);
+        assert_eq!(u16::from_le_bytes(b), SCI_EN, "ACPI mode from the start");
+        dev.write(cnt, &(SLP_EN | 1 << SLP_TYP_SHIFT).to_le_bytes());
+        assert_eq!(control.wait(Duration::ZERO), None, "S1 is not supported");
+        assert_eq!(dev.log().guest_errors(), 1);
+        // SLP_TYP and SLP_EN live in the high byte, which a byte write reaches alone.
+        dev.write(cnt + 1, &[SLP_EN.to_le_bytes()[1]]);
+        assert_eq!(control.wait(Duration::ZERO), Some(StopReason::PowerOff));
+    }
+
+    #[test]
+    fn enable_is_kept_and_status_and_timer_ignore_writes() {
+        let (dev, control) = device();
+        dev.write(u64::from(PM1_EVT_OFFSET), &[0xff, 0xff, 0x20, 0x01]);
+        let evt = read_u32(&dev, PM1_EVT_OFFSET);
+        assert_eq!(evt, 0x0120 << 16, "status clear, enable kept");
+        dev.write(u64::from(PM_TMR_OFFSET), &[0; 4]);
+        let mut past = [0u8; 2];
+        dev.read(u64::from(PM_BLOCK_LEN) - 1, &mut past);
+        assert_eq!(past[1], 0xff, "past the block");
+        assert_eq!(control.wait(Duration::ZERO), None);
+    }
+}

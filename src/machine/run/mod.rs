@@ -1,0 +1,278 @@
+//! `exitless run`'s machine: a PC-like platform for kernels this project did not build.
+//!
+//! It is the standard machine (console, PCI bus 0, ECAM shadowed, trapped or absent) with the
+//! PC platform devices of QEMU's conventions ([`Platform`]: isa-debug-exit, fw_cfg, the ACPI
+//! power-management block, the i8042 and 0xCF9 resets), a memory map and ACPI tables
+//! ([`memmap`], [`acpi`]), and a kernel loader behind the [`Loader`](crate::machine::Loader)
+//! trait: multiboot v1 today ([`multiboot`]). The boot vCPU enters the kernel; the others wait
+//! for INIT/SIPI. The run ends when the guest exits through isa-debug-exit, powers off or
+//! resets; nothing else ends it.
+
+pub mod acpi;
+pub mod memmap;
+pub mod multiboot;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::devices::debug_exit;
+use crate::machine::config::{Console, MachineConfig, Platform};
+use crate::machine::layout::PCI_MMIO_WINDOW;
+use crate::machine::vcpus::RunEnd;
+use crate::machine::{Machine, MachineError};
+use crate::pci::EcamMode;
+use crate::vm::run_control::StopReason;
+
+use memmap::MIN_RAM;
+use multiboot::{MultibootError, MultibootKernel};
+
+/// Most vCPUs a run machine has: each is a thread, and the MADT's APIC IDs are one byte.
+pub const MAX_CPUS: u64 = 64;
+/// The fw_cfg file that holds the command line as given (fw_cfg.rst: `opt/` names are for
+/// the VMM's own items, under its name).
+pub const FW_CFG_CMDLINE: &str = "opt/exitless/cmdline";
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The kernel file.
+    pub kernel: PathBuf,
+    /// The command line. The kernel gets it after its own path, as QEMU and GRUB pass it
+    /// (kvm-unit-tests read the first word as the program's name).
+    pub cmdline: String,
+    /// RAM in MiB.
+    pub memory_mib: u64,
+    /// vCPUs.
+    pub cpus: u64,
+    /// How ECAM is served; `None` leaves it undescribed.
+    pub ecam: Option<EcamMode>,
+    /// A VT-d IOMMU, described by a DMAR table.
+    pub iommu: bool,
+    /// Where the serial console goes.
+    pub console: Console,
+}
+
+/// How a run ended, as the guest ended it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// It wrote this value to isa-debug-exit.
+    DebugExit(u64),
+    /// It powered off (ACPI S5).
+    PowerOff,
+    /// It reset the machine.
+    Reset,
+}
+
+impl RunOutcome {
+    /// The status `exitless run` exits with: QEMU's `(value << 1) | 1` for isa-debug-exit, 0
+    /// for an orderly power-off or reset.
+    pub fn exit_status(self) -> u8 {
+        match self {
+            RunOutcome::DebugExit(value) => debug_exit::exit_status(value),
+            RunOutcome::PowerOff | RunOutcome::Reset => 0,
+        }
+    }
+}
+
+/// Why a kernel could not be run. Each message is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The kernel file cannot be read.
+    #[error("cannot read the kernel {path}: {source}")]
+    KernelRead {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel file is not one this machine boots.
+    #[error("kernel {path}: {source}")]
+    Kernel {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: MultibootError,
+    },
+    /// Less RAM than a PC's first megabyte and a kernel need.
+    #[error("--memory {0}: a machine needs at least {min} MiB", min = MIN_RAM >> 20)]
+    MemoryTooSmall(u64),
+    /// More RAM than fits below the PCI hole.
+    #[error(
+        "--memory {0}: at most {max} MiB, the RAM below the PCI hole at {hole:#x}",
+        max = PCI_MMIO_WINDOW.0 >> 20,
+        hole = PCI_MMIO_WINDOW.0
+    )]
+    MemoryAboveHole(u64),
+    /// More RAM than the host has.
+    #[error("--memory {asked}: more than this host's {host} MiB of RAM")]
+    MemoryAboveHost {
+        /// MiB asked for.
+        asked: u64,
+        /// MiB the host has.
+        host: u64,
+    },
+    /// A vCPU count out of range.
+    #[error("--cpus {0}: 1 to {MAX_CPUS}")]
+    Cpus(u64),
+    /// Building or running the machine.
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+    /// The guest triple-faulted.
+    #[error(
+        "the guest shut down without exiting: a triple fault (an exception it could not handle)"
+    )]
+    Shutdown,
+    /// A vCPU failed.
+    #[error("the guest stopped: {0}")]
+    Stopped(String),
+}
+
+/// The host's RAM in MiB (MemTotal in /proc/meminfo), if it can be read.
+fn host_memory_mib() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib >> 10)
+}
+
+impl RunConfig {
+    /// The machine to build, once the sizes are checked.
+    fn machine(&self) -> Result<MachineConfig, RunError> {
+        let mib = self.memory_mib;
+        if mib < MIN_RAM >> 20 {
+            return Err(RunError::MemoryTooSmall(mib));
+        }
+        if mib > PCI_MMIO_WINDOW.0 >> 20 {
+            return Err(RunError::MemoryAboveHole(mib));
+        }
+        if let Some(host) = host_memory_mib().filter(|&host| mib > host) {
+            return Err(RunError::MemoryAboveHost { asked: mib, host });
+        }
+        let vcpus = u8::try_from(self.cpus)
+            .ok()
+            .filter(|&n| (1..=MAX_CPUS).contains(&n.into()))
+            .ok_or(RunError::Cpus(self.cpus))?;
+        Ok(MachineConfig {
+            ram_size: usize::try_from(mib << 20).expect("below the PCI hole"),
+            ecam: self.ecam,
+            iommu: self.iommu,
+            vcpus,
+            console: self.console.clone(),
+            platform: Some(Platform {
+                fw_cfg_files: vec![(FW_CFG_CMDLINE.into(), self.cmdline.as_bytes().to_vec())],
+            }),
+            ..MachineConfig::default()
+        })
+    }
+
+    /// The kernel, read and checked for this machine's RAM.
+    fn kernel(&self, ram_size: u64) -> Result<MultibootKernel, RunError> {
+        let path = &self.kernel;
+        let image = std::fs::read(path).map_err(|source| RunError::KernelRead {
+            path: path.clone(),
+            source,
+        })?;
+        let cmdline = format!("{} {}", path.display(), self.cmdline);
+        let kernel = MultibootKernel::parse(image, &cmdline).and_then(|k| {
+            k.check_fits(ram_size)?;
+            Ok(k)
+        });
+        kernel.map_err(|source| RunError::Kernel {
+            path: path.clone(),
+            source,
+        })
+    }
+
+    /// Boot the kernel and run it until the guest ends the run.
+    pub fn run(&self) -> Result<RunOutcome, RunError> {
+        let machine_cfg = self.machine()?;
+        let kernel = self.kernel(machine_cfg.ram_size as u64)?;
+        let machine = Machine::new(&machine_cfg, None)?;
+        match machine.run(&kernel, Duration::MAX)?.end {
+            RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),
+            RunEnd::Stopped(StopReason::PowerOff) => Ok(RunOutcome::PowerOff),
+            RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),
+            RunEnd::Stopped(StopReason::Shutdown) => Err(RunError::Shutdown),
+            RunEnd::Stopped(StopReason::VcpuFailed(why)) => Err(RunError::Stopped(why)),
+            RunEnd::Stopped(StopReason::GuestDone(status)) => Err(RunError::Stopped(format!(
+                "the probe's done port (status {status}) on a run machine"
+            ))),
+            RunEnd::TimedOut => Err(RunError::Stopped("it never ended".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(memory_mib: u64, cpus: u64) -> RunConfig {
+        RunConfig {
+            kernel: "/nonexistent/kernel".into(),
+            cmdline: String::new(),
+            memory_mib,
+            cpus,
+            ecam: Some(EcamMode::Shadow),
+            iommu: false,
+            console: Console::Buffer,
+        }
+    }
+
+    #[test]
+    fn sizes_out_of_range_are_refused_with_one_line() {
+        for (memory, cpus, says) in [
+            (0, 1, "at least 2 MiB"),
+            (1, 1, "at least 2 MiB"),
+            (3073, 1, "at most 3072 MiB"),
+            (u64::MAX, 1, "at most 3072 MiB"),
+            (64, 0, "--cpus 0: 1 to 64"),
+            (64, 65, "--cpus 65"),
+            (64, 256, "--cpus 256"),
+        ] {
+            let e = config(memory, cpus).machine().expect_err("out of range");
+            let line = e.to_string();
+            assert!(line.contains(says) && !line.contains('\n'), "{line}");
+        }
+        let cfg = config(64, 2).machine().unwrap();
+        assert_eq!((cfg.ram_size, cfg.vcpus), (64 << 20, 2));
+        let platform = cfg.platform.expect("the PC platform devices");
+        assert_eq!(platform.fw_cfg_files[0].0, FW_CFG_CMDLINE);
+    }
+
+    #[test]
+    fn more_memory_than_the_host_has_is_refused() {
+        let host = host_memory_mib().expect("/proc/meminfo");
+        if host >= 3072 {
+            // Below the PCI hole this host has room for any machine.
+            return;
+        }
+        let e = config(host + 1, 1)
+            .machine()
+            .expect_err("more than the host");
+        assert!(e.to_string().contains("more than this host"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_kernel_is_named() {
+        let e = config(64, 1).kernel(64 << 20).expect_err("no such file");
+        assert_eq!(
+            e.to_string(),
+            "cannot read the kernel /nonexistent/kernel: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn the_exit_status_is_qemus_or_zero() {
+        assert_eq!(RunOutcome::DebugExit(0x10).exit_status(), 0x21);
+        assert_eq!(RunOutcome::PowerOff.exit_status(), 0);
+        assert_eq!(RunOutcome::Reset.exit_status(), 0);
+    }
+}
