@@ -145,12 +145,19 @@ fn vcpu() -> Vec<Allowed> {
 }
 
 /// A device thread: sleeps on its eventfds, works on the queues in guest memory (plain memory
-/// accesses) and sends interrupts.
+/// accesses) and sends interrupts; a virtio-blk device's thread also reads and writes its disk
+/// file.
 fn device() -> Vec<Allowed> {
     vec![
         // Wait for queue, resample, command and stop events, then consume them.
         sys!(SYS_epoll_wait),
         sys!(SYS_read),
+        // virtio-blk requests (`virtio::block`): reads and writes at offsets of the disk file
+        // opened by the main thread (never moving its position), and VIRTIO_BLK_T_FLUSH's
+        // fsync. The thread opens nothing: it reaches only the file it was given.
+        sys!(SYS_pread64),
+        sys!(SYS_pwrite64),
+        sys!(SYS_fsync),
         sys!(SYS_ioctl).only(
             1,
             [

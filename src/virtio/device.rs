@@ -81,6 +81,19 @@ pub trait VirtioDevice: Send {
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 }
 
+/// Copy bytes `offset..` of a device's configuration space `config` into `data`, as a driver's
+/// read sees them: bytes past its end read zero.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| config.get(o))
+            .copied()
+            .unwrap_or(0);
+    }
+}
+
 /// What one call of [`QueueHandler::process_queue`] did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Progress {

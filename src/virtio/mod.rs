@@ -1,8 +1,10 @@
 //! Virtio devices and their transports (virtio 1.2): split virtqueues (on virtio-queue),
 //! feature negotiation, status and reset ([`device`]); virtio-mmio with exitless's MSI and
 //! per-queue doorbell extension ([`mmio`]); modern virtio-pci with MSI-X ([`pci`]); the
-//! notification paths ([`notify`]) and the device thread ([`worker`]); virtio-net ([`net`]).
+//! notification paths ([`notify`]) and the device thread ([`worker`]); virtio-net ([`net`]);
+//! virtio-blk on a raw file ([`block`]).
 
+pub mod block;
 pub mod chain;
 pub mod device;
 #[cfg(test)]

@@ -8,7 +8,8 @@ use virtio_queue::{Queue, QueueT};
 use super::DeviceParts;
 use super::chain::Chain;
 use super::device::{
-    ChainServer, ChainsServed, DeviceError, Progress, QueueHandler, VirtioDevice, serve_chains,
+    ChainServer, ChainsServed, DeviceError, Progress, QueueHandler, VirtioDevice,
+    read_config_bytes, serve_chains,
 };
 use super::regs::{VIRTIO_ID_NET, VIRTIO_NET_HDR_SIZE};
 use crate::dma::DmaContext;
@@ -313,14 +314,7 @@ impl VirtioDevice for VirtioNet {
         config[..6].copy_from_slice(&self.mac);
         let pairs = u16::try_from(self.pairs).unwrap_or(u16::MAX);
         config[CONFIG_MAX_PAIRS..].copy_from_slice(&pairs.to_le_bytes());
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| config.get(o))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_config_bytes(&config, offset, data);
     }
 }
 
