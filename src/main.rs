@@ -13,7 +13,7 @@ use exitless::bench::{
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
 use exitless::inspect;
 use exitless::machine::run::RunConfig;
-use exitless::machine::{Console, ProbeConfig};
+use exitless::machine::{Console, DiskConfig, ProbeConfig, Transport};
 use exitless::pci::EcamMode;
 use exitless::seccomp::{self, ThreadKind};
 
@@ -81,6 +81,11 @@ struct RunArgs {
     /// How the VMM serves the ECAM window (the MCFG table describes it unless `none`).
     #[arg(long, value_enum, default_value = "shadow")]
     ecam: EcamArg,
+    /// A virtio-blk disk on a raw file (repeatable): `FILE`, `FILE,ro` for a read-only disk
+    /// (writes are refused), `FILE,transport=mmio` for virtio-mmio instead of virtio-pci. Its
+    /// capacity is the file's whole 512-byte sectors; its serial the file's name.
+    #[arg(long, value_name = "FILE[,ro][,transport=pci|mmio]", value_parser = parse_disk)]
+    disk: Vec<DiskConfig>,
     /// Give the machine a VT-d IOMMU at 0xFED90000, described by an ACPI DMAR table
     /// (virtio-pci devices offer VIRTIO_F_ACCESS_PLATFORM behind it).
     #[arg(long)]
@@ -101,10 +106,35 @@ fn run(args: RunArgs) -> Result<u8, String> {
         ecam: ecam_mode(args.ecam),
         iommu: args.iommu,
         console,
+        disks: args.disk,
     };
     cfg.run()
         .map(|outcome| outcome.exit_status())
         .map_err(|e| e.to_string())
+}
+
+/// `--disk FILE[,ro][,transport=pci|mmio]`. The file is opened when the machine is built.
+fn parse_disk(s: &str) -> Result<DiskConfig, String> {
+    let mut parts = s.split(',');
+    let path = parts.next().filter(|p| !p.is_empty()).ok_or("no file")?;
+    let mut disk = DiskConfig {
+        path: path.into(),
+        read_only: false,
+        transport: Transport::Pci,
+    };
+    for option in parts {
+        match option {
+            "ro" => disk.read_only = true,
+            "transport=pci" => disk.transport = Transport::Pci,
+            "transport=mmio" => disk.transport = Transport::Mmio,
+            _ => {
+                return Err(format!(
+                    "unknown option `{option}` (ro, transport=pci|mmio)"
+                ));
+            }
+        }
+    }
+    Ok(disk)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

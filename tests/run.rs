@@ -146,6 +146,17 @@ fn other_vcpus_answer_init_sipi_and_trapped_ecam_reads_like_port_io() {
     }
 }
 
+/// Disks on both transports join the machine without disturbing the kernel's checks.
+#[test]
+fn disks_on_both_transports_join_the_machine() {
+    let disk = std::env::temp_dir().join(format!("exitless-run-disk-{}", std::process::id()));
+    std::fs::write(&disk, vec![0u8; 64 << 10]).unwrap();
+    let path = disk.to_str().unwrap();
+    let ro = format!("{path},ro,transport=mmio");
+    passes(&["--disk", path, "--disk", &ro], "");
+    std::fs::remove_file(&disk).unwrap();
+}
+
 #[test]
 fn without_ecam_there_is_no_mcfg() {
     let ran = passes(&["--ecam", "none"], "ecam=0");
@@ -243,7 +254,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
     std::fs::write(&cut, &elf[..0x1100]).unwrap();
     let good = kernel("testkernel.elf");
     let good = good.to_str().unwrap();
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["--kernel", "/nonexistent/kernel"],
             "cannot read the kernel /nonexistent/kernel: No such file or directory",
@@ -273,6 +284,10 @@ fn every_bad_input_gets_one_line_and_status_2() {
         (
             &["--kernel", good, "--cmdline", &"x".repeat(30_000)],
             "bytes; at most 28671 fit",
+        ),
+        (
+            &["--kernel", good, "--disk", "/nonexistent/disk.img,ro"],
+            "cannot open the disk /nonexistent/disk.img: No such file or directory",
         ),
     ];
     for (args, says) in cases {

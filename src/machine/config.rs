@@ -30,6 +30,9 @@ pub struct MachineConfig {
     /// virtio-net devices with the request/response backend, in order: virtio-mmio ones take
     /// the layout's windows in turn; virtio-pci ones are 00:03.0, 00:04.0, ….
     pub virtio: Vec<VirtioNetConfig>,
+    /// virtio-blk devices, in order: virtio-pci ones take the functions after the virtio-net
+    /// ones, virtio-mmio ones the layout's next windows.
+    pub disks: Vec<DiskConfig>,
     /// Bytes of each response frame the request/response backend sends.
     pub response_size: usize,
     /// When GSI routing changes reach KVM.
@@ -48,6 +51,7 @@ impl Default for MachineConfig {
             console: Console::default(),
             platform: None,
             virtio: Vec::new(),
+            disks: Vec::new(),
             response_size: 1024,
             gsi_commits: CommitStrategy::default(),
             iommu: false,
@@ -122,4 +126,15 @@ impl VirtioNetConfig {
             backend: NetBackendKind::default(),
         }
     }
+}
+
+/// A virtio-blk device of a machine: a raw file, sector `n` at byte `512 n`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// The file.
+    pub path: PathBuf,
+    /// Opened read-only; the device offers VIRTIO_BLK_F_RO and refuses writes.
+    pub read_only: bool,
+    /// Its transport.
+    pub transport: Transport,
 }

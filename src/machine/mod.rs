@@ -33,8 +33,8 @@ use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::{self, Vm, VmError};
 
 pub use config::{
-    Console, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform, Transport,
-    VirtioNetConfig,
+    Console, DiskConfig, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform,
+    Transport, VirtioNetConfig,
 };
 pub use layout::{LayoutError, MemoryLayout};
 pub use loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -86,6 +86,15 @@ pub enum MachineError {
     /// The console file cannot be opened.
     #[error("cannot open the console file {path}: {source}")]
     ConsoleFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A disk file cannot be opened or its size read.
+    #[error("cannot open the disk {path}: {source}")]
+    Disk {
         /// The file.
         path: std::path::PathBuf,
         /// Why.

@@ -1,7 +1,7 @@
 //! Device wiring: which devices a machine has, where each sits on the buses, and which
 //! interrupt it raises. The serial console, PCI bus 0 (CF8/CFC, the BAR windows, ECAM trapped
 //! or shadowed), the PC platform devices if the machine has them, the VT-d remapping unit if
-//! configured, and the virtio-net devices behind virtio-mmio or virtio-pci.
+//! configured, and the virtio-net and virtio-blk devices behind virtio-mmio or virtio-pci.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -31,11 +31,13 @@ use crate::pci::function::{HostBridge, TestDevice};
 use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
 use crate::pci::root::{BarBuses, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
-use crate::virtio::TransportEnv;
+use crate::virtio::block::VirtioBlock;
 use crate::virtio::mmio::{MmioPlacement, MmioTransport};
 use crate::virtio::net::{NetBackend, RequestResponse, Sink, VirtioNet};
+use crate::virtio::notify::NotifyPath;
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::worker::Worker;
+use crate::virtio::{DeviceParts, TransportEnv};
 use crate::vm::Vm;
 use crate::vm::run_control::RunControl;
 
@@ -173,7 +175,9 @@ pub fn wire(
         logs,
         iommu,
     };
-    add_virtio_net(vm, layout, cfg, &pci, &mut devices)?;
+    let mut slots = VirtioSlots::default();
+    add_virtio_net(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
+    add_virtio_blk(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
     add_pci_windows(vm, &mut devices.io, &pci, cfg.ecam, reset_control)?;
     Ok(devices)
 }
@@ -268,16 +272,33 @@ fn add_iommu(
     Ok((iommu, id))
 }
 
+/// Where the next virtio device goes: virtio-pci functions take 00:03.0, 00:04.0, … in turn
+/// (network devices first, then disks), virtio-mmio ones the layout's next window.
+#[derive(Default)]
+struct VirtioSlots {
+    pci: usize,
+}
+
+/// What a device needs from its transport beyond its parts.
+struct Placement {
+    transport: Transport,
+    notify: NotifyPath,
+    /// MSI-X vectors, for virtio-pci.
+    vectors: usize,
+    /// The PCI class code, for virtio-pci.
+    class: u32,
+}
+
 /// The virtio-net devices of `cfg`, each with its request/response backends, behind its
-/// transport: virtio-mmio ones in the layout's next window, virtio-pci ones at 00:03.0 on.
+/// transport.
 fn add_virtio_net(
     vm: &Vm,
     layout: &mut MemoryLayout,
     cfg: &MachineConfig,
     pci: &PciRoot,
     devices: &mut Devices,
+    slots: &mut VirtioSlots,
 ) -> Result<(), MachineError> {
-    let mut pci_count = 0;
     for (i, dev) in cfg.virtio.iter().enumerate() {
         let mut mac = layout::VIRTIO_NET_MAC;
         mac[5] = u8::try_from(i).map_err(|_| MachineError::TooManyDevices)?;
@@ -294,52 +315,121 @@ fn add_virtio_net(
             })
             .collect();
         let net = VirtioNet::parts(mac, backends);
-        // One MSI-X vector per receive and transmit queue and one for configuration
-        // changes; the control queue needs none (drivers poll it, as Linux does).
-        let vectors = 2 * pairs + 1;
-        match dev.transport {
-            Transport::Mmio => {
-                let slot = layout
-                    .allocate_virtio_mmio()
-                    .map_err(|_| MachineError::TooManyDevices)?;
-                let n = layout.virtio_mmio().len() - 1;
-                let at = MmioPlacement {
-                    base: slot.base,
-                    gsi: slot.gsi,
-                    notify: dev.notify,
-                };
-                let name = format!("virtio-mmio.{n}");
-                let log = DeviceLog::new(name.as_str());
-                let env = transport_env(vm, devices, log.clone());
-                let (transport, worker) = MmioTransport::new(env, net, at)?;
-                let id = devices
-                    .io
-                    .add_mmio(&name, slot.base, slot.size, Arc::new(transport))?;
-                devices.logs.push((id, log));
-                devices.workers.push(worker);
-            }
-            Transport::Pci => {
-                let at = virtio_pci_address(pci_count)
-                    .filter(|_| pci_count < MAX_VIRTIO_PCI)
-                    .ok_or(MachineError::TooManyDevices)?;
-                pci_count += 1;
-                // Its registers are reached through BARs counted as `names::PCI_BARS`; its
-                // guest errors are counted under a name of its own.
-                let name = names::virtio_pci(at);
-                let log = DeviceLog::new(name.as_str());
-                let env = transport_env(vm, devices, log.clone());
-                let (function, worker) =
-                    VirtioPci::new(env, net, at.requester_id(), vectors, dev.notify)?;
-                let id = devices.io.id_for(&name);
-                devices.logs.push((id, log));
-                // Class 02/00/00: Ethernet controller (PCI Code and ID Assignment §1.3).
-                let layout = function.config_layout(0x02_00_00);
-                devices
-                    .msix
-                    .insert(at.ecam_offset(), function.msi().clone());
-                pci.add(at, &layout, Box::new(function))?;
-                devices.workers.push(worker);
-            }
+        let placement = Placement {
+            transport: dev.transport,
+            notify: dev.notify,
+            // One MSI-X vector per receive and transmit queue and one for configuration
+            // changes; the control queue needs none (drivers poll it, as Linux does).
+            vectors: 2 * pairs + 1,
+            // Class 02/00/00: Ethernet controller (PCI Code and ID Assignment §1.3).
+            class: 0x02_00_00,
+        };
+        add_virtio(vm, layout, pci, devices, slots, net, &placement)?;
+    }
+    Ok(())
+}
+
+/// The virtio-blk devices of `cfg`, each on its file, opened for reading (and writing unless
+/// the disk is read-only).
+fn add_virtio_blk(
+    vm: &Vm,
+    layout: &mut MemoryLayout,
+    cfg: &MachineConfig,
+    pci: &PciRoot,
+    devices: &mut Devices,
+    slots: &mut VirtioSlots,
+) -> Result<(), MachineError> {
+    for disk in &cfg.disks {
+        let opened = |source| MachineError::Disk {
+            path: disk.path.clone(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(!disk.read_only)
+            .open(&disk.path)
+            .map_err(opened)?;
+        // The serial (VIRTIO_BLK_T_GET_ID) is the file's name, as far as 20 bytes hold it.
+        let serial = disk.path.file_name().map(|n| n.as_encoded_bytes());
+        let blk =
+            VirtioBlock::parts(file, disk.read_only, serial.unwrap_or_default()).map_err(opened)?;
+        let placement = Placement {
+            transport: disk.transport,
+            // Doorbells that never exit where every driver uses them: virtio-pci's per-queue
+            // notification addresses, and virtio-mmio's QueueNotify with its queue index
+            // (the per-queue pages are the MSI extension's, which a standard driver lacks).
+            notify: match disk.transport {
+                Transport::Pci => NotifyPath::Address,
+                Transport::Mmio => NotifyPath::Datamatch,
+            },
+            // The request queue's and the configuration change's.
+            vectors: 2,
+            // Class 01/80/00: other mass storage controller, as virtio-blk functions are
+            // elsewhere (PCI Code and ID Assignment §1.2).
+            class: 0x01_80_00,
+        };
+        add_virtio(vm, layout, pci, devices, slots, blk, &placement)?;
+    }
+    Ok(())
+}
+
+/// Put a virtio device behind its transport: virtio-mmio in the layout's next window,
+/// virtio-pci at the next free function of bus 0; its thread joins the machine's.
+fn add_virtio(
+    vm: &Vm,
+    layout: &mut MemoryLayout,
+    pci: &PciRoot,
+    devices: &mut Devices,
+    slots: &mut VirtioSlots,
+    parts: DeviceParts,
+    placement: &Placement,
+) -> Result<(), MachineError> {
+    match placement.transport {
+        Transport::Mmio => {
+            let slot = layout
+                .allocate_virtio_mmio()
+                .map_err(|_| MachineError::TooManyDevices)?;
+            let n = layout.virtio_mmio().len() - 1;
+            let at = MmioPlacement {
+                base: slot.base,
+                gsi: slot.gsi,
+                notify: placement.notify,
+            };
+            let name = format!("virtio-mmio.{n}");
+            let log = DeviceLog::new(name.as_str());
+            let env = transport_env(vm, devices, log.clone());
+            let (transport, worker) = MmioTransport::new(env, parts, at)?;
+            let id = devices
+                .io
+                .add_mmio(&name, slot.base, slot.size, Arc::new(transport))?;
+            devices.logs.push((id, log));
+            devices.workers.push(worker);
+        }
+        Transport::Pci => {
+            let at = virtio_pci_address(slots.pci)
+                .filter(|_| slots.pci < MAX_VIRTIO_PCI)
+                .ok_or(MachineError::TooManyDevices)?;
+            slots.pci += 1;
+            // Its registers are reached through BARs counted as `names::PCI_BARS`; its
+            // guest errors are counted under a name of its own.
+            let name = names::virtio_pci(at);
+            let log = DeviceLog::new(name.as_str());
+            let env = transport_env(vm, devices, log.clone());
+            let (function, worker) = VirtioPci::new(
+                env,
+                parts,
+                at.requester_id(),
+                placement.vectors,
+                placement.notify,
+            )?;
+            let id = devices.io.id_for(&name);
+            devices.logs.push((id, log));
+            let layout = function.config_layout(placement.class);
+            devices
+                .msix
+                .insert(at.ecam_offset(), function.msi().clone());
+            pci.add(at, &layout, Box::new(function))?;
+            devices.workers.push(worker);
         }
     }
     Ok(())

@@ -75,6 +75,7 @@ impl ProbeConfig {
             },
             platform: None,
             virtio: self.virtio.clone(),
+            disks: Vec::new(),
             response_size: self.response_size,
             gsi_commits: self.gsi_commits,
             iommu: self.iommu,

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::devices::debug_exit;
-use crate::machine::config::{Console, MachineConfig, Platform};
+use crate::machine::config::{Console, DiskConfig, MachineConfig, Platform};
 use crate::machine::layout::PCI_MMIO_WINDOW;
 use crate::machine::vcpus::RunEnd;
 use crate::machine::{Machine, MachineError};
@@ -50,6 +50,8 @@ pub struct RunConfig {
     pub iommu: bool,
     /// Where the serial console goes.
     pub console: Console,
+    /// virtio-blk disks.
+    pub disks: Vec<DiskConfig>,
 }
 
 /// How a run ended, as the guest ended it.
@@ -166,6 +168,7 @@ impl RunConfig {
             iommu: self.iommu,
             vcpus,
             console: self.console.clone(),
+            disks: self.disks.clone(),
             platform: Some(Platform {
                 fw_cfg_files: vec![(FW_CFG_CMDLINE.into(), self.cmdline.as_bytes().to_vec())],
             }),
@@ -223,6 +226,7 @@ mod tests {
             ecam: Some(EcamMode::Shadow),
             iommu: false,
             console: Console::Buffer,
+            disks: Vec::new(),
         }
     }
 
