@@ -1042,4 +1042,83 @@ mod tests {
         );
         assert!(u.iommu.stats().walks > 0);
     }
+
+    /// virtio-blk behind virtio-pci, as a driver brings it up: its configuration space through
+    /// BAR 0, one queue, and a read request served by the device thread from the file.
+    #[test]
+    fn a_virtio_blk_function_serves_a_read_from_its_file() {
+        use crate::virtio::block::VirtioBlock;
+        use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN};
+        use virtio_queue::desc::RawDescriptor;
+        use virtio_queue::desc::split::Descriptor;
+        use virtio_queue::mock::MockSplitQueue;
+        use vm_memory::{Bytes, GuestAddress};
+
+        let path = std::env::temp_dir().join(format!("exitless-pci-blk-{}", std::process::id()));
+        let sectors: Vec<u8> = (0..4 * 512).map(|i| (i / 512) as u8 + 1).collect();
+        std::fs::write(&path, &sectors).unwrap();
+        let p = crate::virtio::test_parts();
+        let mem = p.env.mem.clone();
+        let file = std::fs::File::open(&path).unwrap();
+        let blk = VirtioBlock::parts(file, true, b"disk").unwrap();
+        let (mut f, _w) = VirtioPci::new(p.env, blk, 0x18, 2, NotifyPath::Exit).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let c = config();
+        let common = |f: &mut VirtioPci, offset, len, value| bar_write(f, &c, offset, len, value);
+        assert_eq!(
+            bar_read(&mut f, &c, VIRTIO_PCI_BAR_DEVICE, 4),
+            4,
+            "capacity, in sectors"
+        );
+        common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 3);
+        common(&mut f, VIRTIO_PCI_COMMON_GFSELECT, 4, 1);
+        common(
+            &mut f,
+            VIRTIO_PCI_COMMON_GF,
+            4,
+            1 << (VIRTIO_F_VERSION_1 - 32),
+        );
+        common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 0xb);
+        let vq = MockSplitQueue::create(&mem, GuestAddress(0x4000), 16);
+        common(&mut f, VIRTIO_PCI_COMMON_Q_SELECT, 2, 0);
+        common(&mut f, VIRTIO_PCI_COMMON_Q_SIZE, 2, 16);
+        let rings = [vq.desc_table_addr(), vq.avail_addr(), vq.used_addr()];
+        for (n, ring) in rings.into_iter().enumerate() {
+            common(
+                &mut f,
+                VIRTIO_PCI_COMMON_Q_DESCLO + 8 * n as u32,
+                4,
+                ring.0 as u32,
+            );
+        }
+        common(&mut f, VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1);
+        set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+        common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 0xf);
+        assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1), 0xf);
+        // Sector 2 into 0x9000, the status at 0xa000.
+        let mut header = [0u8; 16];
+        header[..4].copy_from_slice(&VIRTIO_BLK_T_IN.to_le_bytes());
+        header[8..].copy_from_slice(&2u64.to_le_bytes());
+        mem.write_slice(&header, GuestAddress(0x8000)).unwrap();
+        let (next, write) = (VIRTQ_DESC_F_NEXT as u16, VIRTQ_DESC_F_WRITE as u16);
+        let descs = [
+            Descriptor::new(0x8000, 16, next, 1),
+            Descriptor::new(0x9000, 512, write | next, 2),
+            Descriptor::new(0xa000, 1, write, 0),
+        ];
+        vq.add_desc_chains(&descs.map(RawDescriptor::from), 0)
+            .unwrap();
+        bar_write(&mut f, &c, VIRTIO_PCI_BAR_NOTIFY, 2, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while vq.used().idx().load() == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(vq.used().idx().load(), 1, "answered");
+        assert_eq!(vq.used().ring().ref_at(0).unwrap().load().len(), 513);
+        let status = mem.read_obj::<u8>(GuestAddress(0xa000)).unwrap();
+        assert_eq!(u32::from(status), VIRTIO_BLK_S_OK);
+        let mut data = [0u8; 512];
+        mem.read_slice(&mut data, GuestAddress(0x9000)).unwrap();
+        assert_eq!(data, [3u8; 512], "sector 2 of the file");
+    }
 }
