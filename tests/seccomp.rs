@@ -212,6 +212,49 @@ fn a_confined_thread_panics_and_aborts_as_it_would_unconfined() {
     }
 }
 
+/// Set with `device:disk` in the child of the test below: the disk file it opens before it
+/// confines itself, as the main thread opens a disk before the device thread starts.
+const DISK: &str = "EXITLESS_TEST_SECCOMP_DISK";
+
+/// A device thread does a virtio-blk device's file work under its filter: reads and writes at
+/// offsets and an fsync, with the calls std makes for them (`FileExt`, `sync_all`), as
+/// `virtio::block` does.
+#[test]
+fn a_device_thread_reads_writes_and_flushes_its_disk_file() {
+    use std::os::unix::fs::FileExt;
+    let test = "a_device_thread_reads_writes_and_flushes_its_disk_file";
+    if let Ok(path) = std::env::var(DISK) {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let Some((ThreadKind::Device, _)) = child() else {
+            panic!("run as a device thread");
+        };
+        let mut sector = [0u8; 512];
+        file.read_exact_at(&mut sector, 512).unwrap();
+        assert_eq!(sector, [1u8; 512]);
+        file.write_all_at(&[9u8; 512], 0).unwrap();
+        file.sync_all().unwrap();
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("exitless-seccomp-disk-{}", std::process::id()));
+    std::fs::write(&path, [[0u8; 512], [1u8; 512]].concat()).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env(CHILD, "device:disk")
+        .env(DISK, &path)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let written = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(written[..512], [9u8; 512], "the write reached the file");
+}
+
 #[test]
 fn no_seccomp_turns_the_filters_off_and_help_says_so() {
     let exitless = |args: &[&str]| {
