@@ -90,6 +90,11 @@ fn results(stdout: &str) -> Vec<&str> {
 
 /// The run ended through isa-debug-exit with every check passed, silently on stderr.
 fn assert_passed(ran: &Ran) {
+    assert_passed_saying(ran, "");
+}
+
+/// The same, with `stderr` on stderr.
+fn assert_passed_saying(ran: &Ran, stderr: &str) {
     let results = results(&ran.stdout);
     assert!(
         ran.status.code() == Some(PASSED)
@@ -100,7 +105,7 @@ fn assert_passed(ran: &Ran) {
         ran.stdout,
         ran.stderr
     );
-    assert_eq!(ran.stderr, "", "nothing on stderr");
+    assert_eq!(ran.stderr, stderr, "stderr");
 }
 
 /// The test kernel with `args` and `cmdline`, which must pass.
@@ -155,6 +160,46 @@ fn disks_on_both_transports_join_the_machine() {
     let ro = format!("{path},ro,transport=mmio");
     passes(&["--disk", path, "--disk", &ro], "");
     std::fs::remove_file(&disk).unwrap();
+}
+
+/// The test kernel drives a virtio-blk disk as a driver does: a write, a flush, a read back,
+/// the ID and a read past the end; the file holds the written sector afterwards.
+#[test]
+fn the_test_kernel_writes_flushes_and_reads_its_disk() {
+    let disk = std::env::temp_dir().join(format!("exitless-guest-disk-{}", std::process::id()));
+    std::fs::write(&disk, vec![0u8; 16 << 10]).unwrap();
+    let elf = kernel("testkernel.elf");
+    let args = ["--kernel", elf.to_str().unwrap(), "--cmdline", "disk=1"];
+    let ran = exitless_run(
+        &[&args[..], &["--disk", disk.to_str().unwrap()]].concat(),
+        b"",
+    );
+    // The read past the end is the guest's error, counted and logged.
+    assert_passed_saying(
+        &ran,
+        "exitless: warn: virtio-pci.00:03.0: virtio-blk: 512 bytes at sector 32 are past the \
+         disk's 32 sectors\n",
+    );
+    for line in [
+        "PASS disk: a virtio-blk function on bus 0 (00:03.0)",
+        "PASS disk: FEATURES_OK, 32 sectors",
+        "PASS disk: sector 1 written, status 0",
+        "PASS disk: flushed, status 0",
+        "PASS disk: sector 1 read back, status 0",
+        "PASS disk: ID 'exitless-guest-disk-', status 0", // the file's name, 20 bytes of it
+        "PASS disk: a read past the end answered IOERR (status 1)",
+    ] {
+        assert!(ran.stdout.contains(line), "{line:?} in:\n{}", ran.stdout);
+    }
+    let file = std::fs::read(&disk).unwrap();
+    std::fs::remove_file(&disk).unwrap();
+    let expected: Vec<u8> = (0..512u32).map(|i| (i * 7 + 1).to_le_bytes()[0]).collect();
+    assert_eq!(
+        file[512..1024],
+        expected[..],
+        "the guest's sector reached the file"
+    );
+    assert_eq!(file.len(), 16 << 10, "the file keeps its size");
 }
 
 #[test]
