@@ -250,7 +250,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
         ),
         (
             &["--kernel", text.to_str().unwrap()],
-            "not a multiboot kernel: no multiboot header",
+            "not a kernel exitless boots: neither a multiboot v1 kernel",
         ),
         (
             &["--kernel", cut.to_str().unwrap()],
