@@ -3,9 +3,9 @@
 //! It is the standard machine (console, PCI bus 0, ECAM shadowed, trapped or absent) with the
 //! PC platform devices of QEMU's conventions ([`Platform`]: isa-debug-exit, fw_cfg, the ACPI
 //! power-management block, the i8042 and 0xCF9 resets), a memory map and ACPI tables
-//! ([`memmap`], [`acpi`]), and a kernel loader behind the [`Loader`](crate::machine::Loader)
-//! trait, chosen by what the kernel file is: multiboot v1 ([`multiboot`]) or a Linux bzImage
-//! ([`bzimage`]). The boot vCPU enters the kernel; the others wait
+//! ([`memmap`], [`acpi`]), and a kernel loader behind the [`Loader`]
+//! trait, chosen by what the kernel file is: an ELF with a PVH note ([`pvh`]), a Linux bzImage
+//! ([`bzimage`]) or multiboot v1 ([`multiboot`]). The boot vCPU enters the kernel; the others wait
 //! for INIT/SIPI. The run ends when the guest exits through isa-debug-exit, powers off or
 //! resets; nothing else ends it.
 
@@ -13,6 +13,7 @@ pub mod acpi;
 pub mod bzimage;
 pub mod memmap;
 pub mod multiboot;
+pub mod pvh;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,6 +30,7 @@ use crate::vm::run_control::StopReason;
 use bzimage::{BzImage, BzImageError};
 use memmap::MIN_RAM;
 use multiboot::{MultibootError, MultibootKernel};
+use pvh::{PvhError, PvhKernel};
 
 /// Most vCPUs a run machine has: each is a thread, and the MADT's APIC IDs are one byte.
 pub const MAX_CPUS: u64 = 64;
@@ -158,10 +160,14 @@ pub enum KernelError {
     /// A bzImage that cannot be loaded.
     #[error(transparent)]
     BzImage(#[from] BzImageError),
+    /// A PVH kernel that cannot be loaded.
+    #[error(transparent)]
+    Pvh(#[from] PvhError),
     /// A file of no format exitless boots.
     #[error(
         "not a kernel exitless boots: neither a multiboot v1 kernel (no header in the first \
-         8192 bytes) nor a Linux bzImage (no \"HdrS\" at 0x202)"
+         8192 bytes), a Linux bzImage (no \"HdrS\" at 0x202) nor an ELF kernel with a PVH \
+         note (XEN_ELFNOTE_PHYS32_ENTRY)"
     )]
     Unrecognised,
 }
@@ -231,6 +237,12 @@ impl RunConfig {
             path: path.clone(),
             source,
         };
+        if let Some(entry) = pvh::pvh_entry(&image) {
+            let kernel = PvhKernel::parse(image, entry, &self.cmdline, initrd)
+                .and_then(|k| k.check_fits(ram_size).map(|()| k))
+                .map_err(|e| kernel_error(e.into()))?;
+            return Ok(Box::new(kernel));
+        }
         if bzimage::is_bzimage(&image) {
             // Linux takes the command line as given (its first word is an option, not a name).
             let kernel = BzImage::parse(image, &self.cmdline, initrd)
