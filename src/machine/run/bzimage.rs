@@ -7,9 +7,10 @@
 //! page holds the setup header copied from the file (boot.rst: "the setup header ... should be
 //! loaded into struct boot_params"), the e820 map, the command line's address, the initrd's.
 //!
-//! Written by hand rather than with rust-vmm's `linux-loader`: its `BzImage` loader writes
-//! through its own `vm-memory` major version and checks fewer fields than are refused here, each
-//! with its own one-line error; the handful of offsets the protocol defines are named below.
+//! Written by hand rather than with rust-vmm's `linux-loader`: every header field is refused
+//! here with its own one-line error before anything is written, and the zero page, command line
+//! and initrd go where this machine's memory map ([`memmap`](super::memmap)) and the identity
+//! page tables leave room; the protocol needs only the handful of offsets named below.
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
