@@ -63,16 +63,16 @@ const RUN_TIMEOUT_STATUS: u8 = 124;
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// The kernel: a Linux bzImage (64-bit boot protocol 2.12 or later) or a multiboot v1 image
-    /// (a 32-bit ELF, a 64-bit ELF with a multiboot header, or any file whose multiboot header
-    /// has the address fields).
+    /// The kernel: a Linux bzImage (64-bit boot protocol 2.12 or later), an ELF vmlinux with a
+    /// PVH note (XEN_ELFNOTE_PHYS32_ENTRY), or a multiboot v1 image (a 32-bit ELF, a 64-bit ELF
+    /// with a multiboot header, or any file whose multiboot header has the address fields).
     #[arg(long, value_name = "FILE")]
     kernel: PathBuf,
     /// An initial ramdisk for a Linux kernel (boot_params' ramdisk_image and ramdisk_size).
     #[arg(long, value_name = "FILE")]
     initrd: Option<PathBuf>,
-    /// The kernel command line. The kernel gets it after its own path, as from QEMU; fw_cfg's
-    /// file opt/exitless/cmdline holds it alone.
+    /// The kernel command line. A multiboot kernel gets it after its own path, as from QEMU,
+    /// Linux as is; fw_cfg's file opt/exitless/cmdline holds it alone.
     #[arg(long, value_name = "STR", default_value = "")]
     cmdline: String,
     /// Guest RAM in MiB (2 to 3072, and no more than the host has).

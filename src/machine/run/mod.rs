@@ -45,8 +45,8 @@ pub struct RunConfig {
     pub kernel: PathBuf,
     /// An initial ramdisk, for a Linux kernel.
     pub initrd: Option<PathBuf>,
-    /// The command line. The kernel gets it after its own path, as QEMU and GRUB pass it
-    /// (kvm-unit-tests read the first word as the program's name).
+    /// The command line. A multiboot kernel gets it after its own path, as QEMU and GRUB pass
+    /// it (kvm-unit-tests read the first word as the program's name); Linux gets it as is.
     pub cmdline: String,
     /// RAM in MiB.
     pub memory_mib: u64,
