@@ -12,7 +12,7 @@ use exitless::bench::{
 };
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
 use exitless::inspect;
-use exitless::machine::run::RunConfig;
+use exitless::machine::run::{RunConfig, RunError};
 use exitless::machine::{Console, DiskConfig, ProbeConfig, Transport};
 use exitless::pci::EcamMode;
 use exitless::seccomp::{self, ThreadKind};
@@ -52,20 +52,27 @@ const RUN_STATUS: &str = "Exit status: (v << 1) | 1 when the guest writes v to i
 (port 0xf4, as QEMU's -device isa-debug-exit,iobase=0xf4,iosize=4; always odd); 0 when it powers \
 off (ACPI S5) or resets (i8042 command 0xfe, or 0x06 to port 0xcf9); 2 with a one-line error \
 when exitless cannot run it (a bad option, a missing or unrecognised kernel, a guest that \
-triple-faults); 159 when a thread breaks its seccomp filter.";
+triple-faults); 124 when the guest runs past --timeout; 159 when a thread breaks its seccomp \
+filter.";
 
 /// `exitless run`'s status for an error of its own: even, so never a guest's isa-debug-exit
 /// status (always odd), nor a clean exit.
 const RUN_ERROR_STATUS: u8 = 2;
+/// `exitless run`'s status when the guest runs past --timeout: timeout(1)'s, and even.
+const RUN_TIMEOUT_STATUS: u8 = 124;
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// The kernel: a multiboot v1 image (a 32-bit ELF, a 64-bit ELF with a multiboot header,
-    /// or any file whose multiboot header has the address fields).
+    /// The kernel: a Linux bzImage (64-bit boot protocol 2.12 or later), an ELF vmlinux with a
+    /// PVH note (XEN_ELFNOTE_PHYS32_ENTRY), or a multiboot v1 image (a 32-bit ELF, a 64-bit ELF
+    /// with a multiboot header, or any file whose multiboot header has the address fields).
     #[arg(long, value_name = "FILE")]
     kernel: PathBuf,
-    /// The kernel command line. The kernel gets it after its own path, as from QEMU; fw_cfg's
-    /// file opt/exitless/cmdline holds it alone.
+    /// An initial ramdisk for a Linux kernel (boot_params' ramdisk_image and ramdisk_size).
+    #[arg(long, value_name = "FILE")]
+    initrd: Option<PathBuf>,
+    /// The kernel command line. A multiboot kernel gets it after its own path, as from QEMU,
+    /// Linux as is; fw_cfg's file opt/exitless/cmdline holds it alone.
     #[arg(long, value_name = "STR", default_value = "")]
     cmdline: String,
     /// Guest RAM in MiB (2 to 3072, and no more than the host has).
@@ -90,6 +97,9 @@ struct RunArgs {
     /// (virtio-pci devices offer VIRTIO_F_ACCESS_PLATFORM behind it).
     #[arg(long)]
     iommu: bool,
+    /// Stop the guest after this many seconds and exit with status 124 (as timeout(1) does).
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<u64>,
 }
 
 /// Boot the kernel; the status to exit with.
@@ -100,6 +110,7 @@ fn run(args: RunArgs) -> Result<u8, String> {
     };
     let cfg = RunConfig {
         kernel: args.kernel,
+        initrd: args.initrd,
         cmdline: args.cmdline,
         memory_mib: args.memory,
         cpus: args.cpus,
@@ -107,10 +118,16 @@ fn run(args: RunArgs) -> Result<u8, String> {
         iommu: args.iommu,
         console,
         disks: args.disk,
+        timeout: args.timeout.map(Duration::from_secs),
     };
-    cfg.run()
-        .map(|outcome| outcome.exit_status())
-        .map_err(|e| e.to_string())
+    match cfg.run() {
+        Ok(outcome) => Ok(outcome.exit_status()),
+        Err(e @ RunError::TimedOut(_)) => {
+            eprintln!("exitless: {e}");
+            Ok(RUN_TIMEOUT_STATUS)
+        }
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// `--disk FILE[,ro][,transport=pci|mmio]`. The file is opened when the machine is built.

@@ -263,6 +263,28 @@ fn console_input_reaches_the_guest() {
 }
 
 #[test]
+fn a_run_past_its_timeout_ends_with_status_124_and_one_line() {
+    // With no input the kernel waits 10 s for a console line: longer than the timeout.
+    let elf = kernel("testkernel.elf");
+    let ran = exitless_run(
+        &[
+            "--kernel",
+            elf.to_str().unwrap(),
+            "--cmdline",
+            "echo=1",
+            "--timeout",
+            "1",
+        ],
+        b"",
+    );
+    assert_eq!(ran.status.code(), Some(124), "{}", ran.stderr);
+    assert_eq!(
+        ran.stderr.trim_end(),
+        "exitless: the guest did not end within --timeout 1 seconds"
+    );
+}
+
+#[test]
 fn the_console_can_go_to_a_file() {
     let dir = std::env::temp_dir().join(format!("exitless-run-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -306,7 +328,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
         ),
         (
             &["--kernel", text.to_str().unwrap()],
-            "not a multiboot kernel: no multiboot header",
+            "not a kernel exitless boots: neither a multiboot v1 kernel",
         ),
         (
             &["--kernel", cut.to_str().unwrap()],

@@ -87,6 +87,12 @@ pub enum LoadError {
     /// A multiboot kernel that cannot be loaded.
     #[error(transparent)]
     Multiboot(#[from] crate::machine::run::multiboot::MultibootError),
+    /// A bzImage that cannot be loaded.
+    #[error(transparent)]
+    BzImage(#[from] crate::machine::run::bzimage::BzImageError),
+    /// A PVH kernel that cannot be loaded.
+    #[error(transparent)]
+    Pvh(#[from] crate::machine::run::pvh::PvhError),
     /// The ACPI tables.
     #[error(transparent)]
     Acpi(#[from] crate::machine::run::acpi::AcpiError),

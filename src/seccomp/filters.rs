@@ -140,6 +140,8 @@ fn vcpu() -> Vec<Allowed> {
             KVM_SET_GSI_ROUTING(),
             KVM_SIGNAL_MSI(),
             KVM_SET_USER_MEMORY_REGION(),
+            // The guest's rip, read once to report an instruction KVM cannot emulate.
+            KVM_GET_REGS(),
         ],
     )]
 }

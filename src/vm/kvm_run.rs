@@ -20,6 +20,9 @@ use crate::vm::VmError;
 /// Offset of `kvm_run.io.size`, the element size of a port exit.
 const IO_SIZE: usize = offset_of!(kvm_run, __bindgen_anon_1.io.size);
 
+/// Offset of `kvm_run.internal.suberror`, why KVM gave up (`KVM_INTERNAL_ERROR_*`).
+const INTERNAL_SUBERROR: usize = offset_of!(kvm_run, __bindgen_anon_1.internal.suberror);
+
 /// The `kvm_run` page of one vCPU, mapped read-only.
 pub struct RunPage {
     page: MmapRegion,
@@ -58,6 +61,15 @@ impl RunPage {
         self.page
             .as_volatile_slice()
             .get_ref::<u8>(IO_SIZE)
+            .map_or(0, |r| r.load())
+    }
+
+    /// `kvm_run.internal.suberror` of a `KVM_EXIT_INTERNAL_ERROR`: 1 when KVM could not
+    /// emulate an instruction (`KVM_INTERNAL_ERROR_EMULATION`, api.rst §5).
+    pub fn internal_suberror(&self) -> u32 {
+        self.page
+            .as_volatile_slice()
+            .get_ref::<u32>(INTERNAL_SUBERROR)
             .map_or(0, |r| r.load())
     }
 }

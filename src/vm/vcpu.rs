@@ -192,11 +192,31 @@ impl Vcpu {
         self.fd.get_tsc_khz().ok()
     }
 
+    /// One line on a `KVM_EXIT_INTERNAL_ERROR`: where the guest was, and KVM's reason. On a
+    /// host whose KVM emulates ring 0 (PLATFORM.md) it is most often an instruction the
+    /// emulator lacks (suberror 1).
+    fn internal_error(&self) -> String {
+        let rip = self
+            .fd
+            .get_regs()
+            .map_or_else(|e| format!("unknown ({e})"), |r| format!("{:#x}", r.rip));
+        let why = match self.run_page.internal_suberror() {
+            kvm_bindings::KVM_INTERNAL_ERROR_EMULATION => {
+                "KVM cannot emulate the instruction there".to_owned()
+            }
+            other => format!("KVM internal error, suberror {other}"),
+        };
+        format!("vCPU {} at rip {rip}: {why}", self.index)
+    }
+
     /// Run until the run is stopped.
     pub fn run(mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl) {
         let _stop_on_exit = StopOnExit(control, self.index);
         while !control.is_stopping() {
             let action = match self.fd.run() {
+                Ok(VcpuExit::InternalError) => {
+                    ExitAction::Stop(StopReason::VcpuFailed(self.internal_error()))
+                }
                 Ok(exit) => handle_exit(exit, self.run_page.pio_size(), io, counters),
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     ExitAction::Resume

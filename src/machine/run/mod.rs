@@ -3,19 +3,23 @@
 //! It is the standard machine (console, PCI bus 0, ECAM shadowed, trapped or absent) with the
 //! PC platform devices of QEMU's conventions ([`Platform`]: isa-debug-exit, fw_cfg, the ACPI
 //! power-management block, the i8042 and 0xCF9 resets), a memory map and ACPI tables
-//! ([`memmap`], [`acpi`]), and a kernel loader behind the [`Loader`](crate::machine::Loader)
-//! trait: multiboot v1 today ([`multiboot`]). The boot vCPU enters the kernel; the others wait
+//! ([`memmap`], [`acpi`]), and a kernel loader behind the [`Loader`]
+//! trait, chosen by what the kernel file is: an ELF with a PVH note ([`pvh`]), a Linux bzImage
+//! ([`bzimage`]) or multiboot v1 ([`multiboot`]). The boot vCPU enters the kernel; the others wait
 //! for INIT/SIPI. The run ends when the guest exits through isa-debug-exit, powers off or
 //! resets; nothing else ends it.
 
 pub mod acpi;
+pub mod bzimage;
 pub mod memmap;
 pub mod multiboot;
+pub mod pvh;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::devices::debug_exit;
+use crate::machine::Loader;
 use crate::machine::config::{Console, DiskConfig, MachineConfig, Platform};
 use crate::machine::layout::PCI_MMIO_WINDOW;
 use crate::machine::vcpus::RunEnd;
@@ -23,8 +27,10 @@ use crate::machine::{Machine, MachineError};
 use crate::pci::EcamMode;
 use crate::vm::run_control::StopReason;
 
+use bzimage::{BzImage, BzImageError};
 use memmap::MIN_RAM;
 use multiboot::{MultibootError, MultibootKernel};
+use pvh::{PvhError, PvhKernel};
 
 /// Most vCPUs a run machine has: each is a thread, and the MADT's APIC IDs are one byte.
 pub const MAX_CPUS: u64 = 64;
@@ -37,8 +43,10 @@ pub const FW_CFG_CMDLINE: &str = "opt/exitless/cmdline";
 pub struct RunConfig {
     /// The kernel file.
     pub kernel: PathBuf,
-    /// The command line. The kernel gets it after its own path, as QEMU and GRUB pass it
-    /// (kvm-unit-tests read the first word as the program's name).
+    /// An initial ramdisk, for a Linux kernel.
+    pub initrd: Option<PathBuf>,
+    /// The command line. A multiboot kernel gets it after its own path, as QEMU and GRUB pass
+    /// it (kvm-unit-tests read the first word as the program's name); Linux gets it as is.
     pub cmdline: String,
     /// RAM in MiB.
     pub memory_mib: u64,
@@ -52,6 +60,8 @@ pub struct RunConfig {
     pub console: Console,
     /// virtio-blk disks.
     pub disks: Vec<DiskConfig>,
+    /// Give up on a guest that has not ended after this long.
+    pub timeout: Option<Duration>,
 }
 
 /// How a run ended, as the guest ended it.
@@ -88,6 +98,15 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// The initrd file cannot be read.
+    #[error("cannot read the initrd {path}: {source}")]
+    InitrdRead {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The kernel file is not one this machine boots.
     #[error("kernel {path}: {source}")]
     Kernel {
@@ -95,8 +114,11 @@ pub enum RunError {
         path: PathBuf,
         /// Why.
         #[source]
-        source: MultibootError,
+        source: KernelError,
     },
+    /// The guest ran past --timeout.
+    #[error("the guest did not end within --timeout {0} seconds")]
+    TimedOut(u64),
     /// Less RAM than a PC's first megabyte and a kernel need.
     #[error("--memory {0}: a machine needs at least {min} MiB", min = MIN_RAM >> 20)]
     MemoryTooSmall(u64),
@@ -129,6 +151,27 @@ pub enum RunError {
     /// A vCPU failed.
     #[error("the guest stopped: {0}")]
     Stopped(String),
+}
+
+/// Why a kernel file cannot be booted, by the format it was taken for.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// A multiboot kernel that cannot be loaded.
+    #[error(transparent)]
+    Multiboot(MultibootError),
+    /// A bzImage that cannot be loaded.
+    #[error(transparent)]
+    BzImage(#[from] BzImageError),
+    /// A PVH kernel that cannot be loaded.
+    #[error(transparent)]
+    Pvh(#[from] PvhError),
+    /// A file of no format exitless boots.
+    #[error(
+        "not a kernel exitless boots: neither a multiboot v1 kernel (no header in the first \
+         8192 bytes), a Linux bzImage (no \"HdrS\" at 0x202) nor an ELF kernel with a PVH \
+         note (XEN_ELFNOTE_PHYS32_ENTRY)"
+    )]
+    Unrecognised,
 }
 
 /// The host's RAM in MiB (MemTotal in /proc/meminfo), if it can be read.
@@ -176,22 +219,50 @@ impl RunConfig {
         })
     }
 
-    /// The kernel, read and checked for this machine's RAM.
-    fn kernel(&self, ram_size: u64) -> Result<MultibootKernel, RunError> {
+    /// The kernel, read, recognised by its format and checked for this machine's RAM.
+    fn kernel(&self, ram_size: u64) -> Result<Box<dyn Loader>, RunError> {
         let path = &self.kernel;
         let image = std::fs::read(path).map_err(|source| RunError::KernelRead {
             path: path.clone(),
             source,
         })?;
+        let initrd = self
+            .initrd
+            .as_ref()
+            .map(|path| {
+                std::fs::read(path).map_err(|source| RunError::InitrdRead {
+                    path: path.clone(),
+                    source,
+                })
+            })
+            .transpose()?;
+        let kernel_error = |source| RunError::Kernel {
+            path: path.clone(),
+            source,
+        };
+        if let Some(entry) = pvh::pvh_entry(&image) {
+            let kernel = PvhKernel::parse(image, entry, &self.cmdline, initrd)
+                .and_then(|k| k.check_fits(ram_size).map(|()| k))
+                .map_err(|e| kernel_error(e.into()))?;
+            return Ok(Box::new(kernel));
+        }
+        if bzimage::is_bzimage(&image) {
+            // Linux takes the command line as given (its first word is an option, not a name).
+            let kernel = BzImage::parse(image, &self.cmdline, initrd)
+                .and_then(|k| k.check_fits(ram_size).map(|()| k))
+                .map_err(|e| kernel_error(e.into()))?;
+            return Ok(Box::new(kernel));
+        }
         let cmdline = format!("{} {}", path.display(), self.cmdline);
         let kernel = MultibootKernel::parse(image, &cmdline).and_then(|k| {
             k.check_fits(ram_size)?;
             Ok(k)
         });
-        kernel.map_err(|source| RunError::Kernel {
-            path: path.clone(),
-            source,
-        })
+        match kernel {
+            Ok(k) => Ok(Box::new(k)),
+            Err(MultibootError::NoHeader) => Err(kernel_error(KernelError::Unrecognised)),
+            Err(e) => Err(kernel_error(KernelError::Multiboot(e))),
+        }
     }
 
     /// Boot the kernel and run it until the guest ends the run.
@@ -199,7 +270,8 @@ impl RunConfig {
         let machine_cfg = self.machine()?;
         let kernel = self.kernel(machine_cfg.ram_size as u64)?;
         let machine = Machine::new(&machine_cfg, None)?;
-        match machine.run(&kernel, Duration::MAX)?.end {
+        let timeout = self.timeout.unwrap_or(Duration::MAX);
+        match machine.run(kernel.as_ref(), timeout)?.end {
             RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),
             RunEnd::Stopped(StopReason::PowerOff) => Ok(RunOutcome::PowerOff),
             RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),
@@ -208,7 +280,7 @@ impl RunConfig {
             RunEnd::Stopped(StopReason::GuestDone(status)) => Err(RunError::Stopped(format!(
                 "the probe's done port (status {status}) on a run machine"
             ))),
-            RunEnd::TimedOut => Err(RunError::Stopped("it never ended".into())),
+            RunEnd::TimedOut => Err(RunError::TimedOut(timeout.as_secs())),
         }
     }
 }
@@ -220,6 +292,7 @@ mod tests {
     fn config(memory_mib: u64, cpus: u64) -> RunConfig {
         RunConfig {
             kernel: "/nonexistent/kernel".into(),
+            initrd: None,
             cmdline: String::new(),
             memory_mib,
             cpus,
@@ -227,6 +300,7 @@ mod tests {
             iommu: false,
             console: Console::Buffer,
             disks: Vec::new(),
+            timeout: None,
         }
     }
 
@@ -266,10 +340,29 @@ mod tests {
 
     #[test]
     fn a_missing_kernel_is_named() {
-        let e = config(64, 1).kernel(64 << 20).expect_err("no such file");
+        let Err(e) = config(64, 1).kernel(64 << 20) else {
+            panic!("no such file")
+        };
         assert_eq!(
             e.to_string(),
             "cannot read the kernel /nonexistent/kernel: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn a_missing_initrd_is_named() {
+        let kernel = std::env::current_exe().expect("this test's binary");
+        let cfg = RunConfig {
+            kernel,
+            initrd: Some("/nonexistent/initrd".into()),
+            ..config(64, 1)
+        };
+        let Err(e) = cfg.kernel(64 << 20) else {
+            panic!("no such file")
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot read the initrd /nonexistent/initrd: No such file or directory (os error 2)"
         );
     }
 

@@ -328,16 +328,19 @@ pub enum MultibootError {
 /// A piece of the kernel to put in memory: `file` bytes of the image at `addr`, zeros up to
 /// `addr + mem_size`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Segment {
+pub(super) struct Segment {
     /// What the errors call it.
-    what: String,
-    file: std::ops::Range<usize>,
-    addr: u64,
-    mem_size: u64,
+    pub(super) what: String,
+    /// Its bytes in the image.
+    pub(super) file: std::ops::Range<usize>,
+    /// Its guest-physical address.
+    pub(super) addr: u64,
+    /// Bytes in memory, zeros after the file's.
+    pub(super) mem_size: u64,
 }
 
 impl Segment {
-    fn range(&self) -> Range {
+    pub(super) fn range(&self) -> Range {
         Range {
             start: self.addr,
             end: self.addr + self.mem_size,
@@ -432,7 +435,7 @@ struct Phdr {
 
 /// The segments of an ELF image (its PT_LOAD program headers, at their physical addresses),
 /// and its entry point, physical.
-fn elf_segments(image: &[u8]) -> Result<(Vec<Segment>, u64), MultibootError> {
+pub(super) fn elf_segments(image: &[u8]) -> Result<(Vec<Segment>, u64), MultibootError> {
     let bad = |what: String| MultibootError::BadElf(what);
     let ident: ElfIdent = read_at(image, 0).ok_or(MultibootError::NoLoadInfo)?;
     if ident.magic != ELF_MAGIC {
@@ -573,6 +576,51 @@ fn elf_segments(image: &[u8]) -> Result<(Vec<Segment>, u64), MultibootError> {
     Ok((segments, entry_paddr.unwrap_or(entry)))
 }
 
+/// Check that every segment fits in `ram_size` bytes of RAM and clear of the firmware's
+/// memory.
+pub(super) fn check_segments_fit(
+    segments: &[Segment],
+    ram_size: u64,
+) -> Result<(), MultibootError> {
+    for s in segments {
+        let r = s.range();
+        if r.end > ram_size {
+            return Err(MultibootError::OutsideRam {
+                what: s.what.clone(),
+                start: r.start,
+                end: r.end,
+                ram: ram_size,
+            });
+        }
+        if let Some((firmware, f)) = FIRMWARE_RANGES.iter().find(|(_, f)| f.overlaps(&r)) {
+            return Err(MultibootError::OverFirmware {
+                what: s.what.clone(),
+                start: r.start,
+                end: r.end,
+                firmware,
+                at: f.start,
+                at_end: f.end,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Write `segments` of `image` into `mem`, zero-filling each past its file bytes.
+pub(super) fn write_segments(
+    mem: &GuestMemoryMmap,
+    image: &[u8],
+    segments: &[Segment],
+) -> Result<(), vm_memory::GuestMemoryError> {
+    for s in segments {
+        let bytes = &image[s.file.clone()];
+        mem.write_slice(bytes, GuestAddress(s.addr))?;
+        let bss = usize::try_from(s.mem_size).expect("inside RAM") - bytes.len();
+        mem.write_slice(&vec![0; bss], GuestAddress(s.addr + bytes.len() as u64))?;
+    }
+    Ok(())
+}
+
 impl MultibootKernel {
     /// Check `image` and make it ready to load with `cmdline` (given to the kernel as is).
     pub fn parse(image: Vec<u8>, cmdline: &str) -> Result<Self, MultibootError> {
@@ -625,28 +673,7 @@ impl MultibootKernel {
     /// Check that every segment fits in `ram_size` bytes of RAM and clear of the firmware's
     /// memory.
     pub fn check_fits(&self, ram_size: u64) -> Result<(), MultibootError> {
-        for s in &self.segments {
-            let r = s.range();
-            if r.end > ram_size {
-                return Err(MultibootError::OutsideRam {
-                    what: s.what.clone(),
-                    start: r.start,
-                    end: r.end,
-                    ram: ram_size,
-                });
-            }
-            if let Some((firmware, f)) = FIRMWARE_RANGES.iter().find(|(_, f)| f.overlaps(&r)) {
-                return Err(MultibootError::OverFirmware {
-                    what: s.what.clone(),
-                    start: r.start,
-                    end: r.end,
-                    firmware,
-                    at: f.start,
-                    at_end: f.end,
-                });
-            }
-        }
-        Ok(())
+        check_segments_fit(&self.segments, ram_size)
     }
 
     /// The multiboot information for `layout`, and the memory map it points at.
@@ -692,12 +719,7 @@ impl Loader for MultibootKernel {
             });
         }
         self.check_fits(ram)?;
-        for s in &self.segments {
-            let bytes = &self.image[s.file.clone()];
-            mem.write_slice(bytes, GuestAddress(s.addr))?;
-            let bss = usize::try_from(s.mem_size).expect("inside RAM") - bytes.len();
-            mem.write_slice(&vec![0; bss], GuestAddress(s.addr + bytes.len() as u64))?;
-        }
+        write_segments(mem, &self.image, &self.segments)?;
         let (info, map) = self.info(machine.layout);
         mem.write_slice(info.as_bytes(), GuestAddress(INFO_ADDR))?;
         mem.write_slice(map.as_bytes(), GuestAddress(MMAP_ADDR))?;

@@ -1,0 +1,524 @@
+//! A Linux bzImage loader: the x86 boot protocol's 64-bit entry (Linux
+//! Documentation/arch/x86/boot.rst, "64-bit Boot Protocol").
+//!
+//! The file is the real-mode setup (`setup_sects` + 1 sectors) followed by the protected-mode
+//! kernel, which is loaded at 1 MiB and entered at its `startup_64`, 0x200 bytes in, in long
+//! mode on identity-mapping page tables, with RSI = the `boot_params` ("zero page"). The zero
+//! page holds the setup header copied from the file (boot.rst: "the setup header ... should be
+//! loaded into struct boot_params"), the e820 map, the command line's address, the initrd's.
+//!
+//! Written by hand rather than with rust-vmm's `linux-loader`: every header field is refused
+//! here with its own one-line error before anything is written, and the zero page, command line
+//! and initrd go where this machine's memory map ([`memmap`](super::memmap)) and the identity
+//! page tables leave room; the protocol needs only the handful of offsets named below.
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
+use crate::machine::run::acpi::AcpiTables;
+use crate::machine::run::memmap::{HIGH_RAM_START, e820};
+use crate::vm::boot;
+
+// Offsets in the file's first sector and in `struct boot_params` (the setup header is at the
+// same offset in both; boot.rst "The real-mode kernel header", arch/x86/include/uapi/asm/
+// bootparam.h).
+const SETUP_SECTS: usize = 0x1f1;
+/// The setup header's first byte.
+const SETUP_HEADER: usize = 0x1f1;
+/// The byte that says where the header ends: it is the offset of a jump at 0x200, and the
+/// header ends at 0x202 plus it (boot.rst, "the end of the setup header").
+const HEADER_JUMP_OFFSET: usize = 0x201;
+const HEADER_MAGIC_AT: usize = 0x202;
+/// "HdrS": a kernel with a boot-protocol header (boot.rst, field `header`).
+pub const HEADER_MAGIC: [u8; 4] = *b"HdrS";
+const VERSION: usize = 0x206;
+const TYPE_OF_LOADER: usize = 0x210;
+const LOADFLAGS: usize = 0x211;
+const RAMDISK_IMAGE: usize = 0x218;
+const RAMDISK_SIZE: usize = 0x21c;
+const CMD_LINE_PTR: usize = 0x228;
+const INITRD_ADDR_MAX: usize = 0x22c;
+const XLOADFLAGS: usize = 0x236;
+const CMDLINE_SIZE: usize = 0x238;
+const INIT_SIZE: usize = 0x260;
+// boot_params fields outside the setup header.
+const ACPI_RSDP_ADDR: usize = 0x070;
+const E820_ENTRIES: usize = 0x1e8;
+const E820_TABLE: usize = 0x2d0;
+/// `E820_MAX_ENTRIES_ZEROPAGE`.
+const E820_MAX: usize = 128;
+/// Where the setup header must end: `boot_params.edd_mbr_sig_buffer` follows it.
+const SETUP_HEADER_MAX_END: usize = 0x290;
+/// `struct boot_params` is one page.
+const BOOT_PARAMS_SIZE: usize = 0x1000;
+
+/// loadflags bit 0: the protected-mode code loads at 0x100000.
+const LOADED_HIGH: u8 = 1 << 0;
+/// xloadflags bit 0: the kernel has the 64-bit entry point at 0x200 (protocol 2.12).
+const XLF_KERNEL_64: u16 = 1 << 0;
+/// The oldest protocol this loader takes: 2.12 is the first with `xloadflags`, without which
+/// nothing says the kernel has a 64-bit entry point (it also has 2.06's `cmdline_size` and
+/// 2.10's `init_size`).
+const MIN_VERSION: u16 = 0x020c;
+/// "Undefined" boot loader: no ID assigned (boot.rst, `type_of_loader`).
+const LOADER_UNDEFINED: u8 = 0xff;
+/// startup_64's offset in the protected-mode kernel (boot.rst, "64-bit Boot Protocol").
+const ENTRY_64_OFFSET: u64 = 0x200;
+
+/// Where the protected-mode kernel goes (LOADED_HIGH).
+const KERNEL_ADDR: u64 = HIGH_RAM_START;
+/// The zero page: between the identity page tables' PDPT (0x6000) and page directories
+/// (0x8000) that `vm::boot::write_tables` writes.
+const BOOT_PARAMS_ADDR: u64 = 0x7000;
+/// The command line, in conventional memory clear of the page tables.
+const CMDLINE_ADDR: u64 = 0x2_0000;
+/// The most command line the area below the EBDA takes.
+const CMDLINE_ROOM: u64 = 0x7_0000;
+/// A stack for the entry (startup_64 sets its own at once): below the command line.
+const STACK_TOP: u64 = CMDLINE_ADDR;
+
+/// Why a file is not a bzImage this machine can boot.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BzImageError {
+    /// Too short for a setup header.
+    #[error("the bzImage is {0} bytes: too short for its setup header")]
+    Truncated(usize),
+    /// No "HdrS".
+    #[error("not a bzImage: no \"HdrS\" at offset 0x202")]
+    NoMagic,
+    /// A protocol older than the 64-bit entry.
+    #[error(
+        "boot protocol {}.{:02}: exitless needs 2.12 or later (xloadflags, the 64-bit entry)",
+        .0 >> 8, .0 & 0xff
+    )]
+    OldProtocol(u16),
+    /// Not loadable at 1 MiB.
+    #[error("loadflags {0:#x} lack LOADED_HIGH: a zImage for low memory, not a bzImage")]
+    NotLoadedHigh(u8),
+    /// No 64-bit entry point.
+    #[error("xloadflags {0:#x} lack XLF_KERNEL_64: the kernel has no 64-bit entry point")]
+    No64BitEntry(u16),
+    /// The setup header claims more than the file has.
+    #[error(
+        "the setup ({setup} bytes) or its header (to {header_end:#x}) runs past the {len}-byte file"
+    )]
+    SetupTruncated {
+        /// Bytes of setup: (setup_sects + 1) * 512.
+        setup: usize,
+        /// One past the header's last byte.
+        header_end: usize,
+        /// The file's length.
+        len: usize,
+    },
+    /// A command line with a NUL.
+    #[error("the command line contains a NUL byte")]
+    CmdlineNul,
+    /// A command line longer than the kernel takes.
+    #[error("the command line is {len} bytes; this kernel takes at most {max} (cmdline_size)")]
+    CmdlineTooLong {
+        /// Its length.
+        len: usize,
+        /// The kernel's cmdline_size.
+        max: u64,
+    },
+    /// The kernel and its decompression room do not fit RAM.
+    #[error(
+        "the kernel needs {need:#x} bytes from {KERNEL_ADDR:#x} (init_size); the machine has \
+         {ram} MiB of RAM (--memory)", ram = ram >> 20
+    )]
+    KernelOutsideRam {
+        /// init_size, or the payload if larger.
+        need: u64,
+        /// Bytes of RAM.
+        ram: u64,
+    },
+    /// No room for the initrd between the kernel and initrd_addr_max.
+    #[error(
+        "the {size}-byte initrd does not fit between the kernel's end {kernel_end:#x} and \
+         {limit:#x} (initrd_addr_max or the end of RAM; --memory)"
+    )]
+    InitrdNoRoom {
+        /// Its size.
+        size: u64,
+        /// One past the kernel's init_size.
+        kernel_end: u64,
+        /// The lower of initrd_addr_max + 1 and the end of RAM.
+        limit: u64,
+    },
+}
+
+/// A bzImage, checked and ready to load.
+#[derive(Debug)]
+pub struct BzImage {
+    image: Vec<u8>,
+    /// Bytes of real-mode setup before the protected-mode kernel.
+    setup_len: usize,
+    /// One past the setup header's last byte.
+    header_end: usize,
+    /// The command line, NUL-terminated.
+    cmdline: Vec<u8>,
+    initrd: Option<Vec<u8>>,
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn put(b: &mut [u8], at: usize, bytes: &[u8]) {
+    b[at..at + bytes.len()].copy_from_slice(bytes);
+}
+
+/// Whether `image` says it is a bzImage (the magic only; [`BzImage::parse`] checks the rest).
+pub fn is_bzimage(image: &[u8]) -> bool {
+    image.get(HEADER_MAGIC_AT..HEADER_MAGIC_AT + 4) == Some(&HEADER_MAGIC[..])
+}
+
+impl BzImage {
+    /// Check `image`'s setup header and make it ready to load with `cmdline` and `initrd`.
+    pub fn parse(
+        image: Vec<u8>,
+        cmdline: &str,
+        initrd: Option<Vec<u8>>,
+    ) -> Result<Self, BzImageError> {
+        if image.len() < INIT_SIZE + 4 {
+            return Err(BzImageError::Truncated(image.len()));
+        }
+        if !is_bzimage(&image) {
+            return Err(BzImageError::NoMagic);
+        }
+        let version = u16_at(&image, VERSION);
+        if version < MIN_VERSION {
+            return Err(BzImageError::OldProtocol(version));
+        }
+        let loadflags = image[LOADFLAGS];
+        if loadflags & LOADED_HIGH == 0 {
+            return Err(BzImageError::NotLoadedHigh(loadflags));
+        }
+        let xloadflags = u16_at(&image, XLOADFLAGS);
+        if xloadflags & XLF_KERNEL_64 == 0 {
+            return Err(BzImageError::No64BitEntry(xloadflags));
+        }
+        // boot.rst: "If this field is 0, the real value is 4."
+        let sects = match image[SETUP_SECTS] {
+            0 => 4,
+            n => usize::from(n),
+        };
+        let setup_len = (sects + 1) * 512;
+        let header_end = HEADER_MAGIC_AT + usize::from(image[HEADER_JUMP_OFFSET]);
+        // The 64-bit entry is 0x200 into the protected-mode kernel: it must be in the file.
+        if (setup_len as u64) + ENTRY_64_OFFSET >= image.len() as u64
+            || header_end > SETUP_HEADER_MAX_END.min(setup_len)
+        {
+            return Err(BzImageError::SetupTruncated {
+                setup: setup_len,
+                header_end,
+                len: image.len(),
+            });
+        }
+        if cmdline.contains('\0') {
+            return Err(BzImageError::CmdlineNul);
+        }
+        let max = u64::from(u32_at(&image, CMDLINE_SIZE)).min(CMDLINE_ROOM - 1);
+        if cmdline.len() as u64 > max {
+            return Err(BzImageError::CmdlineTooLong {
+                len: cmdline.len(),
+                max,
+            });
+        }
+        let mut cmdline = cmdline.as_bytes().to_vec();
+        cmdline.push(0);
+        Ok(BzImage {
+            image,
+            setup_len,
+            header_end,
+            cmdline,
+            initrd,
+        })
+    }
+
+    /// The protected-mode kernel's bytes.
+    fn payload(&self) -> &[u8] {
+        &self.image[self.setup_len..]
+    }
+
+    /// One past the memory the kernel needs from [`KERNEL_ADDR`]: its init_size (the
+    /// decompressor's room, boot.rst `init_size`), or the payload if that is larger.
+    fn kernel_end(&self) -> u64 {
+        let init_size = u64::from(u32_at(&self.image, INIT_SIZE));
+        KERNEL_ADDR + init_size.max(self.payload().len() as u64)
+    }
+
+    /// Where the initrd goes in `ram` bytes of RAM: as high as it fits below initrd_addr_max
+    /// (boot.rst: "the initrd should typically be located as high in memory as possible"),
+    /// page-aligned, above the kernel.
+    fn initrd_addr(&self, initrd: &[u8], ram: u64) -> Result<u64, BzImageError> {
+        let size = initrd.len() as u64;
+        let limit = (u64::from(u32_at(&self.image, INITRD_ADDR_MAX)) + 1).min(ram);
+        let kernel_end = self.kernel_end();
+        limit
+            .checked_sub(size)
+            .map(|a| a & !0xfff)
+            .filter(|&a| a >= kernel_end)
+            .ok_or(BzImageError::InitrdNoRoom {
+                size,
+                kernel_end,
+                limit,
+            })
+    }
+
+    /// Check that the kernel and the initrd fit `ram` bytes of RAM.
+    pub fn check_fits(&self, ram: u64) -> Result<(), BzImageError> {
+        let need = self.kernel_end() - KERNEL_ADDR;
+        if self.kernel_end() > ram {
+            return Err(BzImageError::KernelOutsideRam { need, ram });
+        }
+        if let Some(initrd) = &self.initrd {
+            self.initrd_addr(initrd, ram)?;
+        }
+        Ok(())
+    }
+
+    /// The zero page for a machine with the e820 map of `machine`, the initrd at `initrd`
+    /// and the RSDP at `rsdp`.
+    fn boot_params(
+        &self,
+        machine: &MachineInfo<'_>,
+        initrd: Option<(u64, u64)>,
+        rsdp: u64,
+    ) -> Vec<u8> {
+        let mut p = vec![0u8; BOOT_PARAMS_SIZE];
+        put(
+            &mut p,
+            SETUP_HEADER,
+            &self.image[SETUP_HEADER..self.header_end],
+        );
+        p[TYPE_OF_LOADER] = LOADER_UNDEFINED;
+        let addr32 = |a: u64| u32::try_from(a).expect("below 4 GiB");
+        put(&mut p, CMD_LINE_PTR, &addr32(CMDLINE_ADDR).to_le_bytes());
+        if let Some((addr, size)) = initrd {
+            put(&mut p, RAMDISK_IMAGE, &addr32(addr).to_le_bytes());
+            put(&mut p, RAMDISK_SIZE, &addr32(size).to_le_bytes());
+        }
+        // boot_params.acpi_rsdp_addr (protocol 2.14): saves the kernel the BIOS-area scan.
+        put(&mut p, ACPI_RSDP_ADDR, &rsdp.to_le_bytes());
+        let map = e820(machine.layout);
+        assert!(map.len() <= E820_MAX, "a handful of entries");
+        p[E820_ENTRIES] = u8::try_from(map.len()).expect("at most 128");
+        for (i, e) in map.iter().enumerate() {
+            // struct boot_e820_entry: addr, size (u64), type (u32), packed: 20 bytes.
+            let at = E820_TABLE + 20 * i;
+            put(&mut p, at, &e.range.start.to_le_bytes());
+            put(&mut p, at + 8, &e.range.len().to_le_bytes());
+            put(&mut p, at + 16, &(e.kind as u32).to_le_bytes());
+        }
+        p
+    }
+}
+
+impl Loader for BzImage {
+    fn load(
+        &self,
+        mem: &GuestMemoryMmap,
+        machine: &MachineInfo<'_>,
+    ) -> Result<EntryState, LoadError> {
+        let ram = machine.layout.ram_size() as u64;
+        self.check_fits(ram)?;
+        mem.write_slice(self.payload(), GuestAddress(KERNEL_ADDR))?;
+        let initrd = match &self.initrd {
+            Some(initrd) => {
+                let addr = self.initrd_addr(initrd, ram)?;
+                mem.write_slice(initrd, GuestAddress(addr))?;
+                Some((addr, initrd.len() as u64))
+            }
+            None => None,
+        };
+        mem.write_slice(&self.cmdline, GuestAddress(CMDLINE_ADDR))?;
+        let rsdp = AcpiTables {
+            layout: machine.layout,
+            vcpus: machine.vcpus,
+            extra: machine.acpi_tables,
+        }
+        .write(mem)?;
+        let params = self.boot_params(machine, initrd, rsdp);
+        mem.write_slice(&params, GuestAddress(BOOT_PARAMS_ADDR))?;
+        boot::write_tables(mem)?;
+        Ok(EntryState {
+            mode: CpuMode::LongMode,
+            regs: kvm_bindings::kvm_regs {
+                rip: KERNEL_ADDR + ENTRY_64_OFFSET,
+                rsi: BOOT_PARAMS_ADDR,
+                rsp: STACK_TOP,
+                rflags: 0x2, // bit 1 is reserved and set; interrupts off (boot.rst)
+                ..Default::default()
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::layout::MemoryLayout;
+    use crate::machine::run::memmap::E820Kind;
+
+    /// Setup sectors of the synthetic image, and its protected-mode kernel's size.
+    const SECTS: u8 = 3;
+    const PAYLOAD: usize = 0x1000;
+
+    /// A bzImage of protocol 2.15, relocatable-looking, with a 64-bit entry, init_size 4 MiB,
+    /// initrd_addr_max 0x7fffffff and cmdline_size 2047, its payload 0xcc.
+    fn image() -> Vec<u8> {
+        let setup = (usize::from(SECTS) + 1) * 512;
+        let mut f = vec![0u8; setup + PAYLOAD];
+        f[SETUP_SECTS] = SECTS;
+        f[HEADER_JUMP_OFFSET] = 0x6a; // the header of protocol 2.15 ends at 0x26c
+        put(&mut f, HEADER_MAGIC_AT, &HEADER_MAGIC);
+        put(&mut f, VERSION, &0x020fu16.to_le_bytes());
+        f[LOADFLAGS] = LOADED_HIGH;
+        put(&mut f, XLOADFLAGS, &XLF_KERNEL_64.to_le_bytes());
+        put(&mut f, INIT_SIZE, &(4u32 << 20).to_le_bytes());
+        put(&mut f, INITRD_ADDR_MAX, &0x7fff_ffffu32.to_le_bytes());
+        put(&mut f, CMDLINE_SIZE, &2047u32.to_le_bytes());
+        f[setup..].fill(0xcc);
+        f
+    }
+
+    fn parse(f: Vec<u8>) -> Result<BzImage, BzImageError> {
+        BzImage::parse(f, "console=ttyS0", None)
+    }
+
+    #[test]
+    fn every_bad_header_field_is_refused_with_one_line() {
+        let with = |edit: &dyn Fn(&mut Vec<u8>)| {
+            let mut f = image();
+            edit(&mut f);
+            parse(f).expect_err("a bad field")
+        };
+        let cases = [
+            (
+                with(&|f| f.truncate(0x200)),
+                "too short for its setup header",
+            ),
+            (with(&|f| f[HEADER_MAGIC_AT] = b'X'), "no \"HdrS\""),
+            (
+                with(&|f| put(f, VERSION, &0x0206u16.to_le_bytes())),
+                "boot protocol 2.06",
+            ),
+            (with(&|f| f[LOADFLAGS] = 0), "lack LOADED_HIGH"),
+            (
+                with(&|f| put(f, XLOADFLAGS, &0u16.to_le_bytes())),
+                "lack XLF_KERNEL_64",
+            ),
+            (with(&|f| f.truncate(0x900)), "runs past the"),
+            (with(&|f| f[HEADER_JUMP_OFFSET] = 0xff), "runs past the"),
+            (with(&|f| f[SETUP_SECTS] = 0x7f), "runs past the"),
+        ];
+        for (e, says) in cases {
+            let line = e.to_string();
+            assert!(
+                line.contains(says) && !line.contains('\n'),
+                "{line}: {says}"
+            );
+        }
+        assert_eq!(with(&|f| f[LOADFLAGS] = 0), BzImageError::NotLoadedHigh(0));
+    }
+
+    #[test]
+    fn zero_setup_sects_means_four() {
+        let mut f = image();
+        f[SETUP_SECTS] = 0;
+        assert_eq!(parse(f).unwrap().setup_len, 5 * 512);
+    }
+
+    #[test]
+    fn the_command_line_is_checked_against_cmdline_size() {
+        let e = BzImage::parse(image(), "a\0b", None).expect_err("NUL");
+        assert_eq!(e, BzImageError::CmdlineNul);
+        let e = BzImage::parse(image(), &"x".repeat(2048), None).expect_err("too long");
+        assert_eq!(
+            e.to_string(),
+            "the command line is 2048 bytes; this kernel takes at most 2047 (cmdline_size)"
+        );
+        assert!(BzImage::parse(image(), &"x".repeat(2047), None).is_ok());
+    }
+
+    #[test]
+    fn the_kernel_and_initrd_must_fit_ram() {
+        let k = parse(image()).unwrap();
+        let e = k.check_fits(4 << 20).expect_err("init_size from 1 MiB");
+        assert!(
+            e.to_string().contains("needs 0x400000 bytes from 0x100000"),
+            "{e}"
+        );
+        k.check_fits(5 << 20).unwrap();
+        let k = BzImage::parse(image(), "", Some(vec![1; 2 << 20])).unwrap();
+        let e = k.check_fits(6 << 20).expect_err("no room above the kernel");
+        assert!(e.to_string().contains("initrd does not fit"), "{e}");
+        k.check_fits(7 << 20).unwrap();
+        assert_eq!(
+            k.initrd_addr(&[1; 0x1800], 64 << 20).unwrap(),
+            (64 << 20) - 0x2000
+        );
+        // initrd_addr_max caps it below the end of RAM.
+        let mut f = image();
+        put(&mut f, INITRD_ADDR_MAX, &((16u32 << 20) - 1).to_le_bytes());
+        let k = parse(f).unwrap();
+        assert_eq!(
+            k.initrd_addr(&[1; 0x1000], 64 << 20).unwrap(),
+            (16 << 20) - 0x1000
+        );
+    }
+
+    #[test]
+    fn it_loads_at_1_mib_with_a_zero_page_of_the_header_e820_cmdline_and_initrd() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        let layout = MemoryLayout::new(64 << 20, true).unwrap();
+        let info = MachineInfo {
+            layout: &layout,
+            vcpus: 1,
+            tsc_khz: None,
+            acpi_tables: &[],
+        };
+        let k = BzImage::parse(image(), "console=ttyS0", Some(vec![0xab; 0x3000])).unwrap();
+        let entry = k.load(&mem, &info).unwrap();
+        assert_eq!(entry.mode, CpuMode::LongMode);
+        assert_eq!(entry.regs.rip, 0x10_0200, "startup_64");
+        assert_eq!(entry.regs.rsi, BOOT_PARAMS_ADDR);
+        let mut p = vec![0u8; BOOT_PARAMS_SIZE];
+        mem.read_slice(&mut p, GuestAddress(BOOT_PARAMS_ADDR))
+            .unwrap();
+        let f = image();
+        // The header, copied, but for the fields the loader fills.
+        assert_eq!(
+            p[SETUP_HEADER..TYPE_OF_LOADER],
+            f[SETUP_HEADER..TYPE_OF_LOADER]
+        );
+        assert_eq!(p[LOADFLAGS..RAMDISK_IMAGE], f[LOADFLAGS..RAMDISK_IMAGE]);
+        assert_eq!(p[INITRD_ADDR_MAX..0x26c], f[INITRD_ADDR_MAX..0x26c]);
+        assert_eq!(p[TYPE_OF_LOADER], 0xff);
+        assert_eq!(u32_at(&p, CMD_LINE_PTR), 0x2_0000);
+        let mut cmdline = [0u8; 14];
+        mem.read_slice(&mut cmdline, GuestAddress(CMDLINE_ADDR))
+            .unwrap();
+        assert_eq!(&cmdline, b"console=ttyS0\0");
+        let (initrd, size) = (u32_at(&p, RAMDISK_IMAGE), u32_at(&p, RAMDISK_SIZE));
+        assert_eq!((initrd, size), ((64 << 20) - 0x3000, 0x3000));
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(initrd.into())).unwrap(),
+            0xab
+        );
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x10_0000)).unwrap(), 0xcc);
+        let map = e820(&layout);
+        assert_eq!(usize::from(p[E820_ENTRIES]), map.len());
+        let last = E820_TABLE + 20 * (map.len() - 1);
+        assert_eq!(u32_at(&p, last + 16), E820Kind::Reserved as u32, "ECAM");
+        let rsdp = u64::from_le_bytes(p[ACPI_RSDP_ADDR..ACPI_RSDP_ADDR + 8].try_into().unwrap());
+        let mut sig = [0u8; 8];
+        mem.read_slice(&mut sig, GuestAddress(rsdp)).unwrap();
+        assert_eq!(&sig, b"RSD PTR ");
+    }
+}
