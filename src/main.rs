@@ -58,6 +58,9 @@ filter.";
 /// `exitless run`'s status for an error of its own: even, so never a guest's isa-debug-exit
 /// status (always odd), nor a clean exit.
 const RUN_ERROR_STATUS: u8 = 2;
+/// The status of a mistake on the command line, for every subcommand: clap's, and
+/// `exitless run`'s own error status.
+const USAGE_ERROR_STATUS: u8 = RUN_ERROR_STATUS;
 /// `exitless run`'s status when the guest runs past --timeout: timeout(1)'s, and even.
 const RUN_TIMEOUT_STATUS: u8 = 124;
 
@@ -400,8 +403,35 @@ fn raise_open_file_limit() {
     }
 }
 
+/// Parse the command line. A mistake in it gets one line and status 2 (clap's own status for
+/// usage errors), as every other bad input does; `--help` and `--version` print as usual.
+fn parse_command_line() -> Result<Cli, ExitCode> {
+    Cli::try_parse().map_err(|e| {
+        if !e.use_stderr() {
+            // --help or --version: not an error.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        // clap's message is a paragraph (the error, maybe the arguments it names), then a blank
+        // line and usage hints: the paragraph, joined into one line, says it all.
+        let rendered = e.to_string();
+        let paragraph: Vec<&str> = rendered
+            .lines()
+            .take_while(|line| !line.trim().is_empty())
+            .map(str::trim)
+            .collect();
+        let message = paragraph.join(" ");
+        let reason = message.strip_prefix("error: ").unwrap_or(&message);
+        eprintln!("exitless: error: {reason} (see --help)");
+        ExitCode::from(USAGE_ERROR_STATUS)
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_command_line() {
+        Ok(cli) => cli,
+        Err(status) => return status,
+    };
     // `exitless run` exits with the guest's status, and its own errors with an even one.
     let error_status = match cli.command {
         Command::Run(_) => ExitCode::from(RUN_ERROR_STATUS),

@@ -104,9 +104,12 @@ fn bad_input_gets_one_clear_error_and_a_failure_code() {
         &["frobnicate"],
     ] {
         let out = exitless(args);
-        assert!(!out.status.success(), "{args:?} should fail");
+        assert_eq!(out.status.code(), Some(2), "{args:?} is a usage error");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.starts_with("error:"), "{args:?}: {err}");
+        assert!(
+            err.starts_with("exitless: error: ") && err.lines().count() == 1,
+            "{args:?}: {err}"
+        );
     }
     let out = exitless(&[
         "bench",

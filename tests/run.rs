@@ -321,7 +321,19 @@ fn every_bad_input_gets_one_line_and_status_2() {
     std::fs::write(&cut, &elf[..0x1100]).unwrap();
     let good = kernel("testkernel.elf");
     let good = good.to_str().unwrap();
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 13] = [
+        (
+            &[],
+            "the following required arguments were not provided: --kernel <FILE>",
+        ),
+        (
+            &["--kernel", good, "--disk", "disk.img,bogus"],
+            "unknown option `bogus` (ro, transport=pci|mmio)",
+        ),
+        (
+            &["--kernel", good, "--memory", "lots"],
+            "invalid value 'lots' for '--memory <MIB>'",
+        ),
         (
             &["--kernel", "/nonexistent/kernel"],
             "cannot read the kernel /nonexistent/kernel: No such file or directory",
