@@ -140,8 +140,11 @@ fn vcpu() -> Vec<Allowed> {
             KVM_SET_GSI_ROUTING(),
             KVM_SIGNAL_MSI(),
             KVM_SET_USER_MEMORY_REGION(),
-            // The guest's rip, read once to report an instruction KVM cannot emulate.
+            // Read once to report an instruction KVM cannot emulate: the guest's rip and code
+            // segment, and where that address lies in guest RAM (to show the bytes there).
             KVM_GET_REGS(),
+            KVM_GET_SREGS(),
+            KVM_TRANSLATE(),
         ],
     )]
 }

@@ -4,7 +4,7 @@
 
 use kvm_bindings::{
     KVMIO, kvm_cpuid2, kvm_ioeventfd, kvm_irq_routing, kvm_irqfd, kvm_mp_state, kvm_msi, kvm_regs,
-    kvm_sregs, kvm_userspace_memory_region,
+    kvm_sregs, kvm_translation, kvm_userspace_memory_region,
 };
 use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
@@ -34,6 +34,7 @@ ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
 ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_regs);
 ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
 ioctl_iow_nr!(KVM_SET_SREGS, KVMIO, 0x84, kvm_sregs);
+ioctl_iowr_nr!(KVM_TRANSLATE, KVMIO, 0x85, kvm_translation);
 ioctl_iow_nr!(KVM_SET_CPUID2, KVMIO, 0x90, kvm_cpuid2);
 ioctl_iow_nr!(KVM_SET_MP_STATE, KVMIO, 0x99, kvm_mp_state);
 ioctl_io_nr!(KVM_GET_TSC_KHZ, KVMIO, 0xa3);

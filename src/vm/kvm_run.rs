@@ -23,6 +23,23 @@ const IO_SIZE: usize = offset_of!(kvm_run, __bindgen_anon_1.io.size);
 /// Offset of `kvm_run.internal.suberror`, why KVM gave up (`KVM_INTERNAL_ERROR_*`).
 const INTERNAL_SUBERROR: usize = offset_of!(kvm_run, __bindgen_anon_1.internal.suberror);
 
+/// Offset of `kvm_run.emulation_failure.flags`: with
+/// `KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES` set, KVM gives the instruction's bytes.
+const EMULATION_FLAGS: usize = offset_of!(kvm_run, __bindgen_anon_1.emulation_failure.flags);
+
+/// Offset of `kvm_run.emulation_failure.insn_size`; `insn_bytes[15]` follows it.
+const EMULATION_INSN_SIZE: usize = offset_of!(
+    kvm_run,
+    __bindgen_anon_1
+        .emulation_failure
+        .__bindgen_anon_1
+        .__bindgen_anon_1
+        .insn_size
+);
+
+/// The longest x86 instruction.
+pub const MAX_INSTRUCTION_BYTES: usize = 15;
+
 /// The `kvm_run` page of one vCPU, mapped read-only.
 pub struct RunPage {
     page: MmapRegion,
@@ -71,6 +88,24 @@ impl RunPage {
             .as_volatile_slice()
             .get_ref::<u32>(INTERNAL_SUBERROR)
             .map_or(0, |r| r.load())
+    }
+
+    /// The bytes of the instruction KVM could not emulate, when KVM gives them (Linux 5.14 and
+    /// later, api.rst §5 `emulation_failure`). Only meaningful after a
+    /// `KVM_INTERNAL_ERROR_EMULATION`.
+    pub fn emulation_failure_bytes(&self) -> Option<Vec<u8>> {
+        let page = self.page.as_volatile_slice();
+        let flags = page.get_ref::<u64>(EMULATION_FLAGS).ok()?.load();
+        if flags & u64::from(kvm_bindings::KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES) == 0
+        {
+            return None;
+        }
+        let size = usize::from(page.get_ref::<u8>(EMULATION_INSN_SIZE).ok()?.load());
+        let mut bytes = vec![0; size.min(MAX_INSTRUCTION_BYTES)];
+        page.subslice(EMULATION_INSN_SIZE + 1, bytes.len())
+            .ok()?
+            .copy_to(&mut bytes);
+        (!bytes.is_empty()).then_some(bytes)
     }
 }
 
