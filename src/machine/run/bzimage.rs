@@ -98,6 +98,12 @@ pub enum BzImageError {
     /// No 64-bit entry point.
     #[error("xloadflags {0:#x} lack XLF_KERNEL_64: the kernel has no 64-bit entry point")]
     No64BitEntry(u16),
+    /// A header (from the jump at 0x200 to its target) too short for the fields read here.
+    #[error(
+        "not a kernel exitless boots: its setup header ends at {0:#x}, before the fields of boot protocol 2.12 (to {min:#x})",
+        min = INIT_SIZE + 4
+    )]
+    HeaderTooShort(usize),
     /// The setup header claims more than the file has.
     #[error(
         "the setup ({setup} bytes) or its header (to {header_end:#x}) runs past the {len}-byte file"
@@ -219,6 +225,11 @@ impl BzImage {
                 len: image.len(),
             });
         }
+        // The header the kernel finds in its zero page is the one copied from here: it must
+        // hold every field protocol 2.12 has, up to init_size.
+        if header_end < INIT_SIZE + 4 {
+            return Err(BzImageError::HeaderTooShort(header_end));
+        }
         if cmdline.contains('\0') {
             return Err(BzImageError::CmdlineNul);
         }
@@ -299,10 +310,11 @@ impl BzImage {
         p[TYPE_OF_LOADER] = LOADER_UNDEFINED;
         let addr32 = |a: u64| u32::try_from(a).expect("below 4 GiB");
         put(&mut p, CMD_LINE_PTR, &addr32(CMDLINE_ADDR).to_le_bytes());
-        if let Some((addr, size)) = initrd {
-            put(&mut p, RAMDISK_IMAGE, &addr32(addr).to_le_bytes());
-            put(&mut p, RAMDISK_SIZE, &addr32(size).to_le_bytes());
-        }
+        // Written either way: the header copied from the file may hold anything there, and a
+        // kernel given no initrd must read 0 (boot.rst: ramdisk_image is the loader's to write).
+        let (addr, size) = initrd.unwrap_or((0, 0));
+        put(&mut p, RAMDISK_IMAGE, &addr32(addr).to_le_bytes());
+        put(&mut p, RAMDISK_SIZE, &addr32(size).to_le_bytes());
         // boot_params.acpi_rsdp_addr (protocol 2.14): saves the kernel the BIOS-area scan.
         put(&mut p, ACPI_RSDP_ADDR, &rsdp.to_le_bytes());
         let map = e820(machine.layout);
@@ -416,6 +428,10 @@ mod tests {
             (with(&|f| f.truncate(0x900)), "runs past the"),
             (with(&|f| f[HEADER_JUMP_OFFSET] = 0xff), "runs past the"),
             (with(&|f| f[SETUP_SECTS] = 0x7f), "runs past the"),
+            (
+                with(&|f| f[HEADER_JUMP_OFFSET] = 0),
+                "setup header ends at 0x202, before the fields of boot protocol 2.12 (to 0x264)",
+            ),
         ];
         for (e, says) in cases {
             let line = e.to_string();
@@ -520,5 +536,32 @@ mod tests {
         let mut sig = [0u8; 8];
         mem.read_slice(&mut sig, GuestAddress(rsdp)).unwrap();
         assert_eq!(&sig, b"RSD PTR ");
+    }
+
+    /// Found by the `bzimage` fuzz target: the file's own ramdisk fields reached the kernel.
+    #[test]
+    fn without_an_initrd_the_kernel_sees_none_whatever_the_file_says() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        let layout = MemoryLayout::new(64 << 20, true).unwrap();
+        let info = MachineInfo {
+            layout: &layout,
+            vcpus: 1,
+            tsc_khz: None,
+            acpi_tables: &[],
+        };
+        let mut f = image();
+        put(&mut f, RAMDISK_IMAGE, &0xc1c1_c1c1u32.to_le_bytes());
+        put(&mut f, RAMDISK_SIZE, &0xc1c1_c1c1u32.to_le_bytes());
+        BzImage::parse(f, "", None)
+            .unwrap()
+            .load(&mem, &info)
+            .unwrap();
+        let mut p = vec![0u8; BOOT_PARAMS_SIZE];
+        mem.read_slice(&mut p, GuestAddress(BOOT_PARAMS_ADDR))
+            .unwrap();
+        assert_eq!(
+            (u32_at(&p, RAMDISK_IMAGE), u32_at(&p, RAMDISK_SIZE)),
+            (0, 0)
+        );
     }
 }

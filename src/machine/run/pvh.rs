@@ -110,16 +110,21 @@ pub enum PvhError {
     },
 }
 
+/// The `N` bytes at `at`, if the file has them (`at` comes from the file: it may be anywhere).
+fn bytes_at<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
+    b.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+    bytes_at(b, at).map(u16::from_le_bytes)
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    bytes_at(b, at).map(u32::from_le_bytes)
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    bytes_at(b, at).map(u64::from_le_bytes)
 }
 
 /// The PVH entry point of a 64-bit ELF `image`: the descriptor of its Xen
@@ -137,8 +142,8 @@ pub fn pvh_entry(image: &[u8]) -> Option<u64> {
         if u32_at(image, ph)? != PT_NOTE {
             return None;
         }
-        let start = usize::try_from(u64_at(image, ph + P_OFFSET)?).ok()?;
-        let len = usize::try_from(u64_at(image, ph + P_FILESZ)?).ok()?;
+        let start = usize::try_from(u64_at(image, ph.checked_add(P_OFFSET)?)?).ok()?;
+        let len = usize::try_from(u64_at(image, ph.checked_add(P_FILESZ)?)?).ok()?;
         find_note(image.get(start..start.checked_add(len)?)?)
     })
 }
@@ -379,6 +384,19 @@ mod tests {
         assert_eq!(pvh_entry(&vmlinux(&note(XEN_NOTE_NAME, 1, &[0; 8]))), None);
         assert_eq!(pvh_entry(&vmlinux(&entry_note()[..30])), None);
         assert_eq!(pvh_entry(b"MZ not an ELF file"), None);
+    }
+
+    /// Found by the `pvh` fuzz target: a program header table placed at the very end of the
+    /// address space overflowed the offset arithmetic.
+    #[test]
+    fn program_headers_anywhere_are_no_entry_not_a_panic() {
+        let mut f = vmlinux(&entry_note());
+        f[E_PHOFF..E_PHOFF + 8].copy_from_slice(&(u64::MAX - 4).to_le_bytes());
+        assert_eq!(pvh_entry(&f), None);
+        let mut f = vmlinux(&entry_note());
+        f[E_PHENTSIZE..E_PHENTSIZE + 2].copy_from_slice(&u16::MAX.to_le_bytes());
+        f[E_PHOFF..E_PHOFF + 8].copy_from_slice(&(u64::MAX - 0x1_0000).to_le_bytes());
+        assert_eq!(pvh_entry(&f), None);
     }
 
     #[test]

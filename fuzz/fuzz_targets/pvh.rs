@@ -1,0 +1,86 @@
+#![no_main]
+//! The PVH loader (`machine::run::pvh`) on arbitrary files: the ELF note search, the segment
+//! checks and the load, with or without an initrd. Beyond "no panic": a file whose note is found
+//! and that fits the machine loads without an error, entered in 32-bit protected mode at the
+//! note's address with EBX at an `hvm_start_info` (xen/include/public/arch-x86/hvm/start_info.h,
+//! read back here at its own offsets) that carries the magic, the command line and the initrd as
+//! module 0.
+//!
+//! Input: byte 0 is the initrd's length (0: no initrd), that many bytes of initrd follow, then
+//! the kernel.
+
+use exitless::machine::run::pvh::{PvhKernel, pvh_entry};
+use exitless::machine::{CpuMode, Loader, MachineInfo, MemoryLayout};
+use libfuzzer_sys::fuzz_target;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const RAM: usize = 8 << 20;
+const CMDLINE: &str = "console=ttyS0 fuzz";
+/// `XEN_HVM_START_MAGIC_VALUE`.
+const START_INFO_MAGIC: u32 = 0x336e_c578;
+
+thread_local! {
+    static MEMORY: GuestMemoryMmap =
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM)]).expect("guest memory");
+}
+
+fn read<T: vm_memory::ByteValued>(mem: &GuestMemoryMmap, at: u64) -> T {
+    mem.read_obj(GuestAddress(at)).expect("inside RAM")
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&initrd_len, rest)) = data.split_first() else {
+        return;
+    };
+    let (initrd, kernel) = rest.split_at(usize::from(initrd_len).min(rest.len()));
+    let initrd = (initrd_len > 0).then(|| initrd.to_vec());
+    let Some(entry_point) = pvh_entry(kernel) else {
+        return;
+    };
+    let Ok(image) = PvhKernel::parse(kernel.to_vec(), entry_point, CMDLINE, initrd.clone())
+    else {
+        return;
+    };
+    if image.check_fits(RAM as u64).is_err() {
+        return;
+    }
+    let layout = MemoryLayout::new(RAM, true).expect("a valid layout");
+    let machine = MachineInfo {
+        layout: &layout,
+        vcpus: 1,
+        tsc_khz: None,
+        acpi_tables: &[],
+    };
+    MEMORY.with(|mem| {
+        let entry = image
+            .load(mem, &machine)
+            .expect("a kernel that fits loads");
+        assert_eq!(entry.mode, CpuMode::Protected32);
+        assert_eq!(entry.regs.rip, entry_point);
+        let info = entry.regs.rbx;
+        assert!(info + 56 <= RAM as u64);
+        assert_eq!(read::<u32>(mem, info), START_INFO_MAGIC);
+        // cmdline_paddr at 24, then the NUL-terminated line.
+        let cmdline_at: u64 = read(mem, info + 24);
+        let mut cmdline = vec![0u8; CMDLINE.len() + 1];
+        mem.read_slice(&mut cmdline, GuestAddress(cmdline_at))
+            .expect("the command line in RAM");
+        assert_eq!(&cmdline[..CMDLINE.len()], CMDLINE.as_bytes());
+        assert_eq!(cmdline[CMDLINE.len()], 0, "NUL-terminated");
+        // nr_modules at 12, modlist_paddr at 16; a module is paddr, size, cmdline, reserved.
+        let modules: u32 = read(mem, info + 12);
+        match &initrd {
+            Some(bytes) => {
+                assert_eq!(modules, 1);
+                let module: u64 = read(mem, info + 16);
+                let (addr, size): (u64, u64) = (read(mem, module), read(mem, module + 8));
+                assert_eq!(size as usize, bytes.len());
+                let mut there = vec![0u8; bytes.len()];
+                mem.read_slice(&mut there, GuestAddress(addr))
+                    .expect("the initrd in RAM");
+                assert_eq!(&there, bytes);
+            }
+            None => assert_eq!(modules, 0),
+        }
+    });
+});
