@@ -4,6 +4,7 @@
  * (~1 us per instruction), so the bootstrap processor loads the IDT register and leaves ring 0
  * at once with iretq; the IDT itself is filled in at CPL 3 by probe.c. Other vCPUs park in hlt. */
 #include "contract.h"
+#include "multiboot.h"
 
     .section .text.entry, "ax"
     .code64
@@ -28,28 +29,18 @@ user_entry:                     /* CPL 3 from here on */
     call    probe_main          /* probe_main(loader magic) */
 1:  jmp     1b                  /* probe_main ends the run through PORT_DONE */
 
-/* The multiboot header (Multiboot 0.6.96 §3.1), for QEMU's -kernel: in the image's first
- * 8 KiB, after the 64-bit entry exitless jumps to. Flag bit 16 says the address fields are
- * valid: QEMU then loads the flat image (probe.bin) at load_addr as it is, where it would
- * otherwise want an ELF32, which the probe is not. .bss is part of the image (probe.ld). */
-#define MB_HEADER_MAGIC     0x1badb002
-#define MB_FLAG_ADDRESSES   0x00010000
-    .align  4
-mb_header:
-    .long   MB_HEADER_MAGIC
-    .long   MB_FLAG_ADDRESSES
-    .long   -(MB_HEADER_MAGIC + MB_FLAG_ADDRESSES)
-    .long   mb_header           /* header_addr */
-    .long   PROBE_LOAD_ADDR     /* load_addr */
-    .long   _image_end          /* load_end_addr */
-    .long   _image_end          /* bss_end_addr */
-    .long   multiboot_entry     /* entry_addr */
+/* The multiboot header, for QEMU's -kernel: in the image's first 8 KiB, after the 64-bit
+ * entry exitless jumps to. With its address fields QEMU loads the flat image (probe.bin) at
+ * load_addr as it is, where it would otherwise want an ELF32, which the probe is not. .bss is
+ * part of the image (probe.ld). */
+    MULTIBOOT_HEADER MB_FLAG_ADDRESSES, PROBE_LOAD_ADDR, _image_end, _image_end, multiboot_entry
 
 /* A multiboot loader enters here in 32-bit protected mode, paging off, flat segments, IF
  * clear, EAX = 0x2BADB002 (Multiboot 0.6.96 §3.2). Build what exitless's VMM writes before it
  * enters _start (src/vm/boot.rs), at the same places (the contract's BOOT_*_ADDR), switch to
- * long mode (Intel SDM vol. 3 §10.8.5) and go the same way. About 1500 ring-0 instructions
- * with 1 GiB pages: a millisecond or two on this host's emulated ring 0. */
+ * long mode (Intel SDM vol. 3 §10.8.5) and go the same way. About 4,000 ring-0 instructions and
+ * as many rep-string iterations with 1 GiB pages (2 MiB pages add ~12,000): a few ms on this
+ * host's emulated ring 0, against SeaBIOS's seconds. */
 #define PTE_TABLE   0x7                 /* present, writable, user (Intel SDM vol. 3 §4.5) */
 #define PTE_HUGE    0x80                /* a 1 GiB (PDPTE) or 2 MiB (PDE) page */
 #define CR0_LONG    0x80010033          /* PG, WP, NE, ET, MP, PE: exitless's CR0 */
