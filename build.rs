@@ -6,7 +6,8 @@
 //! `testkernel.elf`, and the same kernel as a flat image loaded by its multiboot address fields,
 //! `testkernel.bin`. Both are put next to the exitless binary (target/debug/ or
 //! target/release/), where the tests and the README's examples find them. The test kernel
-//! shares nothing with the VMM's sources: it checks exitless against QEMU's conventions.
+//! shares nothing with the VMM's sources, only the firmware readers and the multiboot header
+//! (guest/firmware.h, multiboot.h) with the probe: it checks exitless against QEMU's conventions.
 
 use std::env;
 use std::fmt::Write as _;
@@ -65,6 +66,9 @@ fn contract_header() -> String {
     {
         writeln!(h, "#define {name} CONTRACT_U64(0x{value:x})").unwrap();
     }
+    for (name, value) in contract::CONTRACT_STRINGS {
+        writeln!(h, "#define {name} \"{value}\"").unwrap();
+    }
     h.push_str("\n#ifndef __ASSEMBLER__\n#include <stdint.h>\n");
     h.push_str(contract::CONTRACT_STRUCTS_C);
     h.push_str("#endif\n");
@@ -77,6 +81,9 @@ fn run(cmd: &mut Command) {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (is gcc/binutils installed?)"));
     assert!(status.success(), "{cmd:?} failed with {status}");
 }
+
+/// Headers in guest/ that the probe and the test kernel both include.
+const GUEST_SHARED: [&str; 2] = ["firmware.h", "multiboot.h"];
 
 /// Flags for freestanding guest code, 32- or 64-bit.
 const FREESTANDING: [&str; 13] = [
@@ -101,6 +108,9 @@ fn build_test_kernel(cc: &str, out: &Path) {
     let dir = Path::new("guest/testkernel");
     for f in ["entry.S", "main.c", "testkernel.ld", "testkernel.h"] {
         println!("cargo:rerun-if-changed=guest/testkernel/{f}");
+    }
+    for f in GUEST_SHARED {
+        println!("cargo:rerun-if-changed=guest/{f}");
     }
     let build = |defines: &[&str], elf: &Path| {
         run(Command::new(cc)
@@ -134,7 +144,10 @@ fn build_test_kernel(cc: &str, out: &Path) {
 fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let guest = Path::new("guest");
-    for f in ["probe.c", "entry.S", "probe.ld"] {
+    for f in ["probe.c", "entry.S", "probe.ld"]
+        .iter()
+        .chain(&GUEST_SHARED)
+    {
         println!("cargo:rerun-if-changed=guest/{f}");
     }
     for f in SHARED_SOURCES {

@@ -66,6 +66,32 @@ contract_consts! {
     RAM_SCRATCH_SIZE: u64 = 0x1000;
     /// GDT selector of the 64-bit kernel code segment (interrupt gates point at it).
     KERNEL_CS: u16 = 0x08;
+    /// GDT selector of the kernel data segment.
+    KERNEL_DS: u16 = 0x10;
+    /// GDT selector of the 64-bit TSS (a 16-byte system descriptor: two slots).
+    TSS_SELECTOR: u16 = 0x28;
+    /// Where the GDT lies: the VMM writes it, or the probe's multiboot entry does.
+    BOOT_GDT_ADDR: u64 = 0x1000;
+    /// Where the TSS lies, with its I/O permission bitmap.
+    BOOT_TSS_ADDR: u64 = 0x2000;
+    /// I/O permission bitmap offset inside the TSS: right after the 104-byte 64-bit TSS.
+    TSS_IOMAP_BASE: u16 = 0x68;
+    /// 65536 ports, one bit each; an all-ones byte follows (the CPU may read past the end).
+    TSS_IOMAP_LEN: u16 = 0x2000;
+    /// The PML4 of the identity map.
+    BOOT_PML4_ADDR: u64 = 0x5000;
+    /// Its one page-directory-pointer table.
+    BOOT_PDPT_ADDR: u64 = 0x6000;
+    /// Page directories mapping 4 GiB with 2 MiB pages: RAM, the PCI holes, ECAM.
+    BOOT_PD_ADDR: u64 = 0x8000;
+    /// Number of page directories at `BOOT_PD_ADDR`.
+    BOOT_PD_COUNT: u64 = 4;
+    /// EAX at entry when a multiboot loader (QEMU's `-kernel`) started the probe (Multiboot
+    /// 0.6.96 §3.2); exitless enters the probe in long mode directly, with RSI = 0.
+    MULTIBOOT_BOOTLOADER_MAGIC: u64 = 0x2bad_b002;
+    /// QEMU's `-device isa-debug-exit,iobase=0xf4,iosize=4`: the probe booted by QEMU ends
+    /// its run by writing its `DONE_*` status here; QEMU exits with `(status << 1) | 1`.
+    QEMU_DEBUG_EXIT_PORT: u16 = 0xf4;
     /// Top of the ring-0 stack the CPU switches to when an interrupt arrives at CPL 3 (TSS.RSP0).
     INTERRUPT_STACK_TOP: u64 = 0x88_0000;
     /// GDT selector of the 64-bit user code segment (DPL 3, RPL 3).
@@ -282,6 +308,20 @@ contract_consts! {
     /// `EnumRecord::flags` bit: the capability list was longer than the record holds.
     ENUM_FLAG_CAPS_TRUNCATED: u64 = 2;
 }
+
+/// The fw_cfg file QEMU hands the probe its ops in (`-fw_cfg name=opt/exitless/ops,file=…`):
+/// the `Op` array exactly as exitless writes it at `OPS_ADDR`; its size gives the count.
+pub const QEMU_OPS_FILE: &str = "opt/exitless/ops";
+/// First word of the probe's serial dump under QEMU (`crate::peer::dump` has the format).
+pub const DUMP_BEGIN: &str = "exitless-results";
+/// First word of the dump's last line, which carries the checksum.
+pub const DUMP_END: &str = "exitless-end";
+/// The string constants above, by name, for generating the guest's C header.
+pub const CONTRACT_STRINGS: &[(&str, &str)] = &[
+    ("QEMU_OPS_FILE", QEMU_OPS_FILE),
+    ("DUMP_BEGIN", DUMP_BEGIN),
+    ("DUMP_END", DUMP_END),
+];
 
 contract_structs! {
     /// Written by the VMM at `BOOT_INFO_ADDR` before the guest starts.

@@ -37,6 +37,7 @@ pub mod irq;
 pub mod logging;
 pub mod machine;
 pub mod pci;
+pub mod peer;
 pub mod seccomp;
 pub mod stats;
 pub mod virtio;

@@ -3,30 +3,17 @@
  * segments, EAX = 0x2BADB002 and EBX = the multiboot information (Multiboot 0.6.96 §3.2); the
  * stack and the GDT are ours to set up. */
 #include "testkernel.h"
+#include "../multiboot.h"
 
-#define MB_MAGIC        0x1BADB002
-#define MB_MEMORY_INFO  0x00000002      /* flags bit 1: we want the memory map */
-#define MB_ADDRESSES    0x00010000      /* flags bit 16: the address fields below are valid */
 #ifdef AOUT_KLUDGE
-#define MB_FLAGS        (MB_MEMORY_INFO | MB_ADDRESSES)
+/* For the flat image (objcopy -O binary): the header is at its first byte. */
+#define MB_FLAGS        (MB_FLAG_MEMORY_INFO | MB_FLAG_ADDRESSES)
 #else
-#define MB_FLAGS        MB_MEMORY_INFO
+#define MB_FLAGS        MB_FLAG_MEMORY_INFO
 #endif
 
     .section .multiboot, "a"
-    .align  4
-mb_header:
-    .long   MB_MAGIC
-    .long   MB_FLAGS
-    .long   -(MB_MAGIC + MB_FLAGS)
-#ifdef AOUT_KLUDGE
-    /* For the flat image (objcopy -O binary): the header is at its first byte. */
-    .long   mb_header       /* header_addr */
-    .long   _image_start    /* load_addr */
-    .long   _edata          /* load_end_addr */
-    .long   _end            /* bss_end_addr */
-    .long   _start          /* entry_addr */
-#endif
+    MULTIBOOT_HEADER MB_FLAGS, _image_start, _edata, _end, _start
 
     .text
     .code32

@@ -31,13 +31,10 @@
 #define DEBUG_EXIT      0xf4            /* -device isa-debug-exit,iobase=0xf4 */
 #define EXIT_PASS       0x10
 #define EXIT_FAIL       0x11
-#define FW_CFG_SEL      0x510
-#define FW_CFG_DATA     0x511
 #define FW_CFG_SIGNATURE 0x00
 #define FW_CFG_ID       0x01
 #define FW_CFG_RAM_SIZE 0x03
 #define FW_CFG_NB_CPUS  0x05
-#define FW_CFG_FILE_DIR 0x19
 #define CMDLINE_FILE    "opt/exitless/cmdline"
 #define PCI_CONFIG_ADDRESS 0xcf8
 #define PCI_CONFIG_DATA 0xcfc
@@ -90,15 +87,6 @@ void *memset(void *d, int c, __SIZE_TYPE__ n)
     return d;
 }
 
-static int equal(const void *a, const void *b, uint32_t n)
-{
-    const uint8_t *x = a, *y = b;
-    while (n--)
-        if (*x++ != *y++)
-            return 0;
-    return 1;
-}
-
 static uint32_t length(const char *s)
 {
     uint32_t n = 0;
@@ -120,9 +108,9 @@ static inline void insb(uint16_t port, void *buf, uint32_t n)
     __asm__ volatile("rep insb" : "+D"(buf), "+c"(n) : "d"(port) : "memory");
 }
 
-static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-static inline uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | p[1] << 16 | p[2] << 8 | p[3]; }
+
+#include "../firmware.h"
 static inline uint32_t mmio32(uint32_t addr) { return *(volatile uint32_t *)addr; }
 static inline void mmio_write32(uint32_t addr, uint32_t v) { *(volatile uint32_t *)addr = v; }
 
@@ -211,7 +199,7 @@ static const char *arg(const char *key)
 {
     uint32_t n = length(key);
     for (const char *p = cmdline; *p; p++) {
-        if ((p == cmdline || p[-1] == ' ') && equal(p, key, n) && p[n] == '=')
+        if ((p == cmdline || p[-1] == ' ') && fw_equal(p, key, n) && p[n] == '=')
             return p + n + 1;
     }
     return 0;
@@ -232,7 +220,7 @@ static int arg_is(const char *key, const char *value)
 {
     const char *v = arg(key);
     uint32_t n = length(value);
-    return v && equal(v, value, n) && (v[n] == ' ' || v[n] == 0);
+    return v && fw_equal(v, value, n) && (v[n] == ' ' || v[n] == 0);
 }
 
 /* ---- the PM timer ---- */
@@ -265,10 +253,10 @@ static void check_multiboot(const struct mb_info *mb, uint32_t mem_mib)
     uint32_t kib_above_1m = 0, entries = 0;
     for (uint32_t at = mb->mmap_addr; at < mb->mmap_addr + mb->mmap_length; entries++) {
         const uint8_t *e = (const uint8_t *)at;
-        uint32_t base = rd32(e + 4), base_high = rd32(e + 8), len = rd32(e + 12);
-        if (rd32(e + 20) == 1 && base_high == 0 && base >= 0x100000)
+        uint32_t base = fw_rd32(e + 4), base_high = fw_rd32(e + 8), len = fw_rd32(e + 12);
+        if (fw_rd32(e + 20) == 1 && base_high == 0 && base >= 0x100000)
             kib_above_1m += len >> 10;
-        at += rd32(e) + 4;
+        at += fw_rd32(e) + 4;
     }
     check(mb->mem_lower >= 512 && mb->mem_lower <= 640 && kib_above_1m > 0 &&
           kib_above_1m <= mb->mem_upper,
@@ -279,15 +267,12 @@ static void check_multiboot(const struct mb_info *mb, uint32_t mem_mib)
               "multiboot: mem_upper matches mem=%u", mem_mib);
 }
 
-static void fw_cfg_select(uint16_t key) { outw(FW_CFG_SEL, key); }
-static void fw_cfg_read(void *buf, uint32_t n) { insb(FW_CFG_DATA, buf, n); }
-
 static void check_fw_cfg(uint32_t cpus, uint32_t mem_mib)
 {
     char signature[5] = {0};
     fw_cfg_select(FW_CFG_SIGNATURE);
     fw_cfg_read(signature, 4);
-    if (!check(equal(signature, "QEMU", 4), "fw_cfg: signature '%s'", signature))
+    if (!check(fw_equal(signature, "QEMU", 4), "fw_cfg: signature '%s'", signature))
         return;
     uint32_t id;
     fw_cfg_select(FW_CFG_ID);
@@ -306,20 +291,9 @@ static void check_fw_cfg(uint32_t cpus, uint32_t mem_mib)
     else
         check(ram[0] || ram[1], "fw_cfg: RAM %u MiB", ram[0] >> 20);
 
-    /* The file directory: a big-endian count, then 64-byte entries (size, select, name). */
-    uint8_t count[4], entry[64];
-    fw_cfg_select(FW_CFG_FILE_DIR);
-    fw_cfg_read(count, 4);
-    uint32_t files = be32(count), size = 0;
-    uint16_t select = 0;
-    for (uint32_t i = 0; i < files && i < 256; i++) {
-        fw_cfg_read(entry, 64);
-        if (equal(entry + 8, CMDLINE_FILE, sizeof(CMDLINE_FILE))) {
-            size = be32(entry);
-            select = (uint16_t)(entry[4] << 8 | entry[5]);
-        }
-    }
-    if (!check(select, "fw_cfg: %u files, %s among them", files, CMDLINE_FILE))
+    uint32_t size = 0;
+    uint16_t select = fw_cfg_file(CMDLINE_FILE, sizeof(CMDLINE_FILE) - 1, &size);
+    if (!check(select, "fw_cfg: %s among the files", CMDLINE_FILE))
         return;
     /* It holds the command line as given: ours without the kernel's path before it. */
     const char *given = cmdline;
@@ -333,35 +307,13 @@ static void check_fw_cfg(uint32_t cpus, uint32_t mem_mib)
     fw_cfg_read(file, n);
     if (n && file[n - 1] == 0)
         n--;
-    check(n == length(given) && equal(file, given, n), "fw_cfg: %s is '%s'", CMDLINE_FILE, file);
-}
-
-static int checksum_ok(const uint8_t *p, uint32_t len)
-{
-    uint8_t sum = 0;
-    while (len--)
-        sum = (uint8_t)(sum + *p++);
-    return sum == 0;
-}
-
-/* The RSDP, 16-byte aligned in the EBDA's first KiB or the BIOS area (ACPI 6.5 §5.2.5.1). */
-static const uint8_t *find_rsdp(void)
-{
-    uint16_t ebda_segment; /* the BIOS data area's word at 0x40E */
-    __asm__ volatile("movw 0x40e, %0" : "=r"(ebda_segment));
-    uint32_t ebda = (uint32_t)ebda_segment << 4;
-    uint32_t ranges[2][2] = {{ebda, ebda + 1024}, {0xe0000, 0x100000}};
-    for (int r = ebda ? 0 : 1; r < 2; r++)
-        for (uint32_t at = ranges[r][0]; at < ranges[r][1]; at += 16)
-            if (equal((const void *)at, "RSD PTR ", 8) && checksum_ok((const void *)at, 20))
-                return (const uint8_t *)at;
-    return 0;
+    check(n == length(given) && fw_equal(file, given, n), "fw_cfg: %s is '%s'", CMDLINE_FILE, file);
 }
 
 static int contains(const uint8_t *p, uint32_t len, const void *needle, uint32_t n)
 {
     for (uint32_t i = 0; i + n <= len; i++)
-        if (equal(p + i, needle, n))
+        if (fw_equal(p + i, needle, n))
             return 1;
     return 0;
 }
@@ -370,24 +322,25 @@ static const uint8_t *fadt, *madt, *mcfg, *dmar;
 
 static void check_acpi(void)
 {
-    const uint8_t *rsdp = find_rsdp();
+    const uint8_t *rsdp = acpi_find_rsdp();
     if (!check(rsdp != 0, "acpi: RSDP found by scanning"))
         return;
     /* Revision 2 and up: the XSDT, 64-bit entries; before that the RSDT (QEMU's). */
-    int x = rsdp[15] >= 2 && rd32(rsdp + 24) && checksum_ok(rsdp, rd32(rsdp + 20));
-    const uint8_t *root = (const uint8_t *)(x ? rd32(rsdp + 24) : rd32(rsdp + 16));
-    uint32_t root_len = rd32(root + 4), step = x ? 8 : 4, tables = (root_len - 36) / step;
-    int sums = checksum_ok(root, root_len) && equal(root, x ? "XSDT" : "RSDT", 4);
+    uint32_t step;
+    const uint8_t *root = acpi_root(rsdp, &step);
+    int x = step == 8;
+    uint32_t root_len = fw_rd32(root + 4), tables = (root_len - 36) / step;
+    int sums = acpi_checksum_ok(root, root_len) && fw_equal(root, x ? "XSDT" : "RSDT", 4);
     for (uint32_t i = 0; i < tables; i++) {
-        const uint8_t *t = (const uint8_t *)rd32(root + 36 + i * step);
-        sums &= checksum_ok(t, rd32(t + 4));
-        if (equal(t, "FACP", 4))
+        const uint8_t *t = fw_phys(fw_rd32(root + 36 + i * step));
+        sums &= acpi_checksum_ok(t, fw_rd32(t + 4));
+        if (fw_equal(t, "FACP", 4))
             fadt = t;
-        else if (equal(t, "APIC", 4))
+        else if (fw_equal(t, "APIC", 4))
             madt = t;
-        else if (equal(t, "MCFG", 4))
+        else if (fw_equal(t, "MCFG", 4))
             mcfg = t;
-        else if (equal(t, "DMAR", 4))
+        else if (fw_equal(t, "DMAR", 4))
             dmar = t;
     }
     check(sums, "acpi: RSDP revision %u at %x, %s lists %u tables, every checksum right", rsdp[15],
@@ -398,18 +351,18 @@ static void check_fadt(void)
 {
     if (!check(fadt != 0, "fadt: present"))
         return;
-    uint32_t fadt_len = rd32(fadt + 4);
-    pm_timer_port = (uint16_t)rd32(fadt + 76);
-    if (rd32(fadt + 112) & (1u << 8)) /* TMR_VAL_EXT */
+    uint32_t fadt_len = fw_rd32(fadt + 4);
+    pm_timer_port = (uint16_t)fw_rd32(fadt + 76);
+    if (fw_rd32(fadt + 112) & (1u << 8)) /* TMR_VAL_EXT */
         pm_timer_mask = 0xffffffffu;
-    check(pm_timer_port == 0x608 && rd32(fadt + 64) == 0x604,
-          "fadt: PM timer at %x, PM1a control at %x", pm_timer_port, rd32(fadt + 64));
+    check(pm_timer_port == 0x608 && fw_rd32(fadt + 64) == 0x604,
+          "fadt: PM timer at %x, PM1a control at %x", pm_timer_port, fw_rd32(fadt + 64));
     /* X_DSDT if the FADT has it and it is set, else DSDT. */
-    uint32_t dsdt_at = fadt_len >= 148 && rd32(fadt + 140) ? rd32(fadt + 140) : rd32(fadt + 40);
+    uint32_t dsdt_at = fadt_len >= 148 && fw_rd32(fadt + 140) ? fw_rd32(fadt + 140) : fw_rd32(fadt + 40);
     const uint8_t *dsdt = (const uint8_t *)dsdt_at;
-    uint32_t len = rd32(dsdt + 4);
+    uint32_t len = fw_rd32(dsdt + 4);
     static const uint8_t pnp0a08[] = {0x41, 0xd0, 0x0a, 0x08}; /* EISAID("PNP0A08") */
-    check(equal(dsdt, "DSDT", 4) && checksum_ok(dsdt, len) && contains(dsdt, len, pnp0a08, 4) &&
+    check(fw_equal(dsdt, "DSDT", 4) && acpi_checksum_ok(dsdt, len) && contains(dsdt, len, pnp0a08, 4) &&
           contains(dsdt, len, "_S5_", 4),
           "dsdt: %u bytes, a PCI Express host bridge (PNP0A08) and \\_S5", len);
 }
@@ -418,18 +371,18 @@ static void check_madt(uint32_t cpus)
 {
     if (!check(madt != 0, "madt: present"))
         return;
-    uint32_t len = rd32(madt + 4), lapics = 0, ioapic = 0, irq0_gsi = 0xffffffffu;
+    uint32_t len = fw_rd32(madt + 4), lapics = 0, ioapic = 0, irq0_gsi = 0xffffffffu;
     for (uint32_t at = 44; at + 2 <= len && madt[at + 1] >= 2; at += madt[at + 1]) {
         const uint8_t *e = madt + at;
-        if (e[0] == 0 && (rd32(e + 4) & 1)) /* an enabled processor local APIC */
+        if (e[0] == 0 && (fw_rd32(e + 4) & 1)) /* an enabled processor local APIC */
             lapics++;
         else if (e[0] == 1)
-            ioapic = rd32(e + 4);
+            ioapic = fw_rd32(e + 4);
         else if (e[0] == 2 && e[3] == 0) /* the override of ISA IRQ 0 */
-            irq0_gsi = rd32(e + 4);
+            irq0_gsi = fw_rd32(e + 4);
     }
-    check(rd32(madt + 36) == LAPIC && lapics == cpus,
-          "madt: local APICs at %x, %u enabled, cpus=%u", rd32(madt + 36), lapics, cpus);
+    check(fw_rd32(madt + 36) == LAPIC && lapics == cpus,
+          "madt: local APICs at %x, %u enabled, cpus=%u", fw_rd32(madt + 36), lapics, cpus);
     check(ioapic == IOAPIC && irq0_gsi == 2, "madt: IOAPIC at %x, IRQ 0 on GSI %u", ioapic,
           irq0_gsi);
 }
@@ -446,12 +399,12 @@ static void check_mcfg(uint32_t ecam)
         check(mcfg == 0, "mcfg: absent, as ecam=0 says");
         return;
     }
-    if (!check(mcfg != 0 && rd32(mcfg + 4) >= 60, "mcfg: present"))
+    if (!check(mcfg != 0 && fw_rd32(mcfg + 4) >= 60, "mcfg: present"))
         return;
     const uint8_t *e = mcfg + 44;
-    uint32_t base = rd32(e), start_bus = e[10], end_bus = e[11];
+    uint32_t base = fw_rd32(e), start_bus = e[10], end_bus = e[11];
     uint16_t by_ecam = 0xffff;
-    if (rd32(e + 4) == 0 && rd16(e + 8) == 0 && start_bus == 0)
+    if (fw_rd32(e + 4) == 0 && rd16(e + 8) == 0 && start_bus == 0)
         by_ecam = (uint16_t)mmio32(base);
     uint16_t by_ports = vendor_by_ports();
     check(by_ecam != 0xffff && by_ecam == by_ports,
@@ -467,10 +420,10 @@ static void check_dmar(uint32_t iommu)
         check(dmar == 0, "dmar: absent, as iommu=0 says");
         return;
     }
-    if (!check(dmar != 0 && rd32(dmar + 4) >= 48 + 16, "dmar: present"))
+    if (!check(dmar != 0 && fw_rd32(dmar + 4) >= 48 + 16, "dmar: present"))
         return;
     const uint8_t *drhd = dmar + 48;
-    uint32_t base = rd32(drhd + 8), version = mmio32(base);
+    uint32_t base = fw_rd32(drhd + 8), version = mmio32(base);
     check(rd16(drhd) == 0 && (drhd[4] & 1) && version == 0x10,
           "dmar: host address width %u, a DRHD for every PCI device at %x, VER %x", dmar[36] + 1u,
           base, version);
@@ -639,7 +592,7 @@ static void check_disk(void)
     check(st == 0, "disk: flushed, status %u", st);
     memset(blk_check, 0, sizeof blk_check);
     st = blk_request(0, 1, blk_check, 512, 1);
-    check(st == 0 && equal(blk_check, blk_data, 512), "disk: sector 1 read back, status %u", st);
+    check(st == 0 && fw_equal(blk_check, blk_data, 512), "disk: sector 1 read back, status %u", st);
     memset(blk_check, 0, 21);
     st = blk_request(8, 0, blk_check, 20, 1);
     check(st == 0 && blk_check[0] != 0, "disk: ID '%s', status %u", (const char *)blk_check, st);
@@ -651,7 +604,7 @@ static void finish(void)
 {
     print("testkernel: %u passed, %u failed\n", passed, failed);
     if (arg_is("exit", "poweroff")) {
-        uint16_t pm1a_cnt = fadt ? (uint16_t)rd32(fadt + 64) : 0x604;
+        uint16_t pm1a_cnt = fadt ? (uint16_t)fw_rd32(fadt + 64) : 0x604;
         outw(pm1a_cnt, S5_SLP_TYP << 10 | SLP_EN);
     } else if (arg_is("exit", "reset")) {
         outb(RESET_CONTROL, 0x06);

@@ -11,28 +11,19 @@ use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::contract::{
-    INTERRUPT_STACK_TOP, KERNEL_CS, PROBE_LOAD_ADDR, PROBE_STACK_TOP, USER_CS, USER_DS,
+    BOOT_GDT_ADDR, BOOT_PD_ADDR, BOOT_PD_COUNT, BOOT_PDPT_ADDR, BOOT_PML4_ADDR, BOOT_TSS_ADDR,
+    INTERRUPT_STACK_TOP, KERNEL_CS, KERNEL_DS, PROBE_LOAD_ADDR, PROBE_STACK_TOP, TSS_IOMAP_BASE,
+    TSS_IOMAP_LEN, TSS_SELECTOR, USER_CS, USER_DS,
 };
 
-const GDT_ADDR: u64 = 0x1000;
-const TSS_ADDR: u64 = 0x2000;
-const PML4_ADDR: u64 = 0x5000;
-const PDPT_ADDR: u64 = 0x6000;
-/// Four page directories mapping 4 GiB with 2 MiB pages: RAM, the PCI holes, ECAM.
-const PD_ADDR: u64 = 0x8000;
-const PD_COUNT: u64 = 4;
+// The tables' places are in the contract: the probe's multiboot entry (guest/entry.S) builds
+// the same tables at the same places when QEMU boots it.
 
-/// I/O permission bitmap offset inside the TSS: right after the 104-byte 64-bit TSS.
-const TSS_IOMAP_BASE: u16 = 0x68;
-/// 65536 ports, one bit each, plus the all-ones terminating byte the CPU may read past the end.
-const TSS_IOMAP_LEN: u16 = 0x2000;
 /// TSS limit: covers the bitmap and its terminating byte.
 const TSS_LIMIT: u32 = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as u32;
 /// Bytes of the TSS with its bitmap, terminating byte excluded.
 const TSS_SIZE: usize = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as usize;
 
-const KERNEL_DS: u16 = 0x10;
-const TSS_SELECTOR: u16 = 0x28;
 /// Selectors of the flat 32-bit segments: those of QEMU's multiboot option ROM, whose GDT a
 /// kernel must not rely on either (Multiboot 0.6.96 §3.2: "GDTR may be invalid").
 const FLAT32_CS: u16 = 0x08;
@@ -172,28 +163,28 @@ pub fn write_tables(mem: &GuestMemoryMmap) -> Result<(), vm_memory::GuestMemoryE
         Segment::KERNEL_DATA.descriptor(0, code_limit),
         Segment::USER_CODE.descriptor(0, code_limit),
         Segment::USER_DATA.descriptor(0, code_limit),
-        Segment::TSS.descriptor(TSS_ADDR, TSS_LIMIT),
-        TSS_ADDR >> 32, // high half of the 16-byte system descriptor
+        Segment::TSS.descriptor(BOOT_TSS_ADDR, TSS_LIMIT),
+        BOOT_TSS_ADDR >> 32, // high half of the 16-byte system descriptor
     ];
     for (i, d) in gdt.iter().enumerate() {
-        mem.write_obj(*d, GuestAddress(GDT_ADDR + 8 * i as u64))?;
+        mem.write_obj(*d, GuestAddress(BOOT_GDT_ADDR + 8 * i as u64))?;
     }
 
     // TSS: RSP0 (the stack an interrupt at CPL 3 switches to), the bitmap offset, a zero bitmap
     // (every port allowed) and the terminating 0xFF byte (Intel SDM vol. 3A §8.7).
-    mem.write_slice(&[0u8; TSS_SIZE], GuestAddress(TSS_ADDR))?;
-    mem.write_obj(INTERRUPT_STACK_TOP, GuestAddress(TSS_ADDR + 4))?;
-    mem.write_obj(TSS_IOMAP_BASE, GuestAddress(TSS_ADDR + 0x66))?;
+    mem.write_slice(&[0u8; TSS_SIZE], GuestAddress(BOOT_TSS_ADDR))?;
+    mem.write_obj(INTERRUPT_STACK_TOP, GuestAddress(BOOT_TSS_ADDR + 4))?;
+    mem.write_obj(TSS_IOMAP_BASE, GuestAddress(BOOT_TSS_ADDR + 0x66))?;
     mem.write_obj(
         0xffu8,
-        GuestAddress(TSS_ADDR + u64::from(TSS_IOMAP_BASE + TSS_IOMAP_LEN)),
+        GuestAddress(BOOT_TSS_ADDR + u64::from(TSS_IOMAP_BASE + TSS_IOMAP_LEN)),
     )?;
 
     let table = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
-    mem.write_obj(PDPT_ADDR | table, GuestAddress(PML4_ADDR))?;
-    for pd in 0..PD_COUNT {
-        let pd_addr = PD_ADDR + pd * 0x1000;
-        mem.write_obj(pd_addr | table, GuestAddress(PDPT_ADDR + pd * 8))?;
+    mem.write_obj(BOOT_PDPT_ADDR | table, GuestAddress(BOOT_PML4_ADDR))?;
+    for pd in 0..BOOT_PD_COUNT {
+        let pd_addr = BOOT_PD_ADDR + pd * 0x1000;
+        mem.write_obj(pd_addr | table, GuestAddress(BOOT_PDPT_ADDR + pd * 8))?;
         for i in 0..512u64 {
             let page = ((pd << 30) + (i << 21)) | table | PTE_HUGE;
             mem.write_obj(page, GuestAddress(pd_addr + i * 8))?;
@@ -208,13 +199,13 @@ pub fn long_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
     let data = Segment::KERNEL_DATA.kvm(0, 0);
     sregs.cs = code;
     (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
-    sregs.tr = Segment::TSS.kvm(TSS_ADDR, TSS_LIMIT);
-    sregs.gdt.base = GDT_ADDR;
+    sregs.tr = Segment::TSS.kvm(BOOT_TSS_ADDR, TSS_LIMIT);
+    sregs.gdt.base = BOOT_GDT_ADDR;
     sregs.gdt.limit = 7 * 8 - 1;
     sregs.idt.base = 0;
     sregs.idt.limit = 0;
     sregs.cr0 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP | CR0_PG;
-    sregs.cr3 = PML4_ADDR;
+    sregs.cr3 = BOOT_PML4_ADDR;
     sregs.cr4 = CR4_PAE;
     sregs.efer = EFER_LME | EFER_LMA;
     sregs

@@ -1,0 +1,277 @@
+//! The probe under QEMU: Debian's `qemu-system-x86` (`qemu-system-x86_64`), q35 with KVM.
+//!
+//! [`Qemu::run_probe`] writes the embedded probe image, its ops and an empty serial log into a
+//! temporary directory, then runs
+//!
+//! ```text
+//! qemu-system-x86_64 -machine q35,accel=kvm -cpu host,arch-capabilities=off -smp 1 -m MIB
+//!     -nodefaults -display none -no-reboot
+//!     -kernel probe.bin                               (its multiboot header: guest/entry.S)
+//!     -fw_cfg name=opt/exitless/ops,file=ops.bin      (the Op array, as exitless writes it)
+//!     -device isa-debug-exit,iobase=0xf4,iosize=4     (the probe's end: exit status 1 if good)
+//!     -serial file:serial.txt                         (the results: `super::dump`)
+//!     -device virtio-net-pci,addr=SLOT,mq=on,vectors=2Q+1,romfile=   (one per function)
+//! ```
+//!
+//! SeaBIOS boots it (about 4–6 s on this project's hosts, most of a run), assigns the BARs and
+//! turns decoding on; QEMU's own virtio-net-pci devices keep QEMU's defaults (ioeventfd on).
+//! What works there: the `pci` scenario's ops (RAM and config read loops by port I/O and ECAM,
+//! enumeration) and MSI-X programming, Enable, masking and `msix_check` without sends. Ops
+//! that need exitless's test port or built-in backends (`PORT_MSIX_SEND`, request/response,
+//! the hostile burst, the VT-d driver) end with `STATUS_UNSUPPORTED`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::tempdir::TempDir;
+use zerocopy::IntoBytes;
+
+use super::{PeerError, PeerRun, dump};
+use crate::contract::{MAX_OPS, Op, QEMU_DEBUG_EXIT_PORT, QEMU_OPS_FILE};
+use crate::machine::probe::PROBE_IMAGE;
+use crate::pci::PciAddress;
+
+const BINARY: &str = "qemu-system-x86_64";
+const PACKAGE: &str = "qemu-system-x86";
+
+/// QEMU's exit status when the probe wrote `DONE_OK` (0) to isa-debug-exit: `(0 << 1) | 1`.
+const EXIT_DONE_OK: i32 = 1;
+
+/// An installed QEMU.
+#[derive(Clone, Debug)]
+pub struct Qemu {
+    binary: PathBuf,
+    version: String,
+}
+
+/// The machine QEMU gives the probe: q35 with `virtio_net` virtio-net-pci functions on bus 0,
+/// one per slot from `first_slot`.
+#[derive(Clone, Debug)]
+pub struct QemuMachine {
+    /// Guest RAM in MiB: the probe's map and SeaBIOS's ACPI tables at the top of it.
+    pub memory_mib: u32,
+    /// virtio-net-pci functions.
+    pub virtio_net: u8,
+    /// Queue pairs each function's MSI-X table has vectors for: `2 × queue_pairs + 1` entries
+    /// (a vector per queue and the configuration vector), as exitless's virtio-net has.
+    pub queue_pairs: u16,
+    /// Slot of the first function (q35 has the host bridge at 0 and the LPC bridge, SATA and
+    /// SMBus controllers at 31).
+    pub first_slot: u8,
+}
+
+impl Default for QemuMachine {
+    /// 128 MiB, no devices; functions from slot 1 with one queue pair.
+    fn default() -> Self {
+        QemuMachine {
+            memory_mib: 128,
+            virtio_net: 0,
+            queue_pairs: 1,
+            first_slot: 1,
+        }
+    }
+}
+
+impl QemuMachine {
+    /// The address of virtio-net function `i`.
+    pub fn virtio_net_function(&self, i: u8) -> PciAddress {
+        PciAddress::new(0, self.first_slot + i, 0).expect("a slot below 31")
+    }
+
+    /// MSI-X table entries of each virtio-net function.
+    pub fn msix_vectors(&self) -> u32 {
+        2 * u32::from(self.queue_pairs) + 1
+    }
+
+    /// The machine's command-line arguments, before the files of a run.
+    fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "-machine",
+            "q35,accel=kvm",
+            // `-cpu host`, less IA32_ARCH_CAPABILITIES, which the KVM of this project's hosts
+            // refuses to set (QEMU aborts); the probe's code needs nothing from it.
+            "-cpu",
+            "host,arch-capabilities=off",
+            "-smp",
+            "1",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-no-reboot",
+        ]
+        .map(String::from)
+        .into();
+        args.extend(["-m".into(), self.memory_mib.to_string()]);
+        args.extend([
+            "-device".into(),
+            format!("isa-debug-exit,iobase={QEMU_DEBUG_EXIT_PORT:#x},iosize=4"),
+        ]);
+        for i in 0..self.virtio_net {
+            // No option ROM: nothing here boots from the network, and iPXE's takes seconds.
+            args.extend([
+                "-device".into(),
+                format!(
+                    "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
+                    self.virtio_net_function(i).device,
+                    self.msix_vectors()
+                ),
+            ]);
+        }
+        args
+    }
+}
+
+impl Qemu {
+    /// Finds `qemu-system-x86_64` on PATH and asks it its version.
+    pub fn find() -> Result<Qemu, PeerError> {
+        let not_found = PeerError::NotFound {
+            binary: BINARY,
+            package: PACKAGE,
+        };
+        let path = std::env::var_os("PATH").ok_or(not_found)?;
+        let binary = std::env::split_paths(&path)
+            .map(|dir| dir.join(BINARY))
+            .find(|p| p.is_file())
+            .ok_or(PeerError::NotFound {
+                binary: BINARY,
+                package: PACKAGE,
+            })?;
+        let out = Command::new(&binary)
+            .arg("--version")
+            .output()
+            .map_err(|source| PeerError::Io {
+                what: format!("run {} --version", binary.display()),
+                source,
+            })?;
+        let version = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or("QEMU, version unknown")
+            .to_owned();
+        Ok(Qemu { binary, version })
+    }
+
+    /// The first line of `qemu-system-x86_64 --version`.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Boots the probe under QEMU on `machine` with `ops` and returns what the probe reported:
+    /// one result per op and the last enumeration's records, parsed from the serial dump. QEMU
+    /// is killed if it runs past `timeout`.
+    pub fn run_probe(
+        &self,
+        machine: &QemuMachine,
+        ops: &[Op],
+        timeout: Duration,
+    ) -> Result<PeerRun, PeerError> {
+        if ops.len() as u64 > MAX_OPS {
+            return Err(PeerError::TooManyOps(ops.len()));
+        }
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| PeerError::Io { what, source }
+        };
+        let dir = TempDir::new_with_prefix("/tmp/exitless-qemu-")
+            .map_err(|e| io("create a temporary directory")(e.into()))?;
+        let file = |name: &str| dir.as_path().join(name);
+        let (image, ops_file, serial, stderr) = (
+            file("probe.bin"),
+            file("ops.bin"),
+            file("serial.txt"),
+            file("stderr.txt"),
+        );
+        fs::write(&image, PROBE_IMAGE).map_err(io("write the probe image"))?;
+        fs::write(&ops_file, ops.as_bytes()).map_err(io("write the ops file"))?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(machine.args())
+            .arg("-kernel")
+            .arg(&image)
+            .arg("-fw_cfg")
+            .arg(format!("name={QEMU_OPS_FILE},file={}", ops_file.display()))
+            .arg("-serial")
+            .arg(format!("file:{}", serial.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&stderr).map_err(io("create QEMU's stderr file"))?);
+        let started = Instant::now();
+        let child = cmd
+            .spawn()
+            .map_err(io(&format!("run {}", self.binary.display())))?;
+        let status = wait(child, started + timeout).map_err(io("wait for QEMU"))?;
+        let wall = started.elapsed();
+        let serial = read_lossy(&serial);
+        let Some(status) = status else {
+            return Err(PeerError::Timeout {
+                vmm: self.version.clone(),
+                limit: timeout,
+                serial,
+            });
+        };
+        if status.code() != Some(EXIT_DONE_OK) {
+            return Err(PeerError::Failed {
+                vmm: self.version.clone(),
+                meaning: meaning(status),
+                status,
+                stderr: read_lossy(&stderr),
+                serial,
+            });
+        }
+        let dump = dump::parse(&serial)?;
+        if dump.results.len() != ops.len() {
+            return Err(PeerError::ResultCount {
+                got: dump.results.len(),
+                sent: ops.len(),
+            });
+        }
+        Ok(PeerRun {
+            results: dump.results,
+            enum_records: dump.enum_records,
+            tsc_khz: u32::try_from(dump.tsc_khz).ok().filter(|&k| k != 0),
+            wall,
+            serial,
+        })
+    }
+}
+
+/// Waits for `child` until `deadline`: its status, or `None` once it was killed for running
+/// past it.
+fn wait(mut child: Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            child.kill()?;
+            child.wait()?;
+            return Ok(None);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What QEMU's exit status says about the probe: isa-debug-exit makes a write of `v` exit
+/// with `(v << 1) | 1` (QEMU hw/misc/debugexit.c), the low byte of which the status keeps.
+fn meaning(status: ExitStatus) -> String {
+    match status.code() {
+        Some(0) => "QEMU stopped without the probe's isa-debug-exit write: a triple fault \
+                    (-no-reboot) or QEMU's own error"
+            .into(),
+        Some(c) if c & 1 == 1 => format!(
+            "the probe ended with DONE status {:#x} (low 7 bits), not DONE_OK",
+            c >> 1
+        ),
+        Some(c) => format!("QEMU's own failure, status {c}"),
+        None => "killed by a signal".into(),
+    }
+}
+
+/// A file QEMU wrote, as text; empty if it wrote none.
+fn read_lossy(path: &Path) -> String {
+    fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,187 @@
+//! The probe under QEMU (`exitless::peer`): the same image, booted by QEMU's multiboot loader on
+//! q35 with SeaBIOS, finds ECAM, its devices and its ops itself and reports through the serial
+//! port, and its results pass the checks the exitless side's tests make. Skipped, with the
+//! reason printed, where qemu-system-x86_64 is not installed. Each boot takes ~5 s here.
+
+mod common;
+
+use std::time::Duration;
+
+use common::run;
+use exitless::contract::*;
+use exitless::machine::ops;
+use exitless::pci::PciAddress;
+use exitless::pci::regs::*;
+use exitless::peer::{PeerRun, Qemu, QemuMachine};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// QEMU's virtio-net-pci, transitional: vendor 0x1af4, device 0x1000.
+const VIRTIO_NET_ID: u64 = 0x1000_1af4;
+/// q35's host bridge (82G33/P35 MCH DRAM controller): vendor 0x8086, device 0x29c0.
+const Q35_HOST_BRIDGE_ID: u64 = 0x29c0_8086;
+
+fn qemu() -> Option<Qemu> {
+    Qemu::find().inspect_err(|e| println!("skipped: {e}")).ok()
+}
+
+fn boot(qemu: &Qemu, machine: &QemuMachine, ops: &[Op]) -> PeerRun {
+    qemu.run_probe(machine, ops, LIMIT)
+        .unwrap_or_else(|e| panic!("the probe under {}: {e}", qemu.version()))
+}
+
+fn ok(run: &PeerRun, i: usize) -> OpResult {
+    let r = run.results[i];
+    assert_eq!(r.status, STATUS_OK, "op {i}: {r:?}\n{}", run.serial);
+    r
+}
+
+fn caps(r: &EnumRecord) -> &[u64] {
+    &r.caps[..usize::try_from(r.cap_count).unwrap()]
+}
+
+#[test]
+fn the_pci_ops_read_the_same_functions_by_port_io_and_ecam_under_qemu() {
+    let Some(qemu) = qemu() else { return };
+    let machine = QemuMachine {
+        virtio_net: 2,
+        ..QemuMachine::default()
+    };
+    let (nic, host_bridge) = (
+        machine.virtio_net_function(0),
+        PciAddress::new(0, 0, 0).unwrap(),
+    );
+    let n = 100;
+    let mut list = vec![
+        ops::ram_read_loop(n),
+        ops::cfg_read_loop(METHOD_PIO, nic, 0, n),
+        ops::cfg_read_loop(METHOD_ECAM, nic, 0, n),
+        ops::cfg_read_loop(METHOD_AUTO, host_bridge, 0, n),
+        ops::enumerate(METHOD_PIO),
+    ];
+    // The whole header of the second function, dword by dword, by both methods.
+    let nic2 = machine.virtio_net_function(1);
+    for method in [METHOD_PIO, METHOD_ECAM] {
+        list.extend((0..16).map(|d| ops::cfg_read(method, nic2, d * 4, 4)));
+    }
+    list.push(ops::cfg_read(METHOD_PIO, nic, 0x100, 4)); // beyond mechanism #1's reach
+    list.push(ops::enumerate(METHOD_ECAM));
+    let run = boot(&qemu, &machine, &list);
+    println!("{}: {:?} for the run", qemu.version(), run.wall);
+
+    assert!(ok(&run, 0).cycles > 0, "the RAM floor is timed");
+    let reads = [1, 2, 3].map(|i| ok(&run, i));
+    // A read loop sums its warm-up read and `n` more of the same dword.
+    assert_eq!(reads[0].value, (n + 1) * VIRTIO_NET_ID, "{nic} by port I/O");
+    assert_eq!(reads[1].value, (n + 1) * VIRTIO_NET_ID, "{nic} by ECAM");
+    assert_eq!(reads[2].value, (n + 1) * Q35_HOST_BRIDGE_ID);
+    assert_eq!(
+        (
+            reads[0].method_used,
+            reads[1].method_used,
+            reads[2].method_used
+        ),
+        (METHOD_PIO, METHOD_ECAM, METHOD_ECAM),
+        "auto picks ECAM under a hypervisor once the MCFG describes it"
+    );
+    assert!(reads.iter().all(|r| r.cycles > 0));
+    let header =
+        |from: usize| -> Vec<u64> { (from..from + 16).map(|i| ok(&run, i).value).collect() };
+    assert_eq!(
+        header(5),
+        header(21),
+        "{nic2}'s header by port I/O and by ECAM"
+    );
+    assert_eq!(header(5)[0], VIRTIO_NET_ID);
+    assert_eq!(run.results[37].status, STATUS_UNSUPPORTED);
+
+    let by_pio = ok(&run, 4).value;
+    let by_ecam = ok(&run, 38).value;
+    assert_eq!(by_pio, by_ecam, "both methods find every function");
+    let found: Vec<u64> = run.enum_records.iter().map(|r| r.address).collect();
+    assert_eq!(found.len() as u64, by_ecam);
+    for f in [host_bridge, nic, nic2] {
+        assert!(found.contains(&f.ecam_offset()), "{f} among {found:x?}");
+    }
+    let record = &run.enum_records[found.iter().position(|&a| a == nic.ecam_offset()).unwrap()];
+    assert_eq!(record.header[0], VIRTIO_NET_ID);
+    // I/O BAR 0 (legacy; its size follows the device's config), MSI-X in memory BAR 1, the
+    // modern structures in 64-bit BAR 4.
+    assert_ne!(record.bar_sizes[0], 0);
+    assert_eq!(record.bar_sizes[1..], [0x1000, 0, 0, 0x4000, 0]);
+    assert!(
+        caps(record).contains(&u64::from(PCI_CAP_ID_MSIX)),
+        "{record:?}"
+    );
+    assert!(
+        caps(record).contains(&u64::from(PCI_CAP_ID_VNDR)),
+        "{record:?}"
+    );
+
+    // The probe's clock, measured against the PM timer, is the vCPU's TSC that KVM reports
+    // for exitless's probe, within 1%.
+    let exitless_khz = run_probe_tsc_khz();
+    let qemu_khz = f64::from(run.tsc_khz.expect("a calibrated TSC"));
+    assert!(
+        (qemu_khz / f64::from(exitless_khz) - 1.0).abs() < 0.01,
+        "TSC {qemu_khz} kHz under QEMU, {exitless_khz} kHz under exitless"
+    );
+}
+
+/// The TSC frequency exitless gives its probe (KVM_GET_TSC_KHZ).
+fn run_probe_tsc_khz() -> u32 {
+    run(None, vec![ops::ram_read_loop(1)])
+        .tsc_khz
+        .expect("KVM reports it")
+}
+
+#[test]
+fn msix_programming_enable_and_masks_work_on_qemus_virtio_net_and_sends_are_refused() {
+    let Some(qemu) = qemu() else { return };
+    let machine = QemuMachine {
+        virtio_net: 1,
+        queue_pairs: 32,
+        ..QemuMachine::default()
+    };
+    let f = machine.virtio_net_function(0);
+    let vectors = u64::from(machine.msix_vectors());
+    assert_eq!(vectors, 65, "the seed's table size");
+    let list = [
+        ops::msix_program(f, 0x40, 0, true),
+        ops::msix_control(f, PCI_MSIX_FLAGS_ENABLE),
+        ops::msix_check(f, false),
+        ops::msix_mask_each(f, true),
+        ops::msix_check(f, false),
+        ops::msix_mask_each(f, false),
+        ops::msix_control(f, PCI_MSIX_FLAGS_ENABLE | PCI_MSIX_FLAGS_MASKALL),
+        ops::msix_check(f, false),
+        ops::msix_control(f, 0),
+        ops::msix_check(f, false),
+        // What only exitless's machine can do.
+        ops::msix_check(f, true),
+        ops::msix_latency(f, 0, 1, 1),
+        ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0),
+        ops::hostile(1, 10),
+        // A slot with no function.
+        ops::msix_program(machine.virtio_net_function(5), 0x40, 0, true),
+    ];
+    let run = boot(&qemu, &machine, &list);
+    for i in [0, 3, 5] {
+        assert_eq!(ok(&run, i).value, vectors, "op {i}: every entry written");
+    }
+    for i in [2, 4, 7, 9] {
+        let r = ok(&run, i);
+        assert_eq!(r.value, vectors, "op {i}: every entry behaved");
+        assert_eq!((r.irqs, r.stray_irqs), (0, 0), "op {i}: nothing was sent");
+    }
+    for i in [1, 6, 8] {
+        assert!(ok(&run, i).cycles > 0, "op {i}: the control write is timed");
+    }
+    for i in 10..list.len() {
+        assert_eq!(
+            run.results[i].status, STATUS_UNSUPPORTED,
+            "op {i}: {:?}",
+            run.results[i]
+        );
+    }
+}
