@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use exitless::bench::against::{self, PeerResult};
 use exitless::bench::{
     Report, host, iommu::IommuBench, msix::MsixBench, pci::PciBench, report, rr::RrBench,
     soak::SoakBench,
@@ -15,6 +16,7 @@ use exitless::inspect;
 use exitless::machine::run::{RunConfig, RunError};
 use exitless::machine::{Console, DiskConfig, ProbeConfig, Transport};
 use exitless::pci::EcamMode;
+use exitless::peer::Qemu;
 use exitless::seccomp::{self, ThreadKind};
 
 /// exitless: a KVM VMM whose device I/O avoids VM exits, and the benchmarks that prove it.
@@ -311,14 +313,101 @@ struct BenchArgs {
     /// Give up on a guest run after this many seconds.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     timeout: u64,
+    /// Also boot the same probe binary under another VMM, with the same guest ops, and print
+    /// its time per op beside each variant's: `qemu` (Debian's qemu-system-x86: q35 with KVM,
+    /// its own virtio-net-pci and config space). Scenarios pci and msix; without QEMU
+    /// installed the bench says how to install it and runs without the column.
+    #[arg(long, value_enum, value_name = "VMM")]
+    against: Option<PeerArg>,
 }
 
-fn bench(args: BenchArgs) -> Result<(), String> {
+/// The VMMs `exitless bench --against` can measure.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PeerArg {
+    /// qemu-system-x86_64 with KVM.
+    Qemu,
+}
+
+/// A checked `exitless bench` command line, and the peer's figures when it asked for them.
+struct PreparedBench {
+    args: BenchArgs,
+    scenarios: Vec<Scenario>,
+    peers: Vec<(Scenario, PeerResult)>,
+}
+
+/// Check the bench options and, with `--against`, boot the probe under the peer first. This
+/// runs before the main thread confines itself: QEMU inherits a seccomp filter across fork and
+/// execve, and cannot run under exitless's.
+fn prepare_bench(args: BenchArgs) -> Result<PreparedBench, String> {
     let scenarios = if args.scenarios.is_empty() {
         vec![Scenario::Pci, Scenario::Rr, Scenario::Msix]
     } else {
-        args.scenarios
+        args.scenarios.clone()
     };
+    let mut peers = Vec::new();
+    if args.against == Some(PeerArg::Qemu) {
+        match Qemu::find() {
+            Err(e) => eprintln!("exitless: {e}; running without the qemu column"),
+            Ok(qemu) => {
+                for &scenario in &scenarios {
+                    let plan = match scenario {
+                        Scenario::Pci => pci_bench(&args).peer_plan(),
+                        Scenario::Msix => msix_bench(&args)?.peer_plan(),
+                        Scenario::Rr | Scenario::Iommu | Scenario::Soak => continue,
+                    };
+                    let result = against::run(&qemu, plan)
+                        .map_err(|e| format!("the probe under {}: {e}", qemu.version()))?;
+                    peers.push((scenario, result));
+                }
+            }
+        }
+    }
+    Ok(PreparedBench {
+        args,
+        scenarios,
+        peers,
+    })
+}
+
+fn pci_bench(args: &BenchArgs) -> PciBench {
+    PciBench {
+        reads: args.reads,
+        enumerations: args.enumerations,
+        timeout: Duration::from_secs(args.timeout),
+    }
+}
+
+fn msix_bench(args: &BenchArgs) -> Result<MsixBench, String> {
+    let msix = MsixBench {
+        devices: args.devices,
+        queue_pairs: args.queue_pairs,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    msix.validate()?;
+    Ok(msix)
+}
+
+/// Why a scenario has no peer column.
+fn not_compared(scenario: Scenario) -> &'static str {
+    match scenario {
+        Scenario::Rr => {
+            "not measured under qemu: its counterpart needs a responder both VMMs have (tap \
+             networking on both and a host-side echo), which the probe does not drive yet"
+        }
+        Scenario::Iommu => {
+            "not measured under qemu: the probe's VT-d driver has not been tried on QEMU's intel-iommu"
+        }
+        Scenario::Soak => "not measured under qemu: the soak counts failures, not time",
+        Scenario::Pci | Scenario::Msix => "",
+    }
+}
+
+fn bench(prepared: PreparedBench) -> Result<(), String> {
+    let PreparedBench {
+        args,
+        scenarios,
+        peers,
+    } = prepared;
     let rr = RrBench {
         transactions: args.transactions,
         request_size: args.request_size,
@@ -326,12 +415,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
         timeout: Duration::from_secs(args.timeout),
     };
     rr.validate()?;
-    let msix = MsixBench {
-        devices: args.devices,
-        queue_pairs: args.queue_pairs,
-        timeout: Duration::from_secs(args.timeout),
-    };
-    msix.validate()?;
+    let msix = msix_bench(&args)?;
     let iommu = IommuBench {
         packets: args.packets,
         in_flight: args.in_flight,
@@ -352,18 +436,26 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     };
     for scenario in scenarios {
         let result = match scenario {
-            Scenario::Pci => PciBench {
-                reads: args.reads,
-                enumerations: args.enumerations,
-                timeout: Duration::from_secs(args.timeout),
-            }
-            .run(),
+            Scenario::Pci => pci_bench(&args).run(),
             Scenario::Rr => rr.run(),
             Scenario::Msix => msix.run(),
             Scenario::Iommu => iommu.run(),
             Scenario::Soak => soak.run(),
         };
-        report.scenarios.push(result.map_err(|e| e.to_string())?);
+        let mut scenario_report = result.map_err(|e| e.to_string())?;
+        let avoiding = match scenario {
+            Scenario::Pci => PciBench::EXIT_AVOIDING,
+            Scenario::Msix => MsixBench::EXIT_AVOIDING,
+            _ => &[],
+        };
+        match peers.iter().find(|(s, _)| *s == scenario) {
+            Some((_, peer)) => peer.attach(&mut scenario_report, avoiding),
+            None if args.against.is_some() && !not_compared(scenario).is_empty() => {
+                scenario_report.notes.push(not_compared(scenario).into());
+            }
+            None => {}
+        }
+        report.scenarios.push(scenario_report);
     }
     if args.json {
         emit(&(report::json(&report) + "\n"))?;
@@ -447,13 +539,17 @@ fn main() -> ExitCode {
     exitless::logging::init();
     raise_open_file_limit();
     // The main thread's own filter, before it builds any machine.
-    let result = seccomp::confine(ThreadKind::Main)
-        .map_err(|e| e.to_string())
-        .and_then(|()| match cli.command {
-            Command::Bench(args) => bench(args).map(|()| ExitCode::SUCCESS),
-            Command::Probe(args) => probe(args).map(|()| ExitCode::SUCCESS),
-            Command::Run(args) => run(args).map(ExitCode::from),
-        });
+    let confine = || seccomp::confine(ThreadKind::Main).map_err(|e| e.to_string());
+    let result = match cli.command {
+        // The peer's boots (`--against`) come before the filter: QEMU would inherit it.
+        Command::Bench(args) => prepare_bench(args)
+            .and_then(|prepared| confine().and_then(|()| bench(prepared)))
+            .map(|()| ExitCode::SUCCESS),
+        Command::Probe(args) => confine()
+            .and_then(|()| probe(args))
+            .map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => confine().and_then(|()| run(args)).map(ExitCode::from),
+    };
     // Log lines still queued come before the error, and are not lost at exit.
     exitless::logging::flush();
     result.unwrap_or_else(|e| {

@@ -1,6 +1,7 @@
 //! `exitless bench`: scenarios that reproduce each technique's seed figure on this host, every
 //! variant side by side in one run, reported as ratios first.
 
+pub mod against;
 pub mod host;
 pub mod iommu;
 pub mod msix;
@@ -90,6 +91,31 @@ pub struct Variant {
     /// Unmap strategies (`iommu`): the stream's and the transactions' figures.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub iommu: Option<iommu::IommuFigures>,
+    /// The same guest operation under another VMM in the same run (`--against`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<PeerFigure>,
+}
+
+/// One variant's operation measured under another VMM: the same probe binary and ops, timed by
+/// the same guest TSC loop. The peer's exits cannot be counted from outside it.
+#[derive(Clone, Debug, Serialize)]
+pub struct PeerFigure {
+    /// The VMM (`qemu`).
+    pub name: String,
+    /// Its version, as it reports it.
+    pub version: String,
+    /// Its time per operation.
+    pub ns_per_op: f64,
+    /// Which of its paths was measured, where it differs from the variant's (QEMU has no ECAM
+    /// shadow: its trapped ECAM is the counterpart of `ecam-shadow`).
+    pub path: String,
+}
+
+impl Variant {
+    /// `ns_per_op` over the peer's: below 1, exitless is faster.
+    pub fn vs_peer(&self) -> Option<f64> {
+        self.peer.as_ref().map(|p| self.ns_per_op / p.ns_per_op)
+    }
 }
 
 /// What a burst of GSI routing changes cost, one entry per device, in device order.
@@ -241,6 +267,7 @@ pub(crate) fn variant(
         guest_errors,
         routing: None,
         iommu: None,
+        peer: None,
     }
 }
 

@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
+use crate::bench::against::{Counterpart, PeerPlan};
 use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
 use crate::contract::{METHOD_ECAM, METHOD_PIO, Op};
 use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops};
 use crate::pci::{EcamMode, PciAddress};
+use crate::peer::QemuMachine;
 
 /// Seed 000's figures: 100k reads by PIO 12.809 s, ECAM 8.517 s, ECAM shadow 0.010 s; a PCI
 /// scan of 55 ms with PIO and 18 ms with the shadow.
@@ -43,7 +45,6 @@ fn read_target() -> PciAddress {
     PciAddress::new(0, 1, 0).expect("valid address")
 }
 
-/// Timing of one run: guest TSC cycles → ns.
 impl PciBench {
     /// One boot of the probe with ECAM served as `ecam`; every op must succeed.
     fn boot(&self, ecam: EcamMode, ops: Vec<Op>) -> Result<ProbeRun, MachineError> {
@@ -54,6 +55,55 @@ impl PciBench {
             ..Default::default()
         })
     }
+
+    /// The same loops and enumerations under QEMU (`--against qemu`), whose ECAM is always
+    /// trapped: the counterpart of both ECAM variants. It reads the first virtio-net function,
+    /// as exitless's loop reads its first endpoint.
+    pub fn peer_plan(&self) -> PeerPlan {
+        let machine = QemuMachine {
+            virtio_net: 1,
+            ..QemuMachine::default()
+        };
+        let (n, reps) = (self.reads.max(1), usize::from(self.enumerations.max(1)));
+        let target = machine.virtio_net_function(0);
+        let mut list = vec![
+            ops::ram_read_loop(n),
+            ops::cfg_read_loop(METHOD_PIO, target, 0, n),
+            ops::cfg_read_loop(METHOD_ECAM, target, 0, n),
+        ];
+        list.extend((0..reps).map(|_| ops::enumerate(METHOD_PIO)));
+        list.extend((0..reps).map(|_| ops::enumerate(METHOD_ECAM)));
+        let enums = |start: usize| (start..start + reps).collect::<Vec<_>>();
+        let pair = |variant, ops, per_op, path| Counterpart {
+            variant,
+            ops,
+            per_op,
+            path,
+            control: false,
+        };
+        let trapped = "ECAM, every access trapped";
+        let unshadowed = "ECAM, every access trapped (no shadow)";
+        PeerPlan {
+            machine,
+            ops: list,
+            counterparts: vec![
+                Counterpart {
+                    control: true,
+                    ..pair("ram", vec![0], n, "guest RAM")
+                },
+                pair("pio", vec![1], n, "port I/O, every access trapped"),
+                pair("ecam-trap", vec![2], n, trapped),
+                pair("ecam-shadow", vec![2], n, unshadowed),
+                pair("enum-pio", enums(3), 1, "port I/O"),
+                pair("enum-ecam-trap", enums(3 + reps), 1, trapped),
+                pair("enum-ecam-shadow", enums(3 + reps), 1, unshadowed),
+            ],
+            timeout: self.timeout,
+        }
+    }
+
+    /// The variants whose whole point is to avoid QEMU's default path, for the 0.1× target.
+    pub const EXIT_AVOIDING: &[&str] = &["ecam-shadow"];
 
     /// Boot the probe twice (ECAM trapped, then shadowed) and build the report.
     pub fn run(&self) -> Result<ScenarioReport, MachineError> {

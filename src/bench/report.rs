@@ -86,6 +86,7 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
         "\ntime ratio = time/op over the baseline's ({}); below 1 is faster",
         bases_unique.join(", ")
     );
+    peer_table(&mut t, s);
     routing_table(&mut t, s);
     iommu_table(&mut t, s);
     let _ = writeln!(t, "targets (benchmark figures, not test asserts):");
@@ -164,6 +165,43 @@ fn iommu_table(t: &mut String, s: &ScenarioReport) {
     );
 }
 
+/// The variants measured under another VMM too: its time per op beside exitless's.
+fn peer_table(t: &mut String, s: &ScenarioReport) {
+    let Some(peer) = s.variants.iter().find_map(|v| v.peer.as_ref()) else {
+        return;
+    };
+    let name = &peer.name;
+    let _ = writeln!(
+        t,
+        "\nagainst {name} {} (same probe binary and ops, same guest TSC timing):",
+        peer.version
+    );
+    let _ = writeln!(
+        t,
+        "{:<26} {:>11} {:>11} {:>14}   {name}'s path",
+        "variant",
+        "time/op",
+        format!("{name} t/op"),
+        format!("exitless/{name}")
+    );
+    for v in &s.variants {
+        let Some(p) = &v.peer else { continue };
+        let _ = writeln!(
+            t,
+            "{:<26} {:>11} {:>11} {:>14}   {}",
+            v.name,
+            human_ns(v.ns_per_op),
+            human_ns(p.ns_per_op),
+            v.vs_peer().map_or("-".into(), ratio),
+            p.path
+        );
+    }
+    let _ = writeln!(
+        t,
+        "exitless/{name} below 1: exitless is faster; {name}'s exits cannot be counted from outside it"
+    );
+}
+
 /// Per-device figures of the variants that have them, side by side, the seed's beside them.
 fn routing_table(t: &mut String, s: &ScenarioReport) {
     let with: Vec<(&str, &RoutingFigures)> = s
@@ -236,16 +274,37 @@ pub fn json(r: &Report) -> String {
     serde_json::to_string_pretty(r).expect("the report serializes")
 }
 
-/// A horizontal bar chart of time per op (log scale), one panel per scenario.
+/// A horizontal bar chart of time per op (log scale), one panel per scenario; a variant also
+/// measured under another VMM gets a second bar, in another colour, for the peer.
 pub fn svg(r: &Report) -> String {
     const ROW: f64 = 22.0;
     const LEFT: f64 = 150.0;
     const WIDTH: f64 = 560.0;
-    let rows: usize = r.scenarios.iter().map(|s| s.variants.len() + 2).sum();
+    let bars = |sc: &ScenarioReport| {
+        sc.variants
+            .iter()
+            .flat_map(|v| {
+                let own = (
+                    v.name.clone(),
+                    v.ns_per_op,
+                    format!("{:.2} exits", v.exits_per_op),
+                );
+                let peer = v.peer.as_ref().map(|p| {
+                    (
+                        format!("  {}", p.name),
+                        p.ns_per_op,
+                        format!("{} {}", p.name, p.version),
+                    )
+                });
+                std::iter::once((own, "#4a7ab5")).chain(peer.map(|p| (p, "#c0504d")))
+            })
+            .collect::<Vec<_>>()
+    };
+    let rows: usize = r.scenarios.iter().map(|s| bars(s).len() + 2).sum();
     let height = 40.0 + rows as f64 * ROW;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"monospace\" font-size=\"12\">\n",
-        LEFT + WIDTH + 120.0
+        LEFT + WIDTH + 160.0
     );
     let _ = writeln!(
         s,
@@ -260,30 +319,30 @@ pub fn svg(r: &Report) -> String {
             escape(&sc.name)
         );
         y += ROW;
-        let finite = sc
-            .variants
+        let bars = bars(sc);
+        let finite = bars
             .iter()
-            .map(|v| v.ns_per_op)
+            .map(|((_, ns, _), _)| *ns)
             .filter(|x| x.is_finite() && *x > 0.0);
         let (lo, hi) = finite.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
         let (llo, lhi) = ((lo / 2.0).log10(), hi.log10().max((lo / 2.0).log10() + 1.0));
-        for v in &sc.variants {
-            let w = if v.ns_per_op.is_finite() && v.ns_per_op > 0.0 {
-                (v.ns_per_op.log10() - llo) / (lhi - llo) * WIDTH
+        for ((label, ns, note), colour) in bars {
+            let w = if ns.is_finite() && ns > 0.0 {
+                (ns.log10() - llo) / (lhi - llo) * WIDTH
             } else {
                 0.0
             };
             let _ = writeln!(
                 s,
-                "<text x=\"8\" y=\"{}\">{}</text><rect x=\"{LEFT}\" y=\"{}\" width=\"{w:.1}\" height=\"{}\" fill=\"#4a7ab5\"/><text x=\"{}\" y=\"{}\">{} ({:.2} exits)</text>",
+                "<text x=\"8\" y=\"{}\">{}</text><rect x=\"{LEFT}\" y=\"{}\" width=\"{w:.1}\" height=\"{}\" fill=\"{colour}\"/><text x=\"{}\" y=\"{}\">{} ({})</text>",
                 y + 12.0,
-                escape(&v.name),
+                escape(&label),
                 y + 2.0,
                 ROW - 6.0,
                 LEFT + w + 6.0,
                 y + 12.0,
-                human_ns(v.ns_per_op),
-                v.exits_per_op
+                human_ns(ns),
+                escape(&note)
             );
             y += ROW;
         }
