@@ -1,7 +1,10 @@
 //! virtio-net (virtio 1.2 §5.1) with a pluggable backend. Frames the driver transmits go to the
 //! backend; frames the backend produces go into the driver's receive buffers.
 
+pub mod tap;
+
 use std::collections::VecDeque;
+use std::os::fd::RawFd;
 
 use virtio_queue::{Queue, QueueT};
 
@@ -27,16 +30,25 @@ pub const QUEUE_SIZE: u16 = 256;
 
 const HDR: usize = VIRTIO_NET_HDR_SIZE as usize;
 
-/// Where frames go and come from. A tap device is one backend; the benchmark's request/response
-/// responder is another.
+/// Where frames go and come from. A tap device ([`tap::Tap`]) is one backend; the benchmark's
+/// request/response responder is another.
 pub trait NetBackend: Send {
     /// The driver sent `frame` (without the virtio-net header); returns false if the
-    /// backend had no room and dropped it.
+    /// backend dropped it (no room, or no link).
     fn transmit(&mut self, frame: &[u8]) -> bool;
     /// The next frame for the driver, if any.
     fn receive(&mut self) -> Option<Vec<u8>>;
     /// Drop anything queued (the device was reset).
     fn reset(&mut self);
+    /// A file that becomes readable when frames arrive from outside (a tap), for the device
+    /// thread to wait on, edge-triggered. Frames are taken only while the driver has receive
+    /// buffers (one ahead, held for the next buffer): the rest stay in the backend (the
+    /// kernel's queue, for a tap) until the driver adds buffers and kicks, and the device
+    /// thread does not spin on a readable file meanwhile. Backends that only answer
+    /// transmitted frames have none.
+    fn wake_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 /// Answers every transmitted frame with one frame of `response_size` bytes, as netperf TCP_RR
@@ -187,7 +199,7 @@ impl NetQueues {
                 let data = c.read_all(dma)?;
                 if !pair.backend.transmit(&data[HDR..]) {
                     log.warn(format_args!(
-                        "virtio-net: the backend is full (receive buffers not refilled); frame dropped"
+                        "virtio-net: the backend dropped a transmitted frame (full, or no link)"
                     ));
                 }
             }
@@ -355,6 +367,15 @@ impl QueueHandler for NetQueues {
             pair.waiting = None;
             pair.backend.reset();
         }
+    }
+
+    /// Each pair's backend file wakes its receive queue (2k, §5.1.2).
+    fn wake_sources(&self) -> Vec<(RawFd, usize)> {
+        self.pairs
+            .iter()
+            .enumerate()
+            .filter_map(|(k, pair)| Some((pair.backend.wake_fd()?, 2 * k)))
+            .collect()
     }
 }
 
