@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::error::ErrorKind;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use exitless::bench::{
@@ -476,7 +477,18 @@ fn raise_open_file_limit() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // A malformed option value (`--net tap=`, `--disk ,ro`) in one line, with clap's
+        // status for usage errors (2, also `exitless run`'s own): the line says which option
+        // and why.
+        Err(e) if e.kind() == ErrorKind::ValueValidation => {
+            let rendered = e.render().to_string();
+            eprintln!("exitless: {}", rendered.lines().next().unwrap_or_default());
+            return ExitCode::from(RUN_ERROR_STATUS);
+        }
+        Err(e) => e.exit(),
+    };
     // `exitless run` exits with the guest's status, and its own errors with an even one.
     let error_status = match cli.command {
         Command::Run(_) => ExitCode::from(RUN_ERROR_STATUS),
