@@ -236,9 +236,9 @@ fn main_thread() -> Vec<Allowed> {
                 // A virtio-net device's tap (`virtio::net::tap`), on the /dev/net/tun file it
                 // opens: attach to the interface, the vnet header's size, no offloads. Its
                 // device thread then only reads and writes the file.
-                u64::from(libc::TUNSETIFF),
-                u64::from(libc::TUNSETVNETHDRSZ),
-                u64::from(libc::TUNSETOFFLOAD),
+                libc::TUNSETIFF,
+                libc::TUNSETVNETHDRSZ,
+                libc::TUNSETOFFLOAD,
             ],
         ),
         // Running: the vCPU kick's handler, installed at the first run (the kicks themselves
