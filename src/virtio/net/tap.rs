@@ -8,7 +8,9 @@
 //! or GSO feature, and the tap's offloads are set to none (TUNSETOFFLOAD 0), so the kernel hands
 //! over only whole, checksummed frames. The header is then all zeros both ways (§5.1.6.2: no
 //! flags, VIRTIO_NET_HDR_GSO_NONE) apart from the kernel's informational DATA_VALID, which a
-//! driver that did not take GUEST_CSUM must not be shown, so the device writes its own.
+//! driver that did not take GUEST_CSUM must not be shown. So the device writes its own headers
+//! both ways: a header a driver filled in against features it did not negotiate (a GSO type,
+//! NEEDS_CSUM) never reaches the kernel, which would act on it.
 //!
 //! The file is non-blocking: the device thread waits for it in its epoll set (edge-triggered,
 //! see [`NetBackend::wake_fd`]) and never sleeps in a read or a write. It is opened, and the
