@@ -176,13 +176,12 @@ fn parse_disk(s: &str) -> Result<DiskConfig, String> {
 /// machine is built.
 fn parse_net(s: &str) -> Result<VirtioNetConfig, String> {
     let mut parts = s.split(',');
-    let backend = match parts.next() {
-        Some("none") => NetBackendKind::Sink,
-        Some(tap) => match tap.strip_prefix("tap=") {
+    let backend = match parts.next().unwrap_or_default() {
+        "none" => NetBackendKind::Sink,
+        tap => match tap.strip_prefix("tap=") {
             Some(name) if !name.is_empty() => NetBackendKind::Tap(name.into()),
             _ => return Err(format!("`{tap}`: tap=NAME or none first")),
         },
-        None => unreachable!("split yields at least one part"),
     };
     let mut net = VirtioNetConfig {
         backend,
@@ -479,12 +478,12 @@ fn raise_open_file_limit() {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        // A malformed option value (`--net tap=`, `--disk ,ro`) in one line, with clap's
-        // status for usage errors (2, also `exitless run`'s own): the line says which option
-        // and why.
+        // A malformed option value (`--net tap=`, `--disk ,ro`) in clap's one line that says
+        // which option and why, without its usage hint, with clap's status for usage errors
+        // (2, also `exitless run`'s own).
         Err(e) if e.kind() == ErrorKind::ValueValidation => {
             let rendered = e.render().to_string();
-            eprintln!("exitless: {}", rendered.lines().next().unwrap_or_default());
+            eprintln!("{}", rendered.lines().next().unwrap_or_default());
             return ExitCode::from(RUN_ERROR_STATUS);
         }
         Err(e) => e.exit(),
