@@ -162,6 +162,39 @@ fn disks_on_both_transports_join_the_machine() {
     std::fs::remove_file(&disk).unwrap();
 }
 
+/// A tap another process holds is busy: one line that says so, status 2, no guest run. The
+/// test holds a tap of its own (the kernel makes it, and removes it when the test lets go).
+#[test]
+fn a_tap_another_process_holds_is_refused_in_one_line() {
+    let name = format!("xlbusy{}", std::process::id() % 100_000);
+    let _held = match exitless::virtio::net::tap::Tap::open(&name, false) {
+        Ok(tap) => tap,
+        Err(why) => {
+            println!("skipped: cannot make a tap here: {why}");
+            return;
+        }
+    };
+    let elf = kernel("testkernel.elf");
+    let ran = exitless_run(
+        &[
+            "--kernel",
+            elf.to_str().unwrap(),
+            "--net",
+            &format!("tap={name}"),
+        ],
+        b"",
+    );
+    assert_eq!(ran.status.code(), Some(ERROR), "{}", ran.stderr);
+    assert_eq!(
+        ran.stderr,
+        format!(
+            "exitless: error: cannot open tap {name} (TUNSETIFF): Device or resource busy \
+             (os error 16) (busy: another process has it open)\n"
+        )
+    );
+    assert_eq!(ran.stdout, "", "no guest ran");
+}
+
 /// Network devices without a link (`--net none`) on both transports join the machine.
 #[test]
 fn network_devices_without_a_link_join_the_machine() {
