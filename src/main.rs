@@ -14,10 +14,13 @@ use exitless::bench::{
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
 use exitless::inspect;
 use exitless::machine::run::{RunConfig, RunError};
-use exitless::machine::{Console, DiskConfig, ProbeConfig, Transport};
+use exitless::machine::{
+    Console, DiskConfig, NetBackendKind, ProbeConfig, Transport, VirtioNetConfig,
+};
 use exitless::pci::EcamMode;
 use exitless::peer::Qemu;
 use exitless::seccomp::{self, ThreadKind};
+use exitless::virtio::notify::NotifyPath;
 
 /// exitless: a KVM VMM whose device I/O avoids VM exits, and the benchmarks that prove it.
 #[derive(Parser)]
@@ -98,6 +101,19 @@ struct RunArgs {
     /// capacity is the file's whole 512-byte sectors; its serial the file's name.
     #[arg(long, value_name = "FILE[,ro][,transport=pci|mmio]", value_parser = parse_disk)]
     disk: Vec<DiskConfig>,
+    /// A virtio-net device (repeatable). `tap=NAME`: its frames go to and come from the host's
+    /// tap interface NAME (`ip tuntap add dev NAME mode tap`, or created for the run if it does
+    /// not exist and exitless may), so they reach the host's network stack; `none`: a device
+    /// with no link (what the guest sends is dropped, nothing arrives). Options:
+    /// `mac=52:54:00:12:34:56` (default 52:54:00:7e:57:N for the Nth device, locally
+    /// administered), `queues=N` queue pairs (a tap made with `multi_queue`; default 1),
+    /// `transport=mmio` for virtio-mmio instead of virtio-pci.
+    #[arg(
+        long,
+        value_name = "tap=NAME|none[,mac=MAC][,queues=N][,transport=pci|mmio]",
+        value_parser = parse_net
+    )]
+    net: Vec<VirtioNetConfig>,
     /// Give the machine a VT-d IOMMU at 0xFED90000, described by an ACPI DMAR table
     /// (virtio-pci devices offer VIRTIO_F_ACCESS_PLATFORM behind it).
     #[arg(long)]
@@ -123,6 +139,7 @@ fn run(args: RunArgs) -> Result<u8, String> {
         iommu: args.iommu,
         console,
         disks: args.disk,
+        nets: args.net,
         timeout: args.timeout.map(Duration::from_secs),
     };
     match cfg.run() {
@@ -157,6 +174,63 @@ fn parse_disk(s: &str) -> Result<DiskConfig, String> {
         }
     }
     Ok(disk)
+}
+
+/// `--net tap=NAME|none[,mac=MAC][,queues=N][,transport=pci|mmio]`. The tap is opened when the
+/// machine is built.
+fn parse_net(s: &str) -> Result<VirtioNetConfig, String> {
+    let mut parts = s.split(',');
+    let backend = match parts.next().unwrap_or_default() {
+        "none" => NetBackendKind::Sink,
+        tap => match tap.strip_prefix("tap=") {
+            Some(name) if !name.is_empty() => NetBackendKind::Tap(name.into()),
+            _ => return Err(format!("`{tap}`: tap=NAME or none first")),
+        },
+    };
+    let mut net = VirtioNetConfig {
+        backend,
+        ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
+    };
+    for option in parts {
+        match option.split_once('=') {
+            Some(("mac", mac)) => net.mac = Some(parse_mac(mac)?),
+            Some(("queues", n)) => {
+                net.queue_pairs = n
+                    .parse()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or(format!("queues={n}: a number of queue pairs, 1 or more"))?;
+            }
+            Some(("transport", "pci")) => net.transport = Transport::Pci,
+            // QueueNotify with its queue index: the doorbell a standard driver uses never
+            // exits (the per-queue pages are the MSI extension's).
+            Some(("transport", "mmio")) => {
+                (net.transport, net.notify) = (Transport::Mmio, NotifyPath::Datamatch);
+            }
+            _ => {
+                return Err(format!(
+                    "unknown option `{option}` (mac=MAC, queues=N, transport=pci|mmio)"
+                ));
+            }
+        }
+    }
+    Ok(net)
+}
+
+/// Six hexadecimal bytes separated by colons, unicast (bit 0 of the first byte clear: a
+/// multicast source address is invalid, IEEE 802-2014 §8.2).
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let bad = || format!("mac={s}: six hexadecimal bytes, xx:xx:xx:xx:xx:xx, unicast");
+    let mut mac = [0u8; 6];
+    let mut bytes = s.split(':');
+    for b in &mut mac {
+        let part = bytes.next().filter(|p| p.len() == 2).ok_or_else(bad)?;
+        *b = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+    }
+    if bytes.next().is_some() || mac[0] & 1 != 0 {
+        return Err(bad());
+    }
+    Ok(mac)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -162,6 +162,48 @@ fn disks_on_both_transports_join_the_machine() {
     std::fs::remove_file(&disk).unwrap();
 }
 
+/// A tap another process holds is busy: one line that says so, status 2, no guest run. The
+/// test holds a tap of its own (the kernel makes it, and removes it when the test lets go).
+#[test]
+fn a_tap_another_process_holds_is_refused_in_one_line() {
+    let name = format!("xlbusy{}", std::process::id() % 100_000);
+    let _held = match exitless::virtio::net::tap::Tap::open(&name, false) {
+        Ok(tap) => tap,
+        Err(why) => {
+            println!("skipped: cannot make a tap here: {why}");
+            return;
+        }
+    };
+    let elf = kernel("testkernel.elf");
+    let ran = exitless_run(
+        &[
+            "--kernel",
+            elf.to_str().unwrap(),
+            "--net",
+            &format!("tap={name}"),
+        ],
+        b"",
+    );
+    assert_eq!(ran.status.code(), Some(ERROR), "{}", ran.stderr);
+    assert_eq!(
+        ran.stderr,
+        format!(
+            "exitless: error: cannot open tap {name} (TUNSETIFF): Device or resource busy \
+             (os error 16) (busy: another process has it open)\n"
+        )
+    );
+    assert_eq!(ran.stdout, "", "no guest ran");
+}
+
+/// Network devices without a link (`--net none`) on both transports join the machine.
+#[test]
+fn network_devices_without_a_link_join_the_machine() {
+    passes(
+        &["--net", "none", "--net", "none,transport=mmio,queues=2"],
+        "",
+    );
+}
+
 /// The test kernel drives a virtio-blk disk as a driver does: a write, a flush, a read back,
 /// the ID and a read past the end; the file holds the written sector afterwards.
 #[test]
@@ -321,7 +363,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
     std::fs::write(&cut, &elf[..0x1100]).unwrap();
     let good = kernel("testkernel.elf");
     let good = good.to_str().unwrap();
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 19] = [
         (
             &[],
             "the following required arguments were not provided: --kernel <FILE>",
@@ -368,6 +410,28 @@ fn every_bad_input_gets_one_line_and_status_2() {
             &["--kernel", good, "--disk", "/nonexistent/disk.img,ro"],
             "cannot open the disk /nonexistent/disk.img: No such file or directory",
         ),
+        (
+            &["--kernel", good, "--disk", ",ro"],
+            "invalid value ',ro' for '--disk",
+        ),
+        (
+            &["--kernel", good, "--net", "tap="],
+            "`tap=`: tap=NAME or none first",
+        ),
+        (
+            &["--kernel", good, "--net", "none,speed=10"],
+            "unknown option `speed=10` (mac=MAC, queues=N, transport=pci|mmio)",
+        ),
+        (
+            &["--kernel", good, "--net", "tap=t0,mac=01:00:5e:00:00:01"],
+            "mac=01:00:5e:00:00:01: six hexadecimal bytes, xx:xx:xx:xx:xx:xx, unicast",
+        ),
+        (
+            &["--kernel", good, "--net", "tap=an-interface-name"],
+            "tap name `an-interface-name`: an interface name is 1 to 15 bytes",
+        ),
+        // An interface that is not a tap (or, without /dev/net/tun, no TUN/TAP driver).
+        (&["--kernel", good, "--net", "tap=lo"], "cannot open"),
     ];
     for (args, says) in cases {
         let ran = exitless_run(args, b"");
@@ -433,4 +497,104 @@ fn the_same_kernel_passes_the_same_checks_under_qemu() {
         under_qemu.stdout,
         under_exitless.stdout
     );
+}
+
+/// A network namespace of this test run with a tap in it whose host side has `PEER_IP` and
+/// `PEER_MAC`, up; deleted on drop (the tap with it), however the test ends.
+struct NetNamespace {
+    name: String,
+    tap: String,
+}
+
+const GUEST_IP: &str = "10.0.2.15";
+const PEER_IP: &str = "10.0.2.2";
+const PEER_MAC: &str = "02:00:00:00:00:02";
+
+impl NetNamespace {
+    /// The namespace, or why it cannot be made here (no iproute2, not root, no TUN/TAP).
+    fn create() -> Result<Self, String> {
+        let ns = NetNamespace {
+            name: format!("exitless-net-{}", std::process::id()),
+            tap: "xltap0".into(),
+        };
+        ip(&["netns", "add", &ns.name])?;
+        // From here on the namespace exists, and `ns` deletes it if a step fails.
+        let tap = ns.tap.as_str();
+        for step in [
+            &["tuntap", "add", "dev", tap, "mode", "tap"][..],
+            &["addr", "add", &format!("{PEER_IP}/24"), "dev", tap],
+            &["link", "set", tap, "address", PEER_MAC],
+            &["link", "set", tap, "up"],
+        ] {
+            ip(&[&["-n", &ns.name][..], step].concat())?;
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for NetNamespace {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "delete", &self.name]);
+    }
+}
+
+/// `ip ARGS`: its output, or its error.
+fn ip(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Frames really reach the host's network stack: in a network namespace of its own, the test
+/// kernel sends an ARP request for the tap's host-side address from its virtio-net device,
+/// the host's kernel answers it, and the guest checks the answer: from the peer's address, to
+/// its own MAC and address, and carrying the MAC the test gave the tap, which only the host's
+/// kernel knew.
+#[test]
+fn a_frame_the_guest_sends_on_a_tap_is_answered_by_the_host_kernel() {
+    let ns = match NetNamespace::create() {
+        Ok(ns) => ns,
+        Err(why) => {
+            println!("skipped: cannot make a network namespace with a tap here: {why}");
+            return;
+        }
+    };
+    let guest_mac = "52:54:00:12:34:56";
+    let elf = kernel("testkernel.elf");
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        &ns.name,
+        env!("CARGO_BIN_EXE_exitless"),
+        "run",
+    ])
+    .arg("--kernel")
+    .arg(&elf)
+    .args(["--cmdline", &format!("net=1 ip={GUEST_IP} peer={PEER_IP}")])
+    .args(["--net", &format!("tap={},mac={guest_mac}", ns.tap)]);
+    let ran = run_command(cmd, b"", LIMIT);
+    assert_passed(&ran);
+    for line in [
+        "PASS net: a virtio-net function on bus 0 (00:03.0)",
+        &format!("PASS net: FEATURES_OK, MAC {guest_mac}"),
+        &format!("PASS net: ARP request for {PEER_IP} sent from {GUEST_IP}"),
+        &format!("PASS net: ARP reply: {PEER_IP} is at {PEER_MAC}"),
+    ] {
+        assert!(
+            results(&ran.stdout).contains(&line),
+            "{line}:\n{}",
+            ran.stdout
+        );
+    }
 }

@@ -13,7 +13,9 @@
  * What it expects comes from its command line: cpus=N (default 1), mem=MIB (RAM size, if
  * given), ecam=0|1 (whether an MCFG must be there; default 1), iommu=0|1 (whether a DMAR
  * describing a live VT-d unit must be there; default 0), echo=1 (read a line from the
- * console), exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
+ * console), disk=1 (drive the first virtio-blk disk), net=1 ip=A.B.C.D peer=A.B.C.D (ask the
+ * host on the first virtio-net device's network for peer's MAC by ARP, and check the answer),
+ * exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
  * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
  *
  * It prints PASS/FAIL lines on COM1, polled. Everything runs at ring 0, which the KVM of
@@ -468,15 +470,14 @@ static void check_echo(void)
     check(n > 0 && waited < 10 * PM_TIMER_HZ, "echo: read '%s' from the console", line);
 }
 
-/* virtio-blk (virtio 1.2 §5.2) behind modern virtio-pci (§4.1), driven as a minimal driver
- * does: find the function (vendor 1af4, device 1042) on bus 0 by port I/O, take BAR 0 where
- * the platform placed it, walk the vendor capabilities for the common,
- * notify and device configuration, negotiate VERSION_1 alone, set up queue 0 and poll its used
- * ring. It writes sector 1, flushes, reads it back, asks for the ID, and reads past the end,
- * which must answer IOERR. Addresses are guest-physical (paging is off). */
+/* ---- virtio-pci (virtio 1.2 §4.1), as a minimal polling driver drives it ----
+ *
+ * Find the function on bus 0 by port I/O, take BAR 0 where the platform placed it, walk the
+ * vendor capabilities for the common, notify and device configuration, negotiate VERSION_1 and
+ * what the device driver asks, set up its queues and poll their used rings (no interrupts).
+ * Addresses are guest-physical (paging is off). */
 #define VIRTIO_VENDOR 0x1af4
-#define VIRTIO_BLK_MODERN 0x1042
-#define BLK_QSIZE 8
+#define VQ_SIZE 8
 
 static uint32_t pci_read32(uint32_t dev, uint32_t reg)
 {
@@ -490,100 +491,149 @@ static void pci_write32(uint32_t dev, uint32_t reg, uint32_t v)
     outl(PCI_CONFIG_DATA, v);
 }
 
-struct vq_desc { uint64_t addr; uint32_t len; uint16_t flags, next; };
-static struct vq_desc blk_desc[BLK_QSIZE] __attribute__((aligned(16)));
-static volatile uint16_t blk_avail[2 + BLK_QSIZE + 1] __attribute__((aligned(2)));
-static volatile uint32_t blk_used[1 + 2 * BLK_QSIZE + 1] __attribute__((aligned(4)));
-static uint8_t blk_header[16] __attribute__((aligned(16)));
-static uint8_t blk_data[1024], blk_check[1024];
-static volatile uint8_t blk_status;
-static uint32_t blk_notify;
-
 static void mmio_write16(uint32_t a, uint16_t v) { *(volatile uint16_t *)a = v; }
 static void mmio_write8(uint32_t a, uint8_t v) { *(volatile uint8_t *)a = v; }
 static uint8_t mmio8(uint32_t a) { return *(volatile uint8_t *)a; }
+
+/* A split virtqueue (§2.7) of VQ_SIZE entries, its index and where its doorbell is. */
+struct vq_desc { uint64_t addr; uint32_t len; uint16_t flags, next; };
+struct vq {
+    struct vq_desc desc[VQ_SIZE];
+    volatile uint16_t avail[2 + VQ_SIZE + 1];
+    volatile uint32_t used[1 + 2 * VQ_SIZE + 1];
+    uint32_t notify;
+    uint16_t index, next_avail, used_seen;
+} __attribute__((aligned(16)));
+
+/* A virtio-pci function's configuration structures (§4.1.4). */
+struct vpci { uint32_t dev, common, notify, device, multiplier; };
+
+/* Find the first function of virtio device ID `id` (§4.1.2.1: 0x1040 + ID) on bus 0, enable
+ * its memory space and bus mastering, and find its structures; checks named `what`. */
+static int vpci_find(struct vpci *v, uint32_t id, const char *what, const char *name)
+{
+    *v = (struct vpci){ 0 };
+    for (uint32_t d = 3; d < 32 && !v->dev; d++)
+        if (pci_read32(d, 0) == ((0x1040 + id) << 16 | VIRTIO_VENDOR))
+            v->dev = d;
+    if (!check(v->dev != 0, "%s: a %s function on bus 0 (00:%02x.0)", what, name, v->dev))
+        return 0;
+    /* BAR 0 as the platform placed it (a 64-bit memory BAR below 4 GiB). */
+    uint32_t bar = pci_read32(v->dev, 0x10) & ~0xfu;
+    if (!check(bar != 0 && pci_read32(v->dev, 0x14) == 0, "%s: BAR 0 at %x", what, bar))
+        return 0;
+    pci_write32(v->dev, 0x04, 0x6); /* memory space, bus master */
+    for (uint32_t cap = pci_read32(v->dev, 0x34) & 0xff; cap;
+         cap = pci_read32(v->dev, cap) >> 8 & 0xff) {
+        uint32_t head = pci_read32(v->dev, cap);
+        if ((head & 0xff) != 0x09)
+            continue;
+        uint32_t type = head >> 24, at = bar + pci_read32(v->dev, cap + 8);
+        if (type == 1)
+            v->common = at;
+        else if (type == 2) {
+            v->notify = at;
+            v->multiplier = pci_read32(v->dev, cap + 16);
+        } else if (type == 4)
+            v->device = at;
+    }
+    return check(v->common && v->notify && v->device, "%s: common %x, notify %x, device %x", what,
+                 v->common, v->notify, v->device);
+}
+
+/* Reset, ACKNOWLEDGE and DRIVER, accept VIRTIO_F_VERSION_1 and `features` (bits 0-31), set
+ * FEATURES_OK (§3.1.1); whether the device kept it. */
+static int vpci_negotiate(const struct vpci *v, uint32_t features)
+{
+    mmio_write8(v->common + 0x14, 0);
+    mmio_write8(v->common + 0x14, 1);
+    mmio_write8(v->common + 0x14, 3);
+    mmio_write32(v->common + 0x08, 1);
+    mmio_write32(v->common + 0x0c, 1); /* VIRTIO_F_VERSION_1 */
+    mmio_write32(v->common + 0x08, 0);
+    mmio_write32(v->common + 0x0c, features);
+    mmio_write8(v->common + 0x14, 0xb);
+    return mmio8(v->common + 0x14) == 0xb;
+}
+
+/* Give the device queue `index` on `q`, and enable it. */
+static void vpci_queue(const struct vpci *v, uint16_t index, struct vq *q)
+{
+    q->index = index;
+    mmio_write16(v->common + 0x16, index);
+    mmio_write16(v->common + 0x18, VQ_SIZE);
+    mmio_write32(v->common + 0x20, (uint32_t)q->desc);
+    mmio_write32(v->common + 0x24, 0);
+    mmio_write32(v->common + 0x28, (uint32_t)q->avail);
+    mmio_write32(v->common + 0x2c, 0);
+    mmio_write32(v->common + 0x30, (uint32_t)q->used);
+    mmio_write32(v->common + 0x34, 0);
+    q->notify = v->notify + (*(volatile uint16_t *)(v->common + 0x1e)) * v->multiplier;
+    mmio_write16(v->common + 0x1c, 1);
+}
+
+static void vpci_driver_ok(const struct vpci *v) { mmio_write8(v->common + 0x14, 0xf); }
+
+/* Make the chain at descriptor `head` available (§2.7.13) and ring the queue's doorbell with
+ * its index (§4.1.5.2). */
+static void vq_submit(struct vq *q, uint16_t head)
+{
+    q->avail[2 + q->next_avail % VQ_SIZE] = head;
+    __asm__ volatile("" ::: "memory");
+    q->avail[1] = ++q->next_avail;
+    __asm__ volatile("" ::: "memory");
+    mmio_write16(q->notify, q->index);
+}
+
+/* The used ring's index: its second 16-bit field (§2.7.8). What the device wrote before it is
+ * read after it. */
+static uint16_t vq_used_idx(const struct vq *q)
+{
+    uint16_t idx = (uint16_t)(q->used[0] >> 16);
+    __asm__ volatile("" ::: "memory");
+    return idx;
+}
+
+/* virtio-blk (virtio 1.2 §5.2): write sector 1, flush, read it back, ask for the ID, and read
+ * past the end, which must answer IOERR. */
+static struct vq blk_q;
+static uint8_t blk_header[16] __attribute__((aligned(16)));
+static uint8_t blk_data[1024], blk_check[1024];
+static volatile uint8_t blk_status;
 
 /* One request: a header of type and sector, data of len bytes (device-writable if in), the
  * status byte. Returns the status, or 0xff if the device never answered. */
 static uint8_t blk_request(uint32_t type, uint32_t sector, void *data, uint32_t len, int in)
 {
-    static uint16_t next_avail;
     memset(blk_header, 0, sizeof blk_header);
     memcpy(blk_header, &type, 4);
     memcpy(blk_header + 8, &sector, 4);
     blk_status = 0xff;
     uint32_t n = 0;
-    blk_desc[n] = (struct vq_desc){ (uint32_t)blk_header, 16, 1, n + 1 };
+    blk_q.desc[n] = (struct vq_desc){ (uint32_t)blk_header, 16, 1, n + 1 };
     n++;
     if (len) {
-        blk_desc[n] = (struct vq_desc){ (uint32_t)data, len, (uint16_t)(1 | (in ? 2 : 0)), n + 1 };
+        blk_q.desc[n] = (struct vq_desc){ (uint32_t)data, len, (uint16_t)(1 | (in ? 2 : 0)), n + 1 };
         n++;
     }
-    blk_desc[n] = (struct vq_desc){ (uint32_t)&blk_status, 1, 2, 0 };
-    blk_avail[2 + next_avail % BLK_QSIZE] = 0;
-    __asm__ volatile("" ::: "memory");
-    blk_avail[1] = ++next_avail;
-    __asm__ volatile("" ::: "memory");
-    mmio_write16(blk_notify, 0);
-    /* The used ring's index is its second 16-bit field. */
+    blk_q.desc[n] = (struct vq_desc){ (uint32_t)&blk_status, 1, 2, 0 };
+    vq_submit(&blk_q, 0);
     for (uint32_t spin = 0; spin < 2000000; spin++)
-        if ((blk_used[0] >> 16) == next_avail)
+        if (vq_used_idx(&blk_q) == blk_q.next_avail)
             return blk_status;
     return 0xff;
 }
 
 static void check_disk(void)
 {
-    uint32_t dev = 0;
-    for (uint32_t d = 3; d < 32 && !dev; d++)
-        if (pci_read32(d, 0) == (VIRTIO_BLK_MODERN << 16 | VIRTIO_VENDOR))
-            dev = d;
-    if (!check(dev != 0, "disk: a virtio-blk function on bus 0 (00:%02x.0)", dev))
+    struct vpci v;
+    if (!vpci_find(&v, 2, "disk", "virtio-blk"))
         return;
-    /* BAR 0 as the platform placed it (a 64-bit memory BAR below 4 GiB). */
-    uint32_t bar = pci_read32(dev, 0x10) & ~0xfu;
-    if (!check(bar != 0 && pci_read32(dev, 0x14) == 0, "disk: BAR 0 at %x", bar))
+    uint32_t sectors = mmio32(v.device);
+    if (!check(vpci_negotiate(&v, 0), "disk: FEATURES_OK, %u sectors", sectors))
         return;
-    pci_write32(dev, 0x04, 0x6); /* memory space, bus master */
-    uint32_t common = 0, device = 0, notify = 0, multiplier = 0;
-    for (uint32_t cap = pci_read32(dev, 0x34) & 0xff; cap; cap = pci_read32(dev, cap) >> 8 & 0xff) {
-        uint32_t head = pci_read32(dev, cap);
-        if ((head & 0xff) != 0x09)
-            continue;
-        uint32_t type = head >> 24, at = bar + pci_read32(dev, cap + 8);
-        if (type == 1)
-            common = at;
-        else if (type == 2) {
-            notify = at;
-            multiplier = pci_read32(dev, cap + 16);
-        } else if (type == 4)
-            device = at;
-    }
-    if (!check(common && notify && device, "disk: common %x, notify %x, device %x", common, notify,
-               device))
-        return;
-    uint32_t sectors = mmio32(device);
-    mmio_write8(common + 0x14, 0);
-    mmio_write8(common + 0x14, 1);
-    mmio_write8(common + 0x14, 3);
-    mmio_write32(common + 0x08, 1);
-    mmio_write32(common + 0x0c, 1); /* VIRTIO_F_VERSION_1 */
-    mmio_write32(common + 0x08, 0);
-    mmio_write32(common + 0x0c, 0);
-    mmio_write8(common + 0x14, 0xb);
-    if (!check(mmio8(common + 0x14) == 0xb, "disk: FEATURES_OK, %u sectors", sectors))
-        return;
-    mmio_write16(common + 0x16, 0);
-    mmio_write16(common + 0x18, BLK_QSIZE);
-    mmio_write32(common + 0x20, (uint32_t)blk_desc);
-    mmio_write32(common + 0x24, 0);
-    mmio_write32(common + 0x28, (uint32_t)blk_avail);
-    mmio_write32(common + 0x2c, 0);
-    mmio_write32(common + 0x30, (uint32_t)blk_used);
-    mmio_write32(common + 0x34, 0);
-    blk_notify = notify + (*(volatile uint16_t *)(common + 0x1e)) * multiplier;
-    mmio_write16(common + 0x1c, 1);
-    mmio_write8(common + 0x14, 0xf);
+    vpci_queue(&v, 0, &blk_q);
+    vpci_driver_ok(&v);
     for (uint32_t i = 0; i < 512; i++)
         blk_data[i] = (uint8_t)(i * 7 + 1);
     uint8_t st = blk_request(1, 1, blk_data, 512, 0);
@@ -598,6 +648,135 @@ static void check_disk(void)
     check(st == 0 && blk_check[0] != 0, "disk: ID '%s', status %u", (const char *)blk_check, st);
     st = blk_request(0, sectors, blk_check, 512, 1);
     check(st == 1, "disk: a read past the end answered IOERR (status %u)", st);
+}
+
+/* virtio-net (virtio 1.2 §5.1) on a network the host's kernel is on (a tap): the kernel
+ * answers an ARP request (RFC 826) for its own address. Receive buffers go on receiveq1
+ * (queue 0), the request on transmitq1 (queue 1), each frame behind the 12-byte
+ * virtio_net_hdr (§5.1.6), all zero: no offloads were negotiated. Frames other than the
+ * answer (the host's IPv6 neighbour discovery, say) are skipped and their buffers given
+ * back. */
+#define NET_HDR 12
+#define NET_FRAME 1514
+#define VIRTIO_NET_F_MAC 5
+#define ETH_ARP 0x0806
+
+static struct vq net_rx, net_tx;
+static uint8_t net_rx_buf[VQ_SIZE][NET_HDR + NET_FRAME];
+static uint8_t net_tx_buf[NET_HDR + 60];
+
+/* A dotted quad into `ip`; whether `s` held one. */
+static int parse_ip(const char *s, uint8_t ip[4])
+{
+    for (int i = 0; i < 4; i++) {
+        uint32_t n = 0, digits = 0;
+        while (s && *s >= '0' && *s <= '9' && digits < 4) {
+            n = n * 10 + (uint32_t)(*s++ - '0');
+            digits++;
+        }
+        if (!digits || n > 255 || (i < 3 && *s++ != '.'))
+            return 0;
+        ip[i] = (uint8_t)n;
+    }
+    return 1;
+}
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+
+/* Whether `f` (len bytes) is the ARP reply from `peer` to `ip` at `mac`; its sender's MAC
+ * into `peer_mac`. */
+static int arp_reply(const uint8_t *f, uint32_t len, const uint8_t mac[6], const uint8_t ip[4],
+                     const uint8_t peer[4], uint8_t peer_mac[6])
+{
+    const uint8_t *arp = f + 14;
+    if (len < 42 || get16(f + 12) != ETH_ARP || get16(arp + 6) != 2 || !fw_equal(f, mac, 6) ||
+        !fw_equal(arp + 14, peer, 4) || !fw_equal(arp + 18, mac, 6) || !fw_equal(arp + 24, ip, 4))
+        return 0;
+    memcpy(peer_mac, arp + 8, 6);
+    return 1;
+}
+
+/* Send the ARP request for `peer` from `mac` at `ip`, and wait for it to be taken. */
+static int arp_request(const uint8_t mac[6], const uint8_t ip[4], const uint8_t peer[4])
+{
+    uint8_t *f = net_tx_buf + NET_HDR, *arp = f + 14;
+    memset(net_tx_buf, 0, sizeof net_tx_buf);
+    memset(f, 0xff, 6); /* broadcast */
+    memcpy(f + 6, mac, 6);
+    put16(f + 12, ETH_ARP);
+    put16(arp, 1);         /* Ethernet */
+    put16(arp + 2, 0x0800); /* IPv4 */
+    arp[4] = 6;
+    arp[5] = 4;
+    put16(arp + 6, 1);     /* request */
+    memcpy(arp + 8, mac, 6);
+    memcpy(arp + 14, ip, 4);
+    memcpy(arp + 24, peer, 4);
+    net_tx.desc[0] = (struct vq_desc){ (uint32_t)net_tx_buf, sizeof net_tx_buf, 0, 0 };
+    vq_submit(&net_tx, 0);
+    for (uint32_t spin = 0; spin < 2000000; spin++)
+        if (vq_used_idx(&net_tx) == net_tx.next_avail)
+            return 1;
+    return 0;
+}
+
+/* Wait up to `ticks` of the PM timer for the ARP reply; buffers of other frames go back. */
+static int await_arp_reply(uint32_t ticks, const uint8_t mac[6], const uint8_t ip[4],
+                           const uint8_t peer[4], uint8_t peer_mac[6])
+{
+    uint32_t waited = 0, last = pm_timer();
+    while (waited < ticks) {
+        while (net_rx.used_seen != vq_used_idx(&net_rx)) {
+            uint32_t slot = 1 + 2 * (net_rx.used_seen++ % VQ_SIZE);
+            uint32_t id = net_rx.used[slot], len = net_rx.used[slot + 1];
+            if (id >= VQ_SIZE)
+                return 0;
+            if (len > NET_HDR &&
+                arp_reply(net_rx_buf[id] + NET_HDR, len - NET_HDR, mac, ip, peer, peer_mac))
+                return 1;
+            vq_submit(&net_rx, (uint16_t)id);
+        }
+        uint32_t now = pm_timer();
+        waited += (now - last) & pm_timer_mask;
+        last = now;
+    }
+    return 0;
+}
+
+static void check_net(void)
+{
+    uint8_t ip[4], peer[4], mac[6], peer_mac[6] = { 0 };
+    if (!check(parse_ip(arg("ip"), ip) && parse_ip(arg("peer"), peer),
+               "net: ip=A.B.C.D and peer=A.B.C.D given"))
+        return;
+    struct vpci v;
+    if (!vpci_find(&v, 1, "net", "virtio-net"))
+        return;
+    for (uint32_t i = 0; i < 6; i++)
+        mac[i] = mmio8(v.device + i);
+    if (!check(vpci_negotiate(&v, 1u << VIRTIO_NET_F_MAC),
+               "net: FEATURES_OK, MAC %02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2],
+               mac[3], mac[4], mac[5]))
+        return;
+    vpci_queue(&v, 0, &net_rx);
+    vpci_queue(&v, 1, &net_tx);
+    for (uint16_t i = 0; i < VQ_SIZE; i++) {
+        net_rx.desc[i] = (struct vq_desc){ (uint32_t)net_rx_buf[i], NET_HDR + NET_FRAME, 2, 0 };
+        vq_submit(&net_rx, i);
+    }
+    vpci_driver_ok(&v);
+    /* Three tries a second apart: a host that was still bringing its side up may miss one. */
+    int sent = 0, answered = 0;
+    for (int try = 0; try < 3 && !answered; try++) {
+        sent |= arp_request(mac, ip, peer);
+        answered = await_arp_reply(PM_TIMER_HZ, mac, ip, peer, peer_mac);
+    }
+    check(sent, "net: ARP request for %u.%u.%u.%u sent from %u.%u.%u.%u", peer[0], peer[1],
+          peer[2], peer[3], ip[0], ip[1], ip[2], ip[3]);
+    check(answered, "net: ARP reply: %u.%u.%u.%u is at %02x:%02x:%02x:%02x:%02x:%02x", peer[0],
+          peer[1], peer[2], peer[3], peer_mac[0], peer_mac[1], peer_mac[2], peer_mac[3],
+          peer_mac[4], peer_mac[5]);
 }
 
 static void finish(void)
@@ -644,6 +823,8 @@ void kmain(uint32_t magic, const struct mb_info *mb)
             check_echo();
         if (arg_number("disk", 0))
             check_disk();
+        if (arg_number("net", 0))
+            check_net();
     }
 out:
     finish();

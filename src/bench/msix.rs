@@ -219,7 +219,7 @@ impl MsixBench {
         for strategy in STRATEGIES {
             let run = run_ok(&ProbeConfig {
                 ops: list.clone(),
-                virtio: vec![device; self.devices],
+                virtio: vec![device.clone(); self.devices],
                 gsi_commits: strategy,
                 timeout: self.timeout,
                 ..Default::default()

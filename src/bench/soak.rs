@@ -239,7 +239,7 @@ impl SoakBench {
             let ops = self.ops(&devices, first, count);
             let run = run_probe(&ProbeConfig {
                 ops: ops.clone(),
-                virtio: devices.iter().map(|d| d.config).collect(),
+                virtio: devices.iter().map(|d| d.config.clone()).collect(),
                 response_size: RESPONSE_SIZE,
                 ram_size: usize::try_from(RAM_SIZE).expect("16 MiB"),
                 timeout: self.timeout,

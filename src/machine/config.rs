@@ -27,8 +27,8 @@ pub struct MachineConfig {
     pub console: Console,
     /// The PC platform devices, if the machine has them.
     pub platform: Option<Platform>,
-    /// virtio-net devices with the request/response backend, in order: virtio-mmio ones take
-    /// the layout's windows in turn; virtio-pci ones are 00:03.0, 00:04.0, ….
+    /// virtio-net devices, in order: virtio-mmio ones take the layout's windows in turn;
+    /// virtio-pci ones are 00:03.0, 00:04.0, ….
     pub virtio: Vec<VirtioNetConfig>,
     /// virtio-blk devices, in order: virtio-pci ones take the functions after the virtio-net
     /// ones, virtio-mmio ones the layout's next windows.
@@ -92,18 +92,21 @@ pub enum Transport {
 }
 
 /// Where a virtio-net device's frames go.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NetBackendKind {
     /// Every frame is answered ([`crate::virtio::net::RequestResponse`]).
     #[default]
     RequestResponse,
     /// Frames are taken and dropped, nothing is received ([`crate::virtio::net::Sink`]): a
-    /// transmit stream's far end.
+    /// transmit stream's far end; for `exitless run --net none`, a device with no link.
     Sink,
+    /// The host's tap interface of this name ([`crate::virtio::net::tap::Tap`]), one tap
+    /// queue per queue pair (IFF_MULTI_QUEUE when there are several).
+    Tap(String),
 }
 
 /// A virtio-net device of a machine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VirtioNetConfig {
     /// Its transport.
     pub transport: Transport,
@@ -114,6 +117,9 @@ pub struct VirtioNetConfig {
     pub queue_pairs: u16,
     /// What each pair's backend is.
     pub backend: NetBackendKind,
+    /// Its MAC address; by default [`layout::VIRTIO_NET_MAC`] with the device's index as the
+    /// last byte.
+    pub mac: Option<[u8; 6]>,
 }
 
 impl VirtioNetConfig {
@@ -124,6 +130,7 @@ impl VirtioNetConfig {
             notify,
             queue_pairs: 1,
             backend: NetBackendKind::default(),
+            mac: None,
         }
     }
 }

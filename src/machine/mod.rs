@@ -101,6 +101,9 @@ pub enum MachineError {
         #[source]
         source: std::io::Error,
     },
+    /// A tap a virtio-net device was to use cannot be opened.
+    #[error(transparent)]
+    Tap(#[from] crate::virtio::net::tap::TapError),
     /// fw_cfg's items.
     #[error(transparent)]
     FwCfg(#[from] crate::devices::fw_cfg::FwCfgError),

@@ -33,6 +33,7 @@ use crate::pci::root::{BarBuses, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
 use crate::virtio::block::VirtioBlock;
 use crate::virtio::mmio::{MmioPlacement, MmioTransport};
+use crate::virtio::net::tap::Tap;
 use crate::virtio::net::{NetBackend, RequestResponse, Sink, VirtioNet};
 use crate::virtio::notify::NotifyPath;
 use crate::virtio::pci::VirtioPci;
@@ -289,7 +290,7 @@ struct Placement {
     class: u32,
 }
 
-/// The virtio-net devices of `cfg`, each with its request/response backends, behind its
+/// The virtio-net devices of `cfg`, each with its backends (one per queue pair), behind its
 /// transport.
 fn add_virtio_net(
     vm: &Vm,
@@ -302,18 +303,22 @@ fn add_virtio_net(
     for (i, dev) in cfg.virtio.iter().enumerate() {
         let mut mac = layout::VIRTIO_NET_MAC;
         mac[5] = u8::try_from(i).map_err(|_| MachineError::TooManyDevices)?;
+        let mac = dev.mac.unwrap_or(mac);
         let pairs = usize::from(dev.queue_pairs);
         if !(1..=MAX_QUEUE_PAIRS).contains(&pairs) {
             return Err(MachineError::QueuePairs(pairs));
         }
         let backends = (0..pairs)
-            .map(|_| match dev.backend {
-                NetBackendKind::RequestResponse => {
-                    Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>
-                }
-                NetBackendKind::Sink => Box::new(Sink),
+            .map(|_| {
+                Ok(match &dev.backend {
+                    NetBackendKind::RequestResponse => {
+                        Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>
+                    }
+                    NetBackendKind::Sink => Box::new(Sink),
+                    NetBackendKind::Tap(name) => Box::new(Tap::open(name, pairs > 1)?),
+                })
             })
-            .collect();
+            .collect::<Result<_, MachineError>>()?;
         let net = VirtioNet::parts(mac, backends);
         let placement = Placement {
             transport: dev.transport,

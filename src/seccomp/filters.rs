@@ -151,10 +151,11 @@ fn vcpu() -> Vec<Allowed> {
 
 /// A device thread: sleeps on its eventfds, works on the queues in guest memory (plain memory
 /// accesses) and sends interrupts; a virtio-blk device's thread also reads and writes its disk
-/// file.
+/// file, a tap-backed virtio-net device's its tap.
 fn device() -> Vec<Allowed> {
     vec![
-        // Wait for queue, resample, command and stop events, then consume them.
+        // Wait for queue, resample, command and stop events, then consume them; wait for a
+        // tap's frames and read them (a frame is sent with `write`, in runtime()).
         sys!(SYS_epoll_wait),
         sys!(SYS_read),
         // virtio-blk requests (`virtio::block`): reads and writes at offsets of the disk file
@@ -207,7 +208,7 @@ fn main_thread() -> Vec<Allowed> {
             [value(libc::PR_SET_NAME), value(libc::PR_SET_NO_NEW_PRIVS)],
         ),
         sys!(SYS_seccomp).only(0, [u64::from(libc::SECCOMP_SET_MODE_FILTER)]),
-        // Building machines: /dev/kvm; eventfds for interrupts, doorbells and device wake-ups
+        // Building machines: /dev/kvm (and /dev/net/tun for a tap); eventfds for interrupts, doorbells and device wake-ups
         // (and duplicates of them, and of the vCPU file for its kvm_run page); the device
         // threads' epoll sets.
         sys!(SYS_openat),
@@ -235,6 +236,12 @@ fn main_thread() -> Vec<Allowed> {
                 KVM_IOEVENTFD(),
                 KVM_IRQFD(),
                 KVM_SET_GSI_ROUTING(),
+                // A virtio-net device's tap (`virtio::net::tap`), on the /dev/net/tun file it
+                // opens: attach to the interface, the vnet header's size, no offloads. Its
+                // device thread then only reads and writes the file.
+                libc::TUNSETIFF,
+                libc::TUNSETVNETHDRSZ,
+                libc::TUNSETOFFLOAD,
             ],
         ),
         // Running: the vCPU kick's handler, installed at the first run (the kicks themselves

@@ -12,6 +12,7 @@
 //! - [`DeviceHealth`] is the only state both sides write: the device thread sets
 //!   DEVICE_NEEDS_RESET in it without taking the register lock.
 
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -127,6 +128,11 @@ pub trait QueueHandler: Send {
     ) -> Result<Progress, DeviceError>;
     /// Forget all in-flight state (the driver reset the device).
     fn reset(&mut self);
+    /// Files from outside the guest whose readiness means work on a queue: (file, queue
+    /// index). The device thread watches them edge-triggered, as it watches the doorbells.
+    fn wake_sources(&self) -> Vec<(RawFd, usize)> {
+        Vec::new()
+    }
 }
 
 /// What a handler does with the chains [`serve_chains`] takes for it.
@@ -708,6 +714,11 @@ impl QueueEngine {
     /// The device's log.
     pub fn log(&self) -> &Arc<DeviceLog> {
         self.health.log()
+    }
+
+    /// The handler's outside files and the queue each wakes ([`QueueHandler::wake_sources`]).
+    pub fn wake_sources(&self) -> Vec<(RawFd, usize)> {
+        self.handler.wake_sources()
     }
 
     /// Let the handler work on queue `index`; returns the notifications due. A device that

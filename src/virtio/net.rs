@@ -1,7 +1,10 @@
 //! virtio-net (virtio 1.2 §5.1) with a pluggable backend. Frames the driver transmits go to the
 //! backend; frames the backend produces go into the driver's receive buffers.
 
+pub mod tap;
+
 use std::collections::VecDeque;
+use std::os::fd::RawFd;
 
 use virtio_queue::{Queue, QueueT};
 
@@ -27,16 +30,25 @@ pub const QUEUE_SIZE: u16 = 256;
 
 const HDR: usize = VIRTIO_NET_HDR_SIZE as usize;
 
-/// Where frames go and come from. A tap device is one backend; the benchmark's request/response
-/// responder is another.
+/// Where frames go and come from. A tap device ([`tap::Tap`]) is one backend; the benchmark's
+/// request/response responder is another.
 pub trait NetBackend: Send {
     /// The driver sent `frame` (without the virtio-net header); returns false if the
-    /// backend had no room and dropped it.
+    /// backend dropped it (no room, or no link).
     fn transmit(&mut self, frame: &[u8]) -> bool;
     /// The next frame for the driver, if any.
     fn receive(&mut self) -> Option<Vec<u8>>;
     /// Drop anything queued (the device was reset).
     fn reset(&mut self);
+    /// A file that becomes readable when frames arrive from outside (a tap), for the device
+    /// thread to wait on, edge-triggered. Frames are taken only while the driver has receive
+    /// buffers (one ahead, held for the next buffer): the rest stay in the backend (the
+    /// kernel's queue, for a tap) until the driver adds buffers and kicks, and the device
+    /// thread does not spin on a readable file meanwhile. Backends that only answer
+    /// transmitted frames have none.
+    fn wake_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 /// Answers every transmitted frame with one frame of `response_size` bytes, as netperf TCP_RR
@@ -187,7 +199,7 @@ impl NetQueues {
                 let data = c.read_all(dma)?;
                 if !pair.backend.transmit(&data[HDR..]) {
                     log.warn(format_args!(
-                        "virtio-net: the backend is full (receive buffers not refilled); frame dropped"
+                        "virtio-net: the backend dropped a transmitted frame (full, or no link)"
                     ));
                 }
             }
@@ -355,6 +367,15 @@ impl QueueHandler for NetQueues {
             pair.waiting = None;
             pair.backend.reset();
         }
+    }
+
+    /// Each pair's backend file wakes its receive queue (2k, §5.1.2).
+    fn wake_sources(&self) -> Vec<(RawFd, usize)> {
+        self.pairs
+            .iter()
+            .enumerate()
+            .filter_map(|(k, pair)| Some((pair.backend.wake_fd()?, 2 * k)))
+            .collect()
     }
 }
 
@@ -696,6 +717,76 @@ mod tests {
         engine.process(1);
         assert_eq!(tx.used().idx().load(), 2, "served once mastering is back");
         assert!(!health.needs_reset());
+    }
+
+    /// A backend fed from outside the guest, as a tap is: frames appear in `frames`, and
+    /// `wake` becomes readable when they do.
+    struct Outside {
+        frames: Arc<std::sync::Mutex<VecDeque<Vec<u8>>>>,
+        wake: vmm_sys_util::eventfd::EventFd,
+    }
+
+    impl NetBackend for Outside {
+        fn transmit(&mut self, _frame: &[u8]) -> bool {
+            true
+        }
+        fn receive(&mut self) -> Option<Vec<u8>> {
+            self.frames.lock().unwrap().pop_front()
+        }
+        fn reset(&mut self) {}
+        fn wake_fd(&self) -> Option<RawFd> {
+            Some(std::os::fd::AsRawFd::as_raw_fd(&self.wake))
+        }
+    }
+
+    /// A frame from outside reaches the driver with no doorbell rung: the backend's file wakes
+    /// the device thread for its pair's receive queue (pair 1: queue 2), and until it does
+    /// the frame waits.
+    #[test]
+    fn a_frame_from_outside_wakes_the_device_thread_for_its_pairs_receive_queue() {
+        use crate::virtio::interrupt::{Interrupts, LegacyLine};
+        use crate::virtio::worker::Worker;
+        use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+        let mem = memory();
+        let rx = driver_queue(&mem, 0);
+        let frames = Arc::new(std::sync::Mutex::new(VecDeque::new()));
+        let outside = Outside {
+            frames: frames.clone(),
+            wake: EventFd::new(EFD_NONBLOCK).unwrap(),
+        };
+        let wake = outside.wake.try_clone().unwrap();
+        let backends: Vec<Box<dyn NetBackend>> = vec![Box::new(Sink), Box::new(outside)];
+        let (engine, _) = engine_with(backends, &[(2, &rx)], DmaContext::platform(mem.clone()));
+        let line = LegacyLine {
+            irqfd: EventFd::new(EFD_NONBLOCK).unwrap(),
+            resample: EventFd::new(EFD_NONBLOCK).unwrap(),
+        };
+        let irq = line.irqfd.try_clone().unwrap();
+        let log = DeviceLog::new("test");
+        let interrupts = Arc::new(Interrupts::new(5, Some(line), None, log));
+        let doorbells = (0..5)
+            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+            .collect();
+        let _worker = Worker::spawn("net-test".into(), engine, interrupts, doorbells).unwrap();
+        rx.add_desc_chains(&[desc(BUFFERS, 0x800, VRING_DESC_F_WRITE)], 0)
+            .unwrap();
+        let frame: Vec<u8> = (0..60u8).collect();
+        frames.lock().unwrap().push_back(frame.clone());
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(rx.used().idx().load(), 0, "nothing woke the thread yet");
+        wake.write(1).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while rx.used().idx().load() == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(rx.used().idx().load(), 1, "delivered once woken");
+        assert_eq!(used_len(&rx, 0), (HDR + frame.len()) as u32);
+        let mut got = vec![0u8; frame.len()];
+        mem.read_slice(&mut got, GuestAddress(BUFFERS + HDR as u64))
+            .unwrap();
+        assert_eq!(got, frame);
+        assert_eq!(irq.read().unwrap(), 1, "the driver was interrupted");
     }
 
     /// A remapping unit with translation and queued invalidation on, the function `SID` in

@@ -1,6 +1,7 @@
 //! The device thread: owns a device's [`QueueEngine`], sleeps on the queue eventfds (signalled
-//! by ioeventfds in the kernel or by the transport after an exit), on the line's resample
-//! eventfd and on its command eventfd, and does the device's work off the vCPU threads.
+//! by ioeventfds in the kernel or by the transport after an exit), on its backend's files (a
+//! tap), on the line's resample eventfd and on its command eventfd, and does the device's work
+//! off the vCPU threads.
 //!
 //! Transports talk to it with [`Command`]s: activation hands it the queues at DRIVER_OK;
 //! reset and queue stop are acknowledged, so when the register reads back the driver knows
@@ -96,6 +97,18 @@ impl Worker {
                 EpollEvent::new(EventSet::IN, i as u64),
             )?;
         }
+        // A backend's file (a tap) wakes the queue it feeds as its doorbell would; edge-
+        // triggered, so frames left waiting for receive buffers do not wake the thread again
+        // until more arrive or the driver kicks. The engine, which owns the files, lives as
+        // long as the epoll set.
+        let sources = engine.wake_sources();
+        for &(fd, q) in &sources {
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, q as u64),
+            )?;
+        }
         if let Some(r) = interrupts.resample_fd() {
             epoll.ctl(
                 ControlOperation::Add,
@@ -115,7 +128,7 @@ impl Worker {
         let wake = Arc::new(wake);
         let wake_clone = wake.clone();
         let thread = seccomp::spawn(ThreadKind::Device, name, move || {
-            let mut events = vec![EpollEvent::default(); queues + 3];
+            let mut events = vec![EpollEvent::default(); queues + 3 + sources.len()];
             let mut cpu = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
             loop {
                 // The device's work is what its thread spent between waits.

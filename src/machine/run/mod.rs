@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::devices::debug_exit;
 use crate::machine::Loader;
-use crate::machine::config::{Console, DiskConfig, MachineConfig, Platform};
+use crate::machine::config::{Console, DiskConfig, MachineConfig, Platform, VirtioNetConfig};
 use crate::machine::layout::PCI_MMIO_WINDOW;
 use crate::machine::vcpus::RunEnd;
 use crate::machine::{Machine, MachineError};
@@ -60,6 +60,8 @@ pub struct RunConfig {
     pub console: Console,
     /// virtio-blk disks.
     pub disks: Vec<DiskConfig>,
+    /// virtio-net devices (a tap, or no link).
+    pub nets: Vec<VirtioNetConfig>,
     /// Give up on a guest that has not ended after this long.
     pub timeout: Option<Duration>,
 }
@@ -212,6 +214,7 @@ impl RunConfig {
             vcpus,
             console: self.console.clone(),
             disks: self.disks.clone(),
+            virtio: self.nets.clone(),
             platform: Some(Platform {
                 fw_cfg_files: vec![(FW_CFG_CMDLINE.into(), self.cmdline.as_bytes().to_vec())],
             }),
@@ -300,6 +303,7 @@ mod tests {
             iommu: false,
             console: Console::Buffer,
             disks: Vec::new(),
+            nets: Vec::new(),
             timeout: None,
         }
     }
