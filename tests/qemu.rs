@@ -12,7 +12,7 @@ use exitless::contract::*;
 use exitless::machine::ops;
 use exitless::pci::PciAddress;
 use exitless::pci::regs::*;
-use exitless::peer::{PeerRun, Qemu, QemuMachine};
+use exitless::peer::{PeerError, PeerRun, Qemu, QemuMachine};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -184,4 +184,23 @@ fn msix_programming_enable_and_masks_work_on_qemus_virtio_net_and_sends_are_refu
             run.results[i]
         );
     }
+}
+
+#[test]
+fn a_run_past_its_time_limit_is_killed_and_says_so() {
+    let Some(qemu) = qemu() else { return };
+    let limit = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let e = qemu
+        .run_probe(&QemuMachine::default(), &[ops::ram_read_loop(1)], limit)
+        .expect_err("SeaBIOS alone takes longer");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "killed at its limit"
+    );
+    assert!(
+        matches!(e, PeerError::Timeout { limit: l, .. } if l == limit),
+        "{e}"
+    );
+    assert!(e.to_string().contains("did not finish within 300ms"), "{e}");
 }
