@@ -204,3 +204,24 @@ fn a_run_past_its_time_limit_is_killed_and_says_so() {
     );
     assert!(e.to_string().contains("did not finish within 300ms"), "{e}");
 }
+
+#[test]
+fn a_fault_under_qemu_ends_the_run_at_once_and_names_the_exception() {
+    let Some(qemu) = qemu() else { return };
+    // 1 TiB: beyond the probe's identity map, so the read takes a page fault (vector 14).
+    let e = qemu
+        .run_probe(
+            &QemuMachine::default(),
+            &[ops::mmio_read(1 << 40, 4)],
+            LIMIT,
+        )
+        .expect_err("a page fault");
+    assert!(
+        matches!(&e, PeerError::Failed { status, .. } if status.code() == Some((14 << 1) | 1)),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("status 0xe in the low 7 bits"),
+        "{e}"
+    );
+}

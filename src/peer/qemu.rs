@@ -31,7 +31,7 @@ use zerocopy::IntoBytes;
 
 use super::{PeerError, PeerRun, dump};
 use crate::contract::{MAX_OPS, Op, QEMU_DEBUG_EXIT_PORT, QEMU_OPS_FILE};
-use crate::machine::probe::PROBE_IMAGE;
+use crate::machine::probe::{PROBE_IMAGE, PROBE_MIN_RAM};
 use crate::pci::PciAddress;
 
 const BINARY: &str = "qemu-system-x86_64";
@@ -85,8 +85,17 @@ impl QemuMachine {
         PciAddress::new(0, self.first_slot.saturating_add(i), 0).expect("a slot below 31")
     }
 
-    /// Whether the functions fit between the host bridge (slot 0) and q35's own devices (31).
+    /// Whether the probe fits in the RAM and the functions between the host bridge (slot 0)
+    /// and q35's own devices (31).
     fn check(&self) -> Result<(), PeerError> {
+        // SeaBIOS puts the ACPI tables at the top of RAM, above everything the probe uses.
+        let need_mib = PROBE_MIN_RAM.div_ceil(1 << 20) + 1;
+        if u64::from(self.memory_mib) < need_mib {
+            return Err(PeerError::Memory {
+                mib: self.memory_mib,
+                need_mib,
+            });
+        }
         let end = u16::from(self.first_slot) + u16::from(self.virtio_net);
         if self.first_slot == 0 || end > LAST_FREE_SLOT + 1 {
             return Err(PeerError::Slots {
@@ -276,7 +285,9 @@ fn meaning(status: ExitStatus) -> String {
                     (-no-reboot) or QEMU's own error"
             .into(),
         Some(c) if c & 1 == 1 => format!(
-            "the probe ended with DONE status {:#x} (low 7 bits), not DONE_OK",
+            "the probe ended with status {:#x} in the low 7 bits, not DONE_OK: \
+             DONE_BAD_BOOT_INFO is 1 (the serial output says what it missed), CPU exception \
+             n is DONE_EXCEPTION + n",
             c >> 1
         ),
         Some(c) => format!("QEMU's own failure, status {c}"),
@@ -332,6 +343,14 @@ mod tests {
             Err("30 functions from slot 2 do not fit on bus 0: q35 has slots 1 to 30 free".into())
         );
         assert!(fits(0, 1).is_err(), "slot 0 is the host bridge's");
+        let small = QemuMachine {
+            memory_mib: 15,
+            ..QemuMachine::default()
+        };
+        assert_eq!(
+            small.check().unwrap_err().to_string(),
+            "15 MiB of RAM is too little: the probe and the firmware's tables need 16 MiB"
+        );
     }
 
     #[test]
@@ -340,9 +359,10 @@ mod tests {
         let status = |code: i32| ExitStatus::from_raw(code << 8);
         assert!(meaning(status(0)).contains("triple fault"));
         // DONE_BAD_BOOT_INFO (1) written to isa-debug-exit: (1 << 1) | 1.
-        assert_eq!(
-            meaning(status(3)),
-            "the probe ended with DONE status 0x1 (low 7 bits), not DONE_OK"
+        assert!(
+            meaning(status(3)).starts_with("the probe ended with status 0x1 in the low 7 bits"),
+            "{}",
+            meaning(status(3))
         );
         assert!(meaning(ExitStatus::from_raw(9)).contains("signal"));
     }
