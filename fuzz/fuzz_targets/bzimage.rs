@@ -9,17 +9,12 @@
 //!
 //! Input: see [`linux_loader::split`].
 
+use exitless::machine::CpuMode;
 use exitless::machine::run::bzimage::BzImage;
-use exitless::machine::{CpuMode, Loader, MachineInfo};
 use libfuzzer_sys::fuzz_target;
 
 mod linux_loader;
-use linux_loader::{CMDLINE, MEMORY, RAM, layout, split};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-
-fn read_u32(mem: &GuestMemoryMmap, at: u64) -> u32 {
-    mem.read_obj(GuestAddress(at)).expect("inside RAM")
-}
+use linux_loader::{CMDLINE, RAM, assert_cmdline, assert_initrd, load_and_check, read, split};
 
 fuzz_target!(|data: &[u8]| {
     let Some((initrd, kernel)) = split(data) else {
@@ -31,38 +26,19 @@ fuzz_target!(|data: &[u8]| {
     if image.check_fits(RAM as u64).is_err() {
         return;
     }
-    let layout = layout();
-    let machine = MachineInfo::one_vcpu(&layout);
-    MEMORY.with(|mem| {
-        let entry = image.load(mem, &machine).expect("an image that fits loads");
+    load_and_check(&image, |mem, entry| {
         assert_eq!(entry.mode, CpuMode::LongMode);
         assert!(entry.regs.rip < RAM as u64, "entry {:#x}", entry.regs.rip);
         let zero_page = entry.regs.rsi;
         assert!(zero_page + 0x1000 <= RAM as u64);
-        assert_eq!(read_u32(mem, zero_page + 0x202).to_le_bytes(), *b"HdrS");
-        let cmdline_at = u64::from(read_u32(mem, zero_page + 0x228));
-        let mut cmdline = vec![0u8; CMDLINE.len() + 1];
-        mem.read_slice(&mut cmdline, GuestAddress(cmdline_at))
-            .expect("the command line in RAM");
-        assert_eq!(&cmdline[..CMDLINE.len()], CMDLINE.as_bytes());
-        assert_eq!(cmdline[CMDLINE.len()], 0, "NUL-terminated");
-        let (ramdisk, ramdisk_size) = (
-            u64::from(read_u32(mem, zero_page + 0x218)),
-            read_u32(mem, zero_page + 0x21c),
-        );
+        assert_eq!(read::<u32>(mem, zero_page + 0x202).to_le_bytes(), *b"HdrS");
+        assert_cmdline(mem, read::<u32>(mem, zero_page + 0x228).into());
+        let ramdisk = read::<u32>(mem, zero_page + 0x218).into();
+        let ramdisk_size = read::<u32>(mem, zero_page + 0x21c).into();
         match &initrd {
-            Some(bytes) => {
-                assert_eq!(ramdisk_size as usize, bytes.len());
-                let mut there = vec![0u8; bytes.len()];
-                mem.read_slice(&mut there, GuestAddress(ramdisk))
-                    .expect("the initrd in RAM");
-                assert_eq!(&there, bytes);
-            }
+            Some(bytes) => assert_initrd(mem, ramdisk, ramdisk_size, bytes),
             None => assert_eq!((ramdisk, ramdisk_size), (0, 0)),
         }
-        let e820_entries = mem
-            .read_obj::<u8>(GuestAddress(zero_page + 0x1e8))
-            .expect("inside RAM");
-        assert!(e820_entries > 0, "an e820 map");
+        assert!(read::<u8>(mem, zero_page + 0x1e8) > 0, "an e820 map");
     });
 });

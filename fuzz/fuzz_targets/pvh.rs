@@ -8,20 +8,15 @@
 //!
 //! Input: see [`linux_loader::split`].
 
+use exitless::machine::CpuMode;
 use exitless::machine::run::pvh::{PvhKernel, pvh_entry};
-use exitless::machine::{CpuMode, Loader, MachineInfo};
 use libfuzzer_sys::fuzz_target;
 
 mod linux_loader;
-use linux_loader::{CMDLINE, MEMORY, RAM, layout, split};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use linux_loader::{CMDLINE, RAM, assert_cmdline, assert_initrd, load_and_check, read, split};
 
 /// `XEN_HVM_START_MAGIC_VALUE`.
 const START_INFO_MAGIC: u32 = 0x336e_c578;
-
-fn read<T: vm_memory::ByteValued>(mem: &GuestMemoryMmap, at: u64) -> T {
-    mem.read_obj(GuestAddress(at)).expect("inside RAM")
-}
 
 fuzz_target!(|data: &[u8]| {
     let Some((initrd, kernel)) = split(data) else {
@@ -36,34 +31,21 @@ fuzz_target!(|data: &[u8]| {
     if image.check_fits(RAM as u64).is_err() {
         return;
     }
-    let layout = layout();
-    let machine = MachineInfo::one_vcpu(&layout);
-    MEMORY.with(|mem| {
-        let entry = image.load(mem, &machine).expect("a kernel that fits loads");
+    load_and_check(&image, |mem, entry| {
         assert_eq!(entry.mode, CpuMode::Protected32);
         assert_eq!(entry.regs.rip, entry_point);
         let info = entry.regs.rbx;
         assert!(info + 56 <= RAM as u64);
         assert_eq!(read::<u32>(mem, info), START_INFO_MAGIC);
-        // cmdline_paddr at 24, then the NUL-terminated line.
-        let cmdline_at: u64 = read(mem, info + 24);
-        let mut cmdline = vec![0u8; CMDLINE.len() + 1];
-        mem.read_slice(&mut cmdline, GuestAddress(cmdline_at))
-            .expect("the command line in RAM");
-        assert_eq!(&cmdline[..CMDLINE.len()], CMDLINE.as_bytes());
-        assert_eq!(cmdline[CMDLINE.len()], 0, "NUL-terminated");
-        // nr_modules at 12, modlist_paddr at 16; a module is paddr, size, cmdline, reserved.
+        // cmdline_paddr at 24; nr_modules at 12, modlist_paddr at 16; a module is paddr,
+        // size, cmdline, reserved.
+        assert_cmdline(mem, read(mem, info + 24));
         let modules: u32 = read(mem, info + 12);
         match &initrd {
             Some(bytes) => {
                 assert_eq!(modules, 1);
                 let module: u64 = read(mem, info + 16);
-                let (addr, size): (u64, u64) = (read(mem, module), read(mem, module + 8));
-                assert_eq!(size as usize, bytes.len());
-                let mut there = vec![0u8; bytes.len()];
-                mem.read_slice(&mut there, GuestAddress(addr))
-                    .expect("the initrd in RAM");
-                assert_eq!(&there, bytes);
+                assert_initrd(mem, read(mem, module), read(mem, module + 8), bytes);
             }
             None => assert_eq!(modules, 0),
         }
