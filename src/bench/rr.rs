@@ -6,16 +6,24 @@
 //! One boot holds six devices: three virtio-mmio and three virtio-pci, one per doorbell path.
 //! The guest drives each virtio-mmio device twice, resetting it in between: once on its line,
 //! once with MSI, so the two interrupt modes share everything else.
+//!
+//! With `--against qemu`, one more boot: [`TAP_VARIANT`], a virtio-pci device whose backend is
+//! a host tap ([`super::host_tap`]), doing ICMP echo transactions with the host's kernel; QEMU
+//! runs the same ops on its virtio-net-pci on the same tap ([`RrBench::peer_plan`]).
 
 use std::time::Duration;
 
+use crate::bench::against::{Counterpart, PeerPlan};
+use crate::bench::host_tap::TapLink;
 use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
 use crate::contract::{
-    Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE, TRANSPORT_MMIO,
-    TRANSPORT_PCI,
+    ICMP_MAX_PAYLOAD, Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE,
+    TRANSPORT_MMIO, TRANSPORT_PCI,
 };
 use crate::irq::CommitStrategy;
-use crate::machine::{MachineError, ProbeConfig, Transport, VirtioNetConfig, ops};
+use crate::machine::{MachineError, NetBackendKind, ProbeConfig, Transport, VirtioNetConfig, ops};
+use crate::pci::PciAddress;
+use crate::peer::{QemuMachine, QemuTap};
 use crate::stats::ExitKind;
 use crate::virtio::notify::NotifyPath;
 use crate::virtio::regs::VIRTIO_NET_HDR_SIZE;
@@ -37,7 +45,13 @@ pub struct RrBench {
     pub response_size: u64,
     /// Longest the boot may take.
     pub timeout: Duration,
+    /// The host tap of [`TAP_VARIANT`] (`--against qemu`): none, no such variant.
+    pub tap: Option<TapLink>,
 }
+
+/// The variant on a host tap: ICMP echo with the host's kernel, `request_size` data bytes each
+/// way, doorbells on address-only ioeventfds (QEMU's path for its own).
+pub const TAP_VARIANT: &str = "pci-msix-tap";
 
 impl Default for RrBench {
     fn default() -> Self {
@@ -46,6 +60,7 @@ impl Default for RrBench {
             request_size: 32,
             response_size: 1024,
             timeout: Duration::from_secs(600),
+            tap: None,
         }
     }
 }
@@ -117,7 +132,75 @@ impl RrBench {
                 self.response_size
             ));
         }
+        if self.tap.is_some() && self.request_size > ICMP_MAX_PAYLOAD {
+            return Err(format!(
+                "--request-size must be at most {ICMP_MAX_PAYLOAD} bytes with --against qemu \
+                 (the ICMP data of one 1500-byte packet; got {})",
+                self.request_size
+            ));
+        }
         Ok(())
+    }
+
+    /// The ops of [`TAP_VARIANT`] on the function at `f`: bring it up, then echo.
+    fn tap_ops(&self, link: &TapLink, f: PciAddress) -> Vec<Op> {
+        vec![
+            ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0),
+            ops::icmp_echo(
+                link.host_ip,
+                link.guest_ip,
+                link.host_mac,
+                self.request_size,
+                self.transactions.max(1),
+            ),
+        ]
+    }
+
+    /// [`TAP_VARIANT`] under QEMU (`--against qemu`): the same ops on its virtio-net-pci,
+    /// whose backend is the same host tap.
+    pub fn peer_plan(&self, link: &TapLink) -> PeerPlan {
+        let machine = QemuMachine {
+            virtio_net: 1,
+            tap: Some(QemuTap {
+                ifname: link.name.clone(),
+                mac: link.guest_mac,
+            }),
+            ..QemuMachine::default()
+        };
+        let ops = self.tap_ops(link, machine.virtio_net_function(0));
+        PeerPlan {
+            machine,
+            ops,
+            counterparts: vec![Counterpart {
+                variant: TAP_VARIANT,
+                ops: vec![1],
+                per_op: self.transactions.max(1),
+                path: "virtio-net-pci on the same tap: ioeventfd doorbells, its main loop, vhost off",
+                control: false,
+            }],
+            timeout: self.timeout,
+        }
+    }
+
+    /// Boot with one virtio-pci device on the host tap and run [`TAP_VARIANT`].
+    fn tap_variant(&self, link: &TapLink) -> Result<Variant, MachineError> {
+        let n = self.transactions.max(1);
+        let device = VirtioNetConfig {
+            backend: NetBackendKind::Tap(link.name.clone()),
+            mac: Some(link.guest_mac),
+            ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
+        };
+        let run = run_ok(&ProbeConfig {
+            ops: self.tap_ops(link, ProbeConfig::virtio_pci_address(0)),
+            virtio: vec![device],
+            timeout: self.timeout,
+            ..Default::default()
+        })?;
+        let mut v = variant(TAP_VARIANT, &run, &Clock::of(&run), &[1], n, n);
+        v.trans_per_s = Some(1e9 / v.ns_per_op);
+        v.irqs_per_op = Some(run.results[1].irqs as f64 / n as f64);
+        v.delivery = Some("irqfd");
+        Ok(v)
     }
 
     /// The guest's ops for `modes`: for each, every doorbell path; and the op indexes timed.
@@ -222,7 +305,7 @@ impl RrBench {
                 d.time_ratio = d.ns_per_op / t.ns_per_op;
             }
         }
-        let notes = vec![format!(
+        let mut notes = vec![format!(
             "`{DIRECT_SUFFIX}` variants: the same devices with MSI messages injected by \
              KVM_SIGNAL_MSI (no routes, no irqfds; `exitless bench msix` strategy direct), their \
              time ratio against the irqfd variant of the same device and doorbell path: {}",
@@ -233,6 +316,21 @@ impl RrBench {
                 .join(", ")
         )];
         variants.extend(direct);
+        if let Some(link) = &self.tap {
+            let mut tap = self.tap_variant(link)?;
+            let twin = variant_name(Mode::PciMsix, NotifyPath::Address);
+            if let Some(t) = variants.iter().find(|v| v.name == twin) {
+                tap.baseline = twin;
+                tap.time_ratio = tap.ns_per_op / t.ns_per_op;
+            }
+            notes.push(format!(
+                "`{TAP_VARIANT}`: ICMP echo (RFC 792) with the host's kernel through tap {} \
+                 ({} to {}), {} data bytes each way; its time ratio is against the built-in \
+                 responder on the same transport and doorbell path",
+                link.name, link.guest_ip, link.host_ip, self.request_size
+            ));
+            variants.push(tap);
+        }
         let targets = targets(&variants);
         Ok(ScenarioReport {
             name: "rr".into(),

@@ -11,6 +11,8 @@
 //!     -device isa-debug-exit,iobase=0xf4,iosize=4     (the probe's end: exit status 1 if good)
 //!     -serial file:serial.txt                         (the results: `super::dump`)
 //!     -device virtio-net-pci,addr=SLOT,mq=on,vectors=2Q+1,romfile=   (one per function)
+//!     -netdev tap,id=n0,ifname=TAP,script=no,downscript=no,vhost=off  (with a tap: the first
+//!                                                      function's backend, netdev=n0,mac=MAC)
 //! ```
 //!
 //! SeaBIOS boots it (about 4–6 s on this project's hosts, most of a run), assigns the BARs and
@@ -61,6 +63,18 @@ pub struct QemuMachine {
     /// Slot of the first function (q35 has the host bridge at 0 and the LPC bridge, SATA and
     /// SMBus controllers at 31).
     pub first_slot: u8,
+    /// A host tap behind the first function; without one, no function has a backend.
+    pub tap: Option<QemuTap>,
+}
+
+/// A host tap QEMU opens as a virtio-net function's backend: QEMU's own, in its main loop
+/// (vhost off: this project's hosts have no /dev/vhost-net), set up by no script.
+#[derive(Clone, Debug)]
+pub struct QemuTap {
+    /// The tap's name; it exists, and no one holds it.
+    pub ifname: String,
+    /// The function's MAC address.
+    pub mac: [u8; 6],
 }
 
 impl Default for QemuMachine {
@@ -71,6 +85,7 @@ impl Default for QemuMachine {
             virtio_net: 0,
             queue_pairs: 1,
             first_slot: 1,
+            tap: None,
         }
     }
 }
@@ -111,14 +126,26 @@ impl QemuMachine {
         ]);
         for i in 0..self.virtio_net {
             // No option ROM: nothing here boots from the network, and iPXE's takes seconds.
-            args.extend([
-                "-device".into(),
-                format!(
-                    "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
-                    self.virtio_net_function(i).device,
-                    self.msix_vectors()
-                ),
-            ]);
+            let mut device = format!(
+                "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
+                self.virtio_net_function(i).device,
+                self.msix_vectors()
+            );
+            if let (0, Some(tap)) = (i, &self.tap) {
+                let m = tap.mac;
+                device += &format!(
+                    ",netdev=n0,mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+                    m[0], m[1], m[2], m[3], m[4], m[5]
+                );
+                args.extend([
+                    "-netdev".into(),
+                    format!(
+                        "tap,id=n0,ifname={},script=no,downscript=no,vhost=off",
+                        tap.ifname
+                    ),
+                ]);
+            }
+            args.extend(["-device".into(), device]);
         }
         args
     }
