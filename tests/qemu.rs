@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use common::run;
@@ -195,15 +194,7 @@ fn msix_programming_enable_and_masks_work_on_qemus_virtio_net_and_sends_are_refu
 #[test]
 fn icmp_echo_through_qemus_virtio_net_pci_on_a_tap_is_answered_by_the_host_kernel() {
     let Some(qemu) = qemu() else { return };
-    let subnet = 2;
-    let link = TapLink {
-        name: "xl-rr-qemu".into(),
-        host_ip: Ipv4Addr::new(10, 211, subnet, 1),
-        guest_ip: Ipv4Addr::new(10, 211, subnet, 2),
-        host_mac: [0x02, 0x78, 0x6c, subnet, 0, 1],
-        guest_mac: [0x02, 0x78, 0x6c, subnet, 0, 2],
-    };
-    let tap = match HostTap::create(link) {
+    let tap = match HostTap::create(TapLink::numbered("xl-rr-qemu", 2)) {
         Ok(tap) => tap,
         Err(why) => {
             println!("skipped: {why}");

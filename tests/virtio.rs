@@ -340,14 +340,7 @@ fn pci_cfg_data_reads_the_bar_by_every_method() {
 
 /// The tap of a test: its own name and /30, so that tests running at once do not meet.
 fn test_tap(name: &str, subnet: u8) -> Option<HostTap> {
-    let link = TapLink {
-        name: name.into(),
-        host_ip: Ipv4Addr::new(10, 211, subnet, 1),
-        guest_ip: Ipv4Addr::new(10, 211, subnet, 2),
-        host_mac: [0x02, 0x78, 0x6c, subnet, 0, 1],
-        guest_mac: [0x02, 0x78, 0x6c, subnet, 0, 2],
-    };
-    HostTap::create(link)
+    HostTap::create(TapLink::numbered(name, subnet))
         .inspect_err(|why| println!("skipped: {why}"))
         .ok()
 }

@@ -27,15 +27,21 @@ pub struct TapLink {
 }
 
 impl TapLink {
-    /// The bench's: `exitless-rr0`, 10.211.0.1 and .2, locally administered MACs (IEEE 802
-    /// §8.2: the second bit of the first octet).
+    /// The bench's: `exitless-rr0` on 10.211.0.0/30.
     pub fn bench() -> Self {
+        TapLink::numbered("exitless-rr0", 0)
+    }
+
+    /// Tap `name` on 10.211.`n`.0/30, the host at .1 and the guest at .2, with locally
+    /// administered MACs (IEEE 802 §8.2: the second bit of the first octet) 02:78:6c:`n`:00:01
+    /// and :02; taps of different `n` can exist at once.
+    pub fn numbered(name: &str, n: u8) -> Self {
         TapLink {
-            name: "exitless-rr0".into(),
-            host_ip: Ipv4Addr::new(10, 211, 0, 1),
-            guest_ip: Ipv4Addr::new(10, 211, 0, 2),
-            host_mac: [0x02, 0x78, 0x6c, 0x00, 0x00, 0x01],
-            guest_mac: [0x02, 0x78, 0x6c, 0x00, 0x00, 0x02],
+            name: name.into(),
+            host_ip: Ipv4Addr::new(10, 211, n, 1),
+            guest_ip: Ipv4Addr::new(10, 211, n, 2),
+            host_mac: [0x02, 0x78, 0x6c, n, 0x00, 0x01],
+            guest_mac: [0x02, 0x78, 0x6c, n, 0x00, 0x02],
         }
     }
 }
