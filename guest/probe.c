@@ -991,6 +991,8 @@ static u64 pci_locate(u64 fn)
             }
         } else if (id == PCI_CAP_ID_MSIX) {
             u32 table = cfg_read(m, cap + PCI_MSIX_TABLE, 4), pba = cfg_read(m, cap + PCI_MSIX_PBA, 4);
+            if ((table & PCI_MSIX_BIR_MASK) > 5 || (pba & PCI_MSIX_BIR_MASK) > 5)
+                break; /* a reserved BIR (PCI 3.0 §6.8.2.4): no usable table */
             dev.msix_table = pci_bar(fn, table & PCI_MSIX_BIR_MASK) + (table & ~PCI_MSIX_BIR_MASK);
             dev.msix_pba = pci_bar(fn, pba & PCI_MSIX_BIR_MASK) + (pba & ~PCI_MSIX_BIR_MASK);
             u32 control = cfg_read(m, cap + PCI_MSIX_FLAGS, 2);

@@ -390,3 +390,30 @@ fn the_host_kernel_answers_icmp_echo_on_a_tap_and_the_probe_checks_each_reply() 
     assert_eq!((r.status, r.value), (STATUS_TIMEOUT, 0), "{r:?}");
     assert_eq!(run.results[4].status, STATUS_UNSUPPORTED);
 }
+
+/// The bench's tap lives as long as its guard: a second one of the same name is refused in a
+/// line that says what to do, and dropping the guard deletes the interface (its helper does,
+/// a moment later).
+#[test]
+fn a_host_tap_is_refused_while_it_exists_and_deleted_when_dropped() {
+    let Some(tap) = test_tap("xl-rr-guard", 3) else {
+        return;
+    };
+    let sys = std::path::Path::new("/sys/class/net/xl-rr-guard");
+    assert!(sys.exists());
+    let again = HostTap::create(TapLink::numbered("xl-rr-guard", 3)).err();
+    assert_eq!(
+        again.as_deref(),
+        Some(
+            "interface xl-rr-guard exists already (another exitless bench running?): \
+             `ip link del xl-rr-guard` if not"
+        )
+    );
+    assert!(sys.exists(), "the refused attempt leaves the tap alone");
+    drop(tap);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sys.exists() {
+        assert!(std::time::Instant::now() < deadline, "{sys:?} still there");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
