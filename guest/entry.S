@@ -40,9 +40,9 @@ user_entry:                     /* CPL 3 from here on */
  * enters _start (src/vm/boot.rs), at the same places (the contract's BOOT_*_ADDR), switch to
  * long mode (Intel SDM vol. 3 §10.8.5) and go the same way. About 4,000 ring-0 instructions and
  * as many rep-string iterations with 1 GiB pages (2 MiB pages add ~12,000): a few ms on this
- * host's emulated ring 0, against SeaBIOS's seconds. */
-#define PTE_TABLE   0x7                 /* present, writable, user (Intel SDM vol. 3 §4.5) */
-#define PTE_HUGE    0x80                /* a 1 GiB (PDPTE) or 2 MiB (PDE) page */
+ * host's emulated ring 0, against SeaBIOS's seconds. PDPT entry 4 and up stay zero with 2 MiB
+ * pages: probe.c looks there to see which map it has. */
+#define PTE_TABLE   (PTE_PRESENT | PTE_WRITABLE | PTE_USER)
 #define CR0_LONG    0x80010033          /* PG, WP, NE, ET, MP, PE: exitless's CR0 */
 #define CR4_PAE     0x20
 #define MSR_EFER    0xc0000080
@@ -89,9 +89,8 @@ multiboot_entry:
     cmpl    $(BOOT_PDPT_ADDR + 0x1000), %edi
     jne     1b
     jmp     4f
-    /* Without them, exitless's map: 0..4 GiB in 2 MiB pages (2048 entries, ~8 ms here). It
-     * holds everything the ops QEMU runs touch: RAM, ECAM, the APICs, 32-bit BARs (the MSI-X
-     * table of QEMU's virtio-net-pci is in BAR 1). */
+    /* Without them (this project's KVM offers none), exitless's map: 0..4 GiB in 2 MiB pages
+     * (2048 entries, a few ms here); probe.c maps 4..64 GiB at CPL 3, where that is fast. */
 2:  movl    $BOOT_PDPT_ADDR, %edi
     movl    $(BOOT_PD_ADDR | PTE_TABLE), %eax
 3:  movl    %eax, (%edi)

@@ -2402,6 +2402,25 @@ static u64 calibrate_tsc_khz(u16 pm_timer)
     return (rdtsc() - c0) * PM_TIMER_HZ / ((u64)ticks * 1000);
 }
 
+/* Without 1 GiB pages the multiboot entry maps 0..4 GiB (entry.S), but firmware may place
+ * 64-bit BARs higher: map 4..64 GiB in 2 MiB pages here, at CPL 3, where the 30,720 entries
+ * cost microseconds instead of the emulated ring 0's tenths of a second. The tables lie in
+ * identity-mapped user RAM; each PDPT entry goes from not present to present, which needs no
+ * invalidation (Intel SDM vol. 3 §4.10.4.3). */
+static void map_high_memory(void)
+{
+    volatile u64 *pdpt = (volatile u64 *)BOOT_PDPT_ADDR;
+    if (pdpt[BOOT_PD_COUNT] & PTE_PRESENT)
+        return; /* 1 GiB pages: 0..512 GiB are mapped */
+    for (u64 g = 0; g < HIGH_PD_COUNT; g++) {
+        u64 *pd = (u64 *)(HIGH_PD_ADDR + g * 0x1000);
+        u64 gib = BOOT_PD_COUNT + g;
+        for (u64 i = 0; i < 512; i++)
+            pd[i] = (gib << 30 | i << 21) | PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_HUGE;
+        pdpt[gib] = (u64)pd | PTE_PRESENT | PTE_WRITABLE | PTE_USER;
+    }
+}
+
 /* Fill the boot info exitless's VMM would have written: ECAM from the MCFG (PCI Firmware 3.2
  * §4.1.2: base, segment, first and last bus of the first allocation), the TSC frequency, no
  * virtio-mmio devices, no IOMMU; and copy the ops from fw_cfg. 0 if all was there. */
@@ -2513,6 +2532,7 @@ void probe_main(u64 loader_magic)
 {
     under_qemu = loader_magic == MULTIBOOT_BOOTLOADER_MAGIC;
     if (under_qemu) {
+        map_high_memory();
         const char *missing = qemu_boot_info();
         if (missing) {
             serial_puts("exitless probe: ");

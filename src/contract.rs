@@ -86,6 +86,20 @@ contract_consts! {
     BOOT_PD_ADDR: u64 = 0x8000;
     /// Number of page directories at `BOOT_PD_ADDR`.
     BOOT_PD_COUNT: u64 = 4;
+    /// Page-table entry bits (Intel SDM vol. 3 §4.5): present.
+    PTE_PRESENT: u64 = 1 << 0;
+    /// Writable.
+    PTE_WRITABLE: u64 = 1 << 1;
+    /// Reachable at CPL 3 (the probe's loops run there).
+    PTE_USER: u64 = 1 << 2;
+    /// A 1 GiB (PDPTE) or 2 MiB (PDE) page.
+    PTE_HUGE: u64 = 1 << 7;
+    /// Under QEMU without 1 GiB pages, page directories mapping 4–64 GiB in 2 MiB pages
+    /// (`HIGH_PD_COUNT` of them), which the probe fills at CPL 3, where it runs natively:
+    /// firmware may put 64-bit BARs up there. Free RAM below the EBDA in QEMU's map.
+    HIGH_PD_ADDR: u64 = 0x5_0000;
+    /// Page directories at `HIGH_PD_ADDR`: one per GiB from 4 to 64 GiB.
+    HIGH_PD_COUNT: u64 = 60;
     /// EAX at entry when a multiboot loader (QEMU's `-kernel`) started the probe (Multiboot
     /// 0.6.96 §3.2); exitless enters the probe in long mode directly, with RSI = 0.
     MULTIBOOT_BOOTLOADER_MAGIC: u64 = 0x2bad_b002;

@@ -12,6 +12,12 @@ pub mod contract {
     //! [`PORT_PHASE_BEGIN`], performs the op at CPL 3, fills [`OpResult`] `i` at
     //! [`RESULTS_ADDR`] and writes `i` to [`PORT_PHASE_END`]; the VMM attributes the exits in
     //! between to op `i`. Then the guest writes [`DONE_OK`] (or an error) to [`PORT_DONE`].
+    //!
+    //! Under QEMU (`crate::peer`) the same image enters through its multiboot header
+    //! ([`MULTIBOOT_BOOTLOADER_MAGIC`] in EAX), builds the tables at `BOOT_*_ADDR` itself, fills
+    //! the [`BootInfo`] from ACPI, reads the ops from the fw_cfg file [`QEMU_OPS_FILE`], runs
+    //! them as above, prints the results between [`DUMP_BEGIN`] and [`DUMP_END`] on
+    //! [`PORT_SERIAL`] and writes its status to [`QEMU_DEBUG_EXIT_PORT`].
     include!("contract.rs");
 }
 

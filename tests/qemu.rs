@@ -13,7 +13,7 @@ use exitless::contract::*;
 use exitless::machine::ops;
 use exitless::pci::PciAddress;
 use exitless::pci::regs::*;
-use exitless::peer::{PeerRun, Qemu, QemuMachine, QemuTap};
+use exitless::peer::{PeerError, PeerRun, Qemu, QemuMachine, QemuTap};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -67,6 +67,8 @@ fn the_pci_ops_read_the_same_functions_by_port_io_and_ecam_under_qemu() {
     }
     list.push(ops::cfg_read(METHOD_PIO, nic, 0x100, 4)); // beyond mechanism #1's reach
     list.push(ops::enumerate(METHOD_ECAM));
+    // Mapped for 64-bit BARs, though no RAM or device is there: nothing faults.
+    list.push(ops::mmio_read(63 << 30, 4));
     let run = boot(&qemu, &machine, &list);
     println!("{}: {:?} for the run", qemu.version(), run.wall);
 
@@ -95,6 +97,8 @@ fn the_pci_ops_read_the_same_functions_by_port_io_and_ecam_under_qemu() {
     );
     assert_eq!(header(5)[0], VIRTIO_NET_ID);
     assert_eq!(run.results[37].status, STATUS_UNSUPPORTED);
+
+    ok(&run, 39);
 
     let by_pio = ok(&run, 4).value;
     let by_ecam = ok(&run, 38).value;
@@ -185,6 +189,47 @@ fn msix_programming_enable_and_masks_work_on_qemus_virtio_net_and_sends_are_refu
             run.results[i]
         );
     }
+}
+
+#[test]
+fn a_run_past_its_time_limit_is_killed_and_says_so() {
+    let Some(qemu) = qemu() else { return };
+    let limit = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let e = qemu
+        .run_probe(&QemuMachine::default(), &[ops::ram_read_loop(1)], limit)
+        .expect_err("SeaBIOS alone takes longer");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "killed at its limit"
+    );
+    assert!(
+        matches!(e, PeerError::Timeout { limit: l, .. } if l == limit),
+        "{e}"
+    );
+    assert!(e.to_string().contains("did not finish within 300ms"), "{e}");
+}
+
+#[test]
+fn a_fault_under_qemu_ends_the_run_at_once_and_names_the_exception() {
+    let Some(qemu) = qemu() else { return };
+    // 1 TiB: beyond the probe's identity map (0-64 GiB, or 0-512 GiB in 1 GiB pages), so the
+    // read takes a page fault, vector 14.
+    let e = qemu
+        .run_probe(
+            &QemuMachine::default(),
+            &[ops::mmio_read(1 << 40, 4)],
+            LIMIT,
+        )
+        .expect_err("a page fault");
+    assert!(
+        matches!(&e, PeerError::Failed { status, .. } if status.code() == Some((14 << 1) | 1)),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("status 0xe in the low 7 bits"),
+        "{e}"
+    );
 }
 
 /// `bench rr --against qemu`'s counterpart: the probe's virtio-pci driver brings up QEMU's

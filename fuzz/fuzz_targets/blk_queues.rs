@@ -35,7 +35,13 @@ const TAIL: usize = 100;
 /// The file every run starts from: sector `n` filled with `n`, the tail with 0xee.
 fn image() -> Vec<u8> {
     (0..SECTORS * 512 + TAIL)
-        .map(|i| if i < SECTORS * 512 { (i / 512) as u8 } else { 0xee })
+        .map(|i| {
+            if i < SECTORS * 512 {
+                (i / 512) as u8
+            } else {
+                0xee
+            }
+        })
         .collect()
 }
 
@@ -87,7 +93,10 @@ fuzz_target!(|data: &[u8]| {
     if done && !health.needs_reset() {
         let avail = mem.read_obj::<u16>(GuestAddress(AVAIL + 2)).unwrap();
         let used = mem.read_obj::<u16>(GuestAddress(USED + 2)).unwrap();
-        assert_eq!(used, avail, "a healthy device with no work left completed every chain");
+        assert_eq!(
+            used, avail,
+            "a healthy device with no work left completed every chain"
+        );
     }
     let after = std::fs::read(path).unwrap();
     assert_eq!(after.len(), before.len(), "the file never changes size");

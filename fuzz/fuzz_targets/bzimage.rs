@@ -7,50 +7,34 @@
 //! (an independent reading, not the loader's constants): the "HdrS" magic, the command line
 //! through cmd_line_ptr, the initrd's bytes through ramdisk_image/ramdisk_size, an e820 map.
 //!
-//! Input: byte 0 is the initrd's length (0: no initrd), that many bytes of initrd follow, then
-//! the kernel.
+//! Input: see [`linux_loader::split`].
 
 use exitless::machine::run::bzimage::BzImage;
-use exitless::machine::{CpuMode, Loader, MachineInfo, MemoryLayout};
+use exitless::machine::{CpuMode, Loader, MachineInfo};
 use libfuzzer_sys::fuzz_target;
+
+mod linux_loader;
+use linux_loader::{CMDLINE, MEMORY, RAM, layout, split};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-
-/// RAM of the machine: enough for the firmware areas and a few MiB of kernel.
-const RAM: usize = 8 << 20;
-const CMDLINE: &str = "console=ttyS0 fuzz";
-
-thread_local! {
-    static MEMORY: GuestMemoryMmap =
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM)]).expect("guest memory");
-}
 
 fn read_u32(mem: &GuestMemoryMmap, at: u64) -> u32 {
     mem.read_obj(GuestAddress(at)).expect("inside RAM")
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&initrd_len, rest)) = data.split_first() else {
+    let Some((initrd, kernel)) = split(data) else {
         return;
     };
-    let (initrd, kernel) = rest.split_at(usize::from(initrd_len).min(rest.len()));
-    let initrd = (initrd_len > 0).then(|| initrd.to_vec());
     let Ok(image) = BzImage::parse(kernel.to_vec(), CMDLINE, initrd.clone()) else {
         return;
     };
     if image.check_fits(RAM as u64).is_err() {
         return;
     }
-    let layout = MemoryLayout::new(RAM, true).expect("a valid layout");
-    let machine = MachineInfo {
-        layout: &layout,
-        vcpus: 1,
-        tsc_khz: None,
-        acpi_tables: &[],
-    };
+    let layout = layout();
+    let machine = MachineInfo::one_vcpu(&layout);
     MEMORY.with(|mem| {
-        let entry = image
-            .load(mem, &machine)
-            .expect("an image that fits loads");
+        let entry = image.load(mem, &machine).expect("an image that fits loads");
         assert_eq!(entry.mode, CpuMode::LongMode);
         assert!(entry.regs.rip < RAM as u64, "entry {:#x}", entry.regs.rip);
         let zero_page = entry.regs.rsi;

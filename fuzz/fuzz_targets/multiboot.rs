@@ -26,12 +26,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let layout = MemoryLayout::new(RAM, true).expect("a valid layout");
-    let machine = MachineInfo {
-        layout: &layout,
-        vcpus: 1,
-        tsc_khz: None,
-        acpi_tables: &[],
-    };
+    let machine = MachineInfo::one_vcpu(&layout);
     let entry = MEMORY
         .with(|mem| kernel.load(mem, &machine))
         .expect("a kernel that fits loads");

@@ -6,55 +6,40 @@
 //! read back here at its own offsets) that carries the magic, the command line and the initrd as
 //! module 0.
 //!
-//! Input: byte 0 is the initrd's length (0: no initrd), that many bytes of initrd follow, then
-//! the kernel.
+//! Input: see [`linux_loader::split`].
 
 use exitless::machine::run::pvh::{PvhKernel, pvh_entry};
-use exitless::machine::{CpuMode, Loader, MachineInfo, MemoryLayout};
+use exitless::machine::{CpuMode, Loader, MachineInfo};
 use libfuzzer_sys::fuzz_target;
+
+mod linux_loader;
+use linux_loader::{CMDLINE, MEMORY, RAM, layout, split};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-const RAM: usize = 8 << 20;
-const CMDLINE: &str = "console=ttyS0 fuzz";
 /// `XEN_HVM_START_MAGIC_VALUE`.
 const START_INFO_MAGIC: u32 = 0x336e_c578;
-
-thread_local! {
-    static MEMORY: GuestMemoryMmap =
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM)]).expect("guest memory");
-}
 
 fn read<T: vm_memory::ByteValued>(mem: &GuestMemoryMmap, at: u64) -> T {
     mem.read_obj(GuestAddress(at)).expect("inside RAM")
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&initrd_len, rest)) = data.split_first() else {
+    let Some((initrd, kernel)) = split(data) else {
         return;
     };
-    let (initrd, kernel) = rest.split_at(usize::from(initrd_len).min(rest.len()));
-    let initrd = (initrd_len > 0).then(|| initrd.to_vec());
     let Some(entry_point) = pvh_entry(kernel) else {
         return;
     };
-    let Ok(image) = PvhKernel::parse(kernel.to_vec(), entry_point, CMDLINE, initrd.clone())
-    else {
+    let Ok(image) = PvhKernel::parse(kernel.to_vec(), entry_point, CMDLINE, initrd.clone()) else {
         return;
     };
     if image.check_fits(RAM as u64).is_err() {
         return;
     }
-    let layout = MemoryLayout::new(RAM, true).expect("a valid layout");
-    let machine = MachineInfo {
-        layout: &layout,
-        vcpus: 1,
-        tsc_khz: None,
-        acpi_tables: &[],
-    };
+    let layout = layout();
+    let machine = MachineInfo::one_vcpu(&layout);
     MEMORY.with(|mem| {
-        let entry = image
-            .load(mem, &machine)
-            .expect("a kernel that fits loads");
+        let entry = image.load(mem, &machine).expect("a kernel that fits loads");
         assert_eq!(entry.mode, CpuMode::Protected32);
         assert_eq!(entry.regs.rip, entry_point);
         let info = entry.regs.rbx;

@@ -24,6 +24,19 @@ pub struct MachineInfo<'a> {
     pub acpi_tables: &'a [Vec<u8>],
 }
 
+impl<'a> MachineInfo<'a> {
+    /// A machine of one vCPU with `layout`, no TSC rate known and no device tables: what the
+    /// loaders' tests and fuzz targets load into.
+    pub fn one_vcpu(layout: &'a MemoryLayout) -> Self {
+        MachineInfo {
+            layout,
+            vcpus: 1,
+            tsc_khz: None,
+            acpi_tables: &[],
+        }
+    }
+}
+
 /// The processor mode the boot vCPU starts in; sets its special registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CpuMode {

@@ -71,6 +71,24 @@ pub enum PeerError {
     /// More ops than the contract holds.
     #[error("{0} ops requested; the probe holds at most {max}", max = crate::contract::MAX_OPS)]
     TooManyOps(usize),
+    /// Too little RAM for the probe.
+    #[error(
+        "{mib} MiB of RAM is too little: the probe and the firmware's tables need {need_mib} MiB"
+    )]
+    Memory {
+        /// RAM asked for.
+        mib: u32,
+        /// RAM needed.
+        need_mib: u64,
+    },
+    /// Functions that do not fit on q35's bus 0.
+    #[error("{count} functions from slot {first} do not fit on bus 0: q35 has slots 1 to 30 free")]
+    Slots {
+        /// The first function's slot.
+        first: u8,
+        /// Functions asked for.
+        count: u8,
+    },
     /// The run did not end in time; the VMM was killed.
     #[error("the probe under {vmm} did not finish within {limit:?}; serial output:\n{serial}")]
     Timeout {

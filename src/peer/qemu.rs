@@ -18,9 +18,10 @@
 //! SeaBIOS boots it (about 4–6 s on this project's hosts, most of a run), assigns the BARs and
 //! turns decoding on; QEMU's own virtio-net-pci devices keep QEMU's defaults (ioeventfd on).
 //! What works there: the `pci` scenario's ops (RAM and config read loops by port I/O and ECAM,
-//! enumeration) and MSI-X programming, Enable, masking and `msix_check` without sends. Ops
-//! that need exitless's test port or built-in backends (`PORT_MSIX_SEND`, request/response,
-//! the hostile burst, the VT-d driver) end with `STATUS_UNSUPPORTED`.
+//! enumeration), MSI-X programming, Enable, masking and `msix_check` without sends, and the
+//! virtio-net driver with ICMP echo through a [`QemuTap`]. Ops that need exitless's test port
+//! or built-in backends (`PORT_MSIX_SEND`, the built-in request/response, the hostile burst,
+//! the VT-d driver) end with `STATUS_UNSUPPORTED`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -33,11 +34,14 @@ use zerocopy::IntoBytes;
 
 use super::{PeerError, PeerRun, dump};
 use crate::contract::{MAX_OPS, Op, QEMU_DEBUG_EXIT_PORT, QEMU_OPS_FILE};
-use crate::machine::probe::PROBE_IMAGE;
+use crate::machine::probe::{PROBE_IMAGE, PROBE_MIN_RAM};
 use crate::pci::PciAddress;
 
 const BINARY: &str = "qemu-system-x86_64";
 const PACKAGE: &str = "qemu-system-x86";
+
+/// The last slot of q35's bus 0 free for devices: 31 holds the LPC bridge, SATA and SMBus.
+const LAST_FREE_SLOT: u16 = 30;
 
 /// QEMU's exit status when the probe wrote `DONE_OK` (0) to isa-debug-exit: `(0 << 1) | 1`.
 const EXIT_DONE_OK: i32 = 1;
@@ -91,9 +95,31 @@ impl Default for QemuMachine {
 }
 
 impl QemuMachine {
-    /// The address of virtio-net function `i`.
+    /// The address of virtio-net function `i` (slot `first_slot + i`; [`Qemu::run_probe`]
+    /// refuses machines whose functions do not fit in slots 1 to 30).
     pub fn virtio_net_function(&self, i: u8) -> PciAddress {
-        PciAddress::new(0, self.first_slot + i, 0).expect("a slot below 31")
+        PciAddress::new(0, self.first_slot.saturating_add(i), 0).expect("a slot below 31")
+    }
+
+    /// Whether the probe fits in the RAM and the functions between the host bridge (slot 0)
+    /// and q35's own devices (31).
+    fn check(&self) -> Result<(), PeerError> {
+        // SeaBIOS puts the ACPI tables at the top of RAM, above everything the probe uses.
+        let need_mib = PROBE_MIN_RAM.div_ceil(1 << 20) + 1;
+        if u64::from(self.memory_mib) < need_mib {
+            return Err(PeerError::Memory {
+                mib: self.memory_mib,
+                need_mib,
+            });
+        }
+        let end = u16::from(self.first_slot) + u16::from(self.virtio_net);
+        if self.first_slot == 0 || end > LAST_FREE_SLOT + 1 {
+            return Err(PeerError::Slots {
+                first: self.first_slot,
+                count: self.virtio_net,
+            });
+        }
+        Ok(())
     }
 
     /// MSI-X table entries of each virtio-net function.
@@ -154,14 +180,12 @@ impl QemuMachine {
 impl Qemu {
     /// Finds `qemu-system-x86_64` on PATH and asks it its version.
     pub fn find() -> Result<Qemu, PeerError> {
-        let not_found = PeerError::NotFound {
-            binary: BINARY,
-            package: PACKAGE,
-        };
-        let path = std::env::var_os("PATH").ok_or(not_found)?;
-        let binary = std::env::split_paths(&path)
-            .map(|dir| dir.join(BINARY))
-            .find(|p| p.is_file())
+        let binary = std::env::var_os("PATH")
+            .and_then(|path| {
+                std::env::split_paths(&path)
+                    .map(|dir| dir.join(BINARY))
+                    .find(|p| p.is_file())
+            })
             .ok_or(PeerError::NotFound {
                 binary: BINARY,
                 package: PACKAGE,
@@ -198,6 +222,7 @@ impl Qemu {
         if ops.len() as u64 > MAX_OPS {
             return Err(PeerError::TooManyOps(ops.len()));
         }
+        machine.check()?;
         let io = |what: &str| {
             let what = what.to_owned();
             move |source| PeerError::Io { what, source }
@@ -288,7 +313,9 @@ fn meaning(status: ExitStatus) -> String {
                     (-no-reboot) or QEMU's own error"
             .into(),
         Some(c) if c & 1 == 1 => format!(
-            "the probe ended with DONE status {:#x} (low 7 bits), not DONE_OK",
+            "the probe ended with status {:#x} in the low 7 bits, not DONE_OK: \
+             DONE_BAD_BOOT_INFO is 1 (the serial output says what it missed), CPU exception \
+             n is DONE_EXCEPTION + n",
             c >> 1
         ),
         Some(c) => format!("QEMU's own failure, status {c}"),
@@ -301,4 +328,70 @@ fn read_lossy(path: &Path) -> String {
     fs::read(path)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_function_gets_its_slot_and_the_vectors_of_its_queue_pairs() {
+        let machine = QemuMachine {
+            virtio_net: 2,
+            queue_pairs: 32,
+            first_slot: 4,
+            ..QemuMachine::default()
+        };
+        let args = machine.args().join(" ");
+        assert!(
+            args.contains(
+                "-device virtio-net-pci,addr=0x4,mq=on,vectors=65,romfile= \
+                 -device virtio-net-pci,addr=0x5,mq=on,vectors=65,romfile="
+            ),
+            "{args}"
+        );
+        assert!(args.contains("-device isa-debug-exit,iobase=0xf4,iosize=4"));
+        assert_eq!(machine.virtio_net_function(1).to_string(), "00:05.0");
+    }
+
+    #[test]
+    fn functions_off_the_free_slots_are_refused() {
+        let fits = |first_slot, virtio_net| {
+            QemuMachine {
+                virtio_net,
+                first_slot,
+                ..QemuMachine::default()
+            }
+            .check()
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(fits(1, 30), Ok(()));
+        assert_eq!(
+            fits(2, 30),
+            Err("30 functions from slot 2 do not fit on bus 0: q35 has slots 1 to 30 free".into())
+        );
+        assert!(fits(0, 1).is_err(), "slot 0 is the host bridge's");
+        let small = QemuMachine {
+            memory_mib: 15,
+            ..QemuMachine::default()
+        };
+        assert_eq!(
+            small.check().unwrap_err().to_string(),
+            "15 MiB of RAM is too little: the probe and the firmware's tables need 16 MiB"
+        );
+    }
+
+    #[test]
+    fn the_exit_status_says_how_the_probe_ended() {
+        use std::os::unix::process::ExitStatusExt;
+        let status = |code: i32| ExitStatus::from_raw(code << 8);
+        assert!(meaning(status(0)).contains("triple fault"));
+        // DONE_BAD_BOOT_INFO (1) written to isa-debug-exit: (1 << 1) | 1.
+        assert!(
+            meaning(status(3)).starts_with("the probe ended with status 0x1 in the low 7 bits"),
+            "{}",
+            meaning(status(3))
+        );
+        assert!(meaning(ExitStatus::from_raw(9)).contains("signal"));
+    }
 }

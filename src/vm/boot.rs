@@ -12,8 +12,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::contract::{
     BOOT_GDT_ADDR, BOOT_PD_ADDR, BOOT_PD_COUNT, BOOT_PDPT_ADDR, BOOT_PML4_ADDR, BOOT_TSS_ADDR,
-    INTERRUPT_STACK_TOP, KERNEL_CS, KERNEL_DS, PROBE_LOAD_ADDR, PROBE_STACK_TOP, TSS_IOMAP_BASE,
-    TSS_IOMAP_LEN, TSS_SELECTOR, USER_CS, USER_DS,
+    INTERRUPT_STACK_TOP, KERNEL_CS, KERNEL_DS, PROBE_LOAD_ADDR, PROBE_STACK_TOP, PTE_HUGE,
+    PTE_PRESENT, PTE_USER, PTE_WRITABLE, TSS_IOMAP_BASE, TSS_IOMAP_LEN, TSS_SELECTOR, USER_CS,
+    USER_DS,
 };
 
 // The tables' places are in the contract: the probe's multiboot entry (guest/entry.S) builds
@@ -28,12 +29,6 @@ const TSS_SIZE: usize = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as usize;
 /// kernel must not rely on either (Multiboot 0.6.96 §3.2: "GDTR may be invalid").
 const FLAT32_CS: u16 = 0x08;
 const FLAT32_DS: u16 = 0x10;
-
-// Page-table entry bits (Intel SDM vol. 3 §4.5): present, writable, user, 2 MiB page.
-const PTE_PRESENT: u64 = 1 << 0;
-const PTE_WRITABLE: u64 = 1 << 1;
-const PTE_USER: u64 = 1 << 2;
-const PTE_HUGE: u64 = 1 << 7;
 
 // Control register bits (Intel SDM vol. 3 §2.5).
 const CR0_PE: u64 = 1 << 0;

@@ -393,15 +393,28 @@ mod tests {
         }
     }
 
+    /// A 16 MiB VM with `code` at the probe's load address and vCPU 0 about to run it in long
+    /// mode at CPL 0 (the VM must outlive the vCPU's run).
+    fn vcpu_running(code: &[u8]) -> (Vm, Vcpu) {
+        use crate::contract::PROBE_LOAD_ADDR;
+        use vm_memory::{Bytes, GuestAddress};
+        let vm = Vm::new(16 << 20).unwrap();
+        boot::write_tables(vm.memory()).unwrap();
+        vm.memory()
+            .write_slice(code, GuestAddress(PROBE_LOAD_ADDR))
+            .unwrap();
+        install_kick_handler().unwrap();
+        let vcpu = Vcpu::new(&vm, 0).unwrap();
+        vcpu.set_entry(&boot::entry_regs(0), boot::long_mode_sregs)
+            .unwrap();
+        (vm, vcpu)
+    }
+
     /// End to end through KVM and the `kvm_run` view. Hardware KVM reports the string as one
     /// exit with count 3; this host's software KVM (kvm_pvm, ring 0 emulated) exits once per
     /// element, so here the test shows the bytes arrive, the synthetic one above the split.
     #[test]
     fn a_guest_rep_outsb_is_dispatched_byte_by_byte() {
-        use crate::contract::PROBE_LOAD_ADDR;
-        use vm_memory::{Bytes, GuestAddress};
-        let vm = Vm::new(16 << 20).unwrap();
-        boot::write_tables(vm.memory()).unwrap();
         #[rustfmt::skip]
         let code: &[u8] = &[
             0x48, 0x8d, 0x35, 0x10, 0, 0, 0, // lea rsi, [rip + 16] (the string)
@@ -412,13 +425,7 @@ mod tests {
             0xee,                            // out dx, al: done
             b'h', b'i', b'!',
         ];
-        vm.memory()
-            .write_slice(code, GuestAddress(PROBE_LOAD_ADDR))
-            .unwrap();
-        install_kick_handler().unwrap();
-        let vcpu = Vcpu::new(&vm, 0).unwrap();
-        vcpu.set_entry(&boot::entry_regs(0), boot::long_mode_sregs)
-            .unwrap();
+        let (_vm, vcpu) = vcpu_running(code);
         let control = Arc::new(RunControl::default());
         let mut io = IoBuses::default();
         let rec = Arc::new(Recorder::default());
@@ -448,17 +455,8 @@ mod tests {
     #[test]
     fn an_instruction_kvm_cannot_emulate_is_named_by_its_bytes() {
         use crate::contract::PROBE_LOAD_ADDR;
-        use vm_memory::{Bytes, GuestAddress};
-        let vm = Vm::new(16 << 20).unwrap();
-        boot::write_tables(vm.memory()).unwrap();
         let code: &[u8] = &[0x90, 0xcc, 0x0f, 0x0b]; // nop; int3; ud2
-        vm.memory()
-            .write_slice(code, GuestAddress(PROBE_LOAD_ADDR))
-            .unwrap();
-        install_kick_handler().unwrap();
-        let vcpu = Vcpu::new(&vm, 0).unwrap();
-        vcpu.set_entry(&boot::entry_regs(0), boot::long_mode_sregs)
-            .unwrap();
+        let (_vm, vcpu) = vcpu_running(code);
         let control = Arc::new(RunControl::default());
         let io = IoBuses::default();
         vcpu.run(&io, &ExitCounters::new(0), &control);
@@ -481,18 +479,7 @@ mod tests {
     #[test]
     fn code_is_read_through_the_guest_page_tables() {
         use crate::contract::PROBE_LOAD_ADDR;
-        use vm_memory::{Bytes, GuestAddress};
-        let vm = Vm::new(16 << 20).unwrap();
-        boot::write_tables(vm.memory()).unwrap();
-        vm.memory()
-            .write_slice(
-                &[0xf0, 0x48, 0x0f, 0xc7, 0x0e],
-                GuestAddress(PROBE_LOAD_ADDR),
-            )
-            .unwrap();
-        let vcpu = Vcpu::new(&vm, 0).unwrap();
-        vcpu.set_entry(&boot::entry_regs(0), boot::long_mode_sregs)
-            .unwrap();
+        let (_vm, vcpu) = vcpu_running(&[0xf0, 0x48, 0x0f, 0xc7, 0x0e]);
         let code = vcpu.code_at(PROBE_LOAD_ADDR).unwrap();
         assert_eq!(code.len(), MAX_INSTRUCTION_BYTES);
         assert_eq!(code[..5], [0xf0, 0x48, 0x0f, 0xc7, 0x0e]); // lock cmpxchg16b [rsi]

@@ -5,10 +5,11 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zerocopy::IntoBytes;
 
 use crate::contract::{
-    BOOT_INFO_ADDR, BOOT_INFO_MAGIC, BootInfo, DMA_ADDR, DMA_SIZE, ENUM_ADDR, EXPOSURE_BUCKETS,
-    EnumRecord, IOMMU_REPORT_ADDR, IOMMU_TABLES_ADDR, IOMMU_TABLES_SIZE, IommuReport,
-    MAX_ENUM_RECORDS, MAX_IOMMU_REPORTS, MAX_OPS, MAX_VIRTIO_MMIO, OPS_ADDR, Op, OpResult,
-    PROBE_LOAD_ADDR, PROBE_MAX_SIZE, RAM_SCRATCH_ADDR, RAM_SCRATCH_SIZE, RESULTS_ADDR,
+    BOOT_INFO_ADDR, BOOT_INFO_MAGIC, BOOT_PD_COUNT, BootInfo, DMA_ADDR, DMA_SIZE, ENUM_ADDR,
+    EXPOSURE_BUCKETS, EnumRecord, HIGH_PD_ADDR, HIGH_PD_COUNT, IOMMU_REPORT_ADDR,
+    IOMMU_TABLES_ADDR, IOMMU_TABLES_SIZE, IommuReport, MAX_ENUM_RECORDS, MAX_IOMMU_REPORTS,
+    MAX_OPS, MAX_VIRTIO_MMIO, OPS_ADDR, Op, OpResult, PROBE_LOAD_ADDR, PROBE_MAX_SIZE,
+    RAM_SCRATCH_ADDR, RAM_SCRATCH_SIZE, RESULTS_ADDR,
 };
 use crate::machine::layout::VIRTIO_MMIO_SLOTS;
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -24,6 +25,13 @@ const _: () = assert!(
         && ENUM_ADDR + MAX_ENUM_RECORDS * size_of::<EnumRecord>() as u64 <= IOMMU_REPORT_ADDR
         && IOMMU_REPORT_ADDR + MAX_IOMMU_REPORTS * size_of::<IommuReport>() as u64
             <= PROBE_LOAD_ADDR
+);
+// The probe's own page directories for 4–64 GiB under QEMU lie after the IOMMU report slots
+// and end below the EBDA (at 0x9FC00 in QEMU's map), one per GiB.
+const _: () = assert!(
+    IOMMU_REPORT_ADDR + MAX_IOMMU_REPORTS * size_of::<IommuReport>() as u64 <= HIGH_PD_ADDR
+        && HIGH_PD_ADDR + HIGH_PD_COUNT * 0x1000 <= 0x9_f000
+        && BOOT_PD_COUNT + HIGH_PD_COUNT == 64
 );
 // The VT-d structures sit between the RAM scratch page and the driver area; the report's
 // histogram has the contract's bucket count.

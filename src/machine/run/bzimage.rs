@@ -493,12 +493,7 @@ mod tests {
     fn it_loads_at_1_mib_with_a_zero_page_of_the_header_e820_cmdline_and_initrd() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
         let layout = MemoryLayout::new(64 << 20, true).unwrap();
-        let info = MachineInfo {
-            layout: &layout,
-            vcpus: 1,
-            tsc_khz: None,
-            acpi_tables: &[],
-        };
+        let info = MachineInfo::one_vcpu(&layout);
         let k = BzImage::parse(image(), "console=ttyS0", Some(vec![0xab; 0x3000])).unwrap();
         let entry = k.load(&mem, &info).unwrap();
         assert_eq!(entry.mode, CpuMode::LongMode);
@@ -543,12 +538,7 @@ mod tests {
     fn without_an_initrd_the_kernel_sees_none_whatever_the_file_says() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
         let layout = MemoryLayout::new(64 << 20, true).unwrap();
-        let info = MachineInfo {
-            layout: &layout,
-            vcpus: 1,
-            tsc_khz: None,
-            acpi_tables: &[],
-        };
+        let info = MachineInfo::one_vcpu(&layout);
         let mut f = image();
         put(&mut f, RAMDISK_IMAGE, &0xc1c1_c1c1u32.to_le_bytes());
         put(&mut f, RAMDISK_SIZE, &0xc1c1_c1c1u32.to_le_bytes());

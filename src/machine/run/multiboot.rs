@@ -967,12 +967,7 @@ mod tests {
     fn a_machine_without_room_for_the_firmware_areas_is_refused() {
         let (mem, layout) = machine(1);
         let kernel = MultibootKernel::parse(elf32(&[TEXT]), "").unwrap();
-        let info = MachineInfo {
-            layout: &layout,
-            vcpus: 1,
-            tsc_khz: None,
-            acpi_tables: &[],
-        };
+        let info = MachineInfo::one_vcpu(&layout);
         let e = kernel.load(&mem, &info).expect_err("1 MiB");
         assert!(
             matches!(e, LoadError::RamTooSmall { need: MIN_RAM, .. }),

@@ -428,12 +428,7 @@ mod tests {
     fn it_enters_at_the_note_with_ebx_the_start_info() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
         let layout = MemoryLayout::new(64 << 20, true).unwrap();
-        let info = MachineInfo {
-            layout: &layout,
-            vcpus: 1,
-            tsc_khz: None,
-            acpi_tables: &[],
-        };
+        let info = MachineInfo::one_vcpu(&layout);
         let k = PvhKernel::parse(
             vmlinux(&entry_note()),
             ENTRY,
