@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use common::run;
 use exitless::bench::host_tap::{HostTap, TapLink};
+use exitless::bench::rr::RrBench;
 use exitless::contract::*;
 use exitless::machine::ops;
 use exitless::pci::PciAddress;
 use exitless::pci::regs::*;
-use exitless::peer::{PeerError, PeerRun, Qemu, QemuMachine, QemuTap};
+use exitless::peer::{PeerError, PeerRun, Qemu, QemuMachine};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -247,14 +248,8 @@ fn icmp_echo_through_qemus_virtio_net_pci_on_a_tap_is_answered_by_the_host_kerne
         }
     };
     let l = tap.link();
-    let machine = QemuMachine {
-        virtio_net: 1,
-        tap: Some(QemuTap {
-            ifname: l.name.clone(),
-            mac: l.guest_mac,
-        }),
-        ..QemuMachine::default()
-    };
+    // The bench's own machine for the comparison.
+    let machine = RrBench::default().peer_plan(l).machine;
     let f = machine.virtio_net_function(0);
     let n = 200;
     let list = [
