@@ -8,6 +8,7 @@
 //! then runs `ip link del`; the tap's address and neighbour entry go with it.
 
 use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -66,8 +67,11 @@ impl HostTap {
                  `ip link del {name}` if not"
             ));
         }
+        // In a process group of its own, so that a ^C at the terminal, which ends the bench,
+        // leaves the helper to clean up after it.
         let helper = Command::new("sh")
             .args(["-c", "read _; exec ip link del \"$0\"", &name])
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
