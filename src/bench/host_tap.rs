@@ -98,13 +98,17 @@ impl HostTap {
                 "permanent",
             ],
         ];
+        let ipv6_off = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
         for (i, step) in steps.into_iter().enumerate() {
             ip(step).map_err(|e| {
-                format!("cannot make host tap {name} ({e}): the bench needs root or CAP_NET_ADMIN and /dev/net/tun")
+                format!(
+                    "cannot make host tap {name} ({e}): the bench needs root or \
+                     CAP_NET_ADMIN and /dev/net/tun"
+                )
             })?;
             if i == 0 {
                 // A kernel without IPv6 has nothing to silence.
-                let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+                let _ = std::fs::write(&ipv6_off, "1");
             }
         }
         Ok(tap)
@@ -129,7 +133,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("ip: {e}"))?;
+        .map_err(|e| format!("ip (iproute2): {e}"))?;
     if out.status.success() {
         Ok(())
     } else {

@@ -175,7 +175,7 @@ impl RrBench {
                 variant: TAP_VARIANT,
                 ops: vec![1],
                 per_op: self.transactions.max(1),
-                path: "virtio-net-pci on the same tap: ioeventfd doorbells, its main loop, vhost off",
+                path: "its virtio-net-pci on the same tap, ioeventfd doorbells, no vhost",
                 control: false,
             }],
             timeout: self.timeout,
