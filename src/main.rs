@@ -16,7 +16,7 @@ use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
 use exitless::inspect;
 use exitless::machine::run::{RunConfig, RunError};
 use exitless::machine::{
-    Console, DiskConfig, NetBackendKind, ProbeConfig, Transport, VirtioNetConfig,
+    Console, DiskConfig, MAX_QUEUE_PAIRS, NetBackendKind, ProbeConfig, Transport, VirtioNetConfig,
 };
 use exitless::pci::EcamMode;
 use exitless::peer::Qemu;
@@ -126,6 +126,19 @@ struct RunArgs {
 
 /// Boot the kernel; the status to exit with.
 fn run(args: RunArgs) -> Result<u8, String> {
+    // A second open of the same single-queue tap is refused as busy, which would blame
+    // another process. (A BTreeSet: a HashSet's random seed needs getrandom, which the
+    // main thread's filter refuses.)
+    let mut taps = std::collections::BTreeSet::new();
+    for net in &args.net {
+        if let NetBackendKind::Tap(name) = &net.backend
+            && !taps.insert(name)
+        {
+            return Err(format!(
+                "--net tap={name} given twice: each device needs a tap of its own"
+            ));
+        }
+    }
     let console = match args.console.as_str() {
         "stdio" => Console::Stdio,
         path => Console::File(path.into()),
@@ -199,8 +212,8 @@ fn parse_net(s: &str) -> Result<VirtioNetConfig, String> {
                 net.queue_pairs = n
                     .parse()
                     .ok()
-                    .filter(|&n| n >= 1)
-                    .ok_or(format!("queues={n}: a number of queue pairs, 1 or more"))?;
+                    .filter(|&n| (1..=MAX_QUEUE_PAIRS).contains(&usize::from(n)))
+                    .ok_or(format!("queues={n}: 1 to {MAX_QUEUE_PAIRS} queue pairs"))?;
             }
             Some(("transport", "pci")) => net.transport = Transport::Pci,
             // QueueNotify with its queue index: the doorbell a standard driver uses never
@@ -218,17 +231,19 @@ fn parse_net(s: &str) -> Result<VirtioNetConfig, String> {
     Ok(net)
 }
 
-/// Six hexadecimal bytes separated by colons, unicast (bit 0 of the first byte clear: a
+/// Six hexadecimal bytes separated by colons, not all zero (no station has that address),
+/// unicast (bit 0 of the first byte clear: a
 /// multicast source address is invalid, IEEE 802-2014 §8.2).
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
-    let bad = || format!("mac={s}: six hexadecimal bytes, xx:xx:xx:xx:xx:xx, unicast");
+    let bad =
+        || format!("mac={s}: six hexadecimal bytes, xx:xx:xx:xx:xx:xx, unicast, not all zero");
     let mut mac = [0u8; 6];
     let mut bytes = s.split(':');
     for b in &mut mac {
         let part = bytes.next().filter(|p| p.len() == 2).ok_or_else(bad)?;
         *b = u8::from_str_radix(part, 16).map_err(|_| bad())?;
     }
-    if bytes.next().is_some() || mac[0] & 1 != 0 {
+    if bytes.next().is_some() || mac[0] & 1 != 0 || mac == [0; 6] {
         return Err(bad());
     }
     Ok(mac)

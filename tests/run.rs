@@ -363,7 +363,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
     std::fs::write(&cut, &elf[..0x1100]).unwrap();
     let good = kernel("testkernel.elf");
     let good = good.to_str().unwrap();
-    let cases: [(&[&str], &str); 19] = [
+    let cases: [(&[&str], &str); 21] = [
         (
             &[],
             "the following required arguments were not provided: --kernel <FILE>",
@@ -430,6 +430,11 @@ fn every_bad_input_gets_one_line_and_status_2() {
             &["--kernel", good, "--net", "tap=an-interface-name"],
             "tap name `an-interface-name`: an interface name is 1 to 15 bytes",
         ),
+        (
+            &["--kernel", good, "--net", "tap=t0", "--net", "tap=t0"],
+            "--net tap=t0 given twice",
+        ),
+        (&["--kernel", good, "--net", "tap=t%d"], "tap name `t%d`"),
         // An interface that is not a tap (or, without /dev/net/tun, no TUN/TAP driver).
         (&["--kernel", good, "--net", "tap=lo"], "cannot open"),
     ];

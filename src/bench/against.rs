@@ -116,6 +116,8 @@ impl PeerResult {
             .iter()
             .filter(compared)
             .filter_map(|v| Some((v.name.as_str(), v.vs_peer()?)))
+            // An op the peer could not time has no ratio, rather than the worst one.
+            .filter(|(_, ratio)| ratio.is_finite())
             .max_by(|a, b| a.1.total_cmp(&b.1));
         if let Some((name, ratio)) = worst {
             report.targets.push(TargetCheck {
@@ -130,6 +132,7 @@ impl PeerResult {
                 .iter()
                 .find(|v| v.name == *name)
                 .and_then(Variant::vs_peer)
+                .filter(|r| r.is_finite())
             else {
                 continue;
             };

@@ -24,6 +24,8 @@
 //! the VT-d driver) end with `STATUS_UNSUPPORTED`.
 
 use std::fs;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
@@ -249,10 +251,20 @@ impl Qemu {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&stderr).map_err(io("create QEMU's stderr file"))?);
+        // SAFETY: the closure runs in the child between fork and exec and only makes prctl,
+        // which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                // QEMU dies with the thread that started it, even if exitless is killed.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         let started = Instant::now();
-        let child = cmd
-            .spawn()
-            .map_err(io(&format!("run {}", self.binary.display())))?;
+        let child = Running(
+            cmd.spawn()
+                .map_err(io(&format!("run {}", self.binary.display())))?,
+        );
         let status = wait(child, started + timeout).map_err(io("wait for QEMU"))?;
         let wall = started.elapsed();
         let serial = read_lossy(&serial);
@@ -260,7 +272,7 @@ impl Qemu {
             return Err(PeerError::Timeout {
                 vmm: self.version.clone(),
                 limit: timeout,
-                serial,
+                serial: tail(&serial),
             });
         };
         if status.code() != Some(EXIT_DONE_OK) {
@@ -268,8 +280,8 @@ impl Qemu {
                 vmm: self.version.clone(),
                 meaning: meaning(status),
                 status,
-                stderr: read_lossy(&stderr),
-                serial,
+                stderr: tail(&read_lossy(&stderr)),
+                serial: tail(&serial),
             });
         }
         let dump = dump::parse(&serial)?;
@@ -289,17 +301,29 @@ impl Qemu {
     }
 }
 
+/// A QEMU process that is killed and reaped when dropped, on every path out of a run (an
+/// error while waiting included), so it never outlives the run or writes into its removed
+/// directory.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// Waits for `child` until `deadline`: its status, or `None` once it was killed for running
 /// past it.
-fn wait(mut child: Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
+fn wait(mut child: Running, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
     loop {
-        if let Some(status) = child.try_wait()? {
+        if let Some(status) = child.0.try_wait()? {
             return Ok(Some(status));
         }
         if Instant::now() >= deadline {
-            child.kill()?;
-            child.wait()?;
-            return Ok(None);
+            return Ok(None); // dropping `child` kills and reaps it
         }
         thread::sleep(Duration::from_millis(20));
     }
@@ -323,11 +347,24 @@ fn meaning(status: ExitStatus) -> String {
     }
 }
 
-/// A file QEMU wrote, as text; empty if it wrote none.
+/// Most of a file QEMU wrote that is read: a whole dump of `MAX_OPS` results and
+/// `MAX_ENUM_RECORDS` records is a few hundred KiB; a guest printing without end is cut here.
+const READ_LIMIT: u64 = 4 << 20;
+
+/// A file QEMU wrote, as text, up to [`READ_LIMIT`] bytes; empty if it wrote none.
 fn read_lossy(path: &Path) -> String {
-    fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    let mut bytes = Vec::new();
+    let _ = fs::File::open(path).and_then(|f| f.take(READ_LIMIT).read_to_end(&mut bytes));
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The last lines of what QEMU printed, for an error: enough to see where it stopped.
+fn tail(text: &str) -> String {
+    const KEEP: usize = 2048;
+    match text.char_indices().rev().nth(KEEP) {
+        Some((cut, _)) => format!("[… {cut} bytes before]{}", &text[cut..]),
+        None => text.to_owned(),
+    }
 }
 
 #[cfg(test)]

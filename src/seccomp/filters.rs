@@ -173,6 +173,10 @@ fn device() -> Vec<Allowed> {
                 KVM_SIGNAL_MSI(),
                 KVM_SET_GSI_ROUTING(),
                 KVM_IRQFD(),
+                // A multiqueue tap's queues attached and detached as the driver enables its
+                // pairs (VQ_PAIRS_SET, reset); the main thread detaches all but the first as
+                // it builds the device.
+                libc::TUNSETQUEUE,
             ],
         ),
     ]

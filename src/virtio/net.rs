@@ -43,12 +43,18 @@ pub trait NetBackend: Send {
     /// A file that becomes readable when frames arrive from outside (a tap), for the device
     /// thread to wait on, edge-triggered. Frames are taken only while the driver has receive
     /// buffers (one ahead, held for the next buffer): the rest stay in the backend (the
-    /// kernel's queue, for a tap) until the driver adds buffers and kicks, and the device
+    /// kernel's queue for a tap, which drops frames past its length) until the driver adds
+    /// buffers and kicks, and the device
     /// thread does not spin on a readable file meanwhile. Backends that only answer
     /// transmitted frames have none.
     fn wake_fd(&self) -> Option<RawFd> {
         None
     }
+    /// The driver enabled (`true`) or disabled this backend's queue pair: VQ_PAIRS_SET, or a
+    /// reset, after which only the first pair is enabled (virtio 1.2 §5.1.6.5.5). A backend
+    /// fed from outside (a multiqueue tap) must then stop taking frames for a disabled pair,
+    /// or they are lost: no driver fills its receive queue. Others need do nothing.
+    fn set_enabled(&mut self, _enabled: bool) {}
 }
 
 /// Answers every transmitted frame with one frame of `response_size` bytes, as netperf TCP_RR
@@ -146,7 +152,7 @@ impl VirtioNet {
     /// and the queue work.
     pub fn new(mac: [u8; 6], backends: Vec<Box<dyn NetBackend>>) -> (Self, NetQueues) {
         assert!(!backends.is_empty(), "a virtio-net device has a queue pair");
-        let queues = NetQueues {
+        let mut queues = NetQueues {
             pairs: backends
                 .into_iter()
                 .map(|backend| QueuePair {
@@ -155,6 +161,8 @@ impl VirtioNet {
                 })
                 .collect(),
         };
+        // Until a driver says otherwise, one pair (§5.1.6.5.5).
+        queues.enable_pairs(1);
         let net = VirtioNet {
             pairs: queues.pairs.len(),
             mac,
@@ -199,7 +207,7 @@ impl NetQueues {
                 let data = c.read_all(dma)?;
                 if !pair.backend.transmit(&data[HDR..]) {
                     log.warn(format_args!(
-                        "virtio-net: the backend dropped a transmitted frame (full, or no link)"
+                        "virtio-net: the backend dropped a transmitted frame (full, no link, or too short for it)"
                     ));
                 }
             }
@@ -219,15 +227,29 @@ impl NetQueues {
         serve_chains(q, dma, Deliver { pair, dma, log })
     }
 
+    /// Enable the first `enabled` pairs and disable the rest (§5.1.6.5.5); a frame held for a
+    /// disabled pair has no receive queue to go to, and is dropped.
+    fn enable_pairs(&mut self, enabled: usize) {
+        for (k, pair) in self.pairs.iter_mut().enumerate() {
+            pair.backend.set_enabled(k < enabled);
+            if k >= enabled {
+                pair.waiting = None;
+            }
+        }
+    }
+
     /// Control commands (virtio 1.2 §5.1.6.5): class, command, data, then one writable ack
     /// byte. Only VQ_PAIRS_SET is supported; anything else is answered VIRTIO_NET_ERR.
     fn control(
-        &self,
+        &mut self,
         q: &mut Queue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
-        serve_chains(q, dma, |c: &Chain| {
+        let available = self.pairs.len();
+        // The last count the driver set in this round of commands, applied after it.
+        let mut enabled = None;
+        let served = serve_chains(q, dma, |c: &Chain| {
             if c.writable_len() == 0 || c.readable_len() > 64 {
                 guest_error!(log, "virtio-net: malformed control command dropped");
                 return Ok(0);
@@ -239,16 +261,13 @@ impl NetQueues {
                         && u32::from(*cmd) == VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET =>
                 {
                     let pairs = usize::from(u16::from_le_bytes([*lo, *hi]));
-                    // Responses only ever go to the pair whose transmit queue carried the
-                    // request, so no pair beyond the enabled ones receives anything (as
-                    // §5.1.6.5.5 requires) and the count needs no state of its own.
-                    if (1..=self.pairs.len()).contains(&pairs) {
+                    if (1..=available).contains(&pairs) {
+                        enabled = Some(pairs);
                         VIRTIO_NET_OK
                     } else {
                         guest_error!(
                             log,
-                            "virtio-net: driver asked for {pairs} queue pairs of {}; refused",
-                            self.pairs.len()
+                            "virtio-net: driver asked for {pairs} queue pairs of {available}; refused"
                         );
                         VIRTIO_NET_ERR
                     }
@@ -260,7 +279,11 @@ impl NetQueues {
                 &[u8::try_from(ack).expect("VIRTIO_NET_OK or VIRTIO_NET_ERR")],
             )?;
             Ok(1)
-        })
+        });
+        if let Some(pairs) = enabled {
+            self.enable_pairs(pairs);
+        }
+        served
     }
 }
 
@@ -367,6 +390,7 @@ impl QueueHandler for NetQueues {
             pair.waiting = None;
             pair.backend.reset();
         }
+        self.enable_pairs(1);
     }
 
     /// Each pair's backend file wakes its receive queue (2k, §5.1.2).
@@ -383,6 +407,7 @@ impl QueueHandler for NetQueues {
 #[allow(clippy::cast_possible_truncation)] // fixtures
 mod tests {
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
     use super::*;
@@ -625,11 +650,13 @@ mod tests {
             driver_queue(&mem, 1),
             driver_queue(&mem, 2),
         );
-        let (mut engine, health) = engine(
-            3,
+        let flags: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::default()).collect();
+        let (mut engine, health) = engine_with(
+            flagged(&flags),
             &[(2, &rx), (3, &tx), (6, &ctrl)],
             DmaContext::platform(mem.clone()),
         );
+        assert_eq!(enabled(&flags), [true, false, false], "one pair until told");
         request_and_buffer(&mem, &rx, &tx, 0);
         let work = engine.process(3);
         assert!(
@@ -673,7 +700,47 @@ mod tests {
                 ack as u8
             );
         }
+        assert_eq!(enabled(&flags), [true, true, false], "2 set, 4 refused");
         assert!(!health.needs_reset());
+    }
+
+    /// A responder that records whether its pair is enabled.
+    struct Flagged(RequestResponse, Arc<AtomicBool>);
+
+    impl NetBackend for Flagged {
+        fn transmit(&mut self, frame: &[u8]) -> bool {
+            self.0.transmit(frame)
+        }
+        fn receive(&mut self) -> Option<Vec<u8>> {
+            self.0.receive()
+        }
+        fn reset(&mut self) {
+            self.0.reset();
+        }
+        fn set_enabled(&mut self, enabled: bool) {
+            self.1.store(enabled, Ordering::SeqCst);
+        }
+    }
+
+    fn flagged(flags: &[Arc<AtomicBool>]) -> Vec<Box<dyn NetBackend>> {
+        flags
+            .iter()
+            .map(|f| Box::new(Flagged(RequestResponse::new(64), f.clone())) as Box<dyn NetBackend>)
+            .collect()
+    }
+
+    fn enabled(flags: &[Arc<AtomicBool>]) -> Vec<bool> {
+        flags.iter().map(|f| f.load(Ordering::SeqCst)).collect()
+    }
+
+    #[test]
+    fn a_reset_leaves_only_the_first_pair_enabled() {
+        let flags: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::default()).collect();
+        let (_, mut queues) = VirtioNet::new([2, 0, 0, 0, 0, 1], flagged(&flags));
+        queues.enable_pairs(3);
+        assert_eq!(enabled(&flags), [true; 3]);
+        QueueHandler::reset(&mut queues);
+        assert_eq!(enabled(&flags), [true, false, false]);
     }
 
     /// A responder that clears Bus Master Enable as it takes a frame, as a guest clearing it

@@ -24,6 +24,9 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use super::{HDR, MAX_FRAME, NetBackend};
 
+/// Destination, source and type: the least a tap takes as a frame.
+const ETHERNET_HEADER: usize = 14;
+
 /// The TUN/TAP driver's control file.
 const TUN_PATH: &str = "/dev/net/tun";
 
@@ -31,7 +34,9 @@ const TUN_PATH: &str = "/dev/net/tun";
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {
     /// The name does not fit an interface name (IFNAMSIZ less the terminating NUL).
-    #[error("tap name `{0}`: an interface name is 1 to 15 bytes, without `/`, `:` or spaces")]
+    #[error(
+        "tap name `{0}`: an interface name is 1 to 15 bytes, not . or .., without `/`, `:`, `%` or spaces"
+    )]
     Name(String),
     /// /dev/net/tun could not be opened.
     #[error("cannot open {TUN_PATH} for tap {name}: {source}{hint}", hint = hint(.source))]
@@ -75,6 +80,13 @@ pub struct Tap {
     file: File,
     /// A frame read or written with its vnet header in front.
     buf: Vec<u8>,
+    /// One of several queues (IFF_MULTI_QUEUE): detached while its pair is disabled.
+    multi_queue: bool,
+    /// Whether the queue is attached: the kernel spreads the tap's frames over attached
+    /// queues only.
+    attached: bool,
+    /// A read failed other than for want of frames (the tap is gone), and it was logged.
+    failed: bool,
 }
 
 impl Tap {
@@ -83,11 +95,14 @@ impl Tap {
     /// per queue pair (IFF_MULTI_QUEUE); open it once per pair.
     pub fn open(name: &str, multi_queue: bool) -> Result<Self, TapError> {
         let bytes = name.as_bytes();
+        // dev_valid_name() refuses `.`, `..`, `/`, `:` and spaces; `%` would be a template
+        // (`tap%d`: a new interface per open, not the one named).
         if bytes.is_empty()
             || bytes.len() >= libc::IFNAMSIZ
+            || matches!(name, "." | "..")
             || bytes
                 .iter()
-                .any(|b| matches!(b, b'/' | b':' | 0) || b.is_ascii_whitespace())
+                .any(|b| matches!(b, b'/' | b':' | b'%' | 0) || b.is_ascii_whitespace())
         {
             return Err(TapError::Name(name.to_owned()));
         }
@@ -135,6 +150,9 @@ impl Tap {
         Ok(Tap {
             file,
             buf: vec![0; HDR + MAX_FRAME],
+            multi_queue,
+            attached: true,
+            failed: false,
         })
     }
 }
@@ -149,6 +167,10 @@ fn check(ret: libc::c_int) -> io::Result<()> {
 
 impl NetBackend for Tap {
     fn transmit(&mut self, frame: &[u8]) -> bool {
+        // The kernel refuses (EINVAL) a frame without a whole Ethernet header: drop it here.
+        if frame.len() < ETHERNET_HEADER {
+            return false;
+        }
         // The zero header: no offloads were negotiated (see the module's comment).
         let total = HDR + frame.len();
         let Some(out) = self.buf.get_mut(..total) else {
@@ -164,13 +186,25 @@ impl NetBackend for Tap {
     fn receive(&mut self) -> Option<Vec<u8>> {
         loop {
             match self.file.read(&mut self.buf) {
-                // A frame after its header; a read too short for one is skipped.
-                Ok(n) if n > HDR => return Some(self.buf[HDR..n].to_vec()),
+                // A frame after its header. A read too short for one is skipped; so is a
+                // length past the buffer, which a read never returns but is not trusted.
+                Ok(n) if n > HDR => match self.buf.get(HDR..n) {
+                    Some(frame) => return Some(frame.to_vec()),
+                    None => continue,
+                },
                 Ok(0) => return None,
                 Ok(_) => continue,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // EAGAIN: nothing queued; anything else: nothing to deliver either.
-                Err(_) => return None,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                // The tap was deleted (EBADFD) or worse: the guest's network is gone; say so
+                // once, since every later read fails the same way.
+                Err(e) => {
+                    if !self.failed {
+                        self.failed = true;
+                        log::warn!("tap: cannot read frames any more: {e}");
+                    }
+                    return None;
+                }
             }
         }
     }
@@ -181,6 +215,31 @@ impl NetBackend for Tap {
     fn wake_fd(&self) -> Option<RawFd> {
         Some(self.file.as_raw_fd())
     }
+
+    /// A multiqueue tap hashes each flow to one of its attached queues: the queue of a pair
+    /// the driver does not use is detached (TUNSETQUEUE, as QEMU does), or that pair's flows
+    /// would wait for receive buffers no driver gives.
+    fn set_enabled(&mut self, enabled: bool) {
+        if !self.multi_queue || enabled == self.attached {
+            return;
+        }
+        // SAFETY: ifreq is plain data, for which all zeros is a valid value.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        let flags = if enabled {
+            libc::IFF_ATTACH_QUEUE
+        } else {
+            libc::IFF_DETACH_QUEUE
+        };
+        req.ifr_ifru.ifru_flags = libc::c_short::try_from(flags).expect("the flag fits 16 bits");
+        // SAFETY: TUNSETQUEUE reads a `struct ifreq`, which `req` is.
+        match check(unsafe { libc::ioctl(self.file.as_raw_fd(), libc::TUNSETQUEUE, &req) }) {
+            Ok(()) => self.attached = enabled,
+            Err(e) => log::warn!(
+                "tap: cannot {} a queue: {e}",
+                if enabled { "attach" } else { "detach" }
+            ),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -189,7 +248,16 @@ mod tests {
 
     #[test]
     fn names_that_are_no_interface_name_are_refused_before_any_system_call() {
-        for name in ["", "sixteen-bytes-xx", "a/b", "a:b", "a b"] {
+        for name in [
+            "",
+            "sixteen-bytes-xx",
+            "a/b",
+            "a:b",
+            "a b",
+            "tap%d",
+            ".",
+            "..",
+        ] {
             let e = Tap::open(name, false).err().expect("refused");
             assert!(matches!(e, TapError::Name(_)), "{name}: {e}");
         }
@@ -249,6 +317,34 @@ mod tests {
         assert_ne!(first.wake_fd(), second.wake_fd());
         let e = Tap::open(&name, false).err().expect("not multi-queue");
         assert!(e.to_string().contains("multi_queue"), "{e}");
+    }
+
+    /// The kernel spreads a multiqueue tap's frames over its attached queues: a detached
+    /// queue leaves the interface's queue count (sysfs), and comes back when attached again.
+    #[test]
+    fn a_disabled_pair_detaches_its_queue_and_an_enabled_one_attaches_it() {
+        let name = unique("q");
+        let Some(_first) = open_or_skip(&name, true) else {
+            return;
+        };
+        let mut second = Tap::open(&name, true).expect("a second queue");
+        let rx_queues = || {
+            std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with("rx-")
+                })
+                .count()
+        };
+        assert_eq!(rx_queues(), 2);
+        second.set_enabled(false);
+        assert_eq!(rx_queues(), 1, "detached");
+        second.set_enabled(true);
+        assert_eq!(rx_queues(), 2, "attached again");
     }
 
     /// With the tap down nothing is queued for it: a read finds nothing and does not block,
