@@ -422,3 +422,57 @@ fn targets(variants: &[Variant]) -> Vec<TargetCheck> {
     });
     checks
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_a_tap_the_request_is_one_unfragmented_icmp_packet_at_most() {
+        let rr = |request_size, tap| RrBench {
+            request_size,
+            tap,
+            ..RrBench::default()
+        };
+        let tap = Some(TapLink::bench());
+        assert_eq!(rr(ICMP_MAX_PAYLOAD, tap.clone()).validate(), Ok(()));
+        let e = rr(ICMP_MAX_PAYLOAD + 1, tap).validate().unwrap_err();
+        assert!(
+            e.starts_with("--request-size must be at most 1472 bytes"),
+            "{e}"
+        );
+        // Without one, the built-in responder takes up to RR_MAX_REQUEST.
+        assert_eq!(rr(RR_MAX_REQUEST, None).validate(), Ok(()));
+    }
+
+    #[test]
+    fn qemu_runs_the_same_echo_ops_on_its_function_behind_the_same_tap() {
+        let link = TapLink::bench();
+        let rr = RrBench {
+            tap: Some(link.clone()),
+            ..RrBench::default()
+        };
+        let plan = rr.peer_plan(&link);
+        let f = plan.machine.virtio_net_function(0);
+        assert_eq!(plan.ops, rr.tap_ops(&link, f));
+        assert_eq!(
+            plan.ops[0],
+            ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0)
+        );
+        let tap = plan.machine.tap.as_ref().expect("a tap backend");
+        assert_eq!(
+            (tap.ifname.as_str(), tap.mac),
+            ("exitless-rr0", link.guest_mac)
+        );
+        let [c] = &plan.counterparts[..] else {
+            panic!("one counterpart")
+        };
+        assert_eq!(c.variant, TAP_VARIANT);
+        assert_eq!(c.ops, (1..=TAP_REPEATS).collect::<Vec<_>>());
+        assert!(
+            c.ops
+                .iter()
+                .all(|&i| plan.ops[i].kind == crate::contract::OP_ICMP_ECHO)
+        );
+    }
+}

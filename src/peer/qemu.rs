@@ -392,6 +392,28 @@ mod tests {
     }
 
     #[test]
+    fn a_tap_backs_the_first_function_alone_with_its_mac_and_no_vhost_or_scripts() {
+        let machine = QemuMachine {
+            virtio_net: 2,
+            tap: Some(QemuTap {
+                ifname: "t0".into(),
+                mac: [0x02, 0, 0, 0, 0xab, 0x01],
+            }),
+            ..QemuMachine::default()
+        };
+        let args = machine.args().join(" ");
+        assert!(
+            args.contains(
+                "-netdev tap,id=n0,ifname=t0,script=no,downscript=no,vhost=off \
+                 -device virtio-net-pci,addr=0x1,mq=on,vectors=3,romfile=,netdev=n0,\
+                 mac=02:00:00:00:ab:01 -device virtio-net-pci,addr=0x2,mq=on,vectors=3,romfile="
+            ),
+            "{args}"
+        );
+        assert_eq!(args.matches("-netdev").count(), 1, "{args}");
+    }
+
+    #[test]
     fn functions_off_the_free_slots_are_refused() {
         let fits = |first_slot, virtio_net| {
             QemuMachine {
