@@ -247,6 +247,20 @@ contract_consts! {
     /// `IommuReport` slot `address` at `IOMMU_REPORT_ADDR` (up to `MAX_IOMMU_REPORTS`) and
     /// start them again.
     OP_IOMMU_REPORT: u64 = 21;
+    /// `Op::kind`: `count` ICMP echo transactions (RFC 792) with the host's kernel through the
+    /// device of the last `OP_VIRTIO_INIT` (its MAC from its config space, VIRTIO_NET_F_MAC):
+    /// an Ethernet frame carrying an IPv4 echo request with `size` bytes of data
+    /// (`ICMP_MAX_PAYLOAD` at most) from the guest's address to the host's, then the echo reply
+    /// awaited on the receive interrupt and checked (from the host to the guest, type 0, the
+    /// request's identifier, sequence number and data). `address`: the host's IPv4 address in
+    /// bits 0..32, the guest's in bits 32..64 (10.0.0.1 is 0x0a00_0001); `value`: the host's
+    /// MAC in bits 0..48, its first octet highest. Frames that are not an echo reply to the
+    /// guest (the host's own IPv6 chatter) are dropped. `OpResult::value`: replies checked;
+    /// `bytes`: their ICMP data bytes; `irqs`, `stray_irqs` as for `OP_VIRTIO_RR`.
+    OP_ICMP_ECHO: u64 = 22;
+    /// Most ICMP data bytes in an `OP_ICMP_ECHO` request: a 1500-byte IPv4 packet (the tap's
+    /// default MTU) less the IPv4 and ICMP headers, so no reply is fragmented.
+    ICMP_MAX_PAYLOAD: u64 = 1500 - 20 - 8;
     /// `OP_IOMMU_MODE` method: every unmap invalidates its pages (page-selective IOTLB
     /// invalidation and a wait, one IQT write) before the IOVA is reused.
     IOMMU_MODE_STRICT: u64 = 1;

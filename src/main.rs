@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use exitless::bench::against::{self, PeerResult};
+use exitless::bench::host_tap::{HostTap, TapLink};
 use exitless::bench::{
     Report, host, iommu::IommuBench, msix::MsixBench, pci::PciBench, report, rr::RrBench,
     soak::SoakBench,
@@ -404,8 +405,9 @@ struct BenchArgs {
     timeout: u64,
     /// Also boot the same probe binary under another VMM, with the same guest ops, and print
     /// its time per op beside each variant's: `qemu` (Debian's qemu-system-x86: q35 with KVM,
-    /// its own virtio-net-pci and config space). Scenarios pci and msix; without QEMU
-    /// installed the bench says how to install it and runs without the column.
+    /// its own virtio-net-pci and config space). Scenarios pci, msix and rr (rr: ICMP echo
+    /// with the host's kernel through a tap the bench makes, which needs CAP_NET_ADMIN);
+    /// without QEMU installed the bench says how to install it and runs without the column.
     #[arg(long, value_enum, value_name = "VMM")]
     against: Option<PeerArg>,
 }
@@ -422,6 +424,10 @@ struct PreparedBench {
     args: BenchArgs,
     scenarios: Vec<Scenario>,
     peers: Vec<(Scenario, PeerResult)>,
+    /// Why a scenario the peer could have run has no figures from it.
+    unpeered: Vec<(Scenario, String)>,
+    /// `rr`'s host tap, for exitless's own boot on it; deleted when dropped.
+    host_tap: Option<HostTap>,
 }
 
 /// Check the bench options and, with `--against`, boot the probe under the peer first. This
@@ -434,6 +440,7 @@ fn prepare_bench(args: BenchArgs) -> Result<PreparedBench, String> {
         args.scenarios.clone()
     };
     let mut peers = Vec::new();
+    let (mut unpeered, mut host_tap) = (Vec::new(), None);
     if args.against == Some(PeerArg::Qemu) {
         match Qemu::find() {
             Err(e) => eprintln!("exitless: {e}; running without the qemu column"),
@@ -442,7 +449,19 @@ fn prepare_bench(args: BenchArgs) -> Result<PreparedBench, String> {
                     let plan = match scenario {
                         Scenario::Pci => pci_bench(&args).peer_plan(),
                         Scenario::Msix => msix_bench(&args)?.peer_plan(),
-                        Scenario::Rr | Scenario::Iommu | Scenario::Soak => continue,
+                        Scenario::Rr => match HostTap::create(TapLink::bench()) {
+                            Ok(tap) => {
+                                let link = tap.link().clone();
+                                host_tap = Some(tap);
+                                rr_bench(&args, Some(link.clone()))?.peer_plan(&link)
+                            }
+                            Err(why) => {
+                                unpeered
+                                    .push((scenario, format!("not measured under qemu: {why}")));
+                                continue;
+                            }
+                        },
+                        Scenario::Iommu | Scenario::Soak => continue,
                     };
                     let result = against::run(&qemu, plan)
                         .map_err(|e| format!("the probe under {}: {e}", qemu.version()))?;
@@ -455,7 +474,21 @@ fn prepare_bench(args: BenchArgs) -> Result<PreparedBench, String> {
         args,
         scenarios,
         peers,
+        unpeered,
+        host_tap,
     })
+}
+
+fn rr_bench(args: &BenchArgs, tap: Option<TapLink>) -> Result<RrBench, String> {
+    let rr = RrBench {
+        transactions: args.transactions,
+        request_size: args.request_size,
+        response_size: args.response_size,
+        timeout: Duration::from_secs(args.timeout),
+        tap,
+    };
+    rr.validate()?;
+    Ok(rr)
 }
 
 fn pci_bench(args: &BenchArgs) -> PciBench {
@@ -479,15 +512,11 @@ fn msix_bench(args: &BenchArgs) -> Result<MsixBench, String> {
 /// Why a scenario has no peer column.
 fn not_compared(scenario: Scenario) -> &'static str {
     match scenario {
-        Scenario::Rr => {
-            "not measured under qemu: its counterpart needs a responder both VMMs have (tap \
-             networking on both and a host-side echo), which the probe does not drive yet"
-        }
         Scenario::Iommu => {
             "not measured under qemu: the probe's VT-d driver has not been tried on QEMU's intel-iommu"
         }
         Scenario::Soak => "not measured under qemu: the soak counts failures, not time",
-        Scenario::Pci | Scenario::Msix => "",
+        Scenario::Pci | Scenario::Msix | Scenario::Rr => "",
     }
 }
 
@@ -496,14 +525,10 @@ fn bench(prepared: PreparedBench) -> Result<(), String> {
         args,
         scenarios,
         peers,
+        unpeered,
+        host_tap,
     } = prepared;
-    let rr = RrBench {
-        transactions: args.transactions,
-        request_size: args.request_size,
-        response_size: args.response_size,
-        timeout: Duration::from_secs(args.timeout),
-    };
-    rr.validate()?;
+    let rr = rr_bench(&args, host_tap.as_ref().map(|t| t.link().clone()))?;
     let msix = msix_bench(&args)?;
     let iommu = IommuBench {
         packets: args.packets,
@@ -542,7 +567,12 @@ fn bench(prepared: PreparedBench) -> Result<(), String> {
             None if args.against.is_some() && !not_compared(scenario).is_empty() => {
                 scenario_report.notes.push(not_compared(scenario).into());
             }
-            None => {}
+            None => scenario_report.notes.extend(
+                unpeered
+                    .iter()
+                    .filter(|(s, _)| *s == scenario)
+                    .map(|(_, why)| why.clone()),
+            ),
         }
         report.scenarios.push(scenario_report);
     }

@@ -306,3 +306,74 @@ fn a_closed_stdout_ends_the_output_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.code(), Some(0), "{err}");
 }
+
+/// `bench rr --against qemu`: the tap variant gets QEMU's figure and the shared-variant target,
+/// and the bench's tap is gone once it ends; with the tap's name taken, rr runs without the
+/// column and a note says why. Skipped without QEMU or the rights to make a tap.
+#[test]
+fn bench_rr_against_qemu_compares_the_tap_variant_or_says_why_not() {
+    use exitless::bench::host_tap::{HostTap, TapLink};
+    if let Err(e) = exitless::peer::Qemu::find() {
+        println!("skipped: {e}");
+        return;
+    }
+    if let Err(why) = HostTap::create(TapLink::numbered("xl-rr-cli", 4)) {
+        println!("skipped: {why}");
+        return;
+    }
+    let args = ["rr", "--transactions", "20", "--against", "qemu"];
+    let sys = std::path::Path::new("/sys/class/net/exitless-rr0");
+    let rr = |report: &serde_json::Value| report["scenarios"][0].clone();
+    let tap_variant = |rr: &serde_json::Value| {
+        rr["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "pci-msix-tap")
+            .cloned()
+    };
+
+    let compared = rr(&bench_json(&args));
+    let v = tap_variant(&compared).expect("the tap variant ran");
+    assert_eq!(v["peer"]["name"], "qemu", "{v}");
+    assert!(
+        v["peer"]["ns_per_op"].as_f64().is_some_and(|t| t > 0.0),
+        "{v}"
+    );
+    assert!(v["ns_per_op"].as_f64().is_some_and(|t| t > 0.0), "{v}");
+    assert!(
+        compared["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["target"] == "exitless <= qemu on every shared variant"),
+        "{compared}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sys.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bench's tap outlived it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // Something else has the name: a tap of another's, which the bench must leave alone.
+    let ip = |a: &[&str]| Command::new("ip").args(a).status().unwrap().success();
+    assert!(ip(&["tuntap", "add", "dev", "exitless-rr0", "mode", "tap"]));
+    let refused = rr(&bench_json(&args));
+    let still_there = sys.exists();
+    ip(&["link", "del", "exitless-rr0"]);
+    assert!(
+        still_there,
+        "the bench deleted an interface it did not make"
+    );
+    assert!(tap_variant(&refused).is_none(), "{refused}");
+    assert!(
+        refused["notes"].as_array().unwrap().iter().any(|n| n
+            .as_str()
+            .unwrap()
+            .starts_with("not measured under qemu: interface exitless-rr0 exists already")),
+        "{refused}"
+    );
+}

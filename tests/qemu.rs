@@ -8,6 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::run;
+use exitless::bench::host_tap::{HostTap, TapLink};
+use exitless::bench::rr::RrBench;
 use exitless::contract::*;
 use exitless::machine::ops;
 use exitless::pci::PciAddress;
@@ -164,7 +166,7 @@ fn msix_programming_enable_and_masks_work_on_qemus_virtio_net_and_sends_are_refu
         // What only exitless's machine can do.
         ops::msix_check(f, true),
         ops::msix_latency(f, 0, 1, 1),
-        ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0),
+        ops::virtio_rr(32, 1),
         ops::hostile(1, 10),
         // A slot with no function.
         ops::msix_program(machine.virtio_net_function(5), 0x40, 0, true),
@@ -228,5 +230,45 @@ fn a_fault_under_qemu_ends_the_run_at_once_and_names_the_exception() {
     assert!(
         e.to_string().contains("status 0xe in the low 7 bits"),
         "{e}"
+    );
+}
+
+/// `bench rr --against qemu`'s counterpart: the probe's virtio-pci driver brings up QEMU's
+/// transitional virtio-net-pci (its structures in BAR 4, MSI-X in BAR 1, the MAC QEMU was
+/// given in its config space) and does ICMP echo with the host's kernel through a tap behind
+/// it, each reply on the receive vector and checked by the guest.
+#[test]
+fn icmp_echo_through_qemus_virtio_net_pci_on_a_tap_is_answered_by_the_host_kernel() {
+    let Some(qemu) = qemu() else { return };
+    let tap = match HostTap::create(TapLink::numbered("xl-rr-qemu", 2)) {
+        Ok(tap) => tap,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let l = tap.link();
+    // The bench's own machine for the comparison.
+    let machine = RrBench::default().peer_plan(l).machine;
+    let f = machine.virtio_net_function(0);
+    let n = 200;
+    let list = [
+        ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0),
+        ops::icmp_echo(l.host_ip, l.guest_ip, l.host_mac, 100, n),
+        // A wrong MAC for the host: its kernel drops the frame, and nothing comes back.
+        ops::icmp_echo(l.host_ip, l.guest_ip, [0x02, 0, 0, 0, 0, 9], 100, 1),
+    ];
+    let run = boot(&qemu, &machine, &list);
+    ok(&run, 0);
+    let r = ok(&run, 1);
+    assert_eq!((r.value, r.bytes), (n, n * 100), "{r:?}");
+    assert!(r.irqs >= n, "a receive interrupt per reply: {r:?}");
+    // QEMU signals a queue's first used buffer whatever used_event says (hw/virtio/virtio.c,
+    // `signalled_used_valid`): at most that one transmit interrupt.
+    assert!(r.stray_irqs <= 1, "{r:?}");
+    assert_eq!(
+        run.results[2].status, STATUS_TIMEOUT,
+        "{:?}",
+        run.results[2]
     );
 }

@@ -2,10 +2,14 @@
 //! with intact data, the right vector fires, masked vectors hold a pending message until
 //! unmasked, and a reset in the middle of traffic brings the device back.
 
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use exitless::bench::host_tap::{HostTap, TapLink};
 use exitless::contract::*;
-use exitless::machine::{ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops, run_probe};
+use exitless::machine::{
+    NetBackendKind, ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops, run_probe,
+};
 use exitless::pci::EcamMode;
 use exitless::virtio::notify::NotifyPath;
 use exitless::virtio::regs::{
@@ -331,5 +335,85 @@ fn pci_cfg_data_reads_the_bar_by_every_method() {
                 "shadowed again once the window is closed"
             );
         }
+    }
+}
+
+/// The tap of a test: its own name and /30, so that tests running at once do not meet.
+fn test_tap(name: &str, subnet: u8) -> Option<HostTap> {
+    HostTap::create(TapLink::numbered(name, subnet))
+        .inspect_err(|why| println!("skipped: {why}"))
+        .ok()
+}
+
+/// ICMP echo through a host tap (`bench rr --against qemu`'s variant): the host's kernel
+/// answers every request of the guest's, which it would drop with a wrong IPv4 or ICMP
+/// checksum (so the renumbered requests' checksums are right), from its own address only; the
+/// guest checks each reply's identifier, sequence number and data.
+#[test]
+fn the_host_kernel_answers_icmp_echo_on_a_tap_and_the_probe_checks_each_reply() {
+    let Some(tap) = test_tap("xl-rr-virtio", 1) else {
+        return;
+    };
+    let l = tap.link();
+    let device = VirtioNetConfig {
+        backend: NetBackendKind::Tap(l.name.clone()),
+        mac: Some(l.guest_mac),
+        ..pci(NotifyPath::Address)
+    };
+    let (data, n) = (56, 300);
+    let run = boot(
+        vec![device],
+        vec![
+            ops::virtio_init(TRANSPORT_PCI, pci_device(0), 0),
+            ops::icmp_echo(l.host_ip, l.guest_ip, l.host_mac, data, n),
+            ops::icmp_echo(l.host_ip, l.guest_ip, l.host_mac, ICMP_MAX_PAYLOAD, 5),
+            // An address the host does not have: no reply.
+            ops::icmp_echo(
+                Ipv4Addr::new(10, 211, 9, 9),
+                l.guest_ip,
+                l.host_mac,
+                data,
+                1,
+            ),
+            ops::icmp_echo(l.host_ip, l.guest_ip, l.host_mac, ICMP_MAX_PAYLOAD + 1, 1),
+        ],
+    );
+    assert_ok(&run, 0);
+    for (op, data, n) in [(1, data, n), (2, ICMP_MAX_PAYLOAD, 5)] {
+        let r = assert_ok(&run, op);
+        assert_eq!((r.value, r.bytes), (n, n * data), "op {op}: {r:?}");
+        assert!(r.irqs >= n, "op {op}: a receive interrupt per reply: {r:?}");
+        assert_eq!(r.stray_irqs, 0, "op {op}: no interrupt on another vector");
+    }
+    assert_eq!(run.exits(1).total(), 0, "{:?}", run.exits(1));
+    let r = run.results[3];
+    assert_eq!((r.status, r.value), (STATUS_TIMEOUT, 0), "{r:?}");
+    assert_eq!(run.results[4].status, STATUS_UNSUPPORTED);
+}
+
+/// The bench's tap lives as long as its guard: a second one of the same name is refused in a
+/// line that says what to do, and dropping the guard deletes the interface (its helper does,
+/// a moment later).
+#[test]
+fn a_host_tap_is_refused_while_it_exists_and_deleted_when_dropped() {
+    let Some(tap) = test_tap("xl-rr-guard", 3) else {
+        return;
+    };
+    let sys = std::path::Path::new("/sys/class/net/xl-rr-guard");
+    assert!(sys.exists());
+    let again = HostTap::create(TapLink::numbered("xl-rr-guard", 3)).err();
+    assert_eq!(
+        again.as_deref(),
+        Some(
+            "interface xl-rr-guard exists already (another exitless bench running?): \
+             `ip link del xl-rr-guard` if not"
+        )
+    );
+    assert!(sys.exists(), "the refused attempt leaves the tap alone");
+    drop(tap);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sys.exists() {
+        assert!(std::time::Instant::now() < deadline, "{sys:?} still there");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

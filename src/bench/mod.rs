@@ -3,6 +3,7 @@
 
 pub mod against;
 pub mod host;
+pub mod host_tap;
 pub mod iommu;
 pub mod msix;
 pub mod pci;

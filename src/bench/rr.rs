@@ -6,16 +6,24 @@
 //! One boot holds six devices: three virtio-mmio and three virtio-pci, one per doorbell path.
 //! The guest drives each virtio-mmio device twice, resetting it in between: once on its line,
 //! once with MSI, so the two interrupt modes share everything else.
+//!
+//! With `--against qemu`, one more boot: [`TAP_VARIANT`], a virtio-pci device whose backend is
+//! a host tap ([`super::host_tap`]), doing ICMP echo transactions with the host's kernel; QEMU
+//! runs the same ops on its virtio-net-pci on the same tap ([`RrBench::peer_plan`]).
 
 use std::time::Duration;
 
+use crate::bench::against::{Counterpart, PeerPlan};
+use crate::bench::host_tap::TapLink;
 use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
 use crate::contract::{
-    Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE, TRANSPORT_MMIO,
-    TRANSPORT_PCI,
+    ICMP_MAX_PAYLOAD, Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE,
+    TRANSPORT_MMIO, TRANSPORT_PCI,
 };
 use crate::irq::CommitStrategy;
-use crate::machine::{MachineError, ProbeConfig, Transport, VirtioNetConfig, ops};
+use crate::machine::{MachineError, NetBackendKind, ProbeConfig, Transport, VirtioNetConfig, ops};
+use crate::pci::PciAddress;
+use crate::peer::{QemuMachine, QemuTap};
 use crate::stats::ExitKind;
 use crate::virtio::notify::NotifyPath;
 use crate::virtio::regs::VIRTIO_NET_HDR_SIZE;
@@ -37,7 +45,17 @@ pub struct RrBench {
     pub response_size: u64,
     /// Longest the boot may take.
     pub timeout: Duration,
+    /// The host tap of [`TAP_VARIANT`] (`--against qemu`): none, no such variant.
+    pub tap: Option<TapLink>,
 }
+
+/// The variant on a host tap: ICMP echo with the host's kernel, `request_size` data bytes each
+/// way, doorbells on address-only ioeventfds (QEMU's path for its own).
+pub const TAP_VARIANT: &str = "pci-msix-tap";
+
+/// Echo ops of [`TAP_VARIANT`] per boot, `transactions` each; the median is reported, on both
+/// VMMs, so that a burst of other work on the host moves one of them, not the figure.
+const TAP_REPEATS: usize = 5;
 
 impl Default for RrBench {
     fn default() -> Self {
@@ -46,6 +64,7 @@ impl Default for RrBench {
             request_size: 32,
             response_size: 1024,
             timeout: Duration::from_secs(600),
+            tap: None,
         }
     }
 }
@@ -117,7 +136,78 @@ impl RrBench {
                 self.response_size
             ));
         }
+        if self.tap.is_some() && self.request_size > ICMP_MAX_PAYLOAD {
+            return Err(format!(
+                "--request-size must be at most {ICMP_MAX_PAYLOAD} bytes with --against qemu \
+                 (the ICMP data of one 1500-byte packet; got {})",
+                self.request_size
+            ));
+        }
         Ok(())
+    }
+
+    /// The ops of [`TAP_VARIANT`] on the function at `f`: bring it up, then echo
+    /// [`TAP_REPEATS`] times (ops 1 ..= `TAP_REPEATS`).
+    fn tap_ops(&self, link: &TapLink, f: PciAddress) -> Vec<Op> {
+        let echo = ops::icmp_echo(
+            link.host_ip,
+            link.guest_ip,
+            link.host_mac,
+            self.request_size,
+            self.transactions.max(1),
+        );
+        let mut list = vec![ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0)];
+        list.extend([echo; TAP_REPEATS]);
+        list
+    }
+
+    /// [`TAP_VARIANT`] under QEMU (`--against qemu`): the same ops on its virtio-net-pci,
+    /// whose backend is the same host tap.
+    pub fn peer_plan(&self, link: &TapLink) -> PeerPlan {
+        let machine = QemuMachine {
+            virtio_net: 1,
+            tap: Some(QemuTap {
+                ifname: link.name.clone(),
+                mac: link.guest_mac,
+            }),
+            ..QemuMachine::default()
+        };
+        let ops = self.tap_ops(link, machine.virtio_net_function(0));
+        PeerPlan {
+            machine,
+            ops,
+            counterparts: vec![Counterpart {
+                variant: TAP_VARIANT,
+                ops: (1..=TAP_REPEATS).collect(),
+                per_op: self.transactions.max(1),
+                path: "its virtio-net-pci on the same tap, ioeventfd doorbells, no vhost",
+                control: false,
+            }],
+            timeout: self.timeout,
+        }
+    }
+
+    /// Boot with one virtio-pci device on the host tap and run [`TAP_VARIANT`].
+    fn tap_variant(&self, link: &TapLink) -> Result<Variant, MachineError> {
+        let n = self.transactions.max(1);
+        let device = VirtioNetConfig {
+            backend: NetBackendKind::Tap(link.name.clone()),
+            mac: Some(link.guest_mac),
+            ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
+        };
+        let run = run_ok(&ProbeConfig {
+            ops: self.tap_ops(link, ProbeConfig::virtio_pci_address(0)),
+            virtio: vec![device],
+            timeout: self.timeout,
+            ..Default::default()
+        })?;
+        let echoes: Vec<usize> = (1..=TAP_REPEATS).collect();
+        let mut v = variant(TAP_VARIANT, &run, &Clock::of(&run), &echoes, n, n);
+        v.trans_per_s = Some(1e9 / v.ns_per_op);
+        let irqs: u64 = echoes.iter().map(|&i| run.results[i].irqs).sum();
+        v.irqs_per_op = Some(irqs as f64 / (TAP_REPEATS as u64 * n) as f64);
+        v.delivery = Some("irqfd");
+        Ok(v)
     }
 
     /// The guest's ops for `modes`: for each, every doorbell path; and the op indexes timed.
@@ -222,7 +312,7 @@ impl RrBench {
                 d.time_ratio = d.ns_per_op / t.ns_per_op;
             }
         }
-        let notes = vec![format!(
+        let mut notes = vec![format!(
             "`{DIRECT_SUFFIX}` variants: the same devices with MSI messages injected by \
              KVM_SIGNAL_MSI (no routes, no irqfds; `exitless bench msix` strategy direct), their \
              time ratio against the irqfd variant of the same device and doorbell path: {}",
@@ -233,6 +323,22 @@ impl RrBench {
                 .join(", ")
         )];
         variants.extend(direct);
+        if let Some(link) = &self.tap {
+            let mut tap = self.tap_variant(link)?;
+            let twin = variant_name(Mode::PciMsix, NotifyPath::Address);
+            if let Some(t) = variants.iter().find(|v| v.name == twin) {
+                tap.baseline = twin;
+                tap.time_ratio = tap.ns_per_op / t.ns_per_op;
+            }
+            notes.push(format!(
+                "`{TAP_VARIANT}`: ICMP echo (RFC 792) with the host's kernel through tap {} \
+                 ({} to {}), {} data bytes each way, the median of {TAP_REPEATS} runs of {n} on \
+                 each VMM; its time ratio is against the built-in responder on the same \
+                 transport and doorbell path",
+                link.name, link.guest_ip, link.host_ip, self.request_size
+            ));
+            variants.push(tap);
+        }
         let targets = targets(&variants);
         Ok(ScenarioReport {
             name: "rr".into(),
@@ -315,4 +421,58 @@ fn targets(variants: &[Variant]) -> Vec<TargetCheck> {
         met: doorbell_exits.iter().all(|(_, e)| *e == 0.0),
     });
     checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_a_tap_the_request_is_one_unfragmented_icmp_packet_at_most() {
+        let rr = |request_size, tap| RrBench {
+            request_size,
+            tap,
+            ..RrBench::default()
+        };
+        let tap = Some(TapLink::bench());
+        assert_eq!(rr(ICMP_MAX_PAYLOAD, tap.clone()).validate(), Ok(()));
+        let e = rr(ICMP_MAX_PAYLOAD + 1, tap).validate().unwrap_err();
+        assert!(
+            e.starts_with("--request-size must be at most 1472 bytes"),
+            "{e}"
+        );
+        // Without one, the built-in responder takes up to RR_MAX_REQUEST.
+        assert_eq!(rr(RR_MAX_REQUEST, None).validate(), Ok(()));
+    }
+
+    #[test]
+    fn qemu_runs_the_same_echo_ops_on_its_function_behind_the_same_tap() {
+        let link = TapLink::bench();
+        let rr = RrBench {
+            tap: Some(link.clone()),
+            ..RrBench::default()
+        };
+        let plan = rr.peer_plan(&link);
+        let f = plan.machine.virtio_net_function(0);
+        assert_eq!(plan.ops, rr.tap_ops(&link, f));
+        assert_eq!(
+            plan.ops[0],
+            ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0)
+        );
+        let tap = plan.machine.tap.as_ref().expect("a tap backend");
+        assert_eq!(
+            (tap.ifname.as_str(), tap.mac),
+            ("exitless-rr0", link.guest_mac)
+        );
+        let [c] = &plan.counterparts[..] else {
+            panic!("one counterpart")
+        };
+        assert_eq!(c.variant, TAP_VARIANT);
+        assert_eq!(c.ops, (1..=TAP_REPEATS).collect::<Vec<_>>());
+        assert!(
+            c.ops
+                .iter()
+                .all(|&i| plan.ops[i].kind == crate::contract::OP_ICMP_ECHO)
+        );
+    }
 }

@@ -29,7 +29,7 @@ pub mod qemu;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-pub use qemu::{Qemu, QemuMachine};
+pub use qemu::{Qemu, QemuMachine, QemuTap};
 
 use crate::contract::{EnumRecord, OpResult};
 

@@ -11,14 +11,17 @@
 //!     -device isa-debug-exit,iobase=0xf4,iosize=4     (the probe's end: exit status 1 if good)
 //!     -serial file:serial.txt                         (the results: `super::dump`)
 //!     -device virtio-net-pci,addr=SLOT,mq=on,vectors=2Q+1,romfile=   (one per function)
+//!     -netdev tap,id=n0,ifname=TAP,script=no,downscript=no,vhost=off  (with a tap: the first
+//!                                                      function's backend, netdev=n0,mac=MAC)
 //! ```
 //!
 //! SeaBIOS boots it (about 4–6 s on this project's hosts, most of a run), assigns the BARs and
 //! turns decoding on; QEMU's own virtio-net-pci devices keep QEMU's defaults (ioeventfd on).
 //! What works there: the `pci` scenario's ops (RAM and config read loops by port I/O and ECAM,
-//! enumeration) and MSI-X programming, Enable, masking and `msix_check` without sends. Ops
-//! that need exitless's test port or built-in backends (`PORT_MSIX_SEND`, request/response,
-//! the hostile burst, the VT-d driver) end with `STATUS_UNSUPPORTED`.
+//! enumeration), MSI-X programming, Enable, masking and `msix_check` without sends, and the
+//! virtio-net driver with ICMP echo through a [`QemuTap`]. Ops that need exitless's test port
+//! or built-in backends (`PORT_MSIX_SEND`, the built-in request/response, the hostile burst,
+//! the VT-d driver) end with `STATUS_UNSUPPORTED`.
 
 use std::fs;
 use std::io::Read;
@@ -66,6 +69,18 @@ pub struct QemuMachine {
     /// Slot of the first function (q35 has the host bridge at 0 and the LPC bridge, SATA and
     /// SMBus controllers at 31).
     pub first_slot: u8,
+    /// A host tap behind the first function; without one, no function has a backend.
+    pub tap: Option<QemuTap>,
+}
+
+/// A host tap QEMU opens as a virtio-net function's backend: QEMU's own, in its main loop
+/// (vhost off: this project's hosts have no /dev/vhost-net), set up by no script.
+#[derive(Clone, Debug)]
+pub struct QemuTap {
+    /// The tap's name; it exists, and no one holds it.
+    pub ifname: String,
+    /// The function's MAC address.
+    pub mac: [u8; 6],
 }
 
 impl Default for QemuMachine {
@@ -76,6 +91,7 @@ impl Default for QemuMachine {
             virtio_net: 0,
             queue_pairs: 1,
             first_slot: 1,
+            tap: None,
         }
     }
 }
@@ -138,14 +154,26 @@ impl QemuMachine {
         ]);
         for i in 0..self.virtio_net {
             // No option ROM: nothing here boots from the network, and iPXE's takes seconds.
-            args.extend([
-                "-device".into(),
-                format!(
-                    "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
-                    self.virtio_net_function(i).device,
-                    self.msix_vectors()
-                ),
-            ]);
+            let mut device = format!(
+                "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
+                self.virtio_net_function(i).device,
+                self.msix_vectors()
+            );
+            if let (0, Some(tap)) = (i, &self.tap) {
+                let m = tap.mac;
+                device += &format!(
+                    ",netdev=n0,mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+                    m[0], m[1], m[2], m[3], m[4], m[5]
+                );
+                args.extend([
+                    "-netdev".into(),
+                    format!(
+                        "tap,id=n0,ifname={},script=no,downscript=no,vhost=off",
+                        tap.ifname
+                    ),
+                ]);
+            }
+            args.extend(["-device".into(), device]);
         }
         args
     }
@@ -361,6 +389,28 @@ mod tests {
         );
         assert!(args.contains("-device isa-debug-exit,iobase=0xf4,iosize=4"));
         assert_eq!(machine.virtio_net_function(1).to_string(), "00:05.0");
+    }
+
+    #[test]
+    fn a_tap_backs_the_first_function_alone_with_its_mac_and_no_vhost_or_scripts() {
+        let machine = QemuMachine {
+            virtio_net: 2,
+            tap: Some(QemuTap {
+                ifname: "t0".into(),
+                mac: [0x02, 0, 0, 0, 0xab, 0x01],
+            }),
+            ..QemuMachine::default()
+        };
+        let args = machine.args().join(" ");
+        assert!(
+            args.contains(
+                "-netdev tap,id=n0,ifname=t0,script=no,downscript=no,vhost=off \
+                 -device virtio-net-pci,addr=0x1,mq=on,vectors=3,romfile=,netdev=n0,\
+                 mac=02:00:00:00:ab:01 -device virtio-net-pci,addr=0x2,mq=on,vectors=3,romfile="
+            ),
+            "{args}"
+        );
+        assert_eq!(args.matches("-netdev").count(), 1, "{args}");
     }
 
     #[test]

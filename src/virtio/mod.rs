@@ -267,6 +267,10 @@ mod tests {
         for (ours, standard) in pairs {
             assert_eq!(ours, standard);
         }
+        assert_eq!(
+            VIRTIO_NET_F_MAC,
+            virtio_bindings::virtio_net::VIRTIO_NET_F_MAC
+        );
         // The extension must not collide with a standard register.
         let standard_regs = [0xac, 0xb0, 0xb4, 0xb8, 0xbc, 0xc0];
         for reg in VIRTIO_MMIO_MSI_VEC_NUM..=VIRTIO_MMIO_QUEUE_NOTIFY_OFF {

@@ -40,6 +40,9 @@ contract_consts! {
     VIRTQ_DESC_F_WRITE: u32 = 2;
     /// Size of `struct virtio_net_hdr` with VIRTIO_F_VERSION_1 (virtio 1.2 §5.1.6).
     VIRTIO_NET_HDR_SIZE: u32 = 12;
+    /// virtio-net feature bit: the device has a MAC address in its config space (virtio 1.2
+    /// §5.1.3), the first 6 bytes of `struct virtio_net_config`.
+    VIRTIO_NET_F_MAC: u32 = 5;
     /// virtio-net receive queue index.
     VIRTIO_NET_RX_QUEUE: u32 = 0;
     /// virtio-net transmit queue index.
@@ -145,6 +148,9 @@ contract_consts! {
     VIRTIO_PCI_VENDOR_ID: u32 = 0x1af4;
     /// PCI device ID of a modern virtio device is this plus the virtio device ID.
     VIRTIO_PCI_DEVICE_ID_BASE: u32 = 0x1040;
+    /// PCI device ID of a transitional virtio network card (virtio 1.2 §4.1.2.3), such as
+    /// QEMU's virtio-net-pci: its Subsystem Device ID is the virtio device ID.
+    VIRTIO_PCI_TRANSITIONAL_NET_ID: u32 = 0x1000;
     /// virtio_pci_cap.cfg_type: common configuration (virtio 1.2 §4.1.4).
     VIRTIO_PCI_CAP_COMMON_CFG: u32 = 1;
     /// cfg_type: notifications.

@@ -93,6 +93,27 @@ pub fn virtio_rr(request_size: u64, count: u64) -> Op {
     }
 }
 
+/// `count` ICMP echo transactions with `data` bytes each, from `guest` to `host` (IPv4
+/// addresses) whose MAC is `host_mac`, on the device of the last [`virtio_init`].
+pub fn icmp_echo(
+    host: std::net::Ipv4Addr,
+    guest: std::net::Ipv4Addr,
+    host_mac: [u8; 6],
+    data: u64,
+    count: u64,
+) -> Op {
+    let mut mac = [0; 8];
+    mac[2..].copy_from_slice(&host_mac);
+    Op {
+        kind: OP_ICMP_ECHO,
+        address: u64::from(host.to_bits()) | u64::from(guest.to_bits()) << 32,
+        value: u64::from_be_bytes(mac),
+        size: data,
+        count,
+        ..Default::default()
+    }
+}
+
 /// Reset the device and bring it up again.
 pub fn virtio_reset() -> Op {
     Op {
