@@ -440,6 +440,10 @@ static u64 vtd_init(void)
     u64 cap = vtd_read(VTD_CAP_REG, 8), ecap = vtd_read(VTD_ECAP_REG, 8);
     if (!(cap & VTD_CAP_SAGAW_4LEVEL) || !(ecap & VTD_ECAP_QI))
         return STATUS_DEVICE_ERROR;
+    /* strict's one page-selective invalidation per 8-page slot needs CAP.PSI and MAMV >= 3
+     * (VT-d §11.4.2; a unit other than exitless's, QEMU's, is checked, not assumed). */
+    if (!(cap & VTD_CAP_PSI) || ((cap >> VTD_CAP_MAMV_SHIFT) & 0x3f) < 3)
+        return STATUS_DEVICE_ERROR;
     vtd.pool_next = VTD_POOL;
     for (u64 p = VTD_ROOT; p < VTD_POOL; p += 8)
         *(volatile u64 *)p = 0;
@@ -957,14 +961,15 @@ static u64 pci_locate(u64 fn)
         cfg_read(m, fn + PCI_DEVICE_ID, 2) != VIRTIO_PCI_DEVICE_ID_BASE + VIRTIO_ID_NET)
         return STATUS_DEVICE_ERROR;
     pci_enable_master(fn);
-    u64 bar = pci_bar(fn, 0);
     dev.common = dev.msix_table = 0;
     u32 ptr = cfg_read(m, fn + PCI_CAPABILITY_LIST, 1) & 0xfc;
     for (int n = 0; ptr >= 0x40 && n < 48; n++) {
         u64 cap = fn + ptr;
         u32 id = cfg_read(m, cap, 1);
-        if (id == PCI_CAP_ID_VNDR && cfg_read(m, cap + VIRTIO_PCI_CAP_BAR, 1) == 0) {
-            u64 at = bar + cfg_read(m, cap + VIRTIO_PCI_CAP_OFFSET, 4);
+        /* Each structure names its BAR: exitless's are all in BAR 0, QEMU's in BAR 4. */
+        u32 bar = cfg_read(m, cap + VIRTIO_PCI_CAP_BAR, 1);
+        if (id == PCI_CAP_ID_VNDR && bar < 6) {
+            u64 at = pci_bar(fn, bar) + cfg_read(m, cap + VIRTIO_PCI_CAP_OFFSET, 4);
             switch (cfg_read(m, cap + VIRTIO_PCI_CAP_CFG_TYPE, 1)) {
             case VIRTIO_PCI_CAP_COMMON_CFG: dev.common = at; break;
             case VIRTIO_PCI_CAP_ISR_CFG: dev.isr = at; break;
@@ -975,8 +980,9 @@ static u64 pci_locate(u64 fn)
                 break;
             }
         } else if (id == PCI_CAP_ID_MSIX) {
-            dev.msix_table = bar + (cfg_read(m, cap + PCI_MSIX_TABLE, 4) & ~PCI_MSIX_BIR_MASK);
-            dev.msix_pba = bar + (cfg_read(m, cap + PCI_MSIX_PBA, 4) & ~PCI_MSIX_BIR_MASK);
+            u32 table = cfg_read(m, cap + PCI_MSIX_TABLE, 4), pba = cfg_read(m, cap + PCI_MSIX_PBA, 4);
+            dev.msix_table = pci_bar(fn, table & PCI_MSIX_BIR_MASK) + (table & ~PCI_MSIX_BIR_MASK);
+            dev.msix_pba = pci_bar(fn, pba & PCI_MSIX_BIR_MASK) + (pba & ~PCI_MSIX_BIR_MASK);
             u32 control = cfg_read(m, cap + PCI_MSIX_FLAGS, 2);
             cfg_write(m, cap + PCI_MSIX_FLAGS, 2, control | PCI_MSIX_FLAGS_ENABLE);
         }
@@ -2064,7 +2070,7 @@ static void net_stream(const struct op *op, struct op_result *res)
 /* ---- The op interpreter ---- */
 
 /* Set when QEMU booted the probe (multiboot): no VMM test port, no built-in responder, no
- * virtio-mmio devices, no VT-d unit. */
+ * virtio-mmio devices. */
 static int under_qemu;
 
 /* Ops that need what only exitless's machine has: refused under QEMU, not left to time out. */
@@ -2074,14 +2080,11 @@ static int needs_exitless(const struct op *op)
     case OP_MSIX_CHECK:
         return op->count != 0; /* asks for each vector through PORT_MSIX_SEND */
     case OP_MSIX_LATENCY:
-    case OP_VIRTIO_INIT:
     case OP_VIRTIO_RR:
     case OP_VIRTIO_RESET:
     case OP_VIRTIO_MASK_PENDING:
     case OP_HOSTILE:
-    case OP_IOMMU_MODE:
-    case OP_NET_STREAM:
-    case OP_IOMMU_REPORT:
+    case OP_IOMMU_REPORT: /* the report lands where only exitless reads it */
         return 1;
     default:
         return 0;
@@ -2234,7 +2237,8 @@ static void map_high_memory(void)
 
 /* Fill the boot info exitless's VMM would have written: ECAM from the MCFG (PCI Firmware 3.2
  * §4.1.2: base, segment, first and last bus of the first allocation), the TSC frequency, no
- * virtio-mmio devices, no IOMMU; and copy the ops from fw_cfg. 0 if all was there. */
+ * virtio-mmio devices, the VT-d unit if there is a DMAR; and copy the ops from fw_cfg. 0 if
+ * all was there. */
 static const char *qemu_boot_info(void)
 {
     struct boot_info *info = (struct boot_info *)BOOT_INFO_ADDR;
@@ -2242,6 +2246,7 @@ static const char *qemu_boot_info(void)
     if (!rsdp)
         return "no ACPI RSDP";
     const u8 *fadt = acpi_table(rsdp, "FACP"), *mcfg = acpi_table(rsdp, "MCFG");
+    const u8 *dmar = acpi_table(rsdp, "DMAR"); /* with QEMU's intel-iommu */
     if (!fadt)
         return "no ACPI FADT";
     u32 size = 0;
@@ -2260,7 +2265,7 @@ static const char *qemu_boot_info(void)
     info->tsc_khz = calibrate_tsc_khz((u16)fw_rd32(fadt + 76)); /* PM_TMR_BLK */
     info->op_count = size / sizeof(struct op);
     info->virtio_mmio_count = 0;
-    info->iommu_base = 0;
+    info->iommu_base = dmar ? acpi_dmar_unit(dmar) : 0;
     fw_cfg_select(file);
     fw_cfg_read((void *)OPS_ADDR, size);
     return 0;

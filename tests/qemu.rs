@@ -164,7 +164,6 @@ fn msix_programming_enable_and_masks_work_on_qemus_virtio_net_and_sends_are_refu
         // What only exitless's machine can do.
         ops::msix_check(f, true),
         ops::msix_latency(f, 0, 1, 1),
-        ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0),
         ops::hostile(1, 10),
         // A slot with no function.
         ops::msix_program(machine.virtio_net_function(5), 0x40, 0, true),
@@ -188,6 +187,49 @@ fn msix_programming_enable_and_masks_work_on_qemus_virtio_net_and_sends_are_refu
             run.results[i]
         );
     }
+}
+
+#[test]
+fn the_vtd_driver_streams_through_qemus_intel_iommu_strict_and_deferred() {
+    let Some(qemu) = qemu() else { return };
+    let machine = QemuMachine {
+        virtio_net: 2,
+        iommu: Some(1),
+        ..QemuMachine::default()
+    };
+    let function = |i| machine.virtio_net_function(i).ecam_offset();
+    // 300 frames: more than a high-water mark of 250, so deferred-array flushes at least once.
+    let (frames, in_flight) = (300, 8);
+    let list = [
+        // Outside the unit, before translation is on.
+        ops::virtio_init(TRANSPORT_PCI, function(0), 0),
+        ops::net_stream(32, frames, in_flight),
+        // Behind it: the probe found the unit in the DMAR, and turns translation on.
+        ops::virtio_init(TRANSPORT_PCI, function(1), RR_FLAG_IOMMU),
+        ops::iommu_mode(IOMMU_MODE_STRICT, 0),
+        ops::net_stream(32, frames, in_flight),
+        ops::iommu_mode(IOMMU_MODE_DEFERRED_ARRAY, 250),
+        ops::net_stream(32, frames, in_flight),
+        // The driver's counters go where exitless reads them, not into the serial dump.
+        ops::iommu_report(0),
+    ];
+    let run = boot(&qemu, &machine, &list);
+    for i in [0, 2, 3, 5] {
+        ok(&run, i);
+    }
+    for i in [1, 4, 6] {
+        let r = ok(&run, i);
+        assert_eq!(r.value, frames, "op {i}: every frame came back from the sink");
+        assert!(r.cycles > 0, "op {i}: timed");
+    }
+    assert_eq!(
+        run.results[5].value, 0,
+        "strict leaves nothing pending for the switch to flush"
+    );
+    assert_eq!(
+        run.results[7].status, STATUS_UNSUPPORTED,
+        "the report is exitless's to read"
+    );
 }
 
 #[test]

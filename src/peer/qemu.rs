@@ -16,9 +16,11 @@
 //! SeaBIOS boots it (about 4–6 s on this project's hosts, most of a run), assigns the BARs and
 //! turns decoding on; QEMU's own virtio-net-pci devices keep QEMU's defaults (ioeventfd on).
 //! What works there: the `pci` scenario's ops (RAM and config read loops by port I/O and ECAM,
-//! enumeration) and MSI-X programming, Enable, masking and `msix_check` without sends. Ops
-//! that need exitless's test port or built-in backends (`PORT_MSIX_SEND`, request/response,
-//! the hostile burst, the VT-d driver) end with `STATUS_UNSUPPORTED`.
+//! enumeration), MSI-X programming, Enable, masking and `msix_check` without sends, and with
+//! [`QemuMachine::iommu`] the `iommu` scenario's stream through QEMU's intel-iommu (the probe
+//! finds the unit in the DMAR). Ops that need exitless's test port or built-in backends
+//! (`PORT_MSIX_SEND`, request/response, the hostile burst, the IOMMU report) end with
+//! `STATUS_UNSUPPORTED`.
 
 use std::fs;
 use std::io::Read;
@@ -66,6 +68,9 @@ pub struct QemuMachine {
     /// Slot of the first function (q35 has the host bridge at 0 and the LPC bridge, SATA and
     /// SMBus controllers at 31).
     pub first_slot: u8,
+    /// QEMU's VT-d unit (`-device intel-iommu`, described by a DMAR), translating the DMA of
+    /// the virtio-net functions from this index on; `None`: no unit.
+    pub iommu: Option<u8>,
 }
 
 impl Default for QemuMachine {
@@ -76,6 +81,7 @@ impl Default for QemuMachine {
             virtio_net: 0,
             queue_pairs: 1,
             first_slot: 1,
+            iommu: None,
         }
     }
 }
@@ -136,16 +142,33 @@ impl QemuMachine {
             "-device".into(),
             format!("isa-debug-exit,iobase={QEMU_DEBUG_EXIT_PORT:#x},iosize=4"),
         ]);
-        for i in 0..self.virtio_net {
-            // No option ROM: nothing here boots from the network, and iPXE's takes seconds.
+        if self.iommu.is_some() {
+            // Before the functions: each gets its DMA address space when it is created. A
+            // 4-level table (aw-bits=48: SAGAW bit 2, VT-d §10.4.2), as exitless's unit has
+            // and the probe's driver builds; no interrupt remapping, which would need
+            // kernel-irqchip=split, and the probe's MSIs are not remapped.
             args.extend([
                 "-device".into(),
-                format!(
-                    "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
-                    self.virtio_net_function(i).device,
-                    self.msix_vectors()
-                ),
+                "intel-iommu,aw-bits=48,intremap=off".into(),
             ]);
+        }
+        for i in 0..self.virtio_net {
+            // No option ROM: nothing here boots from the network, and iPXE's takes seconds.
+            // With no netdev, what a function sends is dropped: the stream's sink.
+            let mut device = format!(
+                "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
+                self.virtio_net_function(i).device,
+                self.msix_vectors()
+            );
+            if let Some(first) = self.iommu {
+                // Modern only (device ID 0x1041, the one the probe's driver takes), and behind
+                // the unit through VIRTIO_F_ACCESS_PLATFORM, which QEMU has legacy devices lack.
+                device.push_str(",disable-legacy=on");
+                if i >= first {
+                    device.push_str(",iommu_platform=on");
+                }
+            }
+            args.extend(["-device".into(), device]);
         }
         args
     }
