@@ -442,7 +442,8 @@ fn prepare_bench(args: BenchArgs) -> Result<PreparedBench, String> {
                     let plan = match scenario {
                         Scenario::Pci => pci_bench(&args).peer_plan(),
                         Scenario::Msix => msix_bench(&args)?.peer_plan(),
-                        Scenario::Rr | Scenario::Iommu | Scenario::Soak => continue,
+                        Scenario::Iommu => iommu_bench(&args)?.peer_plan(),
+                        Scenario::Rr | Scenario::Soak => continue,
                     };
                     let result = against::run(&qemu, plan)
                         .map_err(|e| format!("the probe under {}: {e}", qemu.version()))?;
@@ -476,6 +477,17 @@ fn msix_bench(args: &BenchArgs) -> Result<MsixBench, String> {
     Ok(msix)
 }
 
+fn iommu_bench(args: &BenchArgs) -> Result<IommuBench, String> {
+    let iommu = IommuBench {
+        packets: args.packets,
+        in_flight: args.in_flight,
+        transactions: args.transactions,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    iommu.validate()?;
+    Ok(iommu)
+}
+
 /// Why a scenario has no peer column.
 fn not_compared(scenario: Scenario) -> &'static str {
     match scenario {
@@ -483,11 +495,8 @@ fn not_compared(scenario: Scenario) -> &'static str {
             "not measured under qemu: its counterpart needs a responder both VMMs have (tap \
              networking on both and a host-side echo), which the probe does not drive yet"
         }
-        Scenario::Iommu => {
-            "not measured under qemu: the probe's VT-d driver has not been tried on QEMU's intel-iommu"
-        }
         Scenario::Soak => "not measured under qemu: the soak counts failures, not time",
-        Scenario::Pci | Scenario::Msix => "",
+        Scenario::Pci | Scenario::Msix | Scenario::Iommu => "",
     }
 }
 
@@ -505,13 +514,7 @@ fn bench(prepared: PreparedBench) -> Result<(), String> {
     };
     rr.validate()?;
     let msix = msix_bench(&args)?;
-    let iommu = IommuBench {
-        packets: args.packets,
-        in_flight: args.in_flight,
-        transactions: args.transactions,
-        timeout: Duration::from_secs(args.timeout),
-    };
-    iommu.validate()?;
+    let iommu = iommu_bench(&args)?;
     let soak = SoakBench {
         bursts: args.bursts,
         accesses: args.accesses,

@@ -387,6 +387,34 @@ mod tests {
     }
 
     #[test]
+    fn the_iommu_comes_before_the_functions_and_translates_those_from_its_index() {
+        let machine = QemuMachine {
+            virtio_net: 2,
+            iommu: Some(1),
+            ..QemuMachine::default()
+        };
+        let args = machine.args().join(" ");
+        assert!(
+            args.contains(
+                "-device intel-iommu,aw-bits=48,intremap=off \
+                 -device virtio-net-pci,addr=0x1,mq=on,vectors=3,romfile=,disable-legacy=on \
+                 -device virtio-net-pci,addr=0x2,mq=on,vectors=3,romfile=,disable-legacy=on,\
+                 iommu_platform=on"
+            ),
+            "{args}"
+        );
+        let plain = QemuMachine {
+            virtio_net: 1,
+            ..QemuMachine::default()
+        };
+        let args = plain.args().join(" ");
+        assert!(
+            !args.contains("intel-iommu") && !args.contains("disable-legacy"),
+            "{args}"
+        );
+    }
+
+    #[test]
     fn functions_off_the_free_slots_are_refused() {
         let fits = |first_slot, virtio_net| {
             QemuMachine {
