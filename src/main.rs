@@ -404,8 +404,9 @@ struct BenchArgs {
     timeout: u64,
     /// Also boot the same probe binary under another VMM, with the same guest ops, and print
     /// its time per op beside each variant's: `qemu` (Debian's qemu-system-x86: q35 with KVM,
-    /// its own virtio-net-pci and config space). Scenarios pci and msix; without QEMU
-    /// installed the bench says how to install it and runs without the column.
+    /// its own virtio-net-pci and config space, and its intel-iommu for iommu's stream).
+    /// Scenarios pci, msix and iommu; without QEMU installed the bench says how to install it
+    /// and runs without the column.
     #[arg(long, value_enum, value_name = "VMM")]
     against: Option<PeerArg>,
 }
