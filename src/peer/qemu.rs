@@ -13,6 +13,10 @@
 //!     -device virtio-net-pci,addr=SLOT,mq=on,vectors=2Q+1,romfile=   (one per function)
 //! ```
 //!
+//! and with [`QemuMachine::iommu`], `-device intel-iommu,aw-bits=48,intremap=off` before the
+//! functions, which are then modern only (`disable-legacy=on`), and from its index on behind
+//! the unit (`iommu_platform=on`).
+//!
 //! SeaBIOS boots it (about 4–6 s on this project's hosts, most of a run), assigns the BARs and
 //! turns decoding on; QEMU's own virtio-net-pci devices keep QEMU's defaults (ioeventfd on).
 //! What works there: the `pci` scenario's ops (RAM and config read loops by port I/O and ECAM,
