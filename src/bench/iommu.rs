@@ -233,7 +233,8 @@ impl IommuBench {
     /// The stream under QEMU's intel-iommu (`--against qemu`), in one boot: each variant at
     /// the default high-water mark brings its device up and streams as on exitless, `none` on
     /// a virtio-net-pci outside the unit, the others on one behind it (the probe's same VT-d
-    /// driver, on the unit QEMU's DMAR describes), [`PEER_STREAMS`] times; the median counts.
+    /// driver, on the unit QEMU's DMAR describes), three times (`PEER_STREAMS`); the median
+    /// counts.
     /// The transactions are left out: they need exitless's responder.
     pub fn peer_plan(&self) -> PeerPlan {
         let machine = QemuMachine {
