@@ -234,8 +234,7 @@ impl IommuBench {
     /// the default high-water mark brings its device up and streams as on exitless, `none` on
     /// a virtio-net-pci outside the unit, the others on one behind it (the probe's same VT-d
     /// driver, on the unit QEMU's DMAR describes), three times (`PEER_STREAMS`); the median
-    /// counts.
-    /// The transactions are left out: they need exitless's responder.
+    /// counts. The transactions are left out: they need exitless's responder.
     pub fn peer_plan(&self) -> PeerPlan {
         let machine = QemuMachine {
             virtio_net: 2,
