@@ -988,7 +988,8 @@ static u64 pci_locate(u64 fn)
     for (int n = 0; ptr >= 0x40 && n < 48; n++) {
         u64 cap = fn + ptr;
         u32 id = cfg_read(m, cap, 1);
-        /* Each structure names its BAR: exitless's are all in BAR 0, QEMU's in BAR 4. */
+        /* Each structure names its BAR, 0 to 5, others reserved (virtio 1.2 §4.1.4):
+         * exitless's are all in BAR 0, QEMU's in BAR 4. */
         u32 bar = cfg_read(m, cap + VIRTIO_PCI_CAP_BAR, 1);
         if (id == PCI_CAP_ID_VNDR && bar < 6) {
             u64 at = pci_bar(fn, bar) + cfg_read(m, cap + VIRTIO_PCI_CAP_OFFSET, 4);
