@@ -2,7 +2,7 @@
  * CPL 3, when QEMU boots it) and the test kernel (32-bit, ring 0):
  *
  *   - the ACPI tables (ACPI 6.5 §5.2): the RSDP found by scanning, the XSDT or RSDT, any table
- *     by signature;
+ *     by signature, the VT-d unit in the DMAR;
  *   - fw_cfg's traditional port interface (QEMU docs/specs/fw_cfg.rst): select, read, and a
  *     file looked up in the file directory.
  *
@@ -78,6 +78,43 @@ static inline const uint8_t *acpi_table(const uint8_t *rsdp, const char *sig)
         const uint8_t *t = fw_phys(fw_rd32(root + 36 + i * step));
         if (fw_equal(t, sig, 4))
             return t;
+    }
+    return 0;
+}
+
+/* Whether a DRHD's device scopes (Intel VT-d 4.0 §8.3.1: type, length, reserved, enumeration
+ * ID, start bus, then the path) name a PCI endpoint (type 1) or sub-hierarchy (type 2) on bus 0. */
+static inline int acpi_drhd_has_bus0(const uint8_t *drhd, uint32_t size)
+{
+    for (uint32_t at = 16; at + 6 <= size;) {
+        const uint8_t *scope = drhd + at;
+        if (scope[1] < 6)
+            return 0; /* a malformed entry: no way to the next one */
+        if ((scope[0] == 1 || scope[0] == 2) && scope[5] == 0)
+            return 1;
+        at += scope[1];
+    }
+    return 0;
+}
+
+/* The register base of the VT-d remapping unit that covers bus 0 of segment 0, from the DMAR
+ * (Intel VT-d 4.0 §8.1): after its 48-byte header come remapping structures, each with its
+ * type and length in its first 4 bytes; a DRHD (type 0, §8.3) has flags at 4 (bit 0:
+ * INCLUDE_PCI_ALL), its segment at 6, its 64-bit register base address at 8 and device scopes
+ * from 16. QEMU 7.2 lists the devices of its root bus as scopes rather than set
+ * INCLUDE_PCI_ALL; exitless sets the flag. 0 if no unit covers bus 0. */
+static inline uint64_t acpi_dmar_unit(const uint8_t *dmar)
+{
+    uint32_t len = fw_rd32(dmar + 4);
+    for (uint32_t at = 48; at + 16 <= len;) {
+        const uint8_t *s = dmar + at;
+        uint32_t type = (uint32_t)s[0] | (uint32_t)s[1] << 8, size = (uint32_t)s[2] | (uint32_t)s[3] << 8;
+        if (size < 4 || at + size > len)
+            return 0; /* a malformed table: no way to the next structure */
+        if (type == 0 && size >= 16 && s[6] == 0 && s[7] == 0 &&
+            ((s[4] & 1) || acpi_drhd_has_bus0(s, size)))
+            return fw_rd32(s + 8) | (uint64_t)fw_rd32(s + 12) << 32;
+        at += size;
     }
     return 0;
 }

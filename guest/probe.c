@@ -352,7 +352,7 @@ struct vtd_pending {
 };
 
 static struct {
-    int ready;
+    int ready, coherent;
     u64 base, mode, hwm, pool_next, qtail, wait_seq, deadline;
     struct vtd_domain domains[VTD_DOMAINS];
     u64 ndomains;
@@ -372,6 +372,15 @@ static u64 vtd_read(u64 reg, u64 size) { return mem_read(vtd.base + reg, size); 
 static void vtd_write(u64 reg, u64 size, u64 v) { mem_write(vtd.base + reg, size, v); }
 
 static u64 tsc_per_ms(void) { return boot->tsc_khz ? boot->tsc_khz : 3000000; }
+
+/* Write back the cache line of a table entry just written, where the unit's walks do not
+ * snoop (ECAP.C = 0, VT-d §10.4.3: QEMU's unit says so; exitless's is coherent), as
+ * Linux's intel-iommu does with clflush_cache_range. */
+static void vtd_sync(const volatile void *entry)
+{
+    if (!vtd.coherent)
+        __asm__ volatile("clflush %0" ::"m"(*(const volatile u8 *)entry) : "memory");
+}
 
 /* Set a GCMD bit and wait for GSTS to show it (VT-d §10.4.4: software writes GSTS's value
  * with the one bit changed). */
@@ -395,6 +404,8 @@ static u64 vtd_alloc_page(void)
     vtd.pool_next += VTD_PAGE;
     for (u64 i = 0; i < VTD_PAGE; i += 8)
         *(volatile u64 *)(p + i) = 0;
+    for (u64 i = 0; i < VTD_PAGE; i += 64)
+        vtd_sync((const volatile void *)(p + i));
     return p;
 }
 
@@ -440,10 +451,17 @@ static u64 vtd_init(void)
     u64 cap = vtd_read(VTD_CAP_REG, 8), ecap = vtd_read(VTD_ECAP_REG, 8);
     if (!(cap & VTD_CAP_SAGAW_4LEVEL) || !(ecap & VTD_ECAP_QI))
         return STATUS_DEVICE_ERROR;
+    /* strict's one page-selective invalidation per 8-page slot needs CAP.PSI and MAMV >= 3
+     * (CAP, VT-d §10.4.2: a unit other than exitless's, QEMU's, is checked, not assumed). */
+    if (!(cap & VTD_CAP_PSI) || ((cap >> VTD_CAP_MAMV_SHIFT) & 0x3f) < 3)
+        return STATUS_DEVICE_ERROR;
+    vtd.coherent = (ecap & VTD_ECAP_C) != 0;
     vtd.pool_next = VTD_POOL;
     for (u64 p = VTD_ROOT; p < VTD_POOL; p += 8)
         *(volatile u64 *)p = 0;
     *(volatile u64 *)VTD_ROOT = VTD_CONTEXT | VTD_ROOT_P; /* bus 0 */
+    for (u64 p = VTD_ROOT; p < VTD_POOL; p += 64)
+        vtd_sync((const volatile void *)p);
     vtd_write(VTD_RTADDR_REG, 8, VTD_ROOT);
     if (!vtd_command(VTD_GCMD_SRTP))
         return STATUS_TIMEOUT;
@@ -491,6 +509,7 @@ static struct vtd_domain *vtd_domain(u64 fn)
     volatile u64 *ctx = (volatile u64 *)(VTD_CONTEXT + 16 * devfn);
     ctx[1] = VTD_CTX_AW_4LEVEL | (u64)d->did << VTD_CTX_DID_SHIFT;
     ctx[0] = d->pml4 | VTD_CTX_P; /* TT 0: translate */
+    vtd_sync(ctx); /* 16-byte aligned: one line */
     const u64 flush[1][2] = {{VTD_QI_CC_TYPE | VTD_GRAN_GLOBAL << VTD_QI_GRAN_SHIFT, 0}};
     vtd_submit(flush, 1);
     return d;
@@ -510,6 +529,7 @@ static volatile u64 *vtd_pte(struct vtd_domain *d, u64 iova, int alloc)
             if (!page)
                 return 0;
             *e = page | VTD_PTE_R | VTD_PTE_W;
+            vtd_sync(e);
         }
         table = *e & ~0xfffull;
     }
@@ -527,6 +547,7 @@ static u64 vtd_map_at(struct vtd_domain *d, u16 slot, u64 page, const void *buf,
         if (!pte)
             return 0;
         *pte = p | VTD_PTE_R | (write ? VTD_PTE_W : 0);
+        vtd_sync(pte);
     }
     vtd.rep.maps++;
     return iova + (gpa & 0xfff);
@@ -622,8 +643,11 @@ static u64 vtd_capacity(void)
 static void vtd_unmap(struct vtd_domain *d, u16 slot, u64 pages)
 {
     u64 iova = slot_iova(slot);
-    for (u64 i = 0; i < pages; i++)
-        *vtd_pte(d, iova + i * VTD_PAGE, 0) = 0;
+    for (u64 i = 0; i < pages; i++) {
+        volatile u64 *pte = vtd_pte(d, iova + i * VTD_PAGE, 0);
+        *pte = 0;
+        vtd_sync(pte);
+    }
     vtd.rep.unmaps++;
     vtd.rep.pages += pages;
     struct vtd_pending p = {.tsc = rdtsc(), .next = ~0u, .slot = slot, .pages = (u16)pages,
@@ -672,8 +696,10 @@ static void vtd_domain_reset(struct vtd_domain *d)
     vtd_flush();
     for (u64 page = 0; page < (u64)VTD_SLOTS * VTD_SLOT_PAGES; page++) {
         volatile u64 *pte = vtd_pte(d, IOVA_BASE + page * VTD_PAGE, 0);
-        if (pte)
+        if (pte) {
             *pte = 0;
+            vtd_sync(pte);
+        }
     }
     d->nfree = 0;
     for (u16 s = VTD_SLOTS - 1; s >= 1; s--)
@@ -977,7 +1003,10 @@ static u64 pci_locate(u64 fn)
     u32 ptr = cfg_read(m, fn + PCI_CAPABILITY_LIST, 1) & 0xfc;
     for (int n = 0; ptr >= 0x40 && n < 48; n++) {
         u64 cap = fn + ptr;
-        u32 id = cfg_read(m, cap, 1), bar = cfg_read(m, cap + VIRTIO_PCI_CAP_BAR, 1);
+        u32 id = cfg_read(m, cap, 1);
+        /* Each structure names its BAR, 0 to 5, others reserved (virtio 1.2 §4.1.4):
+         * exitless's are all in BAR 0, QEMU's in BAR 4. */
+        u32 bar = cfg_read(m, cap + VIRTIO_PCI_CAP_BAR, 1);
         if (id == PCI_CAP_ID_VNDR && bar <= 5) {
             u64 at = pci_bar(fn, bar) + cfg_read(m, cap + VIRTIO_PCI_CAP_OFFSET, 4);
             switch (cfg_read(m, cap + VIRTIO_PCI_CAP_CFG_TYPE, 1)) {
@@ -2250,8 +2279,8 @@ static void net_stream(const struct op *op, struct op_result *res)
 /* ---- The op interpreter ---- */
 
 /* Set when QEMU booted the probe (multiboot): no VMM test port, no built-in responder, no
- * virtio-mmio devices, no VT-d unit; its virtio-net-pci functions are driven (OP_VIRTIO_INIT,
- * OP_ICMP_ECHO with a tap behind them). */
+ * virtio-mmio devices; its virtio-net-pci functions are driven (OP_VIRTIO_INIT, OP_ICMP_ECHO
+ * with a tap behind them, the VT-d streams behind its intel-iommu). */
 static int under_qemu;
 
 /* Ops that need what only exitless's machine has: refused under QEMU, not left to time out. */
@@ -2265,9 +2294,7 @@ static int needs_exitless(const struct op *op)
     case OP_VIRTIO_RESET:
     case OP_VIRTIO_MASK_PENDING:
     case OP_HOSTILE:
-    case OP_IOMMU_MODE:
-    case OP_NET_STREAM:
-    case OP_IOMMU_REPORT:
+    case OP_IOMMU_REPORT: /* the report lands where only exitless reads it */
         return 1;
     default:
         return 0;
@@ -2423,7 +2450,8 @@ static void map_high_memory(void)
 
 /* Fill the boot info exitless's VMM would have written: ECAM from the MCFG (PCI Firmware 3.2
  * §4.1.2: base, segment, first and last bus of the first allocation), the TSC frequency, no
- * virtio-mmio devices, no IOMMU; and copy the ops from fw_cfg. 0 if all was there. */
+ * virtio-mmio devices, the VT-d unit if there is a DMAR; and copy the ops from fw_cfg. 0 if
+ * all was there. */
 static const char *qemu_boot_info(void)
 {
     struct boot_info *info = (struct boot_info *)BOOT_INFO_ADDR;
@@ -2431,6 +2459,7 @@ static const char *qemu_boot_info(void)
     if (!rsdp)
         return "no ACPI RSDP";
     const u8 *fadt = acpi_table(rsdp, "FACP"), *mcfg = acpi_table(rsdp, "MCFG");
+    const u8 *dmar = acpi_table(rsdp, "DMAR"); /* with QEMU's intel-iommu */
     if (!fadt)
         return "no ACPI FADT";
     u32 size = 0;
@@ -2449,7 +2478,7 @@ static const char *qemu_boot_info(void)
     info->tsc_khz = calibrate_tsc_khz((u16)fw_rd32(fadt + 76)); /* PM_TMR_BLK */
     info->op_count = size / sizeof(struct op);
     info->virtio_mmio_count = 0;
-    info->iommu_base = 0;
+    info->iommu_base = dmar ? acpi_dmar_unit(dmar) : 0;
     fw_cfg_select(file);
     fw_cfg_read((void *)OPS_ADDR, size);
     return 0;

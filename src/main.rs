@@ -405,9 +405,10 @@ struct BenchArgs {
     timeout: u64,
     /// Also boot the same probe binary under another VMM, with the same guest ops, and print
     /// its time per op beside each variant's: `qemu` (Debian's qemu-system-x86: q35 with KVM,
-    /// its own virtio-net-pci and config space). Scenarios pci, msix and rr (rr: ICMP echo
-    /// with the host's kernel through a tap the bench makes, which needs CAP_NET_ADMIN);
-    /// without QEMU installed the bench says how to install it and runs without the column.
+    /// its own virtio-net-pci and config space, and its intel-iommu for iommu's stream).
+    /// Scenarios pci, msix, rr and iommu (rr: ICMP echo with the host's kernel through a tap
+    /// the bench makes, which needs CAP_NET_ADMIN); without QEMU installed the bench says how
+    /// to install it and runs without the column.
     #[arg(long, value_enum, value_name = "VMM")]
     against: Option<PeerArg>,
 }
@@ -461,7 +462,8 @@ fn prepare_bench(args: BenchArgs) -> Result<PreparedBench, String> {
                                 continue;
                             }
                         },
-                        Scenario::Iommu | Scenario::Soak => continue,
+                        Scenario::Iommu => iommu_bench(&args)?.peer_plan(),
+                        Scenario::Soak => continue,
                     };
                     let result = against::run(&qemu, plan)
                         .map_err(|e| format!("the probe under {}: {e}", qemu.version()))?;
@@ -509,14 +511,22 @@ fn msix_bench(args: &BenchArgs) -> Result<MsixBench, String> {
     Ok(msix)
 }
 
+fn iommu_bench(args: &BenchArgs) -> Result<IommuBench, String> {
+    let iommu = IommuBench {
+        packets: args.packets,
+        in_flight: args.in_flight,
+        transactions: args.transactions,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    iommu.validate()?;
+    Ok(iommu)
+}
+
 /// Why a scenario has no peer column.
 fn not_compared(scenario: Scenario) -> &'static str {
     match scenario {
-        Scenario::Iommu => {
-            "not measured under qemu: the probe's VT-d driver has not been tried on QEMU's intel-iommu"
-        }
         Scenario::Soak => "not measured under qemu: the soak counts failures, not time",
-        Scenario::Pci | Scenario::Msix | Scenario::Rr => "",
+        Scenario::Pci | Scenario::Msix | Scenario::Rr | Scenario::Iommu => "",
     }
 }
 
@@ -530,13 +540,7 @@ fn bench(prepared: PreparedBench) -> Result<(), String> {
     } = prepared;
     let rr = rr_bench(&args, host_tap.as_ref().map(|t| t.link().clone()))?;
     let msix = msix_bench(&args)?;
-    let iommu = IommuBench {
-        packets: args.packets,
-        in_flight: args.in_flight,
-        transactions: args.transactions,
-        timeout: Duration::from_secs(args.timeout),
-    };
-    iommu.validate()?;
+    let iommu = iommu_bench(&args)?;
     let soak = SoakBench {
         bursts: args.bursts,
         accesses: args.accesses,

@@ -15,13 +15,18 @@
 //!                                                      function's backend, netdev=n0,mac=MAC)
 //! ```
 //!
+//! and with [`QemuMachine::iommu`], `-device intel-iommu,aw-bits=48,intremap=off` before the
+//! functions, which are then modern only (`disable-legacy=on`), and from its index on behind
+//! the unit (`iommu_platform=on`).
+//!
 //! SeaBIOS boots it (about 4–6 s on this project's hosts, most of a run), assigns the BARs and
 //! turns decoding on; QEMU's own virtio-net-pci devices keep QEMU's defaults (ioeventfd on).
 //! What works there: the `pci` scenario's ops (RAM and config read loops by port I/O and ECAM,
-//! enumeration), MSI-X programming, Enable, masking and `msix_check` without sends, and the
-//! virtio-net driver with ICMP echo through a [`QemuTap`]. Ops that need exitless's test port
-//! or built-in backends (`PORT_MSIX_SEND`, the built-in request/response, the hostile burst,
-//! the VT-d driver) end with `STATUS_UNSUPPORTED`.
+//! enumeration), MSI-X programming, Enable, masking and `msix_check` without sends, the
+//! virtio-net driver with ICMP echo through a [`QemuTap`], and with [`QemuMachine::iommu`] the
+//! `iommu` scenario's stream through QEMU's intel-iommu (the probe finds the unit in the DMAR).
+//! Ops that need exitless's test port or built-in backends (`PORT_MSIX_SEND`, the built-in
+//! request/response, the hostile burst, the IOMMU report) end with `STATUS_UNSUPPORTED`.
 
 use std::fs;
 use std::io::Read;
@@ -69,6 +74,9 @@ pub struct QemuMachine {
     /// Slot of the first function (q35 has the host bridge at 0 and the LPC bridge, SATA and
     /// SMBus controllers at 31).
     pub first_slot: u8,
+    /// QEMU's VT-d unit (`-device intel-iommu`, described by a DMAR), translating the DMA of
+    /// the virtio-net functions from this index on; `None`: no unit.
+    pub iommu: Option<u8>,
     /// A host tap behind the first function; without one, no function has a backend.
     pub tap: Option<QemuTap>,
 }
@@ -92,6 +100,7 @@ impl Default for QemuMachine {
             queue_pairs: 1,
             first_slot: 1,
             tap: None,
+            iommu: None,
         }
     }
 }
@@ -152,8 +161,19 @@ impl QemuMachine {
             "-device".into(),
             format!("isa-debug-exit,iobase={QEMU_DEBUG_EXIT_PORT:#x},iosize=4"),
         ]);
+        if self.iommu.is_some() {
+            // Before the functions: each gets its DMA address space when it is created. A
+            // 4-level table (aw-bits=48: SAGAW bit 2, VT-d §10.4.2), as exitless's unit has
+            // and the probe's driver builds; no interrupt remapping, which would need
+            // kernel-irqchip=split, and the probe's MSIs are not remapped.
+            args.extend([
+                "-device".into(),
+                "intel-iommu,aw-bits=48,intremap=off".into(),
+            ]);
+        }
         for i in 0..self.virtio_net {
             // No option ROM: nothing here boots from the network, and iPXE's takes seconds.
+            // With no netdev, what a function sends is dropped: the iommu stream's sink.
             let mut device = format!(
                 "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
                 self.virtio_net_function(i).device,
@@ -172,6 +192,14 @@ impl QemuMachine {
                         tap.ifname
                     ),
                 ]);
+            }
+            if let Some(first) = self.iommu {
+                // Modern only: QEMU's legacy devices lack VIRTIO_F_ACCESS_PLATFORM, with which
+                // a function is behind the unit.
+                device.push_str(",disable-legacy=on");
+                if i >= first {
+                    device.push_str(",iommu_platform=on");
+                }
             }
             args.extend(["-device".into(), device]);
         }
@@ -411,6 +439,34 @@ mod tests {
             "{args}"
         );
         assert_eq!(args.matches("-netdev").count(), 1, "{args}");
+    }
+
+    #[test]
+    fn the_iommu_comes_before_the_functions_and_translates_those_from_its_index() {
+        let machine = QemuMachine {
+            virtio_net: 2,
+            iommu: Some(1),
+            ..QemuMachine::default()
+        };
+        let args = machine.args().join(" ");
+        assert!(
+            args.contains(
+                "-device intel-iommu,aw-bits=48,intremap=off \
+                 -device virtio-net-pci,addr=0x1,mq=on,vectors=3,romfile=,disable-legacy=on \
+                 -device virtio-net-pci,addr=0x2,mq=on,vectors=3,romfile=,disable-legacy=on,\
+                 iommu_platform=on"
+            ),
+            "{args}"
+        );
+        let plain = QemuMachine {
+            virtio_net: 1,
+            ..QemuMachine::default()
+        };
+        let args = plain.args().join(" ");
+        assert!(
+            !args.contains("intel-iommu") && !args.contains("disable-legacy"),
+            "{args}"
+        );
     }
 
     #[test]
