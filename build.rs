@@ -7,7 +7,7 @@
 //! `testkernel.bin`. Both are put next to the exitless binary (target/debug/ or
 //! target/release/), where the tests and the README's examples find them. The test kernel
 //! shares nothing with the VMM's sources, only the firmware readers and the multiboot header
-//! (guest/firmware.h, multiboot.h) with the probe: it checks exitless against QEMU's conventions.
+//! (guest/firmware.h, multiboot.h, portio.h) with the probe: it checks exitless against QEMU's conventions.
 
 use std::env;
 use std::fmt::Write as _;
@@ -83,7 +83,7 @@ fn run(cmd: &mut Command) {
 }
 
 /// Headers in guest/ that the probe and the test kernel both include.
-const GUEST_SHARED: [&str; 2] = ["firmware.h", "multiboot.h"];
+const GUEST_SHARED: [&str; 3] = ["firmware.h", "multiboot.h", "portio.h"];
 
 /// Flags for freestanding guest code, 32- or 64-bit.
 const FREESTANDING: [&str; 13] = [

@@ -6,10 +6,11 @@
  *   - fw_cfg's traditional port interface (QEMU docs/specs/fw_cfg.rst): select, read, and a
  *     file looked up in the file directory.
  *
- * Both guests identity-map the low 4 GiB, where firmware puts these tables. The includer
- * provides outw() and insb(). */
+ * Both guests identity-map the low 4 GiB, where firmware puts these tables. */
 #pragma once
 #include <stdint.h>
+
+#include "portio.h"
 
 #define FW_CFG_SEL      0x510
 #define FW_CFG_DATA     0x511

@@ -13,18 +13,7 @@ typedef uint64_t u64;
 
 /* ---- CPU primitives (CPL 3: port I/O is allowed by the TSS I/O bitmap) ---- */
 
-static inline void outb(u16 port, u8 v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
-static inline void outw(u16 port, u16 v) { __asm__ volatile("outw %0, %1" ::"a"(v), "Nd"(port)); }
-static inline void outl(u16 port, u32 v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
-static inline u8 inb(u16 port) { u8 v; __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port)); return v; }
-static inline u16 inw(u16 port) { u16 v; __asm__ volatile("inw %1, %0" : "=a"(v) : "Nd"(port)); return v; }
-static inline u32 inl(u16 port) { u32 v; __asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port)); return v; }
-
-/* `rep insb`: n bytes of one port in one string instruction. */
-static inline void insb(u16 port, void *buf, u64 n)
-{
-    __asm__ volatile("rep insb" : "+D"(buf), "+c"(n) : "d"(port) : "memory");
-}
+#include "portio.h"
 
 #include "firmware.h"
 
