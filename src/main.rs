@@ -443,6 +443,10 @@ fn prepare_bench(args: BenchArgs) -> Result<PreparedBench, String> {
     let mut peers = Vec::new();
     let (mut unpeered, mut host_tap) = (Vec::new(), None);
     if args.against == Some(PeerArg::Qemu) {
+        if scenarios.contains(&Scenario::Soak) {
+            let why = "not measured under qemu: the soak counts failures, not time";
+            unpeered.push((Scenario::Soak, why.to_owned()));
+        }
         match Qemu::find() {
             Err(e) => eprintln!("exitless: {e}; running without the qemu column"),
             Ok(qemu) => {
@@ -522,14 +526,6 @@ fn iommu_bench(args: &BenchArgs) -> Result<IommuBench, String> {
     Ok(iommu)
 }
 
-/// Why a scenario has no peer column.
-fn not_compared(scenario: Scenario) -> &'static str {
-    match scenario {
-        Scenario::Soak => "not measured under qemu: the soak counts failures, not time",
-        Scenario::Pci | Scenario::Msix | Scenario::Rr | Scenario::Iommu => "",
-    }
-}
-
 fn bench(prepared: PreparedBench) -> Result<(), String> {
     let PreparedBench {
         args,
@@ -561,16 +557,8 @@ fn bench(prepared: PreparedBench) -> Result<(), String> {
             Scenario::Soak => soak.run(),
         };
         let mut scenario_report = result.map_err(|e| e.to_string())?;
-        let avoiding = match scenario {
-            Scenario::Pci => PciBench::EXIT_AVOIDING,
-            Scenario::Msix => MsixBench::EXIT_AVOIDING,
-            _ => &[],
-        };
         match peers.iter().find(|(s, _)| *s == scenario) {
-            Some((_, peer)) => peer.attach(&mut scenario_report, avoiding),
-            None if args.against.is_some() && !not_compared(scenario).is_empty() => {
-                scenario_report.notes.push(not_compared(scenario).into());
-            }
+            Some((_, peer)) => peer.attach(&mut scenario_report),
             None => scenario_report.notes.extend(
                 unpeered
                     .iter()

@@ -24,6 +24,8 @@ pub struct PeerPlan {
     /// For each exitless variant: its counterpart's ops under QEMU (the median is taken), the
     /// timed operations each does, and QEMU's path where it is not the variant's own.
     pub counterparts: Vec<Counterpart>,
+    /// The variants whose whole point is to avoid QEMU's default path: the 0.1× target's.
+    pub exit_avoiding: &'static [&'static str],
     /// Longest the QEMU boot may take.
     pub timeout: Duration,
 }
@@ -83,9 +85,9 @@ impl PeerResult {
     }
 
     /// Set the peer's figures beside `report`'s variants, and add the two targets:
-    /// exitless no slower than QEMU on every shared variant, and the exit-avoiding variants
-    /// (`avoiding`, each named with QEMU's default path it replaces) at most 0.1× QEMU's.
-    pub fn attach(&self, report: &mut ScenarioReport, avoiding: &[&str]) {
+    /// exitless no slower than QEMU on every shared variant, and the plan's exit-avoiding
+    /// variants at most 0.1× QEMU's default path.
+    pub fn attach(&self, report: &mut ScenarioReport) {
         for c in &self.plan.counterparts {
             let Some(v) = report.variants.iter_mut().find(|v| v.name == c.variant) else {
                 // A figure with no exitless variant of its own.
@@ -126,7 +128,7 @@ impl PeerResult {
                 met: ratio <= 1.0,
             });
         }
-        for name in avoiding {
+        for name in self.plan.exit_avoiding {
             let Some(ratio) = report
                 .variants
                 .iter()

@@ -275,6 +275,7 @@ impl IommuBench {
             machine,
             ops: list,
             counterparts,
+            exit_avoiding: &[],
             timeout: self.timeout,
         }
     }

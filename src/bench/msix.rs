@@ -200,12 +200,10 @@ impl MsixBench {
             machine,
             ops: list,
             counterparts,
+            exit_avoiding: &["batched", "first-use"],
             timeout: self.timeout,
         }
     }
-
-    /// The variants whose whole point is to avoid QEMU's default path, for the 0.1× target.
-    pub const EXIT_AVOIDING: &[&str] = &["batched", "first-use"];
 
     /// Boot once per strategy, run every device's bursts, and report.
     pub fn run(&self) -> Result<ScenarioReport, MachineError> {

@@ -98,12 +98,10 @@ impl PciBench {
                 pair("enum-ecam-trap", enums(3 + reps), 1, trapped),
                 pair("enum-ecam-shadow", enums(3 + reps), 1, unshadowed),
             ],
+            exit_avoiding: &["ecam-shadow"],
             timeout: self.timeout,
         }
     }
-
-    /// The variants whose whole point is to avoid QEMU's default path, for the 0.1× target.
-    pub const EXIT_AVOIDING: &[&str] = &["ecam-shadow"];
 
     /// Boot the probe twice (ECAM trapped, then shadowed) and build the report.
     pub fn run(&self) -> Result<ScenarioReport, MachineError> {

@@ -183,6 +183,7 @@ impl RrBench {
                 path: "its virtio-net-pci on the same tap, ioeventfd doorbells, no vhost",
                 control: false,
             }],
+            exit_avoiding: &[],
             timeout: self.timeout,
         }
     }
