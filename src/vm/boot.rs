@@ -31,6 +31,10 @@ const FLAT32_CS: u16 = 0x08;
 const FLAT32_DS: u16 = 0x10;
 
 // Control register bits (Intel SDM vol. 3 §2.5).
+/// RFLAGS with nothing set but bit 1, which is reserved and always 1 (Intel SDM Vol. 1 §3.4.3):
+/// interrupts off, the state every boot protocol enters with.
+pub const RFLAGS_BOOT: u64 = 0x2;
+
 const CR0_PE: u64 = 1 << 0;
 const CR0_MP: u64 = 1 << 1;
 const CR0_ET: u64 = 1 << 4;
@@ -234,7 +238,7 @@ pub fn entry_regs(vcpu_index: u64) -> kvm_regs {
         rip: PROBE_LOAD_ADDR,
         rsp: PROBE_STACK_TOP - 0x1000 * (vcpu_index + 1),
         rdi: vcpu_index,
-        rflags: 0x2, // bit 1 is reserved and must be set
+        rflags: RFLAGS_BOOT,
         ..Default::default()
     }
 }

@@ -364,7 +364,7 @@ impl Loader for BzImage {
                 rip: KERNEL_ADDR + ENTRY_64_OFFSET,
                 rsi: BOOT_PARAMS_ADDR,
                 rsp: STACK_TOP,
-                rflags: 0x2, // bit 1 is reserved and set; interrupts off (boot.rst)
+                rflags: boot::RFLAGS_BOOT,
                 ..Default::default()
             },
         })

@@ -737,7 +737,7 @@ impl Loader for MultibootKernel {
                 rip: self.entry.into(),
                 rax: BOOTLOADER_MAGIC.into(),
                 rbx: INFO_ADDR,
-                rflags: 0x2, // bit 1 is reserved and set; IF and VM clear (§3.2)
+                rflags: crate::vm::boot::RFLAGS_BOOT,
                 ..Default::default()
             },
         })

@@ -290,7 +290,7 @@ impl Loader for PvhKernel {
             regs: kvm_bindings::kvm_regs {
                 rip: self.entry.into(),
                 rbx: START_INFO_ADDR,
-                rflags: 0x2, // bit 1 is reserved and set; interrupts off (pvh.pandoc)
+                rflags: crate::vm::boot::RFLAGS_BOOT,
                 ..Default::default()
             },
         })
