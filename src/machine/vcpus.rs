@@ -122,7 +122,7 @@ fn stop_and_join(threads: Vec<JoinHandle<()>>) {
     let deadline = std::time::Instant::now() + STOP_DEADLINE;
     while threads.iter().any(|t| !t.is_finished()) && std::time::Instant::now() < deadline {
         for t in threads.iter().filter(|t| !t.is_finished()) {
-            let _ = t.kill(vcpu::kick_signal());
+            let _ = t.kill(seccomp::kick_signal());
         }
         thread::sleep(Duration::from_millis(1));
     }

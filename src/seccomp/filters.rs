@@ -16,6 +16,13 @@ use seccompiler::{
 use super::ThreadKind;
 use super::kvm::*;
 
+/// The signal that kicks a vCPU thread out of `KVM_RUN` (its handler does nothing; the
+/// interrupted ioctl returns EINTR). Defined here, below the vCPU code, because the main
+/// thread's filter pins it: the only signal whose handler it may install.
+pub fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
 /// A system call a kind of thread may make, and with which arguments.
 #[derive(Clone, Debug)]
 pub(crate) struct Allowed {
@@ -250,7 +257,7 @@ fn main_thread() -> Vec<Allowed> {
         ),
         // Running: the vCPU kick's handler, installed at the first run (the kicks themselves
         // are tgkill, in runtime()), and the short sleeps while threads stop.
-        sys!(SYS_rt_sigaction).only(0, [value(crate::vm::vcpu::kick_signal())]),
+        sys!(SYS_rt_sigaction).only(0, [value(kick_signal())]),
         sys!(SYS_clock_nanosleep),
         // The report: the host's description (/proc, /sys/module, the CPU count from the
         // affinity and cgroup files) and the --svg chart.

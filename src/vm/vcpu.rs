@@ -8,9 +8,10 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
+use vmm_sys_util::signal::register_signal_handler;
 
 use crate::bus::{DeviceId, IoBuses};
+use crate::seccomp::kick_signal;
 use crate::stats::{ExitCounters, ExitKind};
 use crate::vm::kvm_run::{MAX_INSTRUCTION_BYTES, RunPage};
 use crate::vm::run_control::{RunControl, StopReason};
@@ -127,11 +128,6 @@ fn hex_bytes(bytes: &[u8]) -> String {
 
 extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // Nothing to do: the signal's only job is to make KVM_RUN return EINTR.
-}
-
-/// The signal that kicks a vCPU thread out of `KVM_RUN`.
-pub fn kick_signal() -> libc::c_int {
-    SIGRTMIN()
 }
 
 /// Install the kick handler once per process.
