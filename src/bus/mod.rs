@@ -28,11 +28,11 @@ pub enum BusError {
     /// The range {base:#x}+{len:#x} of {name} overlaps {other}.
     #[error("the range {base:#x}+{len:#x} of {name} overlaps {other}")]
     Overlap {
-        /// Device being inserted.
+        /// Name of the device whose range was refused.
         name: String,
-        /// Its base.
+        /// The refused range's first address.
         base: u64,
-        /// Its length.
+        /// The refused range's length.
         len: u64,
         /// The device already there.
         other: String,
@@ -40,11 +40,11 @@ pub enum BusError {
     /// A zero-length or wrapping range.
     #[error("the range {base:#x}+{len:#x} of {name} is empty or wraps")]
     BadRange {
-        /// Device being inserted.
+        /// Name of the device whose range was refused.
         name: String,
-        /// Its base.
+        /// The refused range's first address.
         base: u64,
-        /// Its length.
+        /// The refused range's length.
         len: u64,
     },
 }
@@ -93,7 +93,7 @@ pub struct BusRange {
     pub id: DeviceId,
     /// Device name, for error messages.
     pub name: Arc<str>,
-    /// The device.
+    /// The device that serves accesses to the range.
     pub device: Arc<dyn BusDevice>,
 }
 

@@ -15,15 +15,15 @@ use crate::vm::run_control::{RunControl, StopReason};
 pub const PM_BASE: u16 = 0x600;
 /// Offset of PM1a_EVT_BLK: PM1 status (2 bytes) and PM1 enable (2 bytes).
 pub const PM1_EVT_OFFSET: u16 = 0;
-/// Length of PM1a_EVT_BLK.
+/// Length of PM1a_EVT_BLK: PM1 status and PM1 enable (ACPI 6.5 §4.8.3.1).
 pub const PM1_EVT_LEN: u8 = 4;
-/// Offset of PM1a_CNT_BLK.
+/// Offset of PM1a_CNT_BLK: right after the event block.
 pub const PM1_CNT_OFFSET: u16 = 4;
-/// Length of PM1a_CNT_BLK.
+/// Length of PM1a_CNT_BLK: the 16-bit PM1 control register (ACPI 6.5 §4.8.3.2).
 pub const PM1_CNT_LEN: u8 = 2;
 /// Offset of PM_TMR_BLK: port 0x608, as QEMU has it.
 pub const PM_TMR_OFFSET: u16 = 8;
-/// Length of PM_TMR_BLK.
+/// Length of PM_TMR_BLK: the 32-bit timer register (ACPI 6.5 §4.8.3.3).
 pub const PM_TMR_LEN: u8 = 4;
 /// Ports the device decodes.
 pub const PM_BLOCK_LEN: u16 = PM_TMR_OFFSET + PM_TMR_LEN as u16;
@@ -49,10 +49,10 @@ struct Regs {
     control: u16,
 }
 
-/// The device.
+/// The power-management block: PM1a event and control registers and the PM timer.
 pub struct AcpiPm {
     regs: Mutex<Regs>,
-    /// The timer's zero.
+    /// When the timer read 0: it counts from the device's creation.
     start: Instant,
     control: Arc<RunControl>,
     log: Arc<DeviceLog>,
@@ -69,7 +69,7 @@ impl AcpiPm {
         }
     }
 
-    /// The device's log.
+    /// The device's log, for its guest errors.
     pub fn log(&self) -> &Arc<DeviceLog> {
         &self.log
     }

@@ -18,7 +18,7 @@ pub fn exit_status(value: u64) -> u8 {
     (value << 1 | 1).to_le_bytes()[0]
 }
 
-/// The device.
+/// The debug-exit port: any write stops the run with [`exit_status`] of the value.
 pub struct DebugExit {
     control: Arc<RunControl>,
 }

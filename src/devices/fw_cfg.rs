@@ -21,7 +21,7 @@ const DATA_OFFSET: u64 = 1;
 
 // Selector keys (fw_cfg.rst, "Selector Register"; QEMU include/standard-headers/linux/
 // qemu_fw_cfg.h).
-/// "QEMU" in ASCII.
+/// The signature item: "QEMU" in ASCII, how a guest detects the device.
 pub const FW_CFG_SIGNATURE: u16 = 0x00;
 /// Interface features, 32 bits little-endian: bit 0 the traditional interface, bit 1 DMA.
 pub const FW_CFG_ID: u16 = 0x01;
@@ -64,7 +64,7 @@ pub enum FwCfgError {
 pub struct FwCfgContents {
     /// Guest RAM in bytes.
     pub ram_size: u64,
-    /// vCPUs.
+    /// vCPUs at boot.
     pub cpus: u16,
     /// Named files (`opt/…` for a VMM's own, as fw_cfg.rst asks), in any order.
     pub files: Vec<(String, Vec<u8>)>,
@@ -77,7 +77,7 @@ struct Cursor {
     offset: usize,
 }
 
-/// The device.
+/// The fw_cfg device: its items by selector key, and the guest's read cursor.
 pub struct FwCfg {
     items: BTreeMap<u16, Vec<u8>>,
     cursor: Mutex<Cursor>,

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use crate::bus::BusDevice;
 use crate::vm::run_control::{RunControl, StopReason};
 
-/// The register's port.
+/// The port RST_CNT sits at.
 pub const RESET_CONTROL_PORT: u16 = 0xcf9;
 /// The value the FADT tells the guest to write to reset: SYS_RST | RST_CPU, a hard reset.
 pub const RESET_VALUE: u8 = SYS_RST | RST_CPU;
@@ -21,7 +21,7 @@ const SYS_RST: u8 = 1 << 1;
 const RST_CPU: u8 = 1 << 2;
 const FULL_RST: u8 = 1 << 3;
 
-/// The register.
+/// The Reset Control Register: its kept bits, and the run it stops on RST_CPU.
 pub struct ResetControl {
     value: AtomicU8,
     control: Arc<RunControl>,

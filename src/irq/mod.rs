@@ -59,7 +59,7 @@ pub enum IrqError {
     Kvm {
         /// What was being done.
         what: &'static str,
-        /// The error.
+        /// The errno KVM returned.
         #[source]
         source: kvm_ioctls::Error,
     },

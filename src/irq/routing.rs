@@ -9,7 +9,7 @@
 //!
 //! An MSI vector's irqfd is bound to its GSI only while the vector has a route: a commit first
 //! installs the table, then binds the irqfds of new routes and unbinds those of removed ones
-//! (the order of seed 002's QEMU patch).
+//! (the order of the QEMU patch this batching comes from: docs/benchmarks.md, scenario `msix`).
 //!
 //! Routes are needed only for irqfds something other than the VMM signals; the owner of the
 //! vectors ([`super::MsiVectors`]) can also commit at a vector's first message, or use no
@@ -88,7 +88,7 @@ impl CommitStrategy {
 /// How many commits were made and how long KVM took for them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommitStats {
-    /// `KVM_SET_GSI_ROUTING` calls.
+    /// How many `KVM_SET_GSI_ROUTING` calls were made.
     pub commits: u64,
     /// Time inside those calls.
     pub time: Duration,
@@ -106,7 +106,7 @@ impl CommitStats {
 
 /// A GSI for an MSI vector and the irqfd that sends it.
 pub struct MsiGsi {
-    /// The GSI.
+    /// The GSI the vector's route is installed under.
     pub gsi: u32,
     /// Writing 1 sends the vector's message once the GSI is routed.
     pub irqfd: Arc<EventFd>,
@@ -340,7 +340,7 @@ impl InterruptRoutes for GsiRouting {
         self.after_change(&mut t)
     }
 
-    /// In one `KVM_SET_GSI_ROUTING`.
+    /// Write every staged change in one `KVM_SET_GSI_ROUTING`.
     fn commit(&self) -> Result<(), IrqError> {
         self.commit_locked(&mut self.table.lock().unwrap())
     }

@@ -1,4 +1,5 @@
-//! PCI: configuration space and the three ways a guest reaches it (T1).
+//! PCI: configuration space and the three ways a guest reaches it (measured by the `pci`
+//! scenario, docs/benchmarks.md).
 //!
 //! - [`cf8`]: configuration mechanism #1 by port I/O;
 //! - [`ecam`]: the ECAM window, trapped or backed by a read-only shadow;

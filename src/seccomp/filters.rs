@@ -35,7 +35,7 @@ pub(crate) struct Allowed {
 /// The arguments a system call may take.
 #[derive(Clone, Debug)]
 pub(crate) enum Args {
-    /// Any.
+    /// Any arguments: the call itself is what is allowed.
     Any,
     /// Argument `arg` is one of `values`. Compared as 32 bits: every argument checked so is an
     /// `int` or `unsigned int` to the kernel (an ioctl's request, `prctl`'s option, a signal, a

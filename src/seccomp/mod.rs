@@ -49,7 +49,7 @@ pub enum ThreadKind {
 }
 
 impl ThreadKind {
-    /// Every kind.
+    /// Every kind, in the order [`enable`] compiles their filters.
     pub const ALL: [ThreadKind; 6] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
@@ -78,9 +78,9 @@ pub enum SeccompError {
     /// A filter does not compile to BPF.
     #[error("cannot build the seccomp filter of the {kind} thread: {source}")]
     Build {
-        /// The thread kind.
+        /// The thread kind's name.
         kind: &'static str,
-        /// Why.
+        /// seccompiler's reason.
         #[source]
         source: seccompiler::Error,
     },
@@ -90,9 +90,9 @@ pub enum SeccompError {
     /// The kernel refused a filter.
     #[error("cannot confine the {kind} thread with seccomp: {source} (--no-seccomp runs without)")]
     Apply {
-        /// The thread kind.
+        /// The thread kind's name.
         kind: &'static str,
-        /// Why.
+        /// The kernel's refusal, as seccompiler reports it.
         #[source]
         source: seccompiler::Error,
     },

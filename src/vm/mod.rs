@@ -31,9 +31,9 @@ pub enum VmError {
     /// Another KVM failure.
     #[error("KVM {what} failed: {source}")]
     Kvm {
-        /// The operation.
+        /// The ioctl that failed, as the message names it.
         what: &'static str,
-        /// The errno.
+        /// The errno KVM returned.
         #[source]
         source: kvm_ioctls::Error,
     },
@@ -46,9 +46,9 @@ pub enum VmError {
     /// Guest memory allocation failed.
     #[error("cannot allocate {size} bytes of guest memory: {reason}")]
     Memory {
-        /// Requested size.
+        /// The guest RAM size asked for.
         size: usize,
-        /// Why.
+        /// The host's reason, from the mmap failure.
         reason: String,
     },
 }
@@ -196,7 +196,7 @@ impl Vm {
         &self.kvm
     }
 
-    /// The VM handle.
+    /// The VM's file descriptor, for VM ioctls.
     pub fn fd(&self) -> &VmFd {
         &self.fd
     }
@@ -206,7 +206,7 @@ impl Vm {
         self.fd.clone()
     }
 
-    /// Guest RAM.
+    /// Guest RAM, as mapped into the VM's memslots.
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.memory
     }

@@ -280,7 +280,7 @@ impl SerialConsole {
             .map_or(0, |q| q.dropped.load(Ordering::Relaxed))
     }
 
-    /// The device's log.
+    /// The device's log, for its guest errors.
     pub fn log(&self) -> &Arc<DeviceLog> {
         &self.log
     }

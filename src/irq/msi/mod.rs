@@ -55,18 +55,18 @@ impl State {
 pub enum MsiChange {
     /// Vector `index` now has this complete message.
     Program {
-        /// The vector.
+        /// The vector's index in the table.
         index: usize,
-        /// Message address.
+        /// Message address: where the message is written (the APIC's 0xFEEx_xxxx window).
         address: u64,
-        /// Message data.
+        /// Message data: vector and delivery mode.
         data: u32,
     },
     /// Mask or unmask vector `index`.
     Mask {
-        /// The vector.
+        /// The vector's index in the table.
         index: usize,
-        /// Masked.
+        /// Whether the vector is now masked (its messages held as pending).
         masked: bool,
     },
     /// Enable or disable the table (MSI-X Enable).

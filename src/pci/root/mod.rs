@@ -29,7 +29,8 @@ use crate::guest_error;
 use crate::logging::DeviceLog;
 use crate::pci::PciAddress;
 use crate::pci::config::{
-    Bar, ConfigError, ConfigSpace, ConfigWindow, FUNCTIONS_PER_BUS, FunctionLayout, touches,
+    Bar, BarSlots, ConfigError, ConfigSpace, ConfigWindow, FUNCTIONS_PER_BUS, FunctionLayout,
+    touches,
 };
 use crate::pci::function::PciFunction;
 use crate::pci::regs::{
@@ -41,7 +42,7 @@ use crate::vm::shadow::ShadowRegion;
 /// Errors adding functions.
 #[derive(Debug, thiserror::Error)]
 pub enum PciError {
-    /// Bad configuration layout.
+    /// The function's configuration layout is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// The slot is taken.
@@ -71,9 +72,9 @@ pub struct BarWindows {
 /// Weak, because the root is itself on those buses (CF8, ECAM).
 #[derive(Clone)]
 pub struct BarBuses {
-    /// Memory BARs.
+    /// The bus memory BARs decode on.
     pub mmio: WeakBus,
-    /// I/O BARs.
+    /// The bus I/O BARs decode on.
     pub pio: WeakBus,
     /// Id of every BAR range in the exit accounting.
     pub id: DeviceId,
@@ -173,6 +174,38 @@ impl BusDevice for BarDevice {
     fn write(&self, offset: u64, data: &[u8]) {
         self.with(|st, slot| st.function.bar_write(&st.config, slot, offset, data));
     }
+}
+
+/// A function's table entry: its state, with one bus device per BAR (none decoding yet) that
+/// reaches back to it.
+fn new_function(
+    address: PciAddress,
+    config: ConfigSpace,
+    slots: &BarSlots,
+    function: Box<dyn PciFunction>,
+) -> Arc<Function> {
+    Arc::new_cyclic(|weak: &Weak<Function>| {
+        let bars = slots
+            .iter()
+            .enumerate()
+            .map(|(index, &(slot, bar))| PlacedBar {
+                slot,
+                bar,
+                wanted: None,
+                decoded: false,
+                device: Arc::new(BarDevice {
+                    function: weak.clone(),
+                    index,
+                }),
+            })
+            .collect();
+        Mutex::new(FunctionState {
+            address,
+            config,
+            bars,
+            function,
+        })
+    })
 }
 
 /// Pack a read-hooked range for [`PciRoot::read_hooks`]; 0 means none.
@@ -292,20 +325,7 @@ impl PciRoot {
         if address.function != 0 && !functions.contains_key(&fn0) {
             return Err(PciError::NoFunctionZero(address));
         }
-        let mut addresses = Vec::new();
-        let mut command = 0u16;
-        {
-            let (mmio, io) = &mut *self.allocators.lock().unwrap();
-            for bar in &layout.bars {
-                let (alloc, what, enable) = if bar.is_io() {
-                    (&mut *io, "I/O", PCI_COMMAND_IO)
-                } else {
-                    (&mut *mmio, "MMIO", PCI_COMMAND_MEMORY)
-                };
-                addresses.push(alloc.take(bar.size(), what)?);
-                command |= enable;
-            }
-        }
+        let (addresses, command) = self.assign_bars(&layout.bars)?;
         let base = usize::try_from(address.ecam_offset()).expect("bus 0 offsets fit");
         let (config, slots) = ConfigSpace::new(self.window.clone(), base, layout, &addresses)?;
         config.set_u16(PCI_COMMAND, command);
@@ -316,28 +336,7 @@ impl PciRoot {
                 .config
                 .set_u8(PCI_HEADER_TYPE, header | PCI_HEADER_TYPE_MULTIFUNCTION);
         }
-        let entry = Arc::new_cyclic(|weak: &Weak<Function>| {
-            let bars = slots
-                .iter()
-                .enumerate()
-                .map(|(index, &(slot, bar))| PlacedBar {
-                    slot,
-                    bar,
-                    wanted: None,
-                    decoded: false,
-                    device: Arc::new(BarDevice {
-                        function: weak.clone(),
-                        index,
-                    }),
-                })
-                .collect();
-            Mutex::new(FunctionState {
-                address,
-                config,
-                bars,
-                function,
-            })
-        });
+        let entry = new_function(address, config, &slots, function);
         {
             let mut st = entry.lock().unwrap();
             let FunctionState {
@@ -349,6 +348,24 @@ impl PciRoot {
         }
         functions.insert(devfn, entry);
         Ok(())
+    }
+
+    /// Give each of `bars` an address in its window, as firmware would. Returns the addresses
+    /// and the command register bits that enable their decoding.
+    fn assign_bars(&self, bars: &[Bar]) -> Result<(Vec<u64>, u16), PciError> {
+        let mut addresses = Vec::new();
+        let mut command = 0u16;
+        let (mmio, io) = &mut *self.allocators.lock().unwrap();
+        for bar in bars {
+            let (alloc, what, enable) = if bar.is_io() {
+                (&mut *io, "I/O", PCI_COMMAND_IO)
+            } else {
+                (&mut *mmio, "MMIO", PCI_COMMAND_MEMORY)
+            };
+            addresses.push(alloc.take(bar.size(), what)?);
+            command |= enable;
+        }
+        Ok((addresses, command))
     }
 
     fn function(&self, address: PciAddress) -> Option<Arc<Function>> {
