@@ -256,8 +256,8 @@ fn guest_errors_are_counted_per_device() {
 /// builds it (one queue pair: 2 queues, 3 vectors).
 fn pci_cfg_capability() -> u16 {
     use exitless::pci::config::{ConfigSpace, ConfigWindow};
-    use exitless::virtio::pci::VirtioPci;
     use exitless::virtio::regs::{VIRTIO_PCI_CAP_CFG_TYPE, VIRTIO_PCI_CAP_PCI_CFG};
+    use exitless::virtio::transport::pci::VirtioPci;
     let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
     let window = std::sync::Arc::new(ConfigWindow::new(1).unwrap());
     let (config, _) = ConfigSpace::new(window, 0, &layout, &[0xc000_0000]).unwrap();

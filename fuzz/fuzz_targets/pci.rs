@@ -18,7 +18,7 @@ use exitless::pci::root::{BarBuses, BarWindows, PciRoot};
 use exitless::virtio::TransportEnv;
 use exitless::virtio::net::{RequestResponse, VirtioNet};
 use exitless::virtio::notify::NotifyPath;
-use exitless::virtio::pci::VirtioPci;
+use exitless::virtio::transport::pci::VirtioPci;
 use libfuzzer_sys::fuzz_target;
 
 mod common;

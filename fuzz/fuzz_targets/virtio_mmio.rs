@@ -10,7 +10,7 @@ use exitless::bus::BusDevice;
 use exitless::fakes::{FakeIoEvents, FakeRoutes};
 use exitless::logging::DeviceLog;
 use exitless::virtio::TransportEnv;
-use exitless::virtio::mmio::{MmioPlacement, MmioTransport};
+use exitless::virtio::transport::mmio::{MmioPlacement, MmioTransport};
 use exitless::virtio::net::{RequestResponse, VirtioNet};
 use exitless::virtio::notify::NotifyPath;
 use exitless::virtio::regs::*;

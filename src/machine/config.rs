@@ -12,7 +12,7 @@ use crate::virtio::notify::NotifyPath;
 pub const MAX_VIRTIO_PCI: usize = 32 - layout::VIRTIO_PCI_FIRST_DEVICE as usize;
 /// Most queue pairs per virtio-net device: two MSI-X vectors each and one for configuration
 /// changes must fit the MSI-X table.
-pub const MAX_QUEUE_PAIRS: usize = (crate::virtio::pci::MAX_VECTORS - 1) / 2;
+pub const MAX_QUEUE_PAIRS: usize = (crate::virtio::transport::pci::MAX_VECTORS - 1) / 2;
 
 /// The hardware of one machine.
 #[derive(Clone, Debug)]

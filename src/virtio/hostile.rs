@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::mmio::{MmioPlacement, MmioTransport};
 use super::notify::NotifyPath;
-use super::pci::VirtioPci;
 use super::regs::*;
+use super::transport::mmio::{MmioPlacement, MmioTransport};
+use super::transport::pci::VirtioPci;
 use crate::bus::{BusDevice, IoBuses};
 use crate::pci::PciAddress;
 use crate::pci::regs::{PCI_BAR0, PCI_COMMAND, PCI_COMMAND_MASTER, PCI_COMMAND_MEMORY};

@@ -1,8 +1,8 @@
 //! Virtio devices and their transports (virtio 1.2): split virtqueues (on virtio-queue),
 //! feature negotiation, status and reset ([`device`]); virtio-mmio with exitless's MSI and
-//! per-queue doorbell extension ([`mmio`]); modern virtio-pci with MSI-X ([`pci`]); the
-//! notification paths ([`notify`]) and the device thread ([`worker`]); virtio-net ([`net`]);
-//! virtio-blk on a raw file ([`block`]).
+//! per-queue doorbell extension ([`transport::mmio`]); modern virtio-pci with MSI-X
+//! ([`transport::pci`]); the notification paths ([`notify`]) and the device thread
+//! ([`worker`]); virtio-net ([`net`]); virtio-blk on a raw file ([`block`]).
 
 pub mod block;
 pub mod chain;
@@ -10,11 +10,10 @@ pub mod device;
 #[cfg(test)]
 mod hostile;
 pub mod interrupt;
-pub mod mmio;
 pub mod net;
 pub mod notify;
-pub mod pci;
 pub mod rings;
+pub mod transport;
 pub mod worker;
 
 #[allow(missing_docs)] // each constant is documented in the shared file
