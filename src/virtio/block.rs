@@ -405,7 +405,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::virtio::device::{DeviceHealth, Notification, QueueEngine};
+    use crate::virtio::device::{DeviceHealth, Notification};
+    use crate::virtio::engine::QueueEngine;
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::desc::split::Descriptor;

@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex};
 use virtio_queue::QueueT;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::device::{Notification, StatusChange, VirtioState};
+use super::device::Notification;
 use super::interrupt::{Interrupts, LegacyLine};
 use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
+use super::state::{StatusChange, VirtioState};
 use super::worker::{Worker, WorkerHandle};
 use super::{
     DeviceParts, Ring, TransportEnv, VirtioError, finish_late_reset, spawn_worker, write_status,

@@ -7,6 +7,7 @@
 pub mod block;
 pub mod chain;
 pub mod device;
+pub mod engine;
 #[cfg(test)]
 mod hostile;
 pub mod interrupt;
@@ -15,6 +16,7 @@ pub mod net;
 pub mod notify;
 pub mod pci;
 pub mod rings;
+pub mod state;
 pub mod worker;
 
 #[allow(missing_docs)] // each constant is documented in the shared file
@@ -31,10 +33,12 @@ use crate::dma::DmaContext;
 use crate::iommu::Iommu;
 use crate::irq::{InterruptRoutes, IrqError};
 use crate::logging::DeviceLog;
-use device::{Notification, QueueEngine, QueueHandler, StatusChange, VirtioDevice, VirtioState};
+use device::{Notification, QueueHandler, VirtioDevice};
+use engine::QueueEngine;
 use interrupt::Interrupts;
 use notify::{IoEventRegistrar, QueueEvents};
 use regs::VIRTIO_F_ACCESS_PLATFORM;
+use state::{StatusChange, VirtioState};
 use worker::{Command, Worker, WorkerHandle};
 
 /// Errors building a virtio device.

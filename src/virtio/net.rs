@@ -414,7 +414,8 @@ mod tests {
     use crate::iommu::regs::{VTD_FR_READ, VTD_PTE_R};
     use crate::iommu::tables::build::Tables;
     use crate::iommu::testing::*;
-    use crate::virtio::device::{DeviceHealth, Notification, QueueEngine, Work};
+    use crate::virtio::device::{DeviceHealth, Notification};
+    use crate::virtio::engine::{QueueEngine, Work};
     use virtio_bindings::virtio_ring::{
         VRING_DESC_F_INDIRECT as VIRTQ_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
     };

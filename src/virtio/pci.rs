@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex};
 
 use virtio_queue::QueueT;
 
-use super::device::{StatusChange, VirtioState};
 use super::interrupt::Interrupts;
 use super::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use super::regs::*;
+use super::state::{StatusChange, VirtioState};
 use super::worker::{Command, Worker, WorkerHandle};
 use super::{
     DeviceParts, Ring, TransportEnv, VirtioError, finish_late_reset, spawn_worker, write_status,

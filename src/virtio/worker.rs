@@ -20,7 +20,7 @@ use virtio_queue::Queue;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::device::QueueEngine;
+use super::engine::QueueEngine;
 use super::interrupt::Interrupts;
 use crate::dma::DmaContext;
 use crate::logging::DeviceLog;
