@@ -22,7 +22,8 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use super::{HDR, MAX_FRAME, NetBackend};
+use super::backend::NetBackend;
+use super::{HDR, MAX_FRAME};
 
 /// Destination, source and type: the least a tap takes as a frame.
 const ETHERNET_HEADER: usize = 14;
