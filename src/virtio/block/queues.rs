@@ -115,18 +115,7 @@ impl BlockQueues {
             );
             return Err(Refused::Status(VIRTIO_BLK_S_IOERR));
         };
-        let mut header = [0u8; HEADER_LEN];
-        read_at(&c.readable, 0, &mut header, dma)?;
-        let (kind_at, sector_at) = (
-            offset_of!(virtio_blk_outhdr, type_),
-            offset_of!(virtio_blk_outhdr, sector),
-        );
-        let kind = u32::from_le_bytes(header[kind_at..kind_at + 4].try_into().expect("4 bytes"));
-        let sector = u64::from_le_bytes(
-            header[sector_at..sector_at + 8]
-                .try_into()
-                .expect("8 bytes"),
-        );
+        let (kind, sector) = header(c, dma)?;
         match kind {
             VIRTIO_BLK_T_IN => {
                 let offset = self.offset(sector, data_in, log)?;
@@ -242,6 +231,24 @@ impl BlockQueues {
         }
         Ok(())
     }
+}
+
+/// The type and first sector of the request `c`, from its header (`struct
+/// virtio_blk_outhdr`, §5.2.6), whose length the caller has checked.
+fn header(c: &Chain, dma: &DmaContext) -> Result<(u32, u64), DmaError> {
+    let mut header = [0u8; HEADER_LEN];
+    read_at(&c.readable, 0, &mut header, dma)?;
+    let (kind_at, sector_at) = (
+        offset_of!(virtio_blk_outhdr, type_),
+        offset_of!(virtio_blk_outhdr, sector),
+    );
+    let kind = u32::from_le_bytes(header[kind_at..kind_at + 4].try_into().expect("4 bytes"));
+    let sector = u64::from_le_bytes(
+        header[sector_at..sector_at + 8]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    Ok((kind, sector))
 }
 
 /// The file failed a request the guest made correctly: not the guest's error, but the

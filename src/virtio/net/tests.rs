@@ -520,9 +520,9 @@ fn a_buffer_the_iommu_refuses_completes_with_length_zero_and_the_device_goes_on(
     assert_eq!(rx.used().idx().load(), 1);
 }
 
-/// The seed's exposure and what strict closes, at the device: after the guest clears the
-/// PTE of a buffer page, a chain on it is still served from the IOTLB until the
-/// invalidation and its wait; the first chain after them faults.
+/// The window deferred invalidation leaves open and strict closes, at the device: after the
+/// guest clears the PTE of a buffer page, a chain on it is still served from the IOTLB until
+/// the invalidation and its wait; the first chain after them faults.
 #[test]
 fn after_unmap_a_buffer_is_reachable_until_the_invalidation_and_not_after_it() {
     let (mut u, mut t, pt) = behind_iommu();
