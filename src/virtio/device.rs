@@ -255,7 +255,8 @@ impl DeviceHealth {
         self.needs_reset.load(Ordering::SeqCst)
     }
 
-    /// ConfigGeneration.
+    /// The configuration generation: bumped each time the device newly breaks, so a driver
+    /// re-reading the configuration sees the change (virtio 1.2 §2.5.1).
     pub fn config_generation(&self) -> u32 {
         self.config_generation.load(Ordering::SeqCst)
     }

@@ -51,19 +51,19 @@ pub(crate) use testing::test_parts;
 /// Errors building a virtio device.
 #[derive(Debug, thiserror::Error)]
 pub enum VirtioError {
-    /// Interrupt routing.
+    /// The interrupt routes (irqfds, MSI routes) could not be set up.
     #[error(transparent)]
     Irq(#[from] IrqError),
-    /// A KVM call.
+    /// A KVM call (an ioeventfd registration) failed.
     #[error("cannot {what}: {source}")]
     Kvm {
         /// What was being done.
         what: &'static str,
-        /// The error.
+        /// What KVM returned.
         #[source]
         source: kvm_ioctls::Error,
     },
-    /// Eventfds, threads.
+    /// Creating an eventfd or the device thread failed.
     #[error("virtio device setup: {0}{hint}", hint = crate::resource_hint(.0))]
     Io(#[source] std::io::Error),
 }
@@ -82,7 +82,7 @@ pub struct TransportEnv {
     pub ioevents: Arc<dyn IoEventRegistrar>,
     /// The interrupt routing owner.
     pub routes: Arc<dyn InterruptRoutes>,
-    /// Guest memory.
+    /// Guest memory: queues are checked against it, and untranslated DMA reaches it.
     pub mem: GuestMemoryMmap,
     /// The machine's IOMMU: a virtio-pci function's DMA goes through it when its driver
     /// negotiates VIRTIO_F_ACCESS_PLATFORM. virtio-mmio devices have no source-id and
@@ -97,7 +97,7 @@ pub struct TransportEnv {
 pub struct DeviceParts {
     /// Identity, features, queues and configuration space.
     pub device: Box<dyn VirtioDevice>,
-    /// The queue work.
+    /// The queue work, which the device thread runs.
     pub queues: Box<dyn QueueHandler>,
 }
 

@@ -38,13 +38,15 @@ pub struct VirtioState {
     device: Box<dyn VirtioDevice>,
     offered: u64,
     acked: u64,
-    /// DeviceFeaturesSel / device_feature_select.
+    /// Which 32 offered feature bits the driver reads: virtio-mmio DeviceFeaturesSel,
+    /// virtio-pci device_feature_select (virtio 1.2 §4.2.2, §4.1.4.3).
     pub device_features_select: u32,
-    /// DriverFeaturesSel / driver_feature_select.
+    /// Which 32 accepted feature bits the driver writes: virtio-mmio DriverFeaturesSel,
+    /// virtio-pci driver_feature_select.
     pub driver_features_select: u32,
     status: u32,
     queues: Vec<Queue>,
-    /// QueueSel / queue_select.
+    /// The queue the queue registers act on: virtio-mmio QueueSel, virtio-pci queue_select.
     pub queue_select: u32,
     health: Arc<DeviceHealth>,
     mem: GuestMemoryMmap,
@@ -160,7 +162,8 @@ impl VirtioState {
         self.status | broken
     }
 
-    /// ConfigGeneration.
+    /// The configuration generation the driver reads: it changes whenever the configuration
+    /// (or DEVICE_NEEDS_RESET) may have (virtio 1.2 §2.5.1).
     pub fn config_generation(&self) -> u32 {
         self.health.config_generation()
     }
@@ -384,12 +387,12 @@ impl VirtioState {
         }
     }
 
-    /// Device configuration read.
+    /// A driver's read of the device-specific configuration space (virtio 1.2 §2.5).
     pub fn read_config(&self, offset: u64, data: &mut [u8]) {
         self.device.read_config(offset, data);
     }
 
-    /// Device configuration write.
+    /// A driver's write of the device-specific configuration space (virtio 1.2 §2.5).
     pub fn write_config(&mut self, offset: u64, data: &[u8]) {
         self.device.write_config(offset, data);
     }

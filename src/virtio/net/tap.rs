@@ -42,20 +42,20 @@ pub enum TapError {
     /// /dev/net/tun could not be opened.
     #[error("cannot open {TUN_PATH} for tap {name}: {source}{hint}", hint = hint(.source))]
     Open {
-        /// The tap.
+        /// The tap interface's name.
         name: String,
-        /// Why.
+        /// What opening the tun device returned.
         #[source]
         source: io::Error,
     },
     /// TUNSETIFF (attach to, or create, the tap) or one of the settings failed.
     #[error("cannot open tap {name} ({what}): {source}{hint}", hint = hint(.source))]
     Setup {
-        /// The tap.
+        /// The tap interface's name.
         name: String,
         /// The step that failed.
         what: &'static str,
-        /// Why.
+        /// What the failed ioctl returned.
         #[source]
         source: io::Error,
     },
