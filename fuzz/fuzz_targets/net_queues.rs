@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use exitless::dma::DmaContext;
 use exitless::logging::DeviceLog;
-use exitless::virtio::device::{DeviceHealth, QueueEngine};
+use exitless::virtio::device::DeviceHealth;
+use exitless::virtio::engine::QueueEngine;
 use exitless::virtio::net::{NetBackend, RequestResponse, VirtioNet};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueT};

@@ -78,7 +78,8 @@ impl Interrupts {
         self.msi_active.load(Ordering::SeqCst)
     }
 
-    /// InterruptStatus / ISR status.
+    /// The pending notification bits (`VIRTIO_MMIO_INT_*`), as virtio-mmio InterruptStatus and
+    /// the virtio-pci ISR status byte read them (virtio 1.2 §4.2.2, §4.1.4.5).
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
     }

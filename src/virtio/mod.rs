@@ -1,22 +1,28 @@
-//! Virtio devices and their transports (virtio 1.2): split virtqueues (on virtio-queue),
-//! feature negotiation, status and reset ([`device`]); virtio-mmio with exitless's MSI and
-//! per-queue doorbell extension ([`transport::mmio`]); modern virtio-pci with MSI-X
-//! ([`transport::pci`]); the notification paths ([`notify`]) and the device thread
-//! ([`worker`]); virtio-net ([`net`]); virtio-blk on a raw file ([`block`]).
+//! Virtio devices and their transports (virtio 1.2): what every device and both its sides
+//! share ([`device`]); the register side, with feature negotiation, status and reset
+//! ([`state`]); the device thread ([`worker`]) and the queue work it runs on split virtqueues
+//! (on virtio-queue) ([`engine`]); virtio-mmio with exitless's MSI and per-queue doorbell
+//! extension ([`transport::mmio`]); modern virtio-pci with MSI-X ([`transport::pci`]); the notification paths
+//! ([`notify`]); virtio-net ([`net`]); virtio-blk on a raw file ([`block`]).
 
 pub mod block;
 pub mod chain;
 pub mod device;
+pub mod engine;
 #[cfg(test)]
 mod hostile;
 pub mod interrupt;
 pub mod net;
 pub mod notify;
 pub mod rings;
+pub mod state;
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;
 pub mod transport;
 pub mod worker;
 
-#[allow(missing_docs)] // each constant is documented in the shared file
 pub mod regs {
     //! Virtio facts shared with the probe guest (see the file's header).
     include!("regs.rs");
@@ -30,28 +36,33 @@ use crate::dma::DmaContext;
 use crate::iommu::Iommu;
 use crate::irq::{InterruptRoutes, IrqError};
 use crate::logging::DeviceLog;
-use device::{Notification, QueueEngine, QueueHandler, StatusChange, VirtioDevice, VirtioState};
+use device::{Notification, QueueHandler, VirtioDevice};
+use engine::QueueEngine;
 use interrupt::Interrupts;
 use notify::{IoEventRegistrar, QueueEvents};
 use regs::VIRTIO_F_ACCESS_PLATFORM;
+use state::{StatusChange, VirtioState};
 use worker::{Command, Worker, WorkerHandle};
+
+#[cfg(test)]
+pub(crate) use testing::test_parts;
 
 /// Errors building a virtio device.
 #[derive(Debug, thiserror::Error)]
 pub enum VirtioError {
-    /// Interrupt routing.
+    /// The interrupt routes (irqfds, MSI routes) could not be set up.
     #[error(transparent)]
     Irq(#[from] IrqError),
-    /// A KVM call.
+    /// A KVM call (an ioeventfd registration) failed.
     #[error("cannot {what}: {source}")]
     Kvm {
         /// What was being done.
         what: &'static str,
-        /// The error.
+        /// What KVM returned.
         #[source]
         source: kvm_ioctls::Error,
     },
-    /// Eventfds, threads.
+    /// Creating an eventfd or the device thread failed.
     #[error("virtio device setup: {0}{hint}", hint = crate::resource_hint(.0))]
     Io(#[source] std::io::Error),
 }
@@ -70,7 +81,7 @@ pub struct TransportEnv {
     pub ioevents: Arc<dyn IoEventRegistrar>,
     /// The interrupt routing owner.
     pub routes: Arc<dyn InterruptRoutes>,
-    /// Guest memory.
+    /// Guest memory: queues are checked against it, and untranslated DMA reaches it.
     pub mem: GuestMemoryMmap,
     /// The machine's IOMMU: a virtio-pci function's DMA goes through it when its driver
     /// negotiates VIRTIO_F_ACCESS_PLATFORM. virtio-mmio devices have no source-id and
@@ -85,7 +96,7 @@ pub struct TransportEnv {
 pub struct DeviceParts {
     /// Identity, features, queues and configuration space.
     pub device: Box<dyn VirtioDevice>,
-    /// The queue work.
+    /// The queue work, which the device thread runs.
     pub queues: Box<dyn QueueHandler>,
 }
 
@@ -156,124 +167,4 @@ pub enum Ring {
     Driver,
     /// The used ring ("device area").
     Device,
-}
-
-/// What the transport tests share: in-memory KVM stand-ins (no /dev/kvm needed), the
-/// environment built on them, and a virtio-net device.
-#[cfg(test)]
-pub(crate) struct TestParts {
-    pub ioevents: Arc<crate::fakes::FakeIoEvents>,
-    pub routes: Arc<crate::fakes::FakeRoutes>,
-    pub env: TransportEnv,
-    pub net: DeviceParts,
-}
-
-#[cfg(test)]
-pub(crate) fn test_parts() -> TestParts {
-    let ioevents = Arc::new(crate::fakes::FakeIoEvents::default());
-    let routes = Arc::new(crate::fakes::FakeRoutes::default());
-    TestParts {
-        env: TransportEnv {
-            ioevents: ioevents.clone(),
-            routes: routes.clone(),
-            mem: GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)]).unwrap(),
-            iommu: None,
-            log: DeviceLog::new("test"),
-        },
-        ioevents,
-        routes,
-        net: net::VirtioNet::parts([0; 6], vec![Box::new(net::RequestResponse::new(8))]),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::regs::*;
-    use virtio_bindings::virtio_mmio as std_mmio;
-
-    #[test]
-    fn shared_mmio_offsets_match_the_standard_bindings() {
-        let pairs = [
-            (VIRTIO_MMIO_MAGIC_VALUE, std_mmio::VIRTIO_MMIO_MAGIC_VALUE),
-            (VIRTIO_MMIO_VERSION, std_mmio::VIRTIO_MMIO_VERSION),
-            (VIRTIO_MMIO_DEVICE_ID, std_mmio::VIRTIO_MMIO_DEVICE_ID),
-            (VIRTIO_MMIO_VENDOR_ID, std_mmio::VIRTIO_MMIO_VENDOR_ID),
-            (
-                VIRTIO_MMIO_DEVICE_FEATURES,
-                std_mmio::VIRTIO_MMIO_DEVICE_FEATURES,
-            ),
-            (
-                VIRTIO_MMIO_DEVICE_FEATURES_SEL,
-                std_mmio::VIRTIO_MMIO_DEVICE_FEATURES_SEL,
-            ),
-            (
-                VIRTIO_MMIO_DRIVER_FEATURES,
-                std_mmio::VIRTIO_MMIO_DRIVER_FEATURES,
-            ),
-            (
-                VIRTIO_MMIO_DRIVER_FEATURES_SEL,
-                std_mmio::VIRTIO_MMIO_DRIVER_FEATURES_SEL,
-            ),
-            (VIRTIO_MMIO_QUEUE_SEL, std_mmio::VIRTIO_MMIO_QUEUE_SEL),
-            (
-                VIRTIO_MMIO_QUEUE_NUM_MAX,
-                std_mmio::VIRTIO_MMIO_QUEUE_NUM_MAX,
-            ),
-            (VIRTIO_MMIO_QUEUE_NUM, std_mmio::VIRTIO_MMIO_QUEUE_NUM),
-            (VIRTIO_MMIO_QUEUE_READY, std_mmio::VIRTIO_MMIO_QUEUE_READY),
-            (VIRTIO_MMIO_QUEUE_NOTIFY, std_mmio::VIRTIO_MMIO_QUEUE_NOTIFY),
-            (
-                VIRTIO_MMIO_INTERRUPT_STATUS,
-                std_mmio::VIRTIO_MMIO_INTERRUPT_STATUS,
-            ),
-            (
-                VIRTIO_MMIO_INTERRUPT_ACK,
-                std_mmio::VIRTIO_MMIO_INTERRUPT_ACK,
-            ),
-            (VIRTIO_MMIO_STATUS, std_mmio::VIRTIO_MMIO_STATUS),
-            (
-                VIRTIO_MMIO_QUEUE_DESC_LOW,
-                std_mmio::VIRTIO_MMIO_QUEUE_DESC_LOW,
-            ),
-            (
-                VIRTIO_MMIO_QUEUE_DESC_HIGH,
-                std_mmio::VIRTIO_MMIO_QUEUE_DESC_HIGH,
-            ),
-            (
-                VIRTIO_MMIO_QUEUE_AVAIL_LOW,
-                std_mmio::VIRTIO_MMIO_QUEUE_AVAIL_LOW,
-            ),
-            (
-                VIRTIO_MMIO_QUEUE_AVAIL_HIGH,
-                std_mmio::VIRTIO_MMIO_QUEUE_AVAIL_HIGH,
-            ),
-            (
-                VIRTIO_MMIO_QUEUE_USED_LOW,
-                std_mmio::VIRTIO_MMIO_QUEUE_USED_LOW,
-            ),
-            (
-                VIRTIO_MMIO_QUEUE_USED_HIGH,
-                std_mmio::VIRTIO_MMIO_QUEUE_USED_HIGH,
-            ),
-            (
-                VIRTIO_MMIO_CONFIG_GENERATION,
-                std_mmio::VIRTIO_MMIO_CONFIG_GENERATION,
-            ),
-            (VIRTIO_MMIO_CONFIG, std_mmio::VIRTIO_MMIO_CONFIG),
-            (VIRTIO_MMIO_INT_VRING, std_mmio::VIRTIO_MMIO_INT_VRING),
-            (VIRTIO_MMIO_INT_CONFIG, std_mmio::VIRTIO_MMIO_INT_CONFIG),
-        ];
-        for (ours, standard) in pairs {
-            assert_eq!(ours, standard);
-        }
-        assert_eq!(
-            VIRTIO_NET_F_MAC,
-            virtio_bindings::virtio_net::VIRTIO_NET_F_MAC
-        );
-        // The extension must not collide with a standard register.
-        let standard_regs = [0xac, 0xb0, 0xb4, 0xb8, 0xbc, 0xc0];
-        for reg in VIRTIO_MMIO_MSI_VEC_NUM..=VIRTIO_MMIO_QUEUE_NOTIFY_OFF {
-            assert!(!standard_regs.contains(&reg) && reg < VIRTIO_MMIO_CONFIG_GENERATION);
-        }
-    }
 }

@@ -1,4 +1,6 @@
-//! How a driver's queue notification (a doorbell write) reaches the device (T4).
+//! How a driver's queue notification (a doorbell write) reaches the device: through an exit to
+//! the VMM, or an ioeventfd matched on data or on address alone (`exitless bench` compares
+//! them, docs/benchmarks.md).
 
 use std::sync::{Arc, Mutex};
 

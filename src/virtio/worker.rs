@@ -6,11 +6,12 @@
 //! Transports talk to it with [`Command`]s: activation hands it the queues at DRIVER_OK;
 //! reset and queue stop are acknowledged, so when the register reads back the driver knows
 //! the device thread no longer uses what it had (an acknowledgement that comes late leaves the
-//! register reading as before, with DEVICE_NEEDS_RESET, until it does). Because the thread sends its notifications
-//! itself, before it takes the next command, nothing it computed before a reset can be
-//! delivered after the reset's acknowledgement (virtio 1.2 §2.4).
+//! register reading as before, with DEVICE_NEEDS_RESET, until it does). Because the thread
+//! sends its notifications itself, before it takes the next command, nothing it computed
+//! before a reset can be delivered after the reset's acknowledgement (virtio 1.2 §2.4).
 
-use std::os::fd::AsRawFd;
+use std::ops::ControlFlow;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::thread::{self, JoinHandle};
@@ -20,7 +21,7 @@ use virtio_queue::Queue;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::device::QueueEngine;
+use super::engine::QueueEngine;
 use super::interrupt::Interrupts;
 use crate::dma::DmaContext;
 use crate::logging::DeviceLog;
@@ -80,107 +81,17 @@ impl Worker {
     /// Start the thread for `engine`, woken by `queue_events`, notifying through `interrupts`.
     pub fn spawn(
         name: String,
-        mut engine: QueueEngine,
+        engine: QueueEngine,
         interrupts: Arc<Interrupts>,
         queue_events: Vec<EventFd>,
     ) -> std::io::Result<Self> {
         let stop = EventFd::new(EFD_NONBLOCK)?;
-        let wake = EventFd::new(EFD_NONBLOCK)?;
-        let epoll = Epoll::new()?;
-        let queues = queue_events.len();
-        let (resample_token, command_token, stop_token) =
-            (queues as u64, queues as u64 + 1, queues as u64 + 2);
-        for (i, e) in queue_events.iter().enumerate() {
-            epoll.ctl(
-                ControlOperation::Add,
-                e.as_raw_fd(),
-                EpollEvent::new(EventSet::IN, i as u64),
-            )?;
-        }
-        // A backend's file (a tap) wakes the queue it feeds as its doorbell would; edge-
-        // triggered, so frames left waiting for receive buffers do not wake the thread again
-        // until more arrive or the driver kicks. The engine, which owns the files, lives as
-        // long as the epoll set.
-        let sources = engine.wake_sources();
-        for &(fd, q) in &sources {
-            epoll.ctl(
-                ControlOperation::Add,
-                fd,
-                EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, q as u64),
-            )?;
-        }
-        if let Some(r) = interrupts.resample_fd() {
-            epoll.ctl(
-                ControlOperation::Add,
-                r.as_raw_fd(),
-                EpollEvent::new(EventSet::IN, resample_token),
-            )?;
-        }
-        for (fd, token) in [(&wake, command_token), (&stop, stop_token)] {
-            epoll.ctl(
-                ControlOperation::Add,
-                fd.as_raw_fd(),
-                EpollEvent::new(EventSet::IN, token),
-            )?;
-        }
+        let wake = Arc::new(EventFd::new(EFD_NONBLOCK)?);
         let log = engine.log().clone();
         let (commands, inbox) = mpsc::channel();
-        let wake = Arc::new(wake);
-        let wake_clone = wake.clone();
-        let thread = seccomp::spawn(ThreadKind::Device, name, move || {
-            let mut events = vec![EpollEvent::default(); queues + 3 + sources.len()];
-            let mut cpu = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
-            loop {
-                // The device's work is what its thread spent between waits.
-                let now = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
-                engine.log().add_thread_cpu(now.saturating_sub(cpu));
-                cpu = now;
-                let n = match epoll.wait(-1, &mut events) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        log::error!("device thread stopped: epoll: {e}");
-                        return;
-                    }
-                };
-                // A resample left over from the previous interrupt's EOI goes first: handled
-                // after new work it would see that work's status bit and assert the line a
-                // second time. Commands go last: work already signalled is done (and its
-                // interrupts sent) before a reset is acknowledged.
-                let ready = &mut events[..n];
-                ready.sort_by_key(|ev| match ev.data() {
-                    t if t == stop_token => 0,
-                    t if t == resample_token => 1,
-                    t if t == command_token => 3,
-                    _ => 2,
-                });
-                for ev in ready.iter() {
-                    let token = ev.data();
-                    if token == stop_token {
-                        return;
-                    } else if token == resample_token {
-                        interrupts.resample();
-                    } else if token == command_token {
-                        let _ = wake_clone.read();
-                        run_commands(&inbox, &mut engine, &interrupts, &queue_events);
-                    } else if let Some((q, e)) = usize::try_from(token)
-                        .ok()
-                        .and_then(|q| Some((q, queue_events.get(q)?)))
-                    {
-                        let _ = e.read();
-                        let work = engine.process(q);
-                        for n in work.notifications {
-                            interrupts.notify(n);
-                        }
-                        if work.more {
-                            // Come back after the other events: a driver that keeps the
-                            // queue full cannot starve a reset or another queue.
-                            let _ = e.write(1);
-                        }
-                    }
-                }
-            }
-        })?;
+        let device_thread =
+            DeviceThread::new(engine, interrupts, queue_events, inbox, wake.clone(), &stop)?;
+        let thread = seccomp::spawn(ThreadKind::Device, name, move || device_thread.run())?;
         Ok(Worker {
             handle: WorkerHandle {
                 commands,
@@ -195,6 +106,189 @@ impl Worker {
     /// A handle for the transport.
     pub fn handle(&self) -> WorkerHandle {
         self.handle.clone()
+    }
+}
+
+/// The epoll tokens of the device thread's own files. A queue's doorbell (and a backend file
+/// that feeds the queue) has the queue's index as its token; these come after the queues.
+struct Tokens {
+    resample: u64,
+    command: u64,
+    stop: u64,
+}
+
+impl Tokens {
+    /// The tokens of a device with `queues` queues.
+    fn after(queues: usize) -> Self {
+        let queues = queues as u64;
+        Tokens {
+            resample: queues,
+            command: queues + 1,
+            stop: queues + 2,
+        }
+    }
+
+    /// The order the events of one wait are handled in. A resample left over from the
+    /// previous interrupt's EOI goes first: handled after new work it would see that work's
+    /// status bit and assert the line a second time. Commands go last: work already signalled
+    /// is done (and its interrupts sent) before a reset is acknowledged.
+    fn rank(&self, token: u64) -> u8 {
+        match token {
+            t if t == self.stop => 0,
+            t if t == self.resample => 1,
+            t if t == self.command => 3,
+            _ => 2,
+        }
+    }
+}
+
+/// What the device thread's loop works with: the engine, the files it waits on and the
+/// commands the transport sends it.
+struct DeviceThread {
+    engine: QueueEngine,
+    interrupts: Arc<Interrupts>,
+    queue_events: Vec<EventFd>,
+    inbox: Receiver<Command>,
+    wake: Arc<EventFd>,
+    epoll: Epoll,
+    tokens: Tokens,
+    /// How many files the epoll set holds: the most events one wait returns.
+    watched: usize,
+}
+
+impl DeviceThread {
+    /// The loop state, with every file it waits on in its epoll set: the doorbells, the
+    /// backend's files, the line's resample eventfd, the command and stop eventfds.
+    fn new(
+        engine: QueueEngine,
+        interrupts: Arc<Interrupts>,
+        queue_events: Vec<EventFd>,
+        inbox: Receiver<Command>,
+        wake: Arc<EventFd>,
+        stop: &EventFd,
+    ) -> std::io::Result<Self> {
+        let epoll = Epoll::new()?;
+        let tokens = Tokens::after(queue_events.len());
+        let watch = |fd: RawFd, events: EventSet, token: u64| {
+            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(events, token))
+        };
+        for (i, e) in queue_events.iter().enumerate() {
+            watch(e.as_raw_fd(), EventSet::IN, i as u64)?;
+        }
+        // A backend's file (a tap) wakes the queue it feeds as its doorbell would; edge-
+        // triggered, so frames left waiting for receive buffers do not wake the thread again
+        // until more arrive or the driver kicks. The engine, which owns the files, lives as
+        // long as the epoll set.
+        let sources = engine.wake_sources();
+        for &(fd, q) in &sources {
+            watch(fd, EventSet::IN | EventSet::EDGE_TRIGGERED, q as u64)?;
+        }
+        if let Some(r) = interrupts.resample_fd() {
+            watch(r.as_raw_fd(), EventSet::IN, tokens.resample)?;
+        }
+        for (fd, token) in [(&*wake, tokens.command), (stop, tokens.stop)] {
+            watch(fd.as_raw_fd(), EventSet::IN, token)?;
+        }
+        let watched = queue_events.len() + 3 + sources.len();
+        Ok(DeviceThread {
+            engine,
+            interrupts,
+            queue_events,
+            inbox,
+            wake,
+            epoll,
+            tokens,
+            watched,
+        })
+    }
+
+    /// The thread's body: wait, handle what is ready, until the stop eventfd (or an epoll
+    /// failure) ends it.
+    fn run(mut self) {
+        let mut events = vec![EpollEvent::default(); self.watched];
+        let mut cpu = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
+        loop {
+            // The device's work is what its thread spent between waits.
+            let now = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
+            self.engine.log().add_thread_cpu(now.saturating_sub(cpu));
+            cpu = now;
+            let n = match self.epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::error!("device thread stopped: epoll: {e}");
+                    return;
+                }
+            };
+            let ready = &mut events[..n];
+            ready.sort_by_key(|ev| self.tokens.rank(ev.data()));
+            for ev in ready.iter() {
+                if self.handle(ev.data()).is_break() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Handle one ready file; breaks when the thread is to stop.
+    fn handle(&mut self, token: u64) -> ControlFlow<()> {
+        if token == self.tokens.stop {
+            return ControlFlow::Break(());
+        } else if token == self.tokens.resample {
+            self.interrupts.resample();
+        } else if token == self.tokens.command {
+            let _ = self.wake.read();
+            self.run_commands();
+        } else if let Ok(q) = usize::try_from(token) {
+            self.serve_queue(q);
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Queue `q` was kicked (or its backend has frames): let the engine work on it and send
+    /// the notifications due.
+    fn serve_queue(&mut self, q: usize) {
+        let Some(e) = self.queue_events.get(q) else {
+            return;
+        };
+        let _ = e.read();
+        let work = self.engine.process(q);
+        for n in work.notifications {
+            self.interrupts.notify(n);
+        }
+        if work.more {
+            // Come back after the other events: a driver that keeps the queue full cannot
+            // starve a reset or another queue.
+            let _ = e.write(1);
+        }
+    }
+
+    /// Carry out every command waiting in the inbox, acknowledging those that ask for it.
+    fn run_commands(&mut self) {
+        while let Ok(command) = self.inbox.try_recv() {
+            match command {
+                Command::Activate(queues, dma) => {
+                    self.engine.activate(queues, dma);
+                    // Buffers made available before DRIVER_OK (allowed, §3.1.1) get looked at.
+                    kick(&self.queue_events);
+                }
+                Command::Reset(ack) => {
+                    self.engine.reset();
+                    // Cleared here, before the acknowledgement: a line resample handled after
+                    // it must not see the old status and assert the line again.
+                    self.interrupts.reset();
+                    let _ = ack.send(());
+                }
+                Command::StopQueue(index, ack) => {
+                    self.engine.stop_queue(index);
+                    let _ = ack.send(());
+                }
+                Command::KickAll => kick(&self.queue_events),
+                Command::Sync(ack) => {
+                    let _ = ack.send(());
+                }
+            }
+        }
     }
 }
 
@@ -240,38 +334,7 @@ impl WorkerHandle {
     }
 }
 
-fn run_commands(
-    inbox: &Receiver<Command>,
-    engine: &mut QueueEngine,
-    interrupts: &Interrupts,
-    queue_events: &[EventFd],
-) {
-    while let Ok(command) = inbox.try_recv() {
-        match command {
-            Command::Activate(queues, dma) => {
-                engine.activate(queues, dma);
-                // Buffers made available before DRIVER_OK (allowed, §3.1.1) get looked at.
-                kick(queue_events);
-            }
-            Command::Reset(ack) => {
-                engine.reset();
-                // Cleared here, before the acknowledgement: a line resample handled after it
-                // must not see the old status and assert the line again.
-                interrupts.reset();
-                let _ = ack.send(());
-            }
-            Command::StopQueue(index, ack) => {
-                engine.stop_queue(index);
-                let _ = ack.send(());
-            }
-            Command::KickAll => kick(queue_events),
-            Command::Sync(ack) => {
-                let _ = ack.send(());
-            }
-        }
-    }
-}
-
+/// Signal every queue's eventfd, as if the driver had kicked them all.
 fn kick(queue_events: &[EventFd]) {
     for e in queue_events {
         let _ = e.write(1);

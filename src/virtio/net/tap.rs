@@ -22,7 +22,8 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use super::{HDR, MAX_FRAME, NetBackend};
+use super::backend::NetBackend;
+use super::{HDR, MAX_FRAME};
 
 /// Destination, source and type: the least a tap takes as a frame.
 const ETHERNET_HEADER: usize = 14;
@@ -41,20 +42,20 @@ pub enum TapError {
     /// /dev/net/tun could not be opened.
     #[error("cannot open {TUN_PATH} for tap {name}: {source}{hint}", hint = hint(.source))]
     Open {
-        /// The tap.
+        /// The tap interface's name.
         name: String,
-        /// Why.
+        /// What opening the tun device returned.
         #[source]
         source: io::Error,
     },
     /// TUNSETIFF (attach to, or create, the tap) or one of the settings failed.
     #[error("cannot open tap {name} ({what}): {source}{hint}", hint = hint(.source))]
     Setup {
-        /// The tap.
+        /// The tap interface's name.
         name: String,
         /// The step that failed.
         what: &'static str,
-        /// Why.
+        /// What the failed ioctl returned.
         #[source]
         source: io::Error,
     },

@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use super::MmioTransport;
 use crate::guest_error;
 use crate::irq::MsiChange;
-use crate::virtio::device::VirtioState;
 use crate::virtio::regs::{
     VIRTIO_F_MMIO_MSI, VIRTIO_F_MMIO_NOTIFY, VIRTIO_MMIO_CONFIG_MSI_VEC, VIRTIO_MMIO_DOORBELL_BASE,
     VIRTIO_MMIO_DOORBELL_STRIDE, VIRTIO_MMIO_MSI_ADDRESS_HIGH, VIRTIO_MMIO_MSI_ADDRESS_LOW,
@@ -19,6 +18,7 @@ use crate::virtio::regs::{
     VIRTIO_MMIO_MSI_STATE_PENDING, VIRTIO_MMIO_MSI_VEC_NUM, VIRTIO_MMIO_QUEUE_MSI_VEC,
     VIRTIO_MMIO_QUEUE_NOTIFY_OFF, VIRTIO_MSI_NO_VECTOR,
 };
+use crate::virtio::state::VirtioState;
 
 /// The MSI registers that stage a vector's message until the UPDATE command.
 #[derive(Default)]

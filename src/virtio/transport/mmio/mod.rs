@@ -25,13 +25,13 @@ use crate::dma::DmaContext;
 use crate::guest_error;
 use crate::irq::MsiVectors;
 use crate::logging::DeviceLog;
-use crate::virtio::device::VirtioState;
 use crate::virtio::interrupt::{Interrupts, LegacyLine};
 use crate::virtio::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use crate::virtio::regs::{
     VIRTIO_F_MMIO_MSI, VIRTIO_F_MMIO_NOTIFY, VIRTIO_MMIO_CONFIG, VIRTIO_MMIO_DOORBELL_BASE,
     VIRTIO_MMIO_QUEUE_NOTIFY,
 };
+use crate::virtio::state::VirtioState;
 use crate::virtio::worker::{Worker, WorkerHandle};
 use crate::virtio::{DeviceParts, TransportEnv, VirtioError, spawn_worker};
 

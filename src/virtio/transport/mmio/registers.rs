@@ -9,7 +9,7 @@ use super::MmioTransport;
 use super::extension::extension_feature;
 use crate::guest_error;
 use crate::pci::function::EXITLESS_VENDOR_ID;
-use crate::virtio::device::{Notification, StatusChange, VirtioState};
+use crate::virtio::device::Notification;
 use crate::virtio::regs::{
     VIRTIO_F_MMIO_MSI, VIRTIO_F_MMIO_NOTIFY, VIRTIO_MMIO_CONFIG_GENERATION,
     VIRTIO_MMIO_DEVICE_FEATURES, VIRTIO_MMIO_DEVICE_FEATURES_SEL, VIRTIO_MMIO_DEVICE_ID,
@@ -20,6 +20,7 @@ use crate::virtio::regs::{
     VIRTIO_MMIO_QUEUE_READY, VIRTIO_MMIO_QUEUE_SEL, VIRTIO_MMIO_QUEUE_USED_HIGH,
     VIRTIO_MMIO_STATUS, VIRTIO_MMIO_VENDOR_ID, VIRTIO_MMIO_VERSION,
 };
+use crate::virtio::state::{StatusChange, VirtioState};
 use crate::virtio::transport::ring_dword;
 use crate::virtio::{Ring, finish_late_reset, write_status};
 

@@ -12,7 +12,6 @@ use virtio_queue::QueueT;
 use super::VirtioPci;
 use crate::guest_error;
 use crate::virtio::Ring;
-use crate::virtio::device::StatusChange;
 use crate::virtio::regs::{
     VIRTIO_PCI_COMMON_CFGGENERATION, VIRTIO_PCI_COMMON_DF, VIRTIO_PCI_COMMON_DFSELECT,
     VIRTIO_PCI_COMMON_GF, VIRTIO_PCI_COMMON_GFSELECT, VIRTIO_PCI_COMMON_MSIX,
@@ -21,6 +20,7 @@ use crate::virtio::regs::{
     VIRTIO_PCI_COMMON_Q_SELECT, VIRTIO_PCI_COMMON_Q_SIZE, VIRTIO_PCI_COMMON_Q_USEDHI,
     VIRTIO_PCI_COMMON_STATUS,
 };
+use crate::virtio::state::StatusChange;
 use crate::virtio::transport::ring_dword;
 use crate::virtio::{finish_late_reset, write_status};
 

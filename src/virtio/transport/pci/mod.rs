@@ -27,7 +27,6 @@ use crate::pci::config::{ConfigSpace, FunctionLayout, touches};
 use crate::pci::function::PciFunction;
 use crate::pci::msix::Msix;
 use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER, PCI_MSIX_ENTRY_SIZE};
-use crate::virtio::device::VirtioState;
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use crate::virtio::regs::{
@@ -35,6 +34,7 @@ use crate::virtio::regs::{
     VIRTIO_PCI_BAR_MSIX_PBA, VIRTIO_PCI_BAR_MSIX_TABLE, VIRTIO_PCI_BAR_NOTIFY,
     VIRTIO_PCI_NOTIFY_MULTIPLIER,
 };
+use crate::virtio::state::VirtioState;
 use crate::virtio::worker::{Command, Worker, WorkerHandle};
 use crate::virtio::{DeviceParts, TransportEnv, VirtioError, spawn_worker};
 

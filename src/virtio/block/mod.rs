@@ -1,0 +1,108 @@
+//! virtio-blk (virtio 1.2 §5.2) on a raw file: sector `n` of the disk is bytes `512 n ..` of
+//! the file. [`VirtioBlock`], in this file, is the register side (identity, features,
+//! configuration space); [`BlockQueues`] serves the request queue on the device thread with
+//! `pread`/`pwrite` at offsets and `fsync`, so a request never moves the file's position or
+//! its size.
+//!
+//! Every request a driver can build gets a status, never a panic: a request is a header
+//! (`struct virtio_blk_outhdr`), its data, and one writable status byte last (§5.2.6). Data
+//! outside the disk, lengths that are not whole sectors, headers too short and writes to a
+//! read-only disk are answered VIRTIO_BLK_S_IOERR, unknown types VIRTIO_BLK_S_UNSUPP, and all
+//! are counted as guest errors. A chain with no writable byte cannot be answered: it completes
+//! with nothing written. Guest memory is reached only through the device's DMA context, the
+//! file only inside its capacity.
+
+mod queues;
+
+pub use queues::BlockQueues;
+
+use std::fs::File;
+use std::mem::offset_of;
+
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+    virtio_blk_config,
+};
+use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
+
+use super::DeviceParts;
+use super::device::{VirtioDevice, read_config_bytes};
+
+/// Size of the request queue.
+pub const QUEUE_SIZE: u16 = 256;
+/// The unit of `capacity` and of a request's `sector`, whatever `blk_size` says (§5.2.4).
+pub const SECTOR_SIZE: u64 = 512;
+/// Data buffers a request may have (`seg_max`, §5.2.4): the queue's descriptors less the
+/// header's and the status byte's.
+const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
+/// Configuration space through `blk_size`, the last field offered.
+const CONFIG_LEN: usize = offset_of!(virtio_blk_config, blk_size) + 4;
+
+/// The register side of a virtio-blk device: its capacity and whether it is read-only.
+pub struct VirtioBlock {
+    /// Capacity in sectors.
+    sectors: u64,
+    read_only: bool,
+}
+
+impl VirtioBlock {
+    /// A device on `disk` (opened read-only if `read_only`), its capacity the file's whole
+    /// sectors, answering VIRTIO_BLK_T_GET_ID with the first 20 bytes of `serial`.
+    pub fn new(disk: File, read_only: bool, serial: &[u8]) -> std::io::Result<(Self, BlockQueues)> {
+        let sectors = disk.metadata()?.len() / SECTOR_SIZE;
+        let queues = BlockQueues::new(disk, sectors, read_only, serial);
+        Ok((VirtioBlock { sectors, read_only }, queues))
+    }
+
+    /// The same, as the [`DeviceParts`] a transport takes.
+    pub fn parts(disk: File, read_only: bool, serial: &[u8]) -> std::io::Result<DeviceParts> {
+        let (device, queues) = VirtioBlock::new(disk, read_only, serial)?;
+        Ok(DeviceParts {
+            device: Box::new(device),
+            queues: Box::new(queues),
+        })
+    }
+}
+
+impl VirtioDevice for VirtioBlock {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+
+    fn features(&self) -> u64 {
+        let ro = if self.read_only {
+            1 << VIRTIO_BLK_F_RO
+        } else {
+            0
+        };
+        ro | 1 << VIRTIO_BLK_F_FLUSH | 1 << VIRTIO_BLK_F_SEG_MAX | 1 << VIRTIO_BLK_F_BLK_SIZE
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // struct virtio_blk_config: capacity, size_max (not offered: 0), seg_max, geometry
+        // (not offered: 0), blk_size.
+        let mut config = [0u8; CONFIG_LEN];
+        let mut put = |at: usize, bytes: &[u8]| config[at..at + bytes.len()].copy_from_slice(bytes);
+        put(
+            offset_of!(virtio_blk_config, capacity),
+            &self.sectors.to_le_bytes(),
+        );
+        put(
+            offset_of!(virtio_blk_config, seg_max),
+            &SEG_MAX.to_le_bytes(),
+        );
+        let blk_size = u32::try_from(SECTOR_SIZE).expect("512");
+        put(
+            offset_of!(virtio_blk_config, blk_size),
+            &blk_size.to_le_bytes(),
+        );
+        read_config_bytes(&config, offset, data);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+#![allow(clippy::cast_possible_truncation)] // fixtures
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::queues::HEADER_LEN;
+use super::*;
+use crate::dma::DmaContext;
+use crate::logging::DeviceLog;
+use crate::virtio::device::{DeviceHealth, Notification};
+use crate::virtio::engine::QueueEngine;
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH,
+    VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::desc::RawDescriptor;
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+/// Room for 16 requests of up to 4 descriptors each.
+const QSIZE: u16 = 64;
+/// Where requests' headers, data and status bytes live, above the rings.
+const HEADER: u64 = 0x8_0000;
+const DATA: u64 = 0x9_0000;
+const STATUS: u64 = 0xa_0000;
+/// The disk: 8 sectors.
+const DISK: u64 = 8 * SECTOR_SIZE;
+
+/// A file in the temporary directory, removed when dropped.
+struct TempDisk(PathBuf);
+
+impl TempDisk {
+    /// `len` bytes, byte `i` = `i / 512` (each sector holds its number).
+    fn new(len: u64) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "exitless-blk-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = std::env::temp_dir().join(name);
+        let bytes: Vec<u8> = (0..len).map(|i| (i / SECTOR_SIZE) as u8).collect();
+        std::fs::write(&path, bytes).unwrap();
+        TempDisk(path)
+    }
+
+    fn open(&self, read_only: bool) -> File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .open(&self.0)
+            .unwrap()
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        std::fs::read(&self.0).unwrap()
+    }
+}
+
+impl Drop for TempDisk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn memory() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
+}
+
+/// A buffer: address, length, `VRING_DESC_F_*` flags (links are added by [`publish`]).
+type Buf = (u64, u32, u32);
+
+/// Publish one chain of `bufs`, linked in order, at descriptors 4 × its ring position.
+fn publish(vq: &MockSplitQueue<'_, GuestMemoryMmap>, bufs: &[Buf]) {
+    let first = vq.avail().idx().load() * 4;
+    let descs: Vec<RawDescriptor> = bufs
+        .iter()
+        .enumerate()
+        .map(|(j, &(addr, len, flags))| {
+            let next = first + j as u16 + 1;
+            let flags = if j + 1 < bufs.len() {
+                flags | VRING_DESC_F_NEXT
+            } else {
+                flags
+            };
+            RawDescriptor::from(Descriptor::new(addr, len, flags as u16, next))
+        })
+        .collect();
+    vq.add_desc_chains(&descs, first).unwrap();
+}
+
+/// The device on `disk`, its queue live on the driver side `vq`.
+fn engine(
+    disk: &TempDisk,
+    read_only: bool,
+    vq: &MockSplitQueue<'_, GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
+) -> (QueueEngine, Arc<DeviceHealth>, Arc<DeviceLog>) {
+    let (_, handler) =
+        VirtioBlock::new(disk.open(read_only), read_only, b"exitless-test-disk").unwrap();
+    let log = DeviceLog::new("test");
+    let health = Arc::new(DeviceHealth::new(log.clone()));
+    let mut engine = QueueEngine::new(Box::new(handler), health.clone());
+    engine.activate(
+        vec![vq.create_queue().unwrap()],
+        DmaContext::platform(mem.clone()),
+    );
+    (engine, health, log)
+}
+
+/// Publish a request: a header of `kind` and `sector`, then `bufs` (data and status).
+fn request(
+    mem: &GuestMemoryMmap,
+    vq: &MockSplitQueue<'_, GuestMemoryMmap>,
+    kind: u32,
+    sector: u64,
+    bufs: &[Buf],
+) {
+    let mut header = [0u8; HEADER_LEN];
+    header[..4].copy_from_slice(&kind.to_le_bytes());
+    header[8..].copy_from_slice(&sector.to_le_bytes());
+    mem.write_slice(&header, GuestAddress(HEADER)).unwrap();
+    mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+    let mut chain = vec![(HEADER, HEADER_LEN as u32, 0)];
+    chain.extend_from_slice(bufs);
+    publish(vq, &chain);
+}
+
+fn status_desc() -> Buf {
+    (STATUS, 1, VRING_DESC_F_WRITE)
+}
+
+/// The status byte and the used length of completed chain `i`.
+fn answer(mem: &GuestMemoryMmap, vq: &MockSplitQueue<'_, GuestMemoryMmap>, i: usize) -> (u32, u32) {
+    let status = mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap();
+    (
+        u32::from(status),
+        vq.used().ring().ref_at(i).unwrap().load().len(),
+    )
+}
+
+#[test]
+fn a_read_copies_sectors_into_the_drivers_buffers() {
+    let (mem, disk) = (memory(), TempDisk::new(DISK));
+    let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+    let (mut engine, health, log) = engine(&disk, false, &vq, &mem);
+    // Two data buffers across sectors 2..5, split mid-sector.
+    let w = VRING_DESC_F_WRITE;
+    request(
+        &mem,
+        &vq,
+        VIRTIO_BLK_T_IN,
+        2,
+        &[
+            (DATA, 700, w),
+            (DATA + 0x1000, 3 * 512 - 700, w),
+            status_desc(),
+        ],
+    );
+    assert_eq!(
+        engine.process(0).notifications,
+        vec![Notification::Queue(0)]
+    );
+    assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_OK, 3 * 512 + 1));
+    let mut got = vec![0u8; 3 * 512];
+    mem.read_slice(&mut got[..700], GuestAddress(DATA)).unwrap();
+    mem.read_slice(&mut got[700..], GuestAddress(DATA + 0x1000))
+        .unwrap();
+    assert_eq!(got, disk.bytes()[2 * 512..5 * 512]);
+    assert!(!health.needs_reset());
+    assert_eq!(log.guest_errors(), 0);
+}
+
+#[test]
+fn a_write_reaches_the_file_and_a_flush_is_answered() {
+    let (mem, disk) = (memory(), TempDisk::new(DISK));
+    let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+    let (mut engine, _, log) = engine(&disk, false, &vq, &mem);
+    let data: Vec<u8> = (0..1024).map(|i| (i * 7) as u8).collect();
+    mem.write_slice(&data, GuestAddress(DATA)).unwrap();
+    request(
+        &mem,
+        &vq,
+        VIRTIO_BLK_T_OUT,
+        6,
+        &[(DATA, 1024, 0), status_desc()],
+    );
+    engine.process(0);
+    assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_OK, 1));
+    let file = disk.bytes();
+    assert_eq!(&file[6 * 512..], &data[..]);
+    assert_eq!(file[6 * 512 - 1], 5, "the sector before is untouched");
+    assert_eq!(file.len() as u64, DISK);
+    request(&mem, &vq, VIRTIO_BLK_T_FLUSH, 0, &[status_desc()]);
+    engine.process(0);
+    assert_eq!(answer(&mem, &vq, 1), (VIRTIO_BLK_S_OK, 1));
+    assert_eq!(log.guest_errors(), 0);
+}
+
+#[test]
+fn get_id_answers_the_serial() {
+    let (mem, disk) = (memory(), TempDisk::new(DISK));
+    let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+    let (mut engine, _, _) = engine(&disk, false, &vq, &mem);
+    request(
+        &mem,
+        &vq,
+        VIRTIO_BLK_T_GET_ID,
+        0,
+        &[(DATA, 20, VRING_DESC_F_WRITE), status_desc()],
+    );
+    engine.process(0);
+    assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_OK, 21));
+    let mut id = [0u8; 20];
+    mem.read_slice(&mut id, GuestAddress(DATA)).unwrap();
+    assert_eq!(&id[..18], b"exitless-test-disk");
+    assert_eq!(&id[18..], [0, 0]);
+}
+
+#[test]
+fn a_read_only_disk_refuses_writes_with_ioerr_and_keeps_its_bytes() {
+    let (mem, disk) = (memory(), TempDisk::new(DISK));
+    let before = disk.bytes();
+    let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+    let (mut engine, health, log) = engine(&disk, true, &vq, &mem);
+    request(
+        &mem,
+        &vq,
+        VIRTIO_BLK_T_OUT,
+        0,
+        &[(DATA, 512, 0), status_desc()],
+    );
+    engine.process(0);
+    assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_IOERR, 1));
+    assert_eq!(disk.bytes(), before);
+    assert_eq!(log.guest_errors(), 1);
+    // Reads still work.
+    request(
+        &mem,
+        &vq,
+        VIRTIO_BLK_T_IN,
+        0,
+        &[(DATA, 512, VRING_DESC_F_WRITE), status_desc()],
+    );
+    engine.process(0);
+    assert_eq!(answer(&mem, &vq, 1), (VIRTIO_BLK_S_OK, 513));
+    assert!(!health.needs_reset());
+}
+
+#[test]
+fn requests_outside_the_disk_or_of_partial_sectors_get_ioerr() {
+    let (mem, disk) = (memory(), TempDisk::new(DISK + 100));
+    let before = disk.bytes();
+    let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+    let (mut engine, health, log) = engine(&disk, false, &vq, &mem);
+    let cases: [(u32, u64, u32); 6] = [
+        (VIRTIO_BLK_T_IN, 8, 512),   // the sector after the last whole one
+        (VIRTIO_BLK_T_OUT, 7, 1024), // runs past the end
+        (VIRTIO_BLK_T_OUT, u64::MAX / 256, 512), // sector × 512 overflows
+        (VIRTIO_BLK_T_IN, u64::MAX, 512),
+        (VIRTIO_BLK_T_IN, 0, 100), // not whole sectors
+        (VIRTIO_BLK_T_OUT, 0, 513),
+    ];
+    for (i, &(kind, sector, len)) in cases.iter().enumerate() {
+        let flags = if kind == VIRTIO_BLK_T_IN {
+            VRING_DESC_F_WRITE
+        } else {
+            0
+        };
+        request(
+            &mem,
+            &vq,
+            kind,
+            sector,
+            &[(DATA, len, flags), status_desc()],
+        );
+        engine.process(0);
+        assert_eq!(answer(&mem, &vq, i), (VIRTIO_BLK_S_IOERR, 1), "case {i}");
+    }
+    assert_eq!(
+        disk.bytes(),
+        before,
+        "the trailing partial sector is never reached"
+    );
+    assert_eq!(log.guest_errors(), cases.len() as u64);
+    assert!(!health.needs_reset());
+}
+
+#[test]
+fn unknown_types_are_unsupported_and_short_headers_ioerr() {
+    let (mem, disk) = (memory(), TempDisk::new(DISK));
+    let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+    let (mut engine, _, log) = engine(&disk, false, &vq, &mem);
+    request(&mem, &vq, 11, 0, &[status_desc()]); // VIRTIO_BLK_T_DISCARD: not offered
+    engine.process(0);
+    assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_UNSUPP, 1));
+    // An 8-byte header.
+    publish(&vq, &[(HEADER, 8, 0), status_desc()]);
+    engine.process(0);
+    assert_eq!(answer(&mem, &vq, 1), (VIRTIO_BLK_S_IOERR, 1));
+    assert_eq!(log.guest_errors(), 2);
+}
+
+#[test]
+fn a_chain_without_a_status_byte_completes_unanswered_and_a_malformed_one_breaks_the_device() {
+    let (mem, disk) = (memory(), TempDisk::new(DISK));
+    let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+    let (mut engine, health, log) = engine(&disk, false, &vq, &mem);
+    request(&mem, &vq, VIRTIO_BLK_T_OUT, 0, &[(DATA, 512, 0)]);
+    assert_eq!(
+        engine.process(0).notifications,
+        vec![Notification::Queue(0)]
+    );
+    assert_eq!(answer(&mem, &vq, 0), (0xff, 0), "nothing written");
+    assert_eq!(log.guest_errors(), 1);
+    assert!(!health.needs_reset());
+    // A data buffer outside guest memory: the chain is malformed.
+    request(
+        &mem,
+        &vq,
+        VIRTIO_BLK_T_IN,
+        0,
+        &[(0xff_fe00, 0x1000, VRING_DESC_F_WRITE), status_desc()],
+    );
+    assert_eq!(engine.process(0).notifications, vec![Notification::Config]);
+    assert!(health.needs_reset());
+}
+
+#[test]
+fn the_configuration_space_holds_capacity_seg_max_and_blk_size() {
+    let disk = TempDisk::new(DISK + 511);
+    let (blk, _) = VirtioBlock::new(disk.open(true), true, b"").unwrap();
+    let mut config = [0xffu8; 28];
+    blk.read_config(0, &mut config);
+    assert_eq!(config[..8], 8u64.to_le_bytes(), "whole sectors only");
+    assert_eq!(config[12..16], SEG_MAX.to_le_bytes());
+    assert_eq!(config[20..24], 512u32.to_le_bytes());
+    assert_eq!(config[24..], [0; 4], "past the end reads zero");
+    assert_eq!(blk.device_type(), 2);
+    assert_ne!(blk.features() & 1 << VIRTIO_BLK_F_RO, 0);
+}

@@ -1,0 +1,135 @@
+//! The device-thread side of a virtio device: between DRIVER_OK and reset, a [`QueueEngine`]
+//! runs the device type's [`QueueHandler`] over the live queues through the device's
+//! [`DmaContext`] (translating the rings first behind an IOMMU, [`super::rings`]) and says
+//! which notifications are due. The device thread ([`super::worker`]) owns it; the register
+//! side ([`super::state`]) shares only the [`DeviceHealth`] with it.
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use virtio_queue::{Queue, QueueT};
+
+use super::device::{DeviceHealth, Notification, QueueHandler};
+use super::rings::BusRings;
+use crate::dma::DmaContext;
+use crate::logging::DeviceLog;
+
+/// The device-thread side of a device: its queue handler and, between DRIVER_OK and reset,
+/// the live queues and the DMA context they are reached through.
+pub struct QueueEngine {
+    handler: Box<dyn QueueHandler>,
+    health: Arc<DeviceHealth>,
+    live: Option<Live>,
+}
+
+/// What a device works on between DRIVER_OK and reset.
+struct Live {
+    queues: Vec<Queue>,
+    dma: DmaContext,
+    /// The rings' bus addresses, when they are translated.
+    rings: Option<BusRings>,
+}
+
+/// What processing a queue produced.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Notifications due now.
+    pub notifications: Vec<Notification>,
+    /// The queue has work left beyond the handler's budget.
+    pub more: bool,
+}
+
+impl QueueEngine {
+    /// An idle engine for `handler`, sharing `health` with the register side.
+    pub fn new(handler: Box<dyn QueueHandler>, health: Arc<DeviceHealth>) -> Self {
+        QueueEngine {
+            handler,
+            health,
+            live: None,
+        }
+    }
+
+    /// DRIVER_OK: start working on `queues` through `dma`.
+    pub fn activate(&mut self, queues: Vec<Queue>, dma: DmaContext) {
+        let rings = dma.translated().then(|| BusRings::new(&queues));
+        self.live = Some(Live { queues, dma, rings });
+    }
+
+    /// Reset: drop the queues and the handler's in-flight state.
+    pub fn reset(&mut self) {
+        self.live = None;
+        self.handler.reset();
+    }
+
+    /// Stop working on queue `index` (the driver disabled it).
+    pub fn stop_queue(&mut self, index: usize) {
+        if let Some(q) = self.live.as_mut().and_then(|l| l.queues.get_mut(index)) {
+            q.set_ready(false);
+        }
+    }
+
+    /// The device's log.
+    pub fn log(&self) -> &Arc<DeviceLog> {
+        self.health.log()
+    }
+
+    /// The handler's outside files and the queue each wakes ([`QueueHandler::wake_sources`]).
+    pub fn wake_sources(&self) -> Vec<(RawFd, usize)> {
+        self.handler.wake_sources()
+    }
+
+    /// Let the handler work on queue `index`; returns the notifications due. A device that
+    /// may not master (Bus Master Enable clear) leaves the work where it is: the transport
+    /// kicks its queues when mastering is enabled again. Behind an IOMMU the whole call is one
+    /// round of DMA (`crate::iommu`: no invalidation completes while it runs), the rings are
+    /// translated first if they must be, and a ring the unit refuses (the fault recorded)
+    /// leaves the work for the driver's next notification.
+    pub fn process(&mut self, index: usize) -> Work {
+        let Some(Live { queues, dma, rings }) = self.live.as_mut() else {
+            return Work::default();
+        };
+        let ready = queues.get(index).is_some_and(|q| q.ready());
+        if !ready || self.health.needs_reset() {
+            return Work::default();
+        }
+        let Ok(mem) = dma.memory() else {
+            return Work::default();
+        };
+        let _round = dma.round();
+        let result = match rings {
+            Some(rings) => rings.map(queues, dma),
+            None => Ok(()),
+        }
+        .and_then(|()| {
+            self.handler
+                .process_queue(index, queues, dma, self.health.log())
+        });
+        match result {
+            Ok(progress) => Work {
+                notifications: progress
+                    .used
+                    .into_iter()
+                    .filter(|&u| {
+                        queues
+                            .get_mut(u)
+                            .is_some_and(|q| q.needs_notification(mem).unwrap_or(true))
+                    })
+                    .map(Notification::Queue)
+                    .collect(),
+                more: progress.more,
+            },
+            Err(e) if e.is_fault() => Work::default(),
+            Err(e) => {
+                let notifications = if self.health.fail(&e) {
+                    vec![Notification::Config]
+                } else {
+                    Vec::new()
+                };
+                Work {
+                    notifications,
+                    more: false,
+                }
+            }
+        }
+    }
+}
