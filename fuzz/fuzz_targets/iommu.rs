@@ -19,10 +19,10 @@
 use std::sync::Arc;
 
 use exitless::bus::BusDevice;
-use exitless::dma::{DmaContext, DmaError};
+use exitless::dma::{Access, DmaContext, RingArea, RingWatch};
 use exitless::fakes::FakeRoutes;
 use exitless::iommu::regs::*;
-use exitless::iommu::{Access, Iommu, RingArea, RingWatch};
+use exitless::iommu::{Iommu, TranslationError};
 use exitless::irq::msi::is_valid_message;
 use exitless::logging::DeviceLog;
 use libfuzzer_sys::fuzz_target;
@@ -118,7 +118,7 @@ impl Fuzz {
     }
 
     /// Translate, then check what can be checked without knowing the caches.
-    fn translate(&self, source: u16, iova: u64, write: bool) -> Result<u64, DmaError> {
+    fn translate(&self, source: u16, iova: u64, write: bool) -> Result<u64, TranslationError> {
         let access = if write { Access::Write } else { Access::Read };
         let got = self.iommu.translate(source, iova, access);
         if let Ok(gpa) = got
@@ -156,7 +156,7 @@ impl Fuzz {
         let expected = reference(&self.mem, root, source, iova, write);
         match (expected, got) {
             (Ok(a), Ok(b)) => assert_eq!(a, b, "{source:#x} {iova:#x}"),
-            (Err(r), Err(DmaError::Fault { reason, .. })) => {
+            (Err(r), Err(TranslationError::Fault { reason, .. })) => {
                 assert_eq!(r, reason, "{source:#x} {iova:#x}")
             }
             (e, g) => panic!("{source:#x} {iova:#x} write {write}: reference {e:?}, unit {g:?}"),

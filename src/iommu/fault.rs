@@ -8,7 +8,8 @@
 
 use super::event::{EventInterrupt, Message};
 use super::regs::*;
-use super::tables::{Access, PAGE_SIZE};
+use super::tables::PAGE_SIZE;
+use crate::dma::Access;
 
 /// One fault, as FRCD0 records it (§10.4.14).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

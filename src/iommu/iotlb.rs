@@ -127,7 +127,7 @@ pub enum IotlbScope {
     /// `count` pages of one domain from page number `first` (address >> 12): the address
     /// mask AM names 2^AM pages, aligned to their number.
     Pages {
-        /// The domain.
+        /// The domain whose entries are named.
         domain: u16,
         /// First page number.
         first: u64,
@@ -166,7 +166,7 @@ impl IotlbScope {
 /// unmapped it when the entry was dropped, the table it came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cached {
-    /// The translation.
+    /// The translated page and what it allows.
     pub leaf: Leaf,
     /// The page table it was walked from.
     pub page_table: u64,

@@ -3,8 +3,8 @@
 // the fault reasons. `build.rs` `include!`s this file and puts every constant in the guest's
 // `contract.h`. References: Intel Virtualization Technology for Directed I/O, Architecture
 // Specification, rev. 4.x (VT-d): chapter 9 (translation structures), 10 (registers), 6.5
-// (invalidation), 7 (fault reporting). What the unit offers is the legacy-mode subset in
-// ../shared/design/T5-IOMMU.md.
+// (invalidation), 7 (fault reporting). What the unit offers is the legacy-mode subset that
+// docs/iommu.md describes.
 
 contract_consts! {
     IOMMU_REGS;

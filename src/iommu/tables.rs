@@ -10,6 +10,7 @@
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::regs::*;
+use crate::dma::Access;
 
 /// Size of a page, and of every table (VT-d §9: tables are 4 KiB).
 pub const PAGE_SIZE: u64 = 0x1000;
@@ -22,31 +23,20 @@ const LEVEL_BITS: u32 = 9;
 /// Bits 63:12 of a root or context entry: the address of the next structure.
 const TABLE_ADDR_MASK: u64 = !(PAGE_SIZE - 1);
 
-/// The direction of a request, for the permission it needs (VT-d §3.6: a read needs R, a
-/// write needs W, at every level).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    /// The device reads memory (a device-readable buffer, the descriptor and driver rings).
-    Read,
-    /// The device writes memory (a device-writable buffer, the used ring).
-    Write,
+/// The paging-entry bit `access` needs (VT-d §3.6: a read needs R, a write needs W, at every
+/// level).
+fn permission(access: Access) -> u64 {
+    match access {
+        Access::Read => VTD_PTE_R,
+        Access::Write => VTD_PTE_W,
+    }
 }
 
-impl Access {
-    /// The paging-entry bit this access needs.
-    fn permission(self) -> u64 {
-        match self {
-            Access::Read => VTD_PTE_R,
-            Access::Write => VTD_PTE_W,
-        }
-    }
-
-    /// The fault reason when that bit is clear (§7.1.3: 5 for writes, 6 for reads).
-    fn denied(self) -> u8 {
-        match self {
-            Access::Read => VTD_FR_READ,
-            Access::Write => VTD_FR_WRITE,
-        }
+/// The fault reason when that bit is clear (§7.1.3: 5 for writes, 6 for reads).
+fn denied(access: Access) -> u8 {
+    match access {
+        Access::Read => VTD_FR_READ,
+        Access::Write => VTD_FR_WRITE,
     }
 }
 
@@ -72,8 +62,8 @@ pub struct Leaf {
 impl Leaf {
     /// The guest-physical address of `iova` in this page, if `access` is allowed.
     pub fn allows(&self, iova: u64, access: Access) -> Result<u64, u8> {
-        if self.permissions & access.permission() == 0 {
-            return Err(access.denied());
+        if self.permissions & permission(access) == 0 {
+            return Err(denied(access));
         }
         Ok(self.page | iova & (PAGE_SIZE - 1))
     }
@@ -130,7 +120,7 @@ pub fn walk(
         let e = entry(mem, table, index, VTD_FR_PTE)?;
         permissions &= e;
         if permissions == 0 {
-            return Err(access.denied());
+            return Err(denied(access));
         }
         if level > 0 && e & VTD_PTE_PS != 0 {
             return Err(VTD_FR_PTE_RESERVED);

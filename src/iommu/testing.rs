@@ -6,9 +6,9 @@ use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::regs::*;
-use super::{Access, Iommu};
+use super::{Iommu, TranslationError};
 use crate::bus::BusDevice;
-use crate::dma::{DmaContext, DmaError};
+use crate::dma::{Access, DmaContext};
 use crate::fakes::FakeRoutes;
 use crate::logging::DeviceLog;
 
@@ -113,7 +113,7 @@ impl Unit {
         self.w64(VTD_IQT_REG, 16 * (self.submitted % 256));
     }
 
-    pub fn translate(&self, iova: u64, access: Access) -> Result<u64, DmaError> {
+    pub fn translate(&self, iova: u64, access: Access) -> Result<u64, TranslationError> {
         self.iommu.translate(SID, iova, access)
     }
 

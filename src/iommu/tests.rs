@@ -11,7 +11,7 @@ use super::tables::build::Tables;
 use super::testing::*;
 use super::*;
 use crate::bus::BusDevice;
-use crate::dma::DmaContext;
+use crate::dma::{Access, DmaContext, DmaError, RingArea, RingWatch};
 
 #[test]
 fn the_register_page_reads_by_dword_or_qword_and_undefined_offsets_read_zero() {
@@ -83,7 +83,7 @@ fn translation_goes_through_four_levels_with_permissions_and_is_off_until_enable
     assert_eq!(u.translate(0x1234_6ff0, Access::Read), Ok(0x9_0ff0));
     assert_eq!(
         u.translate(0x1234_6ff0, Access::Write),
-        Err(DmaError::Fault {
+        Err(TranslationError::Fault {
             addr: 0x1234_6ff0,
             reason: VTD_FR_WRITE
         })
@@ -95,7 +95,7 @@ fn translation_goes_through_four_levels_with_permissions_and_is_off_until_enable
 }
 
 /// Provoke a fault of `reason` for `SID`.
-fn provoke(u: &Unit, t: &mut Tables, reason: u8) -> Result<u64, DmaError> {
+fn provoke(u: &Unit, t: &mut Tables, reason: u8) -> Result<u64, TranslationError> {
     let pt = match reason {
         VTD_FR_ROOT_NOT_PRESENT => return u.translate(0x1000, Access::Read),
         VTD_FR_ROOT_TABLE => {
@@ -147,7 +147,7 @@ fn every_fault_reason_reaches_frcd0_and_the_unmasked_fault_event() {
         u.enable();
         let got = provoke(&u, &mut t, reason);
         assert!(
-            matches!(got, Err(DmaError::Fault { reason: r, .. }) if r == reason),
+            matches!(got, Err(TranslationError::Fault { reason: r, .. }) if r == reason),
             "reason {reason}: {got:?}"
         );
         assert_eq!(u.fault_reason(), Some(reason));
@@ -474,9 +474,9 @@ fn a_platform_device_has_no_source_id_and_stays_untranslated() {
     assert!(u.device().translated());
 }
 
-/// The exposure the seed's deferral admits, and what strict closes: after the guest clears a
-/// PTE, the cached translation is still used until the invalidation and its wait; right after
-/// them, the same DMA faults.
+/// The exposure a deferred invalidation admits, and what strict closes: after the guest clears
+/// a PTE, the cached translation is still used until the invalidation and its wait; right
+/// after them, the same DMA faults.
 #[test]
 fn a_dma_right_after_unmap_and_invalidation_faults_and_without_it_uses_the_cached_entry() {
     let mut u = unit();
@@ -576,7 +576,7 @@ fn rings_map_to_one_physical_range_and_go_stale_when_an_invalidation_covers_them
     t.map(pt, 0x30_1000, 0x8_3000, RW);
     assert_eq!(
         u.iommu.map_rings(SID, &watch, &[ring(0x30_0800, 0x1000)]),
-        Err(DmaError::Discontiguous {
+        Err(TranslationError::Discontiguous {
             addr: 0x30_0800,
             len: 0x1000
         })
@@ -584,7 +584,7 @@ fn rings_map_to_one_physical_range_and_go_stale_when_an_invalidation_covers_them
     // Unmapped: a fault, recorded.
     assert!(matches!(
         u.iommu.map_rings(SID, &watch, &[ring(0x50_0000, 0x10)]),
-        Err(DmaError::Fault { .. })
+        Err(TranslationError::Fault { .. })
     ));
     assert_eq!(u.fault_reason(), Some(VTD_FR_WRITE));
     // Translation turned off marks every watch stale.

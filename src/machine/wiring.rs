@@ -446,7 +446,7 @@ fn transport_env(vm: &Vm, devices: &Devices, log: Arc<DeviceLog>) -> TransportEn
         ioevents: vm.shared_fd(),
         routes: devices.routing.clone(),
         mem: vm.memory().clone(),
-        iommu: devices.iommu.clone(),
+        iommu: devices.iommu.clone().map(|unit| unit as _),
         log,
     }
 }

@@ -32,8 +32,7 @@ use std::sync::Arc;
 
 use vm_memory::GuestMemoryMmap;
 
-use crate::dma::DmaContext;
-use crate::iommu::Iommu;
+use crate::dma::{AccessPlatform, DmaContext};
 use crate::irq::{InterruptRoutes, IrqError};
 use crate::logging::DeviceLog;
 use device::{Notification, QueueHandler, VirtioDevice};
@@ -86,7 +85,7 @@ pub struct TransportEnv {
     /// The machine's IOMMU: a virtio-pci function's DMA goes through it when its driver
     /// negotiates VIRTIO_F_ACCESS_PLATFORM. virtio-mmio devices have no source-id and
     /// ignore it.
-    pub iommu: Option<Arc<Iommu>>,
+    pub iommu: Option<Arc<dyn AccessPlatform>>,
     /// The device's log: its guest errors are counted there.
     pub log: Arc<DeviceLog>,
 }

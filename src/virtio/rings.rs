@@ -8,8 +8,7 @@
 use std::sync::Arc;
 
 use super::device::DeviceError;
-use crate::dma::DmaContext;
-use crate::iommu::{Access, RingArea, RingWatch};
+use crate::dma::{Access, DmaContext, RingArea, RingWatch};
 use virtio_queue::{Queue, QueueT};
 
 /// Bytes of a descriptor table entry (virtio 1.2 §2.7.5).

@@ -6,7 +6,9 @@
 //! page by page by the unit with the access's permission (a buffer may span pages that are
 //! not contiguous in guest memory). Buffers are checked here at access time, not only when a
 //! chain is parsed, so a gate closed in between is honoured and a page unmapped in between
-//! faults.
+//! faults. The unit is seen only through [`AccessPlatform`].
+
+mod platform;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,8 +16,7 @@ use std::sync::{Arc, RwLockReadGuard};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use crate::iommu::tables::PAGE_SIZE;
-use crate::iommu::{Access, Iommu, RingArea, RingWatch};
+pub use platform::{Access, AccessPlatform, RingArea, RingWatch, Translation};
 
 /// Who issues a device's memory requests: a PCI bus/device/function, or a platform device
 /// (virtio-mmio) that has no requester ID.
@@ -36,9 +37,9 @@ pub enum DmaError {
     /// The range is not (entirely) guest memory.
     #[error("{len:#x} bytes at {addr:#x} are outside guest memory")]
     OutsideMemory {
-        /// Start.
+        /// The address the device asked for.
         addr: u64,
-        /// Length.
+        /// How many bytes from there.
         len: usize,
     },
     /// The IOMMU blocked the access and recorded the fault: the device completes the
@@ -53,9 +54,9 @@ pub enum DmaError {
     /// A ring that is not one range of guest-physical memory (virtio-queue needs it to be).
     #[error("the ring of {len:#x} bytes at bus address {addr:#x} is not physically contiguous")]
     Discontiguous {
-        /// Bus address.
+        /// The ring's bus address.
         addr: u64,
-        /// Length.
+        /// The ring's size in bytes.
         len: u64,
     },
 }
@@ -83,8 +84,8 @@ pub struct DmaContext {
     requester: Requester,
     master: BusMaster,
     mem: GuestMemoryMmap,
-    /// The IOMMU that translates this PCI function's requests, if any.
-    iommu: Option<Arc<Iommu>>,
+    /// The unit that translates this PCI function's requests, if any.
+    platform: Option<Arc<dyn AccessPlatform>>,
 }
 
 impl DmaContext {
@@ -95,15 +96,15 @@ impl DmaContext {
             requester: Requester::Pci(requester_id),
             master: BusMaster(Arc::new(AtomicBool::new(false))),
             mem,
-            iommu: None,
+            platform: None,
         }
     }
 
-    /// The same function with its requests translated by `iommu`, by its requester ID as
-    /// source-id. A platform device has no source-id and stays untranslated.
-    pub fn behind(mut self, iommu: Arc<Iommu>) -> Self {
+    /// The same function with its requests translated by `unit` (the machine's IOMMU), by its
+    /// requester ID as source-id. A platform device has no source-id and stays untranslated.
+    pub fn behind(mut self, unit: Arc<dyn AccessPlatform>) -> Self {
         if let Requester::Pci(_) = self.requester {
-            self.iommu = Some(iommu);
+            self.platform = Some(unit);
         }
         self
     }
@@ -112,20 +113,20 @@ impl DmaContext {
     /// VIRTIO_F_ACCESS_PLATFORM, so it gives guest-physical addresses (virtio 1.2 §6.1).
     pub fn untranslated(&self) -> Self {
         DmaContext {
-            iommu: None,
+            platform: None,
             ..self.clone()
         }
     }
 
     /// Whether addresses are bus addresses translated by an IOMMU.
     pub fn translated(&self) -> bool {
-        self.iommu.is_some()
+        self.platform.is_some()
     }
 
     /// A round of DMA (one round of queue work) while translated: the IOMMU completes no
-    /// invalidation until it is dropped (see `crate::iommu`).
+    /// invalidation until it is dropped ([`AccessPlatform::round`]).
     pub fn round(&self) -> Option<RwLockReadGuard<'_, ()>> {
-        self.iommu.as_ref().map(|i| i.dma_round())
+        self.platform.as_ref().map(|unit| unit.round())
     }
 
     /// The guest-physical addresses of a translated device's `rings`, each physically
@@ -135,8 +136,8 @@ impl DmaContext {
         watch: &Arc<RingWatch>,
         rings: &[RingArea],
     ) -> Result<Vec<GuestAddress>, DmaError> {
-        let found = match (&self.iommu, self.requester) {
-            (Some(iommu), Requester::Pci(source)) => iommu.map_rings(source, watch, rings)?,
+        let found = match (&self.platform, self.requester) {
+            (Some(unit), Requester::Pci(source)) => unit.map_rings(source, watch, rings)?,
             _ => rings.iter().map(|r| r.address).collect(),
         };
         Ok(found.into_iter().map(GuestAddress).collect())
@@ -148,7 +149,7 @@ impl DmaContext {
             requester: Requester::Platform,
             master: BusMaster(Arc::new(AtomicBool::new(true))),
             mem,
-            iommu: None,
+            platform: None,
         }
     }
 
@@ -189,18 +190,16 @@ impl DmaContext {
     ) -> Result<(), DmaError> {
         self.check(addr, len)?;
         let outside = DmaError::OutsideMemory { addr: addr.0, len };
-        let (Some(iommu), Requester::Pci(source)) = (&self.iommu, self.requester) else {
+        let (Some(unit), Requester::Pci(source)) = (&self.platform, self.requester) else {
             return copy(addr, 0..len).map_err(|_| outside);
         };
         let mut done = 0;
         while done < len {
             let iova = addr.0.checked_add(done as u64).ok_or(outside.clone())?;
-            // Less than a page: no truncation.
-            #[allow(clippy::cast_possible_truncation)]
-            let in_page = ((PAGE_SIZE - iova % PAGE_SIZE) as usize).min(len - done);
-            let gpa = iommu.translate(source, iova, access)?;
-            copy(GuestAddress(gpa), done..done + in_page).map_err(|_| outside.clone())?;
-            done += in_page;
+            let at = unit.translate(source, iova, access)?;
+            let piece = usize::try_from(at.len).map_or(len - done, |n| n.min(len - done));
+            copy(GuestAddress(at.address), done..done + piece).map_err(|_| outside.clone())?;
+            done += piece;
         }
         Ok(())
     }
