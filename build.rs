@@ -1,4 +1,5 @@
-//! Builds the probe guest (guest/) with gcc and embeds it: the VMM binary needs no other file.
+//! Builds the probe guest (guest/probe/) with gcc and embeds it: the VMM binary needs no other
+//! file.
 //! The contract header the guest includes is generated here from `src/contract.rs`, the single
 //! definition of the VMM ↔ guest contract.
 //!
@@ -82,6 +83,10 @@ fn run(cmd: &mut Command) {
     assert!(status.success(), "{cmd:?} failed with {status}");
 }
 
+/// The probe's sources: `probe.c` is its one translation unit and includes every concern file
+/// beside it (guest/probe/probe.c says why); `entry.S` is its entry and interrupt stubs.
+const PROBE_DIR: &str = "guest/probe";
+
 /// Headers in guest/ that the probe and the test kernel both include.
 const GUEST_SHARED: [&str; 3] = ["firmware.h", "multiboot.h", "portio.h"];
 
@@ -141,13 +146,29 @@ fn build_test_kernel(cc: &str, out: &Path) {
     }
 }
 
+/// Checks that probe.c includes every concern file beside it: one it left out would silently
+/// not be built.
+fn check_probe_unit(probe: &Path) {
+    let unit = fs::read_to_string(probe.join("probe.c")).expect("guest/probe/probe.c");
+    for entry in fs::read_dir(probe).expect("guest/probe/") {
+        let path = entry.expect("a guest/probe/ entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).expect("a UTF-8 name");
+        if name.ends_with(".c") && name != "probe.c" {
+            assert!(
+                unit.contains(&format!("#include \"{name}\"")),
+                "guest/probe/probe.c does not include {name}"
+            );
+        }
+    }
+}
+
 fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    let guest = Path::new("guest");
-    for f in ["probe.c", "entry.S", "probe.ld"]
-        .iter()
-        .chain(&GUEST_SHARED)
-    {
+    let probe = Path::new(PROBE_DIR);
+    // Cargo scans a folder for any change: every file in it, and one added or removed.
+    println!("cargo:rerun-if-changed={PROBE_DIR}");
+    check_probe_unit(probe);
+    for f in GUEST_SHARED {
         println!("cargo:rerun-if-changed=guest/{f}");
     }
     for f in SHARED_SOURCES {
@@ -167,9 +188,9 @@ fn main() {
             contract::PROBE_LOAD_ADDR
         ))
         .arg("-T")
-        .arg(guest.join("probe.ld"))
-        .arg(guest.join("entry.S"))
-        .arg(guest.join("probe.c"))
+        .arg(probe.join("probe.ld"))
+        .arg(probe.join("entry.S"))
+        .arg(probe.join("probe.c"))
         .arg("-o")
         .arg(&elf));
     run(Command::new("objcopy")
