@@ -152,7 +152,10 @@ fn check_probe_unit(probe: &Path) {
     let unit = fs::read_to_string(probe.join("probe.c")).expect("guest/probe/probe.c");
     for entry in fs::read_dir(probe).expect("guest/probe/") {
         let path = entry.expect("a guest/probe/ entry").path();
-        let name = path.file_name().and_then(|n| n.to_str()).expect("a UTF-8 name");
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("a UTF-8 name");
         if name.ends_with(".c") && name != "probe.c" {
             assert!(
                 unit.contains(&format!("#include \"{name}\"")),
