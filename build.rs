@@ -107,13 +107,15 @@ const FREESTANDING: [&str; 13] = [
     "-Wl,--build-id=none",
 ];
 
+/// The test kernel's C files, one concern each (testkernel.h declares what they share).
+const TEST_KERNEL_C: [&str; 4] = ["main.c", "console.c", "platform.c", "virtio.c"];
+
 /// The multiboot test kernel: `testkernel.elf` (ELF) and `testkernel.bin` (flat, loaded by the
 /// header's address fields), in `out` and next to the binary cargo builds.
 fn build_test_kernel(cc: &str, out: &Path) {
     let dir = Path::new("guest/testkernel");
-    for f in ["entry.S", "main.c", "testkernel.ld", "testkernel.h"] {
-        println!("cargo:rerun-if-changed=guest/testkernel/{f}");
-    }
+    // Cargo scans a folder for any change: every file in it, and one added or removed.
+    println!("cargo:rerun-if-changed=guest/testkernel");
     for f in GUEST_SHARED {
         println!("cargo:rerun-if-changed=guest/{f}");
     }
@@ -125,7 +127,7 @@ fn build_test_kernel(cc: &str, out: &Path) {
             .arg("-T")
             .arg(dir.join("testkernel.ld"))
             .arg(dir.join("entry.S"))
-            .arg(dir.join("main.c"))
+            .args(TEST_KERNEL_C.map(|f| dir.join(f)))
             .arg("-o")
             .arg(elf));
     };
