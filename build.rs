@@ -1,4 +1,5 @@
-//! Builds the probe guest (guest/) with gcc and embeds it: the VMM binary needs no other file.
+//! Builds the probe guest (guest/probe/) with gcc and embeds it: the VMM binary needs no other
+//! file.
 //! The contract header the guest includes is generated here from `src/contract.rs`, the single
 //! definition of the VMM ↔ guest contract.
 //!
@@ -82,6 +83,10 @@ fn run(cmd: &mut Command) {
     assert!(status.success(), "{cmd:?} failed with {status}");
 }
 
+/// The probe's sources: `probe.c` is its one translation unit and includes every concern file
+/// beside it (guest/probe/probe.c says why); `entry.S` is its entry and interrupt stubs.
+const PROBE_DIR: &str = "guest/probe";
+
 /// Headers in guest/ that the probe and the test kernel both include.
 const GUEST_SHARED: [&str; 3] = ["firmware.h", "multiboot.h", "portio.h"];
 
@@ -102,13 +107,15 @@ const FREESTANDING: [&str; 13] = [
     "-Wl,--build-id=none",
 ];
 
+/// The test kernel's C files, one concern each (testkernel.h declares what they share).
+const TEST_KERNEL_C: [&str; 4] = ["main.c", "console.c", "platform.c", "virtio.c"];
+
 /// The multiboot test kernel: `testkernel.elf` (ELF) and `testkernel.bin` (flat, loaded by the
 /// header's address fields), in `out` and next to the binary cargo builds.
 fn build_test_kernel(cc: &str, out: &Path) {
     let dir = Path::new("guest/testkernel");
-    for f in ["entry.S", "main.c", "testkernel.ld", "testkernel.h"] {
-        println!("cargo:rerun-if-changed=guest/testkernel/{f}");
-    }
+    // Cargo scans a folder for any change: every file in it, and one added or removed.
+    println!("cargo:rerun-if-changed=guest/testkernel");
     for f in GUEST_SHARED {
         println!("cargo:rerun-if-changed=guest/{f}");
     }
@@ -120,7 +127,7 @@ fn build_test_kernel(cc: &str, out: &Path) {
             .arg("-T")
             .arg(dir.join("testkernel.ld"))
             .arg(dir.join("entry.S"))
-            .arg(dir.join("main.c"))
+            .args(TEST_KERNEL_C.map(|f| dir.join(f)))
             .arg("-o")
             .arg(elf));
     };
@@ -141,13 +148,32 @@ fn build_test_kernel(cc: &str, out: &Path) {
     }
 }
 
+/// Checks that probe.c includes every concern file beside it: one it left out would silently
+/// not be built.
+fn check_probe_unit(probe: &Path) {
+    let unit = fs::read_to_string(probe.join("probe.c")).expect("guest/probe/probe.c");
+    for entry in fs::read_dir(probe).expect("guest/probe/") {
+        let path = entry.expect("a guest/probe/ entry").path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("a UTF-8 name");
+        if name.ends_with(".c") && name != "probe.c" {
+            assert!(
+                unit.contains(&format!("#include \"{name}\"")),
+                "guest/probe/probe.c does not include {name}"
+            );
+        }
+    }
+}
+
 fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    let guest = Path::new("guest");
-    for f in ["probe.c", "entry.S", "probe.ld"]
-        .iter()
-        .chain(&GUEST_SHARED)
-    {
+    let probe = Path::new(PROBE_DIR);
+    // Cargo scans a folder for any change: every file in it, and one added or removed.
+    println!("cargo:rerun-if-changed={PROBE_DIR}");
+    check_probe_unit(probe);
+    for f in GUEST_SHARED {
         println!("cargo:rerun-if-changed=guest/{f}");
     }
     for f in SHARED_SOURCES {
@@ -167,9 +193,9 @@ fn main() {
             contract::PROBE_LOAD_ADDR
         ))
         .arg("-T")
-        .arg(guest.join("probe.ld"))
-        .arg(guest.join("entry.S"))
-        .arg(guest.join("probe.c"))
+        .arg(probe.join("probe.ld"))
+        .arg(probe.join("entry.S"))
+        .arg(probe.join("probe.c"))
         .arg("-o")
         .arg(&elf));
     run(Command::new("objcopy")

@@ -264,10 +264,11 @@ contract_consts! {
     /// `OP_IOMMU_MODE` method: every unmap invalidates its pages (page-selective IOTLB
     /// invalidation and a wait, one IQT write) before the IOVA is reused.
     IOMMU_MODE_STRICT: u64 = 1;
-    /// `OP_IOMMU_MODE` method: the seed's first version: a list node per unmap, one global
-    /// invalidation and a wait when the list passes the high-water mark or after 10 ms.
+    /// `OP_IOMMU_MODE` method: the first deferred design (docs/iommu.md): a list node per
+    /// unmap, one global invalidation and a wait when the list passes the high-water mark or
+    /// after 10 ms.
     IOMMU_MODE_DEFERRED_LIST: u64 = 2;
-    /// `OP_IOMMU_MODE` method: the seed's second version: a fixed array, flushed when full
+    /// `OP_IOMMU_MODE` method: the second deferred design: a fixed array, flushed when full
     /// (the high-water mark) or after 10 ms.
     IOMMU_MODE_DEFERRED_ARRAY: u64 = 3;
     /// `OP_IOMMU_MODE` method: as deferred-array, but a domain-selective invalidation.
@@ -307,8 +308,8 @@ contract_consts! {
     RR_FLAG_MSI: u64 = 1;
     /// `RR_FLAG_*` bit: virtio-mmio per-queue doorbells instead of QueueNotify.
     RR_FLAG_DOORBELLS: u64 = 2;
-    /// `Op::method`: the guest picks, as the seed's guest patch argues: ECAM when it runs under a
-    /// hypervisor (CPUID.1:ECX[31]) and ECAM is described, PIO otherwise.
+    /// `Op::method`: the guest picks, by the guest-side policy under test: ECAM when it runs
+    /// under a hypervisor (CPUID.1:ECX[31]) and ECAM is described, PIO otherwise.
     METHOD_AUTO: u64 = 0;
     /// `Op::method`: configuration mechanism #1 (ports 0xCF8/0xCFC).
     METHOD_PIO: u64 = 1;

@@ -1,7 +1,72 @@
-/* Shared by entry.S and main.c of the test kernel. */
+/* Shared by the test kernel's files: entry.S reads the part for assembly, the C files the rest. */
 #pragma once
 
 /* Where the application processors' real-mode start-up code is copied: the start-up IPI's
  * vector is this address's page number (Intel SDM vol. 3 §9.4.4.1). Below the 1 MiB line, in
  * RAM a multiboot loader leaves free (QEMU's and exitless's memory maps both list it). */
 #define TRAMPOLINE 0x6000
+
+#ifndef __ASSEMBLER__
+#include <stdint.h>
+
+#define COM1            0x3f8
+#define COM1_LSR        (COM1 + 5)
+#define LSR_DATA_READY  0x01
+#define PCI_CONFIG_ADDRESS 0xcf8
+#define PCI_CONFIG_DATA 0xcfc
+#define PM_TIMER_HZ     3579545u
+#define MB_BOOTLOADER_MAGIC 0x2badb002u
+#define MB_INFO_MEMORY  (1u << 0)
+#define MB_INFO_CMDLINE (1u << 2)
+#define MB_INFO_MMAP    (1u << 6)
+#define MB_INFO_LOADER_NAME (1u << 9)
+
+/* The multiboot information (Multiboot 0.6.96 §3.3), up to the fields read here. */
+struct mb_info {
+    uint32_t flags, mem_lower, mem_upper, boot_device, cmdline, mods_count, mods_addr;
+    uint32_t syms[4];
+    uint32_t mmap_length, mmap_addr, drives_length, drives_addr, config_table;
+    uint32_t boot_loader_name;
+};
+
+/* main.c: what freestanding code still needs (gcc may call memcpy and memset), and the
+ * command line. */
+void *memcpy(void *d, const void *s, __SIZE_TYPE__ n);
+void *memset(void *d, int c, __SIZE_TYPE__ n);
+uint32_t length(const char *s);
+extern const char *cmdline;
+const char *arg(const char *key);
+
+/* console.c: COM1, and one "PASS what" or "FAIL what" line per check. */
+void puts(const char *s);
+void print(const char *fmt, ...);
+int check(int ok, const char *fmt, ...);
+extern uint32_t passed, failed;
+
+/* platform.c: the firmware's tables, the PM timer, the processors, console input. */
+extern const uint8_t *fadt;
+extern uint16_t pm_timer_port;
+extern uint32_t pm_timer_mask;
+uint32_t pm_timer(void);
+void check_multiboot(const struct mb_info *mb, uint32_t mem_mib);
+void check_fw_cfg(uint32_t cpus, uint32_t mem_mib);
+void check_acpi(void);
+void check_fadt(void);
+void check_madt(uint32_t cpus);
+void check_mcfg(uint32_t ecam);
+void check_dmar(uint32_t iommu);
+void check_smp(uint32_t cpus);
+void check_echo(void);
+
+/* virtio.c: the devices on virtio-pci. */
+void check_disk(void);
+void check_net(void);
+
+#include "../portio.h"
+
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+#include "../firmware.h"
+static inline uint32_t mmio32(uint32_t addr) { return *(volatile uint32_t *)addr; }
+static inline void mmio_write32(uint32_t addr, uint32_t v) { *(volatile uint32_t *)addr = v; }
+#endif

@@ -1,7 +1,8 @@
 //! The probe's serial dump: how its results leave a VMM that cannot read guest memory for us.
 //!
-//! Under QEMU the probe prints, on COM1 and only after every op has run (guest/probe.c,
-//! `dump_results`), lines of lowercase hex numbers separated by single spaces:
+//! Under QEMU the probe prints, on COM1 and only after every op has run
+//! (guest/probe/qemu_boot.c, `dump_results`), lines of lowercase hex numbers separated by single
+//! spaces:
 //!
 //! ```text
 //! exitless-results TSC_KHZ OPS RECORDS
@@ -196,7 +197,7 @@ mod tests {
 
     use super::*;
 
-    /// A dump as the probe writes it (guest/probe.c, `dump_results`).
+    /// A dump as the probe writes it (guest/probe/qemu_boot.c, `dump_results`).
     fn render(tsc_khz: u64, results: &[OpResult], records: &[EnumRecord]) -> String {
         fn line(tag: &str, words: &[u8]) -> String {
             let mut l = tag.to_owned();

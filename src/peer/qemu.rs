@@ -6,7 +6,7 @@
 //! ```text
 //! qemu-system-x86_64 -machine q35,accel=kvm -cpu host,arch-capabilities=off -smp 1 -m MIB
 //!     -nodefaults -display none -no-reboot
-//!     -kernel probe.bin                               (its multiboot header: guest/entry.S)
+//!     -kernel probe.bin                               (its multiboot header: guest/probe/entry.S)
 //!     -fw_cfg name=opt/exitless/ops,file=ops.bin      (the Op array, as exitless writes it)
 //!     -device isa-debug-exit,iobase=0xf4,iosize=4     (the probe's end: exit status 1 if good)
 //!     -serial file:serial.txt                         (the results: `super::dump`)

@@ -17,7 +17,7 @@ use crate::contract::{
     USER_DS,
 };
 
-// The tables' places are in the contract: the probe's multiboot entry (guest/entry.S) builds
+// The tables' places are in the contract: the probe's multiboot entry (guest/probe/entry.S) builds
 // the same tables at the same places when QEMU boots it.
 
 /// TSS limit: covers the bitmap and its terminating byte.

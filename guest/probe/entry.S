@@ -2,9 +2,9 @@
  * interrupt entry points. %rdi = vCPU index, %rsi = MULTIBOOT_BOOTLOADER_MAGIC when the
  * multiboot entry below came first (QEMU), 0 from exitless. Ring-0 code is emulated on this host
  * (~1 us per instruction), so the bootstrap processor loads the IDT register and leaves ring 0
- * at once with iretq; the IDT itself is filled in at CPL 3 by probe.c. Other vCPUs park in hlt. */
+ * at once with iretq; the IDT itself is filled in at CPL 3 by irq.c. Other vCPUs park in hlt. */
 #include "contract.h"
-#include "multiboot.h"
+#include "../multiboot.h"
 
     .section .text.entry, "ax"
     .code64
@@ -41,7 +41,7 @@ user_entry:                     /* CPL 3 from here on */
  * long mode (Intel SDM vol. 3 §10.8.5) and go the same way. About 4,000 ring-0 instructions and
  * as many rep-string iterations with 1 GiB pages (2 MiB pages add ~12,000): a few ms on this
  * host's emulated ring 0, against SeaBIOS's seconds. PDPT entry 4 and up stay zero with 2 MiB
- * pages: probe.c looks there to see which map it has. */
+ * pages: qemu_boot.c looks there to see which map it has. */
 #define PTE_TABLE   (PTE_PRESENT | PTE_WRITABLE | PTE_USER)
 #define CR0_LONG    0x80010033          /* PG, WP, NE, ET, MP, PE: exitless's CR0 */
 #define CR4_PAE     0x20
@@ -50,7 +50,7 @@ user_entry:                     /* CPL 3 from here on */
     .code32
 multiboot_entry:
     /* Mask both 8259 PICs first: the BIOS left the timer ticking on IRQ 0, and the IDT is
-     * filled only at CPL 3, after interrupts are on (probe.c masks them again there). */
+     * filled only at CPL 3, after interrupts are on (irq.c masks them again there). */
     movb    $0xff, %al
     outb    %al, $0x21
     outb    %al, $0xa1
@@ -90,7 +90,7 @@ multiboot_entry:
     jne     1b
     jmp     4f
     /* Without them (this project's KVM offers none), exitless's map: 0..4 GiB in 2 MiB pages
-     * (2048 entries, a few ms here); probe.c maps 4..64 GiB at CPL 3, where that is fast. */
+     * (2048 entries, a few ms here); qemu_boot.c maps 4..64 GiB at CPL 3, where that is fast. */
 2:  movl    $BOOT_PDPT_ADDR, %edi
     movl    $(BOOT_PD_ADDR | PTE_TABLE), %eax
 3:  movl    %eax, (%edi)
