@@ -3,7 +3,7 @@
 //! what it found: the banner, the e820 map exitless gave it, the ACPI tables it parsed, the CPU
 //! count.
 //!
-//! On this project's hosts KVM emulates ring 0 instruction by instruction (PLATFORM.md), so
+//! On this project's hosts KVM emulates ring 0 instruction by instruction (docs/host-kvm.md), so
 //! the bzImage spends about 2.5 minutes decompressing itself, and Linux stops, in every VMM, at
 //! its int3 self-test; the tests check what is reachable before that and stop the guest as soon
 //! as they have seen it. They are ignored by default (about 165 s and 30 s here); run them with
@@ -38,7 +38,7 @@ const TIMEOUT_S: u64 = 420;
 const TIMED_OUT: i32 = 124;
 /// Linux's command line: the serial console from the first line on; no KASLR, so that the
 /// log is the same from run to run; no xsave and cx16, which this host's emulator lacks
-/// (PLATFORM.md).
+/// (docs/host-kvm.md).
 const CMDLINE: &str =
     "console=ttyS0 earlyprintk=serial,ttyS0,115200 nokaslr noxsave clearcpuid=cx16";
 
@@ -331,7 +331,7 @@ fn with_hardware_kvm_linux_reaches_an_initramfs_that_sees_its_disk_and_network()
     if !hardware_kvm() {
         return println!(
             "skipped the exitless boot: this host's KVM is software (kvm_pvm), where Linux \
-             stops at its int3 self-test long before userspace (PLATFORM.md)"
+             stops at its int3 self-test long before userspace (docs/host-kvm.md)"
         );
     }
     let out = Command::new(env!("CARGO_BIN_EXE_exitless"))

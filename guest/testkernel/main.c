@@ -19,7 +19,7 @@
  * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
  *
  * It prints PASS/FAIL lines on COM1, polled. Everything runs at ring 0, which the KVM of
- * exitless's machines emulates at about a microsecond an instruction (PLATFORM.md): the
+ * exitless's machines emulates at about a microsecond an instruction (docs/host-kvm.md): the
  * kernel stays small, and its loops are short. */
 #include <stdint.h>
 

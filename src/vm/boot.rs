@@ -3,7 +3,7 @@
 //! - 64-bit long mode (the probe): identity-mapped page tables, a GDT with ring-0 and ring-3
 //!   segments, and a 64-bit TSS whose I/O permission bitmap lets ring-3 code use port I/O (Intel
 //!   SDM vol. 1 §19.5.2). `RFLAGS.IOPL` is not honoured on this host, so the bitmap is the only
-//!   way to give CPL-3 code the ports (see PLATFORM.md).
+//!   way to give CPL-3 code the ports (see docs/host-kvm.md).
 //! - 32-bit protected mode with paging off and flat segments (multiboot kernels, Multiboot
 //!   0.6.96 §3.2): no tables in guest memory at all.
 

@@ -1,5 +1,5 @@
 //! The CPUID a vCPU reports: what KVM supports, plus the hypervisor bit and the vCPU's APIC ID,
-//! minus features the software KVM of PLATFORM.md cannot emulate at ring 0.
+//! minus features the software KVM of docs/host-kvm.md cannot emulate at ring 0.
 
 use kvm_bindings::CpuId;
 

@@ -108,7 +108,7 @@ impl Vm {
             }
         }
         let fd = kvm.create_vm().map_err(kvm_err("create VM"))?;
-        // The irqchip must exist before any vCPU (PLATFORM.md).
+        // The irqchip must exist before any vCPU (docs/host-kvm.md).
         fd.create_irq_chip().map_err(kvm_err("create irqchip"))?;
         let memory =
             GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), mem_size)]).map_err(|e| {

@@ -199,7 +199,7 @@ impl Vcpu {
     }
 
     /// One line on a `KVM_EXIT_INTERNAL_ERROR`: where the guest was, and KVM's reason. On a
-    /// host whose KVM emulates ring 0 (PLATFORM.md) it is most often an instruction the
+    /// host whose KVM emulates ring 0 (docs/host-kvm.md) it is most often an instruction the
     /// emulator lacks (suberror 1).
     fn internal_error(&self) -> String {
         let regs = self.fd.get_regs();

@@ -173,7 +173,7 @@ fn a_guest_rep_outsb_is_dispatched_byte_by_byte() {
     assert!(rec.writes.lock().unwrap().iter().all(|(_, d)| d.len() == 1));
 }
 
-/// `int3` at ring 0 is one of the instructions this host's emulator lacks (PLATFORM.md):
+/// `int3` at ring 0 is one of the instructions this host's emulator lacks (docs/host-kvm.md):
 /// the run ends with one line that names the rip and shows the bytes there. Hardware KVM
 /// executes it (and, with no IDT, shuts down): nothing to report there.
 #[test]
