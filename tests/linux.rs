@@ -109,7 +109,7 @@ fn vmlinuz() -> Result<PathBuf, String> {
 }
 
 /// Whether this host's KVM runs guests on the CPU's virtualization extensions: `kvm_intel` or
-/// `kvm_amd` loaded, and not the software `kvm_pvm` of PLATFORM.md.
+/// `kvm_amd` loaded, and not the software `kvm_pvm` of docs/host-kvm.md.
 fn hardware_kvm() -> bool {
     let loaded = |m: &str| Path::new("/sys/module").join(m).exists();
     (loaded("kvm_intel") || loaded("kvm_amd")) && !loaded("kvm_pvm")
