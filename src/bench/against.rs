@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use crate::bench::report::human_ns;
-use crate::bench::{PeerFigure, ScenarioReport, TargetCheck, Variant};
+use crate::bench::format::human_ns;
+use crate::bench::model::{PeerFigure, ScenarioReport, TargetCheck, Variant};
 use crate::contract::Op;
 use crate::peer::{PeerError, PeerRun, Qemu, QemuMachine};
 

@@ -15,9 +15,8 @@
 use std::time::Duration;
 
 use crate::bench::against::{Counterpart, PeerPlan};
-use crate::bench::{
-    Clock, RoutingFigures, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant,
-};
+use crate::bench::measure::{Clock, run_ok, set_baseline, variant};
+use crate::bench::model::{RoutingFigures, ScenarioReport, TargetCheck, Variant};
 use crate::contract::Op;
 use crate::irq::CommitStrategy;
 use crate::machine::{

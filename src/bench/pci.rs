@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use crate::bench::against::{Counterpart, PeerPlan};
-use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
+use crate::bench::measure::{Clock, run_ok, set_baseline, variant};
+use crate::bench::model::{ScenarioReport, TargetCheck, Variant};
 use crate::contract::{METHOD_ECAM, METHOD_PIO, Op};
 use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops};
 use crate::pci::{EcamMode, PciAddress};

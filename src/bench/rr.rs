@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use crate::bench::against::{Counterpart, PeerPlan};
 use crate::bench::host_tap::TapLink;
-use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
+use crate::bench::measure::{Clock, run_ok, set_baseline, variant};
+use crate::bench::model::{ScenarioReport, TargetCheck, Variant};
 use crate::contract::{
     ICMP_MAX_PAYLOAD, Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE,
     TRANSPORT_MMIO, TRANSPORT_PCI,
