@@ -1,5 +1,5 @@
-//! `exitless bench iommu` (T5, seed 003): what an IOMMU's unmaps cost the guest, strict
-//! against deferred and batched invalidation.
+//! `exitless bench iommu`: what an IOMMU's unmaps cost the guest, strict against deferred and
+//! batched invalidation.
 //!
 //! The seed's workload: a stream of small frames (32-byte payload) on a virtio-pci net
 //! transmit queue into a sink, every buffer mapped before it is posted and unmapped when the
@@ -313,7 +313,7 @@ impl IommuBench {
             targets,
             notes: vec![
                 "strict is reported, not targeted: one exit per unmap on this host \
-                 (PLATFORM.md: ~35 us)"
+                 (docs/host-kvm.md: ~35 us)"
                     .into(),
                 "exposure: per unmapped page, the time a stale IOTLB entry could still reach \
                  it; strict's is the invalidation itself"

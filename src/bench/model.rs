@@ -156,11 +156,11 @@ pub struct RoutingFigures {
 /// A target from the issue, and whether this run met it.
 #[derive(Debug, Serialize)]
 pub struct TargetCheck {
-    /// The target.
+    /// The target as the issue sets it, e.g. `batched total <= 0.1x per-vector total`.
     pub target: String,
-    /// What was measured.
+    /// The figures it was checked against, with their units.
     pub measured: String,
-    /// Whether it was met.
+    /// Whether the figures meet it (a benchmark result: a missed target fails nothing).
     pub met: bool,
 }
 
@@ -193,11 +193,12 @@ pub struct IommuFigures {
     /// Most pages pending invalidation at once.
     pub max_pending_pages: u64,
     /// Per unmapped page, microseconds from its unmap to the completed invalidation covering
-    /// it: the longest, the mean and the 99th percentile (a power-of-two bucket's upper bound).
+    /// it (how long a stale IOTLB entry could still reach the page): the longest.
     pub exposure_max_us: f64,
-    /// See `exposure_max_us`.
+    /// The same span's mean over the unmapped pages, in microseconds.
     pub exposure_mean_us: f64,
-    /// See `exposure_max_us`.
+    /// The same span's 99th percentile, in microseconds: the upper bound of the power-of-two
+    /// bucket it falls in.
     pub exposure_p99_us: f64,
     /// Request/response transactions per second, both buffers mapped per transaction.
     pub rr_trans_per_s: f64,

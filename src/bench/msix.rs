@@ -1,7 +1,7 @@
-//! `exitless bench msix` (T3, seed 002): what it costs to make many MSI-X vectors live at once,
-//! with GSI routing committed once per vector (`per-vector`, the baseline), once per guest
-//! access (`batched`, the seed's technique), at a vector's first message (`first-use`), or with
-//! no routes at all (`direct`: KVM_SIGNAL_MSI).
+//! `exitless bench msix`: what it costs to make many MSI-X vectors live at once, with GSI
+//! routing committed once per vector (`per-vector`, the baseline), once per guest access
+//! (`batched`, the seed's technique), at a vector's first message (`first-use`), or with no
+//! routes at all (`direct`: KVM_SIGNAL_MSI).
 //!
 //! Each strategy gets its own boot with the same devices: multiqueue virtio-net functions with
 //! 32 queue pairs, so 65 MSI-X vectors each (64 queues and the configuration vector), as the

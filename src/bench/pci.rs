@@ -1,5 +1,6 @@
-//! `exitless bench pci` (T1, seed 000): reads of one config register and whole-bus enumeration
-//! by port I/O, trapped ECAM and shadowed ECAM, with a guest-RAM read loop as the floor.
+//! `exitless bench pci`: reads of one config register and whole-bus enumeration by port I/O,
+//! trapped ECAM and shadowed ECAM, with a guest-RAM read loop as the floor
+//! (docs/benchmarks.md has the seed each scenario reproduces).
 
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops};
 use crate::pci::{EcamMode, PciAddress};
 use crate::peer::QemuMachine;
 
-/// Seed 000's figures: 100k reads by PIO 12.809 s, ECAM 8.517 s, ECAM shadow 0.010 s; a PCI
+/// The seed's figures: 100k reads by PIO 12.809 s, ECAM 8.517 s, ECAM shadow 0.010 s; a PCI
 /// scan of 55 ms with PIO and 18 ms with the shadow.
 const SEED_PIO_READS_S: f64 = 12.809;
 const SEED_ECAM_READS_S: f64 = 8.517;

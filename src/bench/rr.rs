@@ -1,7 +1,7 @@
-//! `exitless bench rr` (T2 + T4, seeds 001 and 004): request/response transactions over
-//! virtio-net, netperf TCP_RR style, for every transport and interrupt mode (virtio-pci with
-//! MSI-X, virtio-mmio with its legacy line, virtio-mmio with the MSI extension) and every
-//! doorbell path (exit to the VMM, datamatch ioeventfd, address-only ioeventfd).
+//! `exitless bench rr`: request/response transactions over virtio-net, netperf TCP_RR style,
+//! for every transport and interrupt mode (virtio-pci with MSI-X, virtio-mmio with its legacy
+//! line, virtio-mmio with the MSI extension) and every doorbell path (exit to the VMM,
+//! datamatch ioeventfd, address-only ioeventfd).
 //!
 //! One boot holds six devices: three virtio-mmio and three virtio-pci, one per doorbell path.
 //! The guest drives each virtio-mmio device twice, resetting it in between: once on its line,

@@ -103,7 +103,7 @@ fn rss_kib() -> u64 {
 }
 
 impl SoakBench {
-    /// Check the parameters.
+    /// Refuse a soak of no bursts or no accesses, before any boot.
     pub fn validate(&self) -> Result<(), String> {
         if self.bursts == 0 || self.accesses == 0 {
             return Err("--bursts and --accesses must be at least 1".into());
