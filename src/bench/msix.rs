@@ -56,16 +56,6 @@ pub struct MsixBench {
     pub timeout: Duration,
 }
 
-impl Default for MsixBench {
-    fn default() -> Self {
-        MsixBench {
-            devices: 8,
-            queue_pairs: 32,
-            timeout: Duration::from_secs(600),
-        }
-    }
-}
-
 /// Op indexes of one device's steps.
 #[derive(Default)]
 struct DeviceOps {
