@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use exitless::bench::options::BenchOptions;
+use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO};
 use exitless::machine::{DiskConfig, VirtioNetConfig};
+use exitless::pci::EcamMode;
 
 /// exitless: a KVM VMM whose device I/O avoids VM exits, and the benchmarks that prove it.
 #[derive(Parser)]
@@ -111,6 +113,17 @@ pub enum EcamArg {
     None,
 }
 
+impl EcamArg {
+    /// How the machine serves ECAM; `None`: not described.
+    pub fn mode(self) -> Option<EcamMode> {
+        match self {
+            EcamArg::Trap => Some(EcamMode::Trap),
+            EcamArg::Shadow => Some(EcamMode::Shadow),
+            EcamArg::None => None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MethodArg {
     /// The guest decides: ECAM under a hypervisor when ECAM is described, else port I/O.
@@ -119,6 +132,17 @@ pub enum MethodArg {
     Pio,
     /// The ECAM window.
     Ecam,
+}
+
+impl MethodArg {
+    /// The probe's `METHOD_*` for it.
+    pub fn method(self) -> u64 {
+        match self {
+            MethodArg::Auto => METHOD_AUTO,
+            MethodArg::Pio => METHOD_PIO,
+            MethodArg::Ecam => METHOD_ECAM,
+        }
+    }
 }
 
 #[derive(clap::Args)]

@@ -9,14 +9,13 @@ use std::time::Duration;
 use clap::Parser;
 
 use exitless::bench::session::Session;
-use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO, STATUS_OK};
+use exitless::contract::STATUS_OK;
 use exitless::inspect;
 use exitless::machine::run::{RunConfig, RunError};
 use exitless::machine::{Console, NetBackendKind, ProbeConfig};
-use exitless::pci::EcamMode;
 use exitless::seccomp::{self, ThreadKind};
 
-use crate::cli::{Cli, Command, EcamArg, MethodArg, ProbeArgs, RunArgs};
+use crate::cli::{Cli, Command, ProbeArgs, RunArgs};
 
 /// `exitless run`'s status for an error of its own: even, so never a guest's isa-debug-exit
 /// status (always odd), nor a clean exit.
@@ -52,7 +51,7 @@ fn run(args: RunArgs) -> Result<u8, String> {
         cmdline: args.cmdline,
         memory_mib: args.memory,
         cpus: args.cpus,
-        ecam: ecam_mode(args.ecam),
+        ecam: args.ecam.mode(),
         iommu: args.iommu,
         console,
         disks: args.disk,
@@ -69,28 +68,15 @@ fn run(args: RunArgs) -> Result<u8, String> {
     }
 }
 
-fn ecam_mode(arg: EcamArg) -> Option<EcamMode> {
-    match arg {
-        EcamArg::Trap => Some(EcamMode::Trap),
-        EcamArg::Shadow => Some(EcamMode::Shadow),
-        EcamArg::None => None,
-    }
-}
-
 fn probe(args: ProbeArgs) -> Result<(), String> {
-    let ecam = ecam_mode(args.ecam);
-    let method = match args.method {
-        MethodArg::Auto => METHOD_AUTO,
-        MethodArg::Pio => METHOD_PIO,
-        MethodArg::Ecam => METHOD_ECAM,
-    };
+    let ecam = args.ecam.mode();
     let cfg = ProbeConfig {
         ecam,
         vcpus: args.vcpus,
         console_to_stdout: args.console,
         ..Default::default()
     };
-    let run = inspect::enumerate(cfg, method).map_err(|e| e.to_string())?;
+    let run = inspect::enumerate(cfg, args.method.method()).map_err(|e| e.to_string())?;
     if run.results[0].status != STATUS_OK {
         return Err(
             "the guest cannot enumerate by ECAM when none is described (use --ecam trap or shadow)"
