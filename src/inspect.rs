@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::bench::report::human_ns;
+use crate::bench::format::human_ns;
 use crate::contract::{ENUM_FLAG_CAPS_TRUNCATED, ENUM_FLAG_NOT_TYPE0, EnumRecord, METHOD_ECAM};
 use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops, run_probe};
 use crate::pci::{EcamMode, PciAddress};

@@ -1,16 +1,17 @@
 //! `exitless bench --against qemu`: the same probe binary and the same guest ops under QEMU, in
 //! the same run, each of its figures set beside the exitless variant it answers.
 //!
-//! The peer's boots come first, before exitless's main thread confines itself (`main.rs`):
-//! a seccomp filter is inherited across fork and execve, and QEMU cannot run under exitless's.
-//! Times on both sides are the guest's own rdtsc around each op; under QEMU the probe takes the
-//! TSC rate from the ACPI PM timer ([`crate::peer`]). QEMU's exits cannot be counted from
-//! outside it, so the peer has none in the report.
+//! The peer's boots come first, before exitless's main thread confines itself
+//! (`Session::prepare`, in `bench::session`): a seccomp filter is inherited across fork and
+//! execve, and QEMU cannot run under exitless's. Times on both sides are the guest's own rdtsc
+//! around each op; under QEMU the probe takes the TSC rate from the ACPI PM timer
+//! ([`crate::peer`]). QEMU's exits cannot be counted from outside it, so the peer has none in
+//! the report.
 
 use std::time::Duration;
 
-use crate::bench::report::human_ns;
-use crate::bench::{PeerFigure, ScenarioReport, TargetCheck, Variant};
+use crate::bench::format::human_ns;
+use crate::bench::model::{PeerFigure, ScenarioReport, TargetCheck, Variant};
 use crate::contract::Op;
 use crate::peer::{PeerError, PeerRun, Qemu, QemuMachine};
 

@@ -1,5 +1,5 @@
 //! A one-line description of the host, printed with every result: absolute numbers mean little
-//! without it (PLATFORM.md: the software KVM here inflates them about tenfold).
+//! without it (docs/host-kvm.md: the software KVM here inflates them about tenfold).
 
 use std::fs;
 use std::path::Path;

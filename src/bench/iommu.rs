@@ -1,5 +1,5 @@
-//! `exitless bench iommu` (T5, seed 003): what an IOMMU's unmaps cost the guest, strict
-//! against deferred and batched invalidation.
+//! `exitless bench iommu`: what an IOMMU's unmaps cost the guest, strict against deferred and
+//! batched invalidation.
 //!
 //! The seed's workload: a stream of small frames (32-byte payload) on a virtio-pci net
 //! transmit queue into a sink, every buffer mapped before it is posted and unmapped when the
@@ -9,16 +9,14 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::bench::against::{Counterpart, PeerPlan};
-use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
+use crate::bench::measure::{Clock, run_ok, set_baseline, variant};
+use crate::bench::model::{IommuFigures, ScenarioReport, TargetCheck, Variant};
 use crate::contract::{
     IOMMU_MODE_DEFERRED_ARRAY, IOMMU_MODE_DEFERRED_LIST, IOMMU_MODE_LINUX_FQ,
     IOMMU_MODE_PER_DOMAIN, IOMMU_MODE_STRICT, IommuReport, NET_STREAM_FRAME_SIZE, Op,
     RR_FLAG_IOMMU, TRANSPORT_PCI,
 };
-use crate::iommu::IommuStats;
 use crate::machine::wiring::names;
 use crate::machine::{
     MachineError, NetBackendKind, ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops,
@@ -129,50 +127,6 @@ fn devices() -> Vec<VirtioNetConfig> {
         },
         VirtioNetConfig::new(Transport::Pci, NotifyPath::Address),
     ]
-}
-
-/// The IOMMU figures of one variant.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct IommuFigures {
-    /// Streamed frames per second.
-    pub packets_per_s: f64,
-    /// `packets_per_s` over `none`'s.
-    pub packets_ratio: f64,
-    /// The seed's ratio for this kind of variant.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed_packets_ratio: Option<f64>,
-    /// Guest TSC cycles per streamed frame.
-    pub guest_cycles_per_packet: f64,
-    /// CPU time of the stream device's thread per frame, in nanoseconds: translation and
-    /// the frame's handling (the seed's service demand, on the host side).
-    pub device_cpu_ns_per_packet: f64,
-    /// CPU time of the whole VMM process per frame, in nanoseconds: the device thread, the
-    /// vCPU (guest time included) and every other thread.
-    pub host_cpu_ns_per_packet: f64,
-    /// Exits at the remapping unit per streamed frame.
-    pub iommu_exits_per_packet: f64,
-    /// Invalidation-queue tail writes per frame (each a flush: one exit).
-    pub iqt_writes_per_packet: f64,
-    /// Invalidation descriptors per frame, waits included.
-    pub descriptors_per_packet: f64,
-    /// Pages unmapped during the stream.
-    pub pages_unmapped: u64,
-    /// Most pages pending invalidation at once.
-    pub max_pending_pages: u64,
-    /// Per unmapped page, microseconds from its unmap to the completed invalidation covering
-    /// it: the longest, the mean and the 99th percentile (a power-of-two bucket's upper bound).
-    pub exposure_max_us: f64,
-    /// See `exposure_max_us`.
-    pub exposure_mean_us: f64,
-    /// See `exposure_max_us`.
-    pub exposure_p99_us: f64,
-    /// Request/response transactions per second, both buffers mapped per transaction.
-    pub rr_trans_per_s: f64,
-    /// `rr_trans_per_s` over `none`'s.
-    pub rr_ratio: f64,
-    /// The unit's counters over the whole boot (stream and transactions).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unit: Option<IommuStats>,
 }
 
 /// Microseconds in `cycles` of a `khz` TSC.
@@ -359,7 +313,7 @@ impl IommuBench {
             targets,
             notes: vec![
                 "strict is reported, not targeted: one exit per unmap on this host \
-                 (PLATFORM.md: ~35 us)"
+                 (docs/host-kvm.md: ~35 us)"
                     .into(),
                 "exposure: per unmapped page, the time a stale IOTLB entry could still reach \
                  it; strict's is the invalidation itself"

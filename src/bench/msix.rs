@@ -1,7 +1,7 @@
-//! `exitless bench msix` (T3, seed 002): what it costs to make many MSI-X vectors live at once,
-//! with GSI routing committed once per vector (`per-vector`, the baseline), once per guest
-//! access (`batched`, the seed's technique), at a vector's first message (`first-use`), or with
-//! no routes at all (`direct`: KVM_SIGNAL_MSI).
+//! `exitless bench msix`: what it costs to make many MSI-X vectors live at once, with GSI
+//! routing committed once per vector (`per-vector`, the baseline), once per guest access
+//! (`batched`, the seed's technique), at a vector's first message (`first-use`), or with no
+//! routes at all (`direct`: KVM_SIGNAL_MSI).
 //!
 //! Each strategy gets its own boot with the same devices: multiqueue virtio-net functions with
 //! 32 queue pairs, so 65 MSI-X vectors each (64 queues and the configuration vector), as the
@@ -15,9 +15,8 @@
 use std::time::Duration;
 
 use crate::bench::against::{Counterpart, PeerPlan};
-use crate::bench::{
-    Clock, RoutingFigures, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant,
-};
+use crate::bench::measure::{Clock, run_ok, set_baseline, variant};
+use crate::bench::model::{RoutingFigures, ScenarioReport, TargetCheck, Variant};
 use crate::contract::Op;
 use crate::irq::CommitStrategy;
 use crate::machine::{
@@ -55,16 +54,6 @@ pub struct MsixBench {
     pub queue_pairs: u16,
     /// Longest each boot may take.
     pub timeout: Duration,
-}
-
-impl Default for MsixBench {
-    fn default() -> Self {
-        MsixBench {
-            devices: 8,
-            queue_pairs: 32,
-            timeout: Duration::from_secs(600),
-        }
-    }
 }
 
 /// Op indexes of one device's steps.
@@ -237,7 +226,6 @@ impl MsixBench {
                 ),
             ],
         );
-        let (targets, notes) = findings(&variants, self.vectors());
         Ok(ScenarioReport {
             name: "msix".into(),
             title: format!(
@@ -250,9 +238,9 @@ impl MsixBench {
                 "{clock_line}; commit time is host time inside KVM_SET_GSI_ROUTING; ratios are \
                  against per-vector"
             ),
+            targets: targets(&variants, self.vectors()),
+            notes: notes(&variants, self.vectors()),
             variants,
-            targets,
-            notes,
             soak: None,
         })
     }
@@ -317,25 +305,59 @@ fn figures(run: &ProbeRun, clock: &Clock, indexes: &[usize]) -> RoutingFigures {
     }
 }
 
-fn findings(variants: &[Variant], vectors: u64) -> (Vec<TargetCheck>, Vec<String>) {
-    let get = |s: CommitStrategy| {
-        variants
-            .iter()
-            .find(|v| v.name == s.name())
-            .and_then(|v| v.routing.as_ref())
-            .expect("every strategy ran")
-    };
-    let (per_vector, batched) = (get(CommitStrategy::PerVector), get(CommitStrategy::Batched));
+/// The routing figures of `strategy`'s variant.
+fn routing(variants: &[Variant], strategy: CommitStrategy) -> &RoutingFigures {
+    variants
+        .iter()
+        .find(|v| v.name == strategy.name())
+        .and_then(|v| v.routing.as_ref())
+        .expect("every strategy ran")
+}
+
+/// One of the other operations measured beside the enable (`which` picks it), or empty
+/// figures where there are none.
+fn part(
+    f: &RoutingFigures,
+    which: fn(&RoutingFigures) -> &Option<Box<RoutingFigures>>,
+) -> RoutingFigures {
+    which(f).as_deref().cloned().unwrap_or_default()
+}
+
+/// The time of the first and the last device's operation, in milliseconds.
+fn first_last(f: &RoutingFigures) -> (f64, f64) {
+    let ms = &f.per_device_ms;
+    (
+        ms.first().copied().unwrap_or(f64::NAN),
+        ms.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+/// The issue's targets: batched against per-vector (the seed's), then the two strategies that
+/// commit nothing at Enable.
+fn targets(variants: &[Variant], vectors: u64) -> Vec<TargetCheck> {
+    let mut targets = batched_targets(
+        routing(variants, CommitStrategy::PerVector),
+        routing(variants, CommitStrategy::Batched),
+    );
+    targets.extend(routeless_targets(
+        routing(variants, CommitStrategy::FirstUse),
+        routing(variants, CommitStrategy::Direct),
+        vectors,
+    ));
+    targets
+}
+
+/// Batched commits: a tenth of per-vector's time, flat across devices, one commit per enable.
+fn batched_targets(per_vector: &RoutingFigures, batched: &RoutingFigures) -> Vec<TargetCheck> {
     let ratio = batched.total_ms / per_vector.total_ms;
-    let first = batched.per_device_ms.first().copied().unwrap_or(f64::NAN);
-    let last = batched.per_device_ms.last().copied().unwrap_or(f64::NAN);
+    let (first, last) = first_last(batched);
     let most_commits = batched
         .per_device_commits
         .iter()
         .max()
         .copied()
         .unwrap_or(0);
-    let targets = vec![
+    vec![
         TargetCheck {
             target: "batched total <= 0.1x per-vector total".into(),
             measured: format!(
@@ -363,28 +385,33 @@ fn findings(variants: &[Variant], vectors: u64) -> (Vec<TargetCheck>, Vec<String
             ),
             met: most_commits <= 1,
         },
+    ]
+}
+
+/// First-use and direct: no commit at Enable, and an unmask burst that costs its trapped
+/// writes and nothing more.
+fn routeless_targets(
+    first_use: &RoutingFigures,
+    direct: &RoutingFigures,
+    vectors: u64,
+) -> Vec<TargetCheck> {
+    let (direct_first, direct_last) = first_last(direct);
+    let mut targets = vec![
+        TargetCheck {
+            target: "direct enable: 0 commits, flat across devices (last <= 2x first)".into(),
+            measured: format!(
+                "{} commits; first {direct_first:.3} ms, last {direct_last:.3} ms ({:.2}x)",
+                direct.commits,
+                direct_last / direct_first
+            ),
+            met: direct.commits == 0 && direct_last <= 2.0 * direct_first,
+        },
+        TargetCheck {
+            target: "first-use enable: 0 commits".into(),
+            measured: format!("{} commits", first_use.commits),
+            met: first_use.commits == 0,
+        },
     ];
-    let part = |f: &RoutingFigures, which: fn(&RoutingFigures) -> &Option<Box<RoutingFigures>>| {
-        which(f).as_deref().cloned().unwrap_or_default()
-    };
-    let mut targets = targets;
-    let (first_use, direct) = (get(CommitStrategy::FirstUse), get(CommitStrategy::Direct));
-    let direct_first = direct.per_device_ms.first().copied().unwrap_or(f64::NAN);
-    let direct_last = direct.per_device_ms.last().copied().unwrap_or(f64::NAN);
-    targets.push(TargetCheck {
-        target: "direct enable: 0 commits, flat across devices (last <= 2x first)".into(),
-        measured: format!(
-            "{} commits; first {direct_first:.3} ms, last {direct_last:.3} ms ({:.2}x)",
-            direct.commits,
-            direct_last / direct_first
-        ),
-        met: direct.commits == 0 && direct_last <= 2.0 * direct_first,
-    });
-    targets.push(TargetCheck {
-        target: "first-use enable: 0 commits".into(),
-        measured: format!("{} commits", first_use.commits),
-        met: first_use.commits == 0,
-    });
     // The unmask burst's own exit cost: as many trapped table writes, committing nothing, as
     // measured in the table programming (4 writes per entry there, 1 here).
     let per_write_ms = |f: &RoutingFigures| {
@@ -405,61 +432,69 @@ fn findings(variants: &[Variant], vectors: u64) -> (Vec<TargetCheck>, Vec<String
             met: burst.total_ms <= 1.1 * exits_ms && burst.commits == 0,
         });
     }
-    let burst_line = STRATEGIES
+    targets
+}
+
+/// One description per strategy, in [`STRATEGIES`] order, joined by `separator`.
+fn per_strategy(
+    variants: &[Variant],
+    separator: &str,
+    describe: impl Fn(CommitStrategy, &RoutingFigures) -> String,
+) -> String {
+    STRATEGIES
         .iter()
-        .map(|&s| {
-            let b = part(get(s), |f| &f.unmask_one_by_one);
-            format!(
-                "{} {:.2} ms with {} commits ({:.2} ms in KVM)",
-                s.name(),
-                b.total_ms,
-                b.commits,
-                b.commit_ms
-            )
-        })
+        .map(|&s| describe(s, routing(variants, s)))
         .collect::<Vec<_>>()
-        .join(", ");
-    let table_line = STRATEGIES
-        .iter()
-        .map(|&s| {
-            let t = part(get(s), |f| &f.table_programming);
-            format!(
-                "{} {:.2} ms with {} commits",
-                s.name(),
-                t.total_ms,
-                t.commits
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let interrupts_line = STRATEGIES
-        .iter()
-        .map(|&s| {
-            let f = get(s);
-            let restore = part(f, |f| &f.restore_interrupts);
-            let after_enable = part(f, |f| &f.first_after_enable);
-            let first = part(f, |f| &f.first_interrupt);
-            let steady = part(f, |f| &f.steady_interrupts);
-            let devices = steady.per_device_ms.len().max(1) as f64;
-            format!(
-                "{}: first after enable {:.1} us (first function; commits in all: {}), restore \
-                 {:.2} ms (commits: {}), first after the burst {:.1} us, steady {:.1} us",
-                s.name(),
-                1e3 * after_enable
-                    .per_device_ms
-                    .first()
-                    .copied()
-                    .unwrap_or(f64::NAN),
-                after_enable.commits,
-                restore.total_ms,
-                restore.commits,
-                1e3 * first.total_ms / devices,
-                1e3 * steady.total_ms / (devices * STEADY_ROUNDS as f64),
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
-    let notes = vec![
+        .join(separator)
+}
+
+/// What each strategy's interrupts cost: the first after Enable, the restore pattern, the
+/// first after the unmask burst, the steady state.
+fn interrupt_costs(s: CommitStrategy, f: &RoutingFigures) -> String {
+    let restore = part(f, |f| &f.restore_interrupts);
+    let after_enable = part(f, |f| &f.first_after_enable);
+    let first = part(f, |f| &f.first_interrupt);
+    let steady = part(f, |f| &f.steady_interrupts);
+    let devices = steady.per_device_ms.len().max(1) as f64;
+    format!(
+        "{}: first after enable {:.1} us (first function; commits in all: {}), restore \
+         {:.2} ms (commits: {}), first after the burst {:.1} us, steady {:.1} us",
+        s.name(),
+        1e3 * first_last(&after_enable).0,
+        after_enable.commits,
+        restore.total_ms,
+        restore.commits,
+        1e3 * first.total_ms / devices,
+        1e3 * steady.total_ms / (devices * STEADY_ROUNDS as f64),
+    )
+}
+
+/// What the figures show beyond the targets: interrupt costs, per-vector's growth, the unmask
+/// burst and the table programming, per strategy.
+fn notes(variants: &[Variant], vectors: u64) -> Vec<String> {
+    let per_vector = routing(variants, CommitStrategy::PerVector);
+    let interrupts_line = per_strategy(variants, "; ", interrupt_costs);
+    let burst_line = per_strategy(variants, ", ", |s, f| {
+        let b = part(f, |f| &f.unmask_one_by_one);
+        format!(
+            "{} {:.2} ms with {} commits ({:.2} ms in KVM)",
+            s.name(),
+            b.total_ms,
+            b.commits,
+            b.commit_ms
+        )
+    });
+    let table_line = per_strategy(variants, ", ", |s, f| {
+        let t = part(f, |f| &f.table_programming);
+        format!(
+            "{} {:.2} ms with {} commits",
+            s.name(),
+            t.total_ms,
+            t.commits
+        )
+    });
+    let (per_vector_first, per_vector_last) = first_last(per_vector);
+    vec![
         format!(
             "the price of each strategy, per interrupt requested through one port exit and \
              waited for: the first interrupt after every function's Enable, the seed's restore \
@@ -472,13 +507,7 @@ fn findings(variants: &[Variant], vectors: u64) -> (Vec<TargetCheck>, Vec<String
                     .len() as u64
         ),
         format!(
-            "per-vector enable grows with the table, as in the seed: first device {:.2} ms, last {:.2} ms",
-            per_vector
-                .per_device_ms
-                .first()
-                .copied()
-                .unwrap_or(f64::NAN),
-            per_vector.per_device_ms.last().copied().unwrap_or(f64::NAN),
+            "per-vector enable grows with the table, as in the seed: first device {per_vector_first:.2} ms, last {per_vector_last:.2} ms",
         ),
         format!(
             "unmasking one by one after enable, each with a new message: {burst_line}. Batching \
@@ -491,6 +520,5 @@ fn findings(variants: &[Variant], vectors: u64) -> (Vec<TargetCheck>, Vec<String
             "table programming ({vectors} entries × 4 writes per device, MSI-X disabled) is the \
              same work for every strategy: {table_line}, in all"
         ),
-    ];
-    (targets, notes)
+    ]
 }

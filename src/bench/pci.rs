@@ -1,16 +1,18 @@
-//! `exitless bench pci` (T1, seed 000): reads of one config register and whole-bus enumeration
-//! by port I/O, trapped ECAM and shadowed ECAM, with a guest-RAM read loop as the floor.
+//! `exitless bench pci`: reads of one config register and whole-bus enumeration by port I/O,
+//! trapped ECAM and shadowed ECAM, with a guest-RAM read loop as the floor
+//! (docs/benchmarks.md has the seed each scenario reproduces).
 
 use std::time::Duration;
 
 use crate::bench::against::{Counterpart, PeerPlan};
-use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
+use crate::bench::measure::{Clock, run_ok, set_baseline, variant};
+use crate::bench::model::{ScenarioReport, TargetCheck, Variant};
 use crate::contract::{METHOD_ECAM, METHOD_PIO, Op};
 use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops};
 use crate::pci::{EcamMode, PciAddress};
 use crate::peer::QemuMachine;
 
-/// Seed 000's figures: 100k reads by PIO 12.809 s, ECAM 8.517 s, ECAM shadow 0.010 s; a PCI
+/// The seed's figures: 100k reads by PIO 12.809 s, ECAM 8.517 s, ECAM shadow 0.010 s; a PCI
 /// scan of 55 ms with PIO and 18 ms with the shadow.
 const SEED_PIO_READS_S: f64 = 12.809;
 const SEED_ECAM_READS_S: f64 = 8.517;
@@ -29,20 +31,23 @@ pub struct PciBench {
     pub timeout: Duration,
 }
 
-impl Default for PciBench {
-    fn default() -> Self {
-        PciBench {
-            reads: 100_000,
-            enumerations: 5,
-            timeout: Duration::from_secs(600),
-        }
-    }
-}
-
 /// The register the read loops hit: vendor/device ID of the first test endpoint, as the seed's
 /// `raw_pci_read` loop reads a fixed register.
 fn read_target() -> PciAddress {
     PciAddress::new(0, 1, 0).expect("valid address")
+}
+
+/// The ops of the boot with ECAM trapped: the floor (op 0), `n` reads of `target` by port I/O
+/// (op 1) and by ECAM (op 2), then `reps` enumerations by port I/O and `reps` by ECAM.
+fn trap_ops(target: PciAddress, n: u64, reps: usize) -> Vec<Op> {
+    let mut list = vec![
+        ops::ram_read_loop(n),
+        ops::cfg_read_loop(METHOD_PIO, target, 0, n),
+        ops::cfg_read_loop(METHOD_ECAM, target, 0, n),
+    ];
+    list.extend((0..reps).map(|_| ops::enumerate(METHOD_PIO)));
+    list.extend((0..reps).map(|_| ops::enumerate(METHOD_ECAM)));
+    list
 }
 
 impl PciBench {
@@ -65,14 +70,7 @@ impl PciBench {
             ..QemuMachine::default()
         };
         let (n, reps) = (self.reads.max(1), usize::from(self.enumerations.max(1)));
-        let target = machine.virtio_net_function(0);
-        let mut list = vec![
-            ops::ram_read_loop(n),
-            ops::cfg_read_loop(METHOD_PIO, target, 0, n),
-            ops::cfg_read_loop(METHOD_ECAM, target, 0, n),
-        ];
-        list.extend((0..reps).map(|_| ops::enumerate(METHOD_PIO)));
-        list.extend((0..reps).map(|_| ops::enumerate(METHOD_ECAM)));
+        let list = trap_ops(machine.virtio_net_function(0), n, reps);
         let enums = |start: usize| (start..start + reps).collect::<Vec<_>>();
         let pair = |variant, ops, per_op, path| Counterpart {
             variant,
@@ -108,17 +106,8 @@ impl PciBench {
         let n = self.reads.max(1);
         let reps = usize::from(self.enumerations.max(1));
         let target = read_target();
-
-        // Boot 1, ECAM trapped: the floor, PIO and trapped-ECAM reads, both enumerations.
-        let mut trap_ops: Vec<Op> = vec![
-            ops::ram_read_loop(n),
-            ops::cfg_read_loop(METHOD_PIO, target, 0, n),
-            ops::cfg_read_loop(METHOD_ECAM, target, 0, n),
-        ];
-        trap_ops.extend((0..reps).map(|_| ops::enumerate(METHOD_PIO)));
-        trap_ops.extend((0..reps).map(|_| ops::enumerate(METHOD_ECAM)));
-        let trap = self.boot(EcamMode::Trap, trap_ops)?;
-
+        // Boot 1, ECAM trapped: the floor, port I/O and trapped-ECAM reads, both enumerations.
+        let trap = self.boot(EcamMode::Trap, trap_ops(target, n, reps))?;
         // Boot 2, ECAM shadowed: the same read loop and enumeration.
         let mut shadow_ops = vec![ops::cfg_read_loop(METHOD_ECAM, target, 0, n)];
         shadow_ops.extend((0..reps).map(|_| ops::enumerate(METHOD_ECAM)));

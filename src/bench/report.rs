@@ -2,27 +2,8 @@
 
 use std::fmt::Write as _;
 
-use crate::bench::iommu::IommuFigures;
-use crate::bench::{Report, RoutingFigures, ScenarioReport};
-
-/// A duration in the unit that suits it.
-pub fn human_ns(ns: f64) -> String {
-    match ns {
-        ns if !ns.is_finite() => "n/a".into(),
-        ns if ns < 1e3 => format!("{ns:.2} ns"),
-        ns if ns < 1e6 => format!("{:.2} us", ns / 1e3),
-        ns if ns < 1e9 => format!("{:.2} ms", ns / 1e6),
-        ns => format!("{:.2} s", ns / 1e9),
-    }
-}
-
-fn ratio(r: f64) -> String {
-    match r {
-        r if !r.is_finite() => "-".into(),
-        r if r >= 0.01 => format!("{r:.3}x"),
-        r => format!("{r:.2e}x"),
-    }
-}
+use crate::bench::format::{human_ns, ratio};
+use crate::bench::model::{IommuFigures, Report, RoutingFigures, ScenarioReport};
 
 /// The table for one scenario.
 pub fn scenario_table(s: &ScenarioReport) -> String {
@@ -356,17 +337,4 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn human_units() {
-        assert_eq!(human_ns(1.5), "1.50 ns");
-        assert_eq!(human_ns(35_000.0), "35.00 us");
-        assert_eq!(human_ns(2.5e7), "25.00 ms");
-        assert_eq!(human_ns(f64::NAN), "n/a");
-    }
 }

@@ -1,7 +1,7 @@
-//! `exitless bench rr` (T2 + T4, seeds 001 and 004): request/response transactions over
-//! virtio-net, netperf TCP_RR style, for every transport and interrupt mode (virtio-pci with
-//! MSI-X, virtio-mmio with its legacy line, virtio-mmio with the MSI extension) and every
-//! doorbell path (exit to the VMM, datamatch ioeventfd, address-only ioeventfd).
+//! `exitless bench rr`: request/response transactions over virtio-net, netperf TCP_RR style,
+//! for every transport and interrupt mode (virtio-pci with MSI-X, virtio-mmio with its legacy
+//! line, virtio-mmio with the MSI extension) and every doorbell path (exit to the VMM,
+//! datamatch ioeventfd, address-only ioeventfd).
 //!
 //! One boot holds six devices: three virtio-mmio and three virtio-pci, one per doorbell path.
 //! The guest drives each virtio-mmio device twice, resetting it in between: once on its line,
@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use crate::bench::against::{Counterpart, PeerPlan};
 use crate::bench::host_tap::TapLink;
-use crate::bench::{Clock, ScenarioReport, TargetCheck, Variant, run_ok, set_baseline, variant};
+use crate::bench::measure::{Clock, run_ok, set_baseline, variant};
+use crate::bench::model::{ScenarioReport, TargetCheck, Variant};
 use crate::contract::{
     ICMP_MAX_PAYLOAD, Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE,
     TRANSPORT_MMIO, TRANSPORT_PCI,

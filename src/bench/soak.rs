@@ -13,9 +13,8 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
-use crate::bench::{Clock, ScenarioReport, TargetCheck, set_baseline, variant};
+use crate::bench::measure::{Clock, set_baseline, variant};
+use crate::bench::model::{ScenarioReport, SoakFigures, TargetCheck};
 use crate::contract::{
     HOSTILE_DMA_ADDR, HOSTILE_DMA_SIZE, HOSTILE_OUTSIDE_RAM, MAX_OPS, OP_HOSTILE, Op,
     RR_FLAG_DOORBELLS, RR_FLAG_MSI, STATUS_OK, TRANSPORT_MMIO, TRANSPORT_PCI,
@@ -62,45 +61,6 @@ pub struct SoakBench {
     pub timeout: Duration,
 }
 
-/// The soak's figures, beside the scenario's variant.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct SoakFigures {
-    /// Seed of the first burst (rerun with `--seed` to reproduce).
-    pub seed: u64,
-    /// Boots of the probe, one process.
-    pub boots: u64,
-    /// Hostile bursts run.
-    pub bursts: u64,
-    /// Random accesses the guest made.
-    pub accesses: u64,
-    /// Wall time of all boots, in seconds.
-    pub seconds: f64,
-    /// Devices the guest reset inside the bursts (status 0 with requests in flight among them).
-    pub resets_in_bursts: u64,
-    /// Devices brought up again after a burst.
-    pub reinitialised: u64,
-    /// Request/response transactions after the bursts that returned the right bytes.
-    pub transactions_ok: u64,
-    /// Those that did not, or whose device would not come up.
-    pub transactions_failed: u64,
-    /// The first failures, described.
-    pub failures: Vec<String>,
-    /// Interrupts the guest took during the bursts.
-    pub interrupts: u64,
-    /// Exits to the VMM, all boots.
-    pub exits: u64,
-    /// Guest errors the devices counted (and logged, rate-limited).
-    pub guest_errors: u64,
-    /// VMM resident memory before the first boot, in KiB.
-    pub rss_before_kib: u64,
-    /// After the warm-up boots.
-    pub rss_after_warmup_kib: u64,
-    /// After the last boot.
-    pub rss_after_kib: u64,
-    /// Threads that panicked meanwhile.
-    pub panics: u64,
-}
-
 /// One device of the soak machine and how the guest brings it up.
 struct Device {
     config: VirtioNetConfig,
@@ -143,7 +103,7 @@ fn rss_kib() -> u64 {
 }
 
 impl SoakBench {
-    /// Check the parameters.
+    /// Refuse a soak of no bursts or no accesses, before any boot.
     pub fn validate(&self) -> Result<(), String> {
         if self.bursts == 0 || self.accesses == 0 {
             return Err("--bursts and --accesses must be at least 1".into());

@@ -145,3 +145,112 @@ pub struct DiskConfig {
     /// Its transport.
     pub transport: Transport,
 }
+
+/// Why a `--disk` or `--net` value of `exitless run` is not one exitless takes: one line each.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigSyntaxError {
+    /// A disk with no file.
+    #[error("no file")]
+    NoFile,
+    /// A disk option other than `ro` and `transport=`.
+    #[error("unknown option `{0}` (ro, transport=pci|mmio)")]
+    DiskOption(String),
+    /// A network device that does not start with its backend.
+    #[error("`{0}`: tap=NAME or none first")]
+    NetBackend(String),
+    /// A queue-pair count the MSI-X table cannot hold (or not a number).
+    #[error("queues={0}: 1 to {MAX_QUEUE_PAIRS} queue pairs")]
+    QueuePairs(String),
+    /// A network option other than `mac=`, `queues=` and `transport=`.
+    #[error("unknown option `{0}` (mac=MAC, queues=N, transport=pci|mmio)")]
+    NetOption(String),
+    /// A MAC address that is not a unicast station's.
+    #[error("mac={0}: six hexadecimal bytes, xx:xx:xx:xx:xx:xx, unicast, not all zero")]
+    Mac(String),
+}
+
+/// `FILE[,ro][,transport=pci|mmio]`, `exitless run --disk`'s syntax. The file is opened when
+/// the machine is built.
+impl std::str::FromStr for DiskConfig {
+    type Err = ConfigSyntaxError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.split(',');
+        let path = parts
+            .next()
+            .filter(|p| !p.is_empty())
+            .ok_or(ConfigSyntaxError::NoFile)?;
+        let mut disk = DiskConfig {
+            path: path.into(),
+            read_only: false,
+            transport: Transport::Pci,
+        };
+        for option in parts {
+            match option {
+                "ro" => disk.read_only = true,
+                "transport=pci" => disk.transport = Transport::Pci,
+                "transport=mmio" => disk.transport = Transport::Mmio,
+                _ => return Err(ConfigSyntaxError::DiskOption(option.into())),
+            }
+        }
+        Ok(disk)
+    }
+}
+
+/// `tap=NAME|none[,mac=MAC][,queues=N][,transport=pci|mmio]`, `exitless run --net`'s syntax.
+/// The tap is opened when the machine is built.
+impl std::str::FromStr for VirtioNetConfig {
+    type Err = ConfigSyntaxError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.split(',');
+        let backend = match parts.next().unwrap_or_default() {
+            "none" => NetBackendKind::Sink,
+            tap => match tap.strip_prefix("tap=") {
+                Some(name) if !name.is_empty() => NetBackendKind::Tap(name.into()),
+                _ => return Err(ConfigSyntaxError::NetBackend(tap.into())),
+            },
+        };
+        let mut net = VirtioNetConfig {
+            backend,
+            ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
+        };
+        for option in parts {
+            match option.split_once('=') {
+                Some(("mac", mac)) => net.mac = Some(parse_mac(mac)?),
+                Some(("queues", n)) => {
+                    net.queue_pairs = n
+                        .parse()
+                        .ok()
+                        .filter(|&n| (1..=MAX_QUEUE_PAIRS).contains(&usize::from(n)))
+                        .ok_or_else(|| ConfigSyntaxError::QueuePairs(n.into()))?;
+                }
+                Some(("transport", "pci")) => net.transport = Transport::Pci,
+                // QueueNotify with its queue index: the doorbell a standard driver uses never
+                // exits (the per-queue pages are the MSI extension's).
+                Some(("transport", "mmio")) => {
+                    (net.transport, net.notify) = (Transport::Mmio, NotifyPath::Datamatch);
+                }
+                _ => return Err(ConfigSyntaxError::NetOption(option.into())),
+            }
+        }
+        Ok(net)
+    }
+}
+
+/// Six hexadecimal bytes separated by colons, not all zero (no station has that address),
+/// unicast (bit 0 of the first byte clear: a multicast source address is invalid, IEEE
+/// 802-2014 §8.2).
+fn parse_mac(s: &str) -> Result<[u8; 6], ConfigSyntaxError> {
+    let bad = || ConfigSyntaxError::Mac(s.into());
+    let mut mac = [0u8; 6];
+    let mut bytes = s.split(':');
+    for b in &mut mac {
+        let part = bytes.next().filter(|p| p.len() == 2).ok_or_else(bad)?;
+        *b = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+    }
+    if bytes.next().is_some() || mac[0] & 1 != 0 || mac == [0; 6] {
+        return Err(bad());
+    }
+    Ok(mac)
+}

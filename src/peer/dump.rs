@@ -52,7 +52,7 @@ pub enum DumpError {
         line: usize,
         /// What is wrong with it.
         problem: String,
-        /// The line.
+        /// The line as received.
         text: String,
     },
     /// Every line well-formed, yet not the bytes the probe sent.

@@ -64,7 +64,7 @@ pub enum PeerError {
     Io {
         /// What was being done.
         what: String,
-        /// The error.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },

@@ -253,41 +253,12 @@ impl Qemu {
             return Err(PeerError::TooManyOps(ops.len()));
         }
         machine.check()?;
-        let io = |what: &str| {
-            let what = what.to_owned();
-            move |source| PeerError::Io { what, source }
-        };
         let dir = TempDir::new_with_prefix("/tmp/exitless-qemu-")
             .map_err(|e| io("create a temporary directory")(e.into()))?;
-        let file = |name: &str| dir.as_path().join(name);
-        let (image, ops_file, serial, stderr) = (
-            file("probe.bin"),
-            file("ops.bin"),
-            file("serial.txt"),
-            file("stderr.txt"),
-        );
-        fs::write(&image, PROBE_IMAGE).map_err(io("write the probe image"))?;
-        fs::write(&ops_file, ops.as_bytes()).map_err(io("write the ops file"))?;
-        let mut cmd = Command::new(&self.binary);
-        cmd.args(machine.args())
-            .arg("-kernel")
-            .arg(&image)
-            .arg("-fw_cfg")
-            .arg(format!("name={QEMU_OPS_FILE},file={}", ops_file.display()))
-            .arg("-serial")
-            .arg(format!("file:{}", serial.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&stderr).map_err(io("create QEMU's stderr file"))?);
-        // SAFETY: the closure runs in the child between fork and exec and only makes prctl,
-        // which is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                // QEMU dies with the thread that started it, even if exitless is killed.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        let files = RunFiles::in_dir(dir.as_path());
+        fs::write(&files.image, PROBE_IMAGE).map_err(io("write the probe image"))?;
+        fs::write(&files.ops, ops.as_bytes()).map_err(io("write the ops file"))?;
+        let mut cmd = self.command(machine, &files)?;
         let started = Instant::now();
         let child = Running(
             cmd.spawn()
@@ -295,7 +266,7 @@ impl Qemu {
         );
         let status = wait(child, started + timeout).map_err(io("wait for QEMU"))?;
         let wall = started.elapsed();
-        let serial = read_lossy(&serial);
+        let serial = read_lossy(&files.serial);
         let Some(status) = status else {
             return Err(PeerError::Timeout {
                 vmm: self.version.clone(),
@@ -308,25 +279,85 @@ impl Qemu {
                 vmm: self.version.clone(),
                 meaning: meaning(status),
                 status,
-                stderr: tail(&read_lossy(&stderr)),
+                stderr: tail(&read_lossy(&files.stderr)),
                 serial: tail(&serial),
             });
         }
-        let dump = dump::parse(&serial)?;
-        if dump.results.len() != ops.len() {
-            return Err(PeerError::ResultCount {
-                got: dump.results.len(),
-                sent: ops.len(),
+        results(serial, ops.len(), wall)
+    }
+
+    /// QEMU's command line for `machine`, booting `files.image` with `files.ops` as its ops;
+    /// it dies with the thread that starts it.
+    fn command(&self, machine: &QemuMachine, files: &RunFiles) -> Result<Command, PeerError> {
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(machine.args())
+            .arg("-kernel")
+            .arg(&files.image)
+            .arg("-fw_cfg")
+            .arg(format!("name={QEMU_OPS_FILE},file={}", files.ops.display()))
+            .arg("-serial")
+            .arg(format!("file:{}", files.serial.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&files.stderr).map_err(io("create QEMU's stderr file"))?);
+        // SAFETY: the closure runs in the child between fork and exec and only makes prctl,
+        // which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                // QEMU dies with the thread that started it, even if exitless is killed.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
             });
         }
-        Ok(PeerRun {
-            results: dump.results,
-            enum_records: dump.enum_records,
-            tsc_khz: u32::try_from(dump.tsc_khz).ok().filter(|&k| k != 0),
-            wall,
-            serial,
-        })
+        Ok(cmd)
     }
+}
+
+/// The files of one run, in its temporary directory.
+struct RunFiles {
+    /// The probe image QEMU boots.
+    image: PathBuf,
+    /// The ops, for the fw_cfg file.
+    ops: PathBuf,
+    /// What the serial port carries.
+    serial: PathBuf,
+    /// What QEMU prints on stderr.
+    stderr: PathBuf,
+}
+
+impl RunFiles {
+    fn in_dir(dir: &Path) -> RunFiles {
+        RunFiles {
+            image: dir.join("probe.bin"),
+            ops: dir.join("ops.bin"),
+            serial: dir.join("serial.txt"),
+            stderr: dir.join("stderr.txt"),
+        }
+    }
+}
+
+/// The error of an I/O step of a run, saying `what` it was doing.
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> PeerError {
+    let what = what.to_owned();
+    move |source| PeerError::Io { what, source }
+}
+
+/// The results of a good run, from its serial output: one per op sent (`sent` of them).
+fn results(serial: String, sent: usize, wall: Duration) -> Result<PeerRun, PeerError> {
+    let dump = dump::parse(&serial)?;
+    if dump.results.len() != sent {
+        return Err(PeerError::ResultCount {
+            got: dump.results.len(),
+            sent,
+        });
+    }
+    Ok(PeerRun {
+        results: dump.results,
+        enum_records: dump.enum_records,
+        tsc_khz: u32::try_from(dump.tsc_khz).ok().filter(|&k| k != 0),
+        wall,
+        serial,
+    })
 }
 
 /// A QEMU process that is killed and reaped when dropped, on every path out of a run (an

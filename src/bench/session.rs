@@ -1,0 +1,141 @@
+//! One `exitless bench` run: with `--against`, the probe's boots under the peer first (and
+//! `rr`'s host tap, kept until the run ends); then each scenario in turn, the peer's figures
+//! or the reason there are none set beside it; then the report.
+//!
+//! [`Session::prepare`] runs before the main thread confines itself: QEMU inherits a seccomp
+//! filter across fork and execve, and cannot run under exitless's. [`Session::run`] runs
+//! after.
+
+use std::path::PathBuf;
+
+use crate::bench::against::{self, PeerResult};
+use crate::bench::host;
+use crate::bench::host_tap::{HostTap, TapLink};
+use crate::bench::model::Report;
+use crate::bench::options::{BenchOptions, PeerVmm, Scenario};
+use crate::bench::report;
+use crate::peer::Qemu;
+
+/// A checked `exitless bench` command line, and the peer's figures when it asked for them.
+pub struct Session {
+    options: BenchOptions,
+    scenarios: Vec<Scenario>,
+    peers: Vec<(Scenario, PeerResult)>,
+    /// Why a scenario the peer could have run has no figures from it.
+    unpeered: Vec<(Scenario, String)>,
+    /// `rr`'s host tap, for exitless's own boot on it; deleted when dropped.
+    host_tap: Option<HostTap>,
+}
+
+/// What a finished run prints, and the chart it writes if asked.
+pub struct BenchOutput {
+    /// The report, as tables or JSON, for stdout.
+    pub text: String,
+    /// The SVG chart and the file it goes to (`--svg`).
+    chart: Option<(PathBuf, String)>,
+}
+
+impl BenchOutput {
+    /// Write the chart, if one was asked for.
+    pub fn write_chart(&self) -> Result<(), String> {
+        match &self.chart {
+            Some((path, svg)) => std::fs::write(path, svg)
+                .map_err(|e| format!("cannot write the chart to {}: {e}", path.display())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Session {
+    /// Check the options and, with `--against`, boot the probe under the peer.
+    pub fn prepare(options: BenchOptions) -> Result<Session, String> {
+        let mut session = Session {
+            scenarios: options.scenarios(),
+            options,
+            peers: Vec::new(),
+            unpeered: Vec::new(),
+            host_tap: None,
+        };
+        if session.options.against == Some(PeerVmm::Qemu) {
+            if session.scenarios.contains(&Scenario::Soak) {
+                let why = "not measured under qemu: the soak counts failures, not time";
+                session.unpeered.push((Scenario::Soak, why.to_owned()));
+            }
+            match Qemu::find() {
+                Err(e) => eprintln!("exitless: {e}; running without the qemu column"),
+                Ok(qemu) => session.boot_peer(&qemu)?,
+            }
+        }
+        Ok(session)
+    }
+
+    /// Boot the probe under `qemu` once per scenario it can run; `rr`'s needs a host tap, and
+    /// without one gets a note instead.
+    fn boot_peer(&mut self, qemu: &Qemu) -> Result<(), String> {
+        for scenario in self.scenarios.clone() {
+            let plan = match scenario {
+                Scenario::Pci => self.options.pci().peer_plan(),
+                Scenario::Msix => self.options.msix()?.peer_plan(),
+                Scenario::Rr => match HostTap::create(TapLink::bench()) {
+                    Ok(tap) => {
+                        let link = tap.link().clone();
+                        self.host_tap = Some(tap);
+                        self.options.rr(Some(link.clone()))?.peer_plan(&link)
+                    }
+                    Err(why) => {
+                        let why = format!("not measured under qemu: {why}");
+                        self.unpeered.push((scenario, why));
+                        continue;
+                    }
+                },
+                Scenario::Iommu => self.options.iommu()?.peer_plan(),
+                Scenario::Soak => continue,
+            };
+            let result = against::run(qemu, plan)
+                .map_err(|e| format!("the probe under {}: {e}", qemu.version()))?;
+            self.peers.push((scenario, result));
+        }
+        Ok(())
+    }
+
+    /// Run every scenario, set the peer's figures or notes beside each, and render the report.
+    pub fn run(self) -> Result<BenchOutput, String> {
+        let options = &self.options;
+        // Every scenario's options are checked before the first boot, named or not.
+        let rr = options.rr(self.host_tap.as_ref().map(|t| t.link().clone()))?;
+        let msix = options.msix()?;
+        let iommu = options.iommu()?;
+        let soak = options.soak()?;
+        let mut report = Report {
+            host: host::describe(),
+            scenarios: Vec::new(),
+        };
+        for &scenario in &self.scenarios {
+            let result = match scenario {
+                Scenario::Pci => options.pci().run(),
+                Scenario::Rr => rr.run(),
+                Scenario::Msix => msix.run(),
+                Scenario::Iommu => iommu.run(),
+                Scenario::Soak => soak.run(),
+            };
+            let mut scenario_report = result.map_err(|e| e.to_string())?;
+            match self.peers.iter().find(|(s, _)| *s == scenario) {
+                Some((_, peer)) => peer.attach(&mut scenario_report),
+                None => scenario_report.notes.extend(
+                    self.unpeered
+                        .iter()
+                        .filter(|(s, _)| *s == scenario)
+                        .map(|(_, why)| why.clone()),
+                ),
+            }
+            report.scenarios.push(scenario_report);
+        }
+        let text = if options.json {
+            report::json(&report) + "\n"
+        } else {
+            report::text(&report)
+        };
+        let chart = options.svg.clone().map(|path| (path, report::svg(&report)));
+        Ok(BenchOutput { text, chart })
+    }
+}

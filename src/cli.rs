@@ -1,0 +1,162 @@
+//! The `exitless` binary's command line: clap's argument structs and the help they print.
+//! A module of the binary (`mod cli;` in `main.rs`), not of the library; `exitless bench`'s
+//! options are the library's [`BenchOptions`], as the bench's scenarios read them.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use exitless::bench::options::BenchOptions;
+use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO};
+use exitless::machine::{DiskConfig, VirtioNetConfig};
+use exitless::pci::EcamMode;
+
+/// exitless: a KVM VMM whose device I/O avoids VM exits, and the benchmarks that prove it.
+#[derive(Parser)]
+#[command(version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Run without seccomp filters, for debugging (backtraces with RUST_BACKTRACE=1, a change
+    /// that makes new system calls). By default every thread may make only the system calls
+    /// its kind of work needs; a forbidden call ends the process with status 159 and a line
+    /// naming the thread and the call.
+    #[arg(long, global = true)]
+    pub no_seccomp: bool,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Boot the embedded probe guest once per configuration and print, per scenario, every
+    /// variant side by side: time ratios first, the seed's ratios beside them, then time and
+    /// exits per operation, with the host named.
+    Bench(BenchOptions),
+    /// Boot the probe guest, let it enumerate PCI as an operating system would, and print the
+    /// functions it found and the exits that took.
+    Probe(ProbeArgs),
+    /// Boot a Linux bzImage, an ELF kernel with a PVH entry or a multiboot kernel (what
+    /// `qemu -kernel` boots) on a PC-like machine: ACPI tables, the serial console on stdio,
+    /// QEMU's isa-debug-exit and fw_cfg. Runs until the guest exits, powers off or resets.
+    #[command(after_help = RUN_STATUS)]
+    Run(RunArgs),
+}
+
+/// How `exitless run` exits, for its --help.
+const RUN_STATUS: &str = "Exit status: (v << 1) | 1 when the guest writes v to isa-debug-exit \
+(port 0xf4, as QEMU's -device isa-debug-exit,iobase=0xf4,iosize=4; always odd); 0 when it powers \
+off (ACPI S5) or resets (i8042 command 0xfe, or 0x06 to port 0xcf9); 2 with a one-line error \
+when exitless cannot run it (a bad option, a missing or unrecognised kernel, a guest that \
+triple-faults); 124 when the guest runs past --timeout; 159 when a thread breaks its seccomp \
+filter.";
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The kernel: a Linux bzImage (64-bit boot protocol 2.12 or later), an ELF vmlinux with a
+    /// PVH note (XEN_ELFNOTE_PHYS32_ENTRY), or a multiboot v1 image (a 32-bit ELF, a 64-bit ELF
+    /// with a multiboot header, or any file whose multiboot header has the address fields).
+    #[arg(long, value_name = "FILE")]
+    pub kernel: PathBuf,
+    /// An initial ramdisk for a Linux kernel (boot_params' ramdisk_image and ramdisk_size).
+    #[arg(long, value_name = "FILE")]
+    pub initrd: Option<PathBuf>,
+    /// The kernel command line. A multiboot kernel gets it after its own path, as from QEMU,
+    /// Linux as is; fw_cfg's file opt/exitless/cmdline holds it alone.
+    #[arg(long, value_name = "STR", default_value = "")]
+    pub cmdline: String,
+    /// Guest RAM in MiB (2 to 3072, and no more than the host has).
+    #[arg(long, value_name = "MIB", default_value_t = 128)]
+    pub memory: u64,
+    /// vCPUs (1 to 64): the first boots the kernel, the others wait for INIT/SIPI.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub cpus: u64,
+    /// Where the serial console goes: `stdio` (output to stdout, input from stdin), or a file
+    /// that receives the output.
+    #[arg(long, value_name = "stdio|FILE", default_value = "stdio")]
+    pub console: String,
+    /// How the VMM serves the ECAM window (the MCFG table describes it unless `none`).
+    #[arg(long, value_enum, default_value = "shadow")]
+    pub ecam: EcamArg,
+    /// A virtio-blk disk on a raw file (repeatable): `FILE`, `FILE,ro` for a read-only disk
+    /// (writes are refused), `FILE,transport=mmio` for virtio-mmio instead of virtio-pci. Its
+    /// capacity is the file's whole 512-byte sectors; its serial the file's name.
+    #[arg(long, value_name = "FILE[,ro][,transport=pci|mmio]", value_parser = clap::value_parser!(DiskConfig))]
+    pub disk: Vec<DiskConfig>,
+    /// A virtio-net device (repeatable). `tap=NAME`: its frames go to and come from the host's
+    /// tap interface NAME (`ip tuntap add dev NAME mode tap`, or created for the run if it does
+    /// not exist and exitless may), so they reach the host's network stack; `none`: a device
+    /// with no link (what the guest sends is dropped, nothing arrives). Options:
+    /// `mac=52:54:00:12:34:56` (default 52:54:00:7e:57:N for the Nth device, locally
+    /// administered), `queues=N` queue pairs (a tap made with `multi_queue`; default 1),
+    /// `transport=mmio` for virtio-mmio instead of virtio-pci.
+    #[arg(
+        long,
+        value_name = "tap=NAME|none[,mac=MAC][,queues=N][,transport=pci|mmio]",
+        value_parser = clap::value_parser!(VirtioNetConfig)
+    )]
+    pub net: Vec<VirtioNetConfig>,
+    /// Give the machine a VT-d IOMMU at 0xFED90000, described by an ACPI DMAR table
+    /// (virtio-pci devices offer VIRTIO_F_ACCESS_PLATFORM behind it).
+    #[arg(long)]
+    pub iommu: bool,
+    /// Stop the guest after this many seconds and exit with status 124 (as timeout(1) does).
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<u64>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EcamArg {
+    /// ECAM described; every access exits to the VMM.
+    Trap,
+    /// ECAM described; reads come from a read-only shadow and never exit, writes exit.
+    Shadow,
+    /// No ECAM: the guest has only port I/O.
+    None,
+}
+
+impl EcamArg {
+    /// How the machine serves ECAM; `None`: not described.
+    pub fn mode(self) -> Option<EcamMode> {
+        match self {
+            EcamArg::Trap => Some(EcamMode::Trap),
+            EcamArg::Shadow => Some(EcamMode::Shadow),
+            EcamArg::None => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MethodArg {
+    /// The guest decides: ECAM under a hypervisor when ECAM is described, else port I/O.
+    Auto,
+    /// Configuration mechanism #1 (0xCF8/0xCFC).
+    Pio,
+    /// The ECAM window.
+    Ecam,
+}
+
+impl MethodArg {
+    /// The probe's `METHOD_*` for it.
+    pub fn method(self) -> u64 {
+        match self {
+            MethodArg::Auto => METHOD_AUTO,
+            MethodArg::Pio => METHOD_PIO,
+            MethodArg::Ecam => METHOD_ECAM,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ProbeArgs {
+    /// How the VMM serves the ECAM window.
+    #[arg(long, value_enum, default_value = "shadow")]
+    pub ecam: EcamArg,
+    /// How the guest reaches config space.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub method: MethodArg,
+    /// vCPUs (the probe runs on the first; the others park).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub vcpus: u8,
+    /// Also show the guest's serial console, as it is written.
+    #[arg(long)]
+    pub console: bool,
+}
