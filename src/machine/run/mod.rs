@@ -5,11 +5,13 @@
 //! power-management block, the i8042 and 0xCF9 resets), a memory map and ACPI tables
 //! ([`memmap`], [`acpi`]), and a kernel loader behind the [`Loader`]
 //! trait, chosen by what the kernel file is: an ELF with a PVH note ([`pvh`]), a Linux bzImage
-//! ([`bzimage`]) or multiboot v1 ([`multiboot`]). The boot vCPU enters the kernel; the others wait
+//! ([`bzimage`]) or multiboot v1 ([`multiboot`]); what the three share (placement, the ACPI
+//! tables, the 32-bit entry) is [`boot`]. The boot vCPU enters the kernel; the others wait
 //! for INIT/SIPI. The run ends when the guest exits through isa-debug-exit, powers off or
 //! resets; nothing else ends it.
 
 pub mod acpi;
+pub mod boot;
 pub mod bzimage;
 pub mod memmap;
 pub mod multiboot;
