@@ -52,7 +52,7 @@ pub struct RunConfig {
     pub cmdline: String,
     /// RAM in MiB.
     pub memory_mib: u64,
-    /// vCPUs.
+    /// vCPUs, 1 to [`MAX_CPUS`].
     pub cpus: u64,
     /// How ECAM is served; `None` leaves it undescribed.
     pub ecam: Option<EcamMode>,
@@ -98,7 +98,7 @@ pub enum RunError {
     KernelRead {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The error reading it.
         #[source]
         source: std::io::Error,
     },
@@ -107,7 +107,7 @@ pub enum RunError {
     InitrdRead {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The error reading it.
         #[source]
         source: std::io::Error,
     },
@@ -116,7 +116,7 @@ pub enum RunError {
     Kernel {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// What its format's loader refused.
         #[source]
         source: KernelError,
     },
