@@ -7,11 +7,17 @@
 //! page holds the setup header copied from the file (boot.rst: "the setup header ... should be
 //! loaded into struct boot_params"), the e820 map, the command line's address, the initrd's.
 //!
-//! Written by hand rather than with rust-vmm's `linux-loader`: every header field is refused
-//! here with its own one-line error before anything is written, and the zero page, command line
-//! and initrd go where this machine's memory map ([`memmap`](super::memmap)) and the identity
-//! page tables leave room; the protocol needs only the handful of offsets named below.
+//! The checks and the placement are written here, not taken from rust-vmm's `linux-loader`:
+//! every header field is refused with its own one-line error before anything is written, and
+//! the zero page, command line and initrd go where this machine's memory map
+//! ([`memmap`](super::memmap)) and the identity page tables leave room. The offsets are
+//! linux-loader's translation of bootparam.h.
 
+use std::mem::offset_of;
+
+use linux_loader::bootparam::{
+    E820_MAX_ENTRIES_ZEROPAGE, boot_e820_entry, boot_params, setup_header,
+};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -19,38 +25,66 @@ use crate::machine::run::boot::{place_initrd, write_acpi};
 use crate::machine::run::memmap::{HIGH_RAM_START, e820};
 use crate::vm::boot;
 
-// Offsets in the file's first sector and in `struct boot_params` (the setup header is at the
-// same offset in both; boot.rst "The real-mode kernel header", arch/x86/include/uapi/asm/
+// Offsets in the file's first sector and in `struct boot_params`: the setup header is at the
+// same offset in both (boot.rst, "The real-mode kernel header"; arch/x86/include/uapi/asm/
 // bootparam.h).
-const SETUP_SECTS: usize = 0x1f1;
 /// The setup header's first byte.
-const SETUP_HEADER: usize = 0x1f1;
-/// The byte that says where the header ends: it is the offset of a jump at 0x200, and the
-/// header ends at 0x202 plus it (boot.rst, "the end of the setup header").
-const HEADER_JUMP_OFFSET: usize = 0x201;
-const HEADER_MAGIC_AT: usize = 0x202;
+const SETUP_HEADER: usize = offset_of!(boot_params, hdr);
+/// A setup header field's offset.
+macro_rules! hdr {
+    ($field:ident) => {
+        SETUP_HEADER + offset_of!(setup_header, $field)
+    };
+}
+const SETUP_SECTS: usize = hdr!(setup_sects);
+/// The byte that says where the header ends: the offset of the short jump at 0x200, its
+/// second byte; the header ends at 0x202 plus it (boot.rst, "the end of the setup header").
+const HEADER_JUMP_OFFSET: usize = hdr!(jump) + 1;
+const HEADER_MAGIC_AT: usize = hdr!(header);
 /// "HdrS": a kernel with a boot-protocol header (boot.rst, field `header`).
 pub const HEADER_MAGIC: [u8; 4] = *b"HdrS";
-const VERSION: usize = 0x206;
-const TYPE_OF_LOADER: usize = 0x210;
-const LOADFLAGS: usize = 0x211;
-const RAMDISK_IMAGE: usize = 0x218;
-const RAMDISK_SIZE: usize = 0x21c;
-const CMD_LINE_PTR: usize = 0x228;
-const INITRD_ADDR_MAX: usize = 0x22c;
-const XLOADFLAGS: usize = 0x236;
-const CMDLINE_SIZE: usize = 0x238;
-const INIT_SIZE: usize = 0x260;
+const VERSION: usize = hdr!(version);
+const TYPE_OF_LOADER: usize = hdr!(type_of_loader);
+const LOADFLAGS: usize = hdr!(loadflags);
+const RAMDISK_IMAGE: usize = hdr!(ramdisk_image);
+const RAMDISK_SIZE: usize = hdr!(ramdisk_size);
+const CMD_LINE_PTR: usize = hdr!(cmd_line_ptr);
+const INITRD_ADDR_MAX: usize = hdr!(initrd_addr_max);
+const XLOADFLAGS: usize = hdr!(xloadflags);
+const CMDLINE_SIZE: usize = hdr!(cmdline_size);
+const INIT_SIZE: usize = hdr!(init_size);
 // boot_params fields outside the setup header.
-const ACPI_RSDP_ADDR: usize = 0x070;
-const E820_ENTRIES: usize = 0x1e8;
-const E820_TABLE: usize = 0x2d0;
-/// `E820_MAX_ENTRIES_ZEROPAGE`.
-const E820_MAX: usize = 128;
+const ACPI_RSDP_ADDR: usize = offset_of!(boot_params, acpi_rsdp_addr);
+const E820_ENTRIES: usize = offset_of!(boot_params, e820_entries);
+const E820_TABLE: usize = offset_of!(boot_params, e820_table);
 /// Where the setup header must end: `boot_params.edd_mbr_sig_buffer` follows it.
-const SETUP_HEADER_MAX_END: usize = 0x290;
+const SETUP_HEADER_MAX_END: usize = offset_of!(boot_params, edd_mbr_sig_buffer);
 /// `struct boot_params` is one page.
-const BOOT_PARAMS_SIZE: usize = 0x1000;
+const BOOT_PARAMS_SIZE: usize = size_of::<boot_params>();
+/// `struct boot_e820_entry`: addr, size (u64), type (u32), packed.
+const E820_ENTRY_SIZE: usize = size_of::<boot_e820_entry>();
+// The offsets as boot.rst's table gives them.
+const _: () = assert!(
+    SETUP_SECTS == 0x1f1
+        && HEADER_JUMP_OFFSET == 0x201
+        && HEADER_MAGIC_AT == 0x202
+        && VERSION == 0x206
+        && TYPE_OF_LOADER == 0x210
+        && LOADFLAGS == 0x211
+        && RAMDISK_IMAGE == 0x218
+        && RAMDISK_SIZE == 0x21c
+        && CMD_LINE_PTR == 0x228
+        && INITRD_ADDR_MAX == 0x22c
+        && XLOADFLAGS == 0x236
+        && CMDLINE_SIZE == 0x238
+        && INIT_SIZE == 0x260
+        && ACPI_RSDP_ADDR == 0x070
+        && E820_ENTRIES == 0x1e8
+        && E820_TABLE == 0x2d0
+        && SETUP_HEADER_MAX_END == 0x290
+        && BOOT_PARAMS_SIZE == 0x1000
+        && E820_ENTRY_SIZE == 20
+);
 
 /// loadflags bit 0: the protected-mode code loads at 0x100000.
 const LOADED_HIGH: u8 = 1 << 0;
@@ -314,14 +348,21 @@ impl BzImage {
         // boot_params.acpi_rsdp_addr (protocol 2.14): saves the kernel the BIOS-area scan.
         put(&mut p, ACPI_RSDP_ADDR, &rsdp.to_le_bytes());
         let map = e820(machine.layout);
-        assert!(map.len() <= E820_MAX, "a handful of entries");
+        assert!(
+            map.len() <= E820_MAX_ENTRIES_ZEROPAGE,
+            "a handful of entries"
+        );
         p[E820_ENTRIES] = u8::try_from(map.len()).expect("at most 128");
         for (i, e) in map.iter().enumerate() {
-            // struct boot_e820_entry: addr, size (u64), type (u32), packed: 20 bytes.
-            let at = E820_TABLE + 20 * i;
-            put(&mut p, at, &e.range.start.to_le_bytes());
-            put(&mut p, at + 8, &e.range.len().to_le_bytes());
-            put(&mut p, at + 16, &(e.kind as u32).to_le_bytes());
+            let at = E820_TABLE + E820_ENTRY_SIZE * i;
+            let (addr, size, kind) = (
+                at + offset_of!(boot_e820_entry, addr),
+                at + offset_of!(boot_e820_entry, size),
+                at + offset_of!(boot_e820_entry, r#type),
+            );
+            put(&mut p, addr, &e.range.start.to_le_bytes());
+            put(&mut p, size, &e.range.len().to_le_bytes());
+            put(&mut p, kind, &(e.kind as u32).to_le_bytes());
         }
         p
     }
