@@ -7,14 +7,14 @@
 //! (an independent reading, not the loader's constants): the "HdrS" magic, the command line
 //! through cmd_line_ptr, the initrd's bytes through ramdisk_image/ramdisk_size, an e820 map.
 //!
-//! Input: see [`linux_loader::split`].
+//! Input: see [`linux_boot::split`].
 
 use exitless::machine::CpuMode;
 use exitless::machine::run::bzimage::BzImage;
 use libfuzzer_sys::fuzz_target;
 
-mod linux_loader;
-use linux_loader::{CMDLINE, RAM, assert_cmdline, assert_initrd, load_and_check, read, split};
+mod linux_boot;
+use linux_boot::{CMDLINE, RAM, assert_cmdline, assert_initrd, load_and_check, read, split};
 
 fuzz_target!(|data: &[u8]| {
     let Some((initrd, kernel)) = split(data) else {

@@ -6,14 +6,14 @@
 //! read back here at its own offsets) that carries the magic, the command line and the initrd as
 //! module 0.
 //!
-//! Input: see [`linux_loader::split`].
+//! Input: see [`linux_boot::split`].
 
 use exitless::machine::CpuMode;
 use exitless::machine::run::pvh::{PvhKernel, pvh_entry};
 use libfuzzer_sys::fuzz_target;
 
-mod linux_loader;
-use linux_loader::{CMDLINE, RAM, assert_cmdline, assert_initrd, load_and_check, read, split};
+mod linux_boot;
+use linux_boot::{CMDLINE, RAM, assert_cmdline, assert_initrd, load_and_check, read, split};
 
 /// `XEN_HVM_START_MAGIC_VALUE`.
 const START_INFO_MAGIC: u32 = 0x336e_c578;

@@ -3,7 +3,8 @@
 //!
 //! - [`layout`]: the guest-physical map and the allocators of its windows and pins;
 //! - [`wiring`]: which devices there are and where each sits;
-//! - [`loader`]: what guest memory holds at boot and how the boot vCPU enters it;
+//! - [`loader`]: what guest memory holds at boot and how the boot vCPU enters it, and the ELF
+//!   image format the kernel loaders read;
 //! - [`vcpus`]: vCPU threads, from creation to join;
 //! - [`probe`]: the probe machine: its board (ports), loader and ops;
 //! - [`run`]: `exitless run`'s machine: the PC platform, ACPI, memory map, kernel loaders.
@@ -55,13 +56,13 @@ pub enum MachineError {
     /// Loading the guest.
     #[error(transparent)]
     Load(#[from] LoadError),
-    /// PCI model.
+    /// Building PCI bus 0: a slot taken, a BAR window full.
     #[error(transparent)]
     Pci(#[from] PciError),
-    /// Address map.
+    /// Putting a device on the port or MMIO bus: a range that overlaps another, or is empty.
     #[error(transparent)]
     Bus(#[from] BusError),
-    /// Interrupt routing.
+    /// Interrupt routing: no GSI left, or a KVM call that failed.
     #[error(transparent)]
     Irq(#[from] IrqError),
     /// A virtio device.
@@ -88,7 +89,7 @@ pub enum MachineError {
     ConsoleFile {
         /// The file.
         path: std::path::PathBuf,
-        /// Why.
+        /// The error opening it.
         #[source]
         source: std::io::Error,
     },
@@ -97,14 +98,14 @@ pub enum MachineError {
     Disk {
         /// The file.
         path: std::path::PathBuf,
-        /// Why.
+        /// The error opening it or reading its size.
         #[source]
         source: std::io::Error,
     },
     /// A tap a virtio-net device was to use cannot be opened.
     #[error(transparent)]
     Tap(#[from] crate::virtio::net::tap::TapError),
-    /// fw_cfg's items.
+    /// fw_cfg's items: a file name too long or given twice, or too many files.
     #[error(transparent)]
     FwCfg(#[from] crate::devices::fw_cfg::FwCfgError),
     /// A host resource.
@@ -112,7 +113,7 @@ pub enum MachineError {
     Host {
         /// What was being done.
         what: &'static str,
-        /// The error.
+        /// The host's error.
         #[source]
         source: std::io::Error,
     },
@@ -237,7 +238,7 @@ impl Machine {
         Ok(Ran { end, tsc_khz })
     }
 
-    /// Guest RAM.
+    /// Guest RAM, for reading what the guest left in it.
     pub fn memory(&self) -> &vm_memory::GuestMemoryMmap {
         self.vm.memory()
     }

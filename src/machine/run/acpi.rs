@@ -184,6 +184,22 @@ fn io_register(port: u16, bits: u8) -> GAS {
 fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
     // Revision 2: integers are 64 bits.
     let mut table = Sdt::new(*b"DSDT", 36, 2, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    host_bridge(&mut table);
+    com1(&mut table);
+    motherboard_resources(layout, &mut table);
+    // \_S5: the SLP_TYP values for PM1a and PM1b control, then two reserved (ACPI 6.5 §7.4.2).
+    Name::new(
+        "_S5_".into(),
+        &Package::new(vec![&S5_SLP_TYP, &ZERO, &ZERO, &ZERO]),
+    )
+    .to_aml_bytes(&mut table);
+    table.update_checksum();
+    table.as_slice().to_vec()
+}
+
+/// `\_SB.PCI0`, PCI Firmware 3.3 §4.1: a PCI Express host bridge, compatible with a PCI one,
+/// decoding bus 0, the configuration ports and the BAR windows.
+fn host_bridge(table: &mut dyn AmlSink) {
     let (mmio_start, mmio_end) = PCI_MMIO_WINDOW;
     let mmio = AddressSpace::new_memory(
         AddressSpaceCacheable::NotCacheable,
@@ -200,8 +216,6 @@ fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
         1,
         u8::try_from(PCI_CONFIG_IO_LEN).expect("8 ports"),
     );
-    // PCI Firmware 3.3 §4.1: a PCI Express host bridge, compatible with a PCI one, decoding
-    // bus 0, the configuration ports and the BAR windows.
     Device::new(
         "\\_SB_.PCI0".into(),
         vec![
@@ -217,7 +231,11 @@ fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
             ),
         ],
     )
-    .to_aml_bytes(&mut table);
+    .to_aml_bytes(table);
+}
+
+/// `\_SB.COM1`: the 16550A-compatible UART at COM1's ports and GSI.
+fn com1(table: &mut dyn AmlSink) {
     let uart_ports = IO::new(
         PORT_SERIAL,
         PORT_SERIAL,
@@ -228,7 +246,6 @@ fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
     Device::new(
         "\\_SB_.COM1".into(),
         vec![
-            // A 16550A-compatible UART.
             &Name::new("_HID".into(), &EISAName::new("PNP0501")),
             &Name::new("_UID".into(), &ZERO),
             &Name::new(
@@ -237,9 +254,12 @@ fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
             ),
         ],
     )
-    .to_aml_bytes(&mut table);
-    // Resources the motherboard decodes outside any device's: the power-management block and
-    // the ECAM window (PCI Firmware 3.3 §4.1.2 asks for it here).
+    .to_aml_bytes(table);
+}
+
+/// `\_SB.MRES`: resources the motherboard decodes outside any device's, the power-management
+/// block and the ECAM window (PCI Firmware 3.3 §4.1.2 asks for it here).
+fn motherboard_resources(layout: &MemoryLayout, table: &mut dyn AmlSink) {
     let pm = IO::new(
         PM_BASE,
         PM_BASE,
@@ -265,15 +285,7 @@ fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
             &Name::new("_CRS".into(), &ResourceTemplate::new(resources)),
         ],
     )
-    .to_aml_bytes(&mut table);
-    // \_S5: the SLP_TYP values for PM1a and PM1b control, then two reserved (ACPI 6.5 §7.4.2).
-    Name::new(
-        "_S5_".into(),
-        &Package::new(vec![&S5_SLP_TYP, &ZERO, &ZERO, &ZERO]),
-    )
-    .to_aml_bytes(&mut table);
-    table.update_checksum();
-    table.as_slice().to_vec()
+    .to_aml_bytes(table);
 }
 
 /// The FADT: the fixed-hardware registers of `devices::acpi_pm`, the reset register, and the

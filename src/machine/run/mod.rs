@@ -5,11 +5,13 @@
 //! power-management block, the i8042 and 0xCF9 resets), a memory map and ACPI tables
 //! ([`memmap`], [`acpi`]), and a kernel loader behind the [`Loader`]
 //! trait, chosen by what the kernel file is: an ELF with a PVH note ([`pvh`]), a Linux bzImage
-//! ([`bzimage`]) or multiboot v1 ([`multiboot`]). The boot vCPU enters the kernel; the others wait
+//! ([`bzimage`]) or multiboot v1 ([`multiboot`]); what the three share (placement, the ACPI
+//! tables, the 32-bit entry) is [`boot`]. The boot vCPU enters the kernel; the others wait
 //! for INIT/SIPI. The run ends when the guest exits through isa-debug-exit, powers off or
 //! resets; nothing else ends it.
 
 pub mod acpi;
+pub mod boot;
 pub mod bzimage;
 pub mod memmap;
 pub mod multiboot;
@@ -50,7 +52,7 @@ pub struct RunConfig {
     pub cmdline: String,
     /// RAM in MiB.
     pub memory_mib: u64,
-    /// vCPUs.
+    /// vCPUs, 1 to [`MAX_CPUS`].
     pub cpus: u64,
     /// How ECAM is served; `None` leaves it undescribed.
     pub ecam: Option<EcamMode>,
@@ -96,7 +98,7 @@ pub enum RunError {
     KernelRead {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The error reading it.
         #[source]
         source: std::io::Error,
     },
@@ -105,7 +107,7 @@ pub enum RunError {
     InitrdRead {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The error reading it.
         #[source]
         source: std::io::Error,
     },
@@ -114,7 +116,7 @@ pub enum RunError {
     Kernel {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// What its format's loader refused.
         #[source]
         source: KernelError,
     },

@@ -1,8 +1,14 @@
 //! What a guest starts from: a loader fills guest memory and says how the boot vCPU enters it.
 //!
-//! The probe is the first loader (`machine::probe::loader`). A Linux loader (bzImage, PVH or
-//! ELF through linux-loader) fits the same trait: it writes the kernel, boot parameters and
-//! tables from the [`MachineInfo`], and returns the protocol's entry registers.
+//! The trait is the machine's side of loading; it knows no loader. Two kinds fit it: the probe
+//! (`machine::probe::loader`) and the kernels of `exitless run` (`machine::run`: bzImage,
+//! PVH, multiboot), which write the kernel, its boot protocol's data and ACPI tables from the
+//! [`MachineInfo`], and return the protocol's entry registers. As in rust-vmm's linux-loader,
+//! image formats are apart from boot protocols: [`elf`] reads an ELF kernel into
+//! [`Segment`](segment::Segment)s, which PVH and multiboot each place and enter their own way.
+
+pub mod elf;
+pub mod segment;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use vm_memory::GuestMemoryMmap;
@@ -97,18 +103,17 @@ pub enum LoadError {
     /// Writing guest memory failed.
     #[error("writing guest memory failed: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
-    /// A multiboot kernel that cannot be loaded.
-    #[error(transparent)]
-    Multiboot(#[from] crate::machine::run::multiboot::MultibootError),
-    /// A bzImage that cannot be loaded.
-    #[error(transparent)]
-    BzImage(#[from] crate::machine::run::bzimage::BzImageError),
-    /// A PVH kernel that cannot be loaded.
-    #[error(transparent)]
-    Pvh(#[from] crate::machine::run::pvh::PvhError),
-    /// The ACPI tables.
-    #[error(transparent)]
-    Acpi(#[from] crate::machine::run::acpi::AcpiError),
+    /// The loader's own refusal (a kernel its format or this machine cannot take, tables it
+    /// cannot write), in its own words.
+    #[error("{0}")]
+    Kernel(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl LoadError {
+    /// Wrap a loader's own error; its message is the load's.
+    pub fn kernel(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        LoadError::Kernel(Box::new(e))
+    }
 }
 
 /// Puts a guest into memory and says how the boot vCPU enters it.

@@ -1,4 +1,4 @@
-//! What the Linux loader targets (`bzimage`, `pvh`) share: their input's layout and the machine
+//! What the Linux kernel targets (`bzimage`, `pvh`) share: their input's layout and the machine
 //! the kernels load into.
 
 use exitless::machine::{EntryState, Loader, MachineInfo, MemoryLayout};

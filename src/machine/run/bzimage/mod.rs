@@ -7,50 +7,84 @@
 //! page holds the setup header copied from the file (boot.rst: "the setup header ... should be
 //! loaded into struct boot_params"), the e820 map, the command line's address, the initrd's.
 //!
-//! Written by hand rather than with rust-vmm's `linux-loader`: every header field is refused
-//! here with its own one-line error before anything is written, and the zero page, command line
-//! and initrd go where this machine's memory map ([`memmap`](super::memmap)) and the identity
-//! page tables leave room; the protocol needs only the handful of offsets named below.
+//! The checks and the placement are written here, not taken from rust-vmm's `linux-loader`:
+//! every header field is refused with its own one-line error before anything is written, and
+//! the zero page, command line and initrd go where this machine's memory map
+//! ([`memmap`](super::memmap)) and the identity page tables leave room. The offsets are
+//! linux-loader's translation of bootparam.h.
 
+use std::mem::offset_of;
+
+use linux_loader::bootparam::{
+    E820_MAX_ENTRIES_ZEROPAGE, boot_e820_entry, boot_params, setup_header,
+};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
-use crate::machine::run::acpi::AcpiTables;
+use crate::machine::run::boot::{place_initrd, write_acpi};
 use crate::machine::run::memmap::{HIGH_RAM_START, e820};
 use crate::vm::boot;
 
-// Offsets in the file's first sector and in `struct boot_params` (the setup header is at the
-// same offset in both; boot.rst "The real-mode kernel header", arch/x86/include/uapi/asm/
+// Offsets in the file's first sector and in `struct boot_params`: the setup header is at the
+// same offset in both (boot.rst, "The real-mode kernel header"; arch/x86/include/uapi/asm/
 // bootparam.h).
-const SETUP_SECTS: usize = 0x1f1;
 /// The setup header's first byte.
-const SETUP_HEADER: usize = 0x1f1;
-/// The byte that says where the header ends: it is the offset of a jump at 0x200, and the
-/// header ends at 0x202 plus it (boot.rst, "the end of the setup header").
-const HEADER_JUMP_OFFSET: usize = 0x201;
-const HEADER_MAGIC_AT: usize = 0x202;
+const SETUP_HEADER: usize = offset_of!(boot_params, hdr);
+/// A setup header field's offset.
+macro_rules! hdr {
+    ($field:ident) => {
+        SETUP_HEADER + offset_of!(setup_header, $field)
+    };
+}
+const SETUP_SECTS: usize = hdr!(setup_sects);
+/// The byte that says where the header ends: the offset of the short jump at 0x200, its
+/// second byte; the header ends at 0x202 plus it (boot.rst, "the end of the setup header").
+const HEADER_JUMP_OFFSET: usize = hdr!(jump) + 1;
+const HEADER_MAGIC_AT: usize = hdr!(header);
 /// "HdrS": a kernel with a boot-protocol header (boot.rst, field `header`).
 pub const HEADER_MAGIC: [u8; 4] = *b"HdrS";
-const VERSION: usize = 0x206;
-const TYPE_OF_LOADER: usize = 0x210;
-const LOADFLAGS: usize = 0x211;
-const RAMDISK_IMAGE: usize = 0x218;
-const RAMDISK_SIZE: usize = 0x21c;
-const CMD_LINE_PTR: usize = 0x228;
-const INITRD_ADDR_MAX: usize = 0x22c;
-const XLOADFLAGS: usize = 0x236;
-const CMDLINE_SIZE: usize = 0x238;
-const INIT_SIZE: usize = 0x260;
+const VERSION: usize = hdr!(version);
+const TYPE_OF_LOADER: usize = hdr!(type_of_loader);
+const LOADFLAGS: usize = hdr!(loadflags);
+const RAMDISK_IMAGE: usize = hdr!(ramdisk_image);
+const RAMDISK_SIZE: usize = hdr!(ramdisk_size);
+const CMD_LINE_PTR: usize = hdr!(cmd_line_ptr);
+const INITRD_ADDR_MAX: usize = hdr!(initrd_addr_max);
+const XLOADFLAGS: usize = hdr!(xloadflags);
+const CMDLINE_SIZE: usize = hdr!(cmdline_size);
+const INIT_SIZE: usize = hdr!(init_size);
 // boot_params fields outside the setup header.
-const ACPI_RSDP_ADDR: usize = 0x070;
-const E820_ENTRIES: usize = 0x1e8;
-const E820_TABLE: usize = 0x2d0;
-/// `E820_MAX_ENTRIES_ZEROPAGE`.
-const E820_MAX: usize = 128;
+const ACPI_RSDP_ADDR: usize = offset_of!(boot_params, acpi_rsdp_addr);
+const E820_ENTRIES: usize = offset_of!(boot_params, e820_entries);
+const E820_TABLE: usize = offset_of!(boot_params, e820_table);
 /// Where the setup header must end: `boot_params.edd_mbr_sig_buffer` follows it.
-const SETUP_HEADER_MAX_END: usize = 0x290;
+const SETUP_HEADER_MAX_END: usize = offset_of!(boot_params, edd_mbr_sig_buffer);
 /// `struct boot_params` is one page.
-const BOOT_PARAMS_SIZE: usize = 0x1000;
+const BOOT_PARAMS_SIZE: usize = size_of::<boot_params>();
+/// `struct boot_e820_entry`: addr, size (u64), type (u32), packed.
+const E820_ENTRY_SIZE: usize = size_of::<boot_e820_entry>();
+// The offsets as boot.rst's table gives them.
+const _: () = assert!(
+    SETUP_SECTS == 0x1f1
+        && HEADER_JUMP_OFFSET == 0x201
+        && HEADER_MAGIC_AT == 0x202
+        && VERSION == 0x206
+        && TYPE_OF_LOADER == 0x210
+        && LOADFLAGS == 0x211
+        && RAMDISK_IMAGE == 0x218
+        && RAMDISK_SIZE == 0x21c
+        && CMD_LINE_PTR == 0x228
+        && INITRD_ADDR_MAX == 0x22c
+        && XLOADFLAGS == 0x236
+        && CMDLINE_SIZE == 0x238
+        && INIT_SIZE == 0x260
+        && ACPI_RSDP_ADDR == 0x070
+        && E820_ENTRIES == 0x1e8
+        && E820_TABLE == 0x2d0
+        && SETUP_HEADER_MAX_END == 0x290
+        && BOOT_PARAMS_SIZE == 0x1000
+        && E820_ENTRY_SIZE == 20
+);
 
 /// loadflags bit 0: the protected-mode code loads at 0x100000.
 const LOADED_HIGH: u8 = 1 << 0;
@@ -270,15 +304,11 @@ impl BzImage {
         let size = initrd.len() as u64;
         let limit = (u64::from(u32_at(&self.image, INITRD_ADDR_MAX)) + 1).min(ram);
         let kernel_end = self.kernel_end();
-        limit
-            .checked_sub(size)
-            .map(|a| a & !0xfff)
-            .filter(|&a| a >= kernel_end)
-            .ok_or(BzImageError::InitrdNoRoom {
-                size,
-                kernel_end,
-                limit,
-            })
+        place_initrd(size, kernel_end, limit).ok_or(BzImageError::InitrdNoRoom {
+            size,
+            kernel_end,
+            limit,
+        })
     }
 
     /// Check that the kernel and the initrd fit `ram` bytes of RAM.
@@ -318,14 +348,21 @@ impl BzImage {
         // boot_params.acpi_rsdp_addr (protocol 2.14): saves the kernel the BIOS-area scan.
         put(&mut p, ACPI_RSDP_ADDR, &rsdp.to_le_bytes());
         let map = e820(machine.layout);
-        assert!(map.len() <= E820_MAX, "a handful of entries");
+        assert!(
+            map.len() <= E820_MAX_ENTRIES_ZEROPAGE,
+            "a handful of entries"
+        );
         p[E820_ENTRIES] = u8::try_from(map.len()).expect("at most 128");
         for (i, e) in map.iter().enumerate() {
-            // struct boot_e820_entry: addr, size (u64), type (u32), packed: 20 bytes.
-            let at = E820_TABLE + 20 * i;
-            put(&mut p, at, &e.range.start.to_le_bytes());
-            put(&mut p, at + 8, &e.range.len().to_le_bytes());
-            put(&mut p, at + 16, &(e.kind as u32).to_le_bytes());
+            let at = E820_TABLE + E820_ENTRY_SIZE * i;
+            let (addr, size, kind) = (
+                at + offset_of!(boot_e820_entry, addr),
+                at + offset_of!(boot_e820_entry, size),
+                at + offset_of!(boot_e820_entry, r#type),
+            );
+            put(&mut p, addr, &e.range.start.to_le_bytes());
+            put(&mut p, size, &e.range.len().to_le_bytes());
+            put(&mut p, kind, &(e.kind as u32).to_le_bytes());
         }
         p
     }
@@ -349,12 +386,7 @@ impl Loader for BzImage {
             None => None,
         };
         mem.write_slice(&self.cmdline, GuestAddress(CMDLINE_ADDR))?;
-        let rsdp = AcpiTables {
-            layout: machine.layout,
-            vcpus: machine.vcpus,
-            extra: machine.acpi_tables,
-        }
-        .write(mem)?;
+        let rsdp = write_acpi(mem, machine)?;
         let params = self.boot_params(machine, initrd, rsdp);
         mem.write_slice(&params, GuestAddress(BOOT_PARAMS_ADDR))?;
         boot::write_tables(mem)?;
@@ -371,187 +403,11 @@ impl Loader for BzImage {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::machine::layout::MemoryLayout;
-    use crate::machine::run::memmap::E820Kind;
-
-    /// Setup sectors of the synthetic image, and its protected-mode kernel's size.
-    const SECTS: u8 = 3;
-    const PAYLOAD: usize = 0x1000;
-
-    /// A bzImage of protocol 2.15, relocatable-looking, with a 64-bit entry, init_size 4 MiB,
-    /// initrd_addr_max 0x7fffffff and cmdline_size 2047, its payload 0xcc.
-    fn image() -> Vec<u8> {
-        let setup = (usize::from(SECTS) + 1) * 512;
-        let mut f = vec![0u8; setup + PAYLOAD];
-        f[SETUP_SECTS] = SECTS;
-        f[HEADER_JUMP_OFFSET] = 0x6a; // the header of protocol 2.15 ends at 0x26c
-        put(&mut f, HEADER_MAGIC_AT, &HEADER_MAGIC);
-        put(&mut f, VERSION, &0x020fu16.to_le_bytes());
-        f[LOADFLAGS] = LOADED_HIGH;
-        put(&mut f, XLOADFLAGS, &XLF_KERNEL_64.to_le_bytes());
-        put(&mut f, INIT_SIZE, &(4u32 << 20).to_le_bytes());
-        put(&mut f, INITRD_ADDR_MAX, &0x7fff_ffffu32.to_le_bytes());
-        put(&mut f, CMDLINE_SIZE, &2047u32.to_le_bytes());
-        f[setup..].fill(0xcc);
-        f
-    }
-
-    fn parse(f: Vec<u8>) -> Result<BzImage, BzImageError> {
-        BzImage::parse(f, "console=ttyS0", None)
-    }
-
-    #[test]
-    fn every_bad_header_field_is_refused_with_one_line() {
-        let with = |edit: &dyn Fn(&mut Vec<u8>)| {
-            let mut f = image();
-            edit(&mut f);
-            parse(f).expect_err("a bad field")
-        };
-        let cases = [
-            (
-                with(&|f| f.truncate(0x200)),
-                "too short for its setup header",
-            ),
-            (with(&|f| f[HEADER_MAGIC_AT] = b'X'), "no \"HdrS\""),
-            (
-                with(&|f| put(f, VERSION, &0x0206u16.to_le_bytes())),
-                "boot protocol 2.06",
-            ),
-            (with(&|f| f[LOADFLAGS] = 0), "lack LOADED_HIGH"),
-            (
-                with(&|f| put(f, XLOADFLAGS, &0u16.to_le_bytes())),
-                "lack XLF_KERNEL_64",
-            ),
-            (with(&|f| f.truncate(0x900)), "runs past the"),
-            (with(&|f| f[HEADER_JUMP_OFFSET] = 0xff), "runs past the"),
-            (with(&|f| f[SETUP_SECTS] = 0x7f), "runs past the"),
-            (
-                with(&|f| f[HEADER_JUMP_OFFSET] = 0),
-                "setup header ends at 0x202, before the fields of boot protocol 2.12 (to 0x264)",
-            ),
-        ];
-        for (e, says) in cases {
-            let line = e.to_string();
-            assert!(
-                line.contains(says) && !line.contains('\n'),
-                "{line}: {says}"
-            );
-        }
-        assert_eq!(with(&|f| f[LOADFLAGS] = 0), BzImageError::NotLoadedHigh(0));
-    }
-
-    #[test]
-    fn zero_setup_sects_means_four() {
-        let mut f = image();
-        f[SETUP_SECTS] = 0;
-        assert_eq!(parse(f).unwrap().setup_len, 5 * 512);
-    }
-
-    #[test]
-    fn the_command_line_is_checked_against_cmdline_size() {
-        let e = BzImage::parse(image(), "a\0b", None).expect_err("NUL");
-        assert_eq!(e, BzImageError::CmdlineNul);
-        let e = BzImage::parse(image(), &"x".repeat(2048), None).expect_err("too long");
-        assert_eq!(
-            e.to_string(),
-            "the command line is 2048 bytes; this kernel takes at most 2047 (cmdline_size)"
-        );
-        assert!(BzImage::parse(image(), &"x".repeat(2047), None).is_ok());
-    }
-
-    #[test]
-    fn the_kernel_and_initrd_must_fit_ram() {
-        let k = parse(image()).unwrap();
-        let e = k.check_fits(4 << 20).expect_err("init_size from 1 MiB");
-        assert!(
-            e.to_string().contains("needs 0x400000 bytes from 0x100000"),
-            "{e}"
-        );
-        k.check_fits(5 << 20).unwrap();
-        let k = BzImage::parse(image(), "", Some(vec![1; 2 << 20])).unwrap();
-        let e = k.check_fits(6 << 20).expect_err("no room above the kernel");
-        assert!(e.to_string().contains("initrd does not fit"), "{e}");
-        k.check_fits(7 << 20).unwrap();
-        assert_eq!(
-            k.initrd_addr(&[1; 0x1800], 64 << 20).unwrap(),
-            (64 << 20) - 0x2000
-        );
-        // initrd_addr_max caps it below the end of RAM.
-        let mut f = image();
-        put(&mut f, INITRD_ADDR_MAX, &((16u32 << 20) - 1).to_le_bytes());
-        let k = parse(f).unwrap();
-        assert_eq!(
-            k.initrd_addr(&[1; 0x1000], 64 << 20).unwrap(),
-            (16 << 20) - 0x1000
-        );
-    }
-
-    #[test]
-    fn it_loads_at_1_mib_with_a_zero_page_of_the_header_e820_cmdline_and_initrd() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
-        let layout = MemoryLayout::new(64 << 20, true).unwrap();
-        let info = MachineInfo::one_vcpu(&layout);
-        let k = BzImage::parse(image(), "console=ttyS0", Some(vec![0xab; 0x3000])).unwrap();
-        let entry = k.load(&mem, &info).unwrap();
-        assert_eq!(entry.mode, CpuMode::LongMode);
-        assert_eq!(entry.regs.rip, 0x10_0200, "startup_64");
-        assert_eq!(entry.regs.rsi, BOOT_PARAMS_ADDR);
-        let mut p = vec![0u8; BOOT_PARAMS_SIZE];
-        mem.read_slice(&mut p, GuestAddress(BOOT_PARAMS_ADDR))
-            .unwrap();
-        let f = image();
-        // The header, copied, but for the fields the loader fills.
-        assert_eq!(
-            p[SETUP_HEADER..TYPE_OF_LOADER],
-            f[SETUP_HEADER..TYPE_OF_LOADER]
-        );
-        assert_eq!(p[LOADFLAGS..RAMDISK_IMAGE], f[LOADFLAGS..RAMDISK_IMAGE]);
-        assert_eq!(p[INITRD_ADDR_MAX..0x26c], f[INITRD_ADDR_MAX..0x26c]);
-        assert_eq!(p[TYPE_OF_LOADER], 0xff);
-        assert_eq!(u32_at(&p, CMD_LINE_PTR), 0x2_0000);
-        let mut cmdline = [0u8; 14];
-        mem.read_slice(&mut cmdline, GuestAddress(CMDLINE_ADDR))
-            .unwrap();
-        assert_eq!(&cmdline, b"console=ttyS0\0");
-        let (initrd, size) = (u32_at(&p, RAMDISK_IMAGE), u32_at(&p, RAMDISK_SIZE));
-        assert_eq!((initrd, size), ((64 << 20) - 0x3000, 0x3000));
-        assert_eq!(
-            mem.read_obj::<u8>(GuestAddress(initrd.into())).unwrap(),
-            0xab
-        );
-        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x10_0000)).unwrap(), 0xcc);
-        let map = e820(&layout);
-        assert_eq!(usize::from(p[E820_ENTRIES]), map.len());
-        let last = E820_TABLE + 20 * (map.len() - 1);
-        assert_eq!(u32_at(&p, last + 16), E820Kind::Reserved as u32, "ECAM");
-        let rsdp = u64::from_le_bytes(p[ACPI_RSDP_ADDR..ACPI_RSDP_ADDR + 8].try_into().unwrap());
-        let mut sig = [0u8; 8];
-        mem.read_slice(&mut sig, GuestAddress(rsdp)).unwrap();
-        assert_eq!(&sig, b"RSD PTR ");
-    }
-
-    /// Found by the `bzimage` fuzz target: the file's own ramdisk fields reached the kernel.
-    #[test]
-    fn without_an_initrd_the_kernel_sees_none_whatever_the_file_says() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
-        let layout = MemoryLayout::new(64 << 20, true).unwrap();
-        let info = MachineInfo::one_vcpu(&layout);
-        let mut f = image();
-        put(&mut f, RAMDISK_IMAGE, &0xc1c1_c1c1u32.to_le_bytes());
-        put(&mut f, RAMDISK_SIZE, &0xc1c1_c1c1u32.to_le_bytes());
-        BzImage::parse(f, "", None)
-            .unwrap()
-            .load(&mem, &info)
-            .unwrap();
-        let mut p = vec![0u8; BOOT_PARAMS_SIZE];
-        mem.read_slice(&mut p, GuestAddress(BOOT_PARAMS_ADDR))
-            .unwrap();
-        assert_eq!(
-            (u32_at(&p, RAMDISK_IMAGE), u32_at(&p, RAMDISK_SIZE)),
-            (0, 0)
-        );
+impl From<BzImageError> for LoadError {
+    fn from(e: BzImageError) -> Self {
+        LoadError::kernel(e)
     }
 }
+
+#[cfg(test)]
+mod tests;

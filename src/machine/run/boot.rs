@@ -1,0 +1,147 @@
+//! What the run machine's kernel loaders share: where a kernel's pieces may go in this
+//! machine's memory (its segments clear of the firmware's ranges, an initrd at the top, the
+//! command line in the boot data area), the ACPI tables every kernel is given, and the 32-bit
+//! protected-mode entry of multiboot and PVH.
+
+use kvm_bindings::kvm_regs;
+use vm_memory::GuestMemoryMmap;
+
+use crate::machine::loader::segment::Segment;
+use crate::machine::loader::{CpuMode, EntryState, LoadError, MachineInfo};
+use crate::machine::run::acpi::AcpiTables;
+use crate::machine::run::memmap::{BOOT_DATA, FIRMWARE_RANGES, Range};
+use crate::vm::boot::RFLAGS_BOOT;
+
+/// The boot data area's first page holds the protocol's information (multiboot's, PVH's
+/// start info); the command line has the rest.
+pub const CMDLINE_ADDR: u64 = BOOT_DATA.start + 0x1000;
+/// The longest command line, its NUL excluded: the rest of the boot data area.
+pub const MAX_CMDLINE: usize = 0x6fff;
+const _: () = assert!(CMDLINE_ADDR + MAX_CMDLINE as u64 + 1 == BOOT_DATA.end);
+
+/// Why a kernel's segments cannot go where they ask.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlacementError {
+    /// A segment past the end of RAM.
+    #[error(
+        "{what} at {start:#x}..{end:#x} does not fit the machine's {ram} MiB of RAM (--memory)",
+        ram = ram >> 20
+    )]
+    OutsideRam {
+        /// What is loaded there.
+        what: String,
+        /// First address.
+        start: u64,
+        /// One past the last.
+        end: u64,
+        /// Bytes of RAM.
+        ram: u64,
+    },
+    /// A segment over the firmware's own memory.
+    #[error("{what} at {start:#x}..{end:#x} overlaps {firmware} at {at:#x}..{at_end:#x}")]
+    OverFirmware {
+        /// What is loaded there.
+        what: String,
+        /// First address.
+        start: u64,
+        /// One past the last.
+        end: u64,
+        /// What it would overwrite.
+        firmware: &'static str,
+        /// Its first address.
+        at: u64,
+        /// One past its last.
+        at_end: u64,
+    },
+}
+
+/// Check that every segment fits in `ram_size` bytes of RAM and clear of the firmware's
+/// memory ([`FIRMWARE_RANGES`]).
+pub fn check_segments_fit(segments: &[Segment], ram_size: u64) -> Result<(), PlacementError> {
+    for s in segments {
+        let r = Range {
+            start: s.addr,
+            end: s.end(),
+        };
+        if r.end > ram_size {
+            return Err(PlacementError::OutsideRam {
+                what: s.what.clone(),
+                start: r.start,
+                end: r.end,
+                ram: ram_size,
+            });
+        }
+        if let Some((firmware, f)) = FIRMWARE_RANGES.iter().find(|(_, f)| f.overlaps(&r)) {
+            return Err(PlacementError::OverFirmware {
+                what: s.what.clone(),
+                start: r.start,
+                end: r.end,
+                firmware,
+                at: f.start,
+                at_end: f.end,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Where an initrd of `size` bytes goes: as high as it fits below `limit`, page-aligned, at or
+/// above `kernel_end` (Linux's boot.rst: "the initrd should typically be located as high in
+/// memory as possible"). `None` when there is no such room.
+pub fn place_initrd(size: u64, kernel_end: u64, limit: u64) -> Option<u64> {
+    limit
+        .checked_sub(size)
+        .map(|a| a & !0xfff)
+        .filter(|&a| a >= kernel_end)
+}
+
+/// Why a command line cannot go in the boot data area.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CmdlineError {
+    /// A NUL, which would cut it short.
+    #[error("the command line contains a NUL byte")]
+    Nul,
+    /// Longer than its room.
+    #[error("the command line is {0} bytes; at most {MAX_CMDLINE} fit")]
+    TooLong(usize),
+}
+
+/// `cmdline`, NUL-terminated, checked to fit at [`CMDLINE_ADDR`].
+pub fn boot_data_cmdline(cmdline: &str) -> Result<Vec<u8>, CmdlineError> {
+    if cmdline.contains('\0') {
+        return Err(CmdlineError::Nul);
+    }
+    if cmdline.len() > MAX_CMDLINE {
+        return Err(CmdlineError::TooLong(cmdline.len()));
+    }
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    Ok(bytes)
+}
+
+/// Write the machine's ACPI tables (its devices' own among them) into the BIOS area; returns
+/// the RSDP's address.
+pub fn write_acpi(mem: &GuestMemoryMmap, machine: &MachineInfo<'_>) -> Result<u64, LoadError> {
+    AcpiTables {
+        layout: machine.layout,
+        vcpus: machine.vcpus,
+        extra: machine.acpi_tables,
+    }
+    .write(mem)
+    .map_err(LoadError::kernel)
+}
+
+/// The entry of multiboot (Multiboot 0.6.96 §3.2) and PVH (xen docs/misc/pvh.pandoc): 32-bit
+/// protected mode, paging and interrupts off, at `entry` with EAX = `eax` and EBX = `ebx`.
+pub fn protected32_entry(entry: u32, eax: u32, ebx: u64) -> EntryState {
+    EntryState {
+        mode: CpuMode::Protected32,
+        regs: kvm_regs {
+            rip: entry.into(),
+            rax: eax.into(),
+            rbx: ebx,
+            rflags: RFLAGS_BOOT,
+            ..Default::default()
+        },
+    }
+}

@@ -1,0 +1,190 @@
+//! The PVH boot ABI: an ELF kernel (Linux's uncompressed vmlinux) with a Xen ELF note that
+//! names its 32-bit entry point, loaded by its program headers and entered there in 32-bit
+//! protected mode with paging off and EBX = the `hvm_start_info` (xen
+//! include/public/arch-x86/hvm/start_info.h; xen docs/misc/pvh.pandoc).
+//!
+//! Entering the uncompressed kernel skips the bzImage's decompressor, minutes of emulated
+//! ring-0 code on this project's hosts (docs/host-kvm.md). The ELF reading is
+//! [`loader::elf`](crate::machine::loader::elf)'s; the start info's structs are linux-loader's
+//! translation of start_info.h.
+
+use linux_loader::start_info::{
+    XEN_HVM_START_MAGIC_VALUE, hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info,
+};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::machine::loader::elf::{self, ElfError};
+use crate::machine::loader::segment::{Segment, kernel_end, write_segments};
+use crate::machine::loader::{EntryState, LoadError, Loader, MachineInfo};
+use crate::machine::run::boot::{
+    CMDLINE_ADDR, CmdlineError, PlacementError, boot_data_cmdline, check_segments_fit,
+    place_initrd, protected32_entry, write_acpi,
+};
+use crate::machine::run::memmap::{BOOT_DATA, e820};
+
+/// `XEN_ELFNOTE_PHYS32_ENTRY` (xen include/public/elfnote.h): the physical 32-bit entry.
+const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
+/// The notes' owner name, NUL-terminated.
+const XEN_NOTE_NAME: &[u8] = b"Xen\0";
+/// The start info's version: 1 has the memory map.
+const START_INFO_VERSION: u32 = 1;
+
+// The start info and what it points at, in the boot data area's first page.
+const START_INFO_ADDR: u64 = BOOT_DATA.start;
+const MODLIST_ADDR: u64 = START_INFO_ADDR + 0x40;
+const MEMMAP_ADDR: u64 = MODLIST_ADDR + 0x40;
+const _: () = assert!(size_of::<hvm_start_info>() as u64 <= MODLIST_ADDR - START_INFO_ADDR);
+const _: () =
+    assert!(MEMMAP_ADDR + 16 * size_of::<hvm_memmap_table_entry>() as u64 <= CMDLINE_ADDR);
+
+/// Why a PVH kernel cannot be booted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PvhError {
+    /// Its ELF headers.
+    #[error(transparent)]
+    Elf(#[from] ElfError),
+    /// Segments this machine has no room for where they ask.
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    /// An entry point past 4 GiB.
+    #[error("the PVH entry point {0:#x} is not below 4 GiB")]
+    EntryAbove4G(u64),
+    /// The command line.
+    #[error(transparent)]
+    Cmdline(#[from] CmdlineError),
+    /// No room for the initrd above the kernel.
+    #[error(
+        "the {size}-byte initrd does not fit between the kernel's end {kernel_end:#x} and the end of RAM {ram:#x} (--memory)"
+    )]
+    InitrdNoRoom {
+        /// Its size.
+        size: u64,
+        /// One past the kernel's last segment.
+        kernel_end: u64,
+        /// Bytes of RAM.
+        ram: u64,
+    },
+}
+
+/// The PVH entry point of a 64-bit ELF `image`: the descriptor of its Xen
+/// `XEN_ELFNOTE_PHYS32_ENTRY` note (4 or 8 bytes: Linux writes it with `_ASM_PTR`), found in
+/// its `PT_NOTE` segments. `None` for a file that is no such ELF or has no such note.
+pub fn pvh_entry(image: &[u8]) -> Option<u64> {
+    elf::note_segments64(image)?.find_map(|notes| {
+        let desc = elf::find_note(notes, XEN_NOTE_NAME, XEN_ELFNOTE_PHYS32_ENTRY)?;
+        match *desc {
+            [a, b, c, d] => Some(u32::from_le_bytes([a, b, c, d]).into()),
+            [a, b, c, d, e, f, g, h] => Some(u64::from_le_bytes([a, b, c, d, e, f, g, h])),
+            _ => None,
+        }
+    })
+}
+
+/// A PVH kernel, checked and ready to load.
+#[derive(Debug)]
+pub struct PvhKernel {
+    image: Vec<u8>,
+    segments: Vec<Segment>,
+    entry: u32,
+    /// The command line, NUL-terminated.
+    cmdline: Vec<u8>,
+    initrd: Option<Vec<u8>>,
+}
+
+impl PvhKernel {
+    /// Check `image`, whose PVH entry is `entry` ([`pvh_entry`]), and make it ready to load
+    /// with `cmdline` and `initrd`.
+    pub fn parse(
+        image: Vec<u8>,
+        entry: u64,
+        cmdline: &str,
+        initrd: Option<Vec<u8>>,
+    ) -> Result<Self, PvhError> {
+        let cmdline = boot_data_cmdline(cmdline)?;
+        let (segments, _) = elf::segments(&image)?;
+        let entry = u32::try_from(entry).map_err(|_| PvhError::EntryAbove4G(entry))?;
+        Ok(PvhKernel {
+            image,
+            segments,
+            entry,
+            cmdline,
+            initrd,
+        })
+    }
+
+    /// Where the initrd goes in `ram` bytes: page-aligned at the top of RAM, above the kernel.
+    fn initrd_addr(&self, initrd: &[u8], ram: u64) -> Result<u64, PvhError> {
+        let kernel_end = kernel_end(&self.segments);
+        let size = initrd.len() as u64;
+        place_initrd(size, kernel_end, ram).ok_or(PvhError::InitrdNoRoom {
+            size,
+            kernel_end,
+            ram,
+        })
+    }
+
+    /// Check that the segments and the initrd fit `ram` bytes of RAM, clear of the firmware's.
+    pub fn check_fits(&self, ram: u64) -> Result<(), PvhError> {
+        check_segments_fit(&self.segments, ram)?;
+        if let Some(initrd) = &self.initrd {
+            self.initrd_addr(initrd, ram)?;
+        }
+        Ok(())
+    }
+}
+
+impl Loader for PvhKernel {
+    fn load(
+        &self,
+        mem: &GuestMemoryMmap,
+        machine: &MachineInfo<'_>,
+    ) -> Result<EntryState, LoadError> {
+        let ram = machine.layout.ram_size() as u64;
+        self.check_fits(ram)?;
+        write_segments(mem, &self.image, &self.segments)?;
+        let mut info = hvm_start_info {
+            magic: XEN_HVM_START_MAGIC_VALUE,
+            version: START_INFO_VERSION,
+            cmdline_paddr: CMDLINE_ADDR,
+            memmap_paddr: MEMMAP_ADDR,
+            ..Default::default()
+        };
+        if let Some(initrd) = &self.initrd {
+            let addr = self.initrd_addr(initrd, ram)?;
+            mem.write_slice(initrd, GuestAddress(addr))?;
+            let module = hvm_modlist_entry {
+                paddr: addr,
+                size: initrd.len() as u64,
+                ..Default::default()
+            };
+            mem.write_obj(module, GuestAddress(MODLIST_ADDR))?;
+            (info.nr_modules, info.modlist_paddr) = (1, MODLIST_ADDR);
+        }
+        let map = e820(machine.layout);
+        for (i, e) in map.iter().enumerate() {
+            // The memory map's types are e820's (start_info.h: XEN_HVM_MEMMAP_TYPE_RAM is 1).
+            let entry = hvm_memmap_table_entry {
+                addr: e.range.start,
+                size: e.range.len(),
+                type_: e.kind as u32,
+                reserved: 0,
+            };
+            let at = MEMMAP_ADDR + (i * size_of::<hvm_memmap_table_entry>()) as u64;
+            mem.write_obj(entry, GuestAddress(at))?;
+        }
+        info.memmap_entries = u32::try_from(map.len()).expect("a handful");
+        mem.write_slice(&self.cmdline, GuestAddress(CMDLINE_ADDR))?;
+        info.rsdp_paddr = write_acpi(mem, machine)?;
+        mem.write_obj(info, GuestAddress(START_INFO_ADDR))?;
+        Ok(protected32_entry(self.entry, 0, START_INFO_ADDR))
+    }
+}
+
+impl From<PvhError> for LoadError {
+    fn from(e: PvhError) -> Self {
+        LoadError::kernel(e)
+    }
+}
+
+#[cfg(test)]
+mod tests;
