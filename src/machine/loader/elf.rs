@@ -122,9 +122,9 @@ pub enum ElfError {
     SegmentSizes {
         /// Its program header's index.
         index: usize,
-        /// p_filesz.
+        /// Its bytes in the file (p_filesz).
         file: u64,
-        /// p_memsz.
+        /// Its bytes in memory (p_memsz).
         mem: u64,
     },
     /// A segment whose end is past the 64-bit address space.

@@ -25,11 +25,11 @@ use crate::virtio::state::VirtioState;
 pub(super) struct MsiStaging {
     /// MsiSel: the vector the other registers act on.
     select: u32,
-    /// MsiAddressLow.
+    /// MsiAddressLow: the low 32 bits of the staged vector's message address.
     address_low: u32,
-    /// MsiAddressHigh.
+    /// MsiAddressHigh: the high 32 bits of the staged vector's message address.
     address_high: u32,
-    /// MsiData.
+    /// MsiData: the staged vector's message data.
     data: u32,
 }
 
