@@ -1,0 +1,142 @@
+use super::*;
+use std::collections::BTreeMap;
+
+/// The tables as a guest finds them: from the RSDP through the XSDT, every checksum
+/// checked; by signature.
+fn walk(mem: &GuestMemoryMmap, rsdp: u64) -> BTreeMap<String, Vec<u8>> {
+    let read = |at: u64, len: usize| {
+        let mut v = vec![0u8; len];
+        mem.read_slice(&mut v, GuestAddress(at)).unwrap();
+        v
+    };
+    let sums = |v: &[u8]| v.iter().fold(0u8, |s, &b| s.wrapping_add(b)) == 0;
+    let r = read(rsdp, 36);
+    assert_eq!(&r[..8], b"RSD PTR ");
+    assert!(sums(&r[..20]) && sums(&r), "RSDP checksums");
+    assert_eq!(r[15], 2, "revision 2: XSDT");
+    let table = |at: u64| {
+        let len = u32::from_le_bytes(read(at + 4, 4).try_into().unwrap());
+        let t = read(at, len as usize);
+        assert!(sums(&t), "{} checksum", String::from_utf8_lossy(&t[..4]));
+        t
+    };
+    let u64_at = |v: &[u8], o: usize| u64::from_le_bytes(v[o..o + 8].try_into().unwrap());
+    let xsdt = table(u64_at(&r, 24));
+    assert_eq!(&xsdt[..4], b"XSDT");
+    let mut found = BTreeMap::new();
+    for entry in xsdt[36..].chunks(8) {
+        let t = table(u64::from_le_bytes(entry.try_into().unwrap()));
+        if &t[..4] == b"FACP" {
+            found.insert("DSDT".into(), table(u64_at(&t, 140)));
+            let facs = read(u64_at(&t, 132), 64);
+            assert_eq!(&facs[..4], b"FACS");
+        }
+        found.insert(String::from_utf8_lossy(&t[..4]).into_owned(), t);
+    }
+    found
+}
+
+fn written(ecam: bool, vcpus: u8, extra: &[Vec<u8>]) -> BTreeMap<String, Vec<u8>> {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let layout = MemoryLayout::new(2 << 20, ecam).unwrap();
+    let tables = AcpiTables {
+        layout: &layout,
+        vcpus,
+        extra,
+    };
+    let rsdp = tables.write(&mem).unwrap();
+    assert_eq!(rsdp, BIOS_AREA.start, "where a scan finds it first");
+    walk(&mem, rsdp)
+}
+
+fn u32_at(v: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(v[o..o + 4].try_into().unwrap())
+}
+
+#[test]
+fn the_fadt_points_at_the_pm_block_and_the_reset_register() {
+    let t = written(true, 1, &[]);
+    let fadt = &t["FACP"];
+    assert_eq!(u32_at(fadt, 64), 0x604, "PM1a_CNT_BLK");
+    assert_eq!(u32_at(fadt, 76), 0x608, "PM_TMR_BLK, where QEMU has it");
+    assert_eq!((fadt[88], fadt[89], fadt[91]), (4, 2, 4), "block lengths");
+    assert_eq!(u32_at(fadt, 112) & (1 << 8), 0, "24-bit timer");
+    assert_eq!(fadt[116], 1, "RESET_REG in system I/O");
+    assert_eq!(
+        u64::from_le_bytes(fadt[120..128].try_into().unwrap()),
+        0xcf9
+    );
+    assert_eq!(fadt[128], 6, "RESET_VALUE");
+    let dsdt = &t["DSDT"];
+    let pnp0a08 = [0x41, 0xd0, 0x0a, 0x08];
+    assert!(dsdt.windows(4).any(|w| w == pnp0a08), "a PCIe host bridge");
+    assert!(dsdt.windows(4).any(|w| w == b"_S5_"));
+}
+
+#[test]
+fn the_madt_has_a_local_apic_per_vcpu_the_ioapic_and_the_pit_override() {
+    let madt = &written(false, 3, &[])["APIC"];
+    assert_eq!(u32_at(madt, 36), 0xfee0_0000);
+    assert_eq!(u32_at(madt, 40), MADT_PCAT_COMPAT);
+    let mut entries = Vec::new();
+    let mut at = 44;
+    while at < madt.len() {
+        entries.push(&madt[at..at + usize::from(madt[at + 1])]);
+        at += usize::from(madt[at + 1]);
+    }
+    let lapics: Vec<_> = entries.iter().filter(|e| e[0] == 0).collect();
+    assert_eq!(lapics.len(), 3);
+    assert!(
+        lapics
+            .iter()
+            .enumerate()
+            .all(|(i, e)| usize::from(e[3]) == i && e[4] == 1)
+    );
+    let ioapic = entries.iter().find(|e| e[0] == 1).expect("an IOAPIC");
+    assert_eq!(u32_at(ioapic, 4), 0xfec0_0000);
+    assert!(
+        entries
+            .iter()
+            .any(|e| e[0] == 2 && e[3] == 0 && u32_at(e, 4) == 2),
+        "IRQ 0 → GSI 2"
+    );
+}
+
+#[test]
+fn the_mcfg_is_there_exactly_when_ecam_is_described() {
+    let mcfg = &written(true, 1, &[])["MCFG"];
+    assert_eq!(
+        u64::from_le_bytes(mcfg[44..52].try_into().unwrap()),
+        crate::machine::layout::ECAM_BASE
+    );
+    assert_eq!((mcfg[54], mcfg[55]), (0, ECAM_LAST_BUS), "buses");
+    assert!(!written(false, 1, &[]).contains_key("MCFG"));
+}
+
+#[test]
+fn extra_tables_are_listed_as_given() {
+    // A DMAR's bytes as the IOMMU would hand them over: any complete table.
+    let mut dmar = Sdt::new(*b"DMAR", 48, 1, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    dmar.write_u8(36, 38); // host address width - 1
+    let t = written(true, 1, &[dmar.as_slice().to_vec()]);
+    assert_eq!(t["DMAR"], dmar.as_slice());
+}
+
+#[test]
+fn tables_that_outgrow_the_bios_area_are_refused() {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let layout = MemoryLayout::new(2 << 20, true).unwrap();
+    let huge = vec![
+        Sdt::new(*b"OEMX", 0x2_0000, 1, OEM_ID, OEM_TABLE_ID, 1)
+            .as_slice()
+            .to_vec(),
+    ];
+    let e = AcpiTables {
+        layout: &layout,
+        vcpus: 1,
+        extra: &huge,
+    }
+    .write(&mem)
+    .expect_err("128 KiB of extra tables");
+    assert!(e.to_string().contains("BIOS area holds 131072"), "{e}");
+}
