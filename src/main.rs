@@ -12,7 +12,7 @@ use exitless::bench::session::Session;
 use exitless::contract::STATUS_OK;
 use exitless::inspect;
 use exitless::machine::run::{RunConfig, RunError};
-use exitless::machine::{Console, NetBackendKind, ProbeConfig};
+use exitless::machine::{Console, ProbeConfig};
 use exitless::seccomp::{self, ThreadKind};
 
 use crate::cli::{Cli, Command, ProbeArgs, RunArgs};
@@ -28,19 +28,6 @@ const RUN_TIMEOUT_STATUS: u8 = 124;
 
 /// Boot the kernel; the status to exit with.
 fn run(args: RunArgs) -> Result<u8, String> {
-    // A second open of the same single-queue tap is refused as busy, which would blame
-    // another process. (A BTreeSet: a HashSet's random seed needs getrandom, which the
-    // main thread's filter refuses.)
-    let mut taps = std::collections::BTreeSet::new();
-    for net in &args.net {
-        if let NetBackendKind::Tap(name) = &net.backend
-            && !taps.insert(name)
-        {
-            return Err(format!(
-                "--net tap={name} given twice: each device needs a tap of its own"
-            ));
-        }
-    }
     let console = match args.console.as_str() {
         "stdio" => Console::Stdio,
         path => Console::File(path.into()),

@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use crate::devices::debug_exit;
 use crate::machine::Loader;
-use crate::machine::config::{Console, DiskConfig, MachineConfig, Platform, VirtioNetConfig};
+use crate::machine::config::{
+    Console, DiskConfig, MachineConfig, NetBackendKind, Platform, VirtioNetConfig,
+};
 use crate::machine::layout::PCI_MMIO_WINDOW;
 use crate::machine::vcpus::RunEnd;
 use crate::machine::{Machine, MachineError};
@@ -144,6 +146,10 @@ pub enum RunError {
     /// A vCPU count out of range.
     #[error("--cpus {0}: 1 to {MAX_CPUS}")]
     Cpus(u64),
+    /// Two virtio-net devices on one tap: a second open of a single-queue tap is refused as
+    /// busy, which would blame another process.
+    #[error("--net tap={0} given twice: each device needs a tap of its own")]
+    TapTwice(String),
     /// Building or running the machine.
     #[error(transparent)]
     Machine(#[from] MachineError),
@@ -195,6 +201,16 @@ fn host_memory_mib() -> Option<u64> {
 impl RunConfig {
     /// The machine to build, once the sizes are checked.
     fn machine(&self) -> Result<MachineConfig, RunError> {
+        // A BTreeSet: a HashSet's random seed needs getrandom, which the main thread's filter
+        // refuses.
+        let mut taps = std::collections::BTreeSet::new();
+        for net in &self.nets {
+            if let NetBackendKind::Tap(name) = &net.backend
+                && !taps.insert(name)
+            {
+                return Err(RunError::TapTwice(name.clone()));
+            }
+        }
         let mib = self.memory_mib;
         if mib < MIN_RAM >> 20 {
             return Err(RunError::MemoryTooSmall(mib));
