@@ -282,12 +282,12 @@ fn program_header(image: &[u8], h: &FileHeader, index: usize) -> Phdr {
 
 /// The segment program header `index` loads, at its physical address: `None` for one that
 /// loads nothing (not `PT_LOAD`, or empty in memory).
-fn load_segment(image: &[u8], index: usize, p: &Phdr) -> Result<Option<Segment>, ElfError> {
+fn load_segment(file_len: u64, index: usize, p: &Phdr) -> Result<Option<Segment>, ElfError> {
     if p.kind != PT_LOAD || p.memsz == 0 {
         return Ok(None);
     }
     let file_end = p.offset.checked_add(p.filesz);
-    if file_end.is_none_or(|end| end > image.len() as u64) {
+    if file_end.is_none_or(|end| end > file_len) {
         return Err(ElfError::SegmentTruncated {
             index,
             offset: p.offset,
@@ -316,15 +316,16 @@ fn load_segment(image: &[u8], index: usize, p: &Phdr) -> Result<Option<Segment>,
     }))
 }
 
-/// The segments of an ELF image (its `PT_LOAD` program headers, at their physical addresses),
-/// and its entry point, physical.
-pub fn segments(image: &[u8]) -> Result<(Vec<Segment>, u64), ElfError> {
+/// The segments of an ELF file of `file_len` bytes (its `PT_LOAD` program headers, at their
+/// physical addresses), and its entry point, physical. `image` is the file's start, up to at
+/// least [`headers_end`] where the file has that much: the segments' bytes need not be in it.
+pub fn segments(image: &[u8], file_len: u64) -> Result<(Vec<Segment>, u64), ElfError> {
     let h = file_header(image)?;
     let mut segments = Vec::new();
     let mut entry_paddr = None;
     for index in 0..usize::from(h.phnum) {
         let p = program_header(image, &h, index);
-        let Some(segment) = load_segment(image, index, &p)? else {
+        let Some(segment) = load_segment(file_len, index, &p)? else {
             continue;
         };
         // An entry point inside a segment's virtual range is translated to its physical
@@ -340,16 +341,35 @@ pub fn segments(image: &[u8]) -> Result<(Vec<Segment>, u64), ElfError> {
     Ok((segments, entry_paddr.unwrap_or(h.entry)))
 }
 
+/// One past the program header table of the ELF file that starts with `image` (its header's
+/// `e_phoff + e_phnum * e_phentsize`): how much of the file [`segments`] and
+/// [`note_ranges64`] read. `None` for no ELF file, or a header cut short.
+pub fn headers_end(image: &[u8]) -> Option<u64> {
+    let (phoff, phentsize, phnum) = match ident(image).ok()?.class {
+        ELFCLASS32 => {
+            let h: Elf32Header = read_at(image, 0)?;
+            (h.phoff.into(), h.phentsize.get(), h.phnum.get())
+        }
+        ELFCLASS64 => {
+            let h: Elf64Header = read_at(image, 0)?;
+            (h.phoff.get(), h.phentsize.get(), h.phnum.get())
+        }
+        _ => return None,
+    };
+    phoff.checked_add(u64::from(phnum) * u64::from(phentsize))
+}
+
 /// A little-endian field of type `T` at `at` of `b`, if the file has it (`at` comes from the
 /// file: it may be anywhere).
 fn field<T: FromBytes>(b: &[u8], at: usize) -> Option<T> {
     read_at(b, at as u64)
 }
 
-/// The bytes of each `PT_NOTE` segment of a 64-bit ELF `image`, in program header order,
-/// skipping any that is not all in the file. `None` for a file that is no 64-bit ELF or whose
-/// header is cut short. Only the fields read are needed: the rest of the file is not checked.
-pub fn note_segments64(image: &[u8]) -> Option<impl Iterator<Item = &[u8]>> {
+/// The file range of each `PT_NOTE` segment of a 64-bit ELF file that starts with `image`
+/// (up to its program header table's end), in program header order; the ranges may run past
+/// the file. `None` for a file that is no 64-bit ELF or whose header is cut short. Only the
+/// fields read are needed: the rest of the file is not checked.
+pub fn note_ranges64(image: &[u8]) -> Option<impl Iterator<Item = std::ops::Range<usize>>> {
     if image.get(..5) != Some(&[ELFMAG[0], ELFMAG[1], ELFMAG[2], ELFMAG[3], ELFCLASS64]) {
         return None;
     }
@@ -372,8 +392,14 @@ pub fn note_segments64(image: &[u8]) -> Option<impl Iterator<Item = &[u8]>> {
         let phdr_u64 = |offset| field::<U64>(image, at(offset)?).map(U64::get);
         let start = usize::try_from(phdr_u64(std::mem::offset_of!(Elf64Phdr, offset))?).ok()?;
         let len = usize::try_from(phdr_u64(std::mem::offset_of!(Elf64Phdr, filesz))?).ok()?;
-        image.get(start..start.checked_add(len)?)
+        Some(start..start.checked_add(len)?)
     }))
+}
+
+/// The bytes of each `PT_NOTE` segment of a 64-bit ELF `image` ([`note_ranges64`]), skipping
+/// any that is not all in the file.
+pub fn note_segments64(image: &[u8]) -> Option<impl Iterator<Item = &[u8]>> {
+    Some(note_ranges64(image)?.filter_map(|r| image.get(r)))
 }
 
 /// The descriptor of the first note in `notes` (one note segment) named `name` (with its NUL)

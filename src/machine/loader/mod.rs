@@ -8,6 +8,7 @@
 //! [`Segment`](segment::Segment)s, which PVH and multiboot each place and enter their own way.
 
 pub mod elf;
+pub mod file;
 pub mod segment;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};

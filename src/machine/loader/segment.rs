@@ -29,15 +29,34 @@ impl Segment {
     }
 }
 
-/// Write `segments` of `image` into `mem`, zero-filling each past its file bytes (an ELF
-/// segment's bss, a multiboot kernel's up to `bss_end_addr`).
+/// The file bytes of each of `segments`, by `read` (from a file: [`ImageFile::read`], so that
+/// only what is loaded is read; or from an image in memory).
+///
+/// [`ImageFile::read`]: crate::machine::loader::file::ImageFile::read
+pub fn contents<E>(
+    segments: &[Segment],
+    read: impl FnMut(std::ops::Range<usize>) -> Result<Vec<u8>, E>,
+) -> Result<Vec<Vec<u8>>, E> {
+    segments.iter().map(|s| s.file.clone()).map(read).collect()
+}
+
+/// The file bytes of each of `segments` out of `image`, the whole file in memory.
+pub fn contents_of(image: &[u8], segments: &[Segment]) -> Vec<Vec<u8>> {
+    segments
+        .iter()
+        .map(|s| image[s.file.clone()].to_vec())
+        .collect()
+}
+
+/// Write `segments`, whose file bytes are `contents` ([`contents`]), into `mem`, zero-filling
+/// each past its file bytes (an ELF segment's bss, a multiboot kernel's up to
+/// `bss_end_addr`).
 pub fn write_segments(
     mem: &GuestMemoryMmap,
-    image: &[u8],
     segments: &[Segment],
+    contents: &[Vec<u8>],
 ) -> Result<(), vm_memory::GuestMemoryError> {
-    for s in segments {
-        let bytes = &image[s.file.clone()];
+    for (s, bytes) in segments.iter().zip(contents) {
         mem.write_slice(bytes, GuestAddress(s.addr))?;
         let bss = usize::try_from(s.mem_size).expect("inside RAM") - bytes.len();
         mem.write_slice(&vec![0; bss], GuestAddress(s.addr + bytes.len() as u64))?;

@@ -26,6 +26,7 @@ use crate::machine::config::{
     Console, DiskConfig, MachineConfig, NetBackendKind, Platform, VirtioNetConfig,
 };
 use crate::machine::layout::PCI_MMIO_WINDOW;
+use crate::machine::loader::file::{FileError, ImageFile, ReadError};
 use crate::machine::vcpus::RunEnd;
 use crate::machine::{Machine, MachineError};
 use crate::pci::EcamMode;
@@ -113,6 +114,23 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// The kernel or initrd file cannot be taken: not a regular file, or larger than RAM.
+    #[error("--{what} {path}: {why}")]
+    File {
+        /// "kernel" or "initrd".
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        why: FileError,
+    },
+    /// An initrd for a kernel that takes none.
+    #[error(
+        "--initrd {0}: a multiboot kernel is given no initrd (exitless passes no multiboot \
+         modules); drop --initrd"
+    )]
+    InitrdUnused(PathBuf),
     /// The kernel file is not one this machine boots.
     #[error("kernel {path}: {source}")]
     Kernel {
@@ -184,6 +202,26 @@ pub enum KernelError {
     Unrecognised,
 }
 
+/// Open the kernel or initrd (`what`) at `path` for a machine of `ram` bytes: a regular file
+/// no larger than the RAM, the open never blocking ([`ImageFile::open`]).
+fn open(path: &std::path::Path, ram: u64, what: &'static str) -> Result<ImageFile, RunError> {
+    ImageFile::open(path, ram).map_err(|e| match e {
+        FileError::Io(source) if what == "kernel" => RunError::KernelRead {
+            path: path.into(),
+            source,
+        },
+        FileError::Io(source) => RunError::InitrdRead {
+            path: path.into(),
+            source,
+        },
+        why => RunError::File {
+            what,
+            path: path.into(),
+            why,
+        },
+    })
+}
+
 /// The host's RAM in MiB (MemTotal in /proc/meminfo), if it can be read.
 fn host_memory_mib() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -240,50 +278,76 @@ impl RunConfig {
         })
     }
 
-    /// The kernel, read, recognised by its format and checked for this machine's RAM.
+    /// The kernel, recognised by its format from its headers and checked for this machine's
+    /// RAM; only what it loads is read (and the initrd, for a kernel that takes one).
     fn kernel(&self, ram_size: u64) -> Result<Box<dyn Loader>, RunError> {
         let path = &self.kernel;
-        let image = std::fs::read(path).map_err(|source| RunError::KernelRead {
-            path: path.clone(),
-            source,
-        })?;
-        let initrd = self
-            .initrd
-            .as_ref()
-            .map(|path| {
-                std::fs::read(path).map_err(|source| RunError::InitrdRead {
-                    path: path.clone(),
-                    source,
-                })
-            })
-            .transpose()?;
-        let kernel_error = |source| RunError::Kernel {
+        let kernel_read = |source| RunError::KernelRead {
             path: path.clone(),
             source,
         };
-        if let Some(entry) = pvh::pvh_entry(&image) {
-            let kernel = PvhKernel::parse(image, entry, &self.cmdline, initrd)
-                .and_then(|k| k.check_fits(ram_size).map(|()| k))
-                .map_err(|e| kernel_error(e.into()))?;
+        let file = open(path, ram_size, "kernel")?;
+        let initrd = self
+            .initrd
+            .as_ref()
+            .map(|path| open(path, ram_size, "initrd").map(|file| (path, file)))
+            .transpose()?;
+        let head = file.kernel_head().map_err(kernel_read)?;
+        let read_initrd = || {
+            initrd
+                .as_ref()
+                .map(|(path, initrd)| {
+                    initrd.read_all().map_err(|source| RunError::InitrdRead {
+                        path: path.to_path_buf(),
+                        source,
+                    })
+                })
+                .transpose()
+        };
+        let refused = |e: ReadError<KernelError>| match e {
+            ReadError::Io(source) => kernel_read(source),
+            ReadError::Format(source) => RunError::Kernel {
+                path: path.clone(),
+                source,
+            },
+        };
+        if let Some(entry) = pvh::read_pvh_entry(&file, &head).map_err(kernel_read)? {
+            let kernel = PvhKernel::read(&file, &head, entry, &self.cmdline, read_initrd()?)
+                .and_then(|k| {
+                    k.check_fits(ram_size)
+                        .map(|()| k)
+                        .map_err(ReadError::Format)
+                })
+                .map_err(|e| refused(e.map(KernelError::from)))?;
             return Ok(Box::new(kernel));
         }
-        if bzimage::is_bzimage(&image) {
+        if bzimage::is_bzimage(&head) {
             // Linux takes the command line as given (its first word is an option, not a name).
-            let kernel = BzImage::parse(image, &self.cmdline, initrd)
-                .and_then(|k| k.check_fits(ram_size).map(|()| k))
-                .map_err(|e| kernel_error(e.into()))?;
+            let kernel = BzImage::read(&file, &head, &self.cmdline, read_initrd()?)
+                .and_then(|k| {
+                    k.check_fits(ram_size)
+                        .map(|()| k)
+                        .map_err(ReadError::Format)
+                })
+                .map_err(|e| refused(e.map(KernelError::from)))?;
             return Ok(Box::new(kernel));
         }
         let cmdline = format!("{} {}", path.display(), self.cmdline);
-        let kernel = MultibootKernel::parse(image, &cmdline).and_then(|k| {
-            k.check_fits(ram_size)?;
+        let kernel = MultibootKernel::read(&file, &head, &cmdline).and_then(|k| {
+            k.check_fits(ram_size).map_err(ReadError::Format)?;
             Ok(k)
         });
-        match kernel {
-            Ok(k) => Ok(Box::new(k)),
-            Err(MultibootError::NoHeader) => Err(kernel_error(KernelError::Unrecognised)),
-            Err(e) => Err(kernel_error(KernelError::Multiboot(e))),
+        let kernel = kernel.map_err(|e| {
+            refused(e.map(|e| match e {
+                MultibootError::NoHeader => KernelError::Unrecognised,
+                e => KernelError::Multiboot(e),
+            }))
+        })?;
+        // Multiboot modules are not passed: an initrd would be read and dropped unseen.
+        if let Some((path, _)) = initrd {
+            return Err(RunError::InitrdUnused(path.to_path_buf()));
         }
+        Ok(Box::new(kernel))
     }
 
     /// Boot the kernel and run it until the guest ends the run.

@@ -20,6 +20,7 @@ use linux_loader::bootparam::{
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use crate::machine::loader::file::{ImageFile, ReadError};
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
 use crate::machine::run::boot::{place_initrd, write_acpi};
 use crate::machine::run::memmap::{HIGH_RAM_START, e820};
@@ -190,11 +191,12 @@ pub enum BzImageError {
 /// A bzImage, checked and ready to load.
 #[derive(Debug)]
 pub struct BzImage {
-    image: Vec<u8>,
+    /// The file's bytes up to the setup header's end.
+    header: Vec<u8>,
+    /// The protected-mode kernel: the file's bytes after the setup.
+    payload: Vec<u8>,
     /// Bytes of real-mode setup before the protected-mode kernel.
     setup_len: usize,
-    /// One past the setup header's last byte.
-    header_end: usize,
     /// The command line, NUL-terminated.
     cmdline: Vec<u8>,
     initrd: Option<Vec<u8>>,
@@ -224,13 +226,43 @@ impl BzImage {
         cmdline: &str,
         initrd: Option<Vec<u8>>,
     ) -> Result<Self, BzImageError> {
+        let mut kernel = Self::check(&image, image.len() as u64, cmdline, initrd)?;
+        kernel.payload = image[kernel.setup_len..].to_vec();
+        Ok(kernel)
+    }
+
+    /// [`BzImage::parse`] of the kernel in `file`, which starts with `head`
+    /// ([`ImageFile::kernel_head`]): the setup header is read from `head`, then only the
+    /// protected-mode kernel from the file.
+    pub fn read(
+        file: &ImageFile,
+        head: &[u8],
+        cmdline: &str,
+        initrd: Option<Vec<u8>>,
+    ) -> Result<Self, ReadError<BzImageError>> {
+        let mut kernel =
+            Self::check(head, file.len(), cmdline, initrd).map_err(ReadError::Format)?;
+        kernel.payload = file
+            .read(kernel.setup_len as u64..file.len())
+            .map_err(ReadError::Io)?;
+        Ok(kernel)
+    }
+
+    /// The setup header of a `file_len`-byte file that starts with `image` (at least to the
+    /// header's end, where the file has that much), checked; the payload not yet read.
+    fn check(
+        image: &[u8],
+        file_len: u64,
+        cmdline: &str,
+        initrd: Option<Vec<u8>>,
+    ) -> Result<Self, BzImageError> {
         if image.len() < INIT_SIZE + 4 {
             return Err(BzImageError::Truncated(image.len()));
         }
-        if !is_bzimage(&image) {
+        if !is_bzimage(image) {
             return Err(BzImageError::NoMagic);
         }
-        let version = u16_at(&image, VERSION);
+        let version = u16_at(image, VERSION);
         if version < MIN_VERSION {
             return Err(BzImageError::OldProtocol(version));
         }
@@ -238,7 +270,7 @@ impl BzImage {
         if loadflags & LOADED_HIGH == 0 {
             return Err(BzImageError::NotLoadedHigh(loadflags));
         }
-        let xloadflags = u16_at(&image, XLOADFLAGS);
+        let xloadflags = u16_at(image, XLOADFLAGS);
         if xloadflags & XLF_KERNEL_64 == 0 {
             return Err(BzImageError::No64BitEntry(xloadflags));
         }
@@ -250,13 +282,13 @@ impl BzImage {
         let setup_len = (sects + 1) * 512;
         let header_end = HEADER_MAGIC_AT + usize::from(image[HEADER_JUMP_OFFSET]);
         // The 64-bit entry is 0x200 into the protected-mode kernel: it must be in the file.
-        if (setup_len as u64) + ENTRY_64_OFFSET >= image.len() as u64
+        if (setup_len as u64) + ENTRY_64_OFFSET >= file_len
             || header_end > SETUP_HEADER_MAX_END.min(setup_len)
         {
             return Err(BzImageError::SetupTruncated {
                 setup: setup_len,
                 header_end,
-                len: image.len(),
+                len: usize::try_from(file_len).unwrap_or(usize::MAX),
             });
         }
         // The header the kernel finds in its zero page is the one copied from here: it must
@@ -267,7 +299,7 @@ impl BzImage {
         if cmdline.contains('\0') {
             return Err(BzImageError::CmdlineNul);
         }
-        let max = u64::from(u32_at(&image, CMDLINE_SIZE)).min(CMDLINE_ROOM - 1);
+        let max = u64::from(u32_at(image, CMDLINE_SIZE)).min(CMDLINE_ROOM - 1);
         if cmdline.len() as u64 > max {
             return Err(BzImageError::CmdlineTooLong {
                 len: cmdline.len(),
@@ -277,24 +309,19 @@ impl BzImage {
         let mut cmdline = cmdline.as_bytes().to_vec();
         cmdline.push(0);
         Ok(BzImage {
-            image,
+            header: image[..header_end].to_vec(),
+            payload: Vec::new(),
             setup_len,
-            header_end,
             cmdline,
             initrd,
         })
     }
 
-    /// The protected-mode kernel's bytes.
-    fn payload(&self) -> &[u8] {
-        &self.image[self.setup_len..]
-    }
-
     /// One past the memory the kernel needs from [`KERNEL_ADDR`]: its init_size (the
     /// decompressor's room, boot.rst `init_size`), or the payload if that is larger.
     fn kernel_end(&self) -> u64 {
-        let init_size = u64::from(u32_at(&self.image, INIT_SIZE));
-        KERNEL_ADDR + init_size.max(self.payload().len() as u64)
+        let init_size = u64::from(u32_at(&self.header, INIT_SIZE));
+        KERNEL_ADDR + init_size.max(self.payload.len() as u64)
     }
 
     /// Where the initrd goes in `ram` bytes of RAM: as high as it fits below initrd_addr_max
@@ -302,7 +329,7 @@ impl BzImage {
     /// page-aligned, above the kernel.
     fn initrd_addr(&self, initrd: &[u8], ram: u64) -> Result<u64, BzImageError> {
         let size = initrd.len() as u64;
-        let limit = (u64::from(u32_at(&self.image, INITRD_ADDR_MAX)) + 1).min(ram);
+        let limit = (u64::from(u32_at(&self.header, INITRD_ADDR_MAX)) + 1).min(ram);
         let kernel_end = self.kernel_end();
         place_initrd(size, kernel_end, limit).ok_or(BzImageError::InitrdNoRoom {
             size,
@@ -332,11 +359,7 @@ impl BzImage {
         rsdp: u64,
     ) -> Vec<u8> {
         let mut p = vec![0u8; BOOT_PARAMS_SIZE];
-        put(
-            &mut p,
-            SETUP_HEADER,
-            &self.image[SETUP_HEADER..self.header_end],
-        );
+        put(&mut p, SETUP_HEADER, &self.header[SETUP_HEADER..]);
         p[TYPE_OF_LOADER] = LOADER_UNDEFINED;
         let addr32 = |a: u64| u32::try_from(a).expect("below 4 GiB");
         put(&mut p, CMD_LINE_PTR, &addr32(CMDLINE_ADDR).to_le_bytes());
@@ -376,7 +399,7 @@ impl Loader for BzImage {
     ) -> Result<EntryState, LoadError> {
         let ram = machine.layout.ram_size() as u64;
         self.check_fits(ram)?;
-        mem.write_slice(self.payload(), GuestAddress(KERNEL_ADDR))?;
+        mem.write_slice(&self.payload, GuestAddress(KERNEL_ADDR))?;
         let initrd = match &self.initrd {
             Some(initrd) => {
                 let addr = self.initrd_addr(initrd, ram)?;

@@ -15,7 +15,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::machine::layout::MemoryLayout;
 use crate::machine::loader::elf::{self, ElfError, read_at};
-use crate::machine::loader::segment::{Segment, write_segments};
+use crate::machine::loader::file::{ImageFile, ReadError};
+use crate::machine::loader::segment::{Segment, contents, contents_of, write_segments};
 use crate::machine::loader::{EntryState, LoadError, Loader, MachineInfo};
 use crate::machine::run::boot::{
     CMDLINE_ADDR, CmdlineError, PlacementError, boot_data_cmdline, check_segments_fit,
@@ -181,8 +182,9 @@ pub enum MultibootError {
 /// A multiboot kernel, checked and ready to load.
 #[derive(Debug)]
 pub struct MultibootKernel {
-    image: Vec<u8>,
     segments: Vec<Segment>,
+    /// The segments' file bytes.
+    contents: Vec<Vec<u8>>,
     entry: u32,
     /// The command line, NUL-terminated.
     cmdline: Vec<u8>,
@@ -210,8 +212,13 @@ fn find_header(image: &[u8]) -> Result<(usize, u32), MultibootError> {
     Err(bad_checksum.map_or(MultibootError::NoHeader, MultibootError::BadChecksum))
 }
 
-/// The segments from the header's address fields (§3.1.3).
-fn kludge_segments(image: &[u8], offset: usize) -> Result<(Vec<Segment>, u64), MultibootError> {
+/// The segments from the header's address fields (§3.1.3), in a file of `file_len` bytes that
+/// starts with `image`.
+fn kludge_segments(
+    image: &[u8],
+    file_len: u64,
+    offset: usize,
+) -> Result<(Vec<Segment>, u64), MultibootError> {
     let h: Header = read_at(image, offset as u64).ok_or(MultibootError::HeaderTruncated(offset))?;
     let (header_addr, load_addr) = (u64::from(h.header_addr), u64::from(h.load_addr));
     let bad = MultibootError::BadAddresses;
@@ -222,7 +229,6 @@ fn kludge_segments(image: &[u8], offset: usize) -> Result<(Vec<Segment>, u64), M
     let start = (offset as u64)
         .checked_sub(ahead)
         .ok_or(bad("load_addr is before the start of the file"))?;
-    let file_len = image.len() as u64;
     let load_end = match u64::from(h.load_end_addr) {
         0 => load_addr + (file_len - start),
         end if end < load_addr => return Err(bad("load_end_addr is below load_addr")),
@@ -247,10 +253,32 @@ fn kludge_segments(image: &[u8], offset: usize) -> Result<(Vec<Segment>, u64), M
 }
 
 impl MultibootKernel {
-    /// Check `image` and make it ready to load with `cmdline` (given to the kernel as is).
+    /// Check `image`, the whole file, and make it ready to load with `cmdline` (given to the
+    /// kernel as is).
     pub fn parse(image: Vec<u8>, cmdline: &str) -> Result<Self, MultibootError> {
+        let mut kernel = Self::check(&image, image.len() as u64, cmdline)?;
+        kernel.contents = contents_of(&image, &kernel.segments);
+        Ok(kernel)
+    }
+
+    /// Check the kernel in `file`, which starts with `head` ([`ImageFile::kernel_head`]), and
+    /// read the bytes it loads, only those.
+    pub fn read(
+        file: &ImageFile,
+        head: &[u8],
+        cmdline: &str,
+    ) -> Result<Self, ReadError<MultibootError>> {
+        let mut kernel = Self::check(head, file.len(), cmdline).map_err(ReadError::Format)?;
+        kernel.contents =
+            contents(&kernel.segments, |r| file.read_segment(r)).map_err(ReadError::Io)?;
+        Ok(kernel)
+    }
+
+    /// The kernel of a `file_len`-byte file that starts with `image` (its header search area
+    /// and, for an ELF file, its program headers), checked; its segments' bytes not yet read.
+    fn check(image: &[u8], file_len: u64, cmdline: &str) -> Result<Self, MultibootError> {
         let cmdline = boot_data_cmdline(cmdline)?;
-        let (offset, flags) = find_header(&image)?;
+        let (offset, flags) = find_header(image)?;
         if flags & FLAG_VIDEO_MODE != 0 {
             return Err(MultibootError::VideoMode);
         }
@@ -261,9 +289,9 @@ impl MultibootKernel {
         }
         // With the address fields, they win over the ELF headers, as in QEMU.
         let (segments, entry) = if flags & FLAG_ADDRESSES != 0 {
-            kludge_segments(&image, offset)?
+            kludge_segments(image, file_len, offset)?
         } else {
-            elf::segments(&image).map_err(|e| match e {
+            elf::segments(image, file_len).map_err(|e| match e {
                 ElfError::NotElf => MultibootError::NoLoadInfo,
                 e => e.into(),
             })?
@@ -279,8 +307,8 @@ impl MultibootKernel {
             return Err(MultibootError::EntryOutside(entry));
         }
         Ok(MultibootKernel {
-            image,
             segments,
+            contents: Vec::new(),
             entry: u32::try_from(entry).expect("inside a segment below 4 GiB"),
             cmdline,
         })
@@ -335,7 +363,7 @@ impl Loader for MultibootKernel {
             });
         }
         self.check_fits(ram)?;
-        write_segments(mem, &self.image, &self.segments)?;
+        write_segments(mem, &self.segments, &self.contents)?;
         let (info, map) = self.info(machine.layout);
         mem.write_slice(info.as_bytes(), GuestAddress(INFO_ADDR))?;
         mem.write_slice(map.as_bytes(), GuestAddress(MMAP_ADDR))?;

@@ -14,7 +14,8 @@ use linux_loader::start_info::{
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::machine::loader::elf::{self, ElfError};
-use crate::machine::loader::segment::{Segment, kernel_end, write_segments};
+use crate::machine::loader::file::{ImageFile, ReadError};
+use crate::machine::loader::segment::{Segment, contents, contents_of, kernel_end, write_segments};
 use crate::machine::loader::{EntryState, LoadError, Loader, MachineInfo};
 use crate::machine::run::boot::{
     CMDLINE_ADDR, CmdlineError, PlacementError, boot_data_cmdline, check_segments_fit,
@@ -70,21 +71,39 @@ pub enum PvhError {
 /// `XEN_ELFNOTE_PHYS32_ENTRY` note (4 or 8 bytes: Linux writes it with `_ASM_PTR`), found in
 /// its `PT_NOTE` segments. `None` for a file that is no such ELF or has no such note.
 pub fn pvh_entry(image: &[u8]) -> Option<u64> {
-    elf::note_segments64(image)?.find_map(|notes| {
-        let desc = elf::find_note(notes, XEN_NOTE_NAME, XEN_ELFNOTE_PHYS32_ENTRY)?;
-        match *desc {
-            [a, b, c, d] => Some(u32::from_le_bytes([a, b, c, d]).into()),
-            [a, b, c, d, e, f, g, h] => Some(u64::from_le_bytes([a, b, c, d, e, f, g, h])),
-            _ => None,
+    elf::note_segments64(image)?.find_map(entry_note)
+}
+
+/// [`pvh_entry`] of the kernel in `file`, which starts with `head`
+/// ([`ImageFile::kernel_head`]): its note segments read from the file, those inside it only.
+pub fn read_pvh_entry(file: &ImageFile, head: &[u8]) -> std::io::Result<Option<u64>> {
+    let Some(ranges) = elf::note_ranges64(head) else {
+        return Ok(None);
+    };
+    for range in ranges.filter(|r| r.end as u64 <= file.len()) {
+        if let Some(entry) = entry_note(&file.read_segment(range)?) {
+            return Ok(Some(entry));
         }
-    })
+    }
+    Ok(None)
+}
+
+/// The entry point in the `XEN_ELFNOTE_PHYS32_ENTRY` note of `notes`, one note segment.
+fn entry_note(notes: &[u8]) -> Option<u64> {
+    let desc = elf::find_note(notes, XEN_NOTE_NAME, XEN_ELFNOTE_PHYS32_ENTRY)?;
+    match *desc {
+        [a, b, c, d] => Some(u32::from_le_bytes([a, b, c, d]).into()),
+        [a, b, c, d, e, f, g, h] => Some(u64::from_le_bytes([a, b, c, d, e, f, g, h])),
+        _ => None,
+    }
 }
 
 /// A PVH kernel, checked and ready to load.
 #[derive(Debug)]
 pub struct PvhKernel {
-    image: Vec<u8>,
     segments: Vec<Segment>,
+    /// The segments' file bytes.
+    contents: Vec<Vec<u8>>,
     entry: u32,
     /// The command line, NUL-terminated.
     cmdline: Vec<u8>,
@@ -92,20 +111,50 @@ pub struct PvhKernel {
 }
 
 impl PvhKernel {
-    /// Check `image`, whose PVH entry is `entry` ([`pvh_entry`]), and make it ready to load
-    /// with `cmdline` and `initrd`.
+    /// Check `image`, the whole file, whose PVH entry is `entry` ([`pvh_entry`]), and make it
+    /// ready to load with `cmdline` and `initrd`.
     pub fn parse(
         image: Vec<u8>,
         entry: u64,
         cmdline: &str,
         initrd: Option<Vec<u8>>,
     ) -> Result<Self, PvhError> {
+        let mut kernel = Self::check(&image, image.len() as u64, entry, cmdline, initrd)?;
+        kernel.contents = contents_of(&image, &kernel.segments);
+        Ok(kernel)
+    }
+
+    /// [`PvhKernel::parse`] of the kernel in `file`, which starts with `head`
+    /// ([`ImageFile::kernel_head`]): only the bytes it loads are read.
+    pub fn read(
+        file: &ImageFile,
+        head: &[u8],
+        entry: u64,
+        cmdline: &str,
+        initrd: Option<Vec<u8>>,
+    ) -> Result<Self, ReadError<PvhError>> {
+        let mut kernel =
+            Self::check(head, file.len(), entry, cmdline, initrd).map_err(ReadError::Format)?;
+        kernel.contents =
+            contents(&kernel.segments, |r| file.read_segment(r)).map_err(ReadError::Io)?;
+        Ok(kernel)
+    }
+
+    /// The kernel of a `file_len`-byte file that starts with `image` (up to its program
+    /// headers' end), checked; its segments' bytes not yet read.
+    fn check(
+        image: &[u8],
+        file_len: u64,
+        entry: u64,
+        cmdline: &str,
+        initrd: Option<Vec<u8>>,
+    ) -> Result<Self, PvhError> {
         let cmdline = boot_data_cmdline(cmdline)?;
-        let (segments, _) = elf::segments(&image)?;
+        let (segments, _) = elf::segments(image, file_len)?;
         let entry = u32::try_from(entry).map_err(|_| PvhError::EntryAbove4G(entry))?;
         Ok(PvhKernel {
-            image,
             segments,
+            contents: Vec::new(),
             entry,
             cmdline,
             initrd,
@@ -141,7 +190,7 @@ impl Loader for PvhKernel {
     ) -> Result<EntryState, LoadError> {
         let ram = machine.layout.ram_size() as u64;
         self.check_fits(ram)?;
-        write_segments(mem, &self.image, &self.segments)?;
+        write_segments(mem, &self.segments, &self.contents)?;
         let mut info = hvm_start_info {
             magic: XEN_HVM_START_MAGIC_VALUE,
             version: START_INFO_VERSION,
