@@ -82,11 +82,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE[,ro][,transport=pci|mmio]", value_parser = clap::value_parser!(DiskConfig))]
     pub disk: Vec<DiskConfig>,
     /// A virtio-net device (repeatable). `tap=NAME`: its frames go to and come from the host's
-    /// tap interface NAME (`ip tuntap add dev NAME mode tap`, or created for the run if it does
-    /// not exist and exitless may), so they reach the host's network stack; `none`: a device
-    /// with no link (what the guest sends is dropped, nothing arrives). Options:
-    /// `mac=52:54:00:12:34:56` (default 52:54:00:7e:57:N for the Nth device, locally
-    /// administered), `queues=N` queue pairs (a tap made with `multi_queue`; default 1),
+    /// tap interface NAME (`ip tuntap add dev NAME mode tap`, or created for the run and
+    /// brought up if it does not exist and exitless may), so they reach the host's network
+    /// stack; `none`: a device with no link (what the guest sends is dropped, nothing arrives).
+    /// Options: `mac=52:54:00:12:34:56` (default: for a tap, 52:54:00 and three bytes derived
+    /// from its name, printed at start; with no link, 52:54:00:7e:57:N for the Nth device),
+    /// `queues=N` queue pairs (a tap made with `multi_queue`; default 1),
     /// `transport=mmio` for virtio-mmio instead of virtio-pci.
     #[arg(
         long,

@@ -504,11 +504,10 @@ fn the_same_kernel_passes_the_same_checks_under_qemu() {
     );
 }
 
-/// A network namespace of this test run with a tap in it whose host side has `PEER_IP` and
-/// `PEER_MAC`, up; deleted on drop (the tap with it), however the test ends.
+/// A network namespace of this test run, deleted on drop (its taps with it), however the test
+/// ends.
 struct NetNamespace {
     name: String,
-    tap: String,
 }
 
 const GUEST_IP: &str = "10.0.2.15";
@@ -516,24 +515,65 @@ const PEER_IP: &str = "10.0.2.2";
 const PEER_MAC: &str = "02:00:00:00:00:02";
 
 impl NetNamespace {
-    /// The namespace, or why it cannot be made here (no iproute2, not root, no TUN/TAP).
-    fn create() -> Result<Self, String> {
-        let ns = NetNamespace {
-            name: format!("exitless-net-{}", std::process::id()),
-            tap: "xltap0".into(),
-        };
-        ip(&["netns", "add", &ns.name])?;
+    /// An empty namespace named after this test process and `tag`, or why it cannot be made
+    /// here (no iproute2, not root).
+    fn empty(tag: &str) -> Result<Self, String> {
+        let name = format!("exitless-{tag}-{}", std::process::id());
+        ip(&["netns", "add", &name])?;
+        Ok(NetNamespace { name })
+    }
+
+    /// `ip -n NS ARGS` for each step, in order.
+    fn ip(&self, steps: &[&[&str]]) -> Result<(), String> {
+        for step in steps {
+            ip(&[&["-n", &self.name][..], step].concat())?;
+        }
+        Ok(())
+    }
+
+    /// A namespace with the tap `tap` in it whose host side has `PEER_IP` and `PEER_MAC`, up.
+    fn with_tap(tap: &str) -> Result<Self, String> {
+        let ns = NetNamespace::empty("net")?;
         // From here on the namespace exists, and `ns` deletes it if a step fails.
-        let tap = ns.tap.as_str();
-        for step in [
-            &["tuntap", "add", "dev", tap, "mode", "tap"][..],
+        ns.ip(&[
+            &["tuntap", "add", "dev", tap, "mode", "tap"],
             &["addr", "add", &format!("{PEER_IP}/24"), "dev", tap],
             &["link", "set", tap, "address", PEER_MAC],
             &["link", "set", tap, "up"],
-        ] {
-            ip(&[&["-n", &ns.name][..], step].concat())?;
-        }
+        ])?;
         Ok(ns)
+    }
+
+    /// A namespace with no tap, `PEER_IP` on its loopback interface: the host's kernel
+    /// answers ARP requests for any of its addresses on any interface (arp_ignore 0, Linux
+    /// `Documentation/networking/ip-sysctl.rst`), so on a tap the run creates as soon as that
+    /// tap is up.
+    fn with_peer_on_lo(tag: &str) -> Result<Self, String> {
+        let ns = NetNamespace::empty(tag)?;
+        ns.ip(&[
+            &["addr", "add", &format!("{PEER_IP}/32"), "dev", "lo"],
+            &["link", "set", "lo", "up"],
+        ])?;
+        Ok(ns)
+    }
+
+    /// The test kernel in the namespace, sending its ARP request for `PEER_IP` from the
+    /// virtio-net device `--net NET`.
+    fn run_arp(&self, net: &str) -> Ran {
+        let elf = kernel("testkernel.elf");
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &self.name,
+            env!("CARGO_BIN_EXE_exitless"),
+            "run",
+        ])
+        .arg("--kernel")
+        .arg(&elf)
+        .args(["--cmdline", &format!("net=1 ip={GUEST_IP} peer={PEER_IP}")])
+        .args(["--net", net]);
+        run_command(cmd, b"", LIMIT)
     }
 }
 
@@ -567,7 +607,8 @@ fn ip(args: &[&str]) -> Result<String, String> {
 /// kernel knew.
 #[test]
 fn a_frame_the_guest_sends_on_a_tap_is_answered_by_the_host_kernel() {
-    let ns = match NetNamespace::create() {
+    let tap = "xltap0";
+    let ns = match NetNamespace::with_tap(tap) {
         Ok(ns) => ns,
         Err(why) => {
             println!("skipped: cannot make a network namespace with a tap here: {why}");
@@ -575,20 +616,7 @@ fn a_frame_the_guest_sends_on_a_tap_is_answered_by_the_host_kernel() {
         }
     };
     let guest_mac = "52:54:00:12:34:56";
-    let elf = kernel("testkernel.elf");
-    let mut cmd = Command::new("ip");
-    cmd.args([
-        "netns",
-        "exec",
-        &ns.name,
-        env!("CARGO_BIN_EXE_exitless"),
-        "run",
-    ])
-    .arg("--kernel")
-    .arg(&elf)
-    .args(["--cmdline", &format!("net=1 ip={GUEST_IP} peer={PEER_IP}")])
-    .args(["--net", &format!("tap={},mac={guest_mac}", ns.tap)]);
-    let ran = run_command(cmd, b"", LIMIT);
+    let ran = ns.run_arp(&format!("tap={tap},mac={guest_mac}"));
     assert_passed(&ran);
     for line in [
         "PASS net: a virtio-net function on bus 0 (00:03.0)",
@@ -600,6 +628,85 @@ fn a_frame_the_guest_sends_on_a_tap_is_answered_by_the_host_kernel() {
             results(&ran.stdout).contains(&line),
             "{line}:\n{}",
             ran.stdout
+        );
+    }
+}
+
+/// A namespace for taps the run creates (`tag` tells the tests' apart), or `None` after saying
+/// why there is none here.
+fn namespace_for_new_taps(tag: &str) -> Option<NetNamespace> {
+    NetNamespace::with_peer_on_lo(tag)
+        .map_err(|why| println!("skipped: cannot make a network namespace here: {why}"))
+        .ok()
+}
+
+/// The MAC the test kernel found in its virtio-net device's configuration space.
+fn guest_mac(ran: &Ran) -> &str {
+    let prefix = "PASS net: FEATURES_OK, MAC ";
+    let line = results(&ran.stdout)
+        .into_iter()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no MAC in:\n{}\n{}", ran.stdout, ran.stderr));
+    &line[prefix.len()..]
+}
+
+/// A tap the run creates is brought up (its addresses stay the user's business): the guest's
+/// ARP request reaches the host's kernel and its answer comes back. The one line on stderr
+/// is the MAC exitless chose.
+#[test]
+fn a_tap_the_run_creates_is_up_and_the_host_kernel_answers_on_it() {
+    let Some(ns) = namespace_for_new_taps("up") else {
+        return;
+    };
+    let ran = ns.run_arp("tap=xlnew0");
+    let mac = guest_mac(&ran);
+    assert_passed_saying(
+        &ran,
+        &format!("exitless: tap xlnew0: the guest's MAC is {mac} (mac= sets another)\n"),
+    );
+}
+
+/// Each tap gives its device a MAC of its own, so VMs on one bridge do not collide, and the
+/// same one on every run, so the guest's leases and neighbour entries stay valid: locally
+/// administered and unicast (IEEE 802-2014 §8.2: bit 1 of the first byte set, bit 0 clear).
+#[test]
+fn each_tap_gives_the_guest_a_mac_of_its_own_the_same_on_every_run() {
+    let Some(ns) = namespace_for_new_taps("mac") else {
+        return;
+    };
+    let mac_on = |tap: &str| guest_mac(&ns.run_arp(&format!("tap={tap}"))).to_owned();
+    let first = mac_on("xlmac0");
+    assert_eq!(first, mac_on("xlmac0"), "the same tap, the same MAC");
+    assert_ne!(first, mac_on("xlmac1"), "another tap, another MAC");
+    let byte0 = u8::from_str_radix(&first[..2], 16).unwrap();
+    assert_eq!(byte0 & 0b11, 0b10, "{first}: locally administered, unicast");
+}
+
+/// Names that are no tap get the kernel's reason: `all` and `default` are reserved (they name
+/// /proc/sys/net/ipv4/conf's settings for every interface and for new ones), `lo` exists and
+/// is not a tap. Without /dev/net/tun or CAP_NET_ADMIN the test says so and checks nothing.
+#[test]
+fn names_that_are_no_tap_are_refused_with_the_kernels_reason() {
+    let elf = kernel("testkernel.elf");
+    for (name, says) in [
+        ("all", "the kernel reserves the name"),
+        ("default", "the kernel reserves the name"),
+        ("lo", "a device of that name exists and is not a tap"),
+    ] {
+        let net = format!("tap={name}");
+        let ran = exitless_run(&["--kernel", elf.to_str().unwrap(), "--net", &net], b"");
+        assert_eq!(ran.status.code(), Some(ERROR), "{}", ran.stderr);
+        if ran.stderr.contains("CAP_NET_ADMIN") || ran.stderr.contains("no TUN/TAP driver") {
+            println!("skipped: cannot make a tap here: {}", ran.stderr);
+            return;
+        }
+        assert!(
+            ran.stderr.starts_with(&format!(
+                "exitless: error: cannot open tap {name} (TUNSETIFF): "
+            )) && ran.stderr.contains(says)
+                && ran.stderr.lines().count() == 1,
+            "{name}: {}",
+            ran.stderr
         );
     }
 }

@@ -117,8 +117,8 @@ pub struct VirtioNetConfig {
     pub queue_pairs: u16,
     /// What each pair's backend is.
     pub backend: NetBackendKind,
-    /// Its MAC address; by default [`layout::VIRTIO_NET_MAC`] with the device's index as the
-    /// last byte.
+    /// Its MAC address; by default, on a tap, [`tap_mac`]'s; with no link,
+    /// [`layout::VIRTIO_NET_MAC`] with the device's index as the last byte.
     pub mac: Option<[u8; 6]>,
 }
 
@@ -133,6 +133,28 @@ impl VirtioNetConfig {
             mac: None,
         }
     }
+}
+
+/// The MAC a device on the tap `name` gets unless one is given: QEMU's locally administered
+/// prefix 52:54:00 and three bytes of a hash of the name, as libvirt gives each VM three
+/// bytes of its own. VMs on one bridge, whose taps have names of their own, so differ, and
+/// each keeps its MAC from run to run.
+pub fn tap_mac(name: &str) -> [u8; 6] {
+    let mut mac = layout::VIRTIO_NET_MAC;
+    mac[3..].copy_from_slice(&name_hash(name));
+    mac
+}
+
+/// Three bytes of the 64-bit FNV-1a hash of `name` (draft-eastlake-fnv), folded: a hash that
+/// is the same in every build and on every host, unlike std's.
+fn name_hash(name: &str) -> [u8; 3] {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let hash = name
+        .bytes()
+        .fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME));
+    let folded = (hash ^ (hash >> 24) ^ (hash >> 48)).to_be_bytes();
+    [folded[5], folded[6], folded[7]]
 }
 
 /// A virtio-blk device of a machine: a raw file, sector `n` at byte `512 n`.
@@ -238,6 +260,12 @@ impl std::str::FromStr for VirtioNetConfig {
     }
 }
 
+/// `mac` as `--net`'s `mac=` takes it: six hexadecimal bytes separated by colons.
+pub fn format_mac(mac: [u8; 6]) -> String {
+    let bytes: Vec<String> = mac.iter().map(|b| format!("{b:02x}")).collect();
+    bytes.join(":")
+}
+
 /// Six hexadecimal bytes separated by colons, not all zero (no station has that address),
 /// unicast (bit 0 of the first byte clear: a multicast source address is invalid, IEEE
 /// 802-2014 §8.2).
@@ -253,4 +281,18 @@ fn parse_mac(s: &str) -> Result<[u8; 6], ConfigSyntaxError> {
         return Err(bad());
     }
     Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tap's MAC is pinned here: a guest keeps its MAC across exitless versions too.
+    #[test]
+    fn a_taps_mac_is_its_names_and_prints_as_mac_takes_it() {
+        assert_eq!(format_mac(tap_mac("tap0")), "52:54:00:50:e6:72");
+        assert_eq!(format_mac(tap_mac("tap1")), "52:54:00:51:e7:ad");
+        let printed = format_mac(tap_mac("br0-vm7"));
+        assert_eq!(parse_mac(&printed), Ok(tap_mac("br0-vm7")));
+    }
 }

@@ -38,7 +38,8 @@ pub const VIRTIO_MMIO_GSI_BASE: u32 = 16;
 pub const IOMMU_BASE: u64 = 0xfed9_0000;
 /// PCI device number of the first virtio-pci function; the next ones follow.
 pub const VIRTIO_PCI_FIRST_DEVICE: u8 = 3;
-/// MAC address of the first virtio-net device; the last byte counts up.
+/// MAC address of the first virtio-net device with no link; the last byte counts up. A tap's
+/// device keeps the first three bytes (`config::tap_mac`).
 pub const VIRTIO_NET_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x7e, 0x57, 0x00];
 
 /// Why a layout cannot be made or a resource given out.

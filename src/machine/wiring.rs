@@ -22,6 +22,7 @@ use crate::irq::{GsiRouting, InterruptRoutes, MsiVectors};
 use crate::logging::DeviceLog;
 use crate::machine::config::{
     Console, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform, Transport,
+    tap_mac,
 };
 use crate::machine::layout::{self, MemoryLayout};
 use crate::machine::{MachineError, host_err};
@@ -301,24 +302,31 @@ fn add_virtio_net(
     slots: &mut VirtioSlots,
 ) -> Result<(), MachineError> {
     for (i, dev) in cfg.virtio.iter().enumerate() {
-        let mut mac = layout::VIRTIO_NET_MAC;
-        mac[5] = u8::try_from(i).map_err(|_| MachineError::TooManyDevices)?;
-        let mac = dev.mac.unwrap_or(mac);
+        let mac = match (dev.mac, &dev.backend) {
+            (Some(mac), _) => mac,
+            (None, NetBackendKind::Tap(name)) => tap_mac(name),
+            (None, _) => {
+                let mut mac = layout::VIRTIO_NET_MAC;
+                mac[5] = u8::try_from(i).map_err(|_| MachineError::TooManyDevices)?;
+                mac
+            }
+        };
         let pairs = usize::from(dev.queue_pairs);
         if !(1..=MAX_QUEUE_PAIRS).contains(&pairs) {
             return Err(MachineError::QueuePairs(pairs));
         }
-        let backends = (0..pairs)
-            .map(|_| {
-                Ok(match &dev.backend {
-                    NetBackendKind::RequestResponse => {
-                        Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>
-                    }
-                    NetBackendKind::Sink => Box::new(Sink),
-                    NetBackendKind::Tap(name) => Box::new(Tap::open(name, pairs > 1)?),
-                })
-            })
-            .collect::<Result<_, MachineError>>()?;
+        let backends = match &dev.backend {
+            NetBackendKind::RequestResponse => (0..pairs)
+                .map(|_| Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>)
+                .collect(),
+            NetBackendKind::Sink => (0..pairs)
+                .map(|_| Box::new(Sink) as Box<dyn NetBackend>)
+                .collect(),
+            NetBackendKind::Tap(name) => Tap::open_queues(name, pairs)?
+                .into_iter()
+                .map(|tap| Box::new(tap) as Box<dyn NetBackend>)
+                .collect(),
+        };
         let net = VirtioNet::parts(mac, backends);
         let placement = Placement {
             transport: dev.transport,

@@ -227,6 +227,9 @@ fn main_thread() -> Vec<Allowed> {
         sys!(SYS_fcntl).only(1, [value(libc::F_DUPFD_CLOEXEC)]),
         sys!(SYS_epoll_create1),
         sys!(SYS_epoll_ctl),
+        // A socket to name a tap to the kernel by (netdevice(7)): whether it exists, and
+        // bringing up one the run created (`virtio::net::tap`).
+        sys!(SYS_socket).only(0, [value(libc::AF_UNIX)]),
         sys!(SYS_ioctl).only(
             1,
             [
@@ -253,6 +256,10 @@ fn main_thread() -> Vec<Allowed> {
                 libc::TUNSETIFF,
                 libc::TUNSETVNETHDRSZ,
                 libc::TUNSETOFFLOAD,
+                // The tap's flags, on that socket: whether it exists, and IFF_UP for one the
+                // run created.
+                libc::SIOCGIFFLAGS,
+                libc::SIOCSIFFLAGS,
             ],
         ),
         // Running: the vCPU kick's handler, installed at the first run (the kicks themselves

@@ -23,7 +23,8 @@ use std::time::Duration;
 use crate::devices::debug_exit;
 use crate::machine::Loader;
 use crate::machine::config::{
-    Console, DiskConfig, MachineConfig, NetBackendKind, Platform, VirtioNetConfig,
+    Console, DiskConfig, MachineConfig, NetBackendKind, Platform, VirtioNetConfig, format_mac,
+    tap_mac,
 };
 use crate::machine::layout::PCI_MMIO_WINDOW;
 use crate::machine::loader::file::{FileError, ImageFile, ReadError};
@@ -350,11 +351,23 @@ impl RunConfig {
         Ok(Box::new(kernel))
     }
 
+    /// The MAC chosen for each tap's device that was given none, one line each on stderr as
+    /// the run starts, so that the user can find the guest on the network and pin it.
+    fn say_chosen_macs(&self) {
+        for net in self.nets.iter().filter(|net| net.mac.is_none()) {
+            if let NetBackendKind::Tap(name) = &net.backend {
+                let mac = format_mac(tap_mac(name));
+                eprintln!("exitless: tap {name}: the guest's MAC is {mac} (mac= sets another)");
+            }
+        }
+    }
+
     /// Boot the kernel and run it until the guest ends the run.
     pub fn run(&self) -> Result<RunOutcome, RunError> {
         let machine_cfg = self.machine()?;
         let kernel = self.kernel(machine_cfg.ram_size as u64)?;
         let machine = Machine::new(&machine_cfg, None)?;
+        self.say_chosen_macs();
         let timeout = self.timeout.unwrap_or(Duration::MAX);
         match machine.run(kernel.as_ref(), timeout)?.end {
             RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),

@@ -16,10 +16,15 @@
 //! see [`NetBackend::wake_fd`]) and never sleeps in a read or a write. It is opened, and the
 //! TUNSET* ioctls made, on the main thread while the machine is built; the device thread only
 //! reads and writes it.
+//!
+//! A tap that does not exist is created by the first open, and lives as long as a queue holds
+//! it open. The kernel makes it down, and a down tap drops every frame both ways, so
+//! [`Tap::open_queues`] brings it up (netdevice(7) SIOCSIFFLAGS, IFF_UP); its addresses, and a
+//! tap the user made, stay as the user set them.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use super::backend::NetBackend;
@@ -48,6 +53,17 @@ pub enum TapError {
         #[source]
         source: io::Error,
     },
+    /// TUNSETIFF refused the name (EINVAL), for the reason the kernel shows.
+    #[error("cannot open tap {name} (TUNSETIFF): {source} ({why})")]
+    Refused {
+        /// The tap interface's name.
+        name: String,
+        /// What TUNSETIFF returned.
+        #[source]
+        source: io::Error,
+        /// Why, from what the kernel shows of the interface: [`refusal`].
+        why: String,
+    },
     /// TUNSETIFF (attach to, or create, the tap) or one of the settings failed.
     #[error("cannot open tap {name} ({what}): {source}{hint}", hint = hint(.source))]
     Setup {
@@ -69,11 +85,115 @@ fn hint(e: &io::Error) -> &'static str {
             " (needs CAP_NET_ADMIN, or a tap made for this user: ip tuntap add dev NAME mode tap user USER)"
         }
         Some(libc::EBUSY) => " (busy: another process has it open)",
-        Some(libc::EINVAL) => {
-            " (a device of that name exists and is not a tap, or its multi_queue setting differs)"
-        }
         _ => "",
     }
+}
+
+/// Why TUNSETIFF refused `name` with EINVAL, from what the kernel shows of it. With an
+/// interface of that name, tun.c's tun_set_iff() found no tap of these flags there: another
+/// kind of device (sysfs shows tun_flags for tuns and taps only), a tun, or a tap whose
+/// multi_queue setting differs. With none, registering the new tap failed: the IPv4 and IPv6
+/// sysctls refuse the names `all` and `default` (sysctl_dev_name_is_allowed(): they name
+/// /proc/sys/net/ipv4/conf's settings for every interface and for new ones).
+fn refusal(name: &str, multi_queue: bool) -> String {
+    let exists = Control::new().and_then(|c| c.flags(name));
+    if let Ok(None) = exists {
+        return "the kernel reserves the name; `all` and `default` name the settings in \
+                /proc/sys/net/ipv4/conf: choose another"
+            .into();
+    }
+    let sysfs = format!("/sys/class/net/{name}");
+    let tun_flags = std::fs::read_to_string(format!("{sysfs}/tun_flags")).ok();
+    let tun_flags = tun_flags.and_then(|f| {
+        let hex = f.trim().trim_start_matches("0x");
+        libc::c_int::from_str_radix(hex, 16).ok()
+    });
+    match tun_flags {
+        None if std::path::Path::new(&sysfs).exists() => {
+            format!("a device of that name exists and is not a tap: ip -d link show {name}")
+        }
+        None => "a device of that name exists and is not a tap, or its multi_queue setting \
+                 differs"
+            .into(),
+        Some(flags) if flags & libc::IFF_TAP == 0 => {
+            "it is a tun, not a tap (ip tuntap add dev NAME mode tap)".into()
+        }
+        Some(flags) if (flags & libc::IFF_MULTI_QUEUE != 0) != multi_queue => {
+            if multi_queue {
+                "the tap was made without multi_queue, which queues=N needs".into()
+            } else {
+                "the tap was made with multi_queue: give queues=N of 2 or more".into()
+            }
+        }
+        Some(_) => "the kernel refuses these flags for it".into(),
+    }
+}
+
+/// A socket to name interfaces to the kernel by: netdevice(7)'s ioctls work on any socket, and
+/// an AF_UNIX one needs no network protocol.
+struct Control(OwnedFd);
+
+impl Control {
+    fn new() -> io::Result<Self> {
+        // SAFETY: socket() takes no pointers.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        check(fd)?;
+        // SAFETY: `fd` is a descriptor socket() just returned, owned by nothing else.
+        Ok(Control(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// The flags of the interface `name` (SIOCGIFFLAGS), or `None` where there is none.
+    fn flags(&self, name: &str) -> io::Result<Option<libc::c_short>> {
+        let mut req = ifreq(name);
+        // SAFETY: SIOCGIFFLAGS reads and writes a `struct ifreq`, which `req` is.
+        match check(unsafe { libc::ioctl(self.0.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) }) {
+            // SAFETY: SIOCGIFFLAGS filled in the union's flags.
+            Ok(()) => Ok(Some(unsafe { req.ifr_ifru.ifru_flags })),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Set the flags of the interface `name` (SIOCSIFFLAGS; CAP_NET_ADMIN).
+    fn set_flags(&self, name: &str, flags: libc::c_short) -> io::Result<()> {
+        let mut req = ifreq(name);
+        req.ifr_ifru.ifru_flags = flags;
+        // SAFETY: SIOCSIFFLAGS reads a `struct ifreq`, which `req` is.
+        check(unsafe { libc::ioctl(self.0.as_raw_fd(), libc::SIOCSIFFLAGS, &req) })
+    }
+}
+
+/// A `struct ifreq` naming `name`, which [`check_name`] took: it fits with its NUL.
+fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain data, for which all zeros is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, &src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *dst = src.cast_signed();
+    }
+    req
+}
+
+/// The error of the step `what` failing on the tap `name`.
+fn step_failed(name: &str, what: &'static str) -> impl FnOnce(io::Error) -> TapError {
+    let name = name.to_owned();
+    move |source| TapError::Setup { name, what, source }
+}
+
+/// Refuse a name that is no interface name before any system call. dev_valid_name() refuses
+/// `.`, `..`, `/`, `:` and spaces; `%` would be a template (`tap%d`: a new interface per open,
+/// not the one named).
+fn check_name(name: &str) -> Result<(), TapError> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty()
+        || bytes.len() >= libc::IFNAMSIZ
+        || matches!(name, "." | "..")
+        || bytes
+            .iter()
+            .any(|b| matches!(b, b'/' | b':' | b'%' | 0) || b.is_ascii_whitespace())
+    {
+        return Err(TapError::Name(name.to_owned()));
+    }
+    Ok(())
 }
 
 /// One queue of a tap: a file of /dev/net/tun attached to the interface.
@@ -91,22 +211,41 @@ pub struct Tap {
 }
 
 impl Tap {
-    /// Attach to the tap `name` (the kernel creates it, for as long as it is open, if there is
-    /// none and the caller has CAP_NET_ADMIN). With `multi_queue`, the tap has one such file
-    /// per queue pair (IFF_MULTI_QUEUE); open it once per pair.
-    pub fn open(name: &str, multi_queue: bool) -> Result<Self, TapError> {
-        let bytes = name.as_bytes();
-        // dev_valid_name() refuses `.`, `..`, `/`, `:` and spaces; `%` would be a template
-        // (`tap%d`: a new interface per open, not the one named).
-        if bytes.is_empty()
-            || bytes.len() >= libc::IFNAMSIZ
-            || matches!(name, "." | "..")
-            || bytes
-                .iter()
-                .any(|b| matches!(b, b'/' | b':' | b'%' | 0) || b.is_ascii_whitespace())
-        {
-            return Err(TapError::Name(name.to_owned()));
+    /// The `pairs` queues of the tap `name` for one device (IFF_MULTI_QUEUE with more than
+    /// one). A tap that did not exist is created for as long as they are open, and brought up;
+    /// one that exists is left as its owner set it, with a warning if it is down.
+    pub fn open_queues(name: &str, pairs: usize) -> Result<Vec<Tap>, TapError> {
+        check_name(name)?;
+        let control = Control::new().map_err(step_failed(name, "socket"))?;
+        let existing = control
+            .flags(name)
+            .map_err(step_failed(name, "SIOCGIFFLAGS"))?;
+        let queues = (0..pairs)
+            .map(|_| Tap::open(name, pairs > 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        let up = libc::c_short::try_from(libc::IFF_UP).expect("IFF_UP fits 16 bits");
+        match existing {
+            None => {
+                let flags = control
+                    .flags(name)
+                    .map_err(step_failed(name, "SIOCGIFFLAGS"))?;
+                control
+                    .set_flags(name, flags.unwrap_or_default() | up)
+                    .map_err(step_failed(name, "SIOCSIFFLAGS, bringing it up"))?;
+            }
+            Some(flags) if flags & up == 0 => log::warn!(
+                "tap {name} is down: the guest's frames are dropped until `ip link set {name} up`"
+            ),
+            Some(_) => {}
         }
+        Ok(queues)
+    }
+
+    /// Attach to the tap `name` (the kernel creates it, down, for as long as it is open, if
+    /// there is none and the caller has CAP_NET_ADMIN). With `multi_queue`, the tap has one
+    /// such file per queue pair (IFF_MULTI_QUEUE); open it once per pair.
+    pub fn open(name: &str, multi_queue: bool) -> Result<Self, TapError> {
+        check_name(name)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -116,18 +255,7 @@ impl Tap {
                 name: name.to_owned(),
                 source,
             })?;
-        let setup = |what| {
-            move |source| TapError::Setup {
-                name: name.to_owned(),
-                what,
-                source,
-            }
-        };
-        // SAFETY: ifreq is plain data, for which all zeros is a valid value.
-        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-        for (dst, &src) in req.ifr_name.iter_mut().zip(bytes) {
-            *dst = src.cast_signed();
-        }
+        let mut req = ifreq(name);
         let multi = if multi_queue {
             libc::IFF_MULTI_QUEUE
         } else {
@@ -137,17 +265,25 @@ impl Tap {
         req.ifr_ifru.ifru_flags = libc::c_short::try_from(flags).expect("the flags fit 16 bits");
         // The ioctls are made by hand with the libc crate's request numbers: the crates that
         // wrap them (Firecracker's and Cloud Hypervisor's `net_gen`) are not published
-        // libraries, and three calls do not justify one.
+        // libraries, and a handful of calls do not justify one.
         // SAFETY: TUNSETIFF reads and writes a `struct ifreq`, which `req` is.
-        check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) })
-            .map_err(setup("TUNSETIFF"))?;
+        check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) }).map_err(
+            |source| match source.raw_os_error() {
+                Some(libc::EINVAL) => TapError::Refused {
+                    name: name.to_owned(),
+                    source,
+                    why: refusal(name, multi_queue),
+                },
+                _ => step_failed(name, "TUNSETIFF")(source),
+            },
+        )?;
         let hdr_size = libc::c_int::try_from(HDR).expect("12");
         // SAFETY: TUNSETVNETHDRSZ reads one int, which `hdr_size` is.
         check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &hdr_size) })
-            .map_err(setup("TUNSETVNETHDRSZ"))?;
+            .map_err(step_failed(name, "TUNSETVNETHDRSZ"))?;
         // SAFETY: TUNSETOFFLOAD takes its flags as the argument itself and touches no memory.
         check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETOFFLOAD, 0 as libc::c_ulong) })
-            .map_err(setup("TUNSETOFFLOAD"))?;
+            .map_err(step_failed(name, "TUNSETOFFLOAD"))?;
         Ok(Tap {
             file,
             buf: vec![0; HDR + MAX_FRAME],
@@ -285,7 +421,7 @@ mod tests {
     fn skippable(e: &TapError) -> bool {
         let source = match e {
             TapError::Open { source, .. } | TapError::Setup { source, .. } => source,
-            TapError::Name(_) => return false,
+            TapError::Name(_) | TapError::Refused { .. } => return false,
         };
         matches!(
             source.raw_os_error(),
@@ -346,6 +482,47 @@ mod tests {
         assert_eq!(rx_queues(), 1, "detached");
         second.set_enabled(true);
         assert_eq!(rx_queues(), 2, "attached again");
+    }
+
+    /// The interface's flags as sysfs shows them.
+    fn sysfs_flags(name: &str) -> u32 {
+        let flags = std::fs::read_to_string(format!("/sys/class/net/{name}/flags")).unwrap();
+        u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap()
+    }
+
+    /// The kernel makes a tap down; one the queues created is brought up, while one that
+    /// existed is left down, as its owner set it.
+    #[test]
+    fn a_tap_the_queues_create_is_up_and_one_that_existed_is_left_as_it_was() {
+        let up = libc::IFF_UP.cast_unsigned();
+        let created = unique("c");
+        let Some(_held) = open_or_skip(&created, true) else {
+            return;
+        };
+        assert_eq!(sysfs_flags(&created) & up, 0, "made down");
+        let _queues = Tap::open_queues(&created, 2).expect("two more queues");
+        assert_eq!(sysfs_flags(&created) & up, 0, "left down");
+        let new = unique("n");
+        let queues = Tap::open_queues(&new, 2).expect("a new tap");
+        assert_eq!(queues.len(), 2);
+        assert_eq!(sysfs_flags(&new) & up, up, "brought up");
+    }
+
+    /// TUNSETIFF's EINVAL, explained by what the kernel shows: a tun is not a tap, a
+    /// multiqueue tap needs queues=N, a reserved name is no interface at all.
+    #[test]
+    fn a_refused_name_says_why_from_what_the_kernel_shows() {
+        let name = unique("r");
+        let Some(_held) = open_or_skip(&name, true) else {
+            return;
+        };
+        let e = Tap::open(&name, false).err().expect("multi_queue differs");
+        assert!(e.to_string().contains("made with multi_queue"), "{e}");
+        let e = Tap::open("all", false).err().expect("reserved");
+        assert!(
+            e.to_string().contains("the kernel reserves the name"),
+            "{e}"
+        );
     }
 
     /// With the tap down nothing is queued for it: a read finds nothing and does not block,
