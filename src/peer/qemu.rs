@@ -41,6 +41,7 @@ use zerocopy::IntoBytes;
 
 use super::{PeerError, PeerRun, dump};
 use crate::contract::{MAX_OPS, Op, QEMU_DEBUG_EXIT_PORT, QEMU_OPS_FILE};
+use crate::machine::config::format_mac;
 use crate::machine::probe::{PROBE_IMAGE, PROBE_MIN_RAM};
 use crate::pci::PciAddress;
 
@@ -180,11 +181,7 @@ impl QemuMachine {
                 self.msix_vectors()
             );
             if let (0, Some(tap)) = (i, &self.tap) {
-                let m = tap.mac;
-                device += &format!(
-                    ",netdev=n0,mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-                    m[0], m[1], m[2], m[3], m[4], m[5]
-                );
+                device += &format!(",netdev=n0,mac={}", format_mac(tap.mac));
                 args.extend([
                     "-netdev".into(),
                     format!(
