@@ -31,9 +31,9 @@ pub enum VmError {
     /// /dev/kvm opened, but what answers is not KVM's device (of the API version every KVM
     /// since Linux 2.6.22 has).
     #[error(
-        "/dev/kvm is not the KVM device (KVM_GET_API_VERSION answered {0}, KVM's is 12): it should be the character device 10:232 the kvm module creates"
+        "/dev/kvm is not the KVM device (KVM_GET_API_VERSION: {0}): it should be the character device 10:232 that the kvm module creates"
     )]
-    NotKvm(i32),
+    NotKvm(String),
     /// Another KVM failure.
     #[error("KVM {what} failed: {source}")]
     Kvm {
@@ -75,11 +75,12 @@ fn open_kvm(path: &std::ffi::CStr) -> Result<Kvm, VmError> {
             source: e,
         },
     })?;
-    let version = kvm.get_api_version();
-    if u32::try_from(version) == Ok(KVM_API_VERSION) {
-        Ok(kvm)
-    } else {
-        Err(VmError::NotKvm(version))
+    match kvm.get_api_version() {
+        version if u32::try_from(version) == Ok(KVM_API_VERSION) => Ok(kvm),
+        -1 => Err(VmError::NotKvm(std::io::Error::last_os_error().to_string())),
+        version => Err(VmError::NotKvm(format!(
+            "version {version}, not {KVM_API_VERSION}"
+        ))),
     }
 }
 
@@ -276,6 +277,18 @@ mod tests {
         let e = open_kvm(c"/nonexistent/kvm").expect_err("no such device");
         assert!(matches!(e, VmError::NoKvm));
         assert!(e.to_string().contains("modprobe"));
+    }
+
+    #[test]
+    fn a_device_that_is_not_kvm_is_named_so() {
+        // Opens like /dev/kvm, answers no KVM ioctl: before the check, "lacks an in-kernel
+        // irqchip".
+        let e = open_kvm(c"/dev/null").expect_err("not KVM");
+        assert_eq!(
+            e.to_string(),
+            "/dev/kvm is not the KVM device (KVM_GET_API_VERSION: Inappropriate ioctl for device \
+             (os error 25)): it should be the character device 10:232 that the kvm module creates"
+        );
     }
 
     #[test]
