@@ -102,8 +102,8 @@ pub struct RunArgs {
     /// (virtio-pci devices offer VIRTIO_F_ACCESS_PLATFORM behind it).
     #[arg(long)]
     pub iommu: bool,
-    /// Stop the guest after this many seconds and exit with status 124 (as timeout(1) does;
-    /// 0, as for timeout(1), is no limit).
+    /// Stop the guest after this many seconds and exit with status 124, as timeout(1) does
+    /// (and, as there, 0 is no limit).
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<u64>,
     /// Keep guest RAM in a core dump of exitless, for debugging a guest. By default it is

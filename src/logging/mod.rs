@@ -362,7 +362,12 @@ pub fn stderr_line(args: fmt::Arguments<'_>) {
 fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
     let thread = thread::current();
     let name = thread.name().unwrap_or("<unnamed>");
-    let message = info.payload_as_str().unwrap_or("Box<dyn Any>");
+    let payload = info.payload();
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("Box<dyn Any>");
     match info.location() {
         Some(at) => stderr_line(format_args!("thread '{name}' panicked at {at}: {message}")),
         None => stderr_line(format_args!("thread '{name}' panicked: {message}")),

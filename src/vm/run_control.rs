@@ -131,6 +131,7 @@ extern "C" fn on_stop_signal(signal: libc::c_int) {
 /// End the process by `signal`'s default action, after a run it stopped has ended: a parent
 /// sees what it would have without the handler (wait(2)'s WIFSIGNALED; a shell's 128 + n),
 /// and a shell script stops on Ctrl-C as it does for any other program.
+///
 /// The handler's SA_RESETHAND has put the default action back, so no call beyond raise(3)
 /// is needed (the main thread's seccomp filter allows no sigaction).
 pub fn end_by_signal(signal: libc::c_int) -> ! {
