@@ -47,9 +47,13 @@ const RUN_STATUS: &str = "Exit status: (v << 1) | 1 when the guest writes v to i
 off (ACPI S5) or resets (i8042 command 0xfe, or 0x06 to port 0xcf9); 2 with a one-line error \
 when exitless cannot run it (a bad option, a missing or unrecognised kernel, a guest that \
 triple-faults); 124 when the guest runs past --timeout; 159 when a thread breaks its seccomp \
-filter.";
+filter. SIGINT, SIGTERM and SIGHUP stop the guest (its disks hold every write it made, taps \
+made for the run are removed) and end exitless by that signal, as if it had not caught it \
+(a shell reports 128 + the signal's number).";
 
+// Negative numbers are values, not options: `--memory -5` gets the range's message.
 #[derive(clap::Args)]
+#[command(allow_negative_numbers = true)]
 pub struct RunArgs {
     /// The kernel: a Linux bzImage (64-bit boot protocol 2.12 or later), an ELF vmlinux with a
     /// PVH note (XEN_ELFNOTE_PHYS32_ENTRY), or a multiboot v1 image (a 32-bit ELF, a 64-bit ELF
@@ -65,10 +69,10 @@ pub struct RunArgs {
     pub cmdline: String,
     /// Guest RAM in MiB (2 to 3072, and no more than the host has).
     #[arg(long, value_name = "MIB", default_value_t = 128)]
-    pub memory: u64,
+    pub memory: i64,
     /// vCPUs (1 to 64): the first boots the kernel, the others wait for INIT/SIPI.
     #[arg(long, value_name = "N", default_value_t = 1)]
-    pub cpus: u64,
+    pub cpus: i64,
     /// Where the serial console goes: `stdio` (output to stdout, input from stdin), or a file
     /// that receives the output.
     #[arg(long, value_name = "stdio|FILE", default_value = "stdio")]
@@ -99,9 +103,14 @@ pub struct RunArgs {
     /// (virtio-pci devices offer VIRTIO_F_ACCESS_PLATFORM behind it).
     #[arg(long)]
     pub iommu: bool,
-    /// Stop the guest after this many seconds and exit with status 124 (as timeout(1) does).
+    /// Stop the guest after this many seconds and exit with status 124, as timeout(1) does
+    /// (and, as there, 0 is no limit).
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<u64>,
+    /// Keep guest RAM in a core dump of exitless, for debugging a guest. By default it is
+    /// left out (MADV_DONTDUMP): it is the guest's data, and as large as --memory.
+    #[arg(long)]
+    pub dump_guest_memory: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -147,6 +156,7 @@ impl MethodArg {
 }
 
 #[derive(clap::Args)]
+#[command(allow_negative_numbers = true)]
 pub struct ProbeArgs {
     /// How the VMM serves the ECAM window.
     #[arg(long, value_enum, default_value = "shadow")]

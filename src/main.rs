@@ -11,9 +11,11 @@ use clap::Parser;
 use exitless::bench::session::Session;
 use exitless::contract::STATUS_OK;
 use exitless::inspect;
+use exitless::logging::stderr_line;
 use exitless::machine::run::{RunConfig, RunError};
 use exitless::machine::{Console, ProbeConfig};
 use exitless::seccomp::{self, ThreadKind};
+use exitless::vm::run_control;
 
 use crate::cli::{Cli, Command, ProbeArgs, RunArgs};
 
@@ -43,13 +45,23 @@ fn run(args: RunArgs) -> Result<u8, String> {
         console,
         disks: args.disk,
         nets: args.net,
-        timeout: args.timeout.map(Duration::from_secs),
+        // 0 is no limit, as for timeout(1).
+        timeout: args
+            .timeout
+            .filter(|&seconds| seconds != 0)
+            .map(Duration::from_secs),
+        dump_guest_memory: args.dump_guest_memory,
     };
     match cfg.run() {
         Ok(outcome) => Ok(outcome.exit_status()),
         Err(e @ RunError::TimedOut(_)) => {
-            eprintln!("exitless: {e}");
+            stderr_line(format_args!("exitless: {e}"));
             Ok(RUN_TIMEOUT_STATUS)
+        }
+        Err(RunError::Signal(signal)) => {
+            // The run is over (devices stopped, files closed); end as the signal would have.
+            exitless::logging::flush();
+            run_control::end_by_signal(signal)
         }
         Err(e) => Err(e.to_string()),
     }
@@ -122,7 +134,7 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
             .collect();
         let message = paragraph.join(" ");
         let reason = message.strip_prefix("error: ").unwrap_or(&message);
-        eprintln!("exitless: error: {reason} (see --help)");
+        stderr_line(format_args!("exitless: error: {reason} (see --help)"));
         ExitCode::from(USAGE_ERROR_STATUS)
     })
 }
@@ -141,7 +153,16 @@ fn main() -> ExitCode {
     if !cli.no_seccomp
         && let Err(e) = seccomp::enable()
     {
-        eprintln!("exitless: error: {e}");
+        stderr_line(format_args!("exitless: error: {e}"));
+        return error_status;
+    }
+    // Before any thread starts, so that every thread inherits the unblocked signal mask.
+    if let Command::Run(_) = cli.command
+        && let Err(e) = run_control::stop_on_signals()
+    {
+        stderr_line(format_args!(
+            "exitless: error: cannot handle SIGINT, SIGTERM and SIGHUP: {e}"
+        ));
         return error_status;
     }
     exitless::logging::init();
@@ -165,7 +186,7 @@ fn main() -> ExitCode {
     // Log lines still queued come before the error, and are not lost at exit.
     exitless::logging::flush();
     result.unwrap_or_else(|e| {
-        eprintln!("exitless: error: {e}");
+        stderr_line(format_args!("exitless: error: {e}"));
         error_status
     })
 }

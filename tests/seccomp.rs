@@ -134,6 +134,8 @@ fn child() -> Option<(ThreadKind, String)> {
     // SAFETY: setrlimit reads the struct passed.
     unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
     seccomp::enable().unwrap();
+    // The binary's panic hook, and its log writer (no confined kind may start a thread).
+    exitless::logging::init();
     seccomp::confine(kind).unwrap();
     Some((kind, act.to_owned()))
 }
@@ -146,8 +148,9 @@ fn as_each_kind(test: &str, act: &str) -> Vec<(ThreadKind, Output, String)> {
             let out = Command::new(std::env::current_exe().unwrap())
                 .args(["--exact", test, "--nocapture"])
                 .env(CHILD, format!("{}:{act}", kind.name()))
-                // A backtrace reads the executable's debug info, which no filter allows.
-                .env_remove("RUST_BACKTRACE")
+                // A backtrace reads the executable's debug info, which no filter allows: the
+                // panic hook must not try.
+                .env("RUST_BACKTRACE", "1")
                 .output()
                 .unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr).into_owned();

@@ -62,7 +62,9 @@ impl Session {
                 session.unpeered.push((Scenario::Soak, why.to_owned()));
             }
             match Qemu::find() {
-                Err(e) => eprintln!("exitless: {e}; running without the qemu column"),
+                Err(e) => crate::logging::stderr_line(format_args!(
+                    "exitless: {e}; running without the qemu column"
+                )),
                 Ok(qemu) => session.boot_peer(&qemu)?,
             }
         }

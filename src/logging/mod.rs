@@ -339,10 +339,39 @@ pub fn init() {
         std::panic::set_hook(Box::new(move |info| {
             PANICS.fetch_add(1, Ordering::Relaxed);
             flush();
-            previous(info);
+            if seccomp::enabled() {
+                report_panic(info);
+            } else {
+                previous(info);
+            }
         }));
     }
     let _ = builder.try_init();
+}
+
+/// Write `args` and a newline to stderr, ignoring a failed write: stderr on a full disk or a
+/// closed pipe has nowhere to report its own failure, and `eprintln!` would panic instead.
+pub fn stderr_line(args: fmt::Arguments<'_>) {
+    let _ = writeln!(io::stderr().lock(), "{args}");
+}
+
+/// A panic's report under seccomp: its thread, place and message, with write(2) alone. std's
+/// own hook would also print a backtrace when RUST_BACKTRACE asks for one, and resolving it
+/// needs calls no filter allows (getcwd, opening the binary): the process would end with the
+/// seccomp status instead of the panic's. Backtraces are `--no-seccomp`'s.
+fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let thread = thread::current();
+    let name = thread.name().unwrap_or("<unnamed>");
+    let payload = info.payload();
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("Box<dyn Any>");
+    match info.location() {
+        Some(at) => stderr_line(format_args!("thread '{name}' panicked at {at}: {message}")),
+        None => stderr_line(format_args!("thread '{name}' panicked: {message}")),
+    }
 }
 
 /// Panics on any thread since [`init`] (a device or vCPU thread's panic ends that thread,

@@ -40,6 +40,8 @@ pub struct MachineConfig {
     /// A VT-d remapping unit at [`layout::IOMMU_BASE`]: virtio-pci devices then offer
     /// VIRTIO_F_ACCESS_PLATFORM, and their DMA goes through it when the driver takes it.
     pub iommu: bool,
+    /// Keep guest RAM in the VMM's core dumps (by default it is left out: MADV_DONTDUMP).
+    pub dump_guest_memory: bool,
 }
 
 impl Default for MachineConfig {
@@ -55,6 +57,7 @@ impl Default for MachineConfig {
             response_size: 1024,
             gsi_commits: CommitStrategy::default(),
             iommu: false,
+            dump_guest_memory: false,
         }
     }
 }

@@ -233,6 +233,8 @@ fn main_thread() -> Vec<Allowed> {
         sys!(SYS_ioctl).only(
             1,
             [
+                // That /dev/kvm is KVM (`vm::open_kvm`), then what it offers.
+                KVM_GET_API_VERSION(),
                 KVM_CHECK_EXTENSION(),
                 KVM_CREATE_VM(),
                 KVM_GET_VCPU_MMAP_SIZE(),

@@ -126,6 +126,11 @@ pub fn enable() -> Result<(), SeccompError> {
     Ok(())
 }
 
+/// Whether [`enable`] has run: threads are (or will be) confined.
+pub fn enabled() -> bool {
+    FILTERS.get().is_some()
+}
+
 /// Confine the calling thread to `kind`'s filter, for the rest of its life (and the threads it
 /// starts afterwards). Does nothing unless [`enable`] has run.
 pub fn confine(kind: ThreadKind) -> Result<(), SeccompError> {

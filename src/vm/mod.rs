@@ -9,7 +9,7 @@ pub mod vcpu;
 
 use std::sync::Arc;
 
-use kvm_bindings::kvm_userspace_memory_region;
+use kvm_bindings::{KVM_API_VERSION, kvm_userspace_memory_region};
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MmapRegion};
 
@@ -28,6 +28,12 @@ pub enum VmError {
         "cannot open /dev/kvm: permission denied; add yourself to the kvm group or run as root"
     )]
     KvmPermission,
+    /// /dev/kvm opened, but what answers is not KVM's device (of the API version every KVM
+    /// since Linux 2.6.22 has).
+    #[error(
+        "/dev/kvm is not the KVM device (KVM_GET_API_VERSION: {0}): it should be the character device 10:232 that the kvm module creates"
+    )]
+    NotKvm(String),
     /// Another KVM failure.
     #[error("KVM {what} failed: {source}")]
     Kvm {
@@ -57,16 +63,43 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
 }
 
-/// Open the KVM device at `path`, turning the common failures into advice.
+/// Open the KVM device at `path`, turning the common failures into advice. What answers must
+/// be KVM (api.rst §4.1: KVM_GET_API_VERSION is 12): any other device would refuse every
+/// capability check, and the first one would be blamed.
 fn open_kvm(path: &std::ffi::CStr) -> Result<Kvm, VmError> {
-    Kvm::new_with_path(path).map_err(|e| match e.errno() {
+    let kvm = Kvm::new_with_path(path).map_err(|e| match e.errno() {
         libc::ENOENT => VmError::NoKvm,
         libc::EACCES | libc::EPERM => VmError::KvmPermission,
         _ => VmError::Kvm {
             what: "open /dev/kvm",
             source: e,
         },
-    })
+    })?;
+    match kvm.get_api_version() {
+        version if u32::try_from(version) == Ok(KVM_API_VERSION) => Ok(kvm),
+        -1 => Err(VmError::NotKvm(std::io::Error::last_os_error().to_string())),
+        version => Err(VmError::NotKvm(format!(
+            "version {version}, not {KVM_API_VERSION}"
+        ))),
+    }
+}
+
+/// Leave guest RAM out of the VMM's core dumps (madvise(2) MADV_DONTDUMP): it is the guest's
+/// data, not the VMM's state, and as large as the guest's memory.
+fn exclude_from_core_dumps(memory: &GuestMemoryMmap) -> Result<(), VmError> {
+    for region in memory.iter() {
+        // SAFETY: the range is one whole mapping `memory` owns; MADV_DONTDUMP changes only
+        // whether a core dump includes it, not its contents.
+        let r =
+            unsafe { libc::madvise(region.as_ptr().cast(), region.size(), libc::MADV_DONTDUMP) };
+        if r != 0 {
+            return Err(VmError::Memory {
+                size: region.size(),
+                reason: format!("madvise MADV_DONTDUMP: {}", std::io::Error::last_os_error()),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Memory that a memslot maps: kept alive until the slot is deleted.
@@ -94,8 +127,9 @@ pub struct Vm {
 }
 
 impl Vm {
-    /// Open KVM and create a VM with `mem_size` bytes of RAM.
-    pub fn new(mem_size: usize) -> Result<Self, VmError> {
+    /// Open KVM and create a VM with `mem_size` bytes of RAM, left out of core dumps unless
+    /// `in_core_dumps`.
+    pub fn new(mem_size: usize, in_core_dumps: bool) -> Result<Self, VmError> {
         let kvm = open_kvm(c"/dev/kvm")?;
         for (cap, name) in [
             (Cap::Irqchip, "an in-kernel irqchip"),
@@ -117,6 +151,9 @@ impl Vm {
                     reason: e.to_string(),
                 }
             })?;
+        if !in_core_dumps {
+            exclude_from_core_dumps(&memory)?;
+        }
         let mut vm = Vm {
             kvm,
             fd: Arc::new(fd),
@@ -243,9 +280,21 @@ mod tests {
     }
 
     #[test]
+    fn a_device_that_is_not_kvm_is_named_so() {
+        // Opens like /dev/kvm, answers no KVM ioctl: before the check, "lacks an in-kernel
+        // irqchip".
+        let e = open_kvm(c"/dev/null").expect_err("not KVM");
+        assert_eq!(
+            e.to_string(),
+            "/dev/kvm is not the KVM device (KVM_GET_API_VERSION: Inappropriate ioctl for device \
+             (os error 25)): it should be the character device 10:232 that the kvm module creates"
+        );
+    }
+
+    #[test]
     fn a_readonly_region_lives_until_its_slot_is_deleted_with_the_vm() {
         const GPA: u64 = 0x1000_0000;
-        let mut vm = Vm::new(1 << 20).unwrap();
+        let mut vm = Vm::new(1 << 20, false).unwrap();
         let region = Arc::new(MmapRegion::<()>::new(0x1000).unwrap());
         let weak = Arc::downgrade(&region);
         vm.add_readonly_region(GPA, region, |r| r)

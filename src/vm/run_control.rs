@@ -1,8 +1,10 @@
-//! Why and when a run ends, shared by the vCPU threads, the devices and the VMM thread.
+//! Why and when a run ends, shared by the vCPU threads, the devices and the VMM thread; and
+//! the signals that end a run from outside (Ctrl-C, `kill`, a closed terminal).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Why the guest stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +21,8 @@ pub enum StopReason {
     Shutdown,
     /// A vCPU failed; the message says how.
     VcpuFailed(String),
+    /// The process received this signal ([`stop_on_signals`]).
+    Signal(libc::c_int),
 }
 
 /// A one-shot stop signal: the first reason wins.
@@ -45,13 +49,94 @@ impl RunControl {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Wait up to `timeout` for a stop; its reason, or `None` on timeout.
+    /// Wait up to `timeout` for a stop; its reason, or `None` on timeout. A stop signal
+    /// ([`stop_on_signals`]) that arrives meanwhile stops the run.
     pub fn wait(&self, timeout: Duration) -> Option<StopReason> {
-        let r = self.reason.lock().unwrap();
-        let (r, _) = self
-            .changed
-            .wait_timeout_while(r, timeout, |r| r.is_none())
-            .unwrap();
-        r.clone()
+        let deadline = Instant::now().checked_add(timeout);
+        WAITING.store(true, Ordering::SeqCst);
+        let reason = loop {
+            let signal = STOP_SIGNAL.load(Ordering::SeqCst);
+            if signal != 0 {
+                self.stop(StopReason::Signal(signal));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let slice = left.map_or(SIGNAL_POLL, |left| left.min(SIGNAL_POLL));
+            let r = self.reason.lock().unwrap();
+            let (r, _) = self
+                .changed
+                .wait_timeout_while(r, slice, |r| r.is_none())
+                .unwrap();
+            if r.is_some() || left.is_some_and(|left| left <= slice) {
+                break r.clone();
+            }
+        };
+        WAITING.store(false, Ordering::SeqCst);
+        reason
     }
+}
+
+/// The signals that stop a run: Ctrl-C, `kill`'s default, the terminal closing.
+pub const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// The first stop signal received (0: none).
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// Whether a [`RunControl::wait`] is under way to stop on it.
+static WAITING: AtomicBool = AtomicBool::new(false);
+/// How often a waiting run looks at [`STOP_SIGNAL`]: a signal handler may not take the lock a
+/// condition variable needs (signal-safety(7)), so the handler cannot wake the waiter itself.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// Make SIGINT, SIGTERM and SIGHUP stop a run ([`StopReason::Signal`]), so that it ends as
+/// any other run does (devices stopped, files closed), then [`end_by_signal`]. Installed
+/// whatever the process inherited: a job a script starts in the background inherits SIGINT
+/// ignored (POSIX sh, "Asynchronous Lists"), and would otherwise run on deaf to Ctrl-C and
+/// `kill -INT`. A signal with no run waiting, or a second one, ends the process at once, by
+/// the signal's default action.
+pub fn stop_on_signals() -> io::Result<()> {
+    // SAFETY: a zeroed sigaction is a valid start (no flags, empty mask); the handler only
+    // touches atomics and calls raise(3), both async-signal-safe.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SA_RESETHAND: once caught, the signal's default action is back, for the second
+        // signal and for end_by_signal. SA_RESTART: other threads' blocking calls go on.
+        action.sa_flags = libc::SA_RESETHAND | libc::SA_RESTART;
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in STOP_SIGNALS {
+            if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::sigaddset(&mut set, signal);
+        }
+        // A blocked mask is inherited too.
+        match libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) {
+            0 => Ok(()),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        }
+    }
+}
+
+extern "C" fn on_stop_signal(signal: libc::c_int) {
+    let first = STOP_SIGNAL
+        .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok();
+    if !first || !WAITING.load(Ordering::SeqCst) {
+        // SAFETY: raise is async-signal-safe; SA_RESETHAND restored the default action, which
+        // ends the process as soon as the handler returns (the signal is blocked until then).
+        unsafe { libc::raise(signal) };
+    }
+}
+
+/// End the process by `signal`'s default action, after a run it stopped has ended: a parent
+/// sees what it would have without the handler (wait(2)'s WIFSIGNALED; a shell's 128 + n),
+/// and a shell script stops on Ctrl-C as it does for any other program.
+///
+/// The handler's SA_RESETHAND has put the default action back, so no call beyond raise(3)
+/// is needed (the main thread's seccomp filter allows no sigaction).
+pub fn end_by_signal(signal: libc::c_int) -> ! {
+    // SAFETY: raise only sends `signal` to this thread, whose default action ends the process.
+    unsafe { libc::raise(signal) };
+    // Not reached unless the signal is blocked; end as a shell would report it.
+    std::process::exit(128 + signal)
 }

@@ -79,6 +79,7 @@ impl ProbeConfig {
             response_size: self.response_size,
             gsi_commits: self.gsi_commits,
             iommu: self.iommu,
+            dump_guest_memory: false,
         }
     }
 }

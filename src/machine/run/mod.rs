@@ -54,10 +54,10 @@ pub struct RunConfig {
     /// The command line. A multiboot kernel gets it after its own path, as QEMU and GRUB pass
     /// it (kvm-unit-tests read the first word as the program's name); Linux gets it as is.
     pub cmdline: String,
-    /// RAM in MiB.
-    pub memory_mib: u64,
-    /// vCPUs, 1 to [`MAX_CPUS`].
-    pub cpus: u64,
+    /// RAM in MiB (signed, as given: a negative size gets the range's message).
+    pub memory_mib: i64,
+    /// vCPUs, 1 to [`MAX_CPUS`] (signed, as `memory_mib`).
+    pub cpus: i64,
     /// How ECAM is served; `None` leaves it undescribed.
     pub ecam: Option<EcamMode>,
     /// A VT-d IOMMU, described by a DMAR table.
@@ -70,6 +70,8 @@ pub struct RunConfig {
     pub nets: Vec<VirtioNetConfig>,
     /// Give up on a guest that has not ended after this long.
     pub timeout: Option<Duration>,
+    /// Keep guest RAM in the VMM's core dumps.
+    pub dump_guest_memory: bool,
 }
 
 /// How a run ended, as the guest ended it.
@@ -146,14 +148,14 @@ pub enum RunError {
     TimedOut(u64),
     /// Less RAM than a PC's first megabyte and a kernel need.
     #[error("--memory {0}: a machine needs at least {min} MiB", min = MIN_RAM >> 20)]
-    MemoryTooSmall(u64),
+    MemoryTooSmall(i64),
     /// More RAM than fits below the PCI hole.
     #[error(
         "--memory {0}: at most {max} MiB, the RAM below the PCI hole at {hole:#x}",
         max = PCI_MMIO_WINDOW.0 >> 20,
         hole = PCI_MMIO_WINDOW.0
     )]
-    MemoryAboveHole(u64),
+    MemoryAboveHole(i64),
     /// More RAM than the host has.
     #[error("--memory {asked}: more than this host's {host} MiB of RAM")]
     MemoryAboveHost {
@@ -164,7 +166,7 @@ pub enum RunError {
     },
     /// A vCPU count out of range.
     #[error("--cpus {0}: 1 to {MAX_CPUS}")]
-    Cpus(u64),
+    Cpus(i64),
     /// Two virtio-net devices on one tap: a second open of a single-queue tap is refused as
     /// busy, which would blame another process.
     #[error("--net tap={0} given twice: each device needs a tap of its own")]
@@ -180,6 +182,9 @@ pub enum RunError {
     /// A vCPU failed.
     #[error("the guest stopped: {0}")]
     Stopped(String),
+    /// A stop signal ended the run (`vm::run_control::stop_on_signals`).
+    #[error("the guest was stopped by signal {0}")]
+    Signal(libc::c_int),
 }
 
 /// Why a kernel file cannot be booted, by the format it was taken for.
@@ -250,12 +255,12 @@ impl RunConfig {
                 return Err(RunError::TapTwice(name.clone()));
             }
         }
-        let mib = self.memory_mib;
-        if mib < MIN_RAM >> 20 {
-            return Err(RunError::MemoryTooSmall(mib));
-        }
+        let mib = u64::try_from(self.memory_mib)
+            .ok()
+            .filter(|&mib| mib >= MIN_RAM >> 20)
+            .ok_or(RunError::MemoryTooSmall(self.memory_mib))?;
         if mib > PCI_MMIO_WINDOW.0 >> 20 {
-            return Err(RunError::MemoryAboveHole(mib));
+            return Err(RunError::MemoryAboveHole(self.memory_mib));
         }
         if let Some(host) = host_memory_mib().filter(|&host| mib > host) {
             return Err(RunError::MemoryAboveHost { asked: mib, host });
@@ -268,6 +273,7 @@ impl RunConfig {
             ram_size: usize::try_from(mib << 20).expect("below the PCI hole"),
             ecam: self.ecam,
             iommu: self.iommu,
+            dump_guest_memory: self.dump_guest_memory,
             vcpus,
             console: self.console.clone(),
             disks: self.disks.clone(),
@@ -375,6 +381,7 @@ impl RunConfig {
             RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),
             RunEnd::Stopped(StopReason::Shutdown) => Err(RunError::Shutdown),
             RunEnd::Stopped(StopReason::VcpuFailed(why)) => Err(RunError::Stopped(why)),
+            RunEnd::Stopped(StopReason::Signal(signal)) => Err(RunError::Signal(signal)),
             RunEnd::Stopped(StopReason::GuestDone(status)) => Err(RunError::Stopped(format!(
                 "the probe's done port (status {status}) on a run machine"
             ))),
@@ -387,7 +394,7 @@ impl RunConfig {
 mod tests {
     use super::*;
 
-    fn config(memory_mib: u64, cpus: u64) -> RunConfig {
+    fn config(memory_mib: i64, cpus: i64) -> RunConfig {
         RunConfig {
             kernel: "/nonexistent/kernel".into(),
             initrd: None,
@@ -400,6 +407,7 @@ mod tests {
             disks: Vec::new(),
             nets: Vec::new(),
             timeout: None,
+            dump_guest_memory: false,
         }
     }
 
@@ -408,11 +416,13 @@ mod tests {
         for (memory, cpus, says) in [
             (0, 1, "at least 2 MiB"),
             (1, 1, "at least 2 MiB"),
+            (-5, 1, "--memory -5: a machine needs at least 2 MiB"),
             (3073, 1, "at most 3072 MiB"),
-            (u64::MAX, 1, "at most 3072 MiB"),
+            (i64::MAX, 1, "at most 3072 MiB"),
             (64, 0, "--cpus 0: 1 to 64"),
             (64, 65, "--cpus 65"),
             (64, 256, "--cpus 256"),
+            (64, -1, "--cpus -1: 1 to 64"),
         ] {
             let e = config(memory, cpus).machine().expect_err("out of range");
             let line = e.to_string();
@@ -431,7 +441,7 @@ mod tests {
             // Below the PCI hole this host has room for any machine.
             return;
         }
-        let e = config(host + 1, 1)
+        let e = config(i64::try_from(host).unwrap() + 1, 1)
             .machine()
             .expect_err("more than the host");
         assert!(e.to_string().contains("more than this host"), "{e}");
