@@ -160,8 +160,8 @@ fn assert_ran(out: &Output) {
 fn locked(image: &Path) -> bool {
     let file = File::open(image).unwrap();
     let mut lock = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
+        l_type: libc::F_WRLCK.try_into().unwrap(),
+        l_whence: libc::SEEK_SET.try_into().unwrap(),
         l_start: 100,
         l_len: 104,
         l_pid: 0,

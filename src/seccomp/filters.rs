@@ -23,14 +23,11 @@ pub fn kick_signal() -> libc::c_int {
     vmm_sys_util::signal::SIGRTMIN()
 }
 
-/// The size of a block device in bytes (linux/fs.h: `_IOR(0x12, 114, size_t)`), which libc
-/// lacks: a disk image on a block device is sized with it (`virtio::block::image`).
-pub const BLKGETSIZE64: libc::c_ulong = vmm_sys_util::ioctl::ioctl_expr(
-    vmm_sys_util::ioctl::_IOC_READ,
-    0x12,
-    114,
-    size_of::<u64>() as libc::c_uint,
-);
+/// The size of a block device in bytes (linux/fs.h: `_IOR(0x12, 114, size_t)`, a `size_t`
+/// being 8 bytes on x86-64), which libc lacks: a disk image on a block device is sized with
+/// it (`virtio::block::image`).
+pub const BLKGETSIZE64: libc::c_ulong =
+    vmm_sys_util::ioctl::ioctl_expr(vmm_sys_util::ioctl::_IOC_READ, 0x12, 114, 8);
 
 /// A system call a kind of thread may make, and with which arguments.
 #[derive(Clone, Debug)]
