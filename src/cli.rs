@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use exitless::bench::options::BenchOptions;
@@ -80,10 +81,17 @@ pub struct RunArgs {
     /// How the VMM serves the ECAM window (the MCFG table describes it unless `none`).
     #[arg(long, value_enum, default_value = "shadow")]
     pub ecam: EcamArg,
-    /// A virtio-blk disk on a raw file (repeatable): `FILE`, `FILE,ro` for a read-only disk
-    /// (writes are refused), `FILE,transport=mmio` for virtio-mmio instead of virtio-pci. Its
-    /// capacity is the file's whole 512-byte sectors; its serial the file's name.
-    #[arg(long, value_name = "FILE[,ro][,transport=pci|mmio]", value_parser = clap::value_parser!(DiskConfig))]
+    /// A virtio-blk disk on a raw image, a regular file or a block device (repeatable):
+    /// `FILE`, `FILE,ro` for a read-only disk (writes are refused), `FILE,transport=mmio` for
+    /// virtio-mmio instead of virtio-pci. A comma in FILE is written twice (`a,,b`). The image
+    /// is locked as QEMU locks its own: one VM writes it, or any number read it; an image in
+    /// use elsewhere is refused, unless `locking=off` (for those who know the two may share
+    /// it). Its capacity is the image's whole 512-byte sectors; its serial the file's name.
+    #[arg(
+        long,
+        value_name = "FILE[,ro][,locking=on|off][,transport=pci|mmio]",
+        value_parser = OsStringValueParser::new().try_map(|arg| DiskConfig::parse(&arg))
+    )]
     pub disk: Vec<DiskConfig>,
     /// A virtio-net device (repeatable). `tap=NAME`: its frames go to and come from the host's
     /// tap interface NAME (`ip tuntap add dev NAME mode tap`, or created for the run and

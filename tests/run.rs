@@ -154,12 +154,18 @@ fn other_vcpus_answer_init_sipi_and_trapped_ecam_reads_like_port_io() {
 /// Disks on both transports join the machine without disturbing the kernel's checks.
 #[test]
 fn disks_on_both_transports_join_the_machine() {
-    let disk = std::env::temp_dir().join(format!("exitless-run-disk-{}", std::process::id()));
-    std::fs::write(&disk, vec![0u8; 64 << 10]).unwrap();
-    let path = disk.to_str().unwrap();
-    let ro = format!("{path},ro,transport=mmio");
-    passes(&["--disk", path, "--disk", &ro], "");
-    std::fs::remove_file(&disk).unwrap();
+    // Two images: one image is never two disks.
+    let disks = ["a", "b"].map(|n| {
+        let name = format!("exitless-run-disk-{n}-{}", std::process::id());
+        let disk = std::env::temp_dir().join(name);
+        std::fs::write(&disk, vec![0u8; 64 << 10]).unwrap();
+        disk
+    });
+    let ro = format!("{},ro,transport=mmio", disks[1].display());
+    passes(&["--disk", disks[0].to_str().unwrap(), "--disk", &ro], "");
+    for disk in disks {
+        std::fs::remove_file(disk).unwrap();
+    }
 }
 
 /// A tap another process holds is busy: one line that says so, status 2, no guest run. The
@@ -370,7 +376,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
         ),
         (
             &["--kernel", good, "--disk", "disk.img,bogus"],
-            "unknown option `bogus` (ro, transport=pci|mmio)",
+            "unknown option `bogus` (ro, locking=on|off, transport=pci|mmio;",
         ),
         (
             &["--kernel", good, "--memory", "lots"],

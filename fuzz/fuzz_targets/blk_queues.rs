@@ -1,7 +1,7 @@
 #![no_main]
 //! The virtio-blk queue work over arbitrary rings and requests: guest memory is the input
 //! (descriptor table, available ring, request headers, data), the queue's size, event-idx and
-//! whether the disk is read-only come from its first byte, and the disk is a small temporary
+//! whether the disk is read-only come from its first byte, and the disk is a small unnamed
 //! file (4 KiB of whole sectors and a 100-byte partial sector after them). Beyond "no panic":
 //! - every chain completes or the device breaks: once the device says it has no more work and
 //!   is healthy, the used index has caught up with the available index;
@@ -10,13 +10,13 @@
 //! - nothing outside guest memory is touched: guest memory is the only memory the device
 //!   reaches, through its DMA context, and the file only at offsets inside its capacity.
 
-use std::fs::OpenOptions;
-use std::path::PathBuf;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
 use std::sync::{Arc, OnceLock};
 
 use exitless::dma::DmaContext;
 use exitless::logging::DeviceLog;
-use exitless::virtio::block::VirtioBlock;
+use exitless::virtio::block::{DiskImage, VirtioBlock};
 use exitless::virtio::device::DeviceHealth;
 use exitless::virtio::engine::QueueEngine;
 use libfuzzer_sys::fuzz_target;
@@ -46,11 +46,29 @@ fn image() -> Vec<u8> {
         .collect()
 }
 
-fn disk_path() -> &'static PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        std::env::temp_dir().join(format!("exitless-fuzz-blk-{}", std::process::id()))
+/// This process's disk: a file with no name, so that nothing is left behind however the
+/// process ends (each run rewrites it whole).
+fn disk() -> &'static File {
+    static DISK: OnceLock<File> = OnceLock::new();
+    DISK.get_or_init(|| {
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("exitless-fuzz-blk-{}", std::process::id()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
     })
+}
+
+/// The whole of `file`.
+fn contents(file: &File) -> Vec<u8> {
+    let mut bytes = vec![0; usize::try_from(file.metadata().unwrap().len()).unwrap()];
+    file.read_exact_at(&mut bytes, 0).unwrap();
+    bytes
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -64,15 +82,14 @@ fuzz_target!(|data: &[u8]| {
     // device's: the invariant below compares it with what the driver published).
     mem.write_obj(0u16, GuestAddress(USED + 2)).unwrap();
     let read_only = config & 0x40 != 0;
-    let path = disk_path();
+    let file = disk();
     let before = image();
-    std::fs::write(path, &before).unwrap();
-    let file = OpenOptions::new()
-        .read(true)
-        .write(!read_only)
-        .open(path)
-        .unwrap();
-    let (_blk, handler) = VirtioBlock::new(file, read_only, b"fuzz").unwrap();
+    file.set_len(0).unwrap();
+    file.write_all_at(&before, 0).unwrap();
+    // Writable even for a read-only disk: a write the device should have refused lands, and
+    // the check below sees it.
+    let image = DiskImage::from_file(file.try_clone().unwrap(), read_only).unwrap();
+    let (_blk, handler) = VirtioBlock::new(image, b"fuzz");
     let size = 1u16 << (config % 5); // 1..=16: the rings fit their areas
     let mut q = Queue::new(256).unwrap();
     q.set_size(size);
@@ -99,7 +116,7 @@ fuzz_target!(|data: &[u8]| {
             "a healthy device with no work left completed every chain"
         );
     }
-    let after = std::fs::read(path).unwrap();
+    let after = contents(file);
     assert_eq!(after.len(), before.len(), "the file never changes size");
     assert_eq!(
         after[SECTORS * 512..],

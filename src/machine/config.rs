@@ -1,6 +1,8 @@
 //! What a machine is made of: RAM, vCPUs, how ECAM is served, the console, the platform
 //! devices, the virtio devices.
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use crate::irq::CommitStrategy;
@@ -160,15 +162,31 @@ fn name_hash(name: &str) -> [u8; 3] {
     [folded[5], folded[6], folded[7]]
 }
 
-/// A virtio-blk device of a machine: a raw file, sector `n` at byte `512 n`.
+/// A virtio-blk device of a machine: a raw image (a file or a block device), sector `n` at
+/// byte `512 n`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiskConfig {
-    /// The file.
+    /// The image.
     pub path: PathBuf,
     /// Opened read-only; the device offers VIRTIO_BLK_F_RO and refuses writes.
     pub read_only: bool,
+    /// Locked as QEMU locks its images, so that no other VM writes it meanwhile (or reads it
+    /// while this one writes); QEMU's `locking=off` turns that off.
+    pub locking: bool,
     /// Its transport.
     pub transport: Transport,
+}
+
+impl DiskConfig {
+    /// A read-write, locked disk on `path` behind virtio-pci.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        DiskConfig {
+            path: path.into(),
+            read_only: false,
+            locking: true,
+            transport: Transport::Pci,
+        }
+    }
 }
 
 /// Why a `--disk` or `--net` value of `exitless run` is not one exitless takes: one line each.
@@ -177,9 +195,14 @@ pub enum ConfigSyntaxError {
     /// A disk with no file.
     #[error("no file")]
     NoFile,
-    /// A disk option other than `ro` and `transport=`.
-    #[error("unknown option `{0}` (ro, transport=pci|mmio)")]
+    /// A disk option other than `ro`, `locking=` and `transport=`.
+    #[error(
+        "unknown option `{0}` (ro, locking=on|off, transport=pci|mmio; a comma in the file's name is written twice)"
+    )]
     DiskOption(String),
+    /// An option given twice: which one counts would be a guess.
+    #[error("`{0}` given twice: give each option once")]
+    Twice(String),
     /// A network device that does not start with its backend.
     #[error("`{0}`: tap=NAME or none first")]
     NetBackend(String),
@@ -194,32 +217,69 @@ pub enum ConfigSyntaxError {
     Mac(String),
 }
 
-/// `FILE[,ro][,transport=pci|mmio]`, `exitless run --disk`'s syntax. The file is opened when
-/// the machine is built.
-impl std::str::FromStr for DiskConfig {
-    type Err = ConfigSyntaxError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut parts = s.split(',');
-        let path = parts
-            .next()
-            .filter(|p| !p.is_empty())
-            .ok_or(ConfigSyntaxError::NoFile)?;
-        let mut disk = DiskConfig {
-            path: path.into(),
-            read_only: false,
-            transport: Transport::Pci,
+impl DiskConfig {
+    /// `FILE[,ro][,locking=on|off][,transport=pci|mmio]`, `exitless run --disk`'s syntax. FILE
+    /// is any bytes a path may hold, a comma in it written twice as QEMU's options write one
+    /// (`a,,b` is the file `a,b`). The image is opened when the machine is built.
+    pub fn parse(arg: &OsStr) -> Result<Self, ConfigSyntaxError> {
+        let (path, options) = split_path(arg.as_bytes());
+        if path.is_empty() {
+            return Err(ConfigSyntaxError::NoFile);
+        }
+        let mut disk = DiskConfig::new(OsString::from_vec(path));
+        let Some(options) = options else {
+            return Ok(disk);
         };
-        for option in parts {
-            match option {
-                "ro" => disk.read_only = true,
-                "transport=pci" => disk.transport = Transport::Pci,
-                "transport=mmio" => disk.transport = Transport::Mmio,
-                _ => return Err(ConfigSyntaxError::DiskOption(option.into())),
+        let (options, mut seen) = (String::from_utf8_lossy(options), Vec::new());
+        for option in options.split(',') {
+            let unknown = || ConfigSyntaxError::DiskOption(option.into());
+            once(&mut seen, option)?;
+            match option.split_once('=').unwrap_or((option, "")) {
+                ("ro", "") => disk.read_only = true,
+                ("locking", on) => disk.locking = on_off(on).ok_or_else(unknown)?,
+                ("transport", "pci") => disk.transport = Transport::Pci,
+                ("transport", "mmio") => disk.transport = Transport::Mmio,
+                _ => return Err(unknown()),
             }
         }
         Ok(disk)
     }
+}
+
+/// A disk's FILE, its doubled commas made single, and what follows the first single comma.
+fn split_path(arg: &[u8]) -> (Vec<u8>, Option<&[u8]>) {
+    let mut path = Vec::with_capacity(arg.len());
+    let mut i = 0;
+    while let Some(&byte) = arg.get(i) {
+        if byte == b',' {
+            if arg.get(i + 1) != Some(&b',') {
+                return (path, Some(&arg[i + 1..]));
+            }
+            i += 1;
+        }
+        path.push(byte);
+        i += 1;
+    }
+    (path, None)
+}
+
+/// QEMU's on and off.
+fn on_off(value: &str) -> Option<bool> {
+    match value {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// Refuse `option` if an option of its name is in `seen` already, else add its name.
+fn once<'a>(seen: &mut Vec<&'a str>, option: &'a str) -> Result<(), ConfigSyntaxError> {
+    let name = option.split_once('=').map_or(option, |(name, _)| name);
+    if seen.contains(&name) {
+        return Err(ConfigSyntaxError::Twice(name.into()));
+    }
+    seen.push(name);
+    Ok(())
 }
 
 /// `tap=NAME|none[,mac=MAC][,queues=N][,transport=pci|mmio]`, `exitless run --net`'s syntax.
@@ -240,7 +300,9 @@ impl std::str::FromStr for VirtioNetConfig {
             backend,
             ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
         };
+        let mut seen = Vec::new();
         for option in parts {
+            once(&mut seen, option)?;
             match option.split_once('=') {
                 Some(("mac", mac)) => net.mac = Some(parse_mac(mac)?),
                 Some(("queues", n)) => {

@@ -93,15 +93,10 @@ pub enum MachineError {
         #[source]
         source: std::io::Error,
     },
-    /// A disk file cannot be opened or its size read.
-    #[error("cannot open the disk {path}: {source}")]
-    Disk {
-        /// The file.
-        path: std::path::PathBuf,
-        /// The error opening it or reading its size.
-        #[source]
-        source: std::io::Error,
-    },
+    /// A disk image cannot be used: not opened, not an image, used twice or by another
+    /// process.
+    #[error(transparent)]
+    Disk(#[from] crate::virtio::block::image::ImageError),
     /// A tap a virtio-net device was to use cannot be opened.
     #[error(transparent)]
     Tap(#[from] crate::virtio::net::tap::TapError),

@@ -33,6 +33,7 @@ use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
 use crate::pci::root::{BarBuses, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
 use crate::virtio::block::VirtioBlock;
+use crate::virtio::block::image::Images;
 use crate::virtio::net::tap::Tap;
 use crate::virtio::net::{NetBackend, RequestResponse, Sink, VirtioNet};
 use crate::virtio::notify::NotifyPath;
@@ -342,8 +343,8 @@ fn add_virtio_net(
     Ok(())
 }
 
-/// The virtio-blk devices of `cfg`, each on its file, opened for reading (and writing unless
-/// the disk is read-only).
+/// The virtio-blk devices of `cfg`, each on its image, opened for reading (and writing unless
+/// the disk is read-only) and locked unless the disk says otherwise; no image serves two.
 fn add_virtio_blk(
     vm: &Vm,
     layout: &mut MemoryLayout,
@@ -352,20 +353,12 @@ fn add_virtio_blk(
     devices: &mut Devices,
     slots: &mut VirtioSlots,
 ) -> Result<(), MachineError> {
+    let mut images = Images::default();
     for disk in &cfg.disks {
-        let opened = |source| MachineError::Disk {
-            path: disk.path.clone(),
-            source,
-        };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(!disk.read_only)
-            .open(&disk.path)
-            .map_err(opened)?;
+        let image = images.open(&disk.path, disk.read_only, disk.locking)?;
         // The serial (VIRTIO_BLK_T_GET_ID) is the file's name, as far as 20 bytes hold it.
         let serial = disk.path.file_name().map(|n| n.as_encoded_bytes());
-        let blk =
-            VirtioBlock::parts(file, disk.read_only, serial.unwrap_or_default()).map_err(opened)?;
+        let blk = VirtioBlock::parts(image, serial.unwrap_or_default());
         let placement = Placement {
             transport: disk.transport,
             // Doorbells that never exit where every driver uses them: virtio-pci's per-queue

@@ -23,6 +23,12 @@ pub fn kick_signal() -> libc::c_int {
     vmm_sys_util::signal::SIGRTMIN()
 }
 
+/// The size of a block device in bytes (linux/fs.h: `_IOR(0x12, 114, size_t)`, a `size_t`
+/// being 8 bytes on x86-64), which libc lacks: a disk image on a block device is sized with
+/// it (`virtio::block::image`).
+pub const BLKGETSIZE64: libc::c_ulong =
+    vmm_sys_util::ioctl::ioctl_expr(vmm_sys_util::ioctl::_IOC_READ, 0x12, 114, 8);
+
 /// A system call a kind of thread may make, and with which arguments.
 #[derive(Clone, Debug)]
 pub(crate) struct Allowed {
@@ -224,7 +230,18 @@ fn main_thread() -> Vec<Allowed> {
         // threads' epoll sets.
         sys!(SYS_openat),
         sys!(SYS_eventfd2),
-        sys!(SYS_fcntl).only(1, [value(libc::F_DUPFD_CLOEXEC)]),
+        // Disk images (`virtio::block::image`): opened with O_NONBLOCK, which is then cleared,
+        // and locked as QEMU locks them.
+        sys!(SYS_fcntl).only(
+            1,
+            [
+                value(libc::F_DUPFD_CLOEXEC),
+                value(libc::F_GETFL),
+                value(libc::F_SETFL),
+                value(libc::F_OFD_SETLK),
+                value(libc::F_OFD_GETLK),
+            ],
+        ),
         sys!(SYS_epoll_create1),
         sys!(SYS_epoll_ctl),
         // A socket to name a tap to the kernel by (netdevice(7)): whether it exists, and
@@ -262,6 +279,8 @@ fn main_thread() -> Vec<Allowed> {
                 // run created.
                 libc::SIOCGIFFLAGS,
                 libc::SIOCSIFFLAGS,
+                // A disk image's size, if it is a block device.
+                BLKGETSIZE64,
             ],
         ),
         // Running: the vCPU kick's handler, installed at the first run (the kicks themselves

@@ -1,8 +1,8 @@
-//! virtio-blk (virtio 1.2 §5.2) on a raw file: sector `n` of the disk is bytes `512 n ..` of
-//! the file. [`VirtioBlock`], in this file, is the register side (identity, features,
-//! configuration space); [`BlockQueues`] serves the request queue on the device thread with
-//! `pread`/`pwrite` at offsets and `fsync`, so a request never moves the file's position or
-//! its size.
+//! virtio-blk (virtio 1.2 §5.2) on a raw image, a file or a block device: sector `n` of the
+//! disk is bytes `512 n ..` of the image. [`image`] opens, checks, locks and sizes an image;
+//! [`VirtioBlock`], in this file, is the register side (identity, features, configuration
+//! space); [`BlockQueues`] serves the request queue on the device thread with `pread`/`pwrite`
+//! at offsets and `fsync`, so a request never moves the file's position or its size.
 //!
 //! Every request a driver can build gets a status, never a panic: a request is a header
 //! (`struct virtio_blk_outhdr`), its data, and one writable status byte last (§5.2.6). Data
@@ -12,11 +12,12 @@
 //! with nothing written. Guest memory is reached only through the device's DMA context, the
 //! file only inside its capacity.
 
+pub mod image;
 mod queues;
 
+pub use image::DiskImage;
 pub use queues::BlockQueues;
 
-use std::fs::File;
 use std::mem::offset_of;
 
 use virtio_bindings::virtio_blk::{
@@ -46,21 +47,21 @@ pub struct VirtioBlock {
 }
 
 impl VirtioBlock {
-    /// A device on `disk` (opened read-only if `read_only`), its capacity the file's whole
-    /// sectors, answering VIRTIO_BLK_T_GET_ID with the first 20 bytes of `serial`.
-    pub fn new(disk: File, read_only: bool, serial: &[u8]) -> std::io::Result<(Self, BlockQueues)> {
-        let sectors = disk.metadata()?.len() / SECTOR_SIZE;
-        let queues = BlockQueues::new(disk, sectors, read_only, serial);
-        Ok((VirtioBlock { sectors, read_only }, queues))
+    /// A device on `disk`, its capacity the image's whole sectors, answering
+    /// VIRTIO_BLK_T_GET_ID with the first 20 bytes of `serial`.
+    pub fn new(disk: DiskImage, serial: &[u8]) -> (Self, BlockQueues) {
+        let (sectors, read_only) = (disk.bytes / SECTOR_SIZE, disk.read_only);
+        let queues = BlockQueues::new(disk.file, sectors, read_only, serial);
+        (VirtioBlock { sectors, read_only }, queues)
     }
 
     /// The same, as the [`DeviceParts`] a transport takes.
-    pub fn parts(disk: File, read_only: bool, serial: &[u8]) -> std::io::Result<DeviceParts> {
-        let (device, queues) = VirtioBlock::new(disk, read_only, serial)?;
-        Ok(DeviceParts {
+    pub fn parts(disk: DiskImage, serial: &[u8]) -> DeviceParts {
+        let (device, queues) = VirtioBlock::new(disk, serial);
+        DeviceParts {
             device: Box::new(device),
             queues: Box::new(queues),
-        })
+        }
     }
 }
 

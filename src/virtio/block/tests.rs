@@ -1,5 +1,6 @@
 #![allow(clippy::cast_possible_truncation)] // fixtures
 
+use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -99,8 +100,8 @@ fn engine(
     vq: &MockSplitQueue<'_, GuestMemoryMmap>,
     mem: &GuestMemoryMmap,
 ) -> (QueueEngine, Arc<DeviceHealth>, Arc<DeviceLog>) {
-    let (_, handler) =
-        VirtioBlock::new(disk.open(read_only), read_only, b"exitless-test-disk").unwrap();
+    let image = DiskImage::from_file(disk.open(read_only), read_only).unwrap();
+    let (_, handler) = VirtioBlock::new(image, b"exitless-test-disk");
     let log = DeviceLog::new("test");
     let health = Arc::new(DeviceHealth::new(log.clone()));
     let mut engine = QueueEngine::new(Box::new(handler), health.clone());
@@ -332,7 +333,7 @@ fn a_chain_without_a_status_byte_completes_unanswered_and_a_malformed_one_breaks
 #[test]
 fn the_configuration_space_holds_capacity_seg_max_and_blk_size() {
     let disk = TempDisk::new(DISK + 511);
-    let (blk, _) = VirtioBlock::new(disk.open(true), true, b"").unwrap();
+    let (blk, _) = VirtioBlock::new(DiskImage::from_file(disk.open(true), true).unwrap(), b"");
     let mut config = [0xffu8; 28];
     blk.read_config(0, &mut config);
     assert_eq!(config[..8], 8u64.to_le_bytes(), "whole sectors only");

@@ -648,7 +648,7 @@ fn behind_an_iommu_a_driver_that_takes_access_platform_is_served_through_it() {
 /// BAR 0, one queue, and a read request served by the device thread from the file.
 #[test]
 fn a_virtio_blk_function_serves_a_read_from_its_file() {
-    use crate::virtio::block::VirtioBlock;
+    use crate::virtio::block::{DiskImage, VirtioBlock};
     use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN};
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::desc::split::Descriptor;
@@ -661,7 +661,7 @@ fn a_virtio_blk_function_serves_a_read_from_its_file() {
     let p = crate::virtio::test_parts();
     let mem = p.env.mem.clone();
     let file = std::fs::File::open(&path).unwrap();
-    let blk = VirtioBlock::parts(file, true, b"disk").unwrap();
+    let blk = VirtioBlock::parts(DiskImage::from_file(file, true).unwrap(), b"disk");
     let (mut f, _w) = VirtioPci::new(p.env, blk, 0x18, 2, NotifyPath::Exit).unwrap();
     std::fs::remove_file(&path).unwrap();
     let c = config();
