@@ -12,7 +12,7 @@ use exitless::bench::session::Session;
 use exitless::contract::STATUS_OK;
 use exitless::inspect;
 use exitless::machine::run::{RunConfig, RunError};
-use exitless::machine::{Console, ProbeConfig};
+use exitless::machine::{Console, Overflow, ProbeConfig};
 use exitless::seccomp::{self, ThreadKind};
 
 use crate::cli::{Cli, Command, ProbeArgs, RunArgs};
@@ -41,6 +41,11 @@ fn run(args: RunArgs) -> Result<u8, String> {
         ecam: args.ecam.mode(),
         iommu: args.iommu,
         console,
+        console_overflow: if args.console_drop {
+            Overflow::Drop
+        } else {
+            Overflow::Hold
+        },
         disks: args.disk,
         nets: args.net,
         timeout: args.timeout.map(Duration::from_secs),

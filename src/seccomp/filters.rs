@@ -220,11 +220,11 @@ fn main_thread() -> Vec<Allowed> {
         ),
         sys!(SYS_seccomp).only(0, [u64::from(libc::SECCOMP_SET_MODE_FILTER)]),
         // Building machines: /dev/kvm (and /dev/net/tun for a tap); eventfds for interrupts, doorbells and device wake-ups
-        // (and duplicates of them, and of the vCPU file for its kvm_run page); the device
-        // threads' epoll sets.
+        // (and duplicates of them, of the vCPU file for its kvm_run page, and of stdout for the
+        // console); the device threads' epoll sets.
         sys!(SYS_openat),
         sys!(SYS_eventfd2),
-        sys!(SYS_fcntl).only(1, [value(libc::F_DUPFD_CLOEXEC)]),
+        sys!(SYS_fcntl).only(1, [value(libc::F_DUPFD_CLOEXEC), value(libc::F_SETFL)]),
         sys!(SYS_epoll_create1),
         sys!(SYS_epoll_ctl),
         sys!(SYS_ioctl).only(
@@ -264,6 +264,9 @@ fn main_thread() -> Vec<Allowed> {
         sys!(SYS_read),
         sys!(SYS_lseek),
         sys!(SYS_statx),
+        // The console file (`machine::console`): opened with O_NONBLOCK, which F_SETFL (above)
+        // clears once it is known writable, and emptied once every other option is checked.
+        sys!(SYS_ftruncate),
     ]
 }
 

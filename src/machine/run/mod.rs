@@ -23,7 +23,7 @@ use std::time::Duration;
 use crate::devices::debug_exit;
 use crate::machine::Loader;
 use crate::machine::config::{
-    Console, DiskConfig, MachineConfig, NetBackendKind, Platform, VirtioNetConfig,
+    Console, DiskConfig, MachineConfig, NetBackendKind, Overflow, Platform, VirtioNetConfig,
 };
 use crate::machine::layout::PCI_MMIO_WINDOW;
 use crate::machine::vcpus::RunEnd;
@@ -62,6 +62,8 @@ pub struct RunConfig {
     pub iommu: bool,
     /// Where the serial console goes.
     pub console: Console,
+    /// What the console does when its reader is behind.
+    pub console_overflow: Overflow,
     /// virtio-blk disks.
     pub disks: Vec<DiskConfig>,
     /// virtio-net devices (a tap, or no link).
@@ -231,6 +233,7 @@ impl RunConfig {
             iommu: self.iommu,
             vcpus,
             console: self.console.clone(),
+            console_overflow: self.console_overflow,
             disks: self.disks.clone(),
             virtio: self.nets.clone(),
             platform: Some(Platform {
@@ -320,6 +323,7 @@ mod tests {
             ecam: Some(EcamMode::Shadow),
             iommu: false,
             console: Console::Buffer,
+            console_overflow: Overflow::Hold,
             disks: Vec::new(),
             nets: Vec::new(),
             timeout: None,
