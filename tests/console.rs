@@ -95,23 +95,25 @@ fn assert_refused(status: ExitStatus, stderr: &str, says: &str) {
     assert!(stderr.contains(says), "{stderr}");
 }
 
+/// A run with `spam=SPAM` and `args` whose stdout nobody reads until it ends or `unread_for`
+/// passes; whether it ended unread, its status, stdout and stderr.
+fn spam_run(args: &[&str], unread_for: Duration) -> (bool, ExitStatus, String, String) {
+    let spam = format!("spam={SPAM}");
+    let mut child = start(&[&["--cmdline", spam.as_str()], args].concat());
+    let err = drain(child.stderr.take().unwrap());
+    let ended_unread = ends_within(&mut child, unread_for);
+    let mut out = String::new();
+    let mut stdout = child.stdout.take().unwrap();
+    stdout.read_to_string(&mut out).unwrap();
+    let status = child.wait().unwrap();
+    (ended_unread, status, out, err.join().unwrap())
+}
+
 #[test]
 fn a_reader_that_pauses_gets_every_line_in_order() {
-    let spam = format!("spam={SPAM}");
-    let mut child = start(&["--cmdline", &spam]);
-    let err = drain(child.stderr.take().unwrap());
     // Nobody reads stdout for a while: the guest is held back rather than losing output (it
-    // would have finished and exited by now if it were not).
-    let ended_unread = ends_within(&mut child, Duration::from_secs(20));
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let status = child.wait().unwrap();
-    let err = err.join().unwrap();
+    // would have finished and exited by then if it were not).
+    let (ended_unread, status, out, err) = spam_run(&[], Duration::from_secs(20));
     let got: Vec<&str> = out.lines().filter(|l| l.starts_with("spam ")).collect();
     let want: Vec<String> = (1..=SPAM).map(spam_line).collect();
     assert!(
@@ -127,23 +129,9 @@ fn a_reader_that_pauses_gets_every_line_in_order() {
 
 #[test]
 fn console_drop_never_holds_the_guest_and_says_what_it_dropped() {
-    let spam = format!("spam={SPAM}");
-    let mut child = start(&["--cmdline", &spam, "--console-drop"]);
-    let err = drain(child.stderr.take().unwrap());
     // Nobody reads stdout until the run has ended: it ends all the same.
-    assert!(
-        ends_within(&mut child, Duration::from_secs(300)),
-        "held back"
-    );
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let status = child.wait().unwrap();
-    let err = err.join().unwrap();
+    let (ended_unread, status, out, err) = spam_run(&["--console-drop"], Duration::from_secs(300));
+    assert!(ended_unread, "held back");
     assert_eq!(status.code(), Some(PASSED), "{err}");
     let summary: Vec<&str> = err.lines().filter(|l| l.contains("output lost")).collect();
     assert_eq!(summary.len(), 1, "one line at exit: {err}");

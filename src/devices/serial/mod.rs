@@ -40,8 +40,8 @@ pub const CONSOLE_LOG_LIMIT: usize = 1 << 20;
 /// Number of ports a 16550 decodes.
 pub const SERIAL_PORT_LEN: u16 = 8;
 
-/// The registers and bits this device looks at (PC16550D datasheet, Table II): the transmit
-/// holding register, IER, MCR's loopback bit, and LSR's THRE (bit 5) and TEMT (bit 6).
+/// The registers and bits this device looks at (PC16550D datasheet, Table II): IER, LCR's
+/// divisor latch bit, MCR's loopback bit, and LSR's THRE (bit 5) and TEMT (bit 6).
 const IER: u8 = 1;
 const LCR: u8 = 3;
 const MCR: u8 = 4;

@@ -92,7 +92,7 @@ fn stalled(
 
 /// The byte the `i`th write of a test puts out: a sequence, so order is checked too.
 fn nth(i: usize) -> u8 {
-    (i % 251) as u8
+    u8::try_from(i % 251).expect("below 251")
 }
 
 #[test]
