@@ -44,11 +44,9 @@ pub enum ConsoleError {
         path: PathBuf,
     },
     /// A zero-length write failed.
-    #[error(
-        "--console {target}: cannot be written ({source}); give a file or terminal that takes output"
-    )]
+    #[error("{target}: cannot be written ({source}); give a file or terminal that takes output")]
     NotWritable {
-        /// The file, or `stdout`.
+        /// The option that named it.
         target: String,
         /// The write's error.
         #[source]
@@ -112,7 +110,7 @@ pub fn open(
 /// A descriptor of stdout, checked.
 fn stdout() -> Result<File, ConsoleError> {
     let not_writable = |source| ConsoleError::NotWritable {
-        target: "stdout".into(),
+        target: "stdout (--console stdio)".into(),
         source,
     };
     let file = File::from(
@@ -151,7 +149,7 @@ fn open_file(path: &Path, disks: &[DiskConfig]) -> Result<(File, Option<Truncate
         });
     }
     probe_write(&file).map_err(|source| ConsoleError::NotWritable {
-        target: path.display().to_string(),
+        target: format!("--console {}", path.display()),
         source,
     })?;
     // The console thread's writes wait for a slow reader (a FIFO, a terminal) rather than fail.

@@ -77,18 +77,14 @@ impl Write for Sink {
                 log.extend_from_slice(&buf[..buf.len().min(room)]);
             }
             Sink::Queue(q, log) => {
-                if q.push(buf) > 0 {
-                    match q.overflow() {
-                        // The transmitter showed busy and its FIFO is full: as on a real
-                        // UART, the byte is lost (counted, and said at exit).
-                        Overflow::Hold => guest_error!(
-                            log,
-                            "THR written while the transmitter was busy (LSR.THRE clear): byte lost"
-                        ),
-                        Overflow::Drop => {
-                            log.warn(format_args!("console output is behind; bytes dropped"))
-                        }
-                    }
+                // The transmitter showed busy and its FIFO is full: as on a real UART, the
+                // byte is lost (counted, and said at exit). With Overflow::Drop the guest was
+                // never told to wait: only the count at exit says so.
+                if q.push(buf) > 0 && q.overflow() == Overflow::Hold {
+                    guest_error!(
+                        log,
+                        "THR written while the transmitter was busy (LSR.THRE clear): byte lost"
+                    );
                 }
             }
         }
