@@ -75,9 +75,18 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub cpus: i64,
     /// Where the serial console goes: `stdio` (output to stdout, input from stdin), or a file
-    /// that receives the output.
+    /// that receives the output (emptied once every other option is checked). A target that
+    /// refuses writes (/dev/full, a FIFO nobody reads, a --disk image) is refused at start; a
+    /// write that fails later is reported once, and at exit. While the console's reader is
+    /// 64 KiB behind, the guest's UART shows its transmitter busy, as QEMU's does, so nothing
+    /// is lost; exit waits until the reader has taken everything.
     #[arg(long, value_name = "stdio|FILE", default_value = "stdio")]
     pub console: String,
+    /// Never hold the guest back for the console's reader: drop what the guest writes while
+    /// the reader is 64 KiB behind, and wait at most 2 s for it at exit; how many bytes were
+    /// dropped is said at exit. For a console nobody may read.
+    #[arg(long)]
+    pub console_drop: bool,
     /// How the VMM serves the ECAM window (the MCFG table describes it unless `none`).
     #[arg(long, value_enum, default_value = "shadow")]
     pub ecam: EcamArg,

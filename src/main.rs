@@ -13,7 +13,7 @@ use exitless::contract::STATUS_OK;
 use exitless::inspect;
 use exitless::logging::stderr_line;
 use exitless::machine::run::{RunConfig, RunError};
-use exitless::machine::{Console, ProbeConfig};
+use exitless::machine::{Console, Overflow, ProbeConfig};
 use exitless::seccomp::{self, ThreadKind};
 use exitless::vm::run_control;
 
@@ -43,6 +43,11 @@ fn run(args: RunArgs) -> Result<u8, String> {
         ecam: args.ecam.mode(),
         iommu: args.iommu,
         console,
+        console_overflow: if args.console_drop {
+            Overflow::Drop
+        } else {
+            Overflow::Hold
+        },
         disks: args.disk,
         nets: args.net,
         // 0 is no limit, as for timeout(1).

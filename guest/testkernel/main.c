@@ -13,7 +13,8 @@
  * What it expects comes from its command line: cpus=N (default 1), mem=MIB (RAM size, if
  * given), ecam=0|1 (whether an MCFG must be there; default 1), iommu=0|1 (whether a DMAR
  * describing a live VT-d unit must be there; default 0), echo=1 (read a line from the
- * console), disk=1 (drive the first virtio-blk disk), net=1 ip=A.B.C.D peer=A.B.C.D (ask the
+ * console), spam=N (print N numbered lines before the checks end, for a console reader that
+ * falls behind), disk=1 (drive the first virtio-blk disk), net=1 ip=A.B.C.D peer=A.B.C.D (ask the
  * host on the first virtio-net device's network for peer's MAC by ARP, and check the answer),
  * exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
  * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
@@ -93,6 +94,14 @@ static int arg_is(const char *key, const char *value)
 }
 
 
+/* spam=N: N numbered lines of 67 bytes, for the VMM's console to carry through a reader that
+ * falls behind (none may be lost, none reordered). */
+static void spam(uint32_t lines)
+{
+    for (uint32_t i = 1; i <= lines; i++)
+        print("spam %06u of %06u: the quick brown fox jumps over the lazy dog\n", i, lines);
+}
+
 static void finish(void)
 {
     print("testkernel: %u passed, %u failed\n", passed, failed);
@@ -141,6 +150,7 @@ void kmain(uint32_t magic, const struct mb_info *mb)
             check_net();
     }
 out:
+    spam(arg_number("spam", 0));
     finish();
     for (;;)
         __asm__ volatile("cli; hlt");

@@ -5,6 +5,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
+pub use crate::devices::serial::Overflow;
 use crate::irq::CommitStrategy;
 use crate::machine::layout;
 use crate::pci::EcamMode;
@@ -27,6 +28,8 @@ pub struct MachineConfig {
     pub vcpus: u8,
     /// Where the guest's serial console goes.
     pub console: Console,
+    /// What the console does when its writer is behind.
+    pub console_overflow: Overflow,
     /// The PC platform devices, if the machine has them.
     pub platform: Option<Platform>,
     /// virtio-net devices, in order: virtio-mmio ones take the layout's windows in turn;
@@ -53,6 +56,7 @@ impl Default for MachineConfig {
             ecam: Some(EcamMode::Shadow),
             vcpus: 1,
             console: Console::default(),
+            console_overflow: Overflow::default(),
             platform: None,
             virtio: Vec::new(),
             disks: Vec::new(),
@@ -74,7 +78,7 @@ pub enum Console {
     Stdout,
     /// To stdout, and stdin feeds the UART's receiver.
     Stdio,
-    /// Into this file, created or truncated.
+    /// Into this file, created, or emptied once the machine is wired.
     File(PathBuf),
 }
 

@@ -10,6 +10,7 @@
 //! - [`run`]: `exitless run`'s machine: the PC platform, ACPI, memory map, kernel loaders.
 
 pub mod config;
+pub mod console;
 pub mod layout;
 pub mod loader;
 pub mod probe;
@@ -34,8 +35,8 @@ use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::{self, Vm, VmError};
 
 pub use config::{
-    Console, DiskConfig, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform,
-    Transport, VirtioNetConfig,
+    Console, DiskConfig, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Overflow,
+    Platform, Transport, VirtioNetConfig,
 };
 pub use layout::{LayoutError, MemoryLayout};
 pub use loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -84,15 +85,9 @@ pub enum MachineError {
     /// Writing or reading guest memory.
     #[error("guest memory access failed: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
-    /// The console file cannot be opened.
-    #[error("cannot open the console file {path}: {source}")]
-    ConsoleFile {
-        /// The file.
-        path: std::path::PathBuf,
-        /// The error opening it.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The console's target cannot be opened, written or emptied, or is a disk.
+    #[error(transparent)]
+    Console(#[from] console::ConsoleError),
     /// A disk image cannot be used: not opened, not an image, used twice or by another
     /// process.
     #[error(transparent)]

@@ -24,6 +24,7 @@ use crate::machine::config::{
     Console, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform, Transport,
     tap_mac,
 };
+use crate::machine::console as machine_console;
 use crate::machine::layout::{self, MemoryLayout};
 use crate::machine::{MachineError, host_err};
 use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
@@ -138,7 +139,8 @@ pub fn wire(
     let mut io = IoBuses::default();
     let routing = Arc::new(GsiRouting::new(vm.shared_fd(), cfg.gsi_commits)?);
     let console = Arc::new(Mutex::new(Vec::new()));
-    let (serial_log, console_input) = add_serial(&mut io, &routing, &cfg.console, &console)?;
+    let (out, truncate) = machine_console::open(&cfg.console, &cfg.disks, &console)?;
+    let (serial_log, console_input) = add_serial(&mut io, &routing, cfg, out)?;
     let mut logs = vec![serial_log];
     let reset_control = match &cfg.platform {
         Some(platform) => {
@@ -182,35 +184,33 @@ pub fn wire(
     add_virtio_net(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
     add_virtio_blk(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
     add_pci_windows(vm, &mut devices.io, &pci, cfg.ecam, reset_control)?;
+    // Every option has been checked: the last run's console log may go.
+    if let Some(truncate) = truncate {
+        truncate.now()?;
+    }
     Ok(devices)
 }
 
-/// The console, writing where `console` says (`buffer` for memory); returns its bus id and
-/// log, and its input thread if stdin feeds it.
+/// The console, writing to `out` as `cfg` says when its writer is behind; returns its bus id
+/// and log, and its input thread if stdin feeds it.
 fn add_serial(
     io: &mut IoBuses,
     routing: &GsiRouting,
-    console: &Console,
-    buffer: &Arc<Mutex<Vec<u8>>>,
+    cfg: &MachineConfig,
+    out: ConsoleOutput,
 ) -> Result<(CountedLog, Option<ConsoleInput>), MachineError> {
-    let out = match console {
-        Console::Buffer => ConsoleOutput::Buffer(buffer.clone()),
-        Console::Stdout | Console::Stdio => ConsoleOutput::Stdout,
-        Console::File(path) => {
-            let file = std::fs::File::create(path).map_err(|source| MachineError::ConsoleFile {
-                path: path.clone(),
-                source,
-            })?;
-            ConsoleOutput::Writer(Box::new(file))
-        }
-    };
     let irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the serial eventfd"))?;
     routing.bind_pin(layout::SERIAL_GSI, &irq, None)?;
     let serial = Arc::new(
-        SerialConsole::new(irq, out, DeviceLog::new(names::SERIAL))
-            .map_err(host_err("start the console thread"))?,
+        SerialConsole::new(
+            irq,
+            out,
+            cfg.console_overflow,
+            DeviceLog::new(names::SERIAL),
+        )
+        .map_err(host_err("start the console thread"))?,
     );
-    let input = match console {
+    let input = match cfg.console {
         Console::Stdio => Some(
             serial
                 .spawn_input(std::io::stdin())

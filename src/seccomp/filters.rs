@@ -226,12 +226,12 @@ fn main_thread() -> Vec<Allowed> {
         ),
         sys!(SYS_seccomp).only(0, [u64::from(libc::SECCOMP_SET_MODE_FILTER)]),
         // Building machines: /dev/kvm (and /dev/net/tun for a tap); eventfds for interrupts, doorbells and device wake-ups
-        // (and duplicates of them, and of the vCPU file for its kvm_run page); the device
-        // threads' epoll sets.
+        // (and duplicates of them, of the vCPU file for its kvm_run page, and of stdout for the
+        // console); the device threads' epoll sets.
         sys!(SYS_openat),
         sys!(SYS_eventfd2),
-        // Disk images (`virtio::block::image`): opened with O_NONBLOCK, which is then cleared,
-        // and locked as QEMU locks them.
+        // Disk images (`virtio::block::image`) and the console file (`machine::console`):
+        // opened with O_NONBLOCK, which is then cleared; images locked as QEMU locks them.
         sys!(SYS_fcntl).only(
             1,
             [
@@ -292,6 +292,9 @@ fn main_thread() -> Vec<Allowed> {
         sys!(SYS_read),
         sys!(SYS_lseek),
         sys!(SYS_statx),
+        // The console file (`machine::console`): opened with O_NONBLOCK, which F_SETFL (above)
+        // clears once it is known writable, and emptied once every other option is checked.
+        sys!(SYS_ftruncate),
     ]
 }
 

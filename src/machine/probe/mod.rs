@@ -73,6 +73,7 @@ impl ProbeConfig {
             } else {
                 Console::Buffer
             },
+            console_overflow: Default::default(),
             platform: None,
             virtio: self.virtio.clone(),
             disks: Vec::new(),

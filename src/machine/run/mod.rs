@@ -23,8 +23,8 @@ use std::time::Duration;
 use crate::devices::debug_exit;
 use crate::machine::Loader;
 use crate::machine::config::{
-    Console, DiskConfig, MachineConfig, NetBackendKind, Platform, VirtioNetConfig, format_mac,
-    tap_mac,
+    Console, DiskConfig, MachineConfig, NetBackendKind, Overflow, Platform, VirtioNetConfig,
+    format_mac, tap_mac,
 };
 use crate::machine::layout::PCI_MMIO_WINDOW;
 use crate::machine::loader::file::{FileError, ImageFile, ReadError};
@@ -64,6 +64,8 @@ pub struct RunConfig {
     pub iommu: bool,
     /// Where the serial console goes.
     pub console: Console,
+    /// What the console does when its reader is behind.
+    pub console_overflow: Overflow,
     /// virtio-blk disks.
     pub disks: Vec<DiskConfig>,
     /// virtio-net devices (a tap, or no link).
@@ -276,6 +278,7 @@ impl RunConfig {
             dump_guest_memory: self.dump_guest_memory,
             vcpus,
             console: self.console.clone(),
+            console_overflow: self.console_overflow,
             disks: self.disks.clone(),
             virtio: self.nets.clone(),
             platform: Some(Platform {
@@ -404,6 +407,7 @@ mod tests {
             ecam: Some(EcamMode::Shadow),
             iommu: false,
             console: Console::Buffer,
+            console_overflow: Overflow::Hold,
             disks: Vec::new(),
             nets: Vec::new(),
             timeout: None,

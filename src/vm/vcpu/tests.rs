@@ -98,6 +98,7 @@ fn rep_outsb_reaches_the_console() {
     let serial = SerialConsole::new(
         vmm_sys_util::eventfd::EventFd::new(0).unwrap(),
         out,
+        Default::default(),
         DeviceLog::new("serial"),
     )
     .unwrap();
