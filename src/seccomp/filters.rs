@@ -209,6 +209,16 @@ fn console_input() -> Vec<Allowed> {
 /// What the main thread does itself. Its filter also holds every other kind's list: the
 /// threads it starts inherit its filter.
 fn main_thread() -> Vec<Allowed> {
+    [
+        starting_threads(),
+        building_machines(),
+        running_and_reporting(),
+    ]
+    .concat()
+}
+
+/// Starting the other threads, and what each does before its own filter is installed.
+fn starting_threads() -> Vec<Allowed> {
     vec![
         // Starting threads. glibc's pthread_create uses clone3, whose flags are in a struct a
         // filter cannot read.
@@ -225,6 +235,12 @@ fn main_thread() -> Vec<Allowed> {
             [value(libc::PR_SET_NAME), value(libc::PR_SET_NO_NEW_PRIVS)],
         ),
         sys!(SYS_seccomp).only(0, [u64::from(libc::SECCOMP_SET_MODE_FILTER)]),
+    ]
+}
+
+/// Building a machine: KVM, its devices' files and the wiring between them.
+fn building_machines() -> Vec<Allowed> {
+    vec![
         // Building machines: /dev/kvm (and /dev/net/tun for a tap); eventfds for interrupts, doorbells and device wake-ups
         // (and duplicates of them, of the vCPU file for its kvm_run page, and of stdout for the
         // console); the device threads' epoll sets.
@@ -283,6 +299,12 @@ fn main_thread() -> Vec<Allowed> {
                 BLKGETSIZE64,
             ],
         ),
+    ]
+}
+
+/// Running a machine, and the report after it.
+fn running_and_reporting() -> Vec<Allowed> {
+    vec![
         // Running: the vCPU kick's handler, installed at the first run (the kicks themselves
         // are tgkill, in runtime()), and the short sleeps while threads stop.
         sys!(SYS_rt_sigaction).only(0, [value(kick_signal())]),
