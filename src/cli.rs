@@ -81,7 +81,7 @@ pub struct RunArgs {
     /// 64 KiB behind, the guest's UART shows its transmitter busy, as QEMU's does, so nothing
     /// is lost; exit waits until the reader has taken everything.
     #[arg(long, value_name = "stdio|FILE", default_value = "stdio")]
-    pub console: String,
+    pub console: PathBuf,
     /// Never hold the guest back for the console's reader: drop what the guest writes while
     /// the reader is 64 KiB behind, and wait at most 2 s for it at exit; how many bytes were
     /// dropped is said at exit. For a console nobody may read.

@@ -30,9 +30,11 @@ const RUN_TIMEOUT_STATUS: u8 = 124;
 
 /// Boot the kernel; the status to exit with.
 fn run(args: RunArgs) -> Result<u8, String> {
-    let console = match args.console.as_str() {
-        "stdio" => Console::Stdio,
-        path => Console::File(path.into()),
+    // A path, as --kernel's: any bytes the file system takes, not only UTF-8.
+    let console = if args.console.as_os_str() == "stdio" {
+        Console::Stdio
+    } else {
+        Console::File(args.console)
     };
     let cfg = RunConfig {
         kernel: args.kernel,

@@ -1,7 +1,7 @@
 //! `exitless run`'s console as an operator meets it (the binary, seccomp on, the multiboot test
 //! kernel): a reader that pauses loses nothing, `--console-drop` says what it dropped, a console
 //! target that cannot be written is refused at start, the last log survives a refused run, a
-//! disk is never the console, and a write that fails mid-run is reported.
+//! disk is never the console, a write that fails mid-run is reported, and a console file may have any name (not only UTF-8).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -164,6 +164,26 @@ fn a_console_that_cannot_be_written_is_refused_at_start() {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let (status, _, err) = run(&["--console", fifo.to_str().unwrap()]);
     assert_refused(status, &err, "a FIFO that no process reads");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_console_file_may_have_any_name_a_kernel_may() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = scratch("name");
+    let log = dir.join(std::ffi::OsStr::from_bytes(b"console-\xff.log"));
+    let status = Command::new(exitless())
+        .arg("run")
+        .arg("--kernel")
+        .arg(kernel())
+        .args(["--timeout", "300", "--console"])
+        .arg(&log)
+        .stdin(Stdio::null())
+        .status()
+        .expect("exitless starts");
+    assert_eq!(status.code(), Some(PASSED), "the test kernel's checks pass");
+    let written = std::fs::read_to_string(&log).expect("the console file");
+    assert!(written.contains("testkernel:"), "{written}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
