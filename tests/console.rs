@@ -1,7 +1,8 @@
 //! `exitless run`'s console as an operator meets it (the binary, seccomp on, the multiboot test
 //! kernel): a reader that pauses loses nothing, `--console-drop` says what it dropped, a console
 //! target that cannot be written is refused at start, the last log survives a refused run, a
-//! disk is never the console, a write that fails mid-run is reported, and a console file may have any name (not only UTF-8).
+//! disk is never the console, a write that fails mid-run is reported, and a console file may
+//! have any name (not only UTF-8).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
