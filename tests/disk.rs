@@ -155,15 +155,18 @@ fn assert_ran(out: &Output) {
     );
 }
 
-/// Whether any process holds a lock on QEMU's lock bytes (100 to 203) of `image`: F_OFD_GETLK
-/// reports another open file's lock, and this one holds none.
-fn locked(image: &Path) -> bool {
+/// Whether another process holds the lock that says it uses `image` for writing: byte 101, QEMU's
+/// RAW_LOCK_PERM_BASE (100) + the bit of BLK_PERM_WRITE (1). QEMU takes its locks in steps (the
+/// read permission when it opens the image, write only once the device is realized), so a
+/// lock on any byte is not yet the writer's. F_OFD_GETLK reports another open file's lock, and
+/// this one holds none.
+fn write_locked(image: &Path) -> bool {
     let file = File::open(image).unwrap();
     let mut lock = libc::flock {
         l_type: libc::F_WRLCK.try_into().unwrap(),
         l_whence: libc::SEEK_SET.try_into().unwrap(),
-        l_start: 100,
-        l_len: 104,
+        l_start: 101,
+        l_len: 1,
         l_pid: 0,
     };
     // SAFETY: F_OFD_GETLK reads and rewrites the flock passed, which outlives the call.
@@ -200,7 +203,7 @@ impl Holder {
         holder
     }
 
-    /// `program ARGS`, once it holds a lock on `image`.
+    /// `program ARGS`, once it holds `image` for writing.
     fn qemu(program: &str, args: &[impl AsRef<OsStr>], image: &Path) -> Self {
         let child = Command::new(program)
             .args(args)
@@ -211,10 +214,10 @@ impl Holder {
             .unwrap();
         let mut holder = Holder(child);
         let deadline = Instant::now() + LIMIT;
-        while !locked(image) {
+        while !write_locked(image) {
             assert!(
                 holder.0.try_wait().unwrap().is_none() && Instant::now() < deadline,
-                "{program} took no lock on {}",
+                "{program} took no write lock on {}",
                 image.display()
             );
             thread::sleep(Duration::from_millis(20));
