@@ -37,6 +37,7 @@ pub mod bus;
 pub mod devices;
 pub mod dma;
 pub mod fakes;
+pub mod host_file;
 pub mod inspect;
 pub mod iommu;
 pub mod irq;

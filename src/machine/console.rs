@@ -15,12 +15,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::devices::serial::ConsoleOutput;
+use crate::host_file;
 use crate::machine::config::{Console, DiskConfig};
 
 /// Why the console's target cannot be used. Each message is one line.
@@ -153,11 +154,7 @@ fn open_file(path: &Path, disks: &[DiskConfig]) -> Result<(File, Option<Truncate
         source,
     })?;
     // The console thread's writes wait for a slow reader (a FIFO, a terminal) rather than fail.
-    // SAFETY: F_SETFL only changes the flags of the descriptor `file` owns; 0 clears the
-    // O_NONBLOCK set above (fcntl(2): F_SETFL changes only the status flags).
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, 0) } < 0 {
-        return Err(opened(io::Error::last_os_error()));
-    }
+    host_file::set_blocking(&file).map_err(opened)?;
     let truncate = if meta.is_file() {
         let file = file.try_clone().map_err(opened)?;
         Some(Truncate {

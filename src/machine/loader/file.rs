@@ -9,9 +9,10 @@
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
+use crate::host_file;
 use crate::machine::loader::elf;
 
 /// Bytes of a kernel file read to find its format and headers: more than a multiboot
@@ -60,23 +61,6 @@ impl<E> ReadError<E> {
     }
 }
 
-/// What a file that is not a regular one is, in words.
-fn kind(t: std::fs::FileType) -> &'static str {
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a file"
-    }
-}
-
 /// A regular file of at most the guest's RAM, read range by range.
 #[derive(Debug)]
 pub struct ImageFile {
@@ -93,7 +77,7 @@ impl ImageFile {
             .open(path)?;
         let meta = file.metadata()?;
         if !meta.file_type().is_file() {
-            return Err(FileError::NotRegular(kind(meta.file_type())));
+            return Err(FileError::NotRegular(host_file::kind(meta.file_type())));
         }
         let len = meta.len();
         if len > ram {

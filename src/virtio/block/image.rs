@@ -19,6 +19,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::host_file;
 use crate::seccomp::BLKGETSIZE64;
 
 /// QEMU's permissions on an image, by bit (include/block/block-common.h, `BLK_PERM_*`), with
@@ -162,7 +163,7 @@ impl Images {
             });
         }
         // Reads and writes of the device thread wait for the disk, as a driver expects.
-        set_blocking(&file).map_err(open_error)?;
+        host_file::set_blocking(&file).map_err(open_error)?;
         if locking {
             lock(&file, read_only, path)?;
         }
@@ -189,37 +190,13 @@ fn identity(path: &Path, meta: &Metadata) -> Result<Identity, ImageError> {
         });
     } else if kind.is_block_device() {
         return Ok(Identity::BlockDevice { rdev: meta.rdev() });
-    } else if kind.is_dir() {
-        "a directory"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_socket() {
-        "a socket"
     } else {
-        "not a regular file"
+        host_file::kind(kind)
     };
     Err(ImageError::NotAnImage {
         path: path.into(),
         what,
     })
-}
-
-/// Clear `O_NONBLOCK`, which was only for the open.
-fn set_blocking(file: &File) -> io::Result<()> {
-    let fd = file.as_raw_fd();
-    // SAFETY: F_GETFL and F_SETFL read and set the flags of a descriptor `file` owns; no memory
-    // is passed.
-    let ok = unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// `file`'s size in bytes: a block device's from `BLKGETSIZE64` (its length is 0), a file's
