@@ -35,7 +35,9 @@ pub fn ratio_interval([lo, hi]: [f64; 2]) -> String {
         return "-".into();
     }
     let one = |r: f64| {
-        if r >= 0.01 {
+        if r >= 100.0 {
+            format!("{r:.0}")
+        } else if r >= 0.01 {
             format!("{r:.3}")
         } else {
             format!("{r:.2e}")
@@ -71,5 +73,6 @@ mod tests {
         assert_eq!(human_ns_pm(5.0, 5.0, 5.0), "5.00 ns ±0.00");
         assert_eq!(ratio_interval([0.931, 1.05]), "0.931..1.050");
         assert_eq!(ratio_interval([f64::NAN, 1.0]), "-");
+        assert_eq!(ratio_interval([128977.9, 180685.5]), "128978..180686");
     }
 }

@@ -180,19 +180,18 @@ pub(crate) fn in_rounds<T, E>(
 /// One line for a scenario's timing: the rounds and their boots.
 pub(crate) fn rounds_line(rounds: usize, boots: &str) -> String {
     format!(
-        "{rounds} rounds, each with boots of its own ({boots}), the boots' order rotated round          by round; time/op is the median over rounds, ± half its interval (order statistics;          {:.1}% coverage at {rounds} rounds)",
+        "{rounds} rounds, each with boots of its own ({boots}), the boots' order rotated round \
+         by round; time/op is the median over rounds, ± half its interval (order statistics, \
+         {:.1}% coverage at {rounds} rounds)",
         100.0 * median_ci(&vec![0.0; rounds.max(1)]).coverage
     )
 }
 
-/// What must not change between rounds: exits by kind, interrupts, routing commits.
+/// What must not change between rounds: exits by kind, interrupts, routing commits (per op:
+/// the same counts over the same ops give the same bits).
 fn counts(v: &Variant) -> (Vec<u64>, Option<u64>, Vec<u64>) {
-    let exits = v
-        .exits_by_kind
-        .values()
-        .map(|x| (x * v.ops as f64).round() as u64)
-        .collect();
-    let irqs = v.irqs_per_op.map(|x| (x * v.ops as f64).round() as u64);
+    let exits = v.exits_by_kind.values().map(|x| x.to_bits()).collect();
+    let irqs = v.irqs_per_op.map(f64::to_bits);
     let commits = v.routing.as_ref().map_or_else(Vec::new, routing_commits);
     (exits, irqs, commits)
 }
@@ -278,9 +277,105 @@ pub(crate) fn ratio_target(
     };
     TargetCheck {
         target,
-        measured: format!("{measured}; 95% interval {lo:.3}..{hi:.3}x"),
+        measured: format!(
+            "{measured}; 95% interval {}x",
+            crate::bench::format::ratio_interval([lo, hi])
+        ),
         met,
         verdict: Some(Verdict::of_interval((lo, hi), threshold, at_most)),
         ratio_ci95: Some([lo, hi]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(ns: f64, mmio_writes: f64) -> Variant {
+        Variant {
+            name: "v".into(),
+            ns_per_op: ns,
+            rounds: 1,
+            ci95: [ns, ns],
+            ci95_coverage: 0.0,
+            counts_vary: false,
+            round_figures: Vec::new(),
+            exits_per_op: mmio_writes,
+            exits_by_kind: BTreeMap::from([("mmio-write", mmio_writes)]),
+            ops: 10,
+            host_ns_per_op: ns,
+            baseline: String::new(),
+            time_ratio: f64::NAN,
+            time_ratio_ci95: [f64::NAN; 2],
+            seed_time_ratio: None,
+            trans_per_s: Some(1e9 / ns),
+            seed_trans_per_s: None,
+            irqs_per_op: None,
+            delivery: None,
+            guest_errors: BTreeMap::new(),
+            routing: None,
+            iommu: None,
+            peer: None,
+        }
+    }
+
+    #[test]
+    fn rounds_run_boots_in_rotated_order_and_keep_them_by_boot() {
+        let mut order = Vec::new();
+        let by_boot = in_rounds(3, 3, |b| {
+            order.push(b);
+            Ok::<_, ()>(b * 10 + order.len())
+        })
+        .unwrap();
+        assert_eq!(order, [0, 1, 2, 1, 2, 0, 2, 0, 1]);
+        assert_eq!(by_boot[1], [12, 14, 19]);
+    }
+
+    #[test]
+    fn combined_rounds_give_the_median_its_interval_and_flag_varying_counts() {
+        let v = combine(vec![round(30.0, 1.0), round(10.0, 1.0), round(20.0, 1.0)]);
+        assert_eq!((v.ns_per_op, v.rounds, v.ci95), (20.0, 3, [10.0, 30.0]));
+        assert_eq!(v.trans_per_s, Some(1e9 / 20.0));
+        assert!(!v.counts_vary);
+        let v = combine(vec![round(30.0, 1.0), round(10.0, 1.1), round(20.0, 1.0)]);
+        assert!(v.counts_vary);
+        let mut vs = vec![v, {
+            let mut b = combine(vec![round(60.0, 1.0), round(20.0, 1.0), round(40.0, 1.0)]);
+            b.name = "base".into();
+            b
+        }];
+        set_baseline(&mut vs, "base", &[]);
+        // Paired rounds: every round's ratio is 0.5, so is the interval.
+        assert_eq!((vs[0].time_ratio, vs[0].time_ratio_ci95), (0.5, [0.5, 0.5]));
+        let json = serde_json::to_string(&vs[0]).unwrap();
+        for field in [
+            "\"rounds\":3",
+            "\"ci95\":[10.0,30.0]",
+            "\"time_ratio_ci95\":[0.5,0.5]",
+            "\"counts_vary\":true",
+        ] {
+            assert!(json.contains(field), "{field} in {json}");
+        }
+    }
+
+    #[test]
+    fn a_ratio_target_spanning_its_threshold_is_not_established() {
+        let wide = ratio_target(
+            "a >= b".into(),
+            "figures".into(),
+            (&[0.8, 0.945, 1.05, 1.1, 0.9], &[1.0; 5]),
+            1.0,
+            false,
+        );
+        assert!(!wide.met);
+        let json = serde_json::to_string(&wide).unwrap();
+        assert!(json.contains("\"verdict\":\"not established\""), "{json}");
+        assert!(json.contains("\"ratio_ci95\":["), "{json}");
+        let plain = TargetCheck {
+            met: true,
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&plain).unwrap();
+        assert!(json.contains("\"verdict\":\"met\""), "{json}");
     }
 }

@@ -40,7 +40,7 @@ pub struct MedianInterval {
 
 /// `P(X <= k)` for `X ~ Binomial(n, 1/2)`.
 fn binomial_half_cdf(n: usize, k: usize) -> f64 {
-    let mut term = 0.5f64.powi(n as i32); // C(n, 0) / 2^n
+    let mut term = 0.5f64.powf(n as f64); // C(n, 0) / 2^n
     let mut sum = 0.0;
     for i in 0..=k.min(n) {
         sum += term;
@@ -109,9 +109,9 @@ pub fn ratio_ci(num: &[f64], den: &[f64]) -> (f64, f64) {
         })
         .collect();
     ratios.sort_by(f64::total_cmp);
-    let tail = (1.0 - CONFIDENCE) / 2.0;
-    let at = |q: f64| ratios[((q * (RESAMPLES - 1) as f64).round() as usize).min(RESAMPLES - 1)];
-    (at(tail), at(1.0 - tail))
+    // 2.5% in each tail (CONFIDENCE): the 50th resample from each end of 2000.
+    let tail = RESAMPLES / 40;
+    (ratios[tail], ratios[RESAMPLES - 1 - tail])
 }
 
 /// The order round `round` (from 0) runs `n` boots in: rotated one place per round
