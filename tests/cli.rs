@@ -22,7 +22,15 @@ fn bench_json(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn bench_pci_json_has_every_variant_with_exit_counts() {
-    let report = bench_json(&["pci", "--reads", "200", "--enumerations", "1"]);
+    let report = bench_json(&[
+        "pci",
+        "--reads",
+        "200",
+        "--enumerations",
+        "1",
+        "--rounds",
+        "3",
+    ]);
     assert!(report["host"].as_str().is_some_and(|h| !h.is_empty()));
     let scenario = &report["scenarios"][0];
     assert_eq!(scenario["name"], "pci");
@@ -63,6 +71,23 @@ fn bench_pci_json_has_every_variant_with_exit_counts() {
     assert!(exits("enum-ecam-shadow") < exits("enum-ecam-trap"));
     for v in variants {
         assert!(v["ns_per_op"].as_f64().is_some_and(|t| t > 0.0), "{v}");
+        // Three rounds: the median lies in its interval, and counts never vary for pci.
+        assert_eq!(v["rounds"], 3, "{v}");
+        let (lo, hi) = (
+            v["ci95"][0].as_f64().unwrap(),
+            v["ci95"][1].as_f64().unwrap(),
+        );
+        let ns = v["ns_per_op"].as_f64().unwrap();
+        assert!(lo <= ns && ns <= hi, "{v}");
+        assert_eq!(v["counts_vary"], false, "{v}");
+        assert!(v["time_ratio_ci95"].is_array(), "{v}");
+    }
+    for t in scenario["targets"].as_array().unwrap() {
+        let verdict = t["verdict"].as_str().unwrap();
+        assert!(
+            ["met", "missed", "not established"].contains(&verdict),
+            "{t}"
+        );
     }
 }
 
@@ -77,6 +102,8 @@ fn bench_table_names_the_host_and_the_seed() {
         "100",
         "--enumerations",
         "1",
+        "--rounds",
+        "2",
         "--svg",
         svg.to_str().unwrap(),
     ]);

@@ -127,6 +127,7 @@ impl PeerResult {
                 target: format!("exitless <= {} on every shared variant", self.name),
                 measured: format!("slowest relative to {}: {name} at {ratio:.3}x", self.name),
                 met: ratio <= 1.0,
+                ..Default::default()
             });
         }
         for name in self.plan.exit_avoiding {
@@ -143,6 +144,7 @@ impl PeerResult {
                 target: format!("{name} <= 0.1x {}'s default path", self.name),
                 measured: format!("{ratio:.4}x"),
                 met: ratio <= 0.1,
+                ..Default::default()
             });
         }
         if self.run.tsc_khz.is_none() {

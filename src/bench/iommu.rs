@@ -345,6 +345,7 @@ fn targets(variants: &[Variant]) -> Vec<TargetCheck> {
             ),
             met: array.packets_ratio >= TARGET_ARRAY_RATIO
                 && array.iommu_exits_per_packet <= 1.0 / DEFAULT_HWM as f64,
+            ..Default::default()
         },
         TargetCheck {
             target: "device-thread CPU per packet ordered strict > deferred-array > none (the \
@@ -358,6 +359,7 @@ fn targets(variants: &[Variant]) -> Vec<TargetCheck> {
             ),
             met: strict.device_cpu_ns_per_packet > array.device_cpu_ns_per_packet
                 && array.device_cpu_ns_per_packet > none.device_cpu_ns_per_packet,
+            ..Default::default()
         },
     ]
 }

@@ -2,6 +2,7 @@
 //! variant side by side in one run, reported as ratios first.
 //!
 //! Imports run one way, bottom to top:
+//! - [`stats`] (medians, intervals, verdicts, the rounds' order);
 //! - [`model`] (what a report holds) and [`format`] (how it writes numbers); [`host`] and
 //!   [`host_tap`], the host this runs on;
 //! - [`measure`] (probe runs into variants) and [`against`] (the same ops under another VMM);
@@ -24,3 +25,4 @@ pub mod report;
 pub mod rr;
 pub mod session;
 pub mod soak;
+pub mod stats;

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::bench::stats::Verdict;
 use crate::iommu::IommuStats;
 
 /// Everything one `exitless bench` run measured.
@@ -43,8 +44,23 @@ pub struct ScenarioReport {
 pub struct Variant {
     /// Variant name (`pio`, `ecam-shadow`, ...).
     pub name: String,
-    /// Mean time per operation, from the guest's TSC.
+    /// Time per operation, from the guest's TSC: the median over rounds of each round's
+    /// figure.
     pub ns_per_op: f64,
+    /// Rounds measured (`--rounds`), each in boots of its own.
+    pub rounds: usize,
+    /// Interval of the median `ns_per_op`, same unit: the order-statistic (binomial) interval,
+    /// 95% from 6 rounds on, min..max below that (coverage in `ci95_coverage`).
+    pub ci95: [f64; 2],
+    /// The probability `ci95` holds the true median (`1 - 2/2^n` for min..max).
+    pub ci95_coverage: f64,
+    /// Whether exit, interrupt or commit counts differed between rounds (they are counts, not
+    /// samples: identical rounds are expected unless the device's behaviour depends on timing).
+    pub counts_vary: bool,
+    /// Each round's figures, the variant as that round measured it (not serialized; targets
+    /// take their per-round ratios from it). Empty for a variant of one measurement.
+    #[serde(skip)]
+    pub round_figures: Vec<Variant>,
     /// Mean exits to the VMM per operation.
     pub exits_per_op: f64,
     /// Exits per operation by kind.
@@ -58,6 +74,8 @@ pub struct Variant {
     pub baseline: String,
     /// `ns_per_op / baseline ns_per_op`: below 1 is faster.
     pub time_ratio: f64,
+    /// 95% interval of `time_ratio`: percentile bootstrap over paired rounds, fixed seed.
+    pub time_ratio_ci95: [f64; 2],
     /// The same ratio in the seed's published figures, where it has one.
     pub seed_time_ratio: Option<f64>,
     /// Transactions per second (request/response scenarios).
@@ -102,6 +120,20 @@ pub struct PeerFigure {
 }
 
 impl Variant {
+    /// The variant as each round measured it: its rounds, or itself when it has none.
+    pub fn per_round(&self) -> &[Variant] {
+        if self.round_figures.is_empty() {
+            std::slice::from_ref(self)
+        } else {
+            &self.round_figures
+        }
+    }
+
+    /// `f` of each round, in round order.
+    pub fn each_round(&self, f: impl Fn(&Variant) -> f64) -> Vec<f64> {
+        self.per_round().iter().map(f).collect()
+    }
+
     /// `ns_per_op` over the peer's: below 1, exitless is faster.
     pub fn vs_peer(&self) -> Option<f64> {
         self.peer.as_ref().map(|p| self.ns_per_op / p.ns_per_op)
@@ -154,14 +186,51 @@ pub struct RoutingFigures {
 }
 
 /// A target from the issue, and whether this run met it.
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(into = "TargetJson")]
 pub struct TargetCheck {
     /// The target as the issue sets it, e.g. `batched total <= 0.1x per-vector total`.
     pub target: String,
     /// The figures it was checked against, with their units.
     pub measured: String,
-    /// Whether the figures meet it (a benchmark result: a missed target fails nothing).
+    /// Whether the point estimate (medians over rounds) meets it (a benchmark result: a
+    /// missed target fails nothing).
     pub met: bool,
+    /// The verdict from the ratio's interval; none: a check without one, met or missed as
+    /// `met` says.
+    pub verdict: Option<Verdict>,
+    /// The 95% interval of the ratio checked, where the target is a ratio.
+    pub ratio_ci95: Option<[f64; 2]>,
+}
+
+impl TargetCheck {
+    /// The verdict: from the interval where there is one, else from `met`.
+    pub fn verdict(&self) -> Verdict {
+        self.verdict.unwrap_or(Verdict::of(self.met))
+    }
+}
+
+/// How a [`TargetCheck`] is written: its verdict always present.
+#[derive(Serialize)]
+struct TargetJson {
+    target: String,
+    measured: String,
+    met: bool,
+    verdict: Verdict,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ratio_ci95: Option<[f64; 2]>,
+}
+
+impl From<TargetCheck> for TargetJson {
+    fn from(t: TargetCheck) -> TargetJson {
+        TargetJson {
+            verdict: t.verdict(),
+            target: t.target,
+            measured: t.measured,
+            met: t.met,
+            ratio_ci95: t.ratio_ci95,
+        }
+    }
 }
 
 /// The IOMMU figures of one variant.

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::bench::format::{human_ns, ratio};
+use crate::bench::format::{human_ns, human_ns_pm, ratio, ratio_interval};
 use crate::bench::model::{IommuFigures, Report, RoutingFigures, ScenarioReport};
 
 /// The table for one scenario.
@@ -11,8 +11,8 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
     let _ = writeln!(t, "== {} ==\n{}\ntiming: {}\n", s.name, s.title, s.timing);
     let _ = writeln!(
         t,
-        "{:<26} {:>12} {:>12}   {:>11} {:>10} {:>8}  exits by kind",
-        "variant", "time ratio", "seed ratio", "time/op", "exits/op", "ops"
+        "{:<26} {:>12} {:>14} {:>12}   {:>20} {:>10} {:>8}  exits by kind",
+        "variant", "time ratio", "ratio 95%", "seed ratio", "time/op (95%)", "exits/op", "ops"
     );
     for v in &s.variants {
         let kinds: Vec<String> = v
@@ -22,11 +22,16 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
             .map(|(k, n)| format!("{k}:{n:.2}"))
             .collect();
         let seed = v.seed_time_ratio.map_or("-".into(), ratio);
-        let vs = if v.name == v.baseline {
-            "1 (base)".into()
+        let (vs, vs_ci) = if v.name == v.baseline {
+            ("1 (base)".into(), "-".into())
         } else {
-            ratio(v.time_ratio)
+            (ratio(v.time_ratio), ratio_interval(v.time_ratio_ci95))
         };
+        let exits = format!(
+            "{:.2}{}",
+            v.exits_per_op,
+            if v.counts_vary { "*" } else { "" }
+        );
         let mut extra = String::new();
         if let Some(tps) = v.trans_per_s {
             let _ = write!(extra, "  {tps:.0} trans/s");
@@ -42,12 +47,13 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
         }
         let _ = writeln!(
             t,
-            "{:<26} {:>12} {:>12}   {:>11} {:>10.2} {:>8}  {}{extra}",
+            "{:<26} {:>12} {:>14} {:>12}   {:>20} {:>10} {:>8}  {}{extra}",
             v.name,
             vs,
+            vs_ci,
             seed,
-            human_ns(v.ns_per_op),
-            v.exits_per_op,
+            human_ns_pm(v.ns_per_op, v.ci95[0], v.ci95[1]),
+            exits,
             v.ops,
             if kinds.is_empty() {
                 "-".into()
@@ -64,16 +70,36 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
     }
     let _ = writeln!(
         t,
-        "\ntime ratio = time/op over the baseline's ({}); below 1 is faster",
+        "\ntime ratio = time/op over the baseline's ({}); below 1 is faster; ratio 95%: bootstrap \
+         over paired rounds",
         bases_unique.join(", ")
     );
+    let varying: Vec<&str> = s
+        .variants
+        .iter()
+        .filter(|v| v.counts_vary)
+        .map(|v| v.name.as_str())
+        .collect();
+    let rounds = s.variants.iter().map(|v| v.rounds).max().unwrap_or(1);
+    if varying.is_empty() {
+        let _ = writeln!(
+            t,
+            "exit, interrupt and commit counts: identical in all {rounds} rounds"
+        );
+    } else {
+        let _ = writeln!(
+            t,
+            "exits/op marked *: counts differed between rounds ({}); the median round's shown",
+            varying.join(", ")
+        );
+    }
     peer_table(&mut t, s);
     routing_table(&mut t, s);
     iommu_table(&mut t, s);
     let _ = writeln!(t, "targets (benchmark figures, not test asserts):");
     for c in &s.targets {
-        let mark = if c.met { "met" } else { "MISSED" };
-        let _ = writeln!(t, "  [{mark:>6}] {}: {}", c.target, c.measured);
+        let mark = c.verdict().label();
+        let _ = writeln!(t, "  [{mark:>15}] {}: {}", c.target, c.measured);
     }
     for n in &s.notes {
         let _ = writeln!(t, "  - {n}");

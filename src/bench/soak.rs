@@ -265,11 +265,13 @@ fn targets(f: &SoakFigures) -> Vec<TargetCheck> {
                 f.transactions_ok + f.transactions_failed
             ),
             met: f.transactions_failed == 0,
+            ..Default::default()
         },
         TargetCheck {
             target: "no thread panics".into(),
             measured: format!("{} panics", f.panics),
             met: f.panics == 0,
+            ..Default::default()
         },
         TargetCheck {
             target: format!(
@@ -289,6 +291,7 @@ fn targets(f: &SoakFigures) -> Vec<TargetCheck> {
                 )
             },
             met: f.boots > WARMUP_BOOTS && growth <= RSS_SLACK_KIB,
+            ..Default::default()
         },
     ]
 }
