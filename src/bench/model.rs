@@ -45,6 +45,13 @@ pub struct Variant {
     pub name: String,
     /// Mean time per operation, from the guest's TSC.
     pub ns_per_op: f64,
+    /// 95% interval of the median time per operation, `[lo, hi]`, in the unit of `ns_per_op`
+    /// (absent where the variant was measured once).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ci95: Option<[f64; 2]>,
+    /// Rounds the variant was measured in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<u32>,
     /// Mean exits to the VMM per operation.
     pub exits_per_op: f64,
     /// Exits per operation by kind.
