@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use exitless::bench::session::Session;
+use exitless::bench::options::BenchOptions;
+use exitless::bench::session::{self, Session};
 use exitless::contract::STATUS_OK;
 use exitless::inspect;
 use exitless::logging::stderr_line;
@@ -25,6 +26,9 @@ const RUN_ERROR_STATUS: u8 = 2;
 /// The status of a mistake on the command line, for every subcommand: clap's, and
 /// `exitless run`'s own error status.
 const USAGE_ERROR_STATUS: u8 = RUN_ERROR_STATUS;
+/// `exitless bench`'s status for a `--baseline` file it cannot read or make sense of: the
+/// usage error's, apart from a regression's (1).
+const BASELINE_ERROR_STATUS: u8 = USAGE_ERROR_STATUS;
 /// `exitless run`'s status when the guest runs past --timeout: timeout(1)'s, and even.
 const RUN_TIMEOUT_STATUS: u8 = 124;
 
@@ -105,6 +109,35 @@ fn emit(text: &str) -> Result<(), String> {
     }
 }
 
+/// `exitless bench`: the baseline read before anything boots, the peer's boots, the main
+/// thread confined, the run, the report; status 1 for a regression under
+/// `--fail-on-regression`, after one line naming the variants.
+fn bench(
+    options: BenchOptions,
+    confine: impl FnOnce() -> Result<(), String>,
+) -> Result<ExitCode, String> {
+    let baseline = match session::load_baseline(&options) {
+        Ok(baseline) => baseline,
+        Err(e) => {
+            stderr_line(format_args!("exitless: error: {e}"));
+            return Ok(ExitCode::from(BASELINE_ERROR_STATUS));
+        }
+    };
+    let session = Session::prepare(options)?.with_baseline(baseline);
+    confine()?;
+    let output = session.run()?;
+    emit(&output.text)?;
+    output.write_files()?;
+    Ok(match output.regression() {
+        Some(line) => {
+            exitless::logging::flush();
+            stderr_line(format_args!("exitless: {line}"));
+            ExitCode::FAILURE
+        }
+        None => ExitCode::SUCCESS,
+    })
+}
+
 /// Raise the soft open-file limit to the hard one: every MSI vector and doorbell holds an
 /// eventfd, and 8 devices × 65 vectors alone pass the usual soft limit of 1024.
 fn raise_open_file_limit() {
@@ -178,13 +211,7 @@ fn main() -> ExitCode {
     let confine = || seccomp::confine(ThreadKind::Main).map_err(|e| e.to_string());
     let result = match cli.command {
         // The peer's boots (`--against`) come before the filter: QEMU would inherit it.
-        Command::Bench(options) => Session::prepare(options)
-            .and_then(|session| confine().and_then(|()| session.run()))
-            .and_then(|output| {
-                emit(&output.text)?;
-                output.write_chart()
-            })
-            .map(|()| ExitCode::SUCCESS),
+        Command::Bench(options) => bench(options, confine),
         Command::Probe(args) => confine()
             .and_then(|()| probe(args))
             .map(|()| ExitCode::SUCCESS),

@@ -114,6 +114,23 @@ pub struct BenchOptions {
     /// to install it and runs without the column.
     #[arg(long, value_enum, value_name = "VMM")]
     pub against: Option<PeerVmm>,
+    /// Also write the report to this file as JSON (as --json prints it), to compare a later
+    /// run against with --baseline.
+    #[arg(long, value_name = "FILE")]
+    pub save_baseline: Option<PathBuf>,
+    /// After the report, compare each variant (matched by scenario and variant name) with the
+    /// one in this file (written by --save-baseline): the change in time per op in percent,
+    /// its interval, and a verdict. "no change within noise" when the two 95% intervals of
+    /// the median overlap; "improved" or "regressed" when this run's interval lies entirely
+    /// below or above the baseline's; "not established" when either side has no interval
+    /// (never a verdict from one sample). A changed exits/op, irqs/op or commit count is named
+    /// as a real change whatever the timing. With --json the comparison goes to stderr.
+    #[arg(long, value_name = "FILE")]
+    pub baseline: Option<PathBuf>,
+    /// With --baseline: exit with status 1, naming the variants, when any regressed beyond its
+    /// interval (a baseline that cannot be read gives status 2).
+    #[arg(long, requires = "baseline")]
+    pub fail_on_regression: bool,
 }
 
 /// A seed in decimal or, with 0x, hexadecimal.

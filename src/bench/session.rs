@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use crate::bench::against::{self, PeerResult};
+use crate::bench::baseline::{self, SavedReport};
 use crate::bench::host;
 use crate::bench::host_tap::{HostTap, TapLink};
 use crate::bench::model::Report;
@@ -25,6 +26,8 @@ pub struct Session {
     unpeered: Vec<(Scenario, String)>,
     /// `rr`'s host tap, for exitless's own boot on it; deleted when dropped.
     host_tap: Option<HostTap>,
+    /// `--baseline`: its file and what it holds.
+    baseline: Option<(PathBuf, SavedReport)>,
 }
 
 /// What a finished run prints, and the chart it writes if asked.
@@ -33,6 +36,21 @@ pub struct BenchOutput {
     pub text: String,
     /// The SVG chart and the file it goes to (`--svg`).
     chart: Option<(PathBuf, String)>,
+    /// The JSON report and the file it goes to (`--save-baseline`).
+    saved: Option<(PathBuf, String)>,
+    /// The comparison with `--baseline`, for stderr (with `--json`; else it ends `text`).
+    comparison: Option<String>,
+    /// With `--fail-on-regression`: the variants that regressed beyond their interval.
+    regressed: Vec<String>,
+}
+
+/// Read the report `--baseline` names, before anything boots; one line if it cannot be used.
+pub fn load_baseline(options: &BenchOptions) -> Result<Option<(PathBuf, SavedReport)>, String> {
+    options
+        .baseline
+        .as_ref()
+        .map(|path| SavedReport::load(path).map(|saved| (path.clone(), saved)))
+        .transpose()
 }
 
 impl BenchOutput {
@@ -43,6 +61,30 @@ impl BenchOutput {
                 .map_err(|e| format!("cannot write the chart to {}: {e}", path.display())),
             None => Ok(()),
         }
+    }
+
+    /// Write the chart and the baseline asked for, and (with `--json`) the comparison with
+    /// `--baseline` to stderr.
+    pub fn write_files(&self) -> Result<(), String> {
+        self.write_chart()?;
+        if let Some((path, json)) = &self.saved {
+            std::fs::write(path, json)
+                .map_err(|e| format!("cannot write the baseline to {}: {e}", path.display()))?;
+        }
+        if let Some(comparison) = &self.comparison {
+            crate::logging::stderr_line(format_args!("{}", comparison.trim_end()));
+        }
+        Ok(())
+    }
+
+    /// With `--fail-on-regression`, the line naming the variants that regressed, if any.
+    pub fn regression(&self) -> Option<String> {
+        (!self.regressed.is_empty()).then(|| {
+            format!(
+                "regressed against the baseline beyond the intervals: {}",
+                self.regressed.join(", ")
+            )
+        })
     }
 }
 
@@ -55,6 +97,7 @@ impl Session {
             peers: Vec::new(),
             unpeered: Vec::new(),
             host_tap: None,
+            baseline: None,
         };
         if session.options.against == Some(PeerVmm::Qemu) {
             if session.scenarios.contains(&Scenario::Soak) {
@@ -100,6 +143,12 @@ impl Session {
         Ok(())
     }
 
+    /// Compare this run with `baseline` (read by [`load_baseline`]).
+    pub fn with_baseline(mut self, baseline: Option<(PathBuf, SavedReport)>) -> Session {
+        self.baseline = baseline;
+        self
+    }
+
     /// Run every scenario, set the peer's figures or notes beside each, and render the report.
     pub fn run(self) -> Result<BenchOutput, String> {
         let options = &self.options;
@@ -132,12 +181,32 @@ impl Session {
             }
             report.scenarios.push(scenario_report);
         }
-        let text = if options.json {
+        let mut text = if options.json {
             report::json(&report) + "\n"
         } else {
             report::text(&report)
         };
         let chart = options.svg.clone().map(|path| (path, report::svg(&report)));
-        Ok(BenchOutput { text, chart })
+        let saved =
+            (options.save_baseline.clone()).map(|path| (path, report::json(&report) + "\n"));
+        let mut output = BenchOutput {
+            text: String::new(),
+            chart,
+            saved,
+            comparison: None,
+            regressed: Vec::new(),
+        };
+        if let Some((path, old)) = &self.baseline {
+            let comparison = baseline::compare(old, &SavedReport::of(&report));
+            if options.fail_on_regression {
+                output.regressed = comparison.regressed();
+            }
+            match options.json {
+                true => output.comparison = Some(comparison.text(path)),
+                false => text.push_str(&comparison.text(path)),
+            }
+        }
+        output.text = text;
+        Ok(output)
     }
 }
