@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use crate::bench::against::{self, PeerResult};
 use crate::bench::host;
 use crate::bench::host_tap::{HostTap, TapLink};
-use crate::bench::model::Report;
+use crate::bench::model::{HostLoad, Report};
 use crate::bench::options::{BenchOptions, PeerVmm, Scenario};
 use crate::bench::report;
 use crate::peer::Qemu;
@@ -25,6 +25,8 @@ pub struct Session {
     unpeered: Vec<(Scenario, String)>,
     /// `rr`'s host tap, for exitless's own boot on it; deleted when dropped.
     host_tap: Option<HostTap>,
+    /// How busy the host was before the first measurement.
+    host_load: Option<HostLoad>,
 }
 
 /// What a finished run prints, and the chart it writes if asked.
@@ -49,12 +51,18 @@ impl BenchOutput {
 impl Session {
     /// Check the options and, with `--against`, boot the probe under the peer.
     pub fn prepare(options: BenchOptions) -> Result<Session, String> {
+        // Before anything is measured, the peer's boots included.
+        let host_load = host::sample_load();
+        if let Some(load) = host_load.as_ref().filter(|l| host::is_busy(l)) {
+            crate::logging::stderr_line(format_args!("{}", host::busy_line(load)));
+        }
         let mut session = Session {
             scenarios: options.scenarios(),
             options,
             peers: Vec::new(),
             unpeered: Vec::new(),
             host_tap: None,
+            host_load,
         };
         if session.options.against == Some(PeerVmm::Qemu) {
             if session.scenarios.contains(&Scenario::Soak) {
@@ -110,6 +118,8 @@ impl Session {
         let soak = options.soak()?;
         let mut report = Report {
             host: host::describe(),
+            host_busy: self.host_load.as_ref().is_some_and(host::is_busy),
+            host_load: self.host_load.clone(),
             scenarios: Vec::new(),
         };
         for &scenario in &self.scenarios {
