@@ -13,6 +13,7 @@ use crate::bench::host;
 use crate::bench::host_tap::{HostTap, TapLink};
 use crate::bench::model::{HostLoad, Report};
 use crate::bench::options::{BenchOptions, PeerVmm, Scenario};
+use crate::bench::progress;
 use crate::bench::report;
 use crate::peer::Qemu;
 
@@ -64,6 +65,9 @@ impl Session {
             host_tap: None,
             host_load,
         };
+        // The terminal check is an ioctl: before the filter. The peer's boots count as one step.
+        let peer_step = usize::from(session.options.against.is_some());
+        progress::start(session.scenarios.len() + peer_step, session.options.json);
         if session.options.against == Some(PeerVmm::Qemu) {
             if session.scenarios.contains(&Scenario::Soak) {
                 let why = "not measured under qemu: the soak counts failures, not time";
@@ -73,7 +77,9 @@ impl Session {
                 Err(e) => crate::logging::stderr_line(format_args!(
                     "exitless: {e}; running without the qemu column"
                 )),
-                Ok(qemu) => session.boot_peer(&qemu)?,
+                Ok(qemu) => session
+                    .boot_peer(&qemu)
+                    .inspect_err(|_| progress::finish())?,
             }
         }
         Ok(session)
@@ -82,7 +88,10 @@ impl Session {
     /// Boot the probe under `qemu` once per scenario it can run; `rr`'s needs a host tap, and
     /// without one gets a note instead.
     fn boot_peer(&mut self, qemu: &Qemu) -> Result<(), String> {
-        for scenario in self.scenarios.clone() {
+        progress::scenario(0, "qemu");
+        let count = self.scenarios.len();
+        for (i, scenario) in self.scenarios.clone().into_iter().enumerate() {
+            progress::step("qemu", name(scenario), i, count);
             let plan = match scenario {
                 Scenario::Pci => self.options.pci().peer_plan(),
                 Scenario::Msix => self.options.msix()?.peer_plan(),
@@ -110,6 +119,12 @@ impl Session {
 
     /// Run every scenario, set the peer's figures or notes beside each, and render the report.
     pub fn run(self) -> Result<BenchOutput, String> {
+        let output = self.measure();
+        progress::finish();
+        output
+    }
+
+    fn measure(self) -> Result<BenchOutput, String> {
         let options = &self.options;
         // Every scenario's options are checked before the first boot, named or not.
         let rr = options.rr(self.host_tap.as_ref().map(|t| t.link().clone()))?;
@@ -122,7 +137,9 @@ impl Session {
             host_load: self.host_load.clone(),
             scenarios: Vec::new(),
         };
-        for &scenario in &self.scenarios {
+        let peer_step = usize::from(options.against.is_some());
+        for (i, &scenario) in self.scenarios.iter().enumerate() {
+            progress::scenario(peer_step + i, name(scenario));
             let result = match scenario {
                 Scenario::Pci => options.pci().run(),
                 Scenario::Rr => rr.run(),
@@ -149,5 +166,16 @@ impl Session {
         };
         let chart = options.svg.clone().map(|path| (path, report::svg(&report)));
         Ok(BenchOutput { text, chart })
+    }
+}
+
+/// A scenario's name, as the command line spells it.
+fn name(scenario: Scenario) -> &'static str {
+    match scenario {
+        Scenario::Pci => "pci",
+        Scenario::Rr => "rr",
+        Scenario::Msix => "msix",
+        Scenario::Iommu => "iommu",
+        Scenario::Soak => "soak",
     }
 }
