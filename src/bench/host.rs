@@ -149,7 +149,7 @@ pub fn sample_load() -> Option<HostLoad> {
         others_cpu_percent: others_percent(before, after, seconds, ticks_per_s),
         cpus_online: online,
         cpus_watched: allowed.map_or(online, |a| a.len()),
-        window_ms: (seconds * 1e3).round() as u64,
+        window_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
     })
 }
 

@@ -52,6 +52,11 @@ impl BenchOutput {
 impl Session {
     /// Check the options and, with `--against`, boot the probe under the peer.
     pub fn prepare(options: BenchOptions) -> Result<Session, String> {
+        // Bad options get their one error before the host is watched.
+        options.rr(None)?;
+        options.msix()?;
+        options.iommu()?;
+        options.soak()?;
         // Before anything is measured, the peer's boots included.
         let host_load = host::sample_load();
         if let Some(load) = host_load.as_ref().filter(|l| host::is_busy(l)) {
