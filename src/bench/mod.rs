@@ -4,7 +4,7 @@
 //! Imports run one way, bottom to top:
 //! - [`stats`] (medians, intervals, verdicts, the rounds' order);
 //! - [`model`] (what a report holds) and [`format`] (how it writes numbers); [`host`] and
-//!   [`host_tap`], the host this runs on;
+//!   [`host_tap`], the host this runs on; [`progress`], the line on stderr while it runs;
 //! - [`measure`] (probe runs into variants) and [`against`] (the same ops under another VMM);
 //! - the scenarios: [`pci`], [`rr`], [`msix`], [`iommu`], [`soak`];
 //! - [`report`] (tables, JSON, SVG) and [`baseline`] (this run against a saved one);
@@ -22,6 +22,7 @@ pub mod model;
 pub mod msix;
 pub mod options;
 pub mod pci;
+pub mod progress;
 pub mod report;
 pub mod rr;
 pub mod session;

@@ -14,8 +14,29 @@ use crate::iommu::IommuStats;
 pub struct Report {
     /// The host the figures were taken on.
     pub host: String,
+    /// Whether the host was busy before measuring: the figures will be noisy
+    /// ([`host::is_busy`](crate::bench::host::is_busy) has the thresholds).
+    pub host_busy: bool,
+    /// The figures that decision rests on (`null` where /proc did not tell).
+    pub host_load: Option<HostLoad>,
     /// One entry per scenario run.
     pub scenarios: Vec<ScenarioReport>,
+}
+
+/// How busy the host was just before measuring.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostLoad {
+    /// The 1-minute load average (the whole host's).
+    pub loadavg1: f64,
+    /// CPU time other processes took over the window on the CPUs exitless may use, in percent
+    /// of one CPU.
+    pub others_cpu_percent: f64,
+    /// CPUs online.
+    pub cpus_online: usize,
+    /// CPUs exitless may use, whose time was watched.
+    pub cpus_watched: usize,
+    /// The window's length, in milliseconds.
+    pub window_ms: u64,
 }
 
 /// One scenario's variants and target checks.

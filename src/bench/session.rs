@@ -12,8 +12,9 @@ use crate::bench::against::{self, PeerResult};
 use crate::bench::baseline::{self, SavedReport};
 use crate::bench::host;
 use crate::bench::host_tap::{HostTap, TapLink};
-use crate::bench::model::Report;
+use crate::bench::model::{HostLoad, Report};
 use crate::bench::options::{BenchOptions, PeerVmm, Scenario};
+use crate::bench::progress;
 use crate::bench::report;
 use crate::peer::Qemu;
 
@@ -28,6 +29,8 @@ pub struct Session {
     host_tap: Option<HostTap>,
     /// `--baseline`: its file and what it holds.
     baseline: Option<(PathBuf, SavedReport)>,
+    /// How busy the host was before the first measurement.
+    host_load: Option<HostLoad>,
 }
 
 /// What a finished run prints, and the chart it writes if asked.
@@ -91,6 +94,16 @@ impl BenchOutput {
 impl Session {
     /// Check the options and, with `--against`, boot the probe under the peer.
     pub fn prepare(options: BenchOptions) -> Result<Session, String> {
+        // Bad options get their one error before the host is watched.
+        options.rr(None)?;
+        options.msix()?;
+        options.iommu()?;
+        options.soak()?;
+        // Before anything is measured, the peer's boots included.
+        let host_load = host::sample_load();
+        if let Some(load) = host_load.as_ref().filter(|l| host::is_busy(l)) {
+            crate::logging::stderr_line(format_args!("{}", host::busy_line(load)));
+        }
         let mut session = Session {
             scenarios: options.scenarios(),
             options,
@@ -98,7 +111,11 @@ impl Session {
             unpeered: Vec::new(),
             host_tap: None,
             baseline: None,
+            host_load,
         };
+        // The terminal check is an ioctl: before the filter. The peer's boots count as one step.
+        let peer_step = usize::from(session.options.against.is_some());
+        progress::start(session.scenarios.len() + peer_step, session.options.json);
         if session.options.against == Some(PeerVmm::Qemu) {
             if session.scenarios.contains(&Scenario::Soak) {
                 let why = "not measured under qemu: the soak counts failures, not time";
@@ -108,7 +125,9 @@ impl Session {
                 Err(e) => crate::logging::stderr_line(format_args!(
                     "exitless: {e}; running without the qemu column"
                 )),
-                Ok(qemu) => session.boot_peer(&qemu)?,
+                Ok(qemu) => session
+                    .boot_peer(&qemu)
+                    .inspect_err(|_| progress::finish())?,
             }
         }
         Ok(session)
@@ -117,7 +136,10 @@ impl Session {
     /// Boot the probe under `qemu` once per scenario it can run; `rr`'s needs a host tap, and
     /// without one gets a note instead.
     fn boot_peer(&mut self, qemu: &Qemu) -> Result<(), String> {
-        for scenario in self.scenarios.clone() {
+        progress::scenario(0, "qemu");
+        let count = self.scenarios.len();
+        for (i, scenario) in self.scenarios.clone().into_iter().enumerate() {
+            progress::step("qemu", name(scenario), i, count);
             let plan = match scenario {
                 Scenario::Pci => self.options.pci().peer_plan(),
                 Scenario::Msix => self.options.msix()?.peer_plan(),
@@ -151,6 +173,12 @@ impl Session {
 
     /// Run every scenario, set the peer's figures or notes beside each, and render the report.
     pub fn run(self) -> Result<BenchOutput, String> {
+        let output = self.measure();
+        progress::finish();
+        output
+    }
+
+    fn measure(self) -> Result<BenchOutput, String> {
         let options = &self.options;
         // Every scenario's options are checked before the first boot, named or not.
         let rr = options.rr(self.host_tap.as_ref().map(|t| t.link().clone()))?;
@@ -159,9 +187,13 @@ impl Session {
         let soak = options.soak()?;
         let mut report = Report {
             host: host::describe(),
+            host_busy: self.host_load.as_ref().is_some_and(host::is_busy),
+            host_load: self.host_load.clone(),
             scenarios: Vec::new(),
         };
-        for &scenario in &self.scenarios {
+        let peer_step = usize::from(options.against.is_some());
+        for (i, &scenario) in self.scenarios.iter().enumerate() {
+            progress::scenario(peer_step + i, name(scenario));
             let result = match scenario {
                 Scenario::Pci => options.pci().run(),
                 Scenario::Rr => rr.run(),
@@ -208,5 +240,16 @@ impl Session {
         }
         output.text = text;
         Ok(output)
+    }
+}
+
+/// A scenario's name, as the command line spells it.
+fn name(scenario: Scenario) -> &'static str {
+    match scenario {
+        Scenario::Pci => "pci",
+        Scenario::Rr => "rr",
+        Scenario::Msix => "msix",
+        Scenario::Iommu => "iommu",
+        Scenario::Soak => "soak",
     }
 }
