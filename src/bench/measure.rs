@@ -88,6 +88,7 @@ pub(crate) fn variant(
     Variant {
         name: name.into(),
         ns_per_op: median,
+        ci95: None,
         exits_per_op: total,
         exits_by_kind,
         ops: op_indexes.len() as u64 * per_op,

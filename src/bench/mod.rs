@@ -6,11 +6,12 @@
 //!   [`host_tap`], the host this runs on;
 //! - [`measure`] (probe runs into variants) and [`against`] (the same ops under another VMM);
 //! - the scenarios: [`pci`], [`rr`], [`msix`], [`iommu`], [`soak`];
-//! - [`report`] (tables, JSON, SVG);
+//! - [`chart`] (SVG charts) and [`report`] (tables, JSON);
 //! - [`options`] (the command line's knobs) and [`session`] (one `exitless bench` run: the
 //!   peer's boots, the host tap's lifetime, each scenario in turn, the report).
 
 pub mod against;
+pub mod chart;
 pub mod format;
 pub mod host;
 pub mod host_tap;

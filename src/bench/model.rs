@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::iommu::IommuStats;
 
 /// Everything one `exitless bench` run measured.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct Report {
     /// The host the figures were taken on.
     pub host: String,
@@ -18,7 +18,7 @@ pub struct Report {
 }
 
 /// One scenario's variants and target checks.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct ScenarioReport {
     /// Scenario name (`pci`, ...).
     pub name: String,
@@ -39,12 +39,15 @@ pub struct ScenarioReport {
 }
 
 /// One variant of a scenario.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Variant {
     /// Variant name (`pio`, `ecam-shadow`, ...).
     pub name: String,
     /// Mean time per operation, from the guest's TSC.
     pub ns_per_op: f64,
+    /// A 95% confidence interval of `ns_per_op` (lowest, highest), where rounds give one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ci95: Option<[f64; 2]>,
     /// Mean exits to the VMM per operation.
     pub exits_per_op: f64,
     /// Exits per operation by kind.

@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use crate::bench::against::{self, PeerResult};
+use crate::bench::chart::{self, Chart};
 use crate::bench::host;
 use crate::bench::host_tap::{HostTap, TapLink};
 use crate::bench::model::Report;
@@ -27,22 +28,26 @@ pub struct Session {
     host_tap: Option<HostTap>,
 }
 
-/// What a finished run prints, and the chart it writes if asked.
+/// What a finished run prints, and the charts it writes if asked.
 pub struct BenchOutput {
     /// The report, as tables or JSON, for stdout.
     pub text: String,
-    /// The SVG chart and the file it goes to (`--svg`).
-    chart: Option<(PathBuf, String)>,
+    /// The SVG charts and the folder they go to (`--svg`).
+    charts: Option<(PathBuf, Vec<Chart>)>,
 }
 
 impl BenchOutput {
-    /// Write the chart, if one was asked for.
+    /// Write the charts into their folder, if they were asked for.
     pub fn write_chart(&self) -> Result<(), String> {
-        match &self.chart {
-            Some((path, svg)) => std::fs::write(path, svg)
-                .map_err(|e| format!("cannot write the chart to {}: {e}", path.display())),
-            None => Ok(()),
+        let Some((dir, charts)) = &self.charts else {
+            return Ok(());
+        };
+        for chart in charts {
+            let path = dir.join(&chart.file);
+            std::fs::write(&path, &chart.svg)
+                .map_err(|e| format!("cannot write the chart {}: {e}", path.display()))?;
         }
+        Ok(())
     }
 }
 
@@ -56,6 +61,16 @@ impl Session {
             unpeered: Vec::new(),
             host_tap: None,
         };
+        // The chart folder now, before the main thread confines itself (no mkdir after) and
+        // before minutes of measuring.
+        if let Some(dir) = &session.options.svg {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                format!(
+                    "cannot write the chart: cannot make the folder {}: {e}",
+                    dir.display()
+                )
+            })?;
+        }
         if session.options.against == Some(PeerVmm::Qemu) {
             if session.scenarios.contains(&Scenario::Soak) {
                 let why = "not measured under qemu: the soak counts failures, not time";
@@ -137,7 +152,10 @@ impl Session {
         } else {
             report::text(&report)
         };
-        let chart = options.svg.clone().map(|path| (path, report::svg(&report)));
-        Ok(BenchOutput { text, chart })
+        let charts = match options.svg.clone() {
+            Some(dir) => Some((dir, chart::charts(&report)?)),
+            None => None,
+        };
+        Ok(BenchOutput { text, charts })
     }
 }
