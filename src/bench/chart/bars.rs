@@ -10,6 +10,8 @@ use crate::bench::model::{ScenarioReport, Variant};
 
 /// Height of one variant's group of bars, in pixels.
 const GROUP: u32 = 34;
+/// Blank groups below the last, where the legend goes.
+const LEGEND_ROWS: f64 = 1.6;
 
 /// The chart, or `None` when no variant has a time to draw.
 pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, String> {
@@ -28,7 +30,7 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
     };
     let n = variants.len();
     let peer = variants.iter().find_map(|v| v.peer.as_ref());
-    let height = 190 + GROUP * n as u32;
+    let height = 240 + GROUP * n as u32;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
@@ -41,14 +43,14 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
         let centre = |i: usize| (n - 1 - i) as f64 + 0.5;
         let keys: Vec<f64> = (0..n).map(centre).collect();
         let mut chart = ChartBuilder::on(&area)
-            .margin_right(20)
+            .margin_right(34)
             .margin_bottom(6)
             .x_label_area_size(44)
             .y_label_area_size((longest * 7 + 16) as u32)
             .build_cartesian_2d(
                 x_range,
                 Keyed {
-                    range: 0.0..n as f64,
+                    range: -LEGEND_ROWS..n as f64,
                     keys,
                 },
             )
@@ -61,7 +63,12 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
         chart
             .configure_mesh()
             .disable_y_mesh()
-            .x_desc("time per operation (log scale; whiskers: 95% interval)")
+            .x_desc(if variants.iter().any(|v| v.ci95.is_some()) {
+                "time per operation (log scale; whiskers: 95% interval)"
+            } else {
+                "time per operation (log scale)"
+            })
+            .x_labels(16)
             .x_label_formatter(&|x| human_ns(*x))
             .y_label_formatter(&name_at)
             .label_style((FONT, 12))

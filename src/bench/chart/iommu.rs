@@ -67,7 +67,8 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
         let subtitle = "deferred-array's high-water mark swept (label: pages pending before a \
                         flush): frames/s of the small-frame stream against the exposure, per \
                         unmapped page the time from its unmap to the completed invalidation \
-                        (circles: mean; triangles: p99). Up and left is better.";
+                        (circles: mean; triangles: p99, the upper end of its power-of-two bucket). Up \
+                        and left is better.";
         let title = format!("exitless bench {}: throughput against exposure", s.name);
         let area = header(&root, &title, subtitle, host)?;
         let span = y_hi - y_lo;
@@ -78,7 +79,7 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
             .y_label_area_size(80)
             .build_cartesian_2d(
                 (x_lo / 2.0..x_hi * 3.0).log_scale(),
-                (y_lo - span * 0.15 - 1.0)..(y_hi + span * 0.15 + 1.0),
+                (y_lo - span * 0.1 - 1.0)..(y_hi + span * 0.1 + 1.0),
             )
             .map_err(err)?;
         chart
@@ -110,13 +111,12 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
             .map_err(err)?
             .label("deferred-array, mean exposure")
             .legend(move |(x, y)| Circle::new((x + 8, y), 5, mean_c.filled()));
+        // Each mark's mean joined to its p99, at its frames/s.
+        let spans = marks
+            .iter()
+            .filter_map(|(_, f)| Some([at(f, false)?, at(f, true)?]));
         chart
-            .draw_series(DashedLineSeries::new(
-                p99.clone(),
-                4,
-                4,
-                p99_c.stroke_width(1),
-            ))
+            .draw_series(spans.map(|span| PathElement::new(span, p99_c.mix(0.5).stroke_width(1))))
             .map_err(err)?;
         chart
             .draw_series(
@@ -166,9 +166,11 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
                 .map_err(err)?
                 .label(format!("{name} (mean exposure)"))
                 .legend(move |(x, y)| Cross::new((x + 8, y), 6, c.stroke_width(2)));
-            chart
-                .draw_series([label(name.to_string(), p, false)])
-                .map_err(err)?;
+            // Below its cross: the sweep's labels sit above theirs.
+            let style =
+                TextStyle::from((FONT, 11).into_font()).pos(Pos::new(HPos::Left, VPos::Top));
+            let below = Text::new(name.to_string(), (p.0 * 1.08, p.1), style);
+            chart.draw_series([below]).map_err(err)?;
         }
         if let Some(none) = none {
             let c = colour(6);
@@ -186,7 +188,7 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::MiddleLeft)
             .background_style(WHITE.mix(0.9))
             .border_style(BLACK)
             .label_font((FONT, 12))

@@ -5,6 +5,9 @@
 //!
 //! Every chart names its scenario and the host inside the canvas.
 
+// Pixel arithmetic: sizes and counts a few thousand at most, far inside u32 and i32.
+#![allow(clippy::cast_possible_truncation)]
+
 mod bars;
 mod iommu;
 mod msix;

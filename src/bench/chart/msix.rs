@@ -41,7 +41,7 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
             .margin_bottom(6)
             .x_label_area_size(44)
             .y_label_area_size(76)
-            .build_cartesian_2d(x, (lo / 2.0..hi * 2.0).log_scale())
+            .build_cartesian_2d(x, (lo / 2.0..hi * 8.0).log_scale())
             .map_err(err)?;
         chart
             .configure_mesh()
