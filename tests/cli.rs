@@ -105,7 +105,7 @@ fn bench_pci_json_has_every_variant_with_exit_counts() {
 fn bench_table_names_the_host_and_the_seed() {
     let dir = std::env::temp_dir().join(format!("exitless-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let svg = dir.join("pci.svg");
+    let charts = dir.join("charts");
     let out = exitless(&[
         "bench",
         "--reads",
@@ -115,7 +115,7 @@ fn bench_table_names_the_host_and_the_seed() {
         "--rounds",
         "2",
         "--svg",
-        svg.to_str().unwrap(),
+        charts.to_str().unwrap(),
     ]);
     assert!(
         out.status.success(),
@@ -127,7 +127,12 @@ fn bench_table_names_the_host_and_the_seed() {
     assert!(
         text.contains("seed ratio") && text.contains("ecam-shadow") && text.contains("targets")
     );
-    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    // `--svg DIR`: the folder made, a chart per scenario run (msix's per-device lines too),
+    // each naming its own variants.
+    for chart in ["pci.svg", "rr.svg", "msix.svg", "msix-per-device.svg"] {
+        let svg = std::fs::read_to_string(charts.join(chart)).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("ecam-shadow") == (chart == "pci.svg"));
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -138,6 +143,7 @@ fn bad_input_gets_one_clear_error_and_a_failure_code() {
         &["bench", "--reads", "0"],
         &["bench", "--reads", "many"],
         &["bench", "--timeout", "0"],
+        &["bench", "--svg", "out.svg"],
         &["frobnicate"],
     ] {
         let out = exitless(args);
@@ -151,7 +157,7 @@ fn bad_input_gets_one_clear_error_and_a_failure_code() {
     let out = exitless(&[
         "bench",
         "--svg",
-        "/nonexistent-dir/x.svg",
+        "/dev/null/charts",
         "--reads",
         "10",
         "--enumerations",

@@ -30,7 +30,7 @@ const PAYLOAD: u64 = 32;
 /// Request size of the request/response transactions.
 const RR_REQUEST: u64 = 32;
 /// The high-water mark of the deferred modes outside the sweep (the seed's default).
-const DEFAULT_HWM: u64 = 250;
+pub(crate) const DEFAULT_HWM: u64 = 250;
 /// The seed's high-water-mark sweep.
 const HWM_SWEEP: [u64; 7] = [1, 16, 32, 64, 128, 250, 1000];
 /// The seed's figures, as ratios of packets/s to `none`: the list run (strict 58, none 71,

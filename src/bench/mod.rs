@@ -7,12 +7,14 @@
 //!   [`host_tap`], the host this runs on; [`progress`], the line on stderr while it runs;
 //! - [`measure`] (probe runs into variants) and [`against`] (the same ops under another VMM);
 //! - the scenarios: [`pci`], [`rr`], [`msix`], [`iommu`], [`soak`];
-//! - [`report`] (tables, JSON, SVG) and [`baseline`] (this run against a saved one);
+//! - [`chart`] (SVG charts), [`report`] (tables, JSON) and [`baseline`] (this run against a
+//!   saved one);
 //! - [`options`] (the command line's knobs) and [`session`] (one `exitless bench` run: the
 //!   peer's boots, the host tap's lifetime, each scenario in turn, the report).
 
 pub mod against;
 pub mod baseline;
+pub mod chart;
 pub mod format;
 pub mod host;
 pub mod host_tap;

@@ -10,7 +10,7 @@ use crate::bench::stats::Verdict;
 use crate::iommu::IommuStats;
 
 /// Everything one `exitless bench` run measured.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct Report {
     /// The host the figures were taken on.
     pub host: String,
@@ -40,7 +40,7 @@ pub struct HostLoad {
 }
 
 /// One scenario's variants and target checks.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct ScenarioReport {
     /// Scenario name (`pci`, ...).
     pub name: String,
@@ -61,7 +61,7 @@ pub struct ScenarioReport {
 }
 
 /// One variant of a scenario.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Variant {
     /// Variant name (`pio`, `ecam-shadow`, ...).
     pub name: String,
@@ -141,6 +141,12 @@ pub struct PeerFigure {
 }
 
 impl Variant {
+    /// `ci95`, where the variant was measured in more than one round: one round's "interval"
+    /// is its one figure, which says nothing of the noise.
+    pub fn interval(&self) -> Option<[f64; 2]> {
+        (self.rounds >= 2).then_some(self.ci95)
+    }
+
     /// The variant as each round measured it: its rounds, or itself when it has none.
     pub fn per_round(&self) -> &[Variant] {
         if self.round_figures.is_empty() {

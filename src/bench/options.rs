@@ -58,8 +58,10 @@ pub struct BenchOptions {
     /// Print the report as JSON instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Also write an SVG chart of the results to this file.
-    #[arg(long, value_name = "FILE")]
+    /// Also draw the results as SVG charts, one file per chart, into this folder (made if
+    /// missing): `SCENARIO.svg` for each scenario's time per op, `msix-per-device.svg`,
+    /// `iommu-hwm-sweep.svg`.
+    #[arg(long, value_name = "DIR", value_parser = parse_chart_dir)]
     pub svg: Option<PathBuf>,
     /// Config reads per read variant of `pci` (the seed used 100000).
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
@@ -131,6 +133,17 @@ pub struct BenchOptions {
     /// interval (a baseline that cannot be read gives status 2).
     #[arg(long, requires = "baseline")]
     pub fail_on_regression: bool,
+}
+
+/// The `--svg` folder: any path but one ending in `.svg`, which names a file (the option took
+/// one file before it drew several charts).
+fn parse_chart_dir(s: &str) -> Result<PathBuf, String> {
+    if s.to_ascii_lowercase().ends_with(".svg") {
+        return Err(format!(
+            "{s} names a file: --svg takes a folder and writes one chart per file into it"
+        ));
+    }
+    Ok(PathBuf::from(s))
 }
 
 /// A seed in decimal or, with 0x, hexadecimal.

@@ -1,4 +1,5 @@
-//! Rendering a [`Report`]: a table for people, JSON for tools, an SVG chart.
+//! Rendering a [`Report`]: a table for people, JSON for tools (the SVG charts are
+//! [`chart`](crate::bench::chart)'s).
 
 use std::fmt::Write as _;
 
@@ -279,88 +280,4 @@ pub fn text(r: &Report) -> String {
 /// The whole report as JSON.
 pub fn json(r: &Report) -> String {
     serde_json::to_string_pretty(r).expect("the report serializes")
-}
-
-/// A horizontal bar chart of time per op (log scale), one panel per scenario; a variant also
-/// measured under another VMM gets a second bar, in another colour, for the peer.
-pub fn svg(r: &Report) -> String {
-    const ROW: f64 = 22.0;
-    const LEFT: f64 = 150.0;
-    const WIDTH: f64 = 560.0;
-    let bars = |sc: &ScenarioReport| {
-        sc.variants
-            .iter()
-            .flat_map(|v| {
-                let own = (
-                    v.name.clone(),
-                    v.ns_per_op,
-                    format!("{:.2} exits", v.exits_per_op),
-                );
-                let peer = v.peer.as_ref().map(|p| {
-                    (
-                        format!("  {}", p.name),
-                        p.ns_per_op,
-                        format!("{} {}", p.name, p.version),
-                    )
-                });
-                std::iter::once((own, "#4a7ab5")).chain(peer.map(|p| (p, "#c0504d")))
-            })
-            .collect::<Vec<_>>()
-    };
-    let rows: usize = r.scenarios.iter().map(|s| bars(s).len() + 2).sum();
-    let height = 40.0 + rows as f64 * ROW;
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"monospace\" font-size=\"12\">\n",
-        LEFT + WIDTH + 160.0
-    );
-    let _ = writeln!(
-        s,
-        "<text x=\"8\" y=\"18\">exitless bench: time per op, log scale ({})</text>",
-        escape(&r.host)
-    );
-    let mut y = 40.0;
-    for sc in &r.scenarios {
-        let _ = writeln!(
-            s,
-            "<text x=\"8\" y=\"{y}\" font-weight=\"bold\">{}</text>",
-            escape(&sc.name)
-        );
-        y += ROW;
-        let bars = bars(sc);
-        let finite = bars
-            .iter()
-            .map(|((_, ns, _), _)| *ns)
-            .filter(|x| x.is_finite() && *x > 0.0);
-        let (lo, hi) = finite.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
-        let (llo, lhi) = ((lo / 2.0).log10(), hi.log10().max((lo / 2.0).log10() + 1.0));
-        for ((label, ns, note), colour) in bars {
-            let w = if ns.is_finite() && ns > 0.0 {
-                (ns.log10() - llo) / (lhi - llo) * WIDTH
-            } else {
-                0.0
-            };
-            let _ = writeln!(
-                s,
-                "<text x=\"8\" y=\"{}\">{}</text><rect x=\"{LEFT}\" y=\"{}\" width=\"{w:.1}\" height=\"{}\" fill=\"{colour}\"/><text x=\"{}\" y=\"{}\">{} ({})</text>",
-                y + 12.0,
-                escape(&label),
-                y + 2.0,
-                ROW - 6.0,
-                LEFT + w + 6.0,
-                y + 12.0,
-                human_ns(ns),
-                escape(&note)
-            );
-            y += ROW;
-        }
-        y += ROW;
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }

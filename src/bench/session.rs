@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use crate::bench::against::{self, PeerResult};
 use crate::bench::baseline::{self, SavedReport};
+use crate::bench::chart::{self, Chart};
 use crate::bench::host;
 use crate::bench::host_tap::{HostTap, TapLink};
 use crate::bench::model::{HostLoad, Report};
@@ -33,12 +34,12 @@ pub struct Session {
     host_load: Option<HostLoad>,
 }
 
-/// What a finished run prints, and the chart it writes if asked.
+/// What a finished run prints, and the charts it writes if asked.
 pub struct BenchOutput {
     /// The report, as tables or JSON, for stdout.
     pub text: String,
-    /// The SVG chart and the file it goes to (`--svg`).
-    chart: Option<(PathBuf, String)>,
+    /// The SVG charts and the folder they go to (`--svg`).
+    charts: Option<(PathBuf, Vec<Chart>)>,
     /// The JSON report and the file it goes to (`--save-baseline`).
     saved: Option<(PathBuf, String)>,
     /// The comparison with `--baseline`, for stderr (with `--json`; else it ends `text`).
@@ -57,13 +58,17 @@ pub fn load_baseline(options: &BenchOptions) -> Result<Option<(PathBuf, SavedRep
 }
 
 impl BenchOutput {
-    /// Write the chart, if one was asked for.
+    /// Write the charts into their folder, if they were asked for.
     pub fn write_chart(&self) -> Result<(), String> {
-        match &self.chart {
-            Some((path, svg)) => std::fs::write(path, svg)
-                .map_err(|e| format!("cannot write the chart to {}: {e}", path.display())),
-            None => Ok(()),
+        let Some((dir, charts)) = &self.charts else {
+            return Ok(());
+        };
+        for chart in charts {
+            let path = dir.join(&chart.file);
+            std::fs::write(&path, &chart.svg)
+                .map_err(|e| format!("cannot write the chart {}: {e}", path.display()))?;
         }
+        Ok(())
     }
 
     /// Write the chart and the baseline asked for, and (with `--json`) the comparison with
@@ -116,6 +121,16 @@ impl Session {
         // The terminal check is an ioctl: before the filter. The peer's boots count as one step.
         let peer_step = usize::from(session.options.against.is_some());
         progress::start(session.scenarios.len() + peer_step, session.options.json);
+        // The chart folder now, before the main thread confines itself (no mkdir after) and
+        // before minutes of measuring.
+        if let Some(dir) = &session.options.svg {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                format!(
+                    "cannot write the chart: cannot make the folder {}: {e}",
+                    dir.display()
+                )
+            })?;
+        }
         if session.options.against == Some(PeerVmm::Qemu) {
             if session.scenarios.contains(&Scenario::Soak) {
                 let why = "not measured under qemu: the soak counts failures, not time";
@@ -218,12 +233,15 @@ impl Session {
         } else {
             report::text(&report)
         };
-        let chart = options.svg.clone().map(|path| (path, report::svg(&report)));
+        let charts = match options.svg.clone() {
+            Some(dir) => Some((dir, chart::charts(&report)?)),
+            None => None,
+        };
         let saved =
             (options.save_baseline.clone()).map(|path| (path, report::json(&report) + "\n"));
         let mut output = BenchOutput {
             text: String::new(),
-            chart,
+            charts,
             saved,
             comparison: None,
             regressed: Vec::new(),

@@ -310,7 +310,7 @@ fn running_and_reporting() -> Vec<Allowed> {
         sys!(SYS_rt_sigaction).only(0, [value(kick_signal())]),
         sys!(SYS_clock_nanosleep),
         // The report: the host's description (/proc, /sys/module, the CPU count from the
-        // affinity and cgroup files) and the --svg chart.
+        // affinity and cgroup files) and the --svg charts (their folder made before confinement).
         sys!(SYS_read),
         sys!(SYS_lseek),
         sys!(SYS_statx),

@@ -1,0 +1,97 @@
+//! `msix`: the MSI-X Enable cost of each device in turn, one line per routing strategy, the
+//! seed's figures dashed beside them (the growth the seed shows, the flat lines claimed).
+
+use plotters::prelude::*;
+
+use super::{FONT, Keyed, WIDTH, colour, err, header, positive_span};
+use crate::bench::format::human_ns;
+use crate::bench::model::{RoutingFigures, ScenarioReport};
+
+/// The chart, or `None` when no variant has per-device figures.
+pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, String> {
+    let lines: Vec<(&str, &RoutingFigures)> = s
+        .variants
+        .iter()
+        .filter_map(|v| Some((v.name.as_str(), v.routing.as_ref()?)))
+        .filter(|(_, r)| !r.per_device_ms.is_empty())
+        .collect();
+    let devices = lines.iter().map(|(_, r)| r.per_device_ms.len()).max();
+    let values = lines.iter().flat_map(|(_, r)| {
+        let seed = r.seed_per_device_ms.iter().flatten();
+        r.per_device_ms.iter().chain(seed).copied()
+    });
+    let (Some(devices), Some((lo, hi))) = (devices, positive_span(values)) else {
+        return Ok(None);
+    };
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, 600)).into_drawing_area();
+        let subtitle = "Each device's MSI-X Enable in turn, every vector programmed and unmasked \
+                        beforehand (the seed's restore case); solid: this run, one line per \
+                        routing strategy; dashed: the seed's published figures for the same \
+                        strategy.";
+        let title = format!("exitless bench {}: MSI-X Enable cost per device", s.name);
+        let area = header(&root, &title, subtitle, host)?;
+        let x = Keyed {
+            range: 0.5..devices as f64 + 0.5,
+            keys: (1..=devices).map(|d| d as f64).collect(),
+        };
+        let mut chart = ChartBuilder::on(&area)
+            .margin_right(24)
+            .margin_bottom(6)
+            .x_label_area_size(44)
+            .y_label_area_size(76)
+            .build_cartesian_2d(x, (lo / 2.0..hi * 8.0).log_scale())
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("device, in the order enabled")
+            .y_desc("Enable time per device (log scale)")
+            .x_label_formatter(&|d| format!("{d:.0}"))
+            .y_label_formatter(&|ms| human_ns(ms * 1e6))
+            .label_style((FONT, 12))
+            .axis_desc_style((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        for (i, (name, r)) in lines.iter().enumerate() {
+            let c = colour(i);
+            let points = |ms: &[f64]| -> Vec<(f64, f64)> {
+                ms.iter()
+                    .enumerate()
+                    .filter(|(_, ms)| ms.is_finite() && **ms > 0.0)
+                    .map(|(d, ms)| ((d + 1) as f64, *ms))
+                    .collect()
+            };
+            let ours = points(&r.per_device_ms);
+            chart
+                .draw_series(LineSeries::new(ours.clone(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(name.to_string())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
+            chart
+                .draw_series(ours.iter().map(|&p| Circle::new(p, 3, c.filled())))
+                .map_err(err)?;
+            if let Some(seed) = &r.seed_per_device_ms {
+                chart
+                    .draw_series(DashedLineSeries::new(points(seed), 6, 4, c.stroke_width(2)))
+                    .map_err(err)?
+                    .label(format!("{name} (seed)"))
+                    .legend(move |(x, y)| {
+                        EmptyElement::at((x, y))
+                            + PathElement::new([(0, 0), (7, 0)], c.stroke_width(2))
+                            + PathElement::new([(13, 0), (20, 0)], c.stroke_width(2))
+                    });
+            }
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .label_font((FONT, 12))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(Some(svg))
+}
