@@ -202,6 +202,7 @@ fn the_iommu_streams_run_through_qemus_intel_iommu_strict_and_deferred() {
         packets: frames,
         in_flight: 8,
         transactions: 1,
+        rounds: 1,
         timeout: LIMIT,
     };
     let plan = bench.peer_plan();

@@ -99,7 +99,7 @@ pub struct BenchOptions {
     /// Seed of the first `soak` burst (the report names it, to reproduce a run).
     #[arg(long, default_value_t = 0x5eed, value_parser = parse_seed)]
     pub seed: u64,
-    /// Rounds per scenario (pci, rr, msix): every variant is measured once per round, the
+    /// Rounds per scenario (pci, rr, msix, iommu): every variant is measured once per round, the
     /// scenario's boots rotated round by round; the median and its interval are reported. 5 by
     /// default: about a minute for the default run here, and min..max of 5 rounds covers the
     /// median with 93.75% (6 would reach 95%).
@@ -211,6 +211,7 @@ impl BenchOptions {
             packets: self.packets,
             in_flight: self.in_flight,
             transactions: self.transactions,
+            rounds: usize::from(self.rounds),
             timeout: self.timeout(),
         };
         iommu.validate()?;
