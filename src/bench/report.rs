@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::bench::format::{human_ns, human_ns_pm, ratio, ratio_interval};
-use crate::bench::model::{IommuFigures, Report, RoutingFigures, ScenarioReport};
+use crate::bench::model::{IommuFigures, Report, RoutingFigures, ScenarioReport, Variant};
 
 /// The table for one scenario.
 pub fn scenario_table(s: &ScenarioReport) -> String {
@@ -16,53 +16,75 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
         "variant", "time ratio", "ratio 95%", "seed ratio", "time/op (95%)", "exits/op", "ops"
     );
     for v in &s.variants {
-        let kinds: Vec<String> = v
-            .exits_by_kind
-            .iter()
-            .filter(|(_, n)| **n > 0.0)
-            .map(|(k, n)| format!("{k}:{n:.2}"))
-            .collect();
-        let seed = v.seed_time_ratio.map_or("-".into(), ratio);
-        let (vs, vs_ci) = if v.name == v.baseline {
-            ("1 (base)".into(), "-".into())
-        } else {
-            (ratio(v.time_ratio), ratio_interval(v.time_ratio_ci95))
-        };
-        let exits = format!(
-            "{:.2}{}",
-            v.exits_per_op,
-            if v.counts_vary { "*" } else { "" }
-        );
-        let mut extra = String::new();
-        if let Some(tps) = v.trans_per_s {
-            let _ = write!(extra, "  {tps:.0} trans/s");
-        }
-        if let Some((lo, hi)) = v.seed_trans_per_s {
-            let _ = write!(extra, " (seed {lo:.0}-{hi:.0})");
-        }
-        if let Some(irqs) = v.irqs_per_op {
-            let _ = write!(extra, " irqs/op:{irqs:.2}");
-        }
-        if let Some(delivery) = v.delivery {
-            let _ = write!(extra, " via {delivery}");
-        }
-        let _ = writeln!(
-            t,
-            "{:<26} {:>12} {:>14} {:>12}   {:>20} {:>10} {:>8}  {}{extra}",
-            v.name,
-            vs,
-            vs_ci,
-            seed,
-            human_ns_pm(v.ns_per_op, v.ci95[0], v.ci95[1]),
-            exits,
-            v.ops,
-            if kinds.is_empty() {
-                "-".into()
-            } else {
-                kinds.join(" ")
-            },
-        );
+        variant_row(&mut t, v);
     }
+    ratios_and_counts(&mut t, s);
+    peer_table(&mut t, s);
+    routing_table(&mut t, s);
+    iommu_table(&mut t, s);
+    let _ = writeln!(t, "targets (benchmark figures, not test asserts):");
+    for c in &s.targets {
+        let mark = c.verdict().label();
+        let _ = writeln!(t, "  [{mark:>15}] {}: {}", c.target, c.measured);
+    }
+    for n in &s.notes {
+        let _ = writeln!(t, "  - {n}");
+    }
+    t
+}
+
+/// One variant's row: its ratios, time with its interval, exits, and what else it measured.
+fn variant_row(t: &mut String, v: &Variant) {
+    let kinds: Vec<String> = v
+        .exits_by_kind
+        .iter()
+        .filter(|(_, n)| **n > 0.0)
+        .map(|(k, n)| format!("{k}:{n:.2}"))
+        .collect();
+    let seed = v.seed_time_ratio.map_or("-".into(), ratio);
+    let (vs, vs_ci) = if v.name == v.baseline {
+        ("1 (base)".into(), "-".into())
+    } else {
+        (ratio(v.time_ratio), ratio_interval(v.time_ratio_ci95))
+    };
+    let exits = format!(
+        "{:.2}{}",
+        v.exits_per_op,
+        if v.counts_vary { "*" } else { "" }
+    );
+    let mut extra = String::new();
+    if let Some(tps) = v.trans_per_s {
+        let _ = write!(extra, "  {tps:.0} trans/s");
+    }
+    if let Some((lo, hi)) = v.seed_trans_per_s {
+        let _ = write!(extra, " (seed {lo:.0}-{hi:.0})");
+    }
+    if let Some(irqs) = v.irqs_per_op {
+        let _ = write!(extra, " irqs/op:{irqs:.2}");
+    }
+    if let Some(delivery) = v.delivery {
+        let _ = write!(extra, " via {delivery}");
+    }
+    let _ = writeln!(
+        t,
+        "{:<26} {:>12} {:>14} {:>12}   {:>20} {:>10} {:>8}  {}{extra}",
+        v.name,
+        vs,
+        vs_ci,
+        seed,
+        human_ns_pm(v.ns_per_op, v.ci95[0], v.ci95[1]),
+        exits,
+        v.ops,
+        if kinds.is_empty() {
+            "-".into()
+        } else {
+            kinds.join(" ")
+        },
+    );
+}
+
+/// What the time ratios are against, and whether the counts held across rounds.
+fn ratios_and_counts(t: &mut String, s: &ScenarioReport) {
     let mut bases_unique: Vec<&str> = Vec::new();
     for v in &s.variants {
         if !bases_unique.contains(&v.baseline.as_str()) {
@@ -94,18 +116,6 @@ pub fn scenario_table(s: &ScenarioReport) -> String {
             varying.join(", ")
         );
     }
-    peer_table(&mut t, s);
-    routing_table(&mut t, s);
-    iommu_table(&mut t, s);
-    let _ = writeln!(t, "targets (benchmark figures, not test asserts):");
-    for c in &s.targets {
-        let mark = c.verdict().label();
-        let _ = writeln!(t, "  [{mark:>15}] {}: {}", c.target, c.measured);
-    }
-    for n in &s.notes {
-        let _ = writeln!(t, "  - {n}");
-    }
-    t
 }
 
 /// The unmap strategies' figures (`iommu`), one row per variant: packets/s against `none`

@@ -319,42 +319,8 @@ impl RrBench {
             .partition(|v| !v.name.ends_with(DIRECT_SUFFIX) && v.name != TAP_VARIANT);
         let (mut direct, tap): (Vec<Variant>, Vec<Variant>) =
             rest.into_iter().partition(|v| v.name != TAP_VARIANT);
-        for path in NotifyPath::ALL {
-            let base = variant_name(Mode::MmioLegacy, path);
-            let seed: Vec<(String, f64)> = Mode::ALL
-                .iter()
-                .map(|&m| (variant_name(m, path), mean(SEED_MMIO) / mean(m.seed())))
-                .collect();
-            let seed: Vec<(&str, f64)> = seed.iter().map(|(n, r)| (n.as_str(), *r)).collect();
-            let mut group: Vec<Variant> = variants
-                .iter()
-                .filter(|v| v.name.ends_with(&format!("-{}", path.name())))
-                .cloned()
-                .collect();
-            set_baseline(&mut group, &base, &seed);
-            for g in group {
-                if let Some(v) = variants.iter_mut().find(|v| v.name == g.name) {
-                    *v = g;
-                }
-            }
-        }
-        // Each direct variant against the same device and path with irqfds.
-        for d in &mut direct {
-            let twin = d.name.trim_end_matches(DIRECT_SUFFIX);
-            if let Some(t) = variants.iter().find(|v| v.name == twin) {
-                set_twin(d, t);
-            }
-        }
-        let mut notes = vec![format!(
-            "`{DIRECT_SUFFIX}` variants: the same devices with MSI messages injected by \
-             KVM_SIGNAL_MSI (no routes, no irqfds; `exitless bench msix` strategy direct), their \
-             time ratio against the irqfd variant of the same device and doorbell path: {}",
-            direct
-                .iter()
-                .map(|d| format!("{} {:.3}x", d.name, d.time_ratio))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )];
+        baselines_by_path(&mut variants);
+        let mut notes = vec![against_irqfds(&mut direct, &variants)];
         variants.extend(direct);
         if let (Some(link), Some(mut tap)) = (&self.tap, tap.into_iter().next()) {
             let twin = variant_name(Mode::PciMsix, NotifyPath::Address);
@@ -395,6 +361,49 @@ impl RrBench {
             soak: None,
         })
     }
+}
+
+/// Each doorbell path's variants against mmio-legacy on the same path, with the seed's ratios.
+fn baselines_by_path(variants: &mut [Variant]) {
+    for path in NotifyPath::ALL {
+        let base = variant_name(Mode::MmioLegacy, path);
+        let seed: Vec<(String, f64)> = Mode::ALL
+            .iter()
+            .map(|&m| (variant_name(m, path), mean(SEED_MMIO) / mean(m.seed())))
+            .collect();
+        let seed: Vec<(&str, f64)> = seed.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+        let mut group: Vec<Variant> = variants
+            .iter()
+            .filter(|v| v.name.ends_with(&format!("-{}", path.name())))
+            .cloned()
+            .collect();
+        set_baseline(&mut group, &base, &seed);
+        for g in group {
+            if let Some(v) = variants.iter_mut().find(|v| v.name == g.name) {
+                *v = g;
+            }
+        }
+    }
+}
+
+/// Each `-direct` variant against the same device and path with irqfds; the note that says so.
+fn against_irqfds(direct: &mut [Variant], variants: &[Variant]) -> String {
+    for d in direct.iter_mut() {
+        let twin = d.name.trim_end_matches(DIRECT_SUFFIX);
+        if let Some(t) = variants.iter().find(|v| v.name == twin) {
+            set_twin(d, t);
+        }
+    }
+    format!(
+        "`{DIRECT_SUFFIX}` variants: the same devices with MSI messages injected by \
+         KVM_SIGNAL_MSI (no routes, no irqfds; `exitless bench msix` strategy direct), their \
+         time ratio against the irqfd variant of the same device and doorbell path: {}",
+        direct
+            .iter()
+            .map(|d| format!("{} {:.3}x", d.name, d.time_ratio))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// Which variants' exit or interrupt counts differed between rounds, said plainly: on the
