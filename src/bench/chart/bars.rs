@@ -4,7 +4,7 @@
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::{Area, FONT, Keyed, WIDTH, colour, err, header, positive_span};
+use super::{Area, FONT, Keyed, WIDTH, colour, err, header, legend, positive_span};
 use crate::bench::format::human_ns;
 use crate::bench::model::{PeerFigure, ScenarioReport, Variant};
 
@@ -50,7 +50,7 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
             peer_bars(&mut chart, &variants, p, base)?;
         }
         own_figures(&mut chart, &variants, &own)?;
-        legend(&mut chart)?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         root.present().map_err(err)?;
     }
     Ok(Some(svg))
@@ -208,18 +208,6 @@ fn own_figures(chart: &mut BarChart, variants: &[&Variant], own: &[Bar]) -> Resu
         }))
         .map_err(err)?;
     Ok(())
-}
-
-/// The series' legend, in the blank rows at the bottom right.
-fn legend<'a, 'b: 'a>(chart: &mut BarChart<'a, 'b>) -> Result<(), String> {
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font((FONT, 12))
-        .draw()
-        .map_err(err)
 }
 
 /// `ns` written just right of `x` (a few pixels on the log axis), centred on `y`.

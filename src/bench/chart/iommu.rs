@@ -6,7 +6,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::{Area, FONT, WIDTH, colour, err, header, positive_span};
+use super::{Area, FONT, WIDTH, colour, err, header, legend, positive_span};
 use crate::bench::iommu::DEFAULT_HWM;
 use crate::bench::model::{IommuFigures, ScenarioReport};
 
@@ -69,7 +69,7 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
         if let Some(none) = none {
             ceiling(&mut chart, none, x_range)?;
         }
-        legend(&mut chart)?;
+        legend(&mut chart, SeriesLabelPosition::MiddleLeft)?;
         root.present().map_err(err)?;
     }
     Ok(Some(svg))
@@ -251,16 +251,4 @@ fn ceiling(chart: &mut SweepChart, none: &IommuFigures, x: (f64, f64)) -> Result
         .label("none: no IOMMU (frames/s)")
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(1)));
     Ok(())
-}
-
-/// The series' legend, middle left.
-fn legend<'a, 'b: 'a>(chart: &mut SweepChart<'a, 'b>) -> Result<(), String> {
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::MiddleLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font((FONT, 12))
-        .draw()
-        .map_err(err)
 }

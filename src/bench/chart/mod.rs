@@ -76,6 +76,21 @@ fn colour(i: usize) -> RGBColor {
 }
 
 /// Any plotters error, as the report's error text.
+/// A chart's series legend at `at`, on a white box so that it reads over the grid.
+fn legend<'a, 'b: 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, CT>,
+    at: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(at)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font((FONT, 12))
+        .draw()
+        .map_err(err)
+}
+
 fn err(e: impl std::fmt::Display) -> String {
     format!("drawing a chart: {e}")
 }

@@ -3,7 +3,7 @@
 
 use plotters::prelude::*;
 
-use super::{Area, FONT, Keyed, WIDTH, colour, err, header, positive_span};
+use super::{Area, FONT, Keyed, WIDTH, colour, err, header, legend, positive_span};
 use crate::bench::format::human_ns;
 use crate::bench::model::{RoutingFigures, ScenarioReport};
 
@@ -39,7 +39,7 @@ pub(super) fn draw(s: &ScenarioReport, host: &str) -> Result<Option<String>, Str
         for (i, (name, r)) in lines.iter().enumerate() {
             strategy(&mut chart, colour(i), name, r)?;
         }
-        legend(&mut chart)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         root.present().map_err(err)?;
     }
     Ok(Some(svg))
@@ -115,16 +115,4 @@ fn strategy<'a, 'b: 'a>(
             });
     }
     Ok(())
-}
-
-/// The strategies' legend, top right.
-fn legend<'a, 'b: 'a>(chart: &mut DeviceChart<'a, 'b>) -> Result<(), String> {
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font((FONT, 12))
-        .draw()
-        .map_err(err)
 }
