@@ -148,6 +148,8 @@ void kmain(uint32_t magic, const struct mb_info *mb)
             check_disk();
         if (arg_number("net", 0))
             check_net();
+        if (arg_number("cpuid", 0))
+            check_cpuid();
     }
 out:
     spam(arg_number("spam", 0));

@@ -58,6 +58,9 @@ void check_dmar(uint32_t iommu);
 void check_smp(uint32_t cpus);
 void check_echo(void);
 
+/* cpuid.c: the CPUID the kernel sees (cpuid=1). */
+void check_cpuid(void);
+
 /* virtio.c: the devices on virtio-pci. */
 void check_disk(void);
 void check_net(void);

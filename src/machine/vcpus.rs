@@ -11,6 +11,7 @@ use crate::bus::IoBuses;
 use crate::machine::loader::{EntryState, Loader};
 use crate::seccomp::{self, ThreadKind};
 use crate::stats::ExitCounters;
+use crate::vm::cpuid::CpuTemplate;
 use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::vcpu::{self, Vcpu};
 use crate::vm::{Vm, VmError};
@@ -29,11 +30,12 @@ pub enum RunEnd {
 }
 
 impl Vcpus {
-    /// Create `count` vCPUs (at least one) on `vm`.
-    pub fn create(vm: &Vm, count: u8) -> Result<Self, VmError> {
+    /// Create `count` vCPUs (at least one) on `vm`, with the CPUID of `cpu`.
+    pub fn create(vm: &Vm, count: u8, cpu: &CpuTemplate) -> Result<Self, VmError> {
         vcpu::install_kick_handler()?;
+        let cpuid = Vcpu::machine_cpuid(vm, cpu)?;
         (0..count.max(1))
-            .map(|i| Vcpu::new(vm, i))
+            .map(|i| Vcpu::new(vm, i, &cpuid))
             .collect::<Result<Vec<_>, _>>()
             .map(Vcpus)
     }

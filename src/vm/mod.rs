@@ -49,6 +49,9 @@ pub enum VmError {
     /// A shadow page outside its region.
     #[error("page {0} is outside the read-only shadow")]
     ShadowPage(u64),
+    /// A `--cpu` template this host cannot give.
+    #[error(transparent)]
+    Cpu(#[from] cpuid::CpuError),
     /// Guest memory allocation failed.
     #[error("cannot allocate {size} bytes of guest memory: {reason}")]
     Memory {

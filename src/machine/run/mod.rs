@@ -23,8 +23,8 @@ use std::time::Duration;
 use crate::devices::debug_exit;
 use crate::machine::Loader;
 use crate::machine::config::{
-    Console, DiskConfig, MachineConfig, NetBackendKind, Overflow, Platform, VirtioNetConfig,
-    format_mac, tap_mac,
+    Console, CpuTemplate, DiskConfig, MachineConfig, NetBackendKind, Overflow, Platform,
+    VirtioNetConfig, format_mac, tap_mac,
 };
 use crate::machine::layout::PCI_MMIO_WINDOW;
 use crate::machine::loader::file::{FileError, ImageFile, ReadError};
@@ -74,6 +74,8 @@ pub struct RunConfig {
     pub timeout: Option<Duration>,
     /// Keep guest RAM in the VMM's core dumps.
     pub dump_guest_memory: bool,
+    /// The vCPUs' CPU template.
+    pub cpu: CpuTemplate,
 }
 
 /// How a run ended, as the guest ended it.
@@ -276,6 +278,7 @@ impl RunConfig {
             ecam: self.ecam,
             iommu: self.iommu,
             dump_guest_memory: self.dump_guest_memory,
+            cpu: self.cpu.clone(),
             vcpus,
             console: self.console.clone(),
             console_overflow: self.console_overflow,
@@ -412,6 +415,7 @@ mod tests {
             nets: Vec::new(),
             timeout: None,
             dump_guest_memory: false,
+            cpu: CpuTemplate::default(),
         }
     }
 

@@ -4,7 +4,7 @@
 //! MMIO accesses to the buses and counts them; everything else is a device's business.
 
 use kvm_bindings::{
-    KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, kvm_mp_state, kvm_regs, kvm_sregs,
+    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, kvm_mp_state, kvm_regs, kvm_sregs,
 };
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -13,9 +13,10 @@ use vmm_sys_util::signal::register_signal_handler;
 use crate::bus::{DeviceId, IoBuses};
 use crate::seccomp::kick_signal;
 use crate::stats::{ExitCounters, ExitKind};
+use crate::vm::cpuid::{self, CpuTemplate};
 use crate::vm::kvm_run::{MAX_INSTRUCTION_BYTES, RunPage};
 use crate::vm::run_control::{RunControl, StopReason};
-use crate::vm::{Vm, VmError, cpuid};
+use crate::vm::{Vm, VmError};
 
 /// What the loop does after an exit.
 #[derive(Debug, PartialEq, Eq)]
@@ -145,20 +146,17 @@ pub fn install_kick_handler() -> Result<(), VmError> {
 }
 
 impl Vcpu {
-    /// Create vCPU `index` in KVM's reset state, with its CPUID. With the in-kernel irqchip
+    /// Create vCPU `index` in KVM's reset state, with the machine's CPUID `cpuid`
+    /// ([`cpuid::guest`]) and its own APIC ID. With the in-kernel irqchip
     /// the boot vCPU (0) is runnable and the others wait for INIT/SIPI
     /// (`KVM_MP_STATE_UNINITIALIZED`, api.rst §4.38) until [`Vcpu::set_entry`] starts them.
-    pub fn new(vm: &Vm, index: u8) -> Result<Self, VmError> {
+    pub fn new(vm: &Vm, index: u8, cpuid: &CpuId) -> Result<Self, VmError> {
         let err = |what| move |source| VmError::Kvm { what, source };
         let fd = vm
             .fd()
             .create_vcpu(index.into())
             .map_err(err("create vCPU"))?;
-        let supported = vm
-            .kvm()
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(err("get supported CPUID"))?;
-        fd.set_cpuid2(&cpuid::for_vcpu(supported, index))
+        fd.set_cpuid2(&cpuid::for_vcpu(cpuid.clone(), index))
             .map_err(err("set CPUID"))?;
         let run_page = RunPage::new(&fd)?;
         Ok(Vcpu {
@@ -191,6 +189,18 @@ impl Vcpu {
                 .map_err(err("set MP state"))?;
         }
         Ok(())
+    }
+
+    /// The machine's CPUID for `template`: what KVM supports, shaped by it.
+    pub fn machine_cpuid(vm: &Vm, template: &CpuTemplate) -> Result<CpuId, VmError> {
+        let supported = vm
+            .kvm()
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(|source| VmError::Kvm {
+                what: "get supported CPUID",
+                source,
+            })?;
+        Ok(cpuid::guest(&supported, template)?)
     }
 
     /// The TSC frequency KVM gives this vCPU, in kHz.

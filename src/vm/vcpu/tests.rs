@@ -129,7 +129,8 @@ fn vcpu_running(code: &[u8]) -> (Vm, Vcpu) {
         .write_slice(code, GuestAddress(PROBE_LOAD_ADDR))
         .unwrap();
     install_kick_handler().unwrap();
-    let vcpu = Vcpu::new(&vm, 0).unwrap();
+    let cpuid = Vcpu::machine_cpuid(&vm, &Default::default()).unwrap();
+    let vcpu = Vcpu::new(&vm, 0, &cpuid).unwrap();
     vcpu.set_entry(&boot::entry_regs(0), boot::long_mode_sregs)
         .unwrap();
     (vm, vcpu)
