@@ -134,3 +134,23 @@ fn each_vcpu_gets_its_apic_id() {
     let g = for_vcpu(guest_of("host").unwrap(), 5);
     assert_eq!(leaf(&g, 1, 0)[1] >> 24, 5);
 }
+
+#[test]
+fn every_name_the_tables_use_is_a_feature() {
+    let names = features::NEEDS
+        .iter()
+        .flat_map(|(a, b)| [*a, *b])
+        .chain(template::BASELINE.iter().copied())
+        .chain(template::HOST_HIDDEN.iter().copied())
+        .chain(xsave::COMPONENTS.iter().map(|(_, f)| *f));
+    for name in names {
+        assert!(by_name(name).is_some(), "{name}");
+    }
+    // NEEDS lists each feature after what it needs, so one pass settles a chain.
+    for (i, (_, needs)) in features::NEEDS.iter().enumerate() {
+        assert!(
+            !features::NEEDS[i..].iter().any(|(f, _)| f == needs),
+            "{needs}"
+        );
+    }
+}

@@ -10,7 +10,7 @@ const LEGACY_AND_HEADER: u32 = 512 + 64;
 /// The user state components (XCR0 bits) a feature owns (SDM vol. 1 §13.1): AVX's upper YMM
 /// halves; MPX's bounds registers and configuration; AVX-512's opmask, upper ZMM halves of
 /// ZMM0-15 and ZMM16-31; PKRU; AMX's tile configuration and data.
-const COMPONENTS: &[(u32, &str)] = &[
+pub(super) const COMPONENTS: &[(u32, &str)] = &[
     (2, "avx"),
     (3, "mpx"),
     (4, "mpx"),
