@@ -53,6 +53,8 @@ struct State {
 pub struct Sleep {
     /// Whether a vCPU must park before it enters the guest again: read before every entry.
     parking: AtomicBool,
+    /// Set at each wake: PM1 status's WAK_STS until the guest clears it.
+    woke: AtomicBool,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -61,6 +63,7 @@ impl Default for Sleep {
     fn default() -> Self {
         Sleep {
             parking: AtomicBool::new(false),
+            woke: AtomicBool::new(false),
             state: Mutex::new(State {
                 phase: Phase::Awake,
                 entry: WakeEntry::Real { cs: 0, ip: 0 },
@@ -117,7 +120,18 @@ impl Sleep {
         }
     }
 
+    /// Whether the machine woke since [`Sleep::clear_woke`] (ACPI 6.5 §4.8.3.1.1, WAK_STS).
+    pub fn woke(&self) -> bool {
+        self.woke.load(Ordering::Acquire)
+    }
+
+    /// The guest cleared WAK_STS.
+    pub fn clear_woke(&self) {
+        self.woke.store(false, Ordering::Release);
+    }
+
     fn resume(&self, state: &mut State) {
+        self.woke.store(true, Ordering::Release);
         state.phase = Phase::Awake;
         state.wakes += 1;
         self.changed.notify_all();

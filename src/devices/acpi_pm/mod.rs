@@ -100,18 +100,7 @@ impl AcpiPm {
         regs.status |= RTC_STS;
         if regs.enable & RTC_STS != 0 {
             drop(regs);
-            self.wake();
-        }
-    }
-
-    /// A wake event that has no status bit of its own (a console key): wakes the machine if
-    /// it sleeps.
-    pub fn wake(&self) {
-        if self.control.sleep().wake() {
-            self.regs
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .status |= WAK_STS;
+            self.control.sleep().wake();
         }
     }
 
@@ -133,8 +122,13 @@ impl AcpiPm {
         let regs = self.regs.lock().unwrap_or_else(PoisonError::into_inner);
         let mut image = [0u8; PM_BLOCK_LEN as usize];
         let at = |offset: u16| usize::from(offset);
+        let woke = if self.control.sleep().woke() {
+            WAK_STS
+        } else {
+            0
+        };
         image[at(PM1_EVT_OFFSET)..at(PM1_EVT_OFFSET) + 2]
-            .copy_from_slice(&regs.status.to_le_bytes());
+            .copy_from_slice(&(regs.status | woke).to_le_bytes());
         image[at(PM1_EVT_OFFSET) + 2..at(PM1_EVT_OFFSET) + 4]
             .copy_from_slice(&regs.enable.to_le_bytes());
         image[at(PM1_CNT_OFFSET)..at(PM1_CNT_OFFSET) + 2]
@@ -179,7 +173,7 @@ impl AcpiPm {
                 drop(regs);
                 self.control.suspend(entry);
                 if pending {
-                    self.wake();
+                    self.control.sleep().wake();
                 }
             }
             Err(e) => guest_error!(self.log, "S3 requested, but {e}; ignored"),
@@ -214,7 +208,11 @@ impl BusDevice for AcpiPm {
             let (enable, cnt) = (status + 2, u64::from(PM1_CNT_OFFSET));
             match at {
                 a if (status..status + 2).contains(&a) => {
-                    regs.status &= !set_byte(0, a - status);
+                    let clear = set_byte(0, a - status);
+                    regs.status &= !clear;
+                    if clear & WAK_STS != 0 {
+                        self.control.sleep().clear_woke();
+                    }
                 }
                 a if (enable..enable + 2).contains(&a) => {
                     regs.enable = set_byte(regs.enable, a - enable)
@@ -236,3 +234,9 @@ impl BusDevice for AcpiPm {
 
 #[cfg(test)]
 mod tests;
+
+impl crate::devices::rtc::RtcEvents for AcpiPm {
+    fn alarm(&self) {
+        self.rtc_alarm();
+    }
+}

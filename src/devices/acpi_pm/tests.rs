@@ -124,7 +124,7 @@ fn s3_without_a_waking_vector_is_ignored() {
     assert!(!control.sleep().entering());
     assert_eq!(dev.log().guest_errors(), 1);
     let (dev, control) = with_facs();
-    dev.wake();
+    control.sleep().wake();
     assert_eq!(read_u16(&dev, PM1_EVT_OFFSET), 0, "no wake while awake");
     assert!(!control.sleep().entering());
 }
