@@ -108,7 +108,7 @@ const FREESTANDING: [&str; 13] = [
 ];
 
 /// The test kernel's C files, one concern each (testkernel.h declares what they share).
-const TEST_KERNEL_C: [&str; 4] = ["main.c", "console.c", "platform.c", "virtio.c"];
+const TEST_KERNEL_C: [&str; 5] = ["main.c", "console.c", "platform.c", "virtio.c", "rtc.c"];
 
 /// The multiboot test kernel: `testkernel.elf` (ELF) and `testkernel.bin` (flat, loaded by the
 /// header's address fields), in `out` and next to the binary cargo builds.

@@ -58,6 +58,9 @@ void check_dmar(uint32_t iommu);
 void check_smp(uint32_t cpus);
 void check_echo(void);
 
+/* rtc.c: the RTC's time (utc=SECONDS) and S3, woken by its alarm or a key (s3=alarm|key). */
+void check_rtc(void);
+
 /* virtio.c: the devices on virtio-pci. */
 void check_disk(void);
 void check_net(void);

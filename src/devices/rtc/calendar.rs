@@ -1,6 +1,9 @@
 //! The RTC's date and time registers (MC146818A datasheet, "Address map" and table 3): seconds
 //! since the epoch to the bytes the guest reads, in BCD or binary and in 12- or 24-hour mode,
-//! and back. The calendar itself is glibc's (`gmtime_r`, `timegm`: UTC, no time zone files).
+//! and back. The calendar is written here (H. Hinnant's `days_from_civil` and
+//! `civil_from_days`, "chrono-Compatible Low-Level Date Algorithms"): glibc's `gmtime_r` and
+//! `timegm` load the time zone files on their first call, which a vCPU thread's seccomp
+//! filter forbids, and no crate the project uses does UTC dates.
 
 /// Register B data-mode bits (MC146818A "Register B").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +33,7 @@ pub const SEC: usize = 0;
 pub const MIN: usize = 1;
 /// Hours.
 pub const HOUR: usize = 2;
-const DAY: usize = 4;
+const MDAY: usize = 4;
 const MONTH: usize = 5;
 const YEAR: usize = 6;
 
@@ -78,17 +81,20 @@ impl Mode {
 
     /// The registers at `secs` seconds since the epoch (UTC).
     pub fn fields(self, secs: i64) -> Fields {
-        let tm = gmtime(secs);
-        let byte = |v: libc::c_int| u8::try_from(v.rem_euclid(100)).expect("below 100");
-        let year = tm.tm_year + 1900;
+        let (days, tod) = (secs.div_euclid(SECS_PER_DAY), secs.rem_euclid(SECS_PER_DAY));
+        let (year, month, day) = civil_from_days(days);
+        let byte = |v: i64| u8::try_from(v.rem_euclid(100)).expect("below 100");
+        // 1970-01-01 was a Thursday: 5 in the RTC's count from Sunday = 1.
+        let weekday = (days + 4).rem_euclid(7) + 1;
+        let [sec, min, hour] = self.time_of_day(u32::try_from(tod).expect("below a day"));
         Fields {
             time: [
-                self.encode(byte(tm.tm_sec)),
-                self.encode(byte(tm.tm_min)),
-                self.encode_hour(byte(tm.tm_hour)),
-                self.encode(byte(tm.tm_wday + 1)),
-                self.encode(byte(tm.tm_mday)),
-                self.encode(byte(tm.tm_mon + 1)),
+                sec,
+                min,
+                hour,
+                self.encode(byte(weekday)),
+                self.encode(byte(day)),
+                self.encode(byte(month)),
                 self.encode(byte(year)),
             ],
             century: self.encode(byte(year.div_euclid(100))),
@@ -96,20 +102,16 @@ impl Mode {
     }
 
     /// Seconds since the epoch of the time `fields` hold (the day of week is not used: the
-    /// date gives it). Out-of-range values carry over, as `timegm` normalizes them.
+    /// date gives it). Out-of-range values carry over (a 31st of April is the 1st of May).
     pub fn seconds(self, fields: &Fields) -> i64 {
-        let f = |i: usize| libc::c_int::from(self.decode(fields.time[i]));
-        let year = libc::c_int::from(self.decode(fields.century)) * 100 + f(YEAR);
-        // SAFETY: an all-zero tm is a valid value (every field an integer, tm_zone null).
-        let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-        tm.tm_sec = f(SEC);
-        tm.tm_min = f(MIN);
-        tm.tm_hour = libc::c_int::from(self.decode_hour(fields.time[HOUR]));
-        tm.tm_mday = f(DAY);
-        tm.tm_mon = f(MONTH) - 1;
-        tm.tm_year = year - 1900;
-        // SAFETY: timegm reads and normalizes the tm it is given, and touches nothing else.
-        i64::from(unsafe { libc::timegm(&mut tm) })
+        let f = |i: usize| i64::from(self.decode(fields.time[i]));
+        let year = i64::from(self.decode(fields.century)) * 100 + f(YEAR);
+        // Months past 12 carry into the year; month 0 is December of the year before.
+        let months = year * 12 + f(MONTH) - 1;
+        let days =
+            days_from_civil(months.div_euclid(12), months.rem_euclid(12) + 1, 1) + f(MDAY) - 1;
+        let hour = i64::from(self.decode_hour(fields.time[HOUR]));
+        days * SECS_PER_DAY + hour * 3600 + f(MIN) * 60 + f(SEC)
     }
 
     /// Seconds into the day, as the alarm compares them: the hour, minute and second bytes.
@@ -123,13 +125,48 @@ impl Mode {
     }
 }
 
-/// `secs` broken down in UTC.
-fn gmtime(secs: i64) -> libc::tm {
-    // SAFETY: an all-zero tm is a valid value; gmtime_r writes only the tm it is given.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    let t = libc::time_t::from(secs);
-    // SAFETY: both pointers are to live locals; gmtime_r reads no time zone data.
-    let ok = !unsafe { libc::gmtime_r(&t, &mut tm) }.is_null();
-    debug_assert!(ok, "a 64-bit time_t always converts");
-    tm
+const SECS_PER_DAY: i64 = 86_400;
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (`month` 1..=12).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date (year, month 1..=12, day 1..=31) `days` after 1970-01-01.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_and_dates_round_trip_across_leap_years_and_centuries() {
+        for (date, days) in [
+            ((1970, 1, 1), 0),
+            ((2000, 2, 29), 11_016),
+            ((2000, 3, 1), 11_017),
+            ((2100, 3, 1), 47_541),
+            ((1969, 12, 31), -1),
+        ] {
+            assert_eq!(days_from_civil(date.0, date.1, date.2), days, "{date:?}");
+            assert_eq!(civil_from_days(days), date);
+        }
+    }
 }

@@ -275,7 +275,13 @@ impl Vcpu {
 
     /// Park for S3 until the machine wakes, then restart as firmware hands over after S3 (ACPI
     /// 6.5 §16.1.3): the boot vCPU at the waking vector, the others waiting for INIT/SIPI.
-    fn sleep(&self, control: &RunControl) {
+    fn sleep(&mut self, control: &RunControl) {
+        // Finish the exit this vCPU is in (an OUT to PM1 control, an MMIO read's data) before
+        // its state is replaced: KVM_RUN with immediate_exit completes it and returns at once
+        // (api.rst §5, immediate_exit), as QEMU's paused vCPUs do.
+        self.fd.set_kvm_immediate_exit(1);
+        let _ = self.fd.run();
+        self.fd.set_kvm_immediate_exit(0);
         let Some(entry) = control.sleep().park(|| control.is_stopping()) else {
             return;
         };
