@@ -43,7 +43,7 @@ impl Mode {
         if self.binary {
             v
         } else {
-            (v / 10) << 4 | v % 10
+            ((v / 10) << 4) | (v % 10)
         }
     }
 

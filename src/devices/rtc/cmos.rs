@@ -181,10 +181,10 @@ impl Cmos {
             self.held = Some(self.fields(now));
         }
         self.ram[usize::from(REG_B)] = value;
-        if value & SET == 0 {
-            if let Some(fields) = self.held.take() {
-                self.set_fields(fields, now);
-            }
+        if value & SET == 0
+            && let Some(fields) = self.held.take()
+        {
+            self.set_fields(fields, now);
         }
     }
 
@@ -230,10 +230,10 @@ impl Cmos {
         }
         self.checked = now;
         let before = self.reg_c;
-        if let Some(p) = self.period() {
-            if now.as_nanos() / p.as_nanos() > from.as_nanos() / p.as_nanos() {
-                self.reg_c |= PIE;
-            }
+        if let Some(p) = self.period()
+            && now.as_nanos() / p.as_nanos() > from.as_nanos() / p.as_nanos()
+        {
+            self.reg_c |= PIE;
         }
         let (first, last) = (from.as_secs() + 1, now.as_secs());
         if self.held.is_none() && first <= last {

@@ -103,10 +103,10 @@ impl Shared {
 
     /// Pulse IRQ 8 and report the alarm, as `raised` says.
     fn deliver(&self, raised: Raised) {
-        if raised.irq {
-            if let Err(e) = self.irq.write(1) {
-                guest_error!(self.log, "IRQ {RTC_IRQ} lost: {e}");
-            }
+        if raised.irq
+            && let Err(e) = self.irq.write(1)
+        {
+            guest_error!(self.log, "IRQ {RTC_IRQ} lost: {e}");
         }
         if raised.alarm {
             self.events.alarm();
