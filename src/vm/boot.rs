@@ -284,6 +284,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn real_mode_at_a_waking_vector_is_the_reset_state_with_cs_at_its_segment() {
+        let sregs = real_mode_sregs(long_mode_sregs(kvm_sregs::default()), 0x700);
+        assert_eq!((sregs.cs.selector, sregs.cs.base), (0x700, 0x7000));
+        assert_eq!((sregs.ds.base, sregs.ss.limit), (0, 0xffff));
+        assert_eq!(sregs.cr0, 0x6000_0010, "PE and PG clear");
+        assert_eq!(
+            (sregs.cr3, sregs.cr4, sregs.efer),
+            (0, 0, 0),
+            "long mode left"
+        );
+    }
+
+    #[test]
     fn descriptors_match_the_sdm_encoding() {
         // Well-known flat 64-bit code and data descriptors, and our TSS.
         let expected = [
