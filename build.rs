@@ -108,7 +108,14 @@ const FREESTANDING: [&str; 13] = [
 ];
 
 /// The test kernel's C files, one concern each (testkernel.h declares what they share).
-const TEST_KERNEL_C: [&str; 5] = ["main.c", "console.c", "platform.c", "virtio.c", "cpuid.c"];
+const TEST_KERNEL_C: [&str; 6] = [
+    "main.c",
+    "console.c",
+    "platform.c",
+    "virtio.c",
+    "cpuid.c",
+    "rtc.c",
+];
 
 /// The multiboot test kernel: `testkernel.elf` (ELF) and `testkernel.bin` (flat, loaded by the
 /// header's address fields), in `out` and next to the binary cargo builds.

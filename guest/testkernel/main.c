@@ -132,6 +132,7 @@ void kmain(uint32_t magic, const struct mb_info *mb)
     check_fw_cfg(cpus, mem);
     check_acpi();
     check_fadt();
+    check_rtc();
     if (pm_timer_port) {
         uint32_t before = pm_timer();
         check_madt(cpus);

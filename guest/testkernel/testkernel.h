@@ -61,6 +61,9 @@ void check_echo(void);
 /* cpuid.c: the CPUID the kernel sees (cpuid=1). */
 void check_cpuid(void);
 
+/* rtc.c: the RTC's time (utc=SECONDS) and S3, woken by its alarm or a key (s3=alarm|key). */
+void check_rtc(void);
+
 /* virtio.c: the devices on virtio-pci. */
 void check_disk(void);
 void check_net(void);

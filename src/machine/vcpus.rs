@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::signal::Killable;
 
@@ -12,7 +12,7 @@ use crate::machine::loader::{EntryState, Loader};
 use crate::seccomp::{self, ThreadKind};
 use crate::stats::ExitCounters;
 use crate::vm::cpuid::CpuTemplate;
-use crate::vm::run_control::{RunControl, StopReason};
+use crate::vm::run_control::{RunControl, RunEvent, StopReason};
 use crate::vm::vcpu::{self, Vcpu};
 use crate::vm::{Vm, VmError};
 
@@ -76,6 +76,7 @@ impl Vcpus {
         control: &Arc<RunControl>,
         timeout: Duration,
     ) -> Result<RunEnd, std::io::Error> {
+        control.sleep().set_vcpus(self.count());
         let mut threads = Vec::new();
         let mut spawn_error = None;
         for v in self.0 {
@@ -90,13 +91,41 @@ impl Vcpus {
                 }
             }
         }
-        let reason = control.wait(timeout);
+        let reason = wait_and_put_to_sleep(&threads, control, timeout);
         control.stop(StopReason::VcpuFailed("stopped by the VMM".into()));
         stop_and_join(threads);
         match (spawn_error, reason) {
             (Some(e), _) => Err(e),
             (None, Some(reason)) => Ok(RunEnd::Stopped(reason)),
             (None, None) => Ok(RunEnd::TimedOut),
+        }
+    }
+}
+
+/// Wait for the run to stop, up to `timeout`; meanwhile, each time the guest asks for S3, kick
+/// the vCPUs out of the guest until every one has parked (ACPI 6.5 §16.1.3: the machine sleeps).
+fn wait_and_put_to_sleep(
+    threads: &[JoinHandle<()>],
+    control: &RunControl,
+    timeout: Duration,
+) -> Option<StopReason> {
+    let deadline = Instant::now().checked_add(timeout);
+    loop {
+        let left = deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        match control.wait_or_sleep(left) {
+            RunEvent::Stopped(reason) => return Some(reason),
+            RunEvent::TimedOut => return None,
+            RunEvent::Sleeping => {
+                // A kick can land before a thread re-enters the guest: retry until it parks.
+                while control.sleep().entering() && !control.is_stopping() {
+                    for t in threads.iter().filter(|t| !t.is_finished()) {
+                        let _ = t.kill(seccomp::kick_signal());
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod cpuid;
 pub mod kvm_run;
 pub mod run_control;
 pub mod shadow;
+pub mod sleep;
 pub mod vcpu;
 
 use std::sync::Arc;

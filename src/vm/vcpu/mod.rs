@@ -4,7 +4,8 @@
 //! MMIO accesses to the buses and counts them; everything else is a device's business.
 
 use kvm_bindings::{
-    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, kvm_mp_state, kvm_regs, kvm_sregs,
+    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_INIT_RECEIVED, KVM_MP_STATE_RUNNABLE, kvm_mp_state,
+    kvm_regs, kvm_sregs,
 };
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -13,9 +14,11 @@ use vmm_sys_util::signal::register_signal_handler;
 use crate::bus::{DeviceId, IoBuses};
 use crate::seccomp::kick_signal;
 use crate::stats::{ExitCounters, ExitKind};
+use crate::vm::boot::{RFLAGS_BOOT, protected_mode_sregs, real_mode_sregs};
 use crate::vm::cpuid::{self, CpuTemplate};
 use crate::vm::kvm_run::{MAX_INSTRUCTION_BYTES, RunPage};
 use crate::vm::run_control::{RunControl, StopReason};
+use crate::vm::sleep::WakeEntry;
 use crate::vm::{Vm, VmError};
 
 /// What the loop does after an exit.
@@ -109,6 +112,29 @@ impl Drop for StopOnExit<'_> {
             "vCPU {} thread ended unexpectedly",
             self.1
         )));
+    }
+}
+
+/// The general registers at a waking vector: all clear but the instruction pointer and the
+/// always-one RFLAGS bit, as after a reset (Intel SDM Vol. 3A §9.1.1, table 9-1).
+pub fn wake_regs(entry: WakeEntry) -> kvm_regs {
+    let rip = match entry {
+        WakeEntry::Real { ip, .. } => ip.into(),
+        WakeEntry::Protected32(at) => at.into(),
+    };
+    kvm_regs {
+        rip,
+        rflags: RFLAGS_BOOT,
+        ..Default::default()
+    }
+}
+
+/// The special registers at a waking vector (ACPI 6.5 §5.2.10): real mode with CS at the
+/// vector's segment, or flat 32-bit protected mode with paging off.
+pub fn wake_sregs(current: kvm_sregs, entry: WakeEntry) -> kvm_sregs {
+    match entry {
+        WakeEntry::Real { cs, .. } => real_mode_sregs(current, cs),
+        WakeEntry::Protected32(_) => protected_mode_sregs(current),
     }
 }
 
@@ -257,10 +283,49 @@ impl Vcpu {
         (!bytes.is_empty()).then_some(bytes)
     }
 
+    /// Park for S3 until the machine wakes, then restart as firmware hands over after S3 (ACPI
+    /// 6.5 §16.1.3): the boot vCPU at the waking vector, the others waiting for INIT/SIPI.
+    fn sleep(&mut self, control: &RunControl) {
+        // Finish the exit this vCPU is in (an OUT to PM1 control, an MMIO read's data) before
+        // its state is replaced: KVM_RUN with immediate_exit completes it and returns at once
+        // (api.rst §5, immediate_exit), as QEMU's paused vCPUs do.
+        self.fd.set_kvm_immediate_exit(1);
+        let _ = self.fd.run();
+        self.fd.set_kvm_immediate_exit(0);
+        let Some(entry) = control.sleep().park(|| control.is_stopping()) else {
+            return;
+        };
+        let err = |what| move |source| VmError::Kvm { what, source };
+        // The boot vCPU may have been halted when kicked (another vCPU asked for S3).
+        let (mp_state, entry) = match self.index {
+            0 => (KVM_MP_STATE_RUNNABLE, Some(entry)),
+            _ => (KVM_MP_STATE_INIT_RECEIVED, None),
+        };
+        let restarted = entry
+            .map_or(Ok(()), |e| {
+                self.set_entry(&wake_regs(e), |current| wake_sregs(current, e))
+            })
+            .and_then(|()| {
+                self.fd
+                    .set_mp_state(kvm_mp_state { mp_state })
+                    .map_err(err("set MP state"))
+            });
+        if let Err(e) = restarted {
+            control.stop(StopReason::VcpuFailed(format!(
+                "vCPU {} could not resume from S3: {e}",
+                self.index
+            )));
+        }
+    }
+
     /// Run until the run is stopped.
     pub fn run(mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl) {
         let _stop_on_exit = StopOnExit(control, self.index);
         while !control.is_stopping() {
+            if control.sleep().must_park() {
+                self.sleep(control);
+                continue;
+            }
             let action = match self.fd.run() {
                 Ok(VcpuExit::InternalError) => {
                     ExitAction::Stop(StopReason::VcpuFailed(self.internal_error()))
