@@ -160,7 +160,7 @@ pub fn wire(
         ),
     };
     let bars_id = bar_buses.id;
-    let pci = Arc::new(PciRoot::new(windows, bar_buses)?);
+    let pci = Arc::new(PciRoot::new(windows, bar_buses)?.with_mmio64(layout.mmio64_window()));
     populate_bus0(&pci)?;
     logs.push((bars_id, pci.log().clone()));
     let iommu = if cfg.iommu {

@@ -6,6 +6,7 @@ use super::*;
 use crate::machine::layout::MemoryLayout;
 use crate::machine::loader::CpuMode;
 use crate::machine::run::boot::MAX_CMDLINE;
+use crate::machine::run::memmap::BOOT_DATA;
 
 // The ELF64 header fields the note search reads, from linux-loader's elf.h (not the loader's
 // own structs, so the file built here is an independent reading).
@@ -149,11 +150,11 @@ fn it_enters_at_the_note_with_ebx_the_start_info() {
     .unwrap();
     let entry = k.load(&mem, &info).unwrap();
     assert_eq!(entry.mode, CpuMode::Protected32);
-    assert_eq!((entry.regs.rip, entry.regs.rbx), (ENTRY, START_INFO_ADDR));
+    assert_eq!((entry.regs.rip, entry.regs.rbx), (ENTRY, BOOT_DATA.start));
     assert_eq!(mem.read_obj::<u8>(GuestAddress(LOAD)).unwrap(), 0xcc);
     let word = |a: u64| mem.read_obj::<u32>(GuestAddress(a)).unwrap();
     let quad = |a: u64| mem.read_obj::<u64>(GuestAddress(a)).unwrap();
-    let s = START_INFO_ADDR;
+    let s = BOOT_DATA.start;
     assert_eq!(
         (word(s), word(s + 4), word(s + 12)),
         (XEN_HVM_START_MAGIC_VALUE, 1, 1)
