@@ -58,6 +58,9 @@ void check_dmar(uint32_t iommu);
 void check_smp(uint32_t cpus);
 void check_echo(void);
 
+/* highmem.c: RAM above 4 GiB, written and read back under PAE paging. */
+void check_highmem(const struct mb_info *mb, uint32_t mib);
+
 /* virtio.c: the devices on virtio-pci. */
 void check_disk(void);
 void check_net(void);
