@@ -273,6 +273,29 @@ impl Drop for Vm {
 mod tests {
     use super::*;
     use kvm_bindings::KVM_MEM_READONLY;
+    use vm_memory::Bytes;
+
+    #[test]
+    fn ram_in_two_regions_is_two_memslots_and_one_guest_memory() {
+        let (low, high) = ((0, 1 << 20), (1 << 32, 1 << 20));
+        let vm = Vm::new(&[low, high], false).unwrap();
+        let slots: Vec<(u64, u64)> = vm
+            .slots
+            .iter()
+            .map(|s| (s.guest_phys_addr, s.memory_size))
+            .collect();
+        assert_eq!(slots, vec![(0, 1 << 20), (1 << 32, 1 << 20)]);
+        let mem = vm.memory();
+        mem.write_obj(0xa5u8, GuestAddress((1 << 32) + 5)).unwrap();
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress((1 << 32) + 5)).unwrap(),
+            0xa5
+        );
+        assert!(
+            !mem.check_range(GuestAddress((1 << 20) - 8), 16),
+            "the hole between the regions is no memory"
+        );
+    }
 
     #[test]
     fn a_missing_kvm_device_says_what_to_do() {
