@@ -192,15 +192,9 @@ fn a_kernel_over_the_default_boot_data_gets_its_start_info_after_it() {
     let at = BOOT_DATA.start;
     let k = PvhKernel::parse(vmlinux_at(&entry_note(), at), at + 0x10, "x", None).unwrap();
     let entry = k.load(&mem, &info).unwrap();
-    assert_eq!(
-        entry.regs.rbx, 0xa000,
-        "the page past the kernel's 0x8000..0x9100"
-    );
-    assert_eq!(
-        mem.read_obj::<u8>(GuestAddress(at)).unwrap(),
-        0xcc,
-        "the code is intact"
-    );
+    // Past the kernel's 0x8000..0x9100, its code intact.
+    let code = mem.read_obj::<u8>(GuestAddress(at)).unwrap();
+    assert_eq!((entry.regs.rbx, code), (0xa000, 0xcc));
     let s = entry.regs.rbx;
     assert_eq!(
         mem.read_obj::<u32>(GuestAddress(s)).unwrap(),
