@@ -24,9 +24,10 @@ const PAGE: u64 = 0x1000;
 /// Why a kernel's segments cannot go where they ask.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlacementError {
-    /// A segment past the end of RAM.
+    /// A segment past the end of RAM below 4 GiB (the PCI hole ends it past 3 GiB).
     #[error(
-        "{what} at {start:#x}..{end:#x} does not fit the machine's {ram} MiB of RAM (--memory)",
+        "{what} at {start:#x}..{end:#x} does not fit the machine's {ram} MiB of RAM below 4 GiB \
+         (--memory)",
         ram = ram >> 20
     )]
     OutsideRam {
@@ -36,7 +37,7 @@ pub enum PlacementError {
         start: u64,
         /// One past the last.
         end: u64,
-        /// Bytes of RAM.
+        /// Bytes of RAM below 4 GiB.
         ram: u64,
     },
     /// A segment over the firmware's own memory.

@@ -213,8 +213,8 @@ fn a_kernel_outside_ram_or_over_the_firmware_is_refused() {
     let e = kernel.check_fits(16 << 20).expect_err("32 MiB in 16");
     assert_eq!(
         e.to_string(),
-        "ELF segment 0 at 0x100000..0x2100000 does not fit the machine's 16 MiB of RAM \
-         (--memory)"
+        "ELF segment 0 at 0x100000..0x2100000 does not fit the machine's 16 MiB of RAM below \
+         4 GiB (--memory)"
     );
     let at = 0xf_0000;
     let low = (PT_LOAD, CODE_AT as u64, at, at, 0x100, 0x100);
