@@ -433,6 +433,10 @@ mod tests {
     #[test]
     fn more_memory_than_the_host_has_is_refused() {
         let host = host_memory_mib().expect("/proc/meminfo");
+        if host >= MAX_RAM_SIZE >> 20 {
+            // More than any layout holds: the layout's limit comes first.
+            return;
+        }
         let e = config(i64::try_from(host).unwrap() + 1, 1)
             .machine()
             .expect_err("more than the host");
