@@ -10,7 +10,9 @@
  * other; the RAM the guest reaches is the same.
  * It writes a pattern to a few cache lines of each (ring 0 costs about a microsecond an
  * instruction here, docs/host-kvm.md), reads them back, through the alias too, then turns
- * paging off again. */
+ * paging off again. With a virtio-pci function on bus 0, it also checks that its 64-bit BAR 0
+ * was placed above RAM (in the host bridge's 64-bit window) and answers there: the common
+ * configuration's num_queues, read through a fourth mapping. */
 #include <stdint.h>
 
 #include "testkernel.h"
@@ -27,6 +29,10 @@
 #define HIGH_VIRT       0x40000000u     /* what the PDPT's second entry maps */
 #define FOUR_GIB        0x100000000ull
 #define MMAP_RAM        1u
+#define VIRTIO_VENDOR   0x1af4
+#define CAP_VNDR        0x09
+#define VIRTIO_COMMON   1u              /* virtio 1.2 §4.1.4: cfg_type of the common config */
+#define NUM_QUEUES      0x12            /* its le16 num_queues (§4.1.4.3) */
 
 static uint64_t pml4[512] __attribute__((aligned(4096)));
 static uint64_t pdpt[512] __attribute__((aligned(4096)));
@@ -47,6 +53,29 @@ static uint64_t ram_from_4g(const struct mb_info *mb)
         if (fw_rd32(e + 20) == MMAP_RAM && base == FOUR_GIB)
             return len;
         at += fw_rd32(e) + 4;
+    }
+    return 0;
+}
+
+static uint32_t config32(uint32_t dev, uint32_t reg)
+{
+    outl(PCI_CONFIG_ADDRESS, 0x80000000u | dev << 11 | reg);
+    return inl(PCI_CONFIG_DATA);
+}
+
+/* The first virtio-pci function on bus 0: its number (0: none), its 64-bit BAR 0 in *bar and
+ * where its common configuration is in that BAR in *common. */
+static uint32_t virtio_function(uint64_t *bar, uint32_t *common)
+{
+    for (uint32_t d = 1; d < 32; d++) {
+        if ((config32(d, 0) & 0xffff) != VIRTIO_VENDOR)
+            continue;
+        uint32_t low = config32(d, 0x10);
+        *bar = (low & 6) == 4 ? (low & ~0xfu) | (uint64_t)config32(d, 0x14) << 32 : 0;
+        for (uint32_t cap = config32(d, 0x34) & 0xff; cap; cap = config32(d, cap) >> 8 & 0xff)
+            if ((config32(d, cap) & 0xff) == CAP_VNDR && config32(d, cap) >> 24 == VIRTIO_COMMON)
+                *common = config32(d, cap + 8);
+        return d;
     }
     return 0;
 }
@@ -95,6 +124,11 @@ void check_highmem(const struct mb_info *mb, uint32_t mib)
     pd_high[0] = FOUR_GIB | PDE_PS | PTE_RW | PTE_P;
     pd_high[1] = last | PDE_PS | PTE_RW | PTE_P;
     pd_high[2] = pd_high[0];
+    uint64_t bar = 0;
+    uint32_t common = 0, queues = 0;
+    uint32_t dev = virtio_function(&bar, &common);
+    if (dev)
+        pd_high[3] = (bar & ~(uint64_t)(PAGE_2M - 1)) | PDE_PS | PTE_RW | PTE_P;
     pdpt[0] = (uint32_t)pd_low | PTE_RW | PTE_P;
     pdpt[1] = (uint32_t)pd_high | PTE_RW | PTE_P;
     pml4[0] = (uint32_t)pdpt | PTE_RW | PTE_P;
@@ -113,7 +147,13 @@ void check_highmem(const struct mb_info *mb, uint32_t mib)
         low_alias += offsets[i] < LOW_PAGES * PAGE_2M &&
                      *(volatile uint32_t *)offsets[i] == (0x4a160000u | i);
     }
+    if (dev)
+        queues = *(volatile uint16_t *)at(3, (uint32_t)(bar & (PAGE_2M - 1)) + common + NUM_QUEUES);
     paging(0);
+    if (dev)
+        check(bar >= FOUR_GIB + len && queues > 0 && queues < 0xffff,
+              "highmem: 00:%02x.0's 64-bit BAR 0 at %x:%x, above RAM, answers (%u queues)", dev,
+              (uint32_t)(bar >> 32), (uint32_t)bar, queues);
     check(wrong == 0, "highmem: %u cache lines at 4 GiB and at 4 GiB + %u MiB read back what was "
           "written (%u wrong)", 2 * N_OFFSETS, (uint32_t)((last - FOUR_GIB) >> 20), wrong);
     check(aliased == N_OFFSETS && low_alias == 0,
