@@ -23,9 +23,9 @@ pub const HIGH_RAM_BASE: u64 = 1 << 32;
 pub const PCI_MMIO64_ALIGN: u64 = 1 << 30;
 /// Bytes of the 64-bit BAR window.
 pub const PCI_MMIO64_SIZE: u64 = 16 << 30;
-/// Guest-physical addresses the map keeps below: 39 bits, the narrowest physical address
-/// width of the x86-64 processors KVM runs on (CPUID 0x80000008 EAX[7:0]), so that RAM and
-/// the 64-bit window are addressable on any host.
+/// Guest-physical addresses the map keeps below: 39 bits, the physical address width of
+/// Intel's client processors (CPUID 0x80000008 EAX[7:0]; server parts and AMD's report more),
+/// so that RAM and the 64-bit window stay addressable on the hosts exitless runs on.
 pub const MAX_PHYS_ADDR: u64 = 1 << 39;
 /// The most RAM a layout holds: what fits below [`MAX_PHYS_ADDR`] with the 64-bit window.
 pub const MAX_RAM_SIZE: u64 =
