@@ -68,7 +68,8 @@ pub struct RunArgs {
     /// Linux as is; fw_cfg's file opt/exitless/cmdline holds it alone.
     #[arg(long, value_name = "STR", default_value = "")]
     pub cmdline: String,
-    /// Guest RAM in MiB (2 to 3072, and no more than the host has).
+    /// Guest RAM in MiB (from 2, and no more than the host has; past 3072 the rest is mapped
+    /// from 4 GiB).
     #[arg(long, value_name = "MIB", default_value_t = 128)]
     pub memory: i64,
     /// vCPUs (1 to 64): the first boots the kernel, the others wait for INIT/SIPI.

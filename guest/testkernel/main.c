@@ -129,6 +129,7 @@ void kmain(uint32_t magic, const struct mb_info *mb)
     uint32_t cpus = arg_number("cpus", 1), mem = arg_number("mem", 0);
 
     check_multiboot(mb, mem);
+    check_highmem(mb, arg_number("highmem", 0));
     check_fw_cfg(cpus, mem);
     check_acpi();
     check_fadt();

@@ -64,6 +64,9 @@ void check_cpuid(void);
 /* rtc.c: the RTC's time (utc=SECONDS) and S3, woken by its alarm or a key (s3=alarm|key). */
 void check_rtc(void);
 
+/* highmem.c: RAM above 4 GiB, written and read back under PAE paging. */
+void check_highmem(const struct mb_info *mb, uint32_t mib);
+
 /* virtio.c: the devices on virtio-pci. */
 void check_disk(void);
 void check_net(void);

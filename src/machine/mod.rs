@@ -173,7 +173,7 @@ impl Machine {
     /// Build the machine `cfg` describes, with `board`'s devices if any.
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
-        let mut vm = Vm::new(layout.ram_size(), cfg.dump_guest_memory)?;
+        let mut vm = Vm::new(&layout.ram_regions(), cfg.dump_guest_memory)?;
         let control = Arc::new(RunControl::default());
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
         let extra = board.as_ref().map_or(0, |b| b.bus_devices());

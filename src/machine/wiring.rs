@@ -166,7 +166,7 @@ pub fn wire(
         ),
     };
     let bars_id = bar_buses.id;
-    let pci = Arc::new(PciRoot::new(windows, bar_buses)?);
+    let pci = Arc::new(PciRoot::new(windows, bar_buses)?.with_mmio64(layout.mmio64_window()));
     populate_bus0(&pci)?;
     logs.push((bars_id, pci.log().clone()));
     let iommu = if cfg.iommu {
@@ -282,11 +282,10 @@ fn add_rtc(
 ) -> Result<CountedLog, MachineError> {
     let irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the RTC eventfd"))?;
     routing.bind_pin(RTC_IRQ, &irq, None)?;
-    // All of RAM lies below 4 GiB (the layout puts none above).
-    let ram = layout.ram_size() as u64;
+    let above_4g = layout.high_ram().map_or(0, |(_, bytes)| bytes);
     let rtc = Rtc::new(
         host_clock(),
-        &memory_bytes(ram, 0),
+        &memory_bytes(layout.low_ram_end(), above_4g),
         irq,
         pm,
         DeviceLog::new(names::RTC),

@@ -123,7 +123,7 @@ impl BusDevice for Done {
 fn vcpu_running(code: &[u8]) -> (Vm, Vcpu) {
     use crate::contract::PROBE_LOAD_ADDR;
     use vm_memory::{Bytes, GuestAddress};
-    let vm = Vm::new(16 << 20, false).unwrap();
+    let vm = Vm::new(&[(0, 16 << 20)], false).unwrap();
     boot::write_tables(vm.memory()).unwrap();
     vm.memory()
         .write_slice(code, GuestAddress(PROBE_LOAD_ADDR))

@@ -186,7 +186,7 @@ fn io_register(port: u16, bits: u8) -> GAS {
 fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
     // Revision 2: integers are 64 bits.
     let mut table = Sdt::new(*b"DSDT", 36, 2, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
-    host_bridge(&mut table);
+    host_bridge(layout, &mut table);
     com1(&mut table);
     rtc(&mut table);
     motherboard_resources(layout, &mut table);
@@ -201,8 +201,12 @@ fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
 }
 
 /// `\_SB.PCI0`, PCI Firmware 3.3 §4.1: a PCI Express host bridge, compatible with a PCI one,
-/// decoding bus 0, the configuration ports and the BAR windows.
-fn host_bridge(table: &mut dyn AmlSink) {
+/// decoding bus 0, the configuration ports and the BAR windows: the 32-bit one, and on a
+/// machine with RAM above 4 GiB the 64-bit one above RAM (a QWordMemory, ACPI 6.5 §6.4.3.5.1),
+/// where the 64-bit BARs are. That one is marked cacheable, as QEMU's q35 marks its own, not
+/// prefetchable: Linux will not claim a non-prefetchable BAR (virtio's, whose ISR status is
+/// read-to-clear) inside a window flagged prefetchable (pci_find_parent_resource).
+fn host_bridge(layout: &MemoryLayout, table: &mut dyn AmlSink) {
     let (mmio_start, mmio_end) = PCI_MMIO_WINDOW;
     let mmio = AddressSpace::new_memory(
         AddressSpaceCacheable::NotCacheable,
@@ -211,6 +215,9 @@ fn host_bridge(table: &mut dyn AmlSink) {
         u32::try_from(mmio_end - 1).expect("a 32-bit window"),
         None,
     );
+    let mmio64 = layout.mmio64_window().map(|(start, end)| {
+        AddressSpace::new_memory(AddressSpaceCacheable::Cacheable, true, start, end - 1, None)
+    });
     let io = AddressSpace::new_io(PCI_IO_BASE, PCI_IO_BASE + (PCI_IO_LEN - 1), None);
     let buses = AddressSpace::new_bus_number(0u16, ECAM_LAST_BUS.into());
     let config_ports = IO::new(
@@ -219,6 +226,10 @@ fn host_bridge(table: &mut dyn AmlSink) {
         1,
         u8::try_from(PCI_CONFIG_IO_LEN).expect("8 ports"),
     );
+    let mut resources: Vec<&dyn Aml> = vec![&buses, &config_ports, &io, &mmio];
+    if let Some(mmio64) = &mmio64 {
+        resources.push(mmio64);
+    }
     Device::new(
         "\\_SB_.PCI0".into(),
         vec![
@@ -228,10 +239,7 @@ fn host_bridge(table: &mut dyn AmlSink) {
             &Name::new("_SEG".into(), &ZERO),
             &Name::new("_UID".into(), &ZERO),
             &Name::new("_BBN".into(), &ZERO),
-            &Name::new(
-                "_CRS".into(),
-                &ResourceTemplate::new(vec![&buses, &config_ports, &io, &mmio]),
-            ),
+            &Name::new("_CRS".into(), &ResourceTemplate::new(resources)),
         ],
     )
     .to_aml_bytes(table);

@@ -175,3 +175,43 @@ fn firmware_ctrl_the_century_byte_the_rtc_and_s3_are_described() {
     assert_eq!(first_package_integer(dsdt, b"_S3_"), u64::from(S3_SLP_TYP));
     assert_eq!(first_package_integer(dsdt, b"_S5_"), u64::from(S5_SLP_TYP));
 }
+
+/// The QWord memory descriptors (ACPI 6.5 §6.4.3.5.1: tag 0x8A, length 0x2B, type 0) of a
+/// table, as `(min, max)`.
+fn qword_memory_ranges(table: &[u8]) -> Vec<(u64, u64)> {
+    let u64_at = |o: usize| u64::from_le_bytes(table[o..o + 8].try_into().unwrap());
+    table
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| *w == [0x8a, 0x2b, 0, 0])
+        .map(|(at, _)| (u64_at(at + 14), u64_at(at + 22)))
+        .collect()
+}
+
+#[test]
+fn with_ram_past_4_gib_the_host_bridge_has_a_64_bit_window_above_it() {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let dsdt = |mib: usize| {
+        let layout = MemoryLayout::new(mib << 20, true).unwrap();
+        let tables = AcpiTables {
+            layout: &layout,
+            vcpus: 1,
+            extra: &[],
+        };
+        walk(&mem, tables.write(&mem).unwrap())["DSDT"].clone()
+    };
+    assert_eq!(
+        qword_memory_ranges(&dsdt(3072)),
+        vec![],
+        "none below the hole"
+    );
+    let window = MemoryLayout::new(4608 << 20, true)
+        .unwrap()
+        .mmio64_window()
+        .unwrap();
+    assert_eq!(
+        qword_memory_ranges(&dsdt(4608)),
+        vec![(window.0, window.1 - 1)]
+    );
+    assert!(window.0 >= 0x1_6000_0000, "above RAM");
+}
