@@ -52,8 +52,8 @@ pub mod regs {
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 
 use crate::guest_error;
-use crate::irq::{InterruptRoutes, RemappedRoutes};
 use crate::irq::msi::is_valid_message;
+use crate::irq::{InterruptRoutes, RemappedRoutes};
 use crate::logging::DeviceLog;
 use event::Message;
 use fault::Faults;

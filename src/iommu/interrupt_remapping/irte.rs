@@ -128,9 +128,8 @@ impl Irte {
             | (destination >> 8) << 40
             | u64::from(self.redirect) << 3
             | u64::from(self.logical) << 2;
-        let data = u32::from(self.vector)
-            | u32::from(self.delivery) << 8
-            | u32::from(self.level) << 15;
+        let data =
+            u32::from(self.vector) | u32::from(self.delivery) << 8 | u32::from(self.level) << 15;
         (address, data)
     }
 }

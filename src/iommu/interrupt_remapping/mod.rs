@@ -25,8 +25,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::Iommu;
 use super::fault::FaultRecord;
-use super::regs::*;
 use super::register_file::Registers;
+use super::regs::*;
 use super::tables::PAGE_SIZE;
 use crate::dma::Access;
 use crate::guest_error;
@@ -34,8 +34,8 @@ use crate::irq::msi::is_valid_message;
 use crate::irq::regs::{MSI_ADDRESS_BASE, MSI_ADDRESS_MASK};
 use crate::irq::remap::Message;
 use crate::irq::{InterruptRoutes, MessageRemapper, RemappedRoutes};
-pub use cache::IecScope;
 use cache::EntryCache;
+pub use cache::IecScope;
 use irte::{EntryFault, Irte, interrupt_index};
 
 /// The table as SIRTP latched it (§10.4.29).
@@ -103,7 +103,9 @@ impl InterruptRemapping {
         let entry = match self.cache.get(index) {
             Some(entry) => entry,
             None => {
-                let entry = self.read_entry(mem, index).map_err(|fault| Blocked { fault, index })?;
+                let entry = self
+                    .read_entry(mem, index)
+                    .map_err(|fault| Blocked { fault, index })?;
                 self.cache.insert(index, entry);
                 entry
             }

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use vm_memory::{Bytes, GuestAddress};
 
+use super::super::ECAP;
 use super::super::regs::*;
 use super::super::testing::*;
-use super::super::ECAP;
 use crate::irq::{CommitStrategy, InterruptRoutes};
 
 /// The table: 16 entries (S = 3).
@@ -17,7 +17,8 @@ const IRT_S: u64 = 3;
 /// A present entry: fixed delivery of `vector` to APIC ID 1 (xAPIC: DST 15:8), edge, only from
 /// `SID`.
 fn entry(vector: u8) -> [u64; 2] {
-    let low = VTD_IRTE_P | u64::from(vector) << VTD_IRTE_VECTOR_SHIFT | 1 << (VTD_IRTE_DST_SHIFT + 8);
+    let low =
+        VTD_IRTE_P | u64::from(vector) << VTD_IRTE_VECTOR_SHIFT | 1 << (VTD_IRTE_DST_SHIFT + 8);
     let high = VTD_IRTE_SVT_SID << VTD_IRTE_SVT_SHIFT | u64::from(SID);
     [low, high]
 }
@@ -37,7 +38,10 @@ fn iec_global() -> [u64; 2] {
 }
 
 fn iec_index(index: u64) -> [u64; 2] {
-    [VTD_QI_IEC_TYPE | VTD_QI_IEC_INDEXED | index << VTD_QI_IEC_IIDX_SHIFT, 0]
+    [
+        VTD_QI_IEC_TYPE | VTD_QI_IEC_INDEXED | index << VTD_QI_IEC_IIDX_SHIFT,
+        0,
+    ]
 }
 
 impl Unit {
@@ -84,7 +88,10 @@ fn gsts_reflects_sirtp_ire_and_cfi_and_ecap_offers_remapping() {
     assert_eq!(u.r64(VTD_IRTA_REG), IRT | VTD_IRTA_EIME | IRT_S);
     u.remap_interrupts();
     let sts = u.r32(VTD_GSTS_REG);
-    assert_eq!(sts & (VTD_GCMD_SIRTP | VTD_GCMD_IRE), VTD_GCMD_SIRTP | VTD_GCMD_IRE);
+    assert_eq!(
+        sts & (VTD_GCMD_SIRTP | VTD_GCMD_IRE),
+        VTD_GCMD_SIRTP | VTD_GCMD_IRE
+    );
     assert_eq!(sts & VTD_GCMD_CFI, 0);
     u.w32(VTD_GCMD_REG, VTD_GCMD_QIE | VTD_GCMD_IRE | VTD_GCMD_CFI);
     assert_ne!(u.r32(VTD_GSTS_REG) & VTD_GCMD_CFI, 0);
@@ -101,7 +108,10 @@ fn a_remappable_message_takes_its_entry_and_subhandles_add_to_the_handle() {
     u.remap_interrupts();
     u.write_entry(5, entry(0x55));
     let routes = u.iommu.interrupt_routes(SID);
-    assert!(routes.accepts(remappable(5), 0), "the unit decides, not the APIC");
+    assert!(
+        routes.accepts(remappable(5), 0),
+        "the unit decides, not the APIC"
+    );
     routes.signal_msi(remappable(5), 0).unwrap();
     routes.signal_msi(remappable(4) | VTD_MSI_SHV, 1).unwrap();
     assert_eq!(u.messages(), [delivered(0x55), delivered(0x55)]);
@@ -124,13 +134,19 @@ fn bad_requests_and_entries_are_blocked_and_recorded_with_their_index() {
     u.write_entry(7, quiet);
     let routes = u.iommu.interrupt_routes(SID);
     let stranger = u.iommu.interrupt_routes(SID + 1);
-    let cases: [(&Arc<dyn InterruptRoutes>, (u64, u32), u8, u64); 6] = [
+    type Case<'a> = (&'a Arc<dyn InterruptRoutes>, (u64, u32), u8, u64);
+    let cases: [Case; 6] = [
         (&routes, (remappable(9), 0), VTD_FR_IR_NOT_PRESENT, 9),
         (&routes, (remappable(16), 0), VTD_FR_IR_INDEX, 16),
         (&routes, (remappable(6), 0), VTD_FR_IR_ENTRY_RESERVED, 6),
         (&stranger, (remappable(5), 0), VTD_FR_IR_SOURCE, 5),
         (&routes, (0xfee0_0000, 0x31), VTD_FR_IR_COMPATIBILITY, 0),
-        (&routes, (remappable(5) | 1 << 32, 0), VTD_FR_IR_REQUEST_RESERVED, 0),
+        (
+            &routes,
+            (remappable(5) | 1 << 32, 0),
+            VTD_FR_IR_REQUEST_RESERVED,
+            0,
+        ),
     ];
     for (from, (address, data), reason, index) in cases {
         from.signal_msi(address, data).unwrap();
@@ -153,7 +169,7 @@ fn bad_requests_and_entries_are_blocked_and_recorded_with_their_index() {
 fn a_table_outside_guest_memory_faults_and_ire_off_leaves_messages_as_they_are() {
     let mut u = unit();
     u.remap_interrupts();
-    u.w64(VTD_IRTA_REG, RAM - 0x1000 | 0xf);
+    u.w64(VTD_IRTA_REG, (RAM - 0x1000) | 0xf);
     u.w32(VTD_GCMD_REG, VTD_GCMD_QIE | VTD_GCMD_IRE | VTD_GCMD_SIRTP);
     let routes = u.iommu.interrupt_routes(SID);
     routes.signal_msi(remappable(0x1000), 0).unwrap();
@@ -188,7 +204,11 @@ fn a_rewritten_entry_is_used_only_once_its_cache_entry_is_invalidated() {
     assert_eq!(send(&u, 6), Some(delivered(0x56)), "index 6 still cached");
     u.submit(&[iec_global(), wait(Some(3), false)]);
     assert_eq!(send(&u, 6), Some(delivered(0x66)));
-    assert_eq!(u.iommu.stats().interrupts.invalidations, 3, "bring-up's and two");
+    assert_eq!(
+        u.iommu.stats().interrupts.invalidations,
+        3,
+        "bring-up's and two"
+    );
     // An entry made not present is blocked once invalidated.
     u.write_entry(6, [0, 0]);
     u.submit(&[iec_index(6), wait(Some(4), false)]);

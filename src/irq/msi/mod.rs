@@ -283,8 +283,8 @@ impl MsiVectors {
             return;
         }
         for (i, v) in st.vectors.iter_mut().enumerate() {
-            let want =
-                (st.enabled && self.routing.accepts(v.address, v.data)).then_some((v.address, v.data));
+            let want = (st.enabled && self.routing.accepts(v.address, v.data))
+                .then_some((v.address, v.data));
             if want == v.routed {
                 continue;
             }

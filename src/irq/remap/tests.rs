@@ -19,7 +19,7 @@ impl MessageRemapper for Remapper {
         if !self.is_remappable(address) {
             return Some((address, data));
         }
-        let handle = (address >> 5) as u32 & 0x7fff;
+        let handle = u32::try_from((address >> 5) & 0x7fff).unwrap();
         if handle == 7 || source != 0x18 {
             self.reports.fetch_add(u32::from(report), Ordering::Relaxed);
             return None;
@@ -28,7 +28,10 @@ impl MessageRemapper for Remapper {
     }
 }
 
-fn setup(strategy: CommitStrategy, source: u16) -> (Arc<FakeRoutes>, Arc<Remapper>, RemappedRoutes) {
+fn setup(
+    strategy: CommitStrategy,
+    source: u16,
+) -> (Arc<FakeRoutes>, Arc<Remapper>, RemappedRoutes) {
     let inner = Arc::new(FakeRoutes::with_strategy(strategy));
     let remapper = Arc::new(Remapper {
         base: AtomicU32::new(0x40),
@@ -45,8 +48,14 @@ const fn remappable(handle: u64) -> u64 {
 #[test]
 fn direct_messages_are_remapped_as_sent_and_blocked_ones_go_nowhere() {
     let (inner, remapper, routes) = setup(CommitStrategy::Direct, 0x18);
-    assert!(routes.accepts(remappable(3), 0), "remappable: the unit decides");
-    assert!(!routes.accepts(0xfee0_0000, 0), "compatibility vector 0: invalid");
+    assert!(
+        routes.accepts(remappable(3), 0),
+        "remappable: the unit decides"
+    );
+    assert!(
+        !routes.accepts(0xfee0_0000, 0),
+        "compatibility vector 0: invalid"
+    );
     routes.signal_msi(remappable(3), 0).unwrap();
     routes.signal_msi(remappable(7), 0).unwrap();
     routes.signal_msi(0xfee0_0000, 0x31).unwrap();
@@ -80,7 +89,11 @@ fn routes_carry_the_remapped_message_and_a_refresh_stages_only_what_changed() {
     assert_eq!(routes.refresh(), 0);
     remapper.base.store(0x80, Ordering::Relaxed);
     assert_eq!(routes.refresh(), 1, "only the remapped route changes");
-    assert_eq!(remapper.reports.load(Ordering::Relaxed), 1, "still blocked: reported once");
+    assert_eq!(
+        remapper.reports.load(Ordering::Relaxed),
+        1,
+        "still blocked: reported once"
+    );
     let commits = inner.commits();
     routes.commit().unwrap();
     assert_eq!(inner.commits(), commits + 1);
