@@ -133,3 +133,84 @@ impl Irte {
         (address, data)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PRESENT_TO_3: u64 = VTD_IRTE_P | 0x41 << VTD_IRTE_VECTOR_SHIFT | 3 << 40;
+
+    #[test]
+    fn an_entry_decodes_into_the_message_it_delivers() {
+        let low = PRESENT_TO_3 | VTD_IRTE_DM | VTD_IRTE_RH | VTD_IRTE_TM | 1 << VTD_IRTE_DLM_SHIFT;
+        let e = Irte::decode(low, 0, false).unwrap();
+        assert_eq!(e.destination, 3);
+        assert_eq!(e.message(), (0xfee0_300c, 0x8141));
+        // x2APIC mode: 32-bit destinations; 255 and below fit the 8-bit APIC IDs, broadcast
+        // stays broadcast, the others take KVM's extended form (no such vCPU here).
+        let x2 = |dst: u64| Irte::decode(VTD_IRTE_P | 0x41 << 16 | dst << 32, 0, true).unwrap();
+        assert_eq!(x2(0x12).message().0, 0xfee1_2000);
+        assert_eq!(x2(0xffff_ffff).message().0, 0xfeef_f000);
+        assert_eq!(x2(0x1_0002).message().0, 0x1_0000_fee0_2000);
+    }
+
+    #[test]
+    fn absent_reserved_and_posted_entries_are_refused_with_their_reason() {
+        let reason = |low, high, extended| Irte::decode(low, high, extended).map_err(|f| f.reason);
+        assert_eq!(reason(0, 0, false), Err(VTD_FR_IR_NOT_PRESENT));
+        let quiet = Irte::decode(VTD_IRTE_FPD, 0, false).unwrap_err();
+        assert!(quiet.quiet, "FPD: not recorded");
+        for (low, high) in [
+            (PRESENT_TO_3 | VTD_IRTE_IM, 0),             // posted
+            (PRESENT_TO_3 | 1 << 12, 0),                 // reserved 14:12
+            (PRESENT_TO_3 | 3 << VTD_IRTE_DLM_SHIFT, 0), // reserved delivery mode
+            (PRESENT_TO_3 | 1 << 32, 0),                 // xAPIC: DST 7:0 reserved
+            (PRESENT_TO_3, 3 << VTD_IRTE_SVT_SHIFT),     // SVT 3
+            (PRESENT_TO_3, 1 << 20),                     // high reserved
+        ] {
+            assert_eq!(
+                reason(low, high, false),
+                Err(VTD_FR_IR_ENTRY_RESERVED),
+                "{low:#x} {high:#x}"
+            );
+        }
+        assert!(
+            Irte::decode(PRESENT_TO_3 | 1 << 32, 0, true).is_ok(),
+            "x2APIC: 32 bits"
+        );
+    }
+
+    #[test]
+    fn source_validation_by_id_under_the_qualifier_or_by_bus_range() {
+        let entry = |high| Irte::decode(PRESENT_TO_3, high, false).unwrap();
+        let by_id = |sq: u64| entry(VTD_IRTE_SVT_SID << VTD_IRTE_SVT_SHIFT | sq << 16 | 0x0118);
+        assert!(by_id(0).admits(0x0118));
+        assert!(!by_id(0).admits(0x011c));
+        assert!(by_id(1).admits(0x011c), "SQ 1 ignores function bit 2");
+        assert!(!by_id(1).admits(0x011a));
+        assert!(by_id(2).admits(0x011e));
+        assert!(by_id(3).admits(0x011f));
+        assert!(!by_id(3).admits(0x0120));
+        let buses = entry(VTD_IRTE_SVT_BUS << VTD_IRTE_SVT_SHIFT | 0x0203);
+        assert!(buses.admits(0x0200) && buses.admits(0x03ff));
+        assert!(!buses.admits(0x0100) && !buses.admits(0x0400));
+        assert!(entry(0).admits(0xffff), "SVT 0: anyone");
+    }
+
+    #[test]
+    fn the_index_is_the_handle_plus_the_subhandle_when_shv_is_set() {
+        let address = |handle: u64| {
+            0xfee0_0000 | VTD_MSI_REMAPPABLE | (handle & 0x7fff) << 5 | (handle >> 15) << 2
+        };
+        assert_eq!(interrupt_index((address(0x1234), 0x55)), Ok(0x1234));
+        assert_eq!(interrupt_index((address(0x8001), 0)), Ok(0x8001));
+        assert_eq!(
+            interrupt_index((address(0x10) | VTD_MSI_SHV, 0xffff_0005)),
+            Ok(0x15)
+        );
+        assert_eq!(
+            interrupt_index((address(1) | 1 << 32, 0)),
+            Err(VTD_FR_IR_REQUEST_RESERVED)
+        );
+    }
+}
