@@ -261,10 +261,12 @@ contract_consts! {
     /// `Op::kind`: interrupt remapping on (VT-d §5.1; docs/iommu.md): the probe's VT-d driver
     /// (brought up if it is not) fills a 256-entry interrupt remapping table whose entry k
     /// delivers IDT vector k + `value` (none below 16) to the boot CPU, accepted only from the
-    /// PCI function at `address` (SVT 1), latches it, invalidates the interrupt entry cache and
-    /// sets IRE. Messages from then on are checked as remapped: a remappable-format MSI-X entry
+    /// PCI function at `address` (SVT 1; with `count` = 1, from function 0 of the next device
+    /// instead, so that every message is blocked and faults), latches it, invalidates the
+    /// interrupt entry cache and sets IRE. Messages from then on are checked as remapped: a remappable-format MSI-X entry
     /// (`msix_program` with the address `MSI_REMAPPABLE_SHV`: handle 0, the subhandle in its
-    /// data) is expected on the vector its entry names, a compatibility-format one nowhere.
+    /// data) is expected on the vector its entry names, a compatibility-format one nowhere, and
+    /// `OP_MSIX_CHECK` does not count the unit's fault events (`IOMMU_FAULT_VECTOR`).
     /// `OpResult::value`: the table's entries.
     OP_IOMMU_INTREMAP: u64 = 23;
     /// An MSI address in remappable format (VT-d §5.1.2.2) with handle 0 and SHV set: the

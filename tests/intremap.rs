@@ -8,16 +8,39 @@
 mod common;
 
 use exitless::contract::*;
+use exitless::iommu::regs::{
+    VTD_FR_IR_SOURCE, VTD_FRCD_F, VTD_FRCD_FR_SHIFT, VTD_FRCD_IR_INDEX_SHIFT, VTD_FRCD_REG,
+};
 use exitless::irq::CommitStrategy;
+use exitless::machine::layout::IOMMU_BASE;
 use exitless::machine::{ProbeConfig, ProbeRun, ops};
+use exitless::pci::PciAddress;
 use exitless::pci::regs::PCI_MSIX_FLAGS_ENABLE;
 
 /// Four queue pairs: eight queue vectors and the configuration vector.
 const PAIRS: u16 = 4;
 const VECTORS: u64 = 2 * PAIRS as u64 + 1;
 
+/// Boot with `ops` under `strategy`, the device behind the unit; every op must succeed.
 fn boot(strategy: CommitStrategy, ops: Vec<Op>) -> ProbeRun {
-    common::run_msix(strategy, PAIRS, true, ops)
+    let run = common::run_msix(strategy, PAIRS, true, ops);
+    for (i, r) in run.results.iter().enumerate() {
+        let name = strategy.name();
+        assert_eq!(r.status, STATUS_OK, "{name} op {i}: {r:?}\n{}", run.console);
+    }
+    run
+}
+
+/// Remapping on, entry k delivering on k + `delta` and admitting the device (another one if
+/// `foreign`); the device's MSI-X entries in remappable format, entry i naming interrupt index
+/// 0x20 + i (its subhandle), unmasked; MSI-X on; each vector asked for and checked (op 3).
+fn remapped_and_checked(d: PciAddress, delta: u8, foreign: bool) -> Vec<Op> {
+    vec![
+        ops::iommu_intremap(d, delta, foreign),
+        ops::msix_program(d, 0x20, MSI_REMAPPABLE_SHV, true),
+        ops::msix_control(d, PCI_MSIX_FLAGS_ENABLE),
+        ops::msix_check(d, true),
+    ]
 }
 
 /// Op `i` saw every entry deliver once on its remapped vector and nothing else arrive.
@@ -33,24 +56,15 @@ fn assert_delivered(run: &ProbeRun, i: usize) {
 fn remapped_msix_vectors_arrive_once_where_their_entries_say_under_every_strategy() {
     let d = ProbeConfig::virtio_pci_address(0);
     for strategy in CommitStrategy::ALL {
-        let run = boot(
-            strategy,
-            vec![
-                // 0: entry k delivers on k + 0x40
-                ops::iommu_intremap(d, 0x40),
-                // 1: entry i of the table names interrupt index 0x20 + i (its subhandle)
-                ops::msix_program(d, 0x20, MSI_REMAPPABLE_SHV, true),
-                ops::msix_control(d, PCI_MSIX_FLAGS_ENABLE), // 2
-                ops::msix_check(d, true),                    // 3: on 0x60 + i
-                // 4: every entry rewritten to k + 0x80, then a global invalidation
-                ops::iommu_intremap(d, 0x80),
-                ops::msix_check(d, true), // 5: on 0xa0 + i
-            ],
-        );
+        // 3: on 0x60 + i; 4: every entry rewritten to k + 0x80, then a global invalidation;
+        // 5: on 0xa0 + i
+        let mut list = remapped_and_checked(d, 0x40, false);
+        list.extend([
+            ops::iommu_intremap(d, 0x80, false),
+            ops::msix_check(d, true),
+        ]);
+        let run = boot(strategy, list);
         let name = strategy.name();
-        for (i, r) in run.results.iter().enumerate() {
-            assert_eq!(r.status, STATUS_OK, "{name} op {i}: {r:?}\n{}", run.console);
-        }
         assert_eq!(run.results[0].value, 256, "{name}: the table's entries");
         assert_delivered(&run, 3);
         assert_delivered(&run, 5);
@@ -72,5 +86,56 @@ fn remapped_msix_vectors_arrive_once_where_their_entries_say_under_every_strateg
             };
             assert_eq!(commits, expected, "{name}: commits at the invalidation");
         }
+    }
+}
+
+#[test]
+fn messages_from_a_function_the_entries_do_not_admit_fault_and_are_not_delivered() {
+    let d = ProbeConfig::virtio_pci_address(0);
+    let frcd = IOMMU_BASE + VTD_FRCD_REG;
+    for strategy in CommitStrategy::ALL {
+        // 0: the entries admit 00:04.0 only (SVT 1), not the device at 00:03.0; 3: nothing
+        // arrives; 6: the fault events that reached the guest; 7: the same entries for the
+        // device, then a global invalidation; 8: every vector once.
+        let mut list = remapped_and_checked(d, 0x40, true);
+        list.extend([
+            ops::mmio_read(frcd, 8),
+            ops::mmio_read(frcd + 8, 8),
+            ops::iommu_report(0),
+            ops::iommu_intremap(d, 0x40, false),
+            ops::msix_check(d, true),
+        ]);
+        let run = boot(strategy, list);
+        let name = strategy.name();
+        let blocked = run.results[3];
+        assert_eq!(
+            blocked.value, VECTORS,
+            "{name}: every entry behaved: {blocked:?}"
+        );
+        assert_eq!(
+            (blocked.irqs, blocked.stray_irqs),
+            (0, 0),
+            "{name}: nothing delivered"
+        );
+        // FRCD0: the first blocked message, its index in 63:48, reason 0x26, the device's SID.
+        let (low, high) = (run.results[4].value, run.results[5].value);
+        assert_eq!(
+            high >> VTD_FRCD_FR_SHIFT & 0xff,
+            u64::from(VTD_FR_IR_SOURCE),
+            "{name}"
+        );
+        assert_eq!(high & 0xffff, u64::from(d.requester_id()), "{name}");
+        assert_ne!(high & VTD_FRCD_F, 0, "{name}");
+        assert!(
+            (0x20..0x20 + VECTORS).contains(&(low >> VTD_FRCD_IR_INDEX_SHIFT)),
+            "{name}"
+        );
+        assert!(
+            run.iommu_reports[0].faults >= 1,
+            "{name}: the fault event arrived"
+        );
+        assert_delivered(&run, 8);
+        let unit = run.iommu.expect("the unit's figures").interrupts;
+        assert!(unit.blocked >= VECTORS, "{name}: {unit:?}");
     }
 }

@@ -13,6 +13,7 @@
 
 static struct {
     int on;
+    int foreign; /* the entries admit another function only: every message is blocked */
     u64 table;
 } vtd_ir;
 
@@ -26,7 +27,7 @@ static u32 vtd_ir_vector(u32 lo, u32 hi, u32 data)
         return 256;
     u32 vector = data & 0xff;
     if (lo & VTD_MSI_REMAPPABLE) {
-        if (!vtd_ir.on)
+        if (!vtd_ir.on || vtd_ir.foreign)
             return 256;
         u32 index = ((lo >> VTD_MSI_HANDLE_SHIFT) & 0x7fff) | ((lo & VTD_MSI_HANDLE_15) ? 0x8000 : 0);
         if (lo & VTD_MSI_SHV)
@@ -43,7 +44,15 @@ static u32 vtd_ir_vector(u32 lo, u32 hi, u32 data)
     return vector >= 16 ? vector : 256;
 }
 
-/* OP_IOMMU_INTREMAP: entries for the function at `address`, delta `value`. */
+/* Whether an interrupt on IDT vector `v` counts as an MSI-X delivery: the unit's fault events
+ * (a blocked remapped message raises one) do not. */
+static int vtd_ir_counted(u32 v)
+{
+    return !(vtd_ir.on && v == IOMMU_FAULT_VECTOR);
+}
+
+/* OP_IOMMU_INTREMAP: entries for the function at `address` (for the next device's function
+ * 0 instead if `count` is 1), delta `value`. */
 static void vtd_intremap(const struct op *op, struct op_result *res)
 {
     res->status = vtd_init();
@@ -58,6 +67,9 @@ static void vtd_intremap(const struct op *op, struct op_result *res)
         return;
     }
     u64 sid = (op->address >> ECAM_FUNCTION_SHIFT) & 0xffff;
+    vtd_ir.foreign = op->count == 1;
+    if (vtd_ir.foreign)
+        sid = (sid & ~7ull) + 8;
     u64 apic = mem_read(LAPIC_BASE + 0x20, 4) >> 24; /* the boot CPU's xAPIC ID (SDM §11.4.6) */
     volatile u64 *t = (volatile u64 *)vtd_ir.table;
     for (u64 k = 0; k < VTD_IRT_ENTRIES; k++) {

@@ -31,6 +31,13 @@ pub trait InterruptRoutes: Send + Sync {
     fn accepts(&self, address: u64, data: u32) -> bool {
         msi::is_valid_message(address, data)
     }
+    /// Whether `gsi`'s route delivers: false where a remapping unit blocked the message it was
+    /// set to ([`RemappedRoutes`]), so its owner does not write an irqfd that nothing is bound
+    /// to (KVM would deliver the count left there once the route comes back).
+    fn delivers(&self, gsi: u32) -> bool {
+        let _ = gsi;
+        true
+    }
     /// Inject one MSI message now, without a route (`KVM_SIGNAL_MSI`).
     fn signal_msi(&self, address: u64, data: u32) -> Result<(), IrqError>;
     /// Bind `irqfd` to IOAPIC pin `gsi` (a level-triggered line when `resample` is given: KVM

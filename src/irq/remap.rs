@@ -7,7 +7,11 @@
 //! one is remapped when its route is set, so the route KVM holds carries the remapped message,
 //! and [`RemappedRoutes::refresh`] remaps every route again when the unit's entries change (an
 //! interrupt entry cache invalidation), staging only the routes that changed, for the unit to
-//! commit once. The vector tables above ([`super::MsiVectors`]) never see the difference.
+//! commit once. A blocked routed message has no route, and [`InterruptRoutes::delivers`] tells
+//! the vector table above ([`super::MsiVectors`]) not to write its irqfd; otherwise the tables
+//! never see the difference. (A message sent while an invalidation blocks its route may still
+//! leave a count on the irqfd, delivered once the route comes back: an interrupt in flight
+//! across the invalidation.)
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -110,6 +114,11 @@ impl InterruptRoutes for RemappedRoutes {
 
     fn accepts(&self, address: u64, data: u32) -> bool {
         self.remapper.is_remappable(address) || is_valid_message(address, data)
+    }
+
+    fn delivers(&self, gsi: u32) -> bool {
+        let routes = self.routes.lock().unwrap();
+        routes.get(&gsi).is_some_and(|r| r.installed.is_some())
     }
 
     fn signal_msi(&self, address: u64, data: u32) -> Result<(), IrqError> {

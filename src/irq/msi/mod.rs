@@ -348,7 +348,7 @@ impl MsiVectors {
             return;
         }
         v.staged = false;
-        if v.routed.is_none() {
+        if v.routed.is_none() || !self.routing.delivers(self.gsis[index].gsi) {
             return;
         }
         if let Err(e) = self.gsis[index].irqfd.write(1) {

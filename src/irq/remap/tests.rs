@@ -83,6 +83,10 @@ fn routes_carry_the_remapped_message_and_a_refresh_stages_only_what_changed() {
     routes.commit().unwrap();
     assert_eq!(inner.route(a), Some((0xfee0_0000, 0x41)));
     assert_eq!(inner.route(b), None, "blocked: no route");
+    assert!(
+        routes.delivers(a) && !routes.delivers(b),
+        "b's irqfd is not written"
+    );
     assert_eq!(inner.route(c), Some((0xfee0_0000, 0x30)));
     assert_eq!(remapper.reports.load(Ordering::Relaxed), 1);
     // Nothing changed: nothing staged.

@@ -228,13 +228,14 @@ pub fn iommu_mode(mode: u64, hwm: u64) -> Op {
     }
 }
 
-/// Interrupt remapping on, its entries for `function` delivering entry k on IDT vector
-/// k + `delta` (`OP_IOMMU_INTREMAP`).
-pub fn iommu_intremap(function: PciAddress, delta: u8) -> Op {
+/// Interrupt remapping on, its entries delivering entry k on IDT vector k + `delta`
+/// (`OP_IOMMU_INTREMAP`), from `function` only, or from the next device only if `foreign`.
+pub fn iommu_intremap(function: PciAddress, delta: u8, foreign: bool) -> Op {
     Op {
         kind: OP_IOMMU_INTREMAP,
         address: function.ecam_offset(),
         value: u64::from(delta),
+        count: u64::from(foreign),
         ..Default::default()
     }
 }
