@@ -1,7 +1,8 @@
 //! Interrupt remapping (VT-d §5.1): with GSTS.IRES set, a remappable-format message (address
 //! bit 4) names an entry of the interrupt remapping table in guest memory (IRTA, latched by
 //! GCMD.SIRTP), which says what the interrupt becomes and which requester may send it; a
-//! compatibility-format message is blocked unless GCMD.CFI lets it through (§5.1.4.1). A bad
+//! compatibility-format message is blocked unless GCMD.CFI lets it through (§5.1.4.1; only in
+//! xAPIC mode, IRTA.EIME clear). A bad
 //! request or entry is blocked and recorded as a fault (reasons 0x20-0x26, §7.1.3) with the
 //! interrupt index in FRCD 63:48, unless the entry's FPD bit says not to.
 //!
@@ -91,7 +92,9 @@ impl InterruptRemapping {
             return Ok(message);
         }
         if message.0 & VTD_MSI_REMAPPABLE == 0 {
-            return match self.compatibility {
+            // CFI is effective only in xAPIC mode: with EIME, compatibility format is always
+            // blocked (§10.4.4).
+            return match self.compatibility && !self.table.extended {
                 true => Ok(message),
                 false => Err(blocked(VTD_FR_IR_COMPATIBILITY, 0, false)),
             };

@@ -159,10 +159,22 @@ fn bad_requests_and_entries_are_blocked_and_recorded_with_their_index() {
     assert_eq!(u.fault_reason(), None);
     assert!(u.messages().is_empty());
     assert_eq!(u.iommu.stats().interrupts.blocked, 7);
-    // CFI lets compatibility format through.
+    // CFI lets compatibility format through, in xAPIC mode only.
     u.w32(VTD_GCMD_REG, VTD_GCMD_QIE | VTD_GCMD_IRE | VTD_GCMD_CFI);
     routes.signal_msi(0xfee0_0000, 0x31).unwrap();
     assert_eq!(u.messages(), [(0xfee0_0000, 0x31)]);
+    u.w64(VTD_IRTA_REG, IRT | VTD_IRTA_EIME | IRT_S);
+    u.w32(
+        VTD_GCMD_REG,
+        VTD_GCMD_QIE | VTD_GCMD_IRE | VTD_GCMD_CFI | VTD_GCMD_SIRTP,
+    );
+    routes.signal_msi(0xfee0_0000, 0x32).unwrap();
+    assert_eq!(
+        u.messages(),
+        [(0xfee0_0000, 0x31)],
+        "EIME: blocked all the same"
+    );
+    assert_eq!(u.interrupt_fault(), Some((VTD_FR_IR_COMPATIBILITY, 0)));
 }
 
 #[test]
