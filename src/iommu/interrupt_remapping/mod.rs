@@ -122,13 +122,19 @@ impl InterruptRemapping {
 
     /// Read and decode entry `index` of the latched table.
     fn read_entry(&self, mem: &GuestMemoryMmap, index: u32) -> Result<Irte, EntryFault> {
-        let at = self.table.base + u64::from(index) * VTD_IRTE_SIZE;
+        let unreadable = EntryFault {
+            reason: VTD_FR_IR_TABLE,
+            quiet: false,
+        };
+        // A table at the top of the address space may end past it.
+        let at = self
+            .table
+            .base
+            .checked_add(u64::from(index) * VTD_IRTE_SIZE)
+            .ok_or(unreadable)?;
         let mut bytes = [0u8; VTD_IRTE_SIZE as usize];
         mem.read_slice(&mut bytes, GuestAddress(at))
-            .map_err(|_| EntryFault {
-                reason: VTD_FR_IR_TABLE,
-                quiet: false,
-            })?;
+            .map_err(|_| unreadable)?;
         let (low, high) = bytes.split_at(8);
         let qword = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
         Irte::decode(qword(low), qword(high), self.table.extended)

@@ -187,6 +187,12 @@ fn a_table_outside_guest_memory_faults_and_ire_off_leaves_messages_as_they_are()
     routes.signal_msi(remappable(0x1000), 0).unwrap();
     assert_eq!(u.interrupt_fault(), Some((VTD_FR_IR_TABLE, 0x1000)));
     u.clear_faults();
+    // A table at the top of the address space: its entries past the end are unreadable too.
+    u.w64(VTD_IRTA_REG, 0xffff_ffff_ffff_f00f);
+    u.w32(VTD_GCMD_REG, VTD_GCMD_QIE | VTD_GCMD_IRE | VTD_GCMD_SIRTP);
+    routes.signal_msi(remappable(0x7fff), 0).unwrap();
+    assert_eq!(u.interrupt_fault(), Some((VTD_FR_IR_TABLE, 0x7fff)));
+    u.clear_faults();
     u.w32(VTD_GCMD_REG, VTD_GCMD_QIE);
     routes.signal_msi(0xfee0_0000, 0x31).unwrap();
     // A remappable message with remapping off is no message the APIC takes: dropped.
