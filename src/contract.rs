@@ -266,7 +266,11 @@ contract_consts! {
     /// interrupt entry cache and sets IRE. Messages from then on are checked as remapped: a remappable-format MSI-X entry
     /// (`msix_program` with the address `MSI_REMAPPABLE_SHV`: handle 0, the subhandle in its
     /// data) is expected on the vector its entry names, a compatibility-format one nowhere, and
-    /// `OP_MSIX_CHECK` does not count the unit's fault events (`IOMMU_FAULT_VECTOR`).
+    /// `OP_MSIX_CHECK` does not count the unit's fault events (`IOMMU_FAULT_VECTOR`). Devices
+    /// brought up afterwards (`OP_VIRTIO_INIT`, virtio-pci or the virtio-mmio MSI extension)
+    /// get remappable messages naming the entries that deliver on their usual vectors. For a
+    /// virtio-mmio device, `address` names its source-id as if it were a function: bus 0xF1,
+    /// device n.
     /// `OpResult::value`: the table's entries.
     OP_IOMMU_INTREMAP: u64 = 23;
     /// An MSI address in remappable format (VT-d §5.1.2.2) with handle 0 and SHV set: the

@@ -7,15 +7,18 @@
 
 mod common;
 
+use std::time::Duration;
+
 use exitless::contract::*;
 use exitless::iommu::regs::{
     VTD_FR_IR_SOURCE, VTD_FRCD_F, VTD_FRCD_FR_SHIFT, VTD_FRCD_IR_INDEX_SHIFT, VTD_FRCD_REG,
 };
 use exitless::irq::CommitStrategy;
 use exitless::machine::layout::IOMMU_BASE;
-use exitless::machine::{ProbeConfig, ProbeRun, ops};
+use exitless::machine::{ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops};
 use exitless::pci::PciAddress;
 use exitless::pci::regs::PCI_MSIX_FLAGS_ENABLE;
+use exitless::virtio::notify::NotifyPath;
 
 /// Four queue pairs: eight queue vectors and the configuration vector.
 const PAIRS: u16 = 4;
@@ -23,12 +26,7 @@ const VECTORS: u64 = 2 * PAIRS as u64 + 1;
 
 /// Boot with `ops` under `strategy`, the device behind the unit; every op must succeed.
 fn boot(strategy: CommitStrategy, ops: Vec<Op>) -> ProbeRun {
-    let run = common::run_msix(strategy, PAIRS, true, ops);
-    for (i, r) in run.results.iter().enumerate() {
-        let name = strategy.name();
-        assert_eq!(r.status, STATUS_OK, "{name} op {i}: {r:?}\n{}", run.console);
-    }
-    run
+    common::run_all_ok(&common::msix_config(strategy, PAIRS, true, ops))
 }
 
 /// Remapping on, entry k delivering on k + `delta` and admitting the device (another one if
@@ -138,4 +136,38 @@ fn messages_from_a_function_the_entries_do_not_admit_fault_and_are_not_delivered
         let unit = run.iommu.expect("the unit's figures").interrupts;
         assert!(unit.blocked >= VECTORS, "{name}: {unit:?}");
     }
+}
+
+#[test]
+fn virtio_traffic_interrupts_through_remapped_vectors_on_both_transports() {
+    let pci = ProbeConfig::virtio_pci_address(0);
+    // The virtio-mmio device's messages carry source-id 0xF100: "function" f1:00.0.
+    let mmio = PciAddress::new(0xf1, 0, 0).unwrap();
+    let run = common::run_all_ok(&ProbeConfig {
+        ops: vec![
+            ops::iommu_intremap(mmio, 0x30, false),
+            ops::virtio_init(TRANSPORT_MMIO, 0, RR_FLAG_MSI),
+            ops::virtio_rr(32, 10), // 2
+            ops::iommu_intremap(pci, 0x30, false),
+            ops::virtio_init(TRANSPORT_PCI, pci.ecam_offset(), 0),
+            ops::virtio_rr(32, 10), // 5
+        ],
+        virtio: vec![
+            VirtioNetConfig::new(Transport::Mmio, NotifyPath::Datamatch),
+            VirtioNetConfig::new(Transport::Pci, NotifyPath::Address),
+        ],
+        iommu: true,
+        timeout: Duration::from_secs(120),
+        ..Default::default()
+    });
+    for i in [2, 5] {
+        let rr = run.results[i];
+        assert_eq!(rr.value, 10, "op {i}: transactions");
+        assert_eq!(rr.stray_irqs, 0, "op {i}: {rr:?}");
+    }
+    let unit = run.iommu.expect("the unit's figures").interrupts;
+    assert!(
+        unit.remapped >= 20,
+        "a receive interrupt per transaction: {unit:?}"
+    );
 }

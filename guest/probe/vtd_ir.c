@@ -14,7 +14,7 @@
 static struct {
     int on;
     int foreign; /* the entries admit another function only: every message is blocked */
-    u64 table;
+    u64 table, delta;
 } vtd_ir;
 
 /* The IDT vector the CPU takes `lo`/`hi`/`data` on, or 256 for none: a compatibility-format
@@ -42,6 +42,15 @@ static u32 vtd_ir_vector(u32 lo, u32 hi, u32 data)
         return 256;
     }
     return vector >= 16 ? vector : 256;
+}
+
+/* The message a device is programmed with to interrupt on IDT vector `vector`: while
+ * remapping is on, remappable (handle 0, SHV) naming the entry that delivers on it, as Linux's
+ * drivers write them through intel_irq_remapping; compatibility format otherwise. */
+static void vtd_ir_message(u32 vector, u32 *lo, u32 *data)
+{
+    *lo = vtd_ir.on ? MSI_REMAPPABLE_SHV : MSI_ADDRESS_BASE;
+    *data = vtd_ir.on ? (vector - (u32)vtd_ir.delta) & 0xff : vector;
 }
 
 /* Whether an interrupt on IDT vector `v` counts as an MSI-X delivery: the unit's fault events
@@ -92,5 +101,6 @@ static void vtd_intremap(const struct op *op, struct op_result *res)
         return;
     }
     vtd_ir.on = 1;
+    vtd_ir.delta = op->value;
     res->value = VTD_IRT_ENTRIES;
 }

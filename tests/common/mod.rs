@@ -36,10 +36,10 @@ pub fn at(device: u8, function: u8) -> PciAddress {
 /// Both ECAM modes.
 pub const ECAM_MODES: [EcamMode; 2] = [EcamMode::Trap, EcamMode::Shadow];
 
-/// Boot the probe with `ops` and one virtio-pci network function of `pairs` queue pairs (its
-/// MSI-X vectors committed as `strategy` says), behind the IOMMU if `iommu`.
-pub fn run_msix(strategy: CommitStrategy, pairs: u16, iommu: bool, ops: Vec<Op>) -> ProbeRun {
-    run_probe(&ProbeConfig {
+/// A probe with `ops` and one virtio-pci network function of `pairs` queue pairs (its MSI-X
+/// vectors committed as `strategy` says), behind the IOMMU if `iommu`.
+pub fn msix_config(strategy: CommitStrategy, pairs: u16, iommu: bool, ops: Vec<Op>) -> ProbeConfig {
+    ProbeConfig {
         ops,
         virtio: vec![VirtioNetConfig {
             queue_pairs: pairs,
@@ -49,6 +49,20 @@ pub fn run_msix(strategy: CommitStrategy, pairs: u16, iommu: bool, ops: Vec<Op>)
         iommu,
         timeout: Duration::from_secs(300),
         ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("probe run failed: {e}"))
+    }
+}
+
+/// Boot [`msix_config`]'s probe.
+pub fn run_msix(strategy: CommitStrategy, pairs: u16, iommu: bool, ops: Vec<Op>) -> ProbeRun {
+    run_probe(&msix_config(strategy, pairs, iommu, ops))
+        .unwrap_or_else(|e| panic!("probe run failed: {e}"))
+}
+
+/// Boot the probe as `config` says and check that every op succeeded.
+pub fn run_all_ok(config: &ProbeConfig) -> ProbeRun {
+    let run = run_probe(config).unwrap_or_else(|e| panic!("probe run failed: {e}"));
+    for (i, r) in run.results.iter().enumerate() {
+        assert_eq!(r.status, STATUS_OK, "op {i}: {r:?}\n{}", run.console);
+    }
+    run
 }
