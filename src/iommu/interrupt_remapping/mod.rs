@@ -144,9 +144,10 @@ impl InterruptRemapping {
 /// The figures of [`super::IommuStats`] that interrupt remapping adds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct InterruptStats {
-    /// Messages (or routes) remapped through an IRTE.
+    /// Remappings through an IRTE: one per direct message, one per route set or re-evaluated
+    /// (after an invalidation, SIRTP, IRE or CFI).
     pub remapped: u64,
-    /// Messages (or routes) blocked (compatibility format included).
+    /// Remappings that blocked the message (compatibility format included), counted likewise.
     pub blocked: u64,
     /// Interrupt entry cache invalidations.
     pub invalidations: u64,
