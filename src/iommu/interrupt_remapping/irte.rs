@@ -44,6 +44,8 @@ pub struct Irte {
     pub sq: u8,
     /// The source-id (SVT 1) or bus range (SVT 2) a requester must match.
     pub sid: u16,
+    /// FPD: faults on this entry (a requester it does not admit) are not recorded.
+    pub quiet: bool,
 }
 
 /// Why an entry cannot be used: the fault reason, and whether the entry's FPD bit asks that
@@ -88,6 +90,7 @@ impl Irte {
             svt,
             sq: ((high >> VTD_IRTE_SQ_SHIFT) & 3) as u8,
             sid: high as u16,
+            quiet,
         })
     }
 

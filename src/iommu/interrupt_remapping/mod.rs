@@ -114,7 +114,7 @@ impl InterruptRemapping {
             }
         };
         if !entry.admits(source) {
-            return Err(blocked(VTD_FR_IR_SOURCE, index, false));
+            return Err(blocked(VTD_FR_IR_SOURCE, index, entry.quiet));
         }
         self.remapped += 1;
         Ok(entry.message())

@@ -154,11 +154,15 @@ fn bad_requests_and_entries_are_blocked_and_recorded_with_their_index() {
         assert_eq!(u.interrupt_fault(), Some((reason, index)));
         u.clear_faults();
     }
-    // FPD: blocked, nothing recorded.
+    // FPD: blocked, nothing recorded, whether absent or not admitting the requester.
     routes.signal_msi(remappable(7), 0).unwrap();
+    let mut admits_sid_only = entry(0x58);
+    admits_sid_only[0] |= VTD_IRTE_FPD;
+    u.write_entry(8, admits_sid_only);
+    stranger.signal_msi(remappable(8), 0).unwrap();
     assert_eq!(u.fault_reason(), None);
     assert!(u.messages().is_empty());
-    assert_eq!(u.iommu.stats().interrupts.blocked, 7);
+    assert_eq!(u.iommu.stats().interrupts.blocked, 8);
     // CFI lets compatibility format through, in xAPIC mode only.
     u.w32(VTD_GCMD_REG, VTD_GCMD_QIE | VTD_GCMD_IRE | VTD_GCMD_CFI);
     routes.signal_msi(0xfee0_0000, 0x31).unwrap();
