@@ -10,6 +10,7 @@ use super::{Iommu, TranslationError};
 use crate::bus::BusDevice;
 use crate::dma::{Access, DmaContext};
 use crate::fakes::FakeRoutes;
+use crate::irq::CommitStrategy;
 use crate::logging::DeviceLog;
 
 /// Guest RAM, from 0.
@@ -40,8 +41,13 @@ pub struct Unit {
 
 /// A unit at reset.
 pub fn unit() -> Unit {
+    unit_with(CommitStrategy::default())
+}
+
+/// A unit at reset over routes whose owners follow `strategy`.
+pub fn unit_with(strategy: CommitStrategy) -> Unit {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
-    let routes = Arc::new(FakeRoutes::default());
+    let routes = Arc::new(FakeRoutes::with_strategy(strategy));
     let iommu = Arc::new(Iommu::new(
         mem.clone(),
         routes.clone(),

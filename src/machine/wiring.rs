@@ -442,7 +442,8 @@ fn add_virtio(
             };
             let name = format!("virtio-mmio.{n}");
             let log = DeviceLog::new(name.as_str());
-            let env = transport_env(vm, devices, log.clone());
+            let source = VIRTIO_MMIO_SOURCE_IDS + u16::try_from(n).expect("few devices");
+            let env = transport_env(vm, devices, log.clone(), source);
             let (transport, worker) = MmioTransport::new(env, parts, at)?;
             let id = devices
                 .io
@@ -459,7 +460,7 @@ fn add_virtio(
             // guest errors are counted under a name of its own.
             let name = names::virtio_pci(at);
             let log = DeviceLog::new(name.as_str());
-            let env = transport_env(vm, devices, log.clone());
+            let env = transport_env(vm, devices, log.clone(), at.requester_id());
             let (function, worker) = VirtioPci::new(
                 env,
                 parts,
@@ -480,11 +481,20 @@ fn add_virtio(
     Ok(())
 }
 
-/// A transport's environment on `vm`: KVM's ioeventfds, the machine's routing owner.
-fn transport_env(vm: &Vm, devices: &Devices, log: Arc<DeviceLog>) -> TransportEnv {
+/// The source-ids of virtio-mmio devices' messages (the MSI extension) for interrupt
+/// remapping: bus 0xF1, device n (not a PCI function; no DMA source-id, docs/iommu.md).
+const VIRTIO_MMIO_SOURCE_IDS: u16 = 0xf100;
+
+/// A transport's environment on `vm`: KVM's ioeventfds, the machine's routing owner (through
+/// the IOMMU's interrupt remapping for requester `source`, if the machine has the unit).
+fn transport_env(vm: &Vm, devices: &Devices, log: Arc<DeviceLog>, source: u16) -> TransportEnv {
+    let routes = match &devices.iommu {
+        Some(unit) => unit.interrupt_routes(source),
+        None => devices.routing.clone(),
+    };
     TransportEnv {
         ioevents: vm.shared_fd(),
-        routes: devices.routing.clone(),
+        routes,
         mem: vm.memory().clone(),
         iommu: devices.iommu.clone().map(|unit| unit as _),
         log,
