@@ -164,10 +164,11 @@ pub struct ChainsServed {
 /// completes a chain already served is not gated again. A chain whose buffer the IOMMU
 /// refused is completed with used length 0 (the fault is the unit's to report); behind an
 /// IOMMU a chain with an indirect descriptor is refused outright (its table would be read
-/// untranslated).
+/// untranslated). `chain` is the queue's scratch, refilled for each chain.
 pub fn serve_chains(
     q: &mut Queue,
     dma: &DmaContext,
+    chain: &mut Chain,
     mut server: impl ChainServer,
 ) -> Result<ChainsServed, DeviceError> {
     let Ok(mem) = dma.memory() else {
@@ -191,9 +192,9 @@ pub fn serve_chains(
         let served = if dma.translated() && chain::refers_to_indirect(mem, q, head) {
             Err(ChainError::Indirect(head).into())
         } else {
-            chain::check(desc, dma)
+            chain::check(desc, dma, chain)
                 .map_err(DeviceError::from)
-                .and_then(|c| server.serve(&c))
+                .and_then(|()| server.serve(chain))
         };
         match served {
             Ok(len) => {

@@ -23,12 +23,13 @@
 //! tap the user made, stay as the user set them.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use super::backend::NetBackend;
 use super::{HDR, MAX_FRAME};
+use crate::dma::Segments;
 
 /// Destination, source and type: the least a tap takes as a frame.
 const ETHERNET_HEADER: usize = 14;
@@ -199,8 +200,14 @@ fn check_name(name: &str) -> Result<(), TapError> {
 /// One queue of a tap: a file of /dev/net/tun attached to the interface.
 pub struct Tap {
     file: File,
-    /// A frame read or written with its vnet header in front.
+    /// A received frame with its vnet header in front: the one copy on the receive path (the
+    /// frame's length decides whether a receive buffer fits it, so it is read before a buffer
+    /// is taken, as QEMU's tap backend does).
     buf: Vec<u8>,
+    /// The length of the frame held in `buf` (after its header), until it is delivered.
+    held: Option<usize>,
+    /// The `iovec`s of a transmitted frame: the vnet header, then the guest's buffers.
+    iov: Vec<libc::iovec>,
     /// One of several queues (IFF_MULTI_QUEUE): detached while its pair is disabled.
     multi_queue: bool,
     /// Whether the queue is attached: the kernel spreads the tap's frames over attached
@@ -287,6 +294,8 @@ impl Tap {
         Ok(Tap {
             file,
             buf: vec![0; HDR + MAX_FRAME],
+            held: None,
+            iov: Vec::new(),
             multi_queue,
             attached: true,
             failed: false,
@@ -302,33 +311,23 @@ fn check(ret: libc::c_int) -> io::Result<()> {
     }
 }
 
-impl NetBackend for Tap {
-    fn transmit(&mut self, frame: &[u8]) -> bool {
-        // The kernel refuses (EINVAL) a frame without a whole Ethernet header: drop it here.
-        if frame.len() < ETHERNET_HEADER {
-            return false;
-        }
-        // The zero header: no offloads were negotiated (see the module's comment).
-        let total = HDR + frame.len();
-        let Some(out) = self.buf.get_mut(..total) else {
-            return false; // not reached: the device takes no frame above MAX_FRAME
-        };
-        out[..HDR].fill(0);
-        out[HDR..].copy_from_slice(frame);
-        // One write is one frame; a full tap queue (EAGAIN) or a tap whose link is down (EIO)
-        // drops it, as a wire would.
-        matches!(self.file.write(out), Ok(n) if n == total)
-    }
+/// The vnet header of every transmitted frame: all zeros, as no offloads were negotiated
+/// (see the module's comment).
+static ZERO_HEADER: [u8; HDR] = [0; HDR];
 
-    fn receive(&mut self) -> Option<Vec<u8>> {
+// SAFETY: the only pointers a `Tap` holds are in `iov`, which is empty between calls of
+// `transmit` (the frame it points into is the caller's, for that call).
+unsafe impl Send for Tap {}
+
+impl Tap {
+    /// Read the next frame into `buf`; its length after the header, or `None` if there is
+    /// none now.
+    fn read_frame(&mut self) -> Option<usize> {
         loop {
             match self.file.read(&mut self.buf) {
                 // A frame after its header. A read too short for one is skipped; so is a
                 // length past the buffer, which a read never returns but is not trusted.
-                Ok(n) if n > HDR => match self.buf.get(HDR..n) {
-                    Some(frame) => return Some(frame.to_vec()),
-                    None => continue,
-                },
+                Ok(n) if n > HDR && n <= self.buf.len() => return Some(n - HDR),
                 Ok(0) => return None,
                 Ok(_) => continue,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -345,9 +344,52 @@ impl NetBackend for Tap {
             }
         }
     }
+}
 
-    /// Frames queued in the kernel stay there for the next driver.
-    fn reset(&mut self) {}
+impl NetBackend for Tap {
+    /// One `writev` of the zero header and the guest's buffers: the frame is not copied.
+    fn transmit(&mut self, frame: &Segments) -> bool {
+        // The kernel refuses (EINVAL) a frame without a whole Ethernet header: drop it here.
+        if frame.len() < ETHERNET_HEADER {
+            return false;
+        }
+        self.iov.clear();
+        self.iov.push(libc::iovec {
+            iov_base: ZERO_HEADER.as_ptr().cast_mut().cast(),
+            iov_len: HDR,
+        });
+        self.iov.extend_from_slice(frame.iovecs());
+        let count = libc::c_int::try_from(self.iov.len()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: the iovecs are the static header (which the kernel only reads) and the
+        // frame's pieces, mapped guest memory valid for this call.
+        let written = unsafe { libc::writev(self.file.as_raw_fd(), self.iov.as_ptr(), count) };
+        self.iov.clear();
+        // One write is one frame; a full tap queue (EAGAIN), a tap whose link is down (EIO)
+        // or more pieces than one call takes (EINVAL) drops it, as a wire would.
+        usize::try_from(written).is_ok_and(|n| n == HDR + frame.len())
+    }
+
+    fn pending(&mut self) -> Option<usize> {
+        if self.held.is_none() {
+            self.held = self.read_frame();
+        }
+        self.held
+    }
+
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        if let Some(n) = self.held.take() {
+            into.scatter(at, &self.buf[HDR..HDR + n]);
+        }
+    }
+
+    fn discard(&mut self) {
+        self.held = None;
+    }
+
+    /// Frames queued in the kernel stay there for the next driver; the one held goes.
+    fn reset(&mut self) {
+        self.held = None;
+    }
 
     fn wake_fd(&self) -> Option<RawFd> {
         Some(self.file.as_raw_fd())
@@ -533,7 +575,19 @@ mod tests {
         let Some(mut tap) = open_or_skip(&name, false) else {
             return;
         };
-        assert_eq!(tap.receive(), None);
-        assert!(!tap.transmit(&[0xff; 60]));
+        assert_eq!(tap.pending(), None);
+        let mem =
+            vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(vm_memory::GuestAddress(0), 0x1000)])
+                .unwrap();
+        let dma = crate::dma::DmaContext::platform(mem);
+        let mut frame = Segments::default();
+        dma.resolve(
+            vm_memory::GuestAddress(0),
+            60,
+            crate::dma::Access::Read,
+            &mut frame,
+        )
+        .unwrap();
+        assert!(!tap.transmit(&frame));
     }
 }

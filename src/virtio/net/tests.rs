@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::*;
-use crate::dma::DmaContext;
+use crate::dma::{DmaContext, Segments};
 use crate::iommu::regs::{VTD_FR_READ, VTD_PTE_R};
 use crate::iommu::tables::build::Tables;
 use crate::iommu::testing::*;
@@ -306,11 +306,17 @@ fn each_pair_answers_on_its_own_receive_queue_and_the_control_queue_acks() {
 struct Flagged(RequestResponse, Arc<AtomicBool>);
 
 impl NetBackend for Flagged {
-    fn transmit(&mut self, frame: &[u8]) -> bool {
+    fn transmit(&mut self, frame: &Segments) -> bool {
         self.0.transmit(frame)
     }
-    fn receive(&mut self) -> Option<Vec<u8>> {
-        self.0.receive()
+    fn pending(&mut self) -> Option<usize> {
+        self.0.pending()
+    }
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        self.0.deliver(into, at);
+    }
+    fn discard(&mut self) {
+        self.0.discard();
     }
     fn reset(&mut self) {
         self.0.reset();
@@ -346,12 +352,18 @@ fn a_reset_leaves_only_the_first_pair_enabled() {
 struct ClosesTheGate(crate::dma::BusMaster, RequestResponse);
 
 impl NetBackend for ClosesTheGate {
-    fn transmit(&mut self, frame: &[u8]) -> bool {
+    fn transmit(&mut self, frame: &Segments) -> bool {
         self.0.set(false);
         self.1.transmit(frame)
     }
-    fn receive(&mut self) -> Option<Vec<u8>> {
-        self.1.receive()
+    fn pending(&mut self) -> Option<usize> {
+        self.1.pending()
+    }
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        self.1.deliver(into, at);
+    }
+    fn discard(&mut self) {
+        self.1.discard();
     }
     fn reset(&mut self) {}
 }
@@ -392,11 +404,19 @@ struct Outside {
 }
 
 impl NetBackend for Outside {
-    fn transmit(&mut self, _frame: &[u8]) -> bool {
+    fn transmit(&mut self, _frame: &Segments) -> bool {
         true
     }
-    fn receive(&mut self) -> Option<Vec<u8>> {
-        self.frames.lock().unwrap().pop_front()
+    fn pending(&mut self) -> Option<usize> {
+        self.frames.lock().unwrap().front().map(Vec::len)
+    }
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        if let Some(frame) = self.frames.lock().unwrap().pop_front() {
+            into.scatter(at, &frame);
+        }
+    }
+    fn discard(&mut self) {
+        self.frames.lock().unwrap().pop_front();
     }
     fn reset(&mut self) {}
     fn wake_fd(&self) -> Option<RawFd> {
