@@ -248,6 +248,8 @@ fn building_machines() -> Vec<Allowed> {
         // console); the device threads' epoll sets.
         sys!(SYS_openat),
         sys!(SYS_eventfd2),
+        // Kernel and initrd files read at offsets (`machine::loader::file`).
+        sys!(SYS_pread64),
         // Disk images (`virtio::block::image`) and the console file (`machine::console`):
         // opened with O_NONBLOCK, which is then cleared; images locked as QEMU locks them.
         sys!(SYS_fcntl).only(
