@@ -249,10 +249,8 @@ fn a_device_thread_reads_writes_and_flushes_its_disk_file() {
             iov_len: 512,
         }];
         // SAFETY: the iovec is `nines`, readable for its 512 bytes.
-        assert_eq!(
-            unsafe { libc::pwritev(file.as_raw_fd(), iov.as_ptr(), 1, 0) },
-            512
-        );
+        let n = unsafe { libc::pwritev(file.as_raw_fd(), iov.as_ptr(), 1, 0) };
+        assert_eq!(n, 512);
         file.sync_all().unwrap();
         return;
     }
