@@ -19,9 +19,10 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLockReadGuard};
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 pub use platform::{Access, AccessPlatform, RingArea, RingWatch, Translation};
+use segments::RegionMap;
 pub use segments::Segments;
 
 /// Who issues a device's memory requests: a PCI bus/device/function, or a platform device
@@ -90,6 +91,8 @@ pub struct DmaContext {
     requester: Requester,
     master: BusMaster,
     mem: GuestMemoryMmap,
+    /// Where `mem`'s regions are, for bounds checks and for resolving buffers.
+    regions: RegionMap,
     /// The unit that translates this PCI function's requests, if any.
     platform: Option<Arc<dyn AccessPlatform>>,
 }
@@ -101,6 +104,7 @@ impl DmaContext {
         DmaContext {
             requester: Requester::Pci(requester_id),
             master: BusMaster(Arc::new(AtomicBool::new(false))),
+            regions: RegionMap::of(&mem),
             mem,
             platform: None,
         }
@@ -154,6 +158,7 @@ impl DmaContext {
         DmaContext {
             requester: Requester::Platform,
             master: BusMaster(Arc::new(AtomicBool::new(true))),
+            regions: RegionMap::of(&mem),
             mem,
             platform: None,
         }
@@ -177,8 +182,8 @@ impl DmaContext {
     /// Check that the device may access `len` bytes at `addr` now. Translated addresses are
     /// checked page by page when the device accesses them: an unmapped page faults there.
     pub fn check(&self, addr: GuestAddress, len: usize) -> Result<(), DmaError> {
-        let mem = self.memory()?;
-        if len == 0 || self.translated() || mem.check_range(addr, len) {
+        self.memory()?;
+        if len == 0 || self.translated() || self.regions.contains(addr.0, len as u64) {
             Ok(())
         } else {
             Err(DmaError::OutsideMemory { addr: addr.0, len })
@@ -225,7 +230,7 @@ impl DmaContext {
         access: Access,
         out: &mut Segments,
     ) -> Result<(), DmaError> {
-        out.bind(&self.mem);
+        out.bind(&self.mem, &self.regions);
         let mark = out.pieces();
         let resolved = self.pieces(addr, len, access, |at, piece| {
             out.push_guest(at.0, piece.len())

@@ -4,15 +4,18 @@
 //! that a range of guest memory is made of. One is kept per queue and reused for every chain,
 //! so the data path allocates nothing once it has grown to the longest chain.
 //!
-//! The region lookup is cached here too: the scratch keeps a snapshot of the guest memory's
-//! regions (guest start, length, host address) and the index of the region hit last, so a
-//! buffer in the same region as the previous one costs two comparisons. Guest memory is fixed
-//! for the machine's life today; should a device ever be handed another memory map, the
-//! snapshot no longer matches it ([`Segments::bind`] compares them on every resolution) and
-//! is taken again. The scratch holds a clone of the memory it points into, so its pointers
-//! stay mapped for as long as it lives, whatever happens to the device's own context.
+//! The region lookup is cached too. A DMA context takes a snapshot of its guest memory's
+//! regions (guest start, length, host address: [`RegionMap`]) when it is made, and checks
+//! bounds against it; the scratch shares the snapshot of the context it last resolved through
+//! and remembers the region hit last, so a buffer in the same region as the previous one costs
+//! two comparisons. Guest memory is fixed for the machine's life today; should a device ever
+//! be handed another memory map, it comes with another context and so another snapshot, which
+//! [`Segments::bind`] tells by identity on every resolution and takes instead. The scratch
+//! holds a clone of the memory it points into, so its pointers stay mapped for as long as it
+//! lives, whatever happens to the device's own context.
 
 use std::io;
+use std::sync::Arc;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice};
 
@@ -27,6 +30,71 @@ struct Region {
     host: usize,
 }
 
+/// The regions of a guest memory, sorted and disjoint, as the host maps them: a snapshot
+/// taken when a DMA context is made (memory is fixed for the machine's life).
+#[derive(Clone, Debug, Default)]
+pub(super) struct RegionMap(Arc<[Region]>);
+
+impl RegionMap {
+    /// The snapshot of `mem`.
+    pub(super) fn of(mem: &GuestMemoryMmap) -> Self {
+        RegionMap(
+            mem.iter()
+                .map(|r| Region {
+                    start: r.start_addr().0,
+                    len: r.len(),
+                    host: r.as_ptr() as usize,
+                })
+                .collect(),
+        )
+    }
+
+    /// Call `piece` with the host address and length of each piece of the `len` bytes at
+    /// `addr`, one per region they cross, starting the search at region `*last` and leaving
+    /// there the last one found; false if they are not all guest memory (pieces before the
+    /// hole were given).
+    fn walk(
+        &self,
+        last: &mut usize,
+        addr: u64,
+        len: u64,
+        mut piece: impl FnMut(usize, u64),
+    ) -> bool {
+        let (mut at, mut left) = (addr, len);
+        while left > 0 {
+            let Some(r) = self.lookup(last, at) else {
+                return false;
+            };
+            let offset = at - r.start;
+            let n = left.min(r.len - offset);
+            piece(
+                r.host + usize::try_from(offset).expect("inside a mapping"),
+                n,
+            );
+            at += n;
+            left -= n;
+        }
+        true
+    }
+
+    /// Whether the `len` bytes at `addr` are all guest memory (adjacent regions included).
+    pub(super) fn contains(&self, addr: u64, len: u64) -> bool {
+        self.walk(&mut 0, addr, len, |_, _| {})
+    }
+
+    /// The region holding `addr`: region `*last`, or found by binary search.
+    fn lookup(&self, last: &mut usize, addr: u64) -> Option<Region> {
+        let hit = |r: &Region| addr >= r.start && addr - r.start < r.len;
+        if let Some(r) = self.0.get(*last).filter(|r| hit(r)) {
+            return Some(*r);
+        }
+        let k = self.0.partition_point(|r| r.start <= addr).checked_sub(1)?;
+        let r = *self.0.get(k).filter(|r| hit(r))?;
+        *last = k;
+        Some(r)
+    }
+}
+
 /// The host pieces of a resolved guest range, and the region cache (see the module's comment).
 #[derive(Debug, Default)]
 pub struct Segments {
@@ -35,7 +103,7 @@ pub struct Segments {
     len: usize,
     /// The memory the pieces point into, held so they stay mapped.
     mem: Option<GuestMemoryMmap>,
-    regions: Vec<Region>,
+    regions: RegionMap,
     /// The region the last lookup found.
     last: usize,
 }
@@ -62,15 +130,13 @@ impl Segments {
         self.len == 0
     }
 
-    /// Make `mem` the memory the pieces point into, taking the region snapshot again if it is
-    /// not the one cached (never while memory is fixed, but once).
-    pub(super) fn bind(&mut self, mem: &GuestMemoryMmap) {
-        let same = self.regions.len() == mem.num_regions()
-            && mem.iter().zip(&self.regions).all(|(r, c)| *c == region(r));
-        if !same {
+    /// Make `mem`, of which `regions` is the snapshot, the memory the pieces point into, if
+    /// it is not already (never while memory is fixed, but once).
+    pub(super) fn bind(&mut self, mem: &GuestMemoryMmap, regions: &RegionMap) {
+        if !Arc::ptr_eq(&self.regions.0, &regions.0) {
             self.iov.clear();
             self.len = 0;
-            self.regions = mem.iter().map(region).collect();
+            self.regions = regions.clone();
             self.mem = Some(mem.clone());
             self.last = 0;
         }
@@ -80,25 +146,21 @@ impl Segments {
     /// with nothing appended, if they are not all guest memory.
     pub(super) fn push_guest(&mut self, addr: u64, len: usize) -> bool {
         let mark = self.iov.len();
-        let (mut at, mut left) = (addr, len as u64);
-        while left > 0 {
-            let Some(r) = self.lookup(at) else {
-                self.truncate(mark);
-                return false;
-            };
-            let offset = at - r.start;
-            let n = left.min(r.len - offset);
-            let n_usize = usize::try_from(n).expect("at most len");
-            self.iov.push(libc::iovec {
-                iov_base: (r.host + usize::try_from(offset).expect("inside a mapping"))
-                    as *mut libc::c_void,
-                iov_len: n_usize,
+        let (iov, total) = (&mut self.iov, &mut self.len);
+        let inside = self
+            .regions
+            .walk(&mut self.last, addr, len as u64, |host, n| {
+                let n = usize::try_from(n).expect("at most len");
+                iov.push(libc::iovec {
+                    iov_base: host as *mut libc::c_void,
+                    iov_len: n,
+                });
+                *total += n;
             });
-            self.len += n_usize;
-            at += n;
-            left -= n;
+        if !inside {
+            self.truncate(mark);
         }
-        true
+        inside
     }
 
     /// Drop the pieces from index `mark` on.
@@ -111,22 +173,6 @@ impl Segments {
     /// How many pieces there are (a mark for [`Segments::truncate`]).
     pub(super) fn pieces(&self) -> usize {
         self.iov.len()
-    }
-
-    /// The region holding `addr`: the one hit last, or found by binary search (regions are
-    /// sorted and do not overlap).
-    fn lookup(&mut self, addr: u64) -> Option<Region> {
-        let hit = |r: &Region| addr >= r.start && addr - r.start < r.len;
-        if let Some(r) = self.regions.get(self.last).filter(|r| hit(r)) {
-            return Some(*r);
-        }
-        let k = self
-            .regions
-            .partition_point(|r| r.start <= addr)
-            .checked_sub(1)?;
-        let r = *self.regions.get(k).filter(|r| hit(r))?;
-        self.last = k;
-        Some(r)
     }
 
     /// The pieces, as `iovec`s.
@@ -218,19 +264,11 @@ impl Segments {
     }
 }
 
-fn region(r: &vm_memory::GuestRegionMmap) -> Region {
-    Region {
-        start: r.start_addr().0,
-        len: r.len(),
-        host: r.as_ptr() as usize,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dma::{Access, DmaContext};
-    use vm_memory::{Bytes, GuestAddress};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
     fn two_regions() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1000)])
@@ -308,5 +346,28 @@ mod tests {
                 .is_err()
         );
         assert_eq!((io.iovecs().len(), io.len()), (1, 4));
+    }
+
+    /// The snapshot's bounds check agrees with vm-memory's on ranges that start anywhere,
+    /// cross adjacent regions, fall in holes or run past the end.
+    #[test]
+    fn the_snapshot_checks_bounds_as_vm_memory_does() {
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 0x1000),
+            (GuestAddress(0x1000), 0x2000),
+            (GuestAddress(0x4000), 0x1000),
+        ])
+        .unwrap();
+        let map = RegionMap::of(&mem);
+        for addr in (0..0x5100).step_by(0x80) {
+            for len in [1usize, 0x7f, 0x800, 0x1000, 0x2f80, 0x4000] {
+                assert_eq!(
+                    map.contains(addr, len as u64),
+                    mem.check_range(GuestAddress(addr), len),
+                    "{len:#x} at {addr:#x}"
+                );
+            }
+        }
+        assert!(!map.contains(u64::MAX - 4, 8));
     }
 }
