@@ -153,7 +153,8 @@ impl Chain {
     }
 
     /// Resolve bytes `start..start + len` of the readable buffers (`Access::Read`) or of the
-    /// writable ones (`Access::Write`) into `out`, cleared first: the zero-copy path. The
+    /// writable ones (`Access::Write`) into `out`, cleared first: the zero-copy path for a
+    /// part of a chain. Buffers outside the range, empty ones included, are not touched. The
     /// range must lie inside them (the caller checked the lengths).
     pub fn resolve(
         &self,
@@ -171,6 +172,38 @@ impl Chain {
         for (addr, n) in ranges(buffers, start, len) {
             let n = usize::try_from(n).expect("a buffer is at most 4 GiB");
             dma.resolve(addr, n, access, out)?;
+        }
+        Ok(())
+    }
+
+    /// Resolve every readable buffer into `out`, cleared first: the zero-copy twin of
+    /// [`Chain::read_all`], touching the same buffers in the same order (empty ones too, whose
+    /// access still needs the Bus Master gate open).
+    pub fn resolve_readable(&self, dma: &DmaContext, out: &mut Segments) -> Result<(), DmaError> {
+        out.clear();
+        for b in &self.readable {
+            dma.resolve(b.addr, b.len as usize, Access::Read, out)?;
+        }
+        Ok(())
+    }
+
+    /// Resolve the first `len` writable bytes into `out`, cleared first: the zero-copy twin of
+    /// [`Chain::write_all`] with `len` bytes, touching the same buffers in the same order.
+    pub fn resolve_writable(
+        &self,
+        dma: &DmaContext,
+        len: usize,
+        out: &mut Segments,
+    ) -> Result<(), DmaError> {
+        out.clear();
+        let mut left = len;
+        for b in &self.writable {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(b.len as usize);
+            dma.resolve(b.addr, n, Access::Write, out)?;
+            left -= n;
         }
         Ok(())
     }

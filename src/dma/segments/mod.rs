@@ -163,6 +163,32 @@ impl Segments {
         inside
     }
 
+    /// Drop the first `n` bytes (all of them if there are fewer).
+    pub fn skip(&mut self, mut n: usize) {
+        let whole = self.iov.iter().take_while(|p| {
+            let take = p.iov_len <= n;
+            if take {
+                n -= p.iov_len;
+            }
+            take
+        });
+        let whole = whole.count();
+        self.truncate_front(whole);
+        if let Some(piece) = self.iov.first_mut().filter(|_| n > 0) {
+            // SAFETY: `n` < the piece's length here: the result stays inside it.
+            piece.iov_base = unsafe { piece.iov_base.cast::<u8>().add(n) }.cast();
+            piece.iov_len -= n;
+            self.len -= n;
+        }
+    }
+
+    /// Drop the first `k` pieces.
+    fn truncate_front(&mut self, k: usize) {
+        for piece in self.iov.drain(..k) {
+            self.len -= piece.iov_len;
+        }
+    }
+
     /// Drop the pieces from index `mark` on.
     pub(super) fn truncate(&mut self, mark: usize) {
         for piece in self.iov.drain(mark..) {

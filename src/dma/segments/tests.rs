@@ -104,3 +104,22 @@ fn the_snapshot_checks_bounds_as_vm_memory_does() {
     }
     assert!(!map.contains(u64::MAX - 4, 8));
 }
+
+/// Skipping a prefix (a frame's header) drops whole pieces, then part of the next.
+#[test]
+fn skipping_a_prefix_drops_whole_pieces_then_part_of_one() {
+    let mem = two_regions();
+    mem.write_slice(&[7u8; 0x40], GuestAddress(0xfe0)).unwrap();
+    let dma = DmaContext::platform(mem);
+    let mut io = Segments::default();
+    dma.resolve(GuestAddress(0xfe0), 0x10, Access::Read, &mut io)
+        .unwrap();
+    dma.resolve(GuestAddress(0xff0), 0x20, Access::Read, &mut io)
+        .unwrap();
+    assert_eq!(io.iovecs().len(), 3);
+    io.skip(0x18);
+    assert_eq!((io.iovecs().len(), io.len()), (2, 0x18));
+    assert_eq!(io.iovecs()[0].iov_len, 8);
+    io.skip(0x100);
+    assert!(io.is_empty() && io.iovecs().is_empty());
+}

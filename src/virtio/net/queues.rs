@@ -11,7 +11,7 @@ use virtio_queue::{Queue, QueueT};
 
 use super::backend::NetBackend;
 use super::{HDR, MAX_FRAME};
-use crate::dma::{Access, DmaContext, Segments};
+use crate::dma::{DmaContext, Segments};
 use crate::guest_error;
 use crate::logging::DeviceLog;
 use crate::virtio::chain::Chain;
@@ -82,7 +82,10 @@ impl NetQueues {
                     "virtio-net: transmitted frame of {len} bytes (with header) dropped"
                 );
             } else {
-                c.resolve(dma, Access::Read, HDR as u64, len - HDR as u64, io)?;
+                // The whole chain is accessed, header included, as a copy would (a fault on
+                // the header's page is the guest's to see), and the header is then skipped.
+                c.resolve_readable(dma, io)?;
+                io.skip(HDR);
                 if !backend.transmit(io) {
                     log.warn(format_args!(
                         "virtio-net: the backend dropped a transmitted frame (full, no link, or too short for it)"
@@ -200,7 +203,7 @@ impl ChainServer for Deliver<'_> {
         }
         // On an error the frame stays held for the next buffer: this one was only a pause
         // (Bus Master off), or a buffer the IOMMU refused.
-        c.resolve(self.dma, Access::Write, 0, total as u64, self.io)?;
+        c.resolve_writable(self.dma, total, self.io)?;
         // The header is all zeros but num_buffers (le16 at offset 10), 1: one buffer holds
         // the frame.
         let mut header = [0u8; HDR];

@@ -183,18 +183,14 @@ impl Scenario {
         let (read, write) = match path {
             Path::Copy => (c.read_all(&dma), c.write_all(&dma, &data)),
             Path::ZeroCopy => {
-                let read = c
-                    .resolve(&dma, Access::Read, 0, c.readable_len(), &mut io)
-                    .map(|()| {
-                        let mut buf = vec![0; io.len()];
-                        io.gather(0, &mut buf);
-                        buf
-                    });
-                let write = c
-                    .resolve(&dma, Access::Write, 0, data.len() as u64, &mut io)
-                    .map(|()| {
-                        io.scatter(0, &data);
-                    });
+                let read = c.resolve_readable(&dma, &mut io).map(|()| {
+                    let mut buf = vec![0; io.len()];
+                    io.gather(0, &mut buf);
+                    buf
+                });
+                let write = c.resolve_writable(&dma, data.len(), &mut io).map(|()| {
+                    io.scatter(0, &data);
+                });
                 (read, write)
             }
         };

@@ -170,3 +170,14 @@ fn random_chains_and_mappings_give_the_same_results_both_ways() {
     }
     assert!(seen.iter().all(|&n| n >= 10), "cases seen: {seen:?}");
 }
+
+/// Found by the `zero_copy` fuzz target: the gate closes as the first buffer is translated,
+/// and the empty buffer after it is an access all the same, refused both ways.
+#[test]
+fn an_empty_buffer_after_the_gate_closed_is_refused_both_ways() {
+    let mut s = translated(&[rw(1)], vec![buffer(0x0, 0x100), buffer(0x0, 0)], vec![]);
+    s.close_after = Some(1);
+    s.compare().unwrap();
+    let out = s.run(Path::ZeroCopy);
+    assert!(matches!(out.read, Err(DmaError::NotMaster(_))), "{out:?}");
+}
