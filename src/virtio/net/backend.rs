@@ -44,9 +44,9 @@ pub trait NetBackend: Send {
 /// `i % request length`, so the driver can check that both directions were intact.
 ///
 /// The request is copied out of the guest's buffer (which the driver may reuse as soon as it
-/// is used) into a buffer kept from a pool, so no frame allocates once the pool has grown to
-/// the most requests queued at once; the response is generated straight into the guest's
-/// receive buffer.
+/// is used), complemented, into a buffer kept from a pool, so no frame allocates once the pool
+/// has grown to the most requests queued at once; the response is generated straight into the
+/// guest's receive buffer.
 pub struct RequestResponse {
     response_size: usize,
     queued: VecDeque<Vec<u8>>,
@@ -70,14 +70,9 @@ impl RequestResponse {
         }
     }
 
-    /// Byte `i` of the response to `request` (not empty).
-    fn response_byte(request: &[u8], i: usize) -> u8 {
-        !request[i % request.len()]
-    }
-
-    /// The response to `request`, whole (for a driver to check against).
+    /// The response to `request` (not empty), whole, as a driver checks it.
     pub fn response_to(request: &[u8], size: usize) -> Vec<u8> {
-        (0..size).map(|i| Self::response_byte(request, i)).collect()
+        (0..size).map(|i| !request[i % request.len()]).collect()
     }
 
     fn recycle(&mut self, mut request: Vec<u8>) {
@@ -94,10 +89,12 @@ impl NetBackend for RequestResponse {
         if self.queued.len() >= MAX_QUEUED {
             return false;
         }
-        let mut request = self.spare.pop().unwrap_or_default();
-        request.resize(frame.len(), 0);
-        frame.gather(0, &mut request);
-        self.queued.push_back(request);
+        // Kept complemented: the response is this, repeated.
+        let mut pattern = self.spare.pop().unwrap_or_default();
+        pattern.resize(frame.len(), 0);
+        frame.gather(0, &mut pattern);
+        pattern.iter_mut().for_each(|b| *b = !*b);
+        self.queued.push_back(pattern);
         true
     }
 
@@ -106,20 +103,25 @@ impl NetBackend for RequestResponse {
     }
 
     fn deliver(&mut self, into: &Segments, at: usize) {
-        let Some(request) = self.queued.pop_front() else {
+        let Some(pattern) = self.queued.pop_front() else {
             return;
         };
+        // The response, a chunk at a time: the complemented request repeated.
         let mut chunk = [0u8; CHUNK];
-        let mut done = 0;
+        let (mut done, mut from) = (0, 0);
         while done < self.response_size {
             let n = CHUNK.min(self.response_size - done);
-            for (k, b) in chunk[..n].iter_mut().enumerate() {
-                *b = Self::response_byte(&request, done + k);
+            let mut filled = 0;
+            while filled < n {
+                let take = (pattern.len() - from).min(n - filled);
+                chunk[filled..filled + take].copy_from_slice(&pattern[from..from + take]);
+                filled += take;
+                from = (from + take) % pattern.len();
             }
             into.scatter(at + done, &chunk[..n]);
             done += n;
         }
-        self.recycle(request);
+        self.recycle(pattern);
     }
 
     fn discard(&mut self) {
