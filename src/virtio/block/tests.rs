@@ -162,7 +162,7 @@ fn a_read_copies_sectors_into_the_drivers_buffers() {
         ],
     );
     assert_eq!(
-        engine.process(0).notifications,
+        engine.process(0).notifications().collect::<Vec<_>>(),
         vec![Notification::Queue(0)]
     );
     assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_OK, 3 * 512 + 1));
@@ -312,7 +312,7 @@ fn a_chain_without_a_status_byte_completes_unanswered_and_a_malformed_one_breaks
     let (mut engine, health, log) = engine(&disk, false, &vq, &mem);
     request(&mem, &vq, VIRTIO_BLK_T_OUT, 0, &[(DATA, 512, 0)]);
     assert_eq!(
-        engine.process(0).notifications,
+        engine.process(0).notifications().collect::<Vec<_>>(),
         vec![Notification::Queue(0)]
     );
     assert_eq!(answer(&mem, &vq, 0), (0xff, 0), "nothing written");
@@ -326,7 +326,10 @@ fn a_chain_without_a_status_byte_completes_unanswered_and_a_malformed_one_breaks
         0,
         &[(0xff_fe00, 0x1000, VRING_DESC_F_WRITE), status_desc()],
     );
-    assert_eq!(engine.process(0).notifications, vec![Notification::Config]);
+    assert_eq!(
+        engine.process(0).notifications().collect::<Vec<_>>(),
+        vec![Notification::Config]
+    );
     assert!(health.needs_reset());
 }
 
