@@ -7,16 +7,23 @@
 //! not contiguous in guest memory). Buffers are checked here at access time, not only when a
 //! chain is parsed, so a gate closed in between is honoured and a page unmapped in between
 //! faults. The unit is seen only through [`AccessPlatform`].
+//!
+//! Two ways in: [`DmaContext::read`] and [`DmaContext::write`] copy (the reference, and what
+//! small accesses use), and [`DmaContext::resolve`] turns a range into the host pieces behind
+//! it, checked once, for a backend to use in place ([`Segments`]).
 
 mod platform;
+mod segments;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLockReadGuard};
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 pub use platform::{Access, AccessPlatform, RingArea, RingWatch, Translation};
+use segments::RegionMap;
+pub use segments::Segments;
 
 /// Who issues a device's memory requests: a PCI bus/device/function, or a platform device
 /// (virtio-mmio) that has no requester ID.
@@ -84,6 +91,8 @@ pub struct DmaContext {
     requester: Requester,
     master: BusMaster,
     mem: GuestMemoryMmap,
+    /// Where `mem`'s regions are, for bounds checks and for resolving buffers.
+    regions: RegionMap,
     /// The unit that translates this PCI function's requests, if any.
     platform: Option<Arc<dyn AccessPlatform>>,
 }
@@ -95,6 +104,7 @@ impl DmaContext {
         DmaContext {
             requester: Requester::Pci(requester_id),
             master: BusMaster(Arc::new(AtomicBool::new(false))),
+            regions: RegionMap::of(&mem),
             mem,
             platform: None,
         }
@@ -148,6 +158,7 @@ impl DmaContext {
         DmaContext {
             requester: Requester::Platform,
             master: BusMaster(Arc::new(AtomicBool::new(true))),
+            regions: RegionMap::of(&mem),
             mem,
             platform: None,
         }
@@ -171,8 +182,8 @@ impl DmaContext {
     /// Check that the device may access `len` bytes at `addr` now. Translated addresses are
     /// checked page by page when the device accesses them: an unmapped page faults there.
     pub fn check(&self, addr: GuestAddress, len: usize) -> Result<(), DmaError> {
-        let mem = self.memory()?;
-        if len == 0 || self.translated() || mem.check_range(addr, len) {
+        self.memory()?;
+        if len == 0 || self.translated() || self.regions.contains(addr.0, len as u64) {
             Ok(())
         } else {
             Err(DmaError::OutsideMemory { addr: addr.0, len })
@@ -180,42 +191,70 @@ impl DmaContext {
     }
 
     /// Call `copy` with the guest-physical address of each piece of the `len` bytes at `addr`
-    /// and the piece's range in them: one piece untranslated, one per page translated.
+    /// and the piece's range in them: one piece untranslated, one per translation (a
+    /// contiguous run) translated. The gate is checked first; bounds are `copy`'s to check.
     fn pieces(
         &self,
         addr: GuestAddress,
         len: usize,
         access: Access,
-        mut copy: impl FnMut(GuestAddress, Range<usize>) -> Result<(), vm_memory::GuestMemoryError>,
+        mut copy: impl FnMut(GuestAddress, Range<usize>) -> bool,
     ) -> Result<(), DmaError> {
-        self.check(addr, len)?;
-        let outside = DmaError::OutsideMemory { addr: addr.0, len };
+        self.memory()?;
+        let outside = || DmaError::OutsideMemory { addr: addr.0, len };
         let (Some(unit), Requester::Pci(source)) = (&self.platform, self.requester) else {
-            return copy(addr, 0..len).map_err(|_| outside);
+            return copy(addr, 0..len).then_some(()).ok_or_else(outside);
         };
         let mut done = 0;
         while done < len {
-            let iova = addr.0.checked_add(done as u64).ok_or(outside.clone())?;
+            let iova = addr.0.checked_add(done as u64).ok_or_else(outside)?;
             let at = unit.translate(source, iova, access)?;
             let piece = usize::try_from(at.len).map_or(len - done, |n| n.min(len - done));
-            copy(GuestAddress(at.address), done..done + piece).map_err(|_| outside.clone())?;
+            if !copy(GuestAddress(at.address), done..done + piece) {
+                return Err(outside());
+            }
             done += piece;
         }
         Ok(())
     }
 
+    /// Append the host pieces of the `len` bytes at `addr` to `out`, for an access of kind
+    /// `access`: the gate, the bounds and (translated) the unit's permission are checked once,
+    /// here; on an error nothing is appended. The pieces may be used until `out` is cleared;
+    /// the caller holds the round of DMA ([`DmaContext::round`]) while it uses them, so no
+    /// invalidation completes in between.
+    pub fn resolve(
+        &self,
+        addr: GuestAddress,
+        len: usize,
+        access: Access,
+        out: &mut Segments,
+    ) -> Result<(), DmaError> {
+        out.bind(&self.mem, &self.regions);
+        let mark = out.pieces();
+        let resolved = self.pieces(addr, len, access, |at, piece| {
+            out.push_guest(at.0, piece.len())
+        });
+        if resolved.is_err() {
+            out.truncate(mark);
+        }
+        resolved
+    }
+
     /// Read `buf.len()` bytes at `addr`.
     pub fn read(&self, addr: GuestAddress, buf: &mut [u8]) -> Result<(), DmaError> {
         let len = buf.len();
+        self.check(addr, len)?;
         self.pieces(addr, len, Access::Read, |at, piece| {
-            self.mem.read_slice(&mut buf[piece], at)
+            self.mem.read_slice(&mut buf[piece], at).is_ok()
         })
     }
 
     /// Write `data` at `addr`.
     pub fn write(&self, addr: GuestAddress, data: &[u8]) -> Result<(), DmaError> {
+        self.check(addr, data.len())?;
         self.pieces(addr, data.len(), Access::Write, |at, piece| {
-            self.mem.write_slice(&data[piece], at)
+            self.mem.write_slice(&data[piece], at).is_ok()
         })
     }
 }

@@ -173,14 +173,16 @@ fn vcpu() -> Vec<Allowed> {
 fn device() -> Vec<Allowed> {
     vec![
         // Wait for queue, resample, command and stop events, then consume them; wait for a
-        // tap's frames and read them (a frame is sent with `write`, in runtime()).
+        // tap's frames and read them; send a frame from the guest's buffers in place.
         sys!(SYS_epoll_wait),
         sys!(SYS_read),
+        sys!(SYS_writev),
         // virtio-blk requests (`virtio::block`): reads and writes at offsets of the disk file
-        // opened by the main thread (never moving its position), and VIRTIO_BLK_T_FLUSH's
-        // fsync. The thread opens nothing: it reaches only the file it was given.
-        sys!(SYS_pread64),
-        sys!(SYS_pwrite64),
+        // opened by the main thread (never moving its position), straight into and out of
+        // the guest's buffers, and VIRTIO_BLK_T_FLUSH's fsync. The thread opens nothing: it
+        // reaches only the file it was given.
+        sys!(SYS_preadv),
+        sys!(SYS_pwritev),
         sys!(SYS_fsync),
         sys!(SYS_ioctl).only(
             1,
@@ -251,6 +253,8 @@ fn building_machines() -> Vec<Allowed> {
         // console); the device threads' epoll sets.
         sys!(SYS_openat),
         sys!(SYS_eventfd2),
+        // Kernel and initrd files read at offsets (`machine::loader::file`).
+        sys!(SYS_pread64),
         // Disk images (`virtio::block::image`) and the console file (`machine::console`):
         // opened with O_NONBLOCK, which is then cleared; images locked as QEMU locks them.
         sys!(SYS_fcntl).only(

@@ -8,9 +8,9 @@ use std::ops::Deref;
 
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::dma::{DmaContext, DmaError};
+use crate::dma::{Access, DmaContext, DmaError, Segments};
 
 /// One buffer of a chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,7 +21,9 @@ pub struct Buffer {
     pub len: u32,
 }
 
-/// A checked chain: every buffer lies inside guest memory, readable ones first.
+/// A checked chain: every buffer lies inside guest memory, readable ones first. A queue keeps
+/// one and [`check`] refills it for each chain, so checking allocates nothing once it has
+/// grown to the longest chain.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
     /// Index of the head descriptor (what goes in the used ring).
@@ -85,17 +87,20 @@ pub fn refers_to_indirect(mem: &GuestMemoryMmap, q: &Queue, head: u16) -> bool {
     false
 }
 
-/// Walk `chain`, checking every descriptor, and every buffer against what the device may
-/// reach through `dma`.
-pub fn check<M>(chain: DescriptorChain<M>, dma: &DmaContext) -> Result<Chain, ChainError>
+/// Walk `chain` into `out`, checking every descriptor, and every buffer against what the
+/// device may reach through `dma`.
+pub fn check<M>(
+    chain: DescriptorChain<M>,
+    dma: &DmaContext,
+    out: &mut Chain,
+) -> Result<(), ChainError>
 where
     M: Deref<Target = GuestMemoryMmap>,
 {
     let head = chain.head_index();
-    let mut out = Chain {
-        head,
-        ..Default::default()
-    };
+    out.head = head;
+    out.readable.clear();
+    out.writable.clear();
     let mut total = 0u32;
     let mut last_has_next = None;
     for desc in chain {
@@ -115,8 +120,25 @@ where
     match last_has_next {
         None => Err(ChainError::BadHead(head)),
         Some(true) => Err(ChainError::Unterminated(head)),
-        Some(false) => Ok(out),
+        Some(false) => Ok(()),
     }
+}
+
+/// The guest ranges that hold bytes `start..start + len` of `buffers` taken end to end.
+pub fn ranges(
+    buffers: &[Buffer],
+    start: u64,
+    len: u64,
+) -> impl Iterator<Item = (GuestAddress, u64)> {
+    let end = start.saturating_add(len);
+    let mut at = 0u64;
+    buffers.iter().filter_map(move |b| {
+        let (lo, hi) = (at, at + u64::from(b.len));
+        at = hi;
+        let (from, to) = (lo.max(start), hi.min(end));
+        // A checked chain's buffers lie in memory the device may reach: no overflow.
+        (from < to).then(|| (b.addr.unchecked_add(from - lo), to - from))
+    })
 }
 
 impl Chain {
@@ -130,7 +152,64 @@ impl Chain {
         self.writable.iter().map(|b| u64::from(b.len)).sum()
     }
 
-    /// The readable bytes, in order.
+    /// Resolve bytes `start..start + len` of the readable buffers (`Access::Read`) or of the
+    /// writable ones (`Access::Write`) into `out`, cleared first: the zero-copy path for a
+    /// part of a chain. Buffers outside the range, empty ones included, are not touched. The
+    /// range must lie inside them (the caller checked the lengths).
+    pub fn resolve(
+        &self,
+        dma: &DmaContext,
+        access: Access,
+        start: u64,
+        len: u64,
+        out: &mut Segments,
+    ) -> Result<(), DmaError> {
+        out.clear();
+        let buffers = match access {
+            Access::Read => &self.readable,
+            Access::Write => &self.writable,
+        };
+        for (addr, n) in ranges(buffers, start, len) {
+            let n = usize::try_from(n).expect("a buffer is at most 4 GiB");
+            dma.resolve(addr, n, access, out)?;
+        }
+        Ok(())
+    }
+
+    /// Resolve every readable buffer into `out`, cleared first: the zero-copy twin of
+    /// [`Chain::read_all`], touching the same buffers in the same order (empty ones too, whose
+    /// access still needs the Bus Master gate open).
+    pub fn resolve_readable(&self, dma: &DmaContext, out: &mut Segments) -> Result<(), DmaError> {
+        out.clear();
+        for b in &self.readable {
+            dma.resolve(b.addr, b.len as usize, Access::Read, out)?;
+        }
+        Ok(())
+    }
+
+    /// Resolve the first `len` writable bytes into `out`, cleared first: the zero-copy twin of
+    /// [`Chain::write_all`] with `len` bytes, touching the same buffers in the same order.
+    pub fn resolve_writable(
+        &self,
+        dma: &DmaContext,
+        len: usize,
+        out: &mut Segments,
+    ) -> Result<(), DmaError> {
+        out.clear();
+        let mut left = len;
+        for b in &self.writable {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(b.len as usize);
+            dma.resolve(b.addr, n, Access::Write, out)?;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// The readable bytes, in order: the copy path, the reference the zero-copy one is
+    /// compared with.
     pub fn read_all(&self, dma: &DmaContext) -> Result<Vec<u8>, DmaError> {
         let mut data = Vec::with_capacity(usize::try_from(self.readable_len()).unwrap_or(0));
         for b in &self.readable {
@@ -187,7 +266,8 @@ mod tests {
         let chain = q
             .pop_descriptor_chain(&mem)
             .expect("one chain is available");
-        check(chain, &DmaContext::platform(mem.clone()))
+        let mut out = Chain::default();
+        check(chain, &DmaContext::platform(mem.clone()), &mut out).map(|()| out)
     }
 
     #[test]
@@ -228,7 +308,10 @@ mod tests {
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.pop_descriptor_chain(&mem).unwrap();
         let dma = DmaContext::platform(mem.clone());
-        assert_eq!(check(chain, &dma), Err(ChainError::BadHead(500)));
+        assert_eq!(
+            check(chain, &dma, &mut Chain::default()),
+            Err(ChainError::BadHead(500))
+        );
     }
 
     #[test]

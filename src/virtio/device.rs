@@ -89,7 +89,7 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Progress {
     /// Queues that got used buffers.
-    pub used: Vec<usize>,
+    pub used: QueueSet,
     /// The handler stopped at its budget with work left: call it again (after other events).
     pub more: bool,
 }
@@ -97,9 +97,42 @@ pub struct Progress {
 impl Progress {
     /// Add `queue` to the used queues if `used`.
     pub fn mark(&mut self, queue: usize, used: bool) {
-        if used && !self.used.contains(&queue) {
-            self.used.push(queue);
+        if used {
+            self.used.insert(queue);
         }
+    }
+}
+
+/// A set of queue indexes, held inline (a 256-bit bitmap) so that a kick allocates nothing. A device has at most
+/// [`QueueSet::CAPACITY`] queues: virtio-pci's MSI-X table, of 256 vectors, bounds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueSet([u64; 4]);
+
+impl QueueSet {
+    /// Queue indexes the set holds: 0 to this, exclusive.
+    pub const CAPACITY: usize = 256;
+
+    /// Add `queue` (an index past the capacity, which no device has, is not held).
+    pub fn insert(&mut self, queue: usize) {
+        debug_assert!(
+            queue < Self::CAPACITY,
+            "queue {queue} past the set's capacity"
+        );
+        if let Some(word) = self.0.get_mut(queue / 64) {
+            *word |= 1 << (queue % 64);
+        }
+    }
+
+    /// The queues, in increasing order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().enumerate().flat_map(|(k, &word)| {
+            // Each set bit, lowest first.
+            std::iter::successors((word != 0).then_some(word), |w| {
+                let rest = w & (w - 1);
+                (rest != 0).then_some(rest)
+            })
+            .map(move |w| 64 * k + w.trailing_zeros() as usize)
+        })
     }
 }
 
@@ -164,10 +197,11 @@ pub struct ChainsServed {
 /// completes a chain already served is not gated again. A chain whose buffer the IOMMU
 /// refused is completed with used length 0 (the fault is the unit's to report); behind an
 /// IOMMU a chain with an indirect descriptor is refused outright (its table would be read
-/// untranslated).
+/// untranslated). `chain` is the queue's scratch, refilled for each chain.
 pub fn serve_chains(
     q: &mut Queue,
     dma: &DmaContext,
+    chain: &mut Chain,
     mut server: impl ChainServer,
 ) -> Result<ChainsServed, DeviceError> {
     let Ok(mem) = dma.memory() else {
@@ -191,9 +225,9 @@ pub fn serve_chains(
         let served = if dma.translated() && chain::refers_to_indirect(mem, q, head) {
             Err(ChainError::Indirect(head).into())
         } else {
-            chain::check(desc, dma)
+            chain::check(desc, dma, chain)
                 .map_err(DeviceError::from)
-                .and_then(|c| server.serve(&c))
+                .and_then(|()| server.serve(chain))
         };
         match served {
             Ok(len) => {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 
-use super::device::{DeviceHealth, Notification, QueueHandler};
+use super::device::{DeviceHealth, Notification, QueueHandler, QueueSet};
 use super::rings::BusRings;
 use crate::dma::DmaContext;
 use crate::logging::DeviceLog;
@@ -30,13 +30,23 @@ struct Live {
     rings: Option<BusRings>,
 }
 
-/// What processing a queue produced.
+/// What processing a queue produced, held inline so that a kick allocates nothing.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Work {
-    /// Notifications due now.
-    pub notifications: Vec<Notification>,
+    /// Queues whose notification is due now.
+    queues: QueueSet,
+    /// A configuration change notification is due now (the device broke).
+    config: bool,
     /// The queue has work left beyond the handler's budget.
     pub more: bool,
+}
+
+impl Work {
+    /// The notifications due now.
+    pub fn notifications(&self) -> impl Iterator<Item = Notification> + '_ {
+        let config = self.config.then_some(Notification::Config);
+        self.queues.iter().map(Notification::Queue).chain(config)
+    }
 }
 
 impl QueueEngine {
@@ -105,31 +115,28 @@ impl QueueEngine {
                 .process_queue(index, queues, dma, self.health.log())
         });
         match result {
-            Ok(progress) => Work {
-                notifications: progress
-                    .used
-                    .into_iter()
-                    .filter(|&u| {
-                        queues
-                            .get_mut(u)
-                            .is_some_and(|q| q.needs_notification(mem).unwrap_or(true))
-                    })
-                    .map(Notification::Queue)
-                    .collect(),
-                more: progress.more,
-            },
-            Err(e) if e.is_fault() => Work::default(),
-            Err(e) => {
-                let notifications = if self.health.fail(&e) {
-                    vec![Notification::Config]
-                } else {
-                    Vec::new()
-                };
+            Ok(progress) => {
+                let mut due = QueueSet::default();
+                for u in progress.used.iter() {
+                    if queues
+                        .get_mut(u)
+                        .is_some_and(|q| q.needs_notification(mem).unwrap_or(true))
+                    {
+                        due.insert(u);
+                    }
+                }
                 Work {
-                    notifications,
-                    more: false,
+                    queues: due,
+                    config: false,
+                    more: progress.more,
                 }
             }
+            Err(e) if e.is_fault() => Work::default(),
+            Err(e) => Work {
+                queues: QueueSet::default(),
+                config: self.health.fail(&e),
+                more: false,
+            },
         }
     }
 }

@@ -14,6 +14,7 @@ mod hostile;
 pub mod interrupt;
 pub mod net;
 pub mod notify;
+pub mod reference;
 pub mod rings;
 pub mod state;
 #[cfg(test)]

@@ -88,3 +88,14 @@ fn shared_mmio_offsets_match_the_standard_bindings() {
         assert!(!standard_regs.contains(&reg) && reg < VIRTIO_MMIO_CONFIG_GENERATION);
     }
 }
+
+/// A queue set holds what was inserted, once each, in increasing order, across its words.
+#[test]
+fn a_queue_set_iterates_its_queues_in_order() {
+    let mut set = super::device::QueueSet::default();
+    for q in [200, 3, 64, 3, 0, 255, 63] {
+        set.insert(q);
+    }
+    assert_eq!(set.iter().collect::<Vec<_>>(), [0, 3, 63, 64, 200, 255]);
+    assert_eq!(super::device::QueueSet::default().iter().count(), 0);
+}

@@ -253,7 +253,7 @@ impl DeviceThread {
         };
         let _ = e.read();
         let work = self.engine.process(q);
-        for n in work.notifications {
+        for n in work.notifications() {
             self.interrupts.notify(n);
         }
         if work.more {

@@ -2,40 +2,39 @@
 //! out against the file and answered with a status (virtio 1.2 §5.2.6).
 
 use std::fs::File;
+use std::io;
 use std::mem::{offset_of, size_of};
-use std::os::unix::fs::FileExt;
+use std::os::fd::AsRawFd;
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
     VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, virtio_blk_outhdr,
 };
 use virtio_queue::Queue;
-use vm_memory::{Address, GuestAddress};
 
 use super::SECTOR_SIZE;
-use crate::dma::{DmaContext, DmaError};
+use crate::dma::{Access, DmaContext, DmaError, Segments};
 use crate::guest_error;
 use crate::logging::DeviceLog;
-use crate::virtio::chain::{Buffer, Chain};
+use crate::virtio::chain::{Buffer, Chain, ranges};
 use crate::virtio::device::{DeviceError, Progress, QueueHandler, serve_chains};
 
 /// The device ID string's length (§5.2.6: VIRTIO_BLK_T_GET_ID).
 const SERIAL_LEN: usize = VIRTIO_BLK_ID_BYTES as usize;
 /// `struct virtio_blk_outhdr`: type, reserved (ioprio), sector.
 pub(super) const HEADER_LEN: usize = size_of::<virtio_blk_outhdr>();
-/// Bytes moved between the file and guest memory at a time: a request's size does not decide
-/// how much host memory the device uses.
-const CHUNK: usize = 64 << 10;
 
-/// The queue work of a [`super::VirtioBlock`]: the file and what requests are checked against.
+/// The queue work of a [`super::VirtioBlock`]: the file and what requests are checked against,
+/// and the scratch of the request being served (its chain, and its data buffers resolved to
+/// host memory for `preadv`/`pwritev`: the data is not copied), reused for every request.
 pub struct BlockQueues {
     disk: File,
     /// Bytes of the file the guest can reach: whole sectors, never more than the file had.
     capacity: u64,
     read_only: bool,
     serial: [u8; SERIAL_LEN],
-    /// The buffer data moves through, [`CHUNK`] bytes.
-    scratch: Vec<u8>,
+    chain: Chain,
+    io: Segments,
 }
 
 /// Why a request got no VIRTIO_BLK_S_OK.
@@ -74,7 +73,8 @@ impl BlockQueues {
             capacity: sectors * SECTOR_SIZE,
             read_only,
             serial: id,
-            scratch: vec![0; CHUNK],
+            chain: Chain::default(),
+            io: Segments::default(),
         }
     }
 
@@ -119,15 +119,7 @@ impl BlockQueues {
         match kind {
             VIRTIO_BLK_T_IN => {
                 let offset = self.offset(sector, data_in, log)?;
-                self.transfer(
-                    Direction::ToGuest,
-                    &c.writable,
-                    0,
-                    data_in,
-                    offset,
-                    dma,
-                    log,
-                )?;
+                self.transfer(Direction::ToGuest, c, 0, data_in, offset, dma, log)?;
                 Ok(data_in)
             }
             VIRTIO_BLK_T_OUT => {
@@ -139,15 +131,7 @@ impl BlockQueues {
                 }
                 let offset = self.offset(sector, data_out, log)?;
                 let from = HEADER_LEN as u64;
-                self.transfer(
-                    Direction::ToFile,
-                    &c.readable,
-                    from,
-                    data_out,
-                    offset,
-                    dma,
-                    log,
-                )?;
+                self.transfer(Direction::ToFile, c, from, data_out, offset, dma, log)?;
                 Ok(0)
             }
             VIRTIO_BLK_T_FLUSH => {
@@ -192,44 +176,45 @@ impl BlockQueues {
         }
     }
 
-    /// Move `len` bytes between the file at `offset` and bytes `start..` of `buffers`, a chunk
-    /// at a time.
+    /// Move `len` bytes between the file at `offset` and bytes `start..` of the chain `c`'s
+    /// data buffers (writable ones for [`Direction::ToGuest`], readable ones otherwise), in
+    /// place: the buffers are resolved once, then `preadv` or `pwritev` moves the data.
     #[allow(clippy::too_many_arguments)] // one request's facts, each used once
     fn transfer(
         &mut self,
         direction: Direction,
-        buffers: &[Buffer],
+        c: &Chain,
         start: u64,
         len: u64,
-        mut offset: u64,
+        offset: u64,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<(), Refused> {
-        for (addr, piece) in pieces(buffers, start, len) {
-            let mut done = 0u64;
-            while done < piece {
-                let n = usize::try_from(piece - done).map_or(CHUNK, |n| n.min(CHUNK));
-                let at = addr.unchecked_add(done);
-                let buf = &mut self.scratch[..n];
-                match direction {
-                    Direction::ToGuest => {
-                        self.disk
-                            .read_exact_at(buf, offset)
-                            .map_err(|e| host_error(log, &e))?;
-                        dma.write(at, buf)?;
+        let access = match direction {
+            Direction::ToGuest => Access::Write,
+            Direction::ToFile => Access::Read,
+        };
+        c.resolve(dma, access, start, len, &mut self.io)?;
+        let fd = self.disk.as_raw_fd();
+        self.io
+            .transfer(|iov, moved| {
+                let count = libc::c_int::try_from(iov.len()).expect("at most IOV_MAX");
+                let at = offset
+                    .checked_add(moved)
+                    .and_then(|at| libc::off_t::try_from(at).ok())
+                    .ok_or(io::ErrorKind::InvalidInput)?;
+                // SAFETY: the iovecs are the request's buffers, mapped guest memory that the
+                // scratch keeps mapped; the kernel writes (preadv) or reads (pwritev) only
+                // inside them.
+                let n = unsafe {
+                    match direction {
+                        Direction::ToGuest => libc::preadv(fd, iov.as_ptr(), count, at),
+                        Direction::ToFile => libc::pwritev(fd, iov.as_ptr(), count, at),
                     }
-                    Direction::ToFile => {
-                        dma.read(at, buf)?;
-                        self.disk
-                            .write_all_at(buf, offset)
-                            .map_err(|e| host_error(log, &e))?;
-                    }
-                }
-                done += n as u64;
-                offset += n as u64;
-            }
-        }
-        Ok(())
+                };
+                usize::try_from(n).map_err(|_| io::Error::last_os_error())
+            })
+            .map_err(|e| host_error(log, &e))
     }
 }
 
@@ -258,19 +243,6 @@ fn host_error(log: &DeviceLog, e: &std::io::Error) -> Refused {
     Refused::Status(VIRTIO_BLK_S_IOERR)
 }
 
-/// The guest ranges that hold bytes `start..start + len` of `buffers` taken end to end.
-fn pieces(buffers: &[Buffer], start: u64, len: u64) -> impl Iterator<Item = (GuestAddress, u64)> {
-    let end = start.saturating_add(len);
-    let mut at = 0u64;
-    buffers.iter().filter_map(move |b| {
-        let (lo, hi) = (at, at + u64::from(b.len));
-        at = hi;
-        let (from, to) = (lo.max(start), hi.min(end));
-        // A checked chain's buffers lie in memory the device may reach: no overflow.
-        (from < to).then(|| (b.addr.unchecked_add(from - lo), to - from))
-    })
-}
-
 /// Read bytes `start..` of `buffers` into `buf`.
 fn read_at(
     buffers: &[Buffer],
@@ -279,7 +251,7 @@ fn read_at(
     dma: &DmaContext,
 ) -> Result<(), DmaError> {
     let mut done = 0;
-    for (addr, n) in pieces(buffers, start, buf.len() as u64) {
+    for (addr, n) in ranges(buffers, start, buf.len() as u64) {
         let n = usize::try_from(n).expect("at most buf.len()");
         dma.read(addr, &mut buf[done..done + n])?;
         done += n;
@@ -290,7 +262,7 @@ fn read_at(
 /// Write `data` at bytes `start..` of `buffers`.
 fn write_at(buffers: &[Buffer], start: u64, data: &[u8], dma: &DmaContext) -> Result<(), DmaError> {
     let mut done = 0;
-    for (addr, n) in pieces(buffers, start, data.len() as u64) {
+    for (addr, n) in ranges(buffers, start, data.len() as u64) {
         let n = usize::try_from(n).expect("at most data.len()");
         dma.write(addr, &data[done..done + n])?;
         done += n;
@@ -310,7 +282,10 @@ impl QueueHandler for BlockQueues {
         let Some(q) = queues.get_mut(index) else {
             return Ok(progress);
         };
-        let done = serve_chains(q, dma, |c: &Chain| self.serve(c, dma, log))?;
+        let mut chain = std::mem::take(&mut self.chain);
+        let done = serve_chains(q, dma, &mut chain, |c: &Chain| self.serve(c, dma, log));
+        self.chain = chain;
+        let done = done?;
         progress.mark(index, done.used);
         progress.more = done.more;
         Ok(progress)

@@ -162,7 +162,7 @@ fn a_read_copies_sectors_into_the_drivers_buffers() {
         ],
     );
     assert_eq!(
-        engine.process(0).notifications,
+        engine.process(0).notifications().collect::<Vec<_>>(),
         vec![Notification::Queue(0)]
     );
     assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_OK, 3 * 512 + 1));
@@ -312,7 +312,7 @@ fn a_chain_without_a_status_byte_completes_unanswered_and_a_malformed_one_breaks
     let (mut engine, health, log) = engine(&disk, false, &vq, &mem);
     request(&mem, &vq, VIRTIO_BLK_T_OUT, 0, &[(DATA, 512, 0)]);
     assert_eq!(
-        engine.process(0).notifications,
+        engine.process(0).notifications().collect::<Vec<_>>(),
         vec![Notification::Queue(0)]
     );
     assert_eq!(answer(&mem, &vq, 0), (0xff, 0), "nothing written");
@@ -326,7 +326,10 @@ fn a_chain_without_a_status_byte_completes_unanswered_and_a_malformed_one_breaks
         0,
         &[(0xff_fe00, 0x1000, VRING_DESC_F_WRITE), status_desc()],
     );
-    assert_eq!(engine.process(0).notifications, vec![Notification::Config]);
+    assert_eq!(
+        engine.process(0).notifications().collect::<Vec<_>>(),
+        vec![Notification::Config]
+    );
     assert!(health.needs_reset());
 }
 
@@ -342,4 +345,47 @@ fn the_configuration_space_holds_capacity_seg_max_and_blk_size() {
     assert_eq!(config[24..], [0; 4], "past the end reads zero");
     assert_eq!(blk.device_type(), 2);
     assert_ne!(blk.features() & 1 << VIRTIO_BLK_F_RO, 0);
+}
+
+/// Data buffers are moved in place (`preadv`/`pwritev` on the guest's memory): a buffer
+/// straddling a boundary between two regions of guest memory is read into and written from
+/// whole, on both sides of it.
+#[test]
+fn a_buffer_straddling_a_region_boundary_is_read_and_written_whole() {
+    let boundary = DATA + 0x800;
+    let mem = GuestMemoryMmap::from_ranges(&[
+        (GuestAddress(0), boundary as usize),
+        (GuestAddress(boundary), 0x10_0000 - boundary as usize),
+    ])
+    .unwrap();
+    let disk = TempDisk::new(DISK);
+    let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+    let (mut engine, _, log) = engine(&disk, false, &vq, &mem);
+    let at = boundary - 0x100;
+    let w = VRING_DESC_F_WRITE;
+    request(
+        &mem,
+        &vq,
+        VIRTIO_BLK_T_IN,
+        1,
+        &[(at, 1024, w), status_desc()],
+    );
+    engine.process(0);
+    assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_OK, 1025));
+    let mut got = vec![0u8; 1024];
+    mem.read_slice(&mut got, GuestAddress(at)).unwrap();
+    assert_eq!(got, disk.bytes()[512..1536]);
+    let data: Vec<u8> = (0..1024).map(|i| (i * 13) as u8).collect();
+    mem.write_slice(&data, GuestAddress(at)).unwrap();
+    request(
+        &mem,
+        &vq,
+        VIRTIO_BLK_T_OUT,
+        4,
+        &[(at, 1024, 0), status_desc()],
+    );
+    engine.process(0);
+    assert_eq!(answer(&mem, &vq, 1), (VIRTIO_BLK_S_OK, 1));
+    assert_eq!(&disk.bytes()[4 * 512..6 * 512], &data[..]);
+    assert_eq!(log.guest_errors(), 0);
 }

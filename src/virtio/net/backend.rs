@@ -4,15 +4,24 @@
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 
+use crate::dma::Segments;
+
 /// Where frames go and come from. A tap device ([`super::tap::Tap`]) is one backend; the benchmark's
-/// request/response responder is another.
+/// request/response responder is another. Frames are the guest's buffers, resolved to host
+/// memory ([`Segments`]): a backend reads a transmitted frame and writes a received one in
+/// place.
 pub trait NetBackend: Send {
     /// The driver sent `frame` (without the virtio-net header); returns false if the
     /// backend dropped it (no room, or no link).
-    fn transmit(&mut self, frame: &[u8]) -> bool;
-    /// The next frame for the driver, if any.
-    fn receive(&mut self) -> Option<Vec<u8>>;
-    /// Drop anything queued (the device was reset).
+    fn transmit(&mut self, frame: &Segments) -> bool;
+    /// The length of the next frame for the driver, if there is one: taken in (and held) if
+    /// none is held yet, so that its length is known before a receive buffer is taken.
+    fn pending(&mut self) -> Option<usize>;
+    /// Write the held frame into bytes `at..` of `into`, which has room for it, and let it go.
+    fn deliver(&mut self, into: &Segments, at: usize);
+    /// Let the held frame go undelivered (no buffer fits it, or its pair was disabled).
+    fn discard(&mut self);
+    /// Drop anything queued or held (the device was reset).
     fn reset(&mut self);
     /// A file that becomes readable when frames arrive from outside (a tap), for the device
     /// thread to wait on, edge-triggered. Frames are taken only while the driver has receive
@@ -33,13 +42,23 @@ pub trait NetBackend: Send {
 /// Answers every transmitted frame with one frame of `response_size` bytes, as netperf TCP_RR
 /// `-r 32,1024` does: byte `i` of the response is the complement of request byte
 /// `i % request length`, so the driver can check that both directions were intact.
+///
+/// The request is copied out of the guest's buffer (which the driver may reuse as soon as it
+/// is used), complemented, into a buffer kept from a pool, so no frame allocates once the pool
+/// has grown to the most requests queued at once; the response is generated straight into the
+/// guest's receive buffer.
 pub struct RequestResponse {
     response_size: usize,
     queued: VecDeque<Vec<u8>>,
+    /// Request buffers to reuse.
+    spare: Vec<Vec<u8>>,
 }
 
 /// Most responses the responder holds before it drops requests (a full receive queue).
 const MAX_QUEUED: usize = 256;
+
+/// Bytes of a response generated at a time before they are copied into guest memory.
+const CHUNK: usize = 256;
 
 impl RequestResponse {
     /// A responder that answers with `response_size`-byte frames.
@@ -47,50 +66,129 @@ impl RequestResponse {
         RequestResponse {
             response_size,
             queued: VecDeque::new(),
+            spare: Vec::new(),
         }
     }
 
-    /// The response to `request`.
+    /// The response to `request` (not empty), whole, as a driver checks it.
     pub fn response_to(request: &[u8], size: usize) -> Vec<u8> {
         (0..size).map(|i| !request[i % request.len()]).collect()
+    }
+
+    fn recycle(&mut self, mut request: Vec<u8>) {
+        request.clear();
+        self.spare.push(request);
     }
 }
 
 impl NetBackend for RequestResponse {
-    fn transmit(&mut self, frame: &[u8]) -> bool {
+    fn transmit(&mut self, frame: &Segments) -> bool {
         if frame.is_empty() {
             return true; // nothing to answer
         }
         if self.queued.len() >= MAX_QUEUED {
             return false;
         }
-        self.queued
-            .push_back(Self::response_to(frame, self.response_size));
+        // Kept complemented: the response is this, repeated.
+        let mut pattern = self.spare.pop().unwrap_or_default();
+        pattern.resize(frame.len(), 0);
+        frame.gather(0, &mut pattern);
+        pattern.iter_mut().for_each(|b| *b = !*b);
+        self.queued.push_back(pattern);
         true
     }
 
-    fn receive(&mut self) -> Option<Vec<u8>> {
-        self.queued.pop_front()
+    fn pending(&mut self) -> Option<usize> {
+        self.queued.front().map(|_| self.response_size)
+    }
+
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        let Some(pattern) = self.queued.pop_front() else {
+            return;
+        };
+        // The response, a chunk at a time: the complemented request repeated.
+        let mut chunk = [0u8; CHUNK];
+        let (mut done, mut from) = (0, 0);
+        while done < self.response_size {
+            let n = CHUNK.min(self.response_size - done);
+            let mut filled = 0;
+            while filled < n {
+                let take = (pattern.len() - from).min(n - filled);
+                chunk[filled..filled + take].copy_from_slice(&pattern[from..from + take]);
+                filled += take;
+                from = (from + take) % pattern.len();
+            }
+            into.scatter(at + done, &chunk[..n]);
+            done += n;
+        }
+        self.recycle(pattern);
+    }
+
+    fn discard(&mut self) {
+        if let Some(request) = self.queued.pop_front() {
+            self.recycle(request);
+        }
     }
 
     fn reset(&mut self) {
-        self.queued.clear();
+        while let Some(request) = self.queued.pop_front() {
+            self.recycle(request);
+        }
     }
 }
 
-/// Takes every transmitted frame and drops it; receives nothing: the far end of a transmit
-/// stream (netperf UDP_STREAM's sink).
+/// Takes every transmitted frame and drops it, without reading it; receives nothing: the far
+/// end of a transmit stream (netperf UDP_STREAM's sink).
 #[derive(Debug, Default)]
 pub struct Sink;
 
 impl NetBackend for Sink {
-    fn transmit(&mut self, _frame: &[u8]) -> bool {
+    fn transmit(&mut self, _frame: &Segments) -> bool {
         true
     }
 
-    fn receive(&mut self) -> Option<Vec<u8>> {
+    fn pending(&mut self) -> Option<usize> {
         None
     }
 
+    fn deliver(&mut self, _into: &Segments, _at: usize) {}
+
+    fn discard(&mut self) {}
+
     fn reset(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dma::{Access, DmaContext};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    /// A response longer than a chunk, to a request whose length divides neither, lands in
+    /// buffers split over two regions as `response_to` says it should.
+    #[test]
+    fn the_response_is_generated_in_place_as_the_reference_says() {
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 0x1000),
+            (GuestAddress(0x1000), 0x1000),
+        ])
+        .unwrap();
+        let request: Vec<u8> = (1..=7).collect();
+        mem.write_slice(&request, GuestAddress(0x100)).unwrap();
+        let dma = DmaContext::platform(mem.clone());
+        let mut io = Segments::default();
+        dma.resolve(GuestAddress(0x100), 7, Access::Read, &mut io)
+            .unwrap();
+        let mut rr = RequestResponse::new(1000);
+        assert!(rr.transmit(&io));
+        assert_eq!(rr.pending(), Some(1000));
+        io.clear();
+        dma.resolve(GuestAddress(0xe00), 1012, Access::Write, &mut io)
+            .unwrap();
+        rr.deliver(&io, 12);
+        let mut got = vec![0u8; 1000];
+        mem.read_slice(&mut got, GuestAddress(0xe0c)).unwrap();
+        assert_eq!(got, RequestResponse::response_to(&request, 1000));
+        assert_eq!(rr.pending(), None);
+    }
 }

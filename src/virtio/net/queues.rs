@@ -11,7 +11,7 @@ use virtio_queue::{Queue, QueueT};
 
 use super::backend::NetBackend;
 use super::{HDR, MAX_FRAME};
-use crate::dma::DmaContext;
+use crate::dma::{DmaContext, Segments};
 use crate::guest_error;
 use crate::logging::DeviceLog;
 use crate::virtio::chain::Chain;
@@ -20,16 +20,26 @@ use crate::virtio::device::{
 };
 
 /// One receive/transmit queue pair and the backend queue behind it (a multiqueue tap has one
-/// file per pair in the same way).
+/// file per pair in the same way), with each queue's scratch: the chain being served and its
+/// buffers resolved to host memory, reused for every chain.
 struct QueuePair {
     backend: Box<dyn NetBackend>,
-    /// A frame that found no receive buffer, delivered when the driver adds one.
-    waiting: Option<Vec<u8>>,
+    rx: Scratch,
+    tx: Scratch,
+}
+
+/// A queue's scratch (see [`QueuePair`]).
+#[derive(Default)]
+struct Scratch {
+    chain: Chain,
+    io: Segments,
 }
 
 /// The queue work of a [`super::VirtioNet`]: the backends of its pairs.
 pub struct NetQueues {
     pairs: Vec<QueuePair>,
+    /// The control queue's chain.
+    control: Chain,
 }
 
 impl NetQueues {
@@ -41,9 +51,11 @@ impl NetQueues {
                 .into_iter()
                 .map(|backend| QueuePair {
                     backend,
-                    waiting: None,
+                    rx: Scratch::default(),
+                    tx: Scratch::default(),
                 })
                 .collect(),
+            control: Chain::default(),
         };
         queues.enable_pairs(1);
         queues
@@ -53,14 +65,16 @@ impl NetQueues {
         (self.pairs.len() > 1).then(|| 2 * self.pairs.len())
     }
 
-    /// Send what the driver put on the transmit queue `q` to the backend.
+    /// Send what the driver put on the transmit queue `q` to the backend: the frame after its
+    /// header, in place in the driver's buffers.
     fn transmit(
         pair: &mut QueuePair,
         q: &mut Queue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
-        serve_chains(q, dma, |c: &Chain| {
+        let (backend, io) = (&mut pair.backend, &mut pair.tx.io);
+        serve_chains(q, dma, &mut pair.tx.chain, |c: &Chain| {
             let len = c.readable_len();
             if len < HDR as u64 || len > (HDR + MAX_FRAME) as u64 {
                 guest_error!(
@@ -68,8 +82,11 @@ impl NetQueues {
                     "virtio-net: transmitted frame of {len} bytes (with header) dropped"
                 );
             } else {
-                let data = c.read_all(dma)?;
-                if !pair.backend.transmit(&data[HDR..]) {
+                // The whole chain is accessed, header included, as a copy would (a fault on
+                // the header's page is the guest's to see), and the header is then skipped.
+                c.resolve_readable(dma, io)?;
+                io.skip(HDR);
+                if !backend.transmit(io) {
                     log.warn(format_args!(
                         "virtio-net: the backend dropped a transmitted frame (full, no link, or too short for it)"
                     ));
@@ -88,7 +105,13 @@ impl NetQueues {
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
-        serve_chains(q, dma, Deliver { pair, dma, log })
+        let deliver = Deliver {
+            backend: &mut pair.backend,
+            io: &mut pair.rx.io,
+            dma,
+            log,
+        };
+        serve_chains(q, dma, &mut pair.rx.chain, deliver)
     }
 
     /// Enable the first `enabled` pairs and disable the rest (§5.1.6.5.5); a frame held for a
@@ -97,7 +120,7 @@ impl NetQueues {
         for (k, pair) in self.pairs.iter_mut().enumerate() {
             pair.backend.set_enabled(k < enabled);
             if k >= enabled {
-                pair.waiting = None;
+                pair.backend.discard();
             }
         }
     }
@@ -113,7 +136,7 @@ impl NetQueues {
         let available = self.pairs.len();
         // The last count the driver set in this round of commands, applied after it.
         let mut enabled = None;
-        let served = serve_chains(q, dma, |c: &Chain| {
+        let served = serve_chains(q, dma, &mut self.control, |c: &Chain| {
             if c.writable_len() == 0 || c.readable_len() > 64 {
                 guest_error!(log, "virtio-net: malformed control command dropped");
                 return Ok(0);
@@ -153,42 +176,40 @@ impl NetQueues {
 
 /// The receive path: a chain is wanted only while a frame waits for one.
 struct Deliver<'a> {
-    pair: &'a mut QueuePair,
+    backend: &'a mut Box<dyn NetBackend>,
+    io: &'a mut Segments,
     dma: &'a DmaContext,
     log: &'a DeviceLog,
 }
 
 impl ChainServer for Deliver<'_> {
     fn wants_chain(&mut self) -> bool {
-        if self.pair.waiting.is_none() {
-            self.pair.waiting = self.pair.backend.receive();
-        }
-        self.pair.waiting.is_some()
+        self.backend.pending().is_some()
     }
 
     fn serve(&mut self, c: &Chain) -> Result<u32, DeviceError> {
-        let Some(frame) = self.pair.waiting.take() else {
+        let Some(len) = self.backend.pending() else {
             return Ok(0); // not reached: a chain is only taken for a waiting frame
         };
-        let total = HDR + frame.len();
+        let total = HDR + len;
         if c.writable_len() < total as u64 {
             guest_error!(
                 self.log,
                 "virtio-net: receive buffer of {} bytes too small for a {total}-byte frame; frame dropped",
                 c.writable_len()
             );
+            self.backend.discard();
             return Ok(0);
         }
-        let mut data = vec![0u8; total];
-        // num_buffers (le16 at offset 10) is 1: one buffer holds the frame.
-        data[10] = 1;
-        data[HDR..].copy_from_slice(&frame);
-        if let Err(e) = c.write_all(self.dma, &data) {
-            // Kept for the next buffer: this one was only a pause (Bus Master off), or a
-            // buffer the IOMMU refused.
-            self.pair.waiting = Some(frame);
-            return Err(e.into());
-        }
+        // On an error the frame stays held for the next buffer: this one was only a pause
+        // (Bus Master off), or a buffer the IOMMU refused.
+        c.resolve_writable(self.dma, total, self.io)?;
+        // The header is all zeros but num_buffers (le16 at offset 10), 1: one buffer holds
+        // the frame.
+        let mut header = [0u8; HDR];
+        header[10] = 1;
+        self.io.scatter(0, &header);
+        self.backend.deliver(self.io, HDR);
         Ok(u32::try_from(total).expect("≤ MAX_FRAME + header"))
     }
 }
@@ -227,7 +248,6 @@ impl QueueHandler for NetQueues {
 
     fn reset(&mut self) {
         for pair in &mut self.pairs {
-            pair.waiting = None;
             pair.backend.reset();
         }
         self.enable_pairs(1);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::*;
-use crate::dma::DmaContext;
+use crate::dma::{DmaContext, Segments};
 use crate::iommu::regs::{VTD_FR_READ, VTD_PTE_R};
 use crate::iommu::tables::build::Tables;
 use crate::iommu::testing::*;
@@ -125,7 +125,7 @@ fn each_request_is_answered_in_the_next_receive_buffer() {
     let request = request_and_buffer(&mem, &rx, &tx, 0);
     let work = engine.process(1);
     assert!(
-        work.notifications.contains(&Notification::Queue(0)),
+        work.notifications().any(|n| n == Notification::Queue(0)),
         "{work:?}"
     );
     assert_eq!(used_len(&rx, 0), HDR as u32 + 64);
@@ -148,7 +148,10 @@ fn a_malformed_chain_stops_the_device_until_reset() {
     let looped = RawDescriptor::from(Descriptor::new(BUFFERS, 17, VRING_DESC_F_NEXT as u16, 1));
     let back = RawDescriptor::from(Descriptor::new(BUFFERS, 17, VRING_DESC_F_NEXT as u16, 0));
     tx.add_desc_chains(&[looped, back], 0).unwrap();
-    assert_eq!(engine.process(1).notifications, vec![Notification::Config]);
+    assert_eq!(
+        engine.process(1).notifications().collect::<Vec<_>>(),
+        vec![Notification::Config]
+    );
     assert!(health.needs_reset());
     assert_eq!(
         engine.process(1),
@@ -180,7 +183,7 @@ fn an_available_index_beyond_the_ring_breaks_the_device_instead_of_hanging_it() 
             .expect("the device loop returns");
         assert!(broken, "queue {queue}");
         assert_eq!(
-            work.notifications,
+            work.notifications().collect::<Vec<_>>(),
             vec![Notification::Config],
             "queue {queue}"
         );
@@ -202,7 +205,8 @@ fn without_bus_master_enable_the_rings_are_left_alone_until_it_is_set() {
     assert!(
         engine
             .process(1)
-            .notifications
+            .notifications()
+            .collect::<Vec<_>>()
             .contains(&Notification::Queue(0))
     );
     assert_eq!(rx.used().idx().load(), 1);
@@ -263,7 +267,7 @@ fn each_pair_answers_on_its_own_receive_queue_and_the_control_queue_acks() {
     request_and_buffer(&mem, &rx, &tx, 0);
     let work = engine.process(3);
     assert!(
-        work.notifications.contains(&Notification::Queue(2)),
+        work.notifications().any(|n| n == Notification::Queue(2)),
         "{work:?}"
     );
     assert_eq!(used_len(&rx, 0), HDR as u32 + 64);
@@ -290,7 +294,7 @@ fn each_pair_answers_on_its_own_receive_queue_and_the_control_queue_acks() {
         )
         .unwrap();
         assert_eq!(
-            engine.process(6).notifications,
+            engine.process(6).notifications().collect::<Vec<_>>(),
             vec![Notification::Queue(6)]
         );
         assert_eq!(
@@ -306,11 +310,17 @@ fn each_pair_answers_on_its_own_receive_queue_and_the_control_queue_acks() {
 struct Flagged(RequestResponse, Arc<AtomicBool>);
 
 impl NetBackend for Flagged {
-    fn transmit(&mut self, frame: &[u8]) -> bool {
+    fn transmit(&mut self, frame: &Segments) -> bool {
         self.0.transmit(frame)
     }
-    fn receive(&mut self) -> Option<Vec<u8>> {
-        self.0.receive()
+    fn pending(&mut self) -> Option<usize> {
+        self.0.pending()
+    }
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        self.0.deliver(into, at);
+    }
+    fn discard(&mut self) {
+        self.0.discard();
     }
     fn reset(&mut self) {
         self.0.reset();
@@ -346,12 +356,18 @@ fn a_reset_leaves_only_the_first_pair_enabled() {
 struct ClosesTheGate(crate::dma::BusMaster, RequestResponse);
 
 impl NetBackend for ClosesTheGate {
-    fn transmit(&mut self, frame: &[u8]) -> bool {
+    fn transmit(&mut self, frame: &Segments) -> bool {
         self.0.set(false);
         self.1.transmit(frame)
     }
-    fn receive(&mut self) -> Option<Vec<u8>> {
-        self.1.receive()
+    fn pending(&mut self) -> Option<usize> {
+        self.1.pending()
+    }
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        self.1.deliver(into, at);
+    }
+    fn discard(&mut self) {
+        self.1.discard();
     }
     fn reset(&mut self) {}
 }
@@ -392,11 +408,19 @@ struct Outside {
 }
 
 impl NetBackend for Outside {
-    fn transmit(&mut self, _frame: &[u8]) -> bool {
+    fn transmit(&mut self, _frame: &Segments) -> bool {
         true
     }
-    fn receive(&mut self) -> Option<Vec<u8>> {
-        self.frames.lock().unwrap().pop_front()
+    fn pending(&mut self) -> Option<usize> {
+        self.frames.lock().unwrap().front().map(Vec::len)
+    }
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        if let Some(frame) = self.frames.lock().unwrap().pop_front() {
+            into.scatter(at, &frame);
+        }
+    }
+    fn discard(&mut self) {
+        self.frames.lock().unwrap().pop_front();
     }
     fn reset(&mut self) {}
     fn wake_fd(&self) -> Option<RawFd> {
@@ -480,7 +504,7 @@ fn behind_an_iommu_requests_are_answered_through_translated_rings_and_buffers() 
     let request = request_and_buffer(&u.mem, &rx, &tx, IOVA);
     let work = engine.process(1);
     assert!(
-        work.notifications.contains(&Notification::Queue(0)),
+        work.notifications().any(|n| n == Notification::Queue(0)),
         "{work:?}"
     );
     assert_eq!(used_len(&rx, 0), HDR as u32 + 64);
@@ -507,7 +531,10 @@ fn a_buffer_the_iommu_refuses_completes_with_length_zero_and_the_device_goes_on(
     t.unmap(pt, IOVA + BUFFERS + 0x1000);
     request_and_buffer(&u.mem, &rx, &tx, IOVA);
     let work = engine.process(1);
-    assert_eq!(work.notifications, vec![Notification::Queue(1)]);
+    assert_eq!(
+        work.notifications().collect::<Vec<_>>(),
+        vec![Notification::Queue(1)]
+    );
     assert_eq!((tx.used().idx().load(), used_len(&tx, 0)), (1, 0));
     assert_eq!(rx.used().idx().load(), 0, "nothing was transmitted");
     assert!(!health.needs_reset(), "a fault is not DEVICE_NEEDS_RESET");
@@ -594,6 +621,9 @@ fn behind_an_iommu_an_indirect_descriptor_breaks_the_device() {
     let indirect = VIRTQ_DESC_F_INDIRECT;
     tx.add_desc_chains(&[desc(IOVA + BUFFERS, 16, indirect)], 0)
         .unwrap();
-    assert_eq!(engine.process(1).notifications, vec![Notification::Config]);
+    assert_eq!(
+        engine.process(1).notifications().collect::<Vec<_>>(),
+        vec![Notification::Config]
+    );
     assert!(health.needs_reset());
 }

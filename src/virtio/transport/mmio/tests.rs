@@ -234,10 +234,9 @@ impl crate::virtio::device::QueueHandler for Recording {
         if let Some(gate) = &self.gate {
             let _ = gate.recv();
         }
-        Ok(crate::virtio::device::Progress {
-            used: vec![index],
-            more: false,
-        })
+        let mut progress = crate::virtio::device::Progress::default();
+        progress.mark(index, true);
+        Ok(progress)
     }
 
     fn reset(&mut self) {}

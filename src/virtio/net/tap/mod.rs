@@ -23,12 +23,13 @@
 //! tap the user made, stay as the user set them.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use super::backend::NetBackend;
 use super::{HDR, MAX_FRAME};
+use crate::dma::Segments;
 
 /// Destination, source and type: the least a tap takes as a frame.
 const ETHERNET_HEADER: usize = 14;
@@ -199,8 +200,14 @@ fn check_name(name: &str) -> Result<(), TapError> {
 /// One queue of a tap: a file of /dev/net/tun attached to the interface.
 pub struct Tap {
     file: File,
-    /// A frame read or written with its vnet header in front.
+    /// A received frame with its vnet header in front: the one copy on the receive path (the
+    /// frame's length decides whether a receive buffer fits it, so it is read before a buffer
+    /// is taken, as QEMU's tap backend does).
     buf: Vec<u8>,
+    /// The length of the frame held in `buf` (after its header), until it is delivered.
+    held: Option<usize>,
+    /// The `iovec`s of a transmitted frame: the vnet header, then the guest's buffers.
+    iov: Vec<libc::iovec>,
     /// One of several queues (IFF_MULTI_QUEUE): detached while its pair is disabled.
     multi_queue: bool,
     /// Whether the queue is attached: the kernel spreads the tap's frames over attached
@@ -287,6 +294,8 @@ impl Tap {
         Ok(Tap {
             file,
             buf: vec![0; HDR + MAX_FRAME],
+            held: None,
+            iov: Vec::new(),
             multi_queue,
             attached: true,
             failed: false,
@@ -302,33 +311,23 @@ fn check(ret: libc::c_int) -> io::Result<()> {
     }
 }
 
-impl NetBackend for Tap {
-    fn transmit(&mut self, frame: &[u8]) -> bool {
-        // The kernel refuses (EINVAL) a frame without a whole Ethernet header: drop it here.
-        if frame.len() < ETHERNET_HEADER {
-            return false;
-        }
-        // The zero header: no offloads were negotiated (see the module's comment).
-        let total = HDR + frame.len();
-        let Some(out) = self.buf.get_mut(..total) else {
-            return false; // not reached: the device takes no frame above MAX_FRAME
-        };
-        out[..HDR].fill(0);
-        out[HDR..].copy_from_slice(frame);
-        // One write is one frame; a full tap queue (EAGAIN) or a tap whose link is down (EIO)
-        // drops it, as a wire would.
-        matches!(self.file.write(out), Ok(n) if n == total)
-    }
+/// The vnet header of every transmitted frame: all zeros, as no offloads were negotiated
+/// (see the module's comment).
+static ZERO_HEADER: [u8; HDR] = [0; HDR];
 
-    fn receive(&mut self) -> Option<Vec<u8>> {
+// SAFETY: the only pointers a `Tap` holds are in `iov`, which is empty between calls of
+// `transmit` (the frame it points into is the caller's, for that call).
+unsafe impl Send for Tap {}
+
+impl Tap {
+    /// Read the next frame into `buf`; its length after the header, or `None` if there is
+    /// none now.
+    fn read_frame(&mut self) -> Option<usize> {
         loop {
             match self.file.read(&mut self.buf) {
                 // A frame after its header. A read too short for one is skipped; so is a
                 // length past the buffer, which a read never returns but is not trusted.
-                Ok(n) if n > HDR => match self.buf.get(HDR..n) {
-                    Some(frame) => return Some(frame.to_vec()),
-                    None => continue,
-                },
+                Ok(n) if n > HDR && n <= self.buf.len() => return Some(n - HDR),
                 Ok(0) => return None,
                 Ok(_) => continue,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -345,9 +344,52 @@ impl NetBackend for Tap {
             }
         }
     }
+}
 
-    /// Frames queued in the kernel stay there for the next driver.
-    fn reset(&mut self) {}
+impl NetBackend for Tap {
+    /// One `writev` of the zero header and the guest's buffers: the frame is not copied.
+    fn transmit(&mut self, frame: &Segments) -> bool {
+        // The kernel refuses (EINVAL) a frame without a whole Ethernet header: drop it here.
+        if frame.len() < ETHERNET_HEADER {
+            return false;
+        }
+        self.iov.clear();
+        self.iov.push(libc::iovec {
+            iov_base: ZERO_HEADER.as_ptr().cast_mut().cast(),
+            iov_len: HDR,
+        });
+        self.iov.extend_from_slice(frame.iovecs());
+        let count = libc::c_int::try_from(self.iov.len()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: the iovecs are the static header (which the kernel only reads) and the
+        // frame's pieces, mapped guest memory valid for this call.
+        let written = unsafe { libc::writev(self.file.as_raw_fd(), self.iov.as_ptr(), count) };
+        self.iov.clear();
+        // One write is one frame; a full tap queue (EAGAIN), a tap whose link is down (EIO)
+        // or more pieces than one call takes (EINVAL) drops it, as a wire would.
+        usize::try_from(written).is_ok_and(|n| n == HDR + frame.len())
+    }
+
+    fn pending(&mut self) -> Option<usize> {
+        if self.held.is_none() {
+            self.held = self.read_frame();
+        }
+        self.held
+    }
+
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        if let Some(n) = self.held.take() {
+            into.scatter(at, &self.buf[HDR..HDR + n]);
+        }
+    }
+
+    fn discard(&mut self) {
+        self.held = None;
+    }
+
+    /// Frames queued in the kernel stay there for the next driver; the one held goes.
+    fn reset(&mut self) {
+        self.held = None;
+    }
 
     fn wake_fd(&self) -> Option<RawFd> {
         Some(self.file.as_raw_fd())
@@ -380,160 +422,4 @@ impl NetBackend for Tap {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_that_are_no_interface_name_are_refused_before_any_system_call() {
-        for name in [
-            "",
-            "sixteen-bytes-xx",
-            "a/b",
-            "a:b",
-            "a b",
-            "tap%d",
-            ".",
-            "..",
-        ] {
-            let e = Tap::open(name, false).err().expect("refused");
-            assert!(matches!(e, TapError::Name(_)), "{name}: {e}");
-        }
-    }
-
-    /// A unique tap name for this test process.
-    fn unique(tag: &str) -> String {
-        format!("xl{tag}{}", std::process::id() % 100_000)
-    }
-
-    /// Opening a tap needs /dev/net/tun and CAP_NET_ADMIN; without them the test says so and
-    /// does nothing.
-    fn open_or_skip(name: &str, multi_queue: bool) -> Option<Tap> {
-        match Tap::open(name, multi_queue) {
-            Ok(t) => Some(t),
-            Err(e @ (TapError::Open { .. } | TapError::Setup { .. })) if skippable(&e) => {
-                eprintln!("skipped: cannot create a tap here: {e}");
-                None
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-
-    fn skippable(e: &TapError) -> bool {
-        let source = match e {
-            TapError::Open { source, .. } | TapError::Setup { source, .. } => source,
-            TapError::Name(_) | TapError::Refused { .. } => return false,
-        };
-        matches!(
-            source.raw_os_error(),
-            Some(libc::ENOENT | libc::ENODEV | libc::EPERM | libc::EACCES)
-        )
-    }
-
-    #[test]
-    fn a_second_open_of_a_single_queue_tap_is_busy_and_says_so() {
-        let name = unique("b");
-        let Some(_first) = open_or_skip(&name, false) else {
-            return;
-        };
-        let e = Tap::open(&name, false).err().expect("busy");
-        let line = e.to_string();
-        assert!(
-            line.contains(&format!("cannot open tap {name} (TUNSETIFF)")),
-            "{line}"
-        );
-        assert!(line.contains("busy"), "{line}");
-    }
-
-    #[test]
-    fn a_multi_queue_tap_opens_once_per_queue_pair() {
-        let name = unique("m");
-        let Some(first) = open_or_skip(&name, true) else {
-            return;
-        };
-        let second = Tap::open(&name, true).expect("a second queue");
-        assert_ne!(first.wake_fd(), second.wake_fd());
-        let e = Tap::open(&name, false).err().expect("not multi-queue");
-        assert!(e.to_string().contains("multi_queue"), "{e}");
-    }
-
-    /// The kernel spreads a multiqueue tap's frames over its attached queues: a detached
-    /// queue leaves the interface's queue count (sysfs), and comes back when attached again.
-    #[test]
-    fn a_disabled_pair_detaches_its_queue_and_an_enabled_one_attaches_it() {
-        let name = unique("q");
-        let Some(_first) = open_or_skip(&name, true) else {
-            return;
-        };
-        let mut second = Tap::open(&name, true).expect("a second queue");
-        let rx_queues = || {
-            std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
-                .unwrap()
-                .filter(|e| {
-                    e.as_ref()
-                        .unwrap()
-                        .file_name()
-                        .to_string_lossy()
-                        .starts_with("rx-")
-                })
-                .count()
-        };
-        assert_eq!(rx_queues(), 2);
-        second.set_enabled(false);
-        assert_eq!(rx_queues(), 1, "detached");
-        second.set_enabled(true);
-        assert_eq!(rx_queues(), 2, "attached again");
-    }
-
-    /// The interface's flags as sysfs shows them.
-    fn sysfs_flags(name: &str) -> u32 {
-        let flags = std::fs::read_to_string(format!("/sys/class/net/{name}/flags")).unwrap();
-        u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap()
-    }
-
-    /// The kernel makes a tap down; one the queues created is brought up, while one that
-    /// existed is left down, as its owner set it.
-    #[test]
-    fn a_tap_the_queues_create_is_up_and_one_that_existed_is_left_as_it_was() {
-        let up = libc::IFF_UP.cast_unsigned();
-        let created = unique("c");
-        let Some(_held) = open_or_skip(&created, true) else {
-            return;
-        };
-        assert_eq!(sysfs_flags(&created) & up, 0, "made down");
-        let _queues = Tap::open_queues(&created, 2).expect("two more queues");
-        assert_eq!(sysfs_flags(&created) & up, 0, "left down");
-        let new = unique("n");
-        let queues = Tap::open_queues(&new, 2).expect("a new tap");
-        assert_eq!(queues.len(), 2);
-        assert_eq!(sysfs_flags(&new) & up, up, "brought up");
-    }
-
-    /// TUNSETIFF's EINVAL, explained by what the kernel shows: a tun is not a tap, a
-    /// multiqueue tap needs queues=N, a reserved name is no interface at all.
-    #[test]
-    fn a_refused_name_says_why_from_what_the_kernel_shows() {
-        let name = unique("r");
-        let Some(_held) = open_or_skip(&name, true) else {
-            return;
-        };
-        let e = Tap::open(&name, false).err().expect("multi_queue differs");
-        assert!(e.to_string().contains("made with multi_queue"), "{e}");
-        let e = Tap::open("all", false).err().expect("reserved");
-        assert!(
-            e.to_string().contains("the kernel reserves the name"),
-            "{e}"
-        );
-    }
-
-    /// With the tap down nothing is queued for it: a read finds nothing and does not block,
-    /// and a frame written is dropped (EIO), not an error of the device.
-    #[test]
-    fn a_tap_whose_link_is_down_receives_nothing_and_drops_what_is_sent() {
-        let name = unique("d");
-        let Some(mut tap) = open_or_skip(&name, false) else {
-            return;
-        };
-        assert_eq!(tap.receive(), None);
-        assert!(!tap.transmit(&[0xff; 60]));
-    }
-}
+mod tests;

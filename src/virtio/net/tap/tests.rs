@@ -1,0 +1,286 @@
+//! The tap backend against real taps (skipped where /dev/net/tun or CAP_NET_ADMIN is missing).
+
+use super::*;
+
+#[test]
+fn names_that_are_no_interface_name_are_refused_before_any_system_call() {
+    for name in [
+        "",
+        "sixteen-bytes-xx",
+        "a/b",
+        "a:b",
+        "a b",
+        "tap%d",
+        ".",
+        "..",
+    ] {
+        let e = Tap::open(name, false).err().expect("refused");
+        assert!(matches!(e, TapError::Name(_)), "{name}: {e}");
+    }
+}
+
+/// A unique tap name for this test process.
+fn unique(tag: &str) -> String {
+    format!("xl{tag}{}", std::process::id() % 100_000)
+}
+
+/// Opening a tap needs /dev/net/tun and CAP_NET_ADMIN; without them the test says so and
+/// does nothing.
+fn open_or_skip(name: &str, multi_queue: bool) -> Option<Tap> {
+    match Tap::open(name, multi_queue) {
+        Ok(t) => Some(t),
+        Err(e @ (TapError::Open { .. } | TapError::Setup { .. })) if skippable(&e) => {
+            eprintln!("skipped: cannot create a tap here: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn skippable(e: &TapError) -> bool {
+    let source = match e {
+        TapError::Open { source, .. } | TapError::Setup { source, .. } => source,
+        TapError::Name(_) | TapError::Refused { .. } => return false,
+    };
+    matches!(
+        source.raw_os_error(),
+        Some(libc::ENOENT | libc::ENODEV | libc::EPERM | libc::EACCES)
+    )
+}
+
+#[test]
+fn a_second_open_of_a_single_queue_tap_is_busy_and_says_so() {
+    let name = unique("b");
+    let Some(_first) = open_or_skip(&name, false) else {
+        return;
+    };
+    let e = Tap::open(&name, false).err().expect("busy");
+    let line = e.to_string();
+    assert!(
+        line.contains(&format!("cannot open tap {name} (TUNSETIFF)")),
+        "{line}"
+    );
+    assert!(line.contains("busy"), "{line}");
+}
+
+#[test]
+fn a_multi_queue_tap_opens_once_per_queue_pair() {
+    let name = unique("m");
+    let Some(first) = open_or_skip(&name, true) else {
+        return;
+    };
+    let second = Tap::open(&name, true).expect("a second queue");
+    assert_ne!(first.wake_fd(), second.wake_fd());
+    let e = Tap::open(&name, false).err().expect("not multi-queue");
+    assert!(e.to_string().contains("multi_queue"), "{e}");
+}
+
+/// The kernel spreads a multiqueue tap's frames over its attached queues: a detached
+/// queue leaves the interface's queue count (sysfs), and comes back when attached again.
+#[test]
+fn a_disabled_pair_detaches_its_queue_and_an_enabled_one_attaches_it() {
+    let name = unique("q");
+    let Some(_first) = open_or_skip(&name, true) else {
+        return;
+    };
+    let mut second = Tap::open(&name, true).expect("a second queue");
+    let rx_queues = || {
+        std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("rx-")
+            })
+            .count()
+    };
+    assert_eq!(rx_queues(), 2);
+    second.set_enabled(false);
+    assert_eq!(rx_queues(), 1, "detached");
+    second.set_enabled(true);
+    assert_eq!(rx_queues(), 2, "attached again");
+}
+
+/// The interface's flags as sysfs shows them.
+fn sysfs_flags(name: &str) -> u32 {
+    let flags = std::fs::read_to_string(format!("/sys/class/net/{name}/flags")).unwrap();
+    u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap()
+}
+
+/// The kernel makes a tap down; one the queues created is brought up, while one that
+/// existed is left down, as its owner set it.
+#[test]
+fn a_tap_the_queues_create_is_up_and_one_that_existed_is_left_as_it_was() {
+    let up = libc::IFF_UP.cast_unsigned();
+    let created = unique("c");
+    let Some(_held) = open_or_skip(&created, true) else {
+        return;
+    };
+    assert_eq!(sysfs_flags(&created) & up, 0, "made down");
+    let _queues = Tap::open_queues(&created, 2).expect("two more queues");
+    assert_eq!(sysfs_flags(&created) & up, 0, "left down");
+    let new = unique("n");
+    let queues = Tap::open_queues(&new, 2).expect("a new tap");
+    assert_eq!(queues.len(), 2);
+    assert_eq!(sysfs_flags(&new) & up, up, "brought up");
+}
+
+/// TUNSETIFF's EINVAL, explained by what the kernel shows: a tun is not a tap, a
+/// multiqueue tap needs queues=N, a reserved name is no interface at all.
+#[test]
+fn a_refused_name_says_why_from_what_the_kernel_shows() {
+    let name = unique("r");
+    let Some(_held) = open_or_skip(&name, true) else {
+        return;
+    };
+    let e = Tap::open(&name, false).err().expect("multi_queue differs");
+    assert!(e.to_string().contains("made with multi_queue"), "{e}");
+    let e = Tap::open("all", false).err().expect("reserved");
+    assert!(
+        e.to_string().contains("the kernel reserves the name"),
+        "{e}"
+    );
+}
+
+/// With the tap down nothing is queued for it: a read finds nothing and does not block,
+/// and a frame written is dropped (EIO), not an error of the device.
+#[test]
+fn a_tap_whose_link_is_down_receives_nothing_and_drops_what_is_sent() {
+    let name = unique("d");
+    let Some(mut tap) = open_or_skip(&name, false) else {
+        return;
+    };
+    assert_eq!(tap.pending(), None);
+    let mem =
+        vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(vm_memory::GuestAddress(0), 0x1000)])
+            .unwrap();
+    let dma = crate::dma::DmaContext::platform(mem);
+    let mut frame = Segments::default();
+    dma.resolve(
+        vm_memory::GuestAddress(0),
+        60,
+        crate::dma::Access::Read,
+        &mut frame,
+    )
+    .unwrap();
+    assert!(!tap.transmit(&frame));
+}
+
+/// A raw packet socket on the interface `name` (packet(7)), for the host's side.
+fn packet_socket(name: &str) -> OwnedFd {
+    let all = u16::try_from(libc::ETH_P_ALL).unwrap().to_be();
+    // SAFETY: socket() takes no pointers.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            i32::from(all),
+        )
+    };
+    check(fd).unwrap();
+    // SAFETY: `fd` was just returned by socket() and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_ll is plain data, for which all zeros is a valid value.
+    let mut at: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    at.sll_family = u16::try_from(libc::AF_PACKET).unwrap();
+    at.sll_protocol = all;
+    let cname = std::ffi::CString::new(name).unwrap();
+    // SAFETY: `cname` is a NUL-terminated string.
+    at.sll_ifindex = i32::try_from(unsafe { libc::if_nametoindex(cname.as_ptr()) }).unwrap();
+    let len = u32::try_from(std::mem::size_of::<libc::sockaddr_ll>()).unwrap();
+    // SAFETY: `at` is a sockaddr_ll of `len` bytes.
+    check(unsafe { libc::bind(fd.as_raw_fd(), (&raw const at).cast(), len) }).unwrap();
+    fd
+}
+
+/// Guest memory of two adjacent regions, and the `len` bytes at 0xfe0 resolved: pieces
+/// on both sides of the boundary.
+fn scattered(len: usize) -> (vm_memory::GuestMemoryMmap, Segments) {
+    use vm_memory::GuestAddress;
+    let mem = vm_memory::GuestMemoryMmap::<()>::from_ranges(&[
+        (GuestAddress(0), 0x1000),
+        (GuestAddress(0x1000), 0x1000),
+    ])
+    .unwrap();
+    let dma = crate::dma::DmaContext::platform(mem.clone());
+    let mut io = Segments::default();
+    dma.resolve(GuestAddress(0xfe0), len, crate::dma::Access::Read, &mut io)
+        .unwrap();
+    assert_eq!(io.iovecs().len(), 2);
+    (mem, io)
+}
+
+/// A frame of the local experimental EtherType 0x88b5, so that the kernel's own frames on
+/// the new interface are told apart.
+fn test_frame() -> Vec<u8> {
+    let mut frame = vec![0xff; 6];
+    frame.extend([0x02, 0, 0, 0, 0, 0x42, 0x88, 0xb5]);
+    frame.extend((0..50u8).map(|i| i.wrapping_mul(7)));
+    frame
+}
+
+/// The guest's buffers go to the tap as they are (one writev, two pieces here) and the
+/// host sees the frame whole; a frame from the host lands in scattered receive buffers.
+#[test]
+fn frames_go_out_of_and_come_in_from_scattered_guest_buffers_whole() {
+    use vm_memory::{Bytes, GuestAddress};
+    let name = unique("w");
+    let mut tap = match Tap::open_queues(&name, 1) {
+        Ok(mut queues) => queues.pop().unwrap(),
+        Err(e) if skippable(&e) => return eprintln!("skipped: {e}"),
+        Err(e) => panic!("{e}"),
+    };
+    let host = packet_socket(&name);
+    let frame = test_frame();
+    let (mem, io) = scattered(frame.len());
+    mem.write_slice(&frame, GuestAddress(0xfe0)).unwrap();
+    assert!(tap.transmit(&io));
+    let mut got = vec![0u8; 2048];
+    // Bounded waits: a frame that never comes fails the test instead of hanging it.
+    let n = (0..500)
+        .find_map(|_| {
+            // SAFETY: `got` is writable for its length.
+            let n = unsafe {
+                let flags = libc::MSG_DONTWAIT;
+                libc::recv(host.as_raw_fd(), got.as_mut_ptr().cast(), got.len(), flags)
+            };
+            match usize::try_from(n) {
+                Ok(n) if got[12..14] == [0x88, 0xb5] => Some(n),
+                Ok(_) => None,
+                Err(_) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    None
+                }
+            }
+        })
+        .expect("the frame reached the host");
+    assert_eq!(&got[..n], &frame[..]);
+
+    let mut reply: Vec<u8> = frame.iter().map(|b| !b).collect();
+    reply[12..14].copy_from_slice(&[0x88, 0xb5]);
+    // SAFETY: `reply` is readable for its length.
+    let sent = unsafe { libc::send(host.as_raw_fd(), reply.as_ptr().cast(), reply.len(), 0) };
+    assert_eq!(usize::try_from(sent).unwrap(), reply.len());
+    let (mem, io) = scattered(reply.len() + 4);
+    let len = (0..500)
+        .find_map(|_| match tap.pending() {
+            Some(n) if tap.buf[HDR + 12..HDR + 14] == [0x88, 0xb5] => Some(n),
+            Some(_) => {
+                tap.discard();
+                None
+            }
+            None => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                None
+            }
+        })
+        .expect("the host's frame reached the tap");
+    assert_eq!(len, reply.len());
+    tap.deliver(&io, 4);
+    let mut landed = vec![0u8; len];
+    mem.read_slice(&mut landed, GuestAddress(0xfe4)).unwrap();
+    assert_eq!(landed, reply);
+    assert_eq!(tap.pending(), None, "delivered, not held");
+}
