@@ -180,7 +180,7 @@ impl DmaContext {
     }
 
     /// Call `copy` with the guest-physical address of each piece of the `len` bytes at `addr`
-    /// and the piece's range in them: one piece untranslated, one per page translated.
+    /// and the piece's range in them: one piece untranslated, one per contiguous run translated.
     fn pieces(
         &self,
         addr: GuestAddress,
@@ -196,7 +196,7 @@ impl DmaContext {
         let mut done = 0;
         while done < len {
             let iova = addr.0.checked_add(done as u64).ok_or(outside.clone())?;
-            let at = unit.translate(source, iova, access)?;
+            let at = unit.translate_run(source, iova, (len - done) as u64, access)?;
             let piece = usize::try_from(at.len).map_or(len - done, |n| n.min(len - done));
             copy(GuestAddress(at.address), done..done + piece).map_err(|_| outside.clone())?;
             done += piece;

@@ -8,7 +8,7 @@
 //! - `translation`: DMA translation for devices and their rings, faults recorded;
 //! - `invalidation`: register-based and queued invalidations, carried out strictly;
 //! - [`tables`]: root, context and page tables walked from guest memory;
-//! - [`iotlb`]: the context cache and the IOTLB, bounded;
+//! - [`iotlb`]: the context cache, the IOTLB and the paging-structure cache, bounded;
 //! - [`queue`]: the invalidation queue and its descriptors;
 //! - [`fault`] and [`event`]: fault recording and the two event interrupts;
 //! - [`dmar`]: the ACPI DMAR table that describes the unit.
@@ -88,6 +88,9 @@ pub struct IommuStats {
     pub iotlb: CacheCounts,
     /// Context-cache hits, misses and evictions.
     pub context_cache: CacheCounts,
+    /// Paging-structure-cache hits, misses and evictions (on IOTLB misses: a hit reads one
+    /// last-level entry, a miss all four levels).
+    pub paging_cache: CacheCounts,
     /// Page-table walks (IOTLB misses that reached the tables).
     pub walks: u64,
     /// DMA requests blocked (recorded or lost to a full record).
@@ -149,6 +152,7 @@ impl Iommu {
             let remap = self.remap.lock().unwrap();
             stats.iotlb = remap.caches.iotlb_counts();
             stats.context_cache = remap.caches.context_counts();
+            stats.paging_cache = remap.caches.directory_counts();
             stats.walks = remap.walks;
         }
         stats.faults = self.faults.lock().unwrap().count();

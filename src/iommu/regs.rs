@@ -146,6 +146,10 @@ contract_consts! {
     VTD_IOTLB_DID_SHIFT: u64 = 32;
     /// IVA.AM (5:0): address mask: 2^AM pages from the address (aligned to it).
     VTD_IVA_AM_MASK: u64 = 0x3f;
+    /// IVA.IH (6), the same bit in an IOTLB descriptor's high qword: the invalidation hint,
+    /// set when only last-level entries changed, so the paging-structure caches may stay
+    /// (§6.5.1.2, §6.5.2.3).
+    VTD_IVA_IH: u64 = 1 << 6;
 
     /// FRCD high qword: F (63), the record holds a fault (RW1C).
     VTD_FRCD_F: u64 = 1 << 63;

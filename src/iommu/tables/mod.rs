@@ -100,6 +100,27 @@ pub fn context(mem: &GuestMemoryMmap, root_table: u64, source: u16) -> Result<Co
     })
 }
 
+/// The upper three levels of a walk for one 2 MiB region of IOVAs (what a PDE-cache entry
+/// holds, VT-d §6.2.4): the last-level table and the permissions ANDed above it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Directory {
+    /// The page table (SLPTPTR) it was walked from: an entry is used only for a context
+    /// with the same one.
+    pub page_table: u64,
+    /// Guest-physical address of the last-level table.
+    pub table: u64,
+    /// `VTD_PTE_R` and `VTD_PTE_W` ANDed over the three levels; never 0.
+    pub permissions: u64,
+}
+
+/// Bits of an IOVA a last-level table translates: a [`Directory`] covers 2^21 bytes.
+pub const DIRECTORY_SHIFT: u32 = PAGE_SHIFT + LEVEL_BITS;
+
+/// The index of `iova`'s entry in its table at `level` (0 is the last).
+fn index(iova: u64, level: u32) -> u64 {
+    (iova >> (PAGE_SHIFT + LEVEL_BITS * level)) & ((1 << LEVEL_BITS) - 1)
+}
+
 /// Walk `context`'s page table for `iova` (§3.6): four levels, permissions ANDed down them.
 /// A level that allows nothing is not present (the fault reason then follows `access`); a
 /// page-size bit above the last level is reserved (no superpages); a table or page outside
@@ -110,31 +131,57 @@ pub fn walk(
     iova: u64,
     access: Access,
 ) -> Result<Leaf, u8> {
+    leaf(mem, &directory(mem, context, iova, access)?, iova, access)
+}
+
+/// The upper three levels of [`walk`].
+pub fn directory(
+    mem: &GuestMemoryMmap,
+    context: &Context,
+    iova: u64,
+    access: Access,
+) -> Result<Directory, u8> {
     if iova >> VTD_ADDRESS_WIDTH != 0 {
         return Err(VTD_FR_ADDRESS_WIDTH);
     }
     let mut table = context.page_table;
     let mut permissions = VTD_PTE_R | VTD_PTE_W;
-    for level in (0..LEVELS).rev() {
-        let index = (iova >> (PAGE_SHIFT + LEVEL_BITS * level)) & ((1 << LEVEL_BITS) - 1);
-        let e = entry(mem, table, index, VTD_FR_PTE)?;
+    for level in (1..LEVELS).rev() {
+        let e = entry(mem, table, index(iova, level), VTD_FR_PTE)?;
         permissions &= e;
         if permissions == 0 {
             return Err(denied(access));
         }
-        if level > 0 && e & VTD_PTE_PS != 0 {
+        if e & VTD_PTE_PS != 0 {
             return Err(VTD_FR_PTE_RESERVED);
         }
         table = e & VTD_PTE_ADDR_MASK;
     }
-    // The VMM copies device data only to and from guest RAM.
-    if !mem.check_range(GuestAddress(table), PAGE_SIZE as usize) {
-        return Err(VTD_FR_PTE);
-    }
-    Ok(Leaf {
-        page: table,
+    Ok(Directory {
+        page_table: context.page_table,
+        table,
         permissions,
     })
+}
+
+/// The last level of [`walk`], under `directory` (from the walk or the cache).
+pub fn leaf(
+    mem: &GuestMemoryMmap,
+    directory: &Directory,
+    iova: u64,
+    access: Access,
+) -> Result<Leaf, u8> {
+    let e = entry(mem, directory.table, index(iova, 0), VTD_FR_PTE)?;
+    let permissions = directory.permissions & e;
+    if permissions == 0 {
+        return Err(denied(access));
+    }
+    let page = e & VTD_PTE_ADDR_MASK;
+    // The VMM copies device data only to and from guest RAM.
+    if !mem.check_range(GuestAddress(page), PAGE_SIZE as usize) {
+        return Err(VTD_FR_PTE);
+    }
+    Ok(Leaf { page, permissions })
 }
 
 /// Builds translation structures in guest memory, as a guest driver does, for the tests.
