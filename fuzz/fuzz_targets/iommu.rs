@@ -34,9 +34,12 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 mod common;
 use common::Input;
 
-/// Two 32 KiB regions with a 32 KiB hole between them.
-const REGIONS: [(GuestAddress, usize); 2] =
-    [(GuestAddress(0), 0x8000), (GuestAddress(0x1_0000), 0x8000)];
+/// Two 32 KiB regions with a 32 KiB hole between them, and 2 MiB at 2 MiB for a large page.
+const REGIONS: [(GuestAddress, usize); 3] = [
+    (GuestAddress(0), 0x8000),
+    (GuestAddress(0x1_0000), 0x8000),
+    (GuestAddress(0x20_0000), 0x20_0000),
+];
 /// Source-ids most steps use: 00:03.0, 00:00.0 and 01:00.0; the fourth comes from the input.
 const SOURCES: [u16; 3] = [0x18, 0x00, 0x100];
 const STEPS: usize = 256;
@@ -85,6 +88,7 @@ fn reference(
     let denied = if write { VTD_FR_WRITE } else { VTD_FR_READ };
     let mut table = page_table;
     let mut allowed = 3;
+    let mut size = 0x1000;
     for level in (0..4).rev() {
         let index = (iova >> (12 + 9 * level)) & 0x1ff;
         let entry = read(mem, table.checked_add(8 * index), VTD_FR_PTE)?;
@@ -92,18 +96,23 @@ fn reference(
         if allowed == 0 {
             return Err(denied);
         }
-        if level > 0 && entry & 0x80 != 0 {
-            return Err(VTD_FR_PTE_RESERVED);
-        }
         table = entry & 0x000f_ffff_ffff_f000;
+        // PS: a 2 MiB page in a PDE (address bits 20:12 reserved), reserved higher up.
+        if level > 0 && entry & 0x80 != 0 {
+            if level != 1 || table & 0x1f_f000 != 0 {
+                return Err(VTD_FR_PTE_RESERVED);
+            }
+            size = 0x20_0000;
+            break;
+        }
     }
-    if !mem.check_range(GuestAddress(table), 0x1000) {
+    if !mem.check_range(GuestAddress(table), size as usize) {
         return Err(VTD_FR_PTE);
     }
     if allowed & if write { 2 } else { 1 } == 0 {
         return Err(denied);
     }
-    Ok(table | iova & 0xfff)
+    Ok(table | iova & (size - 1))
 }
 
 /// How `flush_and_compare` invalidates before it compares.
@@ -191,11 +200,16 @@ impl Fuzz {
         };
         let first = 0x1000 - iova % 0x1000;
         assert!(
+            self.mem
+                .check_range(GuestAddress(run.address), run.len as usize),
+            "{run:x?} is guest RAM"
+        );
+        assert!(
             run.len >= first && (run.len - first) % 0x1000 == 0,
             "{run:?}"
         );
         assert!(
-            run.len == first || run.len - 0x1000 < want,
+            run.len == first || run.len - 0x1000 < want + 0x1f_f000,
             "{run:?} for {want:#x}: no page past the one where it ends"
         );
         let mut at = first;
@@ -308,6 +322,8 @@ fuzz_target!(|data: &[u8]| {
                 // A qword of guest memory, in either region.
                 let at = u64::from(u16::from_le_bytes(input.bytes::<2>()) & 0xfff8);
                 let at = if at < 0x8000 { at } else { at + 0x8000 };
+                // Now and then in the large region, to build tables there too.
+                let at = if flags & 6 == 6 { at + 0x20_0000 } else { at };
                 let value = u64::from_le_bytes(input.bytes::<8>());
                 f.mem.write_obj(value, GuestAddress(at)).unwrap();
             }

@@ -17,7 +17,8 @@
 //!
 //! A device thread translates and copies a round of queue work (one `QueueEngine::process`
 //! call: its chains' buffers and its ring accesses) under a read guard of `rounds`
-//! ([`Iommu::dma_round`]). An invalidation drops cache entries at once, then a wait
+//! ([`Iommu::dma_round`]). An invalidation drops cache entries at once (the IOTLB's and,
+//! where `iotlb` says, the paging-structure cache's upper-level entries), then a wait
 //! descriptor (or a register-based invalidation, before its busy bit reads 0) takes `rounds`
 //! for writing: it returns only once every round that began before it has ended, and rounds
 //! that begin after it find the caches invalidated (they walk the tables again, where the

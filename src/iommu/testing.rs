@@ -40,7 +40,12 @@ pub struct Unit {
 
 /// A unit at reset.
 pub fn unit() -> Unit {
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
+    unit_of(RAM)
+}
+
+/// A unit at reset over `ram` bytes of guest RAM from 0.
+pub fn unit_of(ram: u64) -> Unit {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), ram as usize)]).unwrap();
     let routes = Arc::new(FakeRoutes::default());
     let iommu = Arc::new(Iommu::new(
         mem.clone(),

@@ -10,7 +10,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use super::Iommu;
 use super::fault::FaultRecord;
 use super::iotlb::{Cached, Caches};
-use super::tables::{self, Leaf, PAGE_SHIFT, PAGE_SIZE};
+use super::tables::{self, Leaf, PAGE_SHIFT, PAGE_SIZE, Upper};
 use crate::dma::{Access, AccessPlatform, DmaError, RingArea, RingWatch, Translation};
 
 /// Why the unit did not translate.
@@ -101,15 +101,16 @@ impl Remapping {
             return Ok((context.domain, c.leaf));
         }
         self.walks += 1;
-        let directory = match self.caches.directory(&context, iova) {
-            Some(d) => d,
-            None => {
-                let d = tables::directory(mem, &context, iova, access)?;
-                self.caches.insert_directory(context.domain, iova, d);
-                d
-            }
+        let leaf = match self.caches.directory(&context, iova) {
+            Some(d) => tables::leaf(mem, &d, iova, access)?,
+            None => match tables::upper(mem, &context, iova, access)? {
+                Upper::Table(d) => {
+                    self.caches.insert_directory(context.domain, iova, d);
+                    tables::leaf(mem, &d, iova, access)?
+                }
+                Upper::Large(leaf) => leaf,
+            },
         };
-        let leaf = tables::leaf(mem, &directory, iova, access)?;
         let cached = Cached {
             leaf,
             page_table: context.page_table,
@@ -132,18 +133,17 @@ impl Remapping {
     ) -> Result<Translation, u8> {
         let (_, leaf) = self.lookup(mem, source, iova, access)?;
         let address = leaf.allows(iova, access)?;
-        let mut len = PAGE_SIZE - iova % PAGE_SIZE;
+        let mut len = leaf.rest(iova);
         while len < want {
             let Some(next) = iova.checked_add(len) else {
                 break;
             };
-            let follows = self
-                .lookup(mem, source, next, access)
-                .and_then(|(_, leaf)| leaf.allows(next, access));
-            if follows != Ok(address.wrapping_add(len)) {
-                break;
+            match self.lookup(mem, source, next, access) {
+                Ok((_, leaf)) if leaf.allows(next, access) == Ok(address.wrapping_add(len)) => {
+                    len += leaf.rest(next);
+                }
+                _ => break,
             }
-            len += PAGE_SIZE;
         }
         Ok(Translation { address, len })
     }
@@ -177,7 +177,8 @@ impl Iommu {
 
     /// [`Iommu::translate`] for a buffer of `want` bytes at `iova`: the translation's length
     /// covers the pages that follow while they are contiguous in guest memory (at least to
-    /// the end of `iova`'s page, at most to the end of the page where `want` ends).
+    /// the end of `iova`'s page, at most to the end of the page, 4 KiB or 2 MiB, where `want`
+    /// ends).
     pub fn translate_run(
         &self,
         source: u16,

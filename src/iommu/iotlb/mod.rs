@@ -22,7 +22,9 @@ mod sets;
 mod tests;
 
 use super::regs::VTD_IVA_IH;
-use super::tables::{Context, DIRECTORY_SHIFT, Directory, Leaf, PAGE_SHIFT};
+use super::tables::{
+    Context, DIRECTORY_SHIFT, Directory, LARGE_PAGE_SIZE, Leaf, PAGE_SHIFT, PAGE_SIZE,
+};
 use sets::SetAssociative;
 
 /// IOTLB entries; real IOTLBs hold tens to a few hundred.
@@ -122,22 +124,51 @@ impl IotlbScope {
         }
     }
 
-    /// Whether the paging-structure-cache entry of `region` (IOVA >> 21) in `domain` goes.
-    fn covers_region(&self, domain: u16, region: u64) -> bool {
-        const PAGES: u32 = DIRECTORY_SHIFT - PAGE_SHIFT;
+    /// Whether an IOTLB entry of `domain` for `count` pages from page number `page` (a 4 KiB
+    /// or a 2 MiB page) goes: page-selective invalidations name entries that overlap them.
+    fn overlaps(&self, domain: u16, page: u64, count: u64) -> bool {
         match *self {
-            IotlbScope::Pages { hint: true, .. } => false,
             IotlbScope::Pages {
                 domain: d,
                 first,
-                count,
+                count: n,
                 ..
-            } => {
-                let last = first.saturating_add(count - 1);
-                domain == d && (first >> PAGES..=last >> PAGES).contains(&region)
-            }
-            _ => self.covers(Some(domain), region << PAGES),
+            } => domain == d && page < first.saturating_add(n) && first < page + count,
+            _ => self.covers(Some(domain), page),
         }
+    }
+
+    /// Whether the paging-structure-cache entry of `region` (IOVA >> 21) in `domain` goes:
+    /// not with the hint, which says only last-level entries changed.
+    fn covers_region(&self, domain: u16, region: u64) -> bool {
+        !matches!(self, IotlbScope::Pages { hint: true, .. })
+            && self.overlaps(domain, region << LARGE_PAGES_SHIFT, 1 << LARGE_PAGES_SHIFT)
+    }
+}
+
+/// 4 KiB pages in a 2 MiB page (or a region), as a shift.
+const LARGE_PAGES_SHIFT: u32 = DIRECTORY_SHIFT - PAGE_SHIFT;
+/// IOTLB keys of 2 MiB pages: this bit (never set in a page number) and the region number.
+const LARGE_KEY: u64 = 1 << 63;
+
+/// The IOTLB key of page number `page` in an entry for a page of `size` bytes.
+fn iotlb_key(domain: u16, page: u64, size: u64) -> (u16, u64) {
+    if size == PAGE_SIZE {
+        (domain, page)
+    } else {
+        (domain, LARGE_KEY | page >> LARGE_PAGES_SHIFT)
+    }
+}
+
+/// The first page number and the number of pages an IOTLB key stands for.
+fn key_pages(key: u64) -> (u64, u64) {
+    if key & LARGE_KEY == 0 {
+        (key, 1)
+    } else {
+        (
+            (key & !LARGE_KEY) << LARGE_PAGES_SHIFT,
+            1 << LARGE_PAGES_SHIFT,
+        )
     }
 }
 
@@ -180,6 +211,11 @@ impl<K: sets::SetIndex + Copy + Eq, V: Copy, const WAYS: usize> Counted<K, V, WA
     /// The entry of `key` if `valid` accepts it, counted as a hit or a miss.
     fn get(&mut self, key: &K, valid: impl Fn(&V) -> bool) -> Option<V> {
         let found = self.entries.get(key).filter(valid);
+        self.count(found)
+    }
+
+    /// Count a lookup.
+    fn count(&mut self, found: Option<V>) -> Option<V> {
         if found.is_some() {
             self.counts.hits += 1;
         } else {
@@ -225,14 +261,21 @@ impl Caches {
         self.contexts.entries.insert(source, context);
     }
 
-    /// The cached translation of page number `page` in `domain`, counted.
+    /// The cached translation of page number `page` in `domain`, counted: a 4 KiB page's
+    /// entry, else the entry of the 2 MiB page around it.
     pub fn translation(&mut self, domain: u16, page: u64) -> Option<Cached> {
-        self.iotlb.get(&(domain, page), |_| true)
+        let entries = &mut self.iotlb.entries;
+        let found = entries
+            .get(&(domain, page))
+            .or_else(|| entries.get(&iotlb_key(domain, page, LARGE_PAGE_SIZE)));
+        self.iotlb.count(found)
     }
 
-    /// Cache the (present) translation of page number `page` in `domain`.
+    /// Cache the (present) translation of page number `page` in `domain`: one entry for the
+    /// whole page, 4 KiB or 2 MiB.
     pub fn insert_translation(&mut self, domain: u16, page: u64, cached: Cached) {
-        self.iotlb.entries.insert((domain, page), cached);
+        let key = iotlb_key(domain, page, cached.leaf.size);
+        self.iotlb.entries.insert(key, cached);
     }
 
     /// The cached upper levels for `iova` under `context`, counted: only those walked from
@@ -280,15 +323,22 @@ impl Caches {
                 count,
                 ..
             } if count <= PAGES_LOOKED_UP => {
-                for page in first..first.saturating_add(count) {
-                    if let Some(c) = iotlb.remove(&(domain, page)) {
-                        dropped.push((domain, page, c));
+                let last = first + count - 1;
+                let large = |page| iotlb_key(domain, page, LARGE_PAGE_SIZE);
+                let keys = (first..=last).map(|page| (domain, page));
+                let regions = (first..=last).step_by(1 << LARGE_PAGES_SHIFT).chain([last]);
+                for key in keys.chain(regions.map(large)) {
+                    if let Some(c) = iotlb.remove(&key) {
+                        dropped.push((domain, key_pages(key.1).0, c));
                     }
                 }
             }
             _ => iotlb.remove_where(
-                |&(d, page), _| scope.covers(Some(d), page),
-                |(d, page), c| dropped.push((d, page, c)),
+                |&(d, key), _| {
+                    let (page, count) = key_pages(key);
+                    scope.overlaps(d, page, count)
+                },
+                |(d, key), c| dropped.push((d, key_pages(key).0, c)),
             ),
         }
         self.directories

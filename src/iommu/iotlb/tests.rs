@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::dma::Access;
+use crate::iommu::TranslationError;
 use crate::iommu::regs::*;
 use crate::iommu::tables::build::Tables;
 use crate::iommu::testing::*;
@@ -12,6 +13,7 @@ fn cached(page: u64) -> Cached {
     Cached {
         leaf: Leaf {
             page: page << 12,
+            size: PAGE_SIZE,
             permissions: VTD_PTE_R | VTD_PTE_W,
         },
         page_table: 0x1000,
@@ -102,21 +104,28 @@ fn the_iotlb_is_bounded_and_evicts_the_oldest_entries() {
     }
     assert_eq!(c.iotlb_len(), IOTLB_ENTRIES);
     assert_eq!(c.iotlb_counts().evictions, 10);
-    assert!(c.translation(1, 9).is_none(), "the oldest went first");
-    assert!(c.translation(1, 10).is_some());
+    let gone: Vec<u64> = (0..n + 10)
+        .filter(|&page| c.translation(1, page).is_none())
+        .collect();
+    assert_eq!(gone.len(), 10);
+    assert!(gone.iter().all(|&p| p < 64), "among the oldest: {gone:?}");
     // Replacing an entry is not an eviction, and invalidated entries leave room.
-    c.insert_translation(1, 10, cached(99));
+    c.insert_translation(1, 100, cached(99));
     assert_eq!(c.iotlb_counts().evictions, 10);
     c.invalidate_iotlb(IotlbScope::Domain(1));
     for page in 0..n {
         c.insert_translation(2, page, cached(page));
     }
-    assert_eq!(c.iotlb_counts().evictions, 10);
+    // As many pages 8 apart (the probe's slots) fit too.
+    c.invalidate_iotlb(IotlbScope::Domain(2));
+    for page in 0..n {
+        c.insert_translation(2, page * 8, cached(page));
+    }
     assert_eq!(
         c.iotlb_counts(),
         CacheCounts {
-            hits: 1,
-            misses: 1,
+            hits: n,
+            misses: 10,
             evictions: 10
         }
     );
@@ -125,15 +134,15 @@ fn the_iotlb_is_bounded_and_evicts_the_oldest_entries() {
 #[test]
 fn within_a_set_the_least_recently_used_entry_goes_first() {
     let mut c = Caches::default();
-    // Pages 64 apart share a set of domain 0: eight ways.
+    // Pages 65 apart share a set of domain 0 (64 * i + i folds to i ^ i): eight ways.
     for way in 0..8u64 {
-        c.insert_translation(0, way * 64, cached(way));
+        c.insert_translation(0, way * 65, cached(way));
     }
     assert!(c.translation(0, 0).is_some(), "page 0 used last");
-    c.insert_translation(0, 8 * 64, cached(8));
+    c.insert_translation(0, 8 * 65, cached(8));
     assert!(c.translation(0, 0).is_some());
     assert!(
-        c.translation(0, 64).is_none(),
+        c.translation(0, 65).is_none(),
         "the least recently used went"
     );
     assert_eq!(c.iotlb_counts().evictions, 1);
@@ -294,4 +303,70 @@ fn a_buffer_is_translated_once_per_contiguous_run() {
             .is_err()
     );
     assert_eq!(u.fault_reason(), Some(VTD_FR_READ));
+}
+
+#[test]
+fn a_2mib_page_is_one_translation_one_iotlb_entry_and_one_run() {
+    assert_ne!(crate::iommu::CAP & VTD_CAP_SLLPS_2M, 0, "offered");
+    let mut u = unit_of(0x80_0000);
+    let mut t = Tables::new(&u.mem, ROOT);
+    u.enable();
+    u.enable_queue();
+    let pt = t.attach(SID, 1);
+    t.map_large(pt, 0x40_0000, 0x20_0000, RW);
+    t.map_large(pt, 0x60_0000, 0x40_0000, VTD_PTE_R);
+    let run = |iova, want| {
+        u.iommu
+            .translate_run(SID, iova, want, Access::Read)
+            .unwrap()
+    };
+    let one = run(0x40_1000, 0x1000);
+    assert_eq!(
+        (one.address, one.len),
+        (0x20_1000, 0x1f_f000),
+        "to the end of the page"
+    );
+    assert_eq!(
+        run(0x40_0000, 0x40_0000).len,
+        0x40_0000,
+        "two pages that follow on"
+    );
+    let s = u.iommu.stats();
+    assert_eq!((s.walks, s.iotlb.misses, s.iotlb.hits), (2, 2, 1));
+    assert_eq!(
+        u.iommu.translate_run(SID, 0x60_0000, 1, Access::Write),
+        Err(TranslationError::Fault {
+            addr: 0x60_0000,
+            reason: VTD_FR_WRITE
+        })
+    );
+    // One entry stands for the whole page: a page-selective invalidation of another 4 KiB
+    // page in it drops it, hint or not (it is a leaf).
+    t.map_large(pt, 0x40_0000, 0x60_0000, RW);
+    assert_eq!(
+        u.translate(0x40_8000, Access::Read),
+        Ok(0x20_8000),
+        "cached"
+    );
+    u.submit(&[iotlb_pages(1, 0x41_f000, VTD_IVA_IH)]);
+    assert_eq!(u.translate(0x40_8000, Access::Read), Ok(0x60_8000));
+    assert_eq!(u.iommu.stats().iotlb_dropped_stale, 1);
+    // Address bits 20:12 of a 2 MiB page are reserved; PS in a PDPTE is too (no 1 GiB).
+    t.map_large(pt, 0x40_0000, 0x20_1000, RW);
+    u.submit(&[iotlb_domain(1)]);
+    assert_eq!(
+        u.translate(0x40_0000, Access::Read),
+        Err(reserved(0x40_0000))
+    );
+    let pdpte = t.read(pt) & VTD_PTE_ADDR_MASK;
+    t.write(pdpte, t.read(pdpte) | VTD_PTE_PS);
+    u.submit(&[iotlb_domain(1)]);
+    assert_eq!(u.translate(0x80, Access::Read), Err(reserved(0x80)));
+}
+
+fn reserved(addr: u64) -> TranslationError {
+    TranslationError::Fault {
+        addr,
+        reason: VTD_FR_PTE_RESERVED,
+    }
 }
