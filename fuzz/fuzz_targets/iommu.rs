@@ -5,7 +5,8 @@
 //! memory with a hole and the in-memory routing fakes. Beyond "no panic" (and no access
 //! outside guest memory, which vm-memory would refuse):
 //! - right after a context-cache and an IOTLB invalidation (global, domain- or page-selective
-//!   with IH clear), a translation of a run of pages inside what they named agrees with a
+//!   with IH clear) that follow a translation and a change to an upper-level entry of its
+//!   walk, a translation of a run of pages inside what they named agrees with a
 //!   reference walk of the tables (VT-d §3.4.3, §9) page by page: the same pages, or the
 //!   same fault reason, so neither the IOTLB nor the paging-structure cache kept anything
 //!   stale there (§6.5); the run ends where the pages stop following on; with translation
@@ -115,6 +116,30 @@ fn reference(
     Ok(table | iova & (size - 1))
 }
 
+/// The address of the entry at `level` (3: PML4E .. 1: PDE) on `iova`'s path, if the
+/// entries above it lead there.
+fn upper_entry(
+    mem: &GuestMemoryMmap,
+    root: u64,
+    source: u16,
+    iova: u64,
+    level: u32,
+) -> Option<u64> {
+    let (_, mut table) = reference_context(mem, root, source).ok()?;
+    for above in (level + 1..4).rev() {
+        let index = (iova >> (12 + 9 * above)) & 0x1ff;
+        table = read(mem, table.checked_add(8 * index), 0).ok()? & 0x000f_ffff_ffff_f000;
+    }
+    table.checked_add(8 * ((iova >> (12 + 9 * level)) & 0x1ff))
+}
+
+/// An upper-level entry `flush_and_compare` rewrites after filling the caches.
+struct Poke {
+    /// 1 (PDE) to 3 (PML4E).
+    level: u32,
+    value: u64,
+}
+
 /// How `flush_and_compare` invalidates before it compares.
 #[derive(Clone, Copy, Debug)]
 enum Flush {
@@ -173,10 +198,31 @@ impl Fuzz {
     /// caches kept nothing stale there), the first one's fault its fault, and the run must
     /// end at `want` or at a page that does not follow on. With translation off, the
     /// address itself.
-    fn flush_and_compare(&self, source: u16, iova: u64, write: bool, flush: Flush, want: u64) {
+    fn flush_and_compare(
+        &self,
+        source: u16,
+        iova: u64,
+        write: bool,
+        flush: Flush,
+        want: u64,
+        poke: Poke,
+    ) {
         let kept = self.read(VTD_GSTS_REG, 4) & u64::from(VTD_GCMD_TE | VTD_GCMD_QIE);
         self.write(VTD_GCMD_REG, 4, kept | u64::from(VTD_GCMD_SRTP));
         let root = self.read(VTD_RTADDR_REG, 8);
+        // Fill the caches from the source's context as it is now, then change an upper-level
+        // entry of the walk behind their back: the invalidation must make the change seen,
+        // without the context-cache invalidation unless the change was to the context (a
+        // device-selective one drops the domain's upper-level entries as well).
+        self.invalidate_context(VTD_GRAN_DEVICE, source);
+        let _ = self.translate(source, iova, write);
+        let before = reference_context(&self.mem, root, source);
+        if let Some(at) = upper_entry(&self.mem, root, source, iova, poke.level) {
+            let _ = self.mem.write_obj(poke.value, GuestAddress(at));
+        }
+        if reference_context(&self.mem, root, source) != before {
+            self.invalidate_context(VTD_GRAN_DEVICE, source);
+        }
         let want = self.invalidate(root, source, iova, flush, want);
         let access = if write { Access::Write } else { Access::Read };
         let got = self.iommu.translate_run(source, iova, want, access);
@@ -224,8 +270,9 @@ impl Fuzz {
         }
     }
 
-    /// Invalidate as `flush` says for `iova` and `source`'s domain (globally when its
-    /// context is not valid); returns `want` cut to the pages invalidated.
+    /// Invalidate the IOTLB (and for a global flush the context cache) as `flush` says for
+    /// `iova` and `source`'s domain (globally when its context is not valid); returns `want`
+    /// cut to the pages invalidated.
     fn invalidate(&self, root: u64, source: u16, iova: u64, flush: Flush, want: u64) -> u64 {
         let iotlb = |granularity: u64, domain: u16| {
             VTD_IOTLB_IVT
@@ -237,23 +284,32 @@ impl Fuzz {
             Ok((domain, _)) => (flush, domain),
             Err(_) => (Flush::Global, 0),
         };
-        let (context, iotlb, want) = match flush {
-            Flush::Global => (VTD_GRAN_GLOBAL, iotlb(VTD_GRAN_GLOBAL, 0), want),
-            Flush::Domain => (VTD_GRAN_DEVICE, iotlb(VTD_GRAN_DOMAIN, domain), want),
+        let (iotlb, want) = match flush {
+            Flush::Global => {
+                self.invalidate_context(VTD_GRAN_GLOBAL, source);
+                (iotlb(VTD_GRAN_GLOBAL, 0), want)
+            }
+            Flush::Domain => (iotlb(VTD_GRAN_DOMAIN, domain), want),
             Flush::Pages(mask) => {
                 let end = ((iova >> 12 | ((1 << mask) - 1)) + 1) << 12;
                 self.write(VTD_IVA_REG, 8, iova & !0xfff | mask);
                 let want = want.min(end.wrapping_sub(iova));
-                (VTD_GRAN_DEVICE, iotlb(VTD_GRAN_PAGE, domain), want)
+                (iotlb(VTD_GRAN_PAGE, domain), want)
             }
         };
+        self.write(VTD_IOTLB_REG, 8, iotlb);
+        want
+    }
+
+    /// A register-based context-cache invalidation, device-selective for `source` or global.
+    fn invalidate_context(&self, granularity: u64, source: u16) {
         self.write(
             VTD_CCMD_REG,
             8,
-            VTD_CCMD_ICC | context << VTD_CCMD_CIRG_SHIFT | u64::from(source) << VTD_CCMD_SID_SHIFT,
+            VTD_CCMD_ICC
+                | granularity << VTD_CCMD_CIRG_SHIFT
+                | u64::from(source) << VTD_CCMD_SID_SHIFT,
         );
-        self.write(VTD_IOTLB_REG, 8, iotlb);
-        want
     }
 
     /// The invariants of the register state.
@@ -351,7 +407,12 @@ fuzz_target!(|data: &[u8]| {
                     1 => Flush::Domain,
                     _ => Flush::Pages(u64::from(flags >> 3) % (VTD_MAMV + 1)),
                 };
-                f.flush_and_compare(source, iova, write, flush, want);
+                let [level, ..] = input.bytes::<1>();
+                let poke = Poke {
+                    level: 1 + u32::from(level) % 3,
+                    value: u64::from_le_bytes(input.bytes::<8>()),
+                };
+                f.flush_and_compare(source, iova, write, flush, want, poke);
             }
             _ => {
                 let rings: Vec<RingArea> = (0..1 + flags % 3)

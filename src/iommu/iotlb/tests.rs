@@ -7,7 +7,7 @@ use crate::iommu::TranslationError;
 use crate::iommu::regs::*;
 use crate::iommu::tables::build::Tables;
 use crate::iommu::testing::*;
-use vm_memory::GuestAddress;
+use vm_memory::{Bytes, GuestAddress};
 
 fn cached(page: u64) -> Cached {
     Cached {
@@ -292,12 +292,20 @@ fn a_buffer_is_translated_once_per_contiguous_run() {
     );
     // Through a device: one run, then the next page, then the fault.
     let dma = u.device();
+    for (page, gpa) in [0x8_0000u64, 0x8_1000, 0x8_2000, 0x8_3000, 0x6_0000]
+        .into_iter()
+        .enumerate()
+    {
+        u.mem.write_obj(page as u8 + 1, GuestAddress(gpa)).unwrap();
+    }
     let mut buf = [0u8; 0x5000];
     assert_eq!(
         dma.read(GuestAddress(A), &mut buf),
         Ok(()),
         "five pages in two runs"
     );
+    let firsts: Vec<u8> = buf.chunks(0x1000).map(|page| page[0]).collect();
+    assert_eq!(firsts, [1, 2, 3, 4, 5]);
     assert!(
         dma.read(GuestAddress(A + 0x4ff0), &mut [0u8; 0x20])
             .is_err()
