@@ -4,9 +4,9 @@
 //! definition of the VMM ↔ guest contract.
 //!
 //! Also builds the multiboot test kernel (guest/testkernel/) for `exitless run`: a 32-bit ELF,
-//! `testkernel.elf`, and the same kernel as a flat image loaded by its multiboot address fields,
-//! `testkernel.bin`. Both are put next to the exitless binary (target/debug/ or
-//! target/release/), where the tests and the README's examples find them. The test kernel
+//! `testkernel.elf`, the same kernel linked at 0x8000, `testkernel-low.elf`, and as a flat image
+//! loaded by its multiboot address fields, `testkernel.bin`. All are put next to the exitless
+//! binary (target/debug/ or target/release/), where the tests and the README's examples find them. The test kernel
 //! shares nothing with the VMM's sources, only the firmware readers and the multiboot header
 //! (guest/firmware.h, multiboot.h, portio.h) with the probe: it checks exitless against QEMU's conventions.
 
@@ -108,7 +108,15 @@ const FREESTANDING: [&str; 13] = [
 ];
 
 /// The test kernel's C files, one concern each (testkernel.h declares what they share).
-const TEST_KERNEL_C: [&str; 4] = ["main.c", "console.c", "platform.c", "virtio.c"];
+const TEST_KERNEL_C: [&str; 7] = [
+    "main.c",
+    "console.c",
+    "platform.c",
+    "virtio.c",
+    "cpuid.c",
+    "rtc.c",
+    "highmem.c",
+];
 
 /// The multiboot test kernel: `testkernel.elf` (ELF) and `testkernel.bin` (flat, loaded by the
 /// header's address fields), in `out` and next to the binary cargo builds.
@@ -133,6 +141,10 @@ fn build_test_kernel(cc: &str, out: &Path) {
     };
     let elf = out.join("testkernel.elf");
     build(&[], &elf);
+    // The same kernel linked at 0x8000, in the conventional memory a loader may not keep to
+    // itself (QEMU boots such kernels).
+    let low = out.join("testkernel-low.elf");
+    build(&["-Wl,--defsym=LOAD_BASE=0x8000"], &low);
     let kludge = out.join("testkernel-kludge.elf");
     build(&["-DAOUT_KLUDGE"], &kludge);
     let flat = out.join("testkernel.bin");
@@ -142,7 +154,7 @@ fn build_test_kernel(cc: &str, out: &Path) {
         .arg(&flat));
     // OUT_DIR is <target>/<profile>/build/<package>-<hash>/out: the binary is in <profile>.
     let profile_dir = out.ancestors().nth(3).expect("cargo's OUT_DIR layout");
-    for file in [&elf, &flat] {
+    for file in [&elf, &low, &flat] {
         let name = file.file_name().expect("a file");
         fs::copy(file, profile_dir.join(name)).expect("copy the test kernel beside the binary");
     }

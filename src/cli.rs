@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use exitless::bench::options::BenchOptions;
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO};
-use exitless::machine::{DiskConfig, VirtioNetConfig};
+use exitless::machine::{CpuTemplate, DiskConfig, VirtioNetConfig};
 use exitless::pci::EcamMode;
 
 /// exitless: a KVM VMM whose device I/O avoids VM exits, and the benchmarks that prove it.
@@ -68,7 +68,8 @@ pub struct RunArgs {
     /// Linux as is; fw_cfg's file opt/exitless/cmdline holds it alone.
     #[arg(long, value_name = "STR", default_value = "")]
     pub cmdline: String,
-    /// Guest RAM in MiB (2 to 3072, and no more than the host has).
+    /// Guest RAM in MiB (from 2, and no more than the host has; past 3072 the rest is mapped
+    /// from 4 GiB).
     #[arg(long, value_name = "MIB", default_value_t = 128)]
     pub memory: i64,
     /// vCPUs (1 to 64): the first boots the kernel, the others wait for INIT/SIPI.
@@ -124,6 +125,18 @@ pub struct RunArgs {
     /// (and, as there, 0 is no limit).
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<u64>,
+    /// The vCPUs' CPU model: `host` (what KVM supports, less xsave and cx16, which this
+    /// host's ring-0 emulator lacks) or `baseline` (x86-64-v2 with x2apic and hypervisor, the
+    /// same on any host: docs/run.md lists it), then `,+FEATURE` to show a feature (refused
+    /// if this host's KVM cannot give it) or `,-FEATURE` to hide one, e.g.
+    /// `host,-avx,+xsave`. Features that need a hidden one (avx without xsave) are hidden too.
+    /// Feature names are QEMU's: `exitless probe --cpuid --cpu ...` shows what a guest sees.
+    #[arg(
+        long,
+        value_name = "host|baseline[,+FEAT|,-FEAT]...",
+        default_value = "host"
+    )]
+    pub cpu: CpuTemplate,
     /// Keep guest RAM in a core dump of exitless, for debugging a guest. By default it is
     /// left out (MADV_DONTDUMP): it is the guest's data, and as large as --memory.
     #[arg(long)]
@@ -187,4 +200,14 @@ pub struct ProbeArgs {
     /// Also show the guest's serial console, as it is written.
     #[arg(long)]
     pub console: bool,
+    /// Print the CPUID leaves a guest of `--cpu` sees, instead of booting the probe.
+    #[arg(long)]
+    pub cpuid: bool,
+    /// The CPU template, as `exitless run --cpu` takes it.
+    #[arg(
+        long,
+        value_name = "host|baseline[,+FEAT|,-FEAT]...",
+        default_value = "host"
+    )]
+    pub cpu: CpuTemplate,
 }

@@ -258,6 +258,24 @@ contract_consts! {
     /// guest (the host's own IPv6 chatter) are dropped. `OpResult::value`: replies checked;
     /// `bytes`: their ICMP data bytes; `irqs`, `stray_irqs` as for `OP_VIRTIO_RR`.
     OP_ICMP_ECHO: u64 = 22;
+    /// `Op::kind`: interrupt remapping on (VT-d §5.1; docs/iommu.md): the probe's VT-d driver
+    /// (brought up if it is not) fills a 256-entry interrupt remapping table whose entry k
+    /// delivers IDT vector k + `value` (none below 16) to the boot CPU, accepted only from the
+    /// PCI function at `address` (SVT 1; with `count` = 1, from function 0 of the next device
+    /// instead, so that every message is blocked and faults), latches it, invalidates the
+    /// interrupt entry cache and sets IRE. Messages from then on are checked as remapped: a remappable-format MSI-X entry
+    /// (`msix_program` with the address `MSI_REMAPPABLE_SHV`: handle 0, the subhandle in its
+    /// data) is expected on the vector its entry names, a compatibility-format one nowhere, and
+    /// `OP_MSIX_CHECK` does not count the unit's fault events (`IOMMU_FAULT_VECTOR`). Devices
+    /// brought up afterwards (`OP_VIRTIO_INIT`, virtio-pci or the virtio-mmio MSI extension)
+    /// get remappable messages naming the entries that deliver on their usual vectors. For a
+    /// virtio-mmio device, `address` names its source-id as if it were a function: bus 0xF1,
+    /// device n.
+    /// `OpResult::value`: the table's entries.
+    OP_IOMMU_INTREMAP: u64 = 23;
+    /// An MSI address in remappable format (VT-d §5.1.2.2) with handle 0 and SHV set: the
+    /// interrupt index is the message data's low 16 bits.
+    MSI_REMAPPABLE_SHV: u32 = 0xfee0_0018;
     /// Most ICMP data bytes in an `OP_ICMP_ECHO` request: a 1500-byte IPv4 packet (the tap's
     /// default MTU) less the IPv4 and ICMP headers, so no reply is fragmented.
     ICMP_MAX_PAYLOAD: u64 = 1500 - 20 - 8;

@@ -8,6 +8,9 @@ use crate::contract::{ENUM_FLAG_CAPS_TRUNCATED, ENUM_FLAG_NOT_TYPE0, EnumRecord,
 use crate::machine::{MachineError, ProbeConfig, ProbeRun, ops, run_probe};
 use crate::pci::{EcamMode, PciAddress};
 use crate::stats::ExitKind;
+use crate::vm::VmError;
+use crate::vm::cpuid::CpuTemplate;
+use crate::vm::cpuid::features::FEATURES;
 
 /// Boot the probe with ECAM served as `cfg.ecam` (`None`: not described) and have it
 /// enumerate by `method` (a `METHOD_*`); `cfg.ops` is replaced.
@@ -120,4 +123,26 @@ pub fn describe(run: &ProbeRun, ecam: Option<EcamMode>) -> String {
         let _ = writeln!(out, "guest errors by device: {}", list.join(", "));
     }
     out
+}
+
+/// `exitless probe --cpuid`: the CPUID leaves a guest of `template` sees on this host, as
+/// exitless gives them to vCPU 0 (`KVM_SET_CPUID2`), one line per leaf and subleaf, then the
+/// named features it shows.
+pub fn cpuid(template: &CpuTemplate) -> Result<String, VmError> {
+    let cpuid = crate::vm::cpuid::for_host(template)?;
+    let mut out = format!("CPUID for --cpu {template}\n");
+    for e in cpuid.as_slice() {
+        let _ = writeln!(
+            out,
+            "{:#010x}.{:<2} eax={:08x} ebx={:08x} ecx={:08x} edx={:08x}",
+            e.function, e.index, e.eax, e.ebx, e.ecx, e.edx
+        );
+    }
+    let shown: Vec<&str> = FEATURES
+        .iter()
+        .filter(|f| f.shown_in(cpuid.as_slice()))
+        .map(|f| f.name)
+        .collect();
+    let _ = writeln!(out, "features: {}", shown.join(" "));
+    Ok(out)
 }

@@ -62,6 +62,7 @@ fn run(args: RunArgs) -> Result<u8, String> {
             .filter(|&seconds| seconds != 0)
             .map(Duration::from_secs),
         dump_guest_memory: args.dump_guest_memory,
+        cpu: args.cpu,
     };
     match cfg.run() {
         Ok(outcome) => Ok(outcome.exit_status()),
@@ -79,6 +80,9 @@ fn run(args: RunArgs) -> Result<u8, String> {
 }
 
 fn probe(args: ProbeArgs) -> Result<(), String> {
+    if args.cpuid {
+        return emit(&inspect::cpuid(&args.cpu).map_err(|e| e.to_string())?);
+    }
     let ecam = args.ecam.mode();
     let cfg = ProbeConfig {
         ecam,
@@ -187,6 +191,8 @@ fn main() -> ExitCode {
     // `exitless run` exits with the guest's status, and its own errors with an even one.
     let error_status = match cli.command {
         Command::Run(_) => ExitCode::from(RUN_ERROR_STATUS),
+        // Its only errors are a template this host cannot give, or no KVM: bad input.
+        Command::Probe(ProbeArgs { cpuid: true, .. }) => ExitCode::from(USAGE_ERROR_STATUS),
         _ => ExitCode::FAILURE,
     };
     // Before any thread starts, so that each confines itself as it starts (the log writer now).

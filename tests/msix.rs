@@ -5,13 +5,12 @@
 //! programmed with, exactly once, and nothing else arrives. And each burst costs the commits
 //! its strategy promises.
 
-use std::time::Duration;
+mod common;
 
 use exitless::contract::*;
 use exitless::irq::CommitStrategy;
-use exitless::machine::{ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops, run_probe};
+use exitless::machine::{ProbeConfig, ProbeRun, ops};
 use exitless::pci::regs::{PCI_MSIX_FLAGS_ENABLE, PCI_MSIX_FLAGS_MASKALL};
-use exitless::virtio::notify::NotifyPath;
 
 /// 32 queue pairs: 64 queue vectors and the configuration vector, as in the seed.
 const PAIRS: u16 = 32;
@@ -20,17 +19,7 @@ const ENABLE: u16 = PCI_MSIX_FLAGS_ENABLE;
 const MASKALL: u16 = PCI_MSIX_FLAGS_MASKALL;
 
 fn boot(strategy: CommitStrategy, ops: Vec<Op>) -> ProbeRun {
-    run_probe(&ProbeConfig {
-        ops,
-        virtio: vec![VirtioNetConfig {
-            queue_pairs: PAIRS,
-            ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
-        }],
-        gsi_commits: strategy,
-        timeout: Duration::from_secs(300),
-        ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("probe run failed: {e}"))
+    common::run_msix(strategy, PAIRS, false, ops)
 }
 
 fn device() -> exitless::pci::PciAddress {

@@ -400,7 +400,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
         ),
         (
             &["--kernel", good, "--memory", "1000000"],
-            "--memory 1000000: at most 3072 MiB",
+            "--memory 1000000: at most 505856 MiB",
         ),
         (&["--kernel", good, "--cpus", "0"], "--cpus 0: 1 to 64"),
         (&["--kernel", good, "--cpus", "65"], "--cpus 65: 1 to 64"),

@@ -16,7 +16,9 @@
 //!   and IQH stays a multiple of 16;
 //! - FSTS.PPF is set exactly while FRCD0 holds a fault, and no other FSTS bit than PFO, PPF
 //!   and IQE is ever set;
-//! - every message the unit sends is a valid MSI.
+//! - every message the unit sends, and every device message it remaps (VT-d §5.1: remappable
+//!   requests through IRTEs the input writes, its type-4 invalidations among the descriptors),
+//!   is a valid MSI.
 //!
 //! Each input is at most 256 steps.
 
@@ -362,7 +364,7 @@ fuzz_target!(|data: &[u8]| {
         let [kind, flags] = input.bytes::<2>();
         let write = flags & 1 != 0;
         let mut wrote_tail = false;
-        match kind % 7 {
+        match kind % 8 {
             0 => {
                 let offset = u64::from(u16::from_le_bytes(input.bytes::<2>()) & 0xfff);
                 let len = [4, 8, 1, 2][usize::from(flags >> 1) % 4];
@@ -413,6 +415,14 @@ fuzz_target!(|data: &[u8]| {
                     value: u64::from_le_bytes(input.bytes::<8>()),
                 };
                 f.flush_and_compare(source, iova, write, flush, want, poke);
+            }
+            7 => {
+                // A device's message in the interrupt window, remappable or not.
+                let source = Fuzz::source(&mut input);
+                let low = u32::from_le_bytes(input.bytes::<4>()) & 0xf_ffff;
+                let data = u32::from_le_bytes(input.bytes::<4>());
+                let routes = f.iommu.interrupt_routes(source);
+                let _ = routes.signal_msi(0xfee0_0000 | u64::from(low), data);
             }
             _ => {
                 let rings: Vec<RingArea> = (0..1 + flags % 3)

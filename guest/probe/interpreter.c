@@ -126,6 +126,9 @@ static void run_op(const struct op *op, struct op_result *res)
     case OP_IOMMU_REPORT:
         vtd_report(op, res);
         break;
+    case OP_IOMMU_INTREMAP:
+        vtd_intremap(op, res);
+        break;
     default:
         res->status = STATUS_BAD_OP;
         break;

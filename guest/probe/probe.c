@@ -16,6 +16,7 @@
 #include "pci.c"
 #include "irq.c"
 #include "vtd.c"
+#include "vtd_ir.c"
 
 #include "virtio.c"
 #include "virtio_mmio.c"

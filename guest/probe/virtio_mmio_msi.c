@@ -7,10 +7,12 @@ static u64 mmio_msi_features(void) { return mmio_legacy_features() | 1ull << VIR
 static void mmio_msi_program(u32 k, u32 vector)
 {
     u64 b = dev.mmio;
+    u32 lo, data;
+    vtd_ir_message(vector, &lo, &data);
     mem_write(b + VIRTIO_MMIO_MSI_SEL, 4, k);
-    mem_write(b + VIRTIO_MMIO_MSI_ADDRESS_LOW, 4, MSI_ADDRESS_BASE);
+    mem_write(b + VIRTIO_MMIO_MSI_ADDRESS_LOW, 4, lo);
     mem_write(b + VIRTIO_MMIO_MSI_ADDRESS_HIGH, 4, 0);
-    mem_write(b + VIRTIO_MMIO_MSI_DATA, 4, vector);
+    mem_write(b + VIRTIO_MMIO_MSI_DATA, 4, data);
     mem_write(b + VIRTIO_MMIO_MSI_COMMAND, 4, VIRTIO_MMIO_MSI_CMD_UPDATE);
     mem_write(b + VIRTIO_MMIO_MSI_COMMAND, 4, VIRTIO_MMIO_MSI_CMD_UNMASK);
 }

@@ -75,9 +75,11 @@ static u64 pci_features(void) { return 0; }
 static void pci_msix_program(u32 k, u32 vector)
 {
     u64 e = dev.msix_table + (u64)k * PCI_MSIX_ENTRY_SIZE;
-    mem_write(e + PCI_MSIX_ENTRY_LOWER_ADDR, 4, MSI_ADDRESS_BASE);
+    u32 lo, data;
+    vtd_ir_message(vector, &lo, &data);
+    mem_write(e + PCI_MSIX_ENTRY_LOWER_ADDR, 4, lo);
     mem_write(e + PCI_MSIX_ENTRY_UPPER_ADDR, 4, 0);
-    mem_write(e + PCI_MSIX_ENTRY_DATA, 4, vector);
+    mem_write(e + PCI_MSIX_ENTRY_DATA, 4, data);
     mem_write(e + PCI_MSIX_ENTRY_VECTOR_CTRL, 4, 0);
 }
 

@@ -76,7 +76,7 @@ static void vtd_sync(const volatile void *entry)
 static int vtd_command(u32 bit)
 {
     /* Keep the persistent enables; the one-shot status bits must not be written back. */
-    u32 sts = (u32)vtd_read(VTD_GSTS_REG, 4) & (VTD_GCMD_TE | VTD_GCMD_QIE);
+    u32 sts = (u32)vtd_read(VTD_GSTS_REG, 4) & (VTD_GCMD_TE | VTD_GCMD_QIE | VTD_GCMD_IRE | VTD_GCMD_CFI);
     vtd_write(VTD_GCMD_REG, 4, sts | bit);
     u64 deadline = tsc_timeout();
     while (!(vtd_read(VTD_GSTS_REG, 4) & bit))

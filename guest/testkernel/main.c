@@ -129,9 +129,11 @@ void kmain(uint32_t magic, const struct mb_info *mb)
     uint32_t cpus = arg_number("cpus", 1), mem = arg_number("mem", 0);
 
     check_multiboot(mb, mem);
+    check_highmem(mb, arg_number("highmem", 0));
     check_fw_cfg(cpus, mem);
     check_acpi();
     check_fadt();
+    check_rtc();
     if (pm_timer_port) {
         uint32_t before = pm_timer();
         check_madt(cpus);
@@ -148,6 +150,8 @@ void kmain(uint32_t magic, const struct mb_info *mb)
             check_disk();
         if (arg_number("net", 0))
             check_net();
+        if (arg_number("cpuid", 0))
+            check_cpuid();
     }
 out:
     spam(arg_number("spam", 0));

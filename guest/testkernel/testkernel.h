@@ -58,6 +58,15 @@ void check_dmar(uint32_t iommu);
 void check_smp(uint32_t cpus);
 void check_echo(void);
 
+/* cpuid.c: the CPUID the kernel sees (cpuid=1). */
+void check_cpuid(void);
+
+/* rtc.c: the RTC's time (utc=SECONDS) and S3, woken by its alarm or a key (s3=alarm|key). */
+void check_rtc(void);
+
+/* highmem.c: RAM above 4 GiB, written and read back under PAE paging. */
+void check_highmem(const struct mb_info *mb, uint32_t mib);
+
 /* virtio.c: the devices on virtio-pci. */
 void check_disk(void);
 void check_net(void);

@@ -1,10 +1,11 @@
 //! Platform devices that are not PCI functions: the console UART, and the PC parts `exitless
-//! run` guests expect (QEMU's test exit and fw_cfg, the ACPI power-management block, and the
-//! two ways to reset a PC).
+//! run` guests expect (QEMU's test exit and fw_cfg, the ACPI power-management block, the RTC and
+//! CMOS, and the two ways to reset a PC).
 
 pub mod acpi_pm;
 pub mod debug_exit;
 pub mod fw_cfg;
 pub mod i8042;
 pub mod reset_control;
+pub mod rtc;
 pub mod serial;

@@ -12,7 +12,9 @@ const CHECKSUM_AT: usize = 9;
 
 /// The DMAR table for one unit at `base` on a platform with `phys_bits` bits of physical
 /// address (the host address width field holds that minus one, §8.1): signature "DMAR",
-/// revision 1, flags 0 (no interrupt remapping), one DRHD of type 0 and length 16, checksummed.
+/// revision 1, flags 0, one DRHD of type 0 and length 16, checksummed. INTR_REMAP (flags bit 0)
+/// stays clear although the unit remaps MSIs: the in-kernel IOAPIC cannot be remapped, and
+/// Linux enables remapping only with every IOAPIC in a unit's scope (docs/iommu.md).
 pub fn dmar_table(base: u64, phys_bits: u8) -> Vec<u8> {
     let mut t = Vec::with_capacity(HEADER_LEN + 12 + 16);
     t.extend_from_slice(b"DMAR");

@@ -130,6 +130,7 @@ impl Iommu {
         match descriptor {
             Descriptor::Context(scope) => self.invalidate_contexts(regs, scope),
             Descriptor::Iotlb(scope) => self.invalidate_iotlb(regs, scope),
+            Descriptor::InterruptEntries(scope) => self.invalidate_interrupt_entries(regs, scope),
             Descriptor::Wait { status, interrupt } => {
                 // Strict: see the module comment.
                 self.drain();

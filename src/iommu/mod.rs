@@ -10,6 +10,7 @@
 //! - [`tables`]: root, context and page tables walked from guest memory;
 //! - [`iotlb`]: the context cache, the IOTLB and the paging-structure cache, bounded;
 //! - [`queue`]: the invalidation queue and its descriptors;
+//! - [`interrupt_remapping`]: remappable-format MSIs through the IRTE table, and its cache;
 //! - [`fault`] and [`event`]: fault recording and the two event interrupts;
 //! - [`dmar`]: the ACPI DMAR table that describes the unit.
 //!
@@ -31,6 +32,7 @@
 pub mod dmar;
 pub mod event;
 pub mod fault;
+pub mod interrupt_remapping;
 mod invalidation;
 pub mod iotlb;
 pub mod queue;
@@ -48,14 +50,15 @@ pub mod regs {
     include!("regs.rs");
 }
 
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 
 use crate::guest_error;
-use crate::irq::InterruptRoutes;
 use crate::irq::msi::is_valid_message;
+use crate::irq::{InterruptRoutes, RemappedRoutes};
 use crate::logging::DeviceLog;
 use event::Message;
 use fault::Faults;
+use interrupt_remapping::{InterruptRemapping, InterruptStats};
 use iotlb::CacheCounts;
 use register_file::Registers;
 pub use register_file::{CAP, ECAP};
@@ -96,12 +99,15 @@ pub struct IommuStats {
     pub walks: u64,
     /// DMA requests blocked (recorded or lost to a full record).
     pub faults: u64,
+    /// Interrupt remapping: messages remapped and blocked, cache invalidations, routes.
+    pub interrupts: InterruptStats,
 }
 
 /// The remapping unit.
 ///
 /// Lock order: `regs` (vCPU side: the register file and the queue) before `remap` (translation
-/// state and caches) and `faults`; `remap` and `faults` are never held together. Device
+/// state and caches) and `faults`; interrupt remapping's `intr` comes between `regs` and
+/// `faults` (its order with the devices' routes: `interrupt_remapping`); `remap` and `faults` are never held together. Device
 /// threads take `remap` and `faults` only, never `regs`. `rounds` is written (an
 /// invalidation's completion) with `regs` held but neither `remap` nor `faults`; a device's
 /// round of DMA reads it first and takes `remap` and `faults` inside.
@@ -114,6 +120,10 @@ pub struct Iommu {
     faults: Mutex<Faults>,
     /// Device rounds of DMA read it; invalidations wait them out by writing it.
     rounds: RwLock<()>,
+    /// Interrupt remapping: IRTA, what SIRTP latched, IRES and CFIS, the entry cache.
+    intr: Mutex<InterruptRemapping>,
+    /// The devices' routes through the unit, remapped again when its entries change.
+    remapped: Mutex<Vec<Weak<RemappedRoutes>>>,
 }
 
 impl std::fmt::Debug for Iommu {
@@ -138,6 +148,8 @@ impl Iommu {
             remap: Mutex::default(),
             faults: Mutex::default(),
             rounds: RwLock::new(()),
+            intr: Mutex::default(),
+            remapped: Mutex::default(),
         }
     }
 
@@ -157,6 +169,7 @@ impl Iommu {
             stats.walks = remap.walks;
         }
         stats.faults = self.faults.lock().unwrap().count();
+        self.interrupt_stats(&mut stats.interrupts);
         stats
     }
 

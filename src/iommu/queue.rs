@@ -3,8 +3,8 @@
 //! the head (IQH). The unit runs the whole queue inside the IQT write (as QEMU does), so a
 //! strict unmap costs one exit and the guest's wait loop spins on a status dword in RAM.
 //!
-//! Descriptors the unit knows: context-cache invalidate (type 1), IOTLB invalidate (type 2)
-//! and invalidation wait (type 5). Anything else, a descriptor it cannot read, or a tail
+//! Descriptors the unit knows: context-cache invalidate (type 1), IOTLB invalidate (type 2),
+//! interrupt entry cache invalidate (type 4) and invalidation wait (type 5). Anything else, a descriptor it cannot read, or a tail
 //! outside the queue stops the queue at IQH with FSTS.IQE (§6.5.2.10); the unit carries
 //! out the descriptors before it and none after, until software clears IQE.
 
@@ -14,6 +14,7 @@
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::event::{EventInterrupt, Message};
+use super::interrupt_remapping::IecScope;
 use super::iotlb::{ContextScope, IotlbScope};
 use super::regs::*;
 use super::tables::PAGE_SIZE;
@@ -25,6 +26,8 @@ pub enum Descriptor {
     Context(ContextScope),
     /// IOTLB invalidate (§6.5.2.3); the drain hints DR and DW are implied (every wait drains).
     Iotlb(IotlbScope),
+    /// Interrupt entry cache invalidate (§6.5.2.7).
+    InterruptEntries(IecScope),
     /// Invalidation wait (§6.5.2.8): once every descriptor before it is done, write `status`
     /// (data to address) if given, and raise the invalidation event if `interrupt`.
     Wait {
@@ -54,7 +57,7 @@ pub enum QueueError {
     /// The descriptor at the head is not guest RAM.
     #[error("the invalidation descriptor at {0:#x} is outside guest memory")]
     Unreadable(u64),
-    /// A type the unit does not know (device-TLB, interrupt entry cache, PASID-based...).
+    /// A type the unit does not know (device-TLB, PASID-based...).
     #[error("invalidation descriptor type {0:#x} is not supported")]
     Type(u64),
     /// A granularity of 0 (reserved).
@@ -83,6 +86,7 @@ pub fn decode(low: u64, high: u64) -> Result<Descriptor, QueueError> {
             _ => return Err(QueueError::Granularity),
         })),
         VTD_QI_IOTLB_TYPE => Ok(Descriptor::Iotlb(iotlb_scope(granularity, domain, high)?)),
+        VTD_QI_IEC_TYPE => Ok(Descriptor::InterruptEntries(IecScope::decode(low))),
         VTD_QI_WAIT_TYPE => Ok(Descriptor::Wait {
             status: (low & VTD_QI_WAIT_SW != 0)
                 .then_some((high & !3, (low >> VTD_QI_WAIT_DATA_SHIFT) as u32)),
@@ -273,8 +277,25 @@ mod tests {
                 interrupt: true
             })
         );
-        // Device-TLB (3), interrupt entry cache (4) and the PASID-based types are unknown.
-        for t in [0, 3, 4, 6, 7, 0xf] {
+        assert_eq!(
+            decode(VTD_QI_IEC_TYPE, 0),
+            Ok(Descriptor::InterruptEntries(IecScope::Global))
+        );
+        assert_eq!(
+            decode(
+                VTD_QI_IEC_TYPE
+                    | VTD_QI_IEC_INDEXED
+                    | 2 << VTD_QI_IEC_IM_SHIFT
+                    | 0x13 << VTD_QI_IEC_IIDX_SHIFT,
+                0
+            ),
+            Ok(Descriptor::InterruptEntries(IecScope::Indexed {
+                index: 0x13,
+                mask: 2
+            }))
+        );
+        // Device-TLB (3) and the PASID-based types are unknown.
+        for t in [0, 3, 6, 7, 0xf] {
             assert_eq!(decode(t, 0), Err(QueueError::Type(t)));
         }
     }

@@ -19,9 +19,14 @@ pub const CAP: u64 = VTD_CAP_ND_16BIT
     | VTD_CAP_SLLPS_2M
     | VTD_CAP_PSI
     | VTD_MAMV << VTD_CAP_MAMV_SHIFT;
-/// ECAP (§10.4.3): coherent walks, queued invalidation, IVA at `VTD_IVA_REG`; no
-/// pass-through, device-TLBs, interrupt remapping or scalable mode.
-pub const ECAP: u64 = VTD_ECAP_C | VTD_ECAP_QI | (VTD_IVA_REG / 16) << VTD_ECAP_IRO_SHIFT;
+/// ECAP (§10.4.3): coherent walks, queued invalidation, interrupt remapping with extended
+/// (x2APIC) mode, IVA at `VTD_IVA_REG`; no pass-through, device-TLBs, posted interrupts or
+/// scalable mode.
+pub const ECAP: u64 = VTD_ECAP_C
+    | VTD_ECAP_QI
+    | VTD_ECAP_IR
+    | VTD_ECAP_EIM
+    | (VTD_IVA_REG / 16) << VTD_ECAP_IRO_SHIFT;
 
 /// The qwords that hold a 32-bit register in their high half.
 const FSTS_QWORD: u64 = VTD_FSTS_REG & !7;
@@ -32,7 +37,7 @@ const FRCD_HIGH: u64 = VTD_FRCD_REG + 8;
 /// The vCPU side: the register file and the invalidation queue.
 #[derive(Debug, Default)]
 pub(super) struct Registers {
-    /// GSTS: TES, RTPS, QIES (the GCMD bits of the same positions).
+    /// GSTS: TES, RTPS, QIES, IRES, IRTPS, CFIS (the GCMD bits of the same positions).
     pub(super) status: u32,
     /// RTADDR as written (63:12).
     pub(super) root_table: u64,
@@ -100,6 +105,7 @@ impl Iommu {
             VTD_IECTL_REG => event_qword(&self.regs.lock().unwrap().queue.event, EVENT_CONTROL),
             VTD_IEADDR_REG => event_qword(&self.regs.lock().unwrap().queue.event, EVENT_ADDRESS),
             VTD_IVA_REG => self.regs.lock().unwrap().invalidate_address,
+            VTD_IRTA_REG => self.intr.lock().unwrap().address,
             VTD_IOTLB_REG => self.regs.lock().unwrap().iotlb_command,
             VTD_FRCD_REG => self.faults.lock().unwrap().record_qwords()[0],
             FRCD_HIGH => self.faults.lock().unwrap().record_qwords()[1],
@@ -160,6 +166,11 @@ impl Iommu {
                 self.send("invalidation", due);
             }
             VTD_IVA_REG => regs.invalidate_address = merge(regs.invalidate_address),
+            VTD_IRTA_REG => {
+                let mut intr = self.intr.lock().unwrap();
+                let irta = merge(intr.address);
+                intr.set_address(irta);
+            }
             VTD_IOTLB_REG => {
                 regs.iotlb_command = merge(regs.iotlb_command);
                 if high && regs.iotlb_command & VTD_IOTLB_IVT != 0 {
@@ -198,6 +209,7 @@ impl Iommu {
             }
         }
         // WBF: nothing is buffered (CAP.RWBF = 0), so WBFS is never left set.
+        self.interrupt_command(regs, value);
     }
 }
 

@@ -57,6 +57,9 @@ contract_consts! {
     VTD_IVA_REG: u64 = 0xf0;
     /// IOTLB invalidate register, 64 bits (§10.4.8.1), right after IVA.
     VTD_IOTLB_REG: u64 = 0xf8;
+    /// Interrupt remapping table address register, 64 bits (§10.4.29): the table in 63:12,
+    /// EIME (11), S (3:0).
+    VTD_IRTA_REG: u64 = 0xb8;
     /// Fault recording register 0, 128 bits (§10.4.14); CAP.FRO points here. Low qword: fault
     /// info (the page, 63:12); high qword at +8: source-id, reason, type, F.
     VTD_FRCD_REG: u64 = 0x220;
@@ -85,6 +88,10 @@ contract_consts! {
     VTD_ECAP_C: u64 = 1;
     /// ECAP.QI (1): queued invalidation is supported.
     VTD_ECAP_QI: u64 = 2;
+    /// ECAP.IR (3): interrupt remapping is supported (§5.1).
+    VTD_ECAP_IR: u64 = 1 << 3;
+    /// ECAP.EIM (4): extended interrupt mode, 32-bit x2APIC destinations in IRTEs.
+    VTD_ECAP_EIM: u64 = 1 << 4;
     /// ECAP.IRO (17:8): offset of IVA in 16-byte units.
     VTD_ECAP_IRO_SHIFT: u64 = 8;
 
@@ -96,6 +103,59 @@ contract_consts! {
     VTD_GCMD_WBF: u32 = 1 << 27;
     /// GCMD.QIE / GSTS.QIES (bit 26): queued invalidation enable / status.
     VTD_GCMD_QIE: u32 = 1 << 26;
+
+    /// GCMD.IRE / GSTS.IRES (bit 25): interrupt remapping enable / status.
+    VTD_GCMD_IRE: u32 = 1 << 25;
+    /// GCMD.SIRTP / GSTS.IRTPS (bit 24): latch IRTA / interrupt remapping table pointer latched.
+    VTD_GCMD_SIRTP: u32 = 1 << 24;
+    /// GCMD.CFI / GSTS.CFIS (bit 23): compatibility-format interrupts pass through while
+    /// remapping is on (§5.1.4.1).
+    VTD_GCMD_CFI: u32 = 1 << 23;
+
+    /// IRTA.EIME (11): extended interrupt mode (x2APIC): IRTE destinations are 32 bits.
+    VTD_IRTA_EIME: u64 = 1 << 11;
+    /// IRTA.S (3:0): the table has 2^(S + 1) entries.
+    VTD_IRTA_S_MASK: u64 = 0xf;
+    /// Interrupt remapping table entries are 128 bits (§9.10).
+    VTD_IRTE_SIZE: u64 = 16;
+    /// IRTE low qword: present (0).
+    VTD_IRTE_P: u64 = 1;
+    /// IRTE: fault processing disable (1): faults on this entry are not recorded.
+    VTD_IRTE_FPD: u64 = 1 << 1;
+    /// IRTE: destination mode (2), 1 = logical.
+    VTD_IRTE_DM: u64 = 1 << 2;
+    /// IRTE: redirection hint (3).
+    VTD_IRTE_RH: u64 = 1 << 3;
+    /// IRTE: trigger mode (4), 1 = level.
+    VTD_IRTE_TM: u64 = 1 << 4;
+    /// IRTE: delivery mode (7:5), as MSI data bits 10:8.
+    VTD_IRTE_DLM_SHIFT: u64 = 5;
+    /// IRTE: IRTE mode (15), 1 = posted (not offered: ECAP.PI = 0, so reserved).
+    VTD_IRTE_IM: u64 = 1 << 15;
+    /// IRTE: vector (23:16).
+    VTD_IRTE_VECTOR_SHIFT: u64 = 16;
+    /// IRTE: destination ID (63:32); in xAPIC mode the APIC ID is in 47:40.
+    VTD_IRTE_DST_SHIFT: u64 = 32;
+    /// IRTE low qword bits that are reserved (14:12, 31:24) or unsupported (IM).
+    VTD_IRTE_RESERVED: u64 = 0xff00_f000;
+    /// IRTE high qword: source-id (15:0), source-id qualifier (17:16), source validation type
+    /// (19:18); bits 63:20 are reserved.
+    VTD_IRTE_SQ_SHIFT: u64 = 16;
+    /// IRTE high qword: source validation type (19:18).
+    VTD_IRTE_SVT_SHIFT: u64 = 18;
+    /// SVT 1: verify the requester's source-id against SID under the SQ mask.
+    VTD_IRTE_SVT_SID: u64 = 1;
+    /// SVT 2: verify that the requester's bus is within SID's bus range (15:8 to 7:0).
+    VTD_IRTE_SVT_BUS: u64 = 2;
+
+    /// Remappable-format MSI address (§5.1.2.2): interrupt format (4), 1 = remappable.
+    VTD_MSI_REMAPPABLE: u64 = 1 << 4;
+    /// Remappable MSI address: subhandle valid (3): data bits 15:0 are added to the handle.
+    VTD_MSI_SHV: u64 = 1 << 3;
+    /// Remappable MSI address: handle bits 14:0 in address bits 19:5.
+    VTD_MSI_HANDLE_SHIFT: u64 = 5;
+    /// Remappable MSI address: handle bit 15 in address bit 2.
+    VTD_MSI_HANDLE_15: u64 = 1 << 2;
 
     /// CCMD.ICC (63): set to invalidate; reads 0 once done.
     VTD_CCMD_ICC: u64 = 1 << 63;
@@ -187,6 +247,14 @@ contract_consts! {
     VTD_QI_CC_TYPE: u64 = 1;
     /// Descriptor type: IOTLB invalidate (§6.5.2.3).
     VTD_QI_IOTLB_TYPE: u64 = 2;
+    /// Descriptor type: interrupt entry cache invalidate (§6.5.2.7).
+    VTD_QI_IEC_TYPE: u64 = 4;
+    /// Interrupt entry cache descriptor: granularity (4), 1 = index-selective, 0 = global.
+    VTD_QI_IEC_INDEXED: u64 = 1 << 4;
+    /// Interrupt entry cache descriptor: index mask (31:27), 2^IM entries from the index.
+    VTD_QI_IEC_IM_SHIFT: u64 = 27;
+    /// Interrupt entry cache descriptor: interrupt index (47:32).
+    VTD_QI_IEC_IIDX_SHIFT: u64 = 32;
     /// Descriptor type: invalidation wait (§6.5.2.8).
     VTD_QI_WAIT_TYPE: u64 = 5;
     /// Context-cache and IOTLB descriptors: granularity (5:4, `VTD_GRAN_*`).
@@ -226,4 +294,21 @@ contract_consts! {
     VTD_FR_CONTEXT_TABLE: u8 = 9;
     /// Fault reason: a reserved bit is set in a paging entry (PS: no superpages).
     VTD_FR_PTE_RESERVED: u8 = 0xc;
+    /// Interrupt fault reason (§7.1.3, FRCD holds the interrupt index in 63:48): reserved
+    /// fields set in a remappable-format request.
+    VTD_FR_IR_REQUEST_RESERVED: u8 = 0x20;
+    /// Interrupt fault reason: the interrupt index is beyond the table (IRTA.S).
+    VTD_FR_IR_INDEX: u8 = 0x21;
+    /// Interrupt fault reason: the IRTE is not present.
+    VTD_FR_IR_NOT_PRESENT: u8 = 0x22;
+    /// Interrupt fault reason: the IRTE could not be read (outside guest RAM).
+    VTD_FR_IR_TABLE: u8 = 0x23;
+    /// Interrupt fault reason: reserved fields set in a present IRTE.
+    VTD_FR_IR_ENTRY_RESERVED: u8 = 0x24;
+    /// Interrupt fault reason: a compatibility-format interrupt blocked (IRE set, CFI clear).
+    VTD_FR_IR_COMPATIBILITY: u8 = 0x25;
+    /// Interrupt fault reason: source-id validation failed (SVT, SQ, SID).
+    VTD_FR_IR_SOURCE: u8 = 0x26;
+    /// FRCD low qword for an interrupt fault: the interrupt index in 63:48.
+    VTD_FRCD_IR_INDEX_SHIFT: u64 = 48;
 }

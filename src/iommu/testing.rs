@@ -10,6 +10,7 @@ use super::{Iommu, TranslationError};
 use crate::bus::BusDevice;
 use crate::dma::{Access, DmaContext};
 use crate::fakes::FakeRoutes;
+use crate::irq::CommitStrategy;
 use crate::logging::DeviceLog;
 
 /// Guest RAM, from 0.
@@ -40,13 +41,22 @@ pub struct Unit {
 
 /// A unit at reset.
 pub fn unit() -> Unit {
-    unit_of(RAM)
+    unit_with(CommitStrategy::default())
+}
+
+/// A unit at reset over routes whose owners follow `strategy`.
+pub fn unit_with(strategy: CommitStrategy) -> Unit {
+    unit_over(RAM, strategy)
 }
 
 /// A unit at reset over `ram` bytes of guest RAM from 0.
 pub fn unit_of(ram: u64) -> Unit {
+    unit_over(ram, CommitStrategy::default())
+}
+
+fn unit_over(ram: u64, strategy: CommitStrategy) -> Unit {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), ram as usize)]).unwrap();
-    let routes = Arc::new(FakeRoutes::default());
+    let routes = Arc::new(FakeRoutes::with_strategy(strategy));
     let iommu = Arc::new(Iommu::new(
         mem.clone(),
         routes.clone(),

@@ -358,8 +358,8 @@ fn an_unknown_descriptor_sets_iqe_and_stops_the_queue_at_it() {
     u.w32(VTD_FEADDR_REG, FAULT_MSI.0 as u32);
     u.w32(VTD_FECTL_REG, 0);
     u.enable_queue();
-    // An interrupt-entry-cache invalidation (type 4): interrupt remapping is not offered.
-    u.submit(&[wait(Some(1), false), [4, 0], wait(Some(2), false)]);
+    // A device-TLB invalidation (type 3): device-TLBs are not offered.
+    u.submit(&[wait(Some(1), false), [3, 0], wait(Some(2), false)]);
     assert_eq!(u.r32(VTD_FSTS_REG), VTD_FSTS_IQE);
     assert_eq!(u.r64(VTD_IQH_REG), 16, "IQH at the bad descriptor");
     assert_eq!(u.mem.read_obj::<u32>(GuestAddress(STATUS)).unwrap(), 1);

@@ -3,6 +3,7 @@
 //! directly (`KVM_SIGNAL_MSI`).
 
 pub mod msi;
+pub mod remap;
 pub mod routing;
 
 #[allow(missing_docs)] // each constant is documented in the shared file
@@ -12,6 +13,7 @@ pub mod regs {
 }
 
 pub use msi::{MsiChange, MsiVectors};
+pub use remap::{MessageRemapper, RemappedRoutes};
 pub use routing::{CommitStats, CommitStrategy, GsiRouting, MsiGsi};
 
 use vmm_sys_util::eventfd::EventFd;
@@ -24,6 +26,18 @@ use vmm_sys_util::eventfd::EventFd;
 pub trait InterruptRoutes: Send + Sync {
     /// How MSI messages reach the guest.
     fn strategy(&self) -> CommitStrategy;
+    /// Whether a vector table may send (`address`, `data`): a valid MSI, or a message a
+    /// remapping unit in front of the routes decodes ([`RemappedRoutes`]).
+    fn accepts(&self, address: u64, data: u32) -> bool {
+        msi::is_valid_message(address, data)
+    }
+    /// Whether `gsi`'s route delivers: false where a remapping unit blocked the message it was
+    /// set to ([`RemappedRoutes`]), so its owner does not write an irqfd that nothing is bound
+    /// to (KVM would deliver the count left there once the route comes back).
+    fn delivers(&self, gsi: u32) -> bool {
+        let _ = gsi;
+        true
+    }
     /// Inject one MSI message now, without a route (`KVM_SIGNAL_MSI`).
     fn signal_msi(&self, address: u64, data: u32) -> Result<(), IrqError>;
     /// Bind `irqfd` to IOAPIC pin `gsi` (a level-triggered line when `resample` is given: KVM

@@ -10,6 +10,7 @@ use crate::irq::CommitStrategy;
 use crate::machine::layout;
 use crate::pci::EcamMode;
 use crate::virtio::notify::NotifyPath;
+pub use crate::vm::cpuid::CpuTemplate;
 
 /// Most virtio-pci devices: PCI device numbers from `VIRTIO_PCI_FIRST_DEVICE` to 31.
 pub const MAX_VIRTIO_PCI: usize = 32 - layout::VIRTIO_PCI_FIRST_DEVICE as usize;
@@ -47,6 +48,8 @@ pub struct MachineConfig {
     pub iommu: bool,
     /// Keep guest RAM in the VMM's core dumps (by default it is left out: MADV_DONTDUMP).
     pub dump_guest_memory: bool,
+    /// The vCPUs' CPU template (`--cpu`), kept as given so that a snapshot can record it.
+    pub cpu: CpuTemplate,
 }
 
 impl Default for MachineConfig {
@@ -64,6 +67,7 @@ impl Default for MachineConfig {
             gsi_commits: CommitStrategy::default(),
             iommu: false,
             dump_guest_memory: false,
+            cpu: CpuTemplate::default(),
         }
     }
 }

@@ -1,4 +1,5 @@
-//! The guest-physical map of a machine: RAM from 0, the PCI holes, ECAM, the virtio-mmio
+//! The guest-physical map of a machine: RAM from 0 up to the 32-bit PCI hole and the rest from
+//! 4 GiB, the PCI holes (the 32-bit one and a 64-bit one above RAM), ECAM, the virtio-mmio
 //! windows, the I/O port windows and the interrupt pins, and the allocators that hand out the
 //! virtio-mmio windows and their pins (vm-allocator's `AddressAllocator` and `IdAllocator`).
 //!
@@ -13,8 +14,22 @@ use crate::virtio::regs::VIRTIO_MMIO_WINDOW_SIZE;
 pub const DEFAULT_RAM_SIZE: usize = 16 << 20;
 /// RAM is mapped in whole pages.
 pub const RAM_ALIGN: usize = 0x1000;
-/// Memory BARs are placed in this 32-bit hole; RAM must end below it.
+/// Memory BARs are placed in this 32-bit hole; RAM below 4 GiB ends where it starts.
 pub const PCI_MMIO_WINDOW: (u64, u64) = (0xc000_0000, 0xe000_0000);
+/// RAM past the 32-bit hole resumes here, as on every PC (the hole, ECAM, the IOAPIC, the local
+/// APIC and the BIOS flash all sit in the last GiB below 4 GiB).
+pub const HIGH_RAM_BASE: u64 = 1 << 32;
+/// The 64-bit BAR window starts on the first boundary of this size above RAM.
+pub const PCI_MMIO64_ALIGN: u64 = 1 << 30;
+/// Bytes of the 64-bit BAR window.
+pub const PCI_MMIO64_SIZE: u64 = 16 << 30;
+/// Guest-physical addresses the map keeps below: 39 bits, the physical address width of
+/// Intel's client processors (CPUID 0x80000008 EAX[7:0]; server parts and AMD's report more),
+/// so that RAM and the 64-bit window stay addressable on the hosts exitless runs on.
+pub const MAX_PHYS_ADDR: u64 = 1 << 39;
+/// The most RAM a layout holds: what fits below [`MAX_PHYS_ADDR`] with the 64-bit window.
+pub const MAX_RAM_SIZE: u64 =
+    MAX_PHYS_ADDR - PCI_MMIO64_SIZE - PCI_MMIO64_ALIGN - (HIGH_RAM_BASE - PCI_MMIO_WINDOW.0);
 /// ECAM window for bus 0 (1 MiB: 32 devices × 8 functions × 4 KiB).
 pub const ECAM_BASE: u64 = 0xe000_0000;
 /// The last bus the ECAM window covers (and the host bridge decodes): bus 0 only.
@@ -45,11 +60,10 @@ pub const VIRTIO_NET_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x7e, 0x57, 0x00];
 /// Why a layout cannot be made or a resource given out.
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
-    /// RAM that is empty, not whole pages, or runs into the PCI hole.
+    /// RAM that is empty, not whole pages, or more than the address space holds.
     #[error(
-        "RAM size {0:#x} bytes: it must be a non-zero multiple of {RAM_ALIGN:#x} and end at or \
-         below the PCI hole at {hole:#x}",
-        hole = PCI_MMIO_WINDOW.0
+        "RAM size {0:#x} bytes: it must be a non-zero multiple of {RAM_ALIGN:#x} and at most \
+         {MAX_RAM_SIZE:#x}"
     )]
     RamSize(usize),
     /// Every virtio-mmio window (or its pin) is taken.
@@ -80,11 +94,12 @@ pub struct MemoryLayout {
 }
 
 impl MemoryLayout {
-    /// A map with `ram_size` bytes of RAM from 0, ECAM described at [`ECAM_BASE`] if `ecam`.
+    /// A map with `ram_size` bytes of RAM, from 0 up to the PCI hole and the rest from
+    /// [`HIGH_RAM_BASE`]; ECAM described at [`ECAM_BASE`] if `ecam`.
     pub fn new(ram_size: usize, ecam: bool) -> Result<Self, LayoutError> {
         let fits = ram_size != 0
             && ram_size.is_multiple_of(RAM_ALIGN)
-            && u64::try_from(ram_size).is_ok_and(|r| r <= PCI_MMIO_WINDOW.0);
+            && u64::try_from(ram_size).is_ok_and(|r| r <= MAX_RAM_SIZE);
         if !fits {
             return Err(LayoutError::RamSize(ram_size));
         }
@@ -107,9 +122,42 @@ impl MemoryLayout {
         })
     }
 
-    /// Bytes of RAM, from guest-physical 0.
+    /// Bytes of RAM, below and above 4 GiB together.
     pub fn ram_size(&self) -> usize {
         self.ram_size
+    }
+
+    /// Where RAM below 4 GiB ends: the whole RAM, or the start of the PCI hole.
+    pub fn low_ram_end(&self) -> u64 {
+        low_ram_end(self.ram_size)
+    }
+
+    /// RAM above 4 GiB, as `(base, bytes)`; `None` when all of it is below the hole.
+    pub fn high_ram(&self) -> Option<(u64, u64)> {
+        let high = self.ram_size as u64 - self.low_ram_end();
+        (high != 0).then_some((HIGH_RAM_BASE, high))
+    }
+
+    /// The RAM regions, `(guest-physical base, bytes)`, in address order: the one from 0, and
+    /// the one from 4 GiB if RAM runs past the hole.
+    pub fn ram_regions(&self) -> Vec<(u64, usize)> {
+        let low = (0, usize::try_from(self.low_ram_end()).expect("below 4 GiB"));
+        let high = self.high_ram().map(|(base, len)| {
+            (
+                base,
+                usize::try_from(len).expect("the RAM size was a usize"),
+            )
+        });
+        std::iter::once(low).chain(high).collect()
+    }
+
+    /// The 64-bit BAR window, `(start, end)`: [`PCI_MMIO64_SIZE`] bytes from the first
+    /// [`PCI_MMIO64_ALIGN`] boundary above RAM. Only a machine with RAM above 4 GiB has one:
+    /// one whose RAM ends below the hole keeps every BAR where it always was.
+    pub fn mmio64_window(&self) -> Option<(u64, u64)> {
+        let (base, len) = self.high_ram()?;
+        let start = (base + len).next_multiple_of(PCI_MMIO64_ALIGN);
+        Some((start, start + PCI_MMIO64_SIZE))
     }
 
     /// Base of the ECAM window, if one is described.
@@ -158,21 +206,54 @@ impl MemoryLayout {
     }
 }
 
+/// Where RAM below 4 GiB ends for a machine of `ram_size` bytes: RAM stops at the 32-bit
+/// PCI hole and resumes at [`HIGH_RAM_BASE`]. Everything a 32-bit loader places goes below it.
+pub fn low_ram_end(ram_size: usize) -> u64 {
+    (ram_size as u64).min(PCI_MMIO_WINDOW.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn ram_must_be_whole_pages_below_the_pci_hole() {
+    fn ram_must_be_whole_pages_that_fit_the_address_space() {
         assert!(MemoryLayout::new(DEFAULT_RAM_SIZE, true).is_ok());
-        for bad in [0, 0x1234, 0xc000_1000] {
+        let too_much = usize::try_from(MAX_RAM_SIZE).unwrap() + RAM_ALIGN;
+        for bad in [0, 0x1234, too_much] {
             let e = MemoryLayout::new(bad, true).expect_err("invalid RAM size");
-            assert!(e.to_string().contains("PCI hole"), "{e}");
+            assert!(e.to_string().contains("multiple of"), "{e}");
         }
-        assert!(
-            MemoryLayout::new(0xc000_0000, false).is_ok(),
-            "RAM up to the hole"
+        let most = MemoryLayout::new(usize::try_from(MAX_RAM_SIZE).unwrap(), false).unwrap();
+        assert!(most.mmio64_window().unwrap().1 <= MAX_PHYS_ADDR);
+    }
+
+    #[test]
+    fn ram_up_to_the_hole_is_one_region_without_a_64_bit_window() {
+        let l = MemoryLayout::new(0xc000_0000, false).unwrap();
+        assert_eq!(l.ram_regions(), vec![(0, 0xc000_0000)]);
+        assert_eq!((l.low_ram_end(), l.high_ram()), (0xc000_0000, None));
+        assert_eq!(l.mmio64_window(), None);
+    }
+
+    #[test]
+    fn ram_past_the_hole_resumes_at_4_gib_with_the_64_bit_window_above_it() {
+        // 4.5 GiB: 3 GiB below the hole, 1.5 GiB from 4 GiB.
+        let l = MemoryLayout::new(4608 << 20, true).unwrap();
+        assert_eq!(
+            l.ram_regions(),
+            vec![(0, 0xc000_0000), (HIGH_RAM_BASE, 0x6000_0000)]
         );
+        assert_eq!(l.low_ram_end(), PCI_MMIO_WINDOW.0);
+        assert_eq!(l.high_ram(), Some((HIGH_RAM_BASE, 0x6000_0000)));
+        let (start, end) = l.mmio64_window().unwrap();
+        assert_eq!(
+            start, 0x1_8000_0000,
+            "the first GiB boundary above 0x1_6000_0000"
+        );
+        assert_eq!(end - start, PCI_MMIO64_SIZE);
+        let total: usize = l.ram_regions().iter().map(|r| r.1).sum();
+        assert_eq!(total, 4608 << 20);
     }
 
     #[test]

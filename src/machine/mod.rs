@@ -35,8 +35,8 @@ use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::{self, Vm, VmError};
 
 pub use config::{
-    Console, DiskConfig, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Overflow,
-    Platform, Transport, VirtioNetConfig,
+    Console, CpuTemplate, DiskConfig, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig,
+    NetBackendKind, Overflow, Platform, Transport, VirtioNetConfig,
 };
 pub use layout::{LayoutError, MemoryLayout};
 pub use loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -153,6 +153,7 @@ pub struct Machine {
     /// The console input thread, if any, stopped when the machine is dropped.
     _console_input: Option<ConsoleInput>,
     vcpus: u8,
+    cpu: CpuTemplate,
     control: Arc<RunControl>,
     counters: Arc<ExitCounters>,
     console: Arc<std::sync::Mutex<Vec<u8>>>,
@@ -172,7 +173,7 @@ impl Machine {
     /// Build the machine `cfg` describes, with `board`'s devices if any.
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
-        let mut vm = Vm::new(layout.ram_size(), cfg.dump_guest_memory)?;
+        let mut vm = Vm::new(&layout.ram_regions(), cfg.dump_guest_memory)?;
         let control = Arc::new(RunControl::default());
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
         let extra = board.as_ref().map_or(0, |b| b.bus_devices());
@@ -196,6 +197,7 @@ impl Machine {
             _workers: devices.workers,
             _console_input: devices.console_input,
             vcpus: cfg.vcpus,
+            cpu: cfg.cpu.clone(),
             control,
             counters,
             console: devices.console,
@@ -206,7 +208,7 @@ impl Machine {
     /// Load the guest with `loader`, run every vCPU until the run stops or `timeout` passes,
     /// and stop them all. Once per machine.
     pub fn run(&self, loader: &dyn Loader, timeout: Duration) -> Result<Ran, MachineError> {
-        let vcpus = vcpus::Vcpus::create(&self.vm, self.vcpus)?;
+        let vcpus = vcpus::Vcpus::create(&self.vm, self.vcpus, &self.cpu)?;
         let tsc_khz = vcpus.tsc_khz();
         let dmar: Vec<Vec<u8>> = self
             .iommu

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::signal::Killable;
 
@@ -11,7 +11,8 @@ use crate::bus::IoBuses;
 use crate::machine::loader::{EntryState, Loader};
 use crate::seccomp::{self, ThreadKind};
 use crate::stats::ExitCounters;
-use crate::vm::run_control::{RunControl, StopReason};
+use crate::vm::cpuid::CpuTemplate;
+use crate::vm::run_control::{RunControl, RunEvent, StopReason};
 use crate::vm::vcpu::{self, Vcpu};
 use crate::vm::{Vm, VmError};
 
@@ -29,11 +30,12 @@ pub enum RunEnd {
 }
 
 impl Vcpus {
-    /// Create `count` vCPUs (at least one) on `vm`.
-    pub fn create(vm: &Vm, count: u8) -> Result<Self, VmError> {
+    /// Create `count` vCPUs (at least one) on `vm`, with the CPUID of `cpu`.
+    pub fn create(vm: &Vm, count: u8, cpu: &CpuTemplate) -> Result<Self, VmError> {
         vcpu::install_kick_handler()?;
+        let cpuid = Vcpu::machine_cpuid(vm, cpu)?;
         (0..count.max(1))
-            .map(|i| Vcpu::new(vm, i))
+            .map(|i| Vcpu::new(vm, i, &cpuid))
             .collect::<Result<Vec<_>, _>>()
             .map(Vcpus)
     }
@@ -74,6 +76,7 @@ impl Vcpus {
         control: &Arc<RunControl>,
         timeout: Duration,
     ) -> Result<RunEnd, std::io::Error> {
+        control.sleep().set_vcpus(self.count());
         let mut threads = Vec::new();
         let mut spawn_error = None;
         for v in self.0 {
@@ -88,13 +91,41 @@ impl Vcpus {
                 }
             }
         }
-        let reason = control.wait(timeout);
+        let reason = wait_and_put_to_sleep(&threads, control, timeout);
         control.stop(StopReason::VcpuFailed("stopped by the VMM".into()));
         stop_and_join(threads);
         match (spawn_error, reason) {
             (Some(e), _) => Err(e),
             (None, Some(reason)) => Ok(RunEnd::Stopped(reason)),
             (None, None) => Ok(RunEnd::TimedOut),
+        }
+    }
+}
+
+/// Wait for the run to stop, up to `timeout`; meanwhile, each time the guest asks for S3, kick
+/// the vCPUs out of the guest until every one has parked (ACPI 6.5 §16.1.3: the machine sleeps).
+fn wait_and_put_to_sleep(
+    threads: &[JoinHandle<()>],
+    control: &RunControl,
+    timeout: Duration,
+) -> Option<StopReason> {
+    let deadline = Instant::now().checked_add(timeout);
+    loop {
+        let left = deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        match control.wait_or_sleep(left) {
+            RunEvent::Stopped(reason) => return Some(reason),
+            RunEvent::TimedOut => return None,
+            RunEvent::Sleeping => {
+                // A kick can land before a thread re-enters the guest: retry until it parks.
+                while control.sleep().entering() && !control.is_stopping() {
+                    for t in threads.iter().filter(|t| !t.is_finished()) {
+                        let _ = t.kill(seccomp::kick_signal());
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::devices::debug_exit::{DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit};
 use crate::devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORTS_LEN, FwCfg, FwCfgContents};
 use crate::devices::i8042::{I8042, I8042_COMMAND_PORT};
 use crate::devices::reset_control::ResetControl;
+use crate::devices::rtc::{RTC_IRQ, RTC_PORT, RTC_PORTS_LEN, Rtc, host_clock, memory_bytes};
 use crate::devices::serial::{ConsoleInput, ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
 use crate::iommu::Iommu;
 use crate::iommu::regs::VTD_REG_SIZE;
@@ -26,6 +27,7 @@ use crate::machine::config::{
 };
 use crate::machine::console as machine_console;
 use crate::machine::layout::{self, MemoryLayout};
+use crate::machine::run::acpi::FACS_ADDR;
 use crate::machine::{MachineError, host_err};
 use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
 use crate::pci::ecam::PciConfigMmio;
@@ -71,6 +73,8 @@ pub mod names {
     pub const FW_CFG: &str = "fw-cfg";
     /// The ACPI power-management block.
     pub const ACPI_PM: &str = "acpi-pm";
+    /// The RTC and CMOS at ports 0x70 and 0x71.
+    pub const RTC: &str = "rtc";
     /// The keyboard controller's command port.
     pub const I8042: &str = "i8042";
 }
@@ -140,11 +144,13 @@ pub fn wire(
     let routing = Arc::new(GsiRouting::new(vm.shared_fd(), cfg.gsi_commits)?);
     let console = Arc::new(Mutex::new(Vec::new()));
     let (out, truncate) = machine_console::open(&cfg.console, &cfg.disks, &console)?;
-    let (serial_log, console_input) = add_serial(&mut io, &routing, cfg, out)?;
+    let (serial_log, console_input) = add_serial(&mut io, &routing, cfg, out, control)?;
     let mut logs = vec![serial_log];
     let reset_control = match &cfg.platform {
         Some(platform) => {
-            logs.push(add_platform(&mut io, cfg, platform, control)?);
+            let pm = add_platform(&mut io, cfg, platform, control, vm)?;
+            logs.push((pm.0, pm.1.log().clone()));
+            logs.push(add_rtc(&mut io, &routing, layout, pm.1)?);
             Some(Arc::new(ResetControl::new(control.clone())) as Arc<dyn BusDevice>)
         }
         None => None,
@@ -160,7 +166,7 @@ pub fn wire(
         ),
     };
     let bars_id = bar_buses.id;
-    let pci = Arc::new(PciRoot::new(windows, bar_buses)?);
+    let pci = Arc::new(PciRoot::new(windows, bar_buses)?.with_mmio64(layout.mmio64_window()));
     populate_bus0(&pci)?;
     logs.push((bars_id, pci.log().clone()));
     let iommu = if cfg.iommu {
@@ -198,6 +204,7 @@ fn add_serial(
     routing: &GsiRouting,
     cfg: &MachineConfig,
     out: ConsoleOutput,
+    control: &Arc<RunControl>,
 ) -> Result<(CountedLog, Option<ConsoleInput>), MachineError> {
     let irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the serial eventfd"))?;
     routing.bind_pin(layout::SERIAL_GSI, &irq, None)?;
@@ -210,10 +217,15 @@ fn add_serial(
         )
         .map_err(host_err("start the console thread"))?,
     );
+    // A key wakes the machine from S3 (a no-op while it runs).
+    let control = control.clone();
+    let wake = move || {
+        control.sleep().wake();
+    };
     let input = match cfg.console {
         Console::Stdio => Some(
             serial
-                .spawn_input(std::io::stdin())
+                .spawn_input_with(std::io::stdin(), wake)
                 .map_err(host_err("start the console input thread"))?,
         ),
         _ => None,
@@ -223,14 +235,16 @@ fn add_serial(
     Ok(((id, log), input))
 }
 
-/// The PC platform devices but the reset control register (which sits behind the PCI ports);
-/// returns the bus id and log of the one that counts guest errors (the ACPI PM block).
+/// The PC platform devices but the reset control register (which sits behind the PCI ports)
+/// and the RTC; returns the bus id of the one that counts guest errors, the ACPI PM block,
+/// and the block (S3 finds the waking vector in the FACS in `vm`'s memory).
 fn add_platform(
     io: &mut IoBuses,
     cfg: &MachineConfig,
     platform: &Platform,
     control: &Arc<RunControl>,
-) -> Result<CountedLog, MachineError> {
+    vm: &Vm,
+) -> Result<(DeviceId, Arc<AcpiPm>), MachineError> {
     let fw_cfg = FwCfg::new(FwCfgContents {
         ram_size: cfg.ram_size as u64,
         cpus: cfg.vcpus.into(),
@@ -251,9 +265,34 @@ fn add_platform(
     )?;
     let i8042 = Arc::new(I8042::new(control.clone()));
     io.add_pio(names::I8042, I8042_COMMAND_PORT, 1, i8042)?;
-    let pm = Arc::new(AcpiPm::new(control.clone(), DeviceLog::new(names::ACPI_PM)));
-    let log = pm.log().clone();
-    let id = io.add_pio(names::ACPI_PM, PM_BASE, PM_BLOCK_LEN, pm)?;
+    let pm = Arc::new(
+        AcpiPm::new(control.clone(), DeviceLog::new(names::ACPI_PM))
+            .with_facs(vm.memory().clone(), FACS_ADDR),
+    );
+    let id = io.add_pio(names::ACPI_PM, PM_BASE, PM_BLOCK_LEN, pm.clone())?;
+    Ok((id, pm))
+}
+
+/// The RTC and CMOS on IRQ 8, its alarm a wake source of `pm`; returns its bus id and log.
+fn add_rtc(
+    io: &mut IoBuses,
+    routing: &GsiRouting,
+    layout: &MemoryLayout,
+    pm: Arc<AcpiPm>,
+) -> Result<CountedLog, MachineError> {
+    let irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the RTC eventfd"))?;
+    routing.bind_pin(RTC_IRQ, &irq, None)?;
+    let above_4g = layout.high_ram().map_or(0, |(_, bytes)| bytes);
+    let rtc = Rtc::new(
+        host_clock(),
+        &memory_bytes(layout.low_ram_end(), above_4g),
+        irq,
+        pm,
+        DeviceLog::new(names::RTC),
+    )
+    .map_err(host_err("start the RTC timer thread"))?;
+    let log = rtc.log().clone();
+    let id = io.add_pio(names::RTC, RTC_PORT, RTC_PORTS_LEN, Arc::new(rtc))?;
     Ok((id, log))
 }
 
@@ -403,7 +442,8 @@ fn add_virtio(
             };
             let name = format!("virtio-mmio.{n}");
             let log = DeviceLog::new(name.as_str());
-            let env = transport_env(vm, devices, log.clone());
+            let source = VIRTIO_MMIO_SOURCE_IDS + u16::try_from(n).expect("few devices");
+            let env = transport_env(vm, devices, log.clone(), source);
             let (transport, worker) = MmioTransport::new(env, parts, at)?;
             let id = devices
                 .io
@@ -420,7 +460,7 @@ fn add_virtio(
             // guest errors are counted under a name of its own.
             let name = names::virtio_pci(at);
             let log = DeviceLog::new(name.as_str());
-            let env = transport_env(vm, devices, log.clone());
+            let env = transport_env(vm, devices, log.clone(), at.requester_id());
             let (function, worker) = VirtioPci::new(
                 env,
                 parts,
@@ -441,11 +481,20 @@ fn add_virtio(
     Ok(())
 }
 
-/// A transport's environment on `vm`: KVM's ioeventfds, the machine's routing owner.
-fn transport_env(vm: &Vm, devices: &Devices, log: Arc<DeviceLog>) -> TransportEnv {
+/// The source-ids of virtio-mmio devices' messages (the MSI extension) for interrupt
+/// remapping: bus 0xF1, device n (not a PCI function; no DMA source-id, docs/iommu.md).
+const VIRTIO_MMIO_SOURCE_IDS: u16 = 0xf100;
+
+/// A transport's environment on `vm`: KVM's ioeventfds, the machine's routing owner (through
+/// the IOMMU's interrupt remapping for requester `source`, if the machine has the unit).
+fn transport_env(vm: &Vm, devices: &Devices, log: Arc<DeviceLog>, source: u16) -> TransportEnv {
+    let routes = match &devices.iommu {
+        Some(unit) => unit.interrupt_routes(source),
+        None => devices.routing.clone(),
+    };
     TransportEnv {
         ioevents: vm.shared_fd(),
-        routes: devices.routing.clone(),
+        routes,
         mem: vm.memory().clone(),
         iommu: devices.iommu.clone().map(|unit| unit as _),
         log,

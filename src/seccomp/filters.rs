@@ -158,6 +158,11 @@ fn vcpu() -> Vec<Allowed> {
             KVM_GET_REGS(),
             KVM_GET_SREGS(),
             KVM_TRANSLATE(),
+            // Waking from S3 (`vm::sleep`): the boot vCPU restarts at the waking vector, the
+            // others wait for INIT/SIPI.
+            KVM_SET_REGS(),
+            KVM_SET_SREGS(),
+            KVM_SET_MP_STATE(),
         ],
     )]
 }
@@ -333,8 +338,9 @@ pub(crate) fn allowed(kind: ThreadKind) -> Vec<Allowed> {
             .collect(),
         ThreadKind::Vcpu => vcpu(),
         ThreadKind::Device => device(),
-        // Writing to stderr or stdout, waiting for more: runtime() is all they do.
-        ThreadKind::LogWriter | ThreadKind::Console => Vec::new(),
+        // Writing to stderr or stdout, waiting for more; the RTC's timed waits on a condition
+        // variable and its IRQ eventfd's write: runtime() is all they do.
+        ThreadKind::LogWriter | ThreadKind::Console | ThreadKind::Rtc => Vec::new(),
         ThreadKind::ConsoleInput => console_input(),
     };
     runtime().into_iter().chain(own).collect()

@@ -46,17 +46,20 @@ pub enum ThreadKind {
     Console,
     /// Feeds the console UART's receiver from stdin.
     ConsoleInput,
+    /// Raises the RTC's interrupts when they fall due.
+    Rtc,
 }
 
 impl ThreadKind {
     /// Every kind, in the order [`enable`] compiles their filters.
-    pub const ALL: [ThreadKind; 6] = [
+    pub const ALL: [ThreadKind; 7] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::Device,
         ThreadKind::LogWriter,
         ThreadKind::Console,
         ThreadKind::ConsoleInput,
+        ThreadKind::Rtc,
     ];
 
     /// The kind's name, as reports show it.
@@ -68,6 +71,7 @@ impl ThreadKind {
             ThreadKind::LogWriter => "log writer",
             ThreadKind::Console => "console",
             ThreadKind::ConsoleInput => "console input",
+            ThreadKind::Rtc => "rtc",
         }
     }
 }

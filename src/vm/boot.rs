@@ -231,6 +231,42 @@ pub fn protected_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
     sregs
 }
 
+/// Special registers for real mode with CS = `cs` (base `cs << 4`) and the other segments at 0,
+/// each with a 64 KiB limit, as after a reset (Intel SDM Vol. 3A §9.1.1, table 9-1: CR0 =
+/// 0x60000010, paging and protection off), with the descriptor tables at their reset values.
+pub fn real_mode_sregs(mut sregs: kvm_sregs, cs: u16) -> kvm_sregs {
+    let segment = |selector: u16, type_: u8| kvm_segment {
+        base: u64::from(selector) << 4,
+        limit: 0xffff,
+        selector,
+        type_,
+        present: 1,
+        s: 1,
+        ..Default::default()
+    };
+    // Type 0xb: execute/read, accessed; 3: read/write, accessed.
+    sregs.cs = segment(cs, 0xb);
+    let data = segment(0, 3);
+    (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
+    sregs.tr = kvm_segment {
+        limit: 0xffff,
+        type_: 0xb,
+        present: 1,
+        ..Default::default()
+    };
+    sregs.ldt = kvm_segment {
+        limit: 0xffff,
+        type_: 2,
+        present: 1,
+        ..Default::default()
+    };
+    (sregs.gdt.base, sregs.gdt.limit) = (0, 0xffff);
+    (sregs.idt.base, sregs.idt.limit) = (0, 0xffff);
+    sregs.cr0 = 0x6000_0010;
+    (sregs.cr2, sregs.cr3, sregs.cr4, sregs.efer) = (0, 0, 0, 0);
+    sregs
+}
+
 /// General registers at the probe's entry: `rdi` = vCPU index, the ring-0 stack below the
 /// ring-3 one (the entry code only uses it for the `iretq` frame).
 pub fn entry_regs(vcpu_index: u64) -> kvm_regs {
@@ -246,6 +282,19 @@ pub fn entry_regs(vcpu_index: u64) -> kvm_regs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn real_mode_at_a_waking_vector_is_the_reset_state_with_cs_at_its_segment() {
+        let sregs = real_mode_sregs(long_mode_sregs(kvm_sregs::default()), 0x700);
+        assert_eq!((sregs.cs.selector, sregs.cs.base), (0x700, 0x7000));
+        assert_eq!((sregs.ds.base, sregs.ss.limit), (0, 0xffff));
+        assert_eq!(sregs.cr0, 0x6000_0010, "PE and PG clear");
+        assert_eq!(
+            (sregs.cr3, sregs.cr4, sregs.efer),
+            (0, 0, 0),
+            "long mode left"
+        );
+    }
 
     #[test]
     fn descriptors_match_the_sdm_encoding() {

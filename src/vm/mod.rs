@@ -5,6 +5,7 @@ pub mod cpuid;
 pub mod kvm_run;
 pub mod run_control;
 pub mod shadow;
+pub mod sleep;
 pub mod vcpu;
 
 use std::sync::Arc;
@@ -49,6 +50,9 @@ pub enum VmError {
     /// A shadow page outside its region.
     #[error("page {0} is outside the read-only shadow")]
     ShadowPage(u64),
+    /// A `--cpu` template this host cannot give.
+    #[error(transparent)]
+    Cpu(#[from] cpuid::CpuError),
     /// Guest memory allocation failed.
     #[error("cannot allocate {size} bytes of guest memory: {reason}")]
     Memory {
@@ -108,7 +112,8 @@ type SlotOwner = Arc<dyn Send + Sync>;
 /// Slot numbers each read-only shadow reserves: it can have one hole fewer at once.
 pub const SHADOW_SLOTS: u32 = 16;
 
-/// A VM with an in-kernel irqchip and guest RAM at address 0.
+/// A VM with an in-kernel irqchip and guest RAM in one or more regions (from 0, and from 4 GiB
+/// on a machine with more RAM than fits below the PCI hole), one memslot each.
 ///
 /// Every memslot's memory is owned by whoever deletes the slot, and the slot is deleted before
 /// that memory can be unmapped: guest RAM by the `Vm` when it is dropped, each read-only
@@ -127,9 +132,9 @@ pub struct Vm {
 }
 
 impl Vm {
-    /// Open KVM and create a VM with `mem_size` bytes of RAM, left out of core dumps unless
-    /// `in_core_dumps`.
-    pub fn new(mem_size: usize, in_core_dumps: bool) -> Result<Self, VmError> {
+    /// Open KVM and create a VM with RAM in `ram`, `(guest-physical base, bytes)` regions in
+    /// address order, left out of core dumps unless `in_core_dumps`.
+    pub fn new(ram: &[(u64, usize)], in_core_dumps: bool) -> Result<Self, VmError> {
         let kvm = open_kvm(c"/dev/kvm")?;
         for (cap, name) in [
             (Cap::Irqchip, "an in-kernel irqchip"),
@@ -144,13 +149,14 @@ impl Vm {
         let fd = kvm.create_vm().map_err(kvm_err("create VM"))?;
         // The irqchip must exist before any vCPU (docs/host-kvm.md).
         fd.create_irq_chip().map_err(kvm_err("create irqchip"))?;
-        let memory =
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), mem_size)]).map_err(|e| {
-                VmError::Memory {
-                    size: mem_size,
-                    reason: e.to_string(),
-                }
-            })?;
+        let ranges: Vec<(GuestAddress, usize)> = ram
+            .iter()
+            .map(|&(base, len)| (GuestAddress(base), len))
+            .collect();
+        let memory = GuestMemoryMmap::<()>::from_ranges(&ranges).map_err(|e| VmError::Memory {
+            size: ram.iter().map(|r| r.1).sum(),
+            reason: e.to_string(),
+        })?;
         if !in_core_dumps {
             exclude_from_core_dumps(&memory)?;
         }
@@ -271,6 +277,29 @@ impl Drop for Vm {
 mod tests {
     use super::*;
     use kvm_bindings::KVM_MEM_READONLY;
+    use vm_memory::Bytes;
+
+    #[test]
+    fn ram_in_two_regions_is_two_memslots_and_one_guest_memory() {
+        let (low, high) = ((0, 1 << 20), (1 << 32, 1 << 20));
+        let vm = Vm::new(&[low, high], false).unwrap();
+        let slots: Vec<(u64, u64)> = vm
+            .slots
+            .iter()
+            .map(|s| (s.guest_phys_addr, s.memory_size))
+            .collect();
+        assert_eq!(slots, vec![(0, 1 << 20), (1 << 32, 1 << 20)]);
+        let mem = vm.memory();
+        mem.write_obj(0xa5u8, GuestAddress((1 << 32) + 5)).unwrap();
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress((1 << 32) + 5)).unwrap(),
+            0xa5
+        );
+        assert!(
+            !mem.check_range(GuestAddress((1 << 20) - 8), 16),
+            "the hole between the regions is no memory"
+        );
+    }
 
     #[test]
     fn a_missing_kvm_device_says_what_to_do() {
@@ -294,7 +323,7 @@ mod tests {
     #[test]
     fn a_readonly_region_lives_until_its_slot_is_deleted_with_the_vm() {
         const GPA: u64 = 0x1000_0000;
-        let mut vm = Vm::new(1 << 20, false).unwrap();
+        let mut vm = Vm::new(&[(0, 1 << 20)], false).unwrap();
         let region = Arc::new(MmapRegion::<()>::new(0x1000).unwrap());
         let weak = Arc::downgrade(&region);
         vm.add_readonly_region(GPA, region, |r| r)

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::vm::sleep::{Sleep, WakeEntry};
+
 /// Why the guest stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StopReason {
@@ -31,6 +33,18 @@ pub struct RunControl {
     stopping: AtomicBool,
     reason: Mutex<Option<StopReason>>,
     changed: Condvar,
+    sleep: Sleep,
+}
+
+/// What [`RunControl::wait_or_sleep`] ended with.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RunEvent {
+    /// The run stopped, for this reason.
+    Stopped(StopReason),
+    /// The guest asked for S3: its vCPUs are to be kicked out of the guest to park.
+    Sleeping,
+    /// Neither, within the time allowed.
+    TimedOut,
 }
 
 impl RunControl {
@@ -42,6 +56,21 @@ impl RunControl {
         }
         self.stopping.store(true, Ordering::Release);
         self.changed.notify_all();
+        drop(r);
+        self.sleep.notify_stop();
+    }
+
+    /// The machine's S3 state.
+    pub fn sleep(&self) -> &Sleep {
+        &self.sleep
+    }
+
+    /// Ask for S3 ([`Sleep::suspend`]) and wake the VMM thread's [`RunControl::wait_or_sleep`]
+    /// to kick the vCPUs.
+    pub fn suspend(&self, entry: WakeEntry) {
+        self.sleep.suspend(entry);
+        let _r = self.reason.lock().unwrap();
+        self.changed.notify_all();
     }
 
     /// Whether a stop was asked for; checked by vCPU threads before each entry.
@@ -52,6 +81,19 @@ impl RunControl {
     /// Wait up to `timeout` for a stop; its reason, or `None` on timeout. A stop signal
     /// ([`stop_on_signals`]) that arrives meanwhile stops the run.
     pub fn wait(&self, timeout: Duration) -> Option<StopReason> {
+        match self.wait_for(timeout, false) {
+            RunEvent::Stopped(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// [`RunControl::wait`], which also returns while the vCPUs are entering S3.
+    pub fn wait_or_sleep(&self, timeout: Duration) -> RunEvent {
+        self.wait_for(timeout, true)
+    }
+
+    fn wait_for(&self, timeout: Duration, or_sleep: bool) -> RunEvent {
+        let sleeping = || or_sleep && self.sleep.entering();
         let deadline = Instant::now().checked_add(timeout);
         WAITING.store(true, Ordering::SeqCst);
         let reason = loop {
@@ -64,10 +106,16 @@ impl RunControl {
             let r = self.reason.lock().unwrap();
             let (r, _) = self
                 .changed
-                .wait_timeout_while(r, slice, |r| r.is_none())
+                .wait_timeout_while(r, slice, |r| r.is_none() && !sleeping())
                 .unwrap();
-            if r.is_some() || left.is_some_and(|left| left <= slice) {
-                break r.clone();
+            if let Some(reason) = r.clone() {
+                break RunEvent::Stopped(reason);
+            }
+            if sleeping() {
+                break RunEvent::Sleeping;
+            }
+            if left.is_some_and(|left| left <= slice) {
+                break RunEvent::TimedOut;
             }
         };
         WAITING.store(false, Ordering::SeqCst);

@@ -179,7 +179,7 @@ mod tests {
     #[test]
     fn holes_split_the_mapping_and_come_back() {
         const GPA: u64 = 0x1000_0000;
-        let mut vm = Vm::new(1 << 20, false).unwrap();
+        let mut vm = Vm::new(&[(0, 1 << 20)], false).unwrap();
         let region = Arc::new(MmapRegion::<()>::new(0x4000).unwrap());
         let shadow = vm.add_readonly_region(GPA, region, |r| r).unwrap();
         let fd = vm.shared_fd();

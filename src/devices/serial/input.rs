@@ -57,6 +57,16 @@ impl SerialConsole {
         self: &Arc<Self>,
         source: S,
     ) -> io::Result<ConsoleInput> {
+        self.spawn_input_with(source, || {})
+    }
+
+    /// [`SerialConsole::spawn_input`], calling `on_input` each time input arrives (before it
+    /// reaches the FIFO): a key wakes a sleeping machine (ACPI S3).
+    pub fn spawn_input_with<S: AsFd + Send + 'static>(
+        self: &Arc<Self>,
+        source: S,
+        on_input: impl Fn() + Send + 'static,
+    ) -> io::Result<ConsoleInput> {
         let room = Arc::new(EventFd::new(EFD_NONBLOCK)?);
         let events_room = room.clone();
         let installed = self
@@ -73,7 +83,13 @@ impl SerialConsole {
         let stop = Arc::new(EventFd::new(EFD_NONBLOCK)?);
         let (serial, thread_stop) = (self.clone(), stop.clone());
         let thread = seccomp::spawn(ThreadKind::ConsoleInput, "console-in".into(), move || {
-            pump(&serial, source.as_fd().as_raw_fd(), &room, &thread_stop)
+            pump(
+                &serial,
+                source.as_fd().as_raw_fd(),
+                &room,
+                &thread_stop,
+                &on_input,
+            )
         })?;
         Ok(ConsoleInput {
             stop,
@@ -134,7 +150,13 @@ fn wait(fd: RawFd, stop: &EventFd, timeout: Option<Duration>) -> Wake {
 }
 
 /// The console input thread: read from `source`, feed the receive FIFO, wait for room.
-fn pump(serial: &SerialConsole, source: RawFd, room: &EventFd, stop: &EventFd) {
+fn pump(
+    serial: &SerialConsole,
+    source: RawFd,
+    room: &EventFd,
+    stop: &EventFd,
+    on_input: &dyn Fn(),
+) {
     let mut buf = [0u8; 256];
     while wait(source, stop, None) == Wake::Ready {
         // SAFETY: read writes at most `buf.len()` bytes into `buf`.
@@ -148,6 +170,7 @@ fn pump(serial: &SerialConsole, source: RawFd, room: &EventFd, stop: &EventFd) {
         if n == 0 {
             return; // the end of the input: the guest sees no more
         }
+        on_input();
         let mut rest = &buf[..n];
         loop {
             rest = &rest[serial.receive(rest)..];

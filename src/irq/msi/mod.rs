@@ -173,7 +173,7 @@ impl MsiVectors {
                 } => match st.vectors.get_mut(index) {
                     Some(v) => {
                         (v.address, v.data) = (address, data);
-                        if !is_valid_message(address, data) {
+                        if !self.routing.accepts(address, data) {
                             guest_error!(
                                 self.log,
                                 "MSI vector {index}: address {address:#x} data {data:#x} is not a \
@@ -283,8 +283,8 @@ impl MsiVectors {
             return;
         }
         for (i, v) in st.vectors.iter_mut().enumerate() {
-            let want =
-                (st.enabled && is_valid_message(v.address, v.data)).then_some((v.address, v.data));
+            let want = (st.enabled && self.routing.accepts(v.address, v.data))
+                .then_some((v.address, v.data));
             if want == v.routed {
                 continue;
             }
@@ -337,7 +337,7 @@ impl MsiVectors {
     /// commit (first use, or a batched commit KVM refused) is committed here, before its irqfd
     /// is written, and if KVM refuses again the message is injected directly instead.
     fn send(&self, index: usize, v: &mut Vector) {
-        if !is_valid_message(v.address, v.data) {
+        if !self.routing.accepts(v.address, v.data) {
             return;
         }
         let direct = self.strategy == CommitStrategy::Direct;
@@ -348,7 +348,7 @@ impl MsiVectors {
             return;
         }
         v.staged = false;
-        if v.routed.is_none() {
+        if v.routed.is_none() || !self.routing.delivers(self.gsis[index].gsi) {
             return;
         }
         if let Err(e) = self.gsis[index].irqfd.write(1) {

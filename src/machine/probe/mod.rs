@@ -81,6 +81,7 @@ impl ProbeConfig {
             gsi_commits: self.gsi_commits,
             iommu: self.iommu,
             dump_guest_memory: false,
+            cpu: Default::default(),
         }
     }
 }

@@ -228,6 +228,18 @@ pub fn iommu_mode(mode: u64, hwm: u64) -> Op {
     }
 }
 
+/// Interrupt remapping on, its entries delivering entry k on IDT vector k + `delta`
+/// (`OP_IOMMU_INTREMAP`), from `function` only, or from the next device only if `foreign`.
+pub fn iommu_intremap(function: PciAddress, delta: u8, foreign: bool) -> Op {
+    Op {
+        kind: OP_IOMMU_INTREMAP,
+        address: function.ecam_offset(),
+        value: u64::from(delta),
+        count: u64::from(foreign),
+        ..Default::default()
+    }
+}
+
 /// Stream `count` frames of `payload` bytes, at most `in_flight` at once.
 pub fn net_stream(payload: u64, count: u64, in_flight: u64) -> Op {
     Op {

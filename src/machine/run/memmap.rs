@@ -1,10 +1,12 @@
 //! The low memory of `exitless run`'s machine, laid out as on a PC, and the map of guest
 //! physical memory the guest is given (the BIOS's INT 15h E820 map, ACPI 6.5 §15).
 //!
-//! RAM is one block from 0, but a PC's first megabyte is not all RAM to its OS: the top of
+//! RAM runs from 0 to the 32-bit PCI hole and, past 3 GiB, resumes at 4 GiB
+//! ([`MemoryLayout::ram_regions`]); a PC's first megabyte is not all RAM to its OS: the top of
 //! conventional memory (639 KiB, then the 1 KiB extended BIOS data area), the VGA window and
 //! the BIOS area are not. The ACPI tables live in the BIOS area (where the RSDP must be, ACPI
-//! 6.5 §5.2.5.1), the multiboot information below it; kernels may load anywhere else in RAM.
+//! 6.5 §5.2.5.1); kernels may load anywhere else in RAM, and the loaders put their boot
+//! information where the kernel is not ([`crate::machine::run::boot::place_boot_data`]).
 
 use crate::machine::layout::{ECAM_SIZE, MemoryLayout};
 
@@ -16,8 +18,9 @@ pub const BIOS_AREA: Range = Range {
     start: 0xe_0000,
     end: 0x10_0000,
 };
-/// Where the boot loader's data goes: the multiboot information, its memory map, the
-/// command line and the loader's name, clear of the real-mode IVT and BIOS data area below.
+/// Where the boot loader's data goes when the kernel leaves it free: the multiboot (or PVH)
+/// information, its memory map, the command line and the loader's name, clear of the
+/// real-mode IVT and BIOS data area below. A kernel may load over it: the data then moves.
 pub const BOOT_DATA: Range = Range {
     start: 0x8000,
     end: 0x1_0000,
@@ -55,18 +58,15 @@ impl Range {
     }
 }
 
-/// Ranges of RAM a kernel must not load over: the VMM's own data, and what is not RAM on a
-/// PC (the EBDA, the VGA window, the BIOS area). Each with the name an error gives it.
-pub const FIRMWARE_RANGES: [(&str, Range); 2] = [
-    ("the multiboot information", BOOT_DATA),
-    (
-        "the EBDA, VGA window and BIOS area (ACPI tables)",
-        Range {
-            start: LOW_RAM_END,
-            end: HIGH_RAM_START,
-        },
-    ),
-];
+/// Ranges below 1 MiB a kernel must not load over: what is not RAM on a PC (the EBDA, the
+/// VGA window, the BIOS area, which holds the ACPI tables). Each with the name an error gives it.
+pub const FIRMWARE_RANGES: [(&str, Range); 1] = [(
+    "the EBDA, VGA window and BIOS area (ACPI tables)",
+    Range {
+        start: LOW_RAM_END,
+        end: HIGH_RAM_START,
+    },
+)];
 
 /// The kind of an E820 range (ACPI 6.5 §15, table 15.312); multiboot's memory map uses the
 /// same numbers (Multiboot 0.6.96 §3.3).
@@ -89,8 +89,9 @@ pub struct E820Entry {
 }
 
 /// The memory map of `layout`, in address order: conventional memory, the EBDA and BIOS area
-/// (reserved; the ACPI tables are in the latter), RAM above 1 MiB, and the ECAM window if one
-/// is described (reserved, as PCI Firmware 3.3 §4.1.2 asks of the MCFG's ranges).
+/// (reserved; the ACPI tables are in the latter), RAM from 1 MiB to the PCI hole, the ECAM
+/// window if one is described (reserved, as PCI Firmware 3.3 §4.1.2 asks of the MCFG's
+/// ranges), and RAM from 4 GiB if there is more.
 pub fn e820(layout: &MemoryLayout) -> Vec<E820Entry> {
     let entry = |start, end, kind| E820Entry {
         range: Range { start, end },
@@ -100,10 +101,13 @@ pub fn e820(layout: &MemoryLayout) -> Vec<E820Entry> {
         entry(0, LOW_RAM_END, E820Kind::Ram),
         entry(LOW_RAM_END, 0xa_0000, E820Kind::Reserved),
         entry(BIOS_AREA.start, BIOS_AREA.end, E820Kind::Reserved),
-        entry(HIGH_RAM_START, layout.ram_size() as u64, E820Kind::Ram),
+        entry(HIGH_RAM_START, layout.low_ram_end(), E820Kind::Ram),
     ];
     if let Some(base) = layout.ecam_base() {
         map.push(entry(base, base + ECAM_SIZE, E820Kind::Reserved));
+    }
+    if let Some((base, len)) = layout.high_ram() {
+        map.push(entry(base, base + len, E820Kind::Ram));
     }
     map
 }
@@ -130,10 +134,32 @@ mod tests {
     }
 
     #[test]
+    fn ram_past_the_hole_is_listed_from_4_gib_after_the_ecam_window() {
+        let layout = MemoryLayout::new(4608 << 20, true).unwrap();
+        let map = e820(&layout);
+        for pair in map.windows(2) {
+            assert!(pair[0].range.end <= pair[1].range.start, "{map:?}");
+        }
+        let ram = |start, end| E820Entry {
+            range: Range { start, end },
+            kind: E820Kind::Ram,
+        };
+        assert_eq!(map[3], ram(HIGH_RAM_START, 0xc000_0000), "up to the hole");
+        assert_eq!(map[5], ram(1 << 32, 0x1_6000_0000), "the rest from 4 GiB");
+        assert_eq!(map.len(), 6);
+        let total: u64 = map
+            .iter()
+            .filter(|e| e.kind == E820Kind::Ram)
+            .map(|e| e.range.len())
+            .sum();
+        assert_eq!(total, (4608 << 20) - HIGH_RAM_START + LOW_RAM_END);
+    }
+
+    #[test]
     fn the_firmware_ranges_are_not_usable_ram_or_hold_the_boot_data() {
         let layout = MemoryLayout::new(usize::try_from(MIN_RAM).unwrap(), false).unwrap();
         let map = e820(&layout);
-        let (_, bios) = FIRMWARE_RANGES[1];
+        let (_, bios) = FIRMWARE_RANGES[0];
         assert!(
             map.iter()
                 .all(|e| e.kind != E820Kind::Ram || !e.range.overlaps(&bios))

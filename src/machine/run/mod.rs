@@ -23,10 +23,10 @@ use std::time::Duration;
 use crate::devices::debug_exit;
 use crate::machine::Loader;
 use crate::machine::config::{
-    Console, DiskConfig, MachineConfig, NetBackendKind, Overflow, Platform, VirtioNetConfig,
-    format_mac, tap_mac,
+    Console, CpuTemplate, DiskConfig, MachineConfig, NetBackendKind, Overflow, Platform,
+    VirtioNetConfig, format_mac, tap_mac,
 };
-use crate::machine::layout::PCI_MMIO_WINDOW;
+use crate::machine::layout::{MAX_RAM_SIZE, low_ram_end};
 use crate::machine::loader::file::{FileError, ImageFile, ReadError};
 use crate::machine::vcpus::RunEnd;
 use crate::machine::{Machine, MachineError};
@@ -74,6 +74,8 @@ pub struct RunConfig {
     pub timeout: Option<Duration>,
     /// Keep guest RAM in the VMM's core dumps.
     pub dump_guest_memory: bool,
+    /// The vCPUs' CPU template.
+    pub cpu: CpuTemplate,
 }
 
 /// How a run ended, as the guest ended it.
@@ -151,13 +153,13 @@ pub enum RunError {
     /// Less RAM than a PC's first megabyte and a kernel need.
     #[error("--memory {0}: a machine needs at least {min} MiB", min = MIN_RAM >> 20)]
     MemoryTooSmall(i64),
-    /// More RAM than fits below the PCI hole.
+    /// More RAM than the guest's physical address space holds.
     #[error(
-        "--memory {0}: at most {max} MiB, the RAM below the PCI hole at {hole:#x}",
-        max = PCI_MMIO_WINDOW.0 >> 20,
-        hole = PCI_MMIO_WINDOW.0
+        "--memory {0}: at most {max} MiB, what a 39-bit guest physical address space holds \
+         beside the PCI windows",
+        max = MAX_RAM_SIZE >> 20
     )]
-    MemoryAboveHole(i64),
+    MemoryAboveMax(i64),
     /// More RAM than the host has.
     #[error("--memory {asked}: more than this host's {host} MiB of RAM")]
     MemoryAboveHost {
@@ -261,8 +263,8 @@ impl RunConfig {
             .ok()
             .filter(|&mib| mib >= MIN_RAM >> 20)
             .ok_or(RunError::MemoryTooSmall(self.memory_mib))?;
-        if mib > PCI_MMIO_WINDOW.0 >> 20 {
-            return Err(RunError::MemoryAboveHole(self.memory_mib));
+        if mib > MAX_RAM_SIZE >> 20 {
+            return Err(RunError::MemoryAboveMax(self.memory_mib));
         }
         if let Some(host) = host_memory_mib().filter(|&host| mib > host) {
             return Err(RunError::MemoryAboveHost { asked: mib, host });
@@ -272,10 +274,11 @@ impl RunConfig {
             .filter(|&n| (1..=MAX_CPUS).contains(&n.into()))
             .ok_or(RunError::Cpus(self.cpus))?;
         Ok(MachineConfig {
-            ram_size: usize::try_from(mib << 20).expect("below the PCI hole"),
+            ram_size: usize::try_from(mib << 20).expect("at most MAX_RAM_SIZE"),
             ecam: self.ecam,
             iommu: self.iommu,
             dump_guest_memory: self.dump_guest_memory,
+            cpu: self.cpu.clone(),
             vcpus,
             console: self.console.clone(),
             console_overflow: self.console_overflow,
@@ -289,18 +292,19 @@ impl RunConfig {
     }
 
     /// The kernel, recognised by its format from its headers and checked for this machine's
-    /// RAM; only what it loads is read (and the initrd, for a kernel that takes one).
-    fn kernel(&self, ram_size: u64) -> Result<Box<dyn Loader>, RunError> {
+    /// RAM below 4 GiB (which ends at `ram_end`: every protocol loads there); only what it
+    /// loads is read (and the initrd, for a kernel that takes one).
+    fn kernel(&self, ram_end: u64) -> Result<Box<dyn Loader>, RunError> {
         let path = &self.kernel;
         let kernel_read = |source| RunError::KernelRead {
             path: path.clone(),
             source,
         };
-        let file = open(path, ram_size, "kernel")?;
+        let file = open(path, ram_end, "kernel")?;
         let initrd = self
             .initrd
             .as_ref()
-            .map(|path| open(path, ram_size, "initrd").map(|file| (path, file)))
+            .map(|path| open(path, ram_end, "initrd").map(|file| (path, file)))
             .transpose()?;
         let head = file.kernel_head().map_err(kernel_read)?;
         let read_initrd = || {
@@ -323,28 +327,20 @@ impl RunConfig {
         };
         if let Some(entry) = pvh::read_pvh_entry(&file, &head).map_err(kernel_read)? {
             let kernel = PvhKernel::read(&file, &head, entry, &self.cmdline, read_initrd()?)
-                .and_then(|k| {
-                    k.check_fits(ram_size)
-                        .map(|()| k)
-                        .map_err(ReadError::Format)
-                })
+                .and_then(|k| k.check_fits(ram_end).map(|_| k).map_err(ReadError::Format))
                 .map_err(|e| refused(e.map(KernelError::from)))?;
             return Ok(Box::new(kernel));
         }
         if bzimage::is_bzimage(&head) {
             // Linux takes the command line as given (its first word is an option, not a name).
             let kernel = BzImage::read(&file, &head, &self.cmdline, read_initrd()?)
-                .and_then(|k| {
-                    k.check_fits(ram_size)
-                        .map(|()| k)
-                        .map_err(ReadError::Format)
-                })
+                .and_then(|k| k.check_fits(ram_end).map(|_| k).map_err(ReadError::Format))
                 .map_err(|e| refused(e.map(KernelError::from)))?;
             return Ok(Box::new(kernel));
         }
         let cmdline = format!("{} {}", path.display(), self.cmdline);
         let kernel = MultibootKernel::read(&file, &head, &cmdline).and_then(|k| {
-            k.check_fits(ram_size).map_err(ReadError::Format)?;
+            k.check_fits(ram_end).map_err(ReadError::Format)?;
             Ok(k)
         });
         let kernel = kernel.map_err(|e| {
@@ -374,7 +370,7 @@ impl RunConfig {
     /// Boot the kernel and run it until the guest ends the run.
     pub fn run(&self) -> Result<RunOutcome, RunError> {
         let machine_cfg = self.machine()?;
-        let kernel = self.kernel(machine_cfg.ram_size as u64)?;
+        let kernel = self.kernel(low_ram_end(machine_cfg.ram_size))?;
         let machine = Machine::new(&machine_cfg, None)?;
         self.say_chosen_macs();
         let timeout = self.timeout.unwrap_or(Duration::MAX);
@@ -412,6 +408,7 @@ mod tests {
             nets: Vec::new(),
             timeout: None,
             dump_guest_memory: false,
+            cpu: CpuTemplate::default(),
         }
     }
 
@@ -421,8 +418,7 @@ mod tests {
             (0, 1, "at least 2 MiB"),
             (1, 1, "at least 2 MiB"),
             (-5, 1, "--memory -5: a machine needs at least 2 MiB"),
-            (3073, 1, "at most 3072 MiB"),
-            (i64::MAX, 1, "at most 3072 MiB"),
+            (i64::MAX, 1, "at most 505856 MiB"),
             (64, 0, "--cpus 0: 1 to 64"),
             (64, 65, "--cpus 65"),
             (64, 256, "--cpus 256"),
@@ -441,8 +437,8 @@ mod tests {
     #[test]
     fn more_memory_than_the_host_has_is_refused() {
         let host = host_memory_mib().expect("/proc/meminfo");
-        if host >= 3072 {
-            // Below the PCI hole this host has room for any machine.
+        if host >= MAX_RAM_SIZE >> 20 {
+            // More than any layout holds: the layout's limit comes first.
             return;
         }
         let e = config(i64::try_from(host).unwrap() + 1, 1)

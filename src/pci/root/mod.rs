@@ -226,9 +226,13 @@ pub struct PciRoot {
     buses: BarBuses,
     /// Guest errors of the bus (BARs programmed onto other ranges), under the BARs' name.
     log: Arc<DeviceLog>,
-    allocators: Mutex<(Allocator, Allocator)>,
+    /// MMIO, I/O and, if the platform has one, 64-bit MMIO.
+    allocators: Mutex<(Allocator, Allocator, Option<Allocator>)>,
     /// The host bridge's apertures: a BAR decodes only inside them.
     windows: BarWindows,
+    /// The host bridge's 64-bit aperture above RAM, if any: 64-bit BARs are placed there, and
+    /// decode there or in the 32-bit one.
+    mmio64: Option<(u64, u64)>,
 }
 
 impl PciRoot {
@@ -251,9 +255,21 @@ impl PciRoot {
                     next: windows.io.0,
                     end: windows.io.1,
                 },
+                None,
             )),
             windows: apertures,
+            mmio64: None,
         })
+    }
+
+    /// The same bus with a 64-bit window `(start, end)` above RAM, where its 64-bit memory
+    /// BARs are then placed (PCI 3.0 §6.2.5.1: a 64-bit BAR may be mapped anywhere in the
+    /// 64-bit address space). `None` leaves every BAR in the 32-bit window.
+    pub fn with_mmio64(mut self, window: Option<(u64, u64)>) -> Self {
+        self.mmio64 = window;
+        self.allocators.get_mut().unwrap().2 =
+            window.map(|(start, end)| Allocator { next: start, end });
+        self
     }
 
     /// The bus's log: count its guest errors under the BARs' id.
@@ -355,12 +371,12 @@ impl PciRoot {
     fn assign_bars(&self, bars: &[Bar]) -> Result<(Vec<u64>, u16), PciError> {
         let mut addresses = Vec::new();
         let mut command = 0u16;
-        let (mmio, io) = &mut *self.allocators.lock().unwrap();
+        let (mmio, io, mmio64) = &mut *self.allocators.lock().unwrap();
         for bar in bars {
-            let (alloc, what, enable) = if bar.is_io() {
-                (&mut *io, "I/O", PCI_COMMAND_IO)
-            } else {
-                (&mut *mmio, "MMIO", PCI_COMMAND_MEMORY)
+            let (alloc, what, enable) = match (bar, mmio64.as_mut()) {
+                (Bar::Io { .. }, _) => (&mut *io, "I/O", PCI_COMMAND_IO),
+                (Bar::Memory64 { .. }, Some(high)) => (high, "64-bit MMIO", PCI_COMMAND_MEMORY),
+                _ => (&mut *mmio, "MMIO", PCI_COMMAND_MEMORY),
             };
             addresses.push(alloc.take(bar.size(), what)?);
             command |= enable;
@@ -481,6 +497,23 @@ impl PciRoot {
         result
     }
 
+    /// Whether the host bridge forwards `bar` at `base`: only its apertures (the windows the
+    /// platform describes to the guest) are, so a BAR programmed outside them decodes nowhere.
+    /// A 64-bit BAR may sit in either memory window.
+    fn forwards(&self, bar: &Bar, base: u64) -> bool {
+        let inside = |(start, end): (u64, u64)| {
+            base >= start
+                && base
+                    .checked_add(bar.size())
+                    .is_some_and(|bar_end| bar_end <= end)
+        };
+        match bar {
+            Bar::Io { .. } => inside(self.windows.io),
+            Bar::Memory32 { .. } => inside(self.windows.mmio),
+            Bar::Memory64 { .. } => inside(self.windows.mmio) || self.mmio64.is_some_and(inside),
+        }
+    }
+
     /// Bring the function's BAR ranges on the buses in line with its command register and
     /// BARs. A BAR whose wanted place did not change is left alone. Returns whether a range
     /// left its place, so that BARs refused for a conflict may now fit.
@@ -499,21 +532,9 @@ impl PciRoot {
             } else {
                 PCI_COMMAND_MEMORY
             };
-            // The host bridge forwards only its apertures (the windows the platform describes
-            // to the guest): a BAR programmed outside them decodes nowhere.
-            let (start, end) = if placed.bar.is_io() {
-                self.windows.io
-            } else {
-                self.windows.mmio
-            };
             let want = (command & enable != 0)
                 .then(|| config.bar_address(placed.slot, &placed.bar))
-                .filter(|&base| {
-                    base >= start
-                        && base
-                            .checked_add(placed.bar.size())
-                            .is_some_and(|bar_end| bar_end <= end)
-                });
+                .filter(|&base| self.forwards(&placed.bar, base));
             if want == placed.wanted {
                 continue;
             }

@@ -100,3 +100,41 @@ fn config_reads_are_served_from_the_window() {
     root.config_read(PciAddress::new(0, 1, 0).unwrap(), 0xffe, &mut b);
     assert_eq!(b[2..], [0xff; 2], "past the function's 4 KiB");
 }
+
+#[test]
+fn with_a_64_bit_window_64_bit_bars_go_above_ram_and_decode_in_either_window() {
+    const HIGH: (u64, u64) = (0x1_8000_0000, 0x5_8000_0000);
+    let mut io = IoBuses::default();
+    let buses = BarBuses::on(&mut io, NAME);
+    let windows = BarWindows {
+        mmio: (0xc000_0000, 0xe000_0000),
+        io: (0xc000, 0x1_0000),
+    };
+    let root = PciRoot::new(windows, buses)
+        .unwrap()
+        .with_mmio64(Some(HIGH));
+    let f = PciAddress::new(0, 1, 0).unwrap();
+    root.add(f, &TestDevice::layout(1), Box::<TestDevice>::default())
+        .unwrap();
+    let bars = io.id_for(NAME);
+    let bar64 = |root: &PciRoot| {
+        let (mut low, mut high) = ([0; 4], [0; 4]);
+        root.config_read(f, PCI_BAR0 + 8, &mut low);
+        root.config_read(f, PCI_BAR0 + 12, &mut high);
+        u64::from(u32::from_le_bytes(high)) << 32 | u64::from(u32::from_le_bytes(low) & !0xf)
+    };
+    // BAR 0 (32-bit) in the 32-bit window, BAR 2 (64-bit, 1 MiB) in the one above RAM.
+    assert_eq!(io.mmio.device_at(0xc000_0000), Some(bars));
+    assert_eq!(bar64(&root), HIGH.0);
+    assert_eq!(io.mmio.device_at(HIGH.0), Some(bars));
+    // The guest may move it into the 32-bit window: it follows.
+    root.config_write(f, PCI_BAR0 + 8, &0xd000_0000u32.to_le_bytes());
+    root.config_write(f, PCI_BAR0 + 12, &0u32.to_le_bytes());
+    assert_eq!(io.mmio.device_at(HIGH.0), None);
+    assert_eq!(io.mmio.device_at(0xd000_0000), Some(bars));
+    // Past both windows the host bridge forwards nothing.
+    root.config_write(f, PCI_BAR0 + 12, &0x10u32.to_le_bytes());
+    assert_eq!(bar64(&root), 0x10_d000_0000);
+    assert_eq!(io.mmio.device_at(0xd000_0000), None);
+    assert_eq!(io.mmio.device_at(0x10_d000_0000), None);
+}

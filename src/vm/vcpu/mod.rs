@@ -4,7 +4,8 @@
 //! MMIO accesses to the buses and counts them; everything else is a device's business.
 
 use kvm_bindings::{
-    KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, kvm_mp_state, kvm_regs, kvm_sregs,
+    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_INIT_RECEIVED, KVM_MP_STATE_RUNNABLE, kvm_mp_state,
+    kvm_regs, kvm_sregs,
 };
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -13,9 +14,12 @@ use vmm_sys_util::signal::register_signal_handler;
 use crate::bus::{DeviceId, IoBuses};
 use crate::seccomp::kick_signal;
 use crate::stats::{ExitCounters, ExitKind};
+use crate::vm::boot::{RFLAGS_BOOT, protected_mode_sregs, real_mode_sregs};
+use crate::vm::cpuid::{self, CpuTemplate};
 use crate::vm::kvm_run::{MAX_INSTRUCTION_BYTES, RunPage};
 use crate::vm::run_control::{RunControl, StopReason};
-use crate::vm::{Vm, VmError, cpuid};
+use crate::vm::sleep::WakeEntry;
+use crate::vm::{Vm, VmError};
 
 /// What the loop does after an exit.
 #[derive(Debug, PartialEq, Eq)]
@@ -111,6 +115,29 @@ impl Drop for StopOnExit<'_> {
     }
 }
 
+/// The general registers at a waking vector: all clear but the instruction pointer and the
+/// always-one RFLAGS bit, as after a reset (Intel SDM Vol. 3A §9.1.1, table 9-1).
+pub fn wake_regs(entry: WakeEntry) -> kvm_regs {
+    let rip = match entry {
+        WakeEntry::Real { ip, .. } => ip.into(),
+        WakeEntry::Protected32(at) => at.into(),
+    };
+    kvm_regs {
+        rip,
+        rflags: RFLAGS_BOOT,
+        ..Default::default()
+    }
+}
+
+/// The special registers at a waking vector (ACPI 6.5 §5.2.10): real mode with CS at the
+/// vector's segment, or flat 32-bit protected mode with paging off.
+pub fn wake_sregs(current: kvm_sregs, entry: WakeEntry) -> kvm_sregs {
+    match entry {
+        WakeEntry::Real { cs, .. } => real_mode_sregs(current, cs),
+        WakeEntry::Protected32(_) => protected_mode_sregs(current),
+    }
+}
+
 /// One vCPU and its view of the `kvm_run` page.
 pub struct Vcpu {
     fd: VcpuFd,
@@ -145,20 +172,17 @@ pub fn install_kick_handler() -> Result<(), VmError> {
 }
 
 impl Vcpu {
-    /// Create vCPU `index` in KVM's reset state, with its CPUID. With the in-kernel irqchip
+    /// Create vCPU `index` in KVM's reset state, with the machine's CPUID `cpuid`
+    /// ([`cpuid::guest`]) and its own APIC ID. With the in-kernel irqchip
     /// the boot vCPU (0) is runnable and the others wait for INIT/SIPI
     /// (`KVM_MP_STATE_UNINITIALIZED`, api.rst §4.38) until [`Vcpu::set_entry`] starts them.
-    pub fn new(vm: &Vm, index: u8) -> Result<Self, VmError> {
+    pub fn new(vm: &Vm, index: u8, cpuid: &CpuId) -> Result<Self, VmError> {
         let err = |what| move |source| VmError::Kvm { what, source };
         let fd = vm
             .fd()
             .create_vcpu(index.into())
             .map_err(err("create vCPU"))?;
-        let supported = vm
-            .kvm()
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(err("get supported CPUID"))?;
-        fd.set_cpuid2(&cpuid::for_vcpu(supported, index))
+        fd.set_cpuid2(&cpuid::for_vcpu(cpuid.clone(), index))
             .map_err(err("set CPUID"))?;
         let run_page = RunPage::new(&fd)?;
         Ok(Vcpu {
@@ -191,6 +215,18 @@ impl Vcpu {
                 .map_err(err("set MP state"))?;
         }
         Ok(())
+    }
+
+    /// The machine's CPUID for `template`: what KVM supports, shaped by it.
+    pub fn machine_cpuid(vm: &Vm, template: &CpuTemplate) -> Result<CpuId, VmError> {
+        let supported = vm
+            .kvm()
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(|source| VmError::Kvm {
+                what: "get supported CPUID",
+                source,
+            })?;
+        Ok(cpuid::guest(&supported, template)?)
     }
 
     /// The TSC frequency KVM gives this vCPU, in kHz.
@@ -247,10 +283,49 @@ impl Vcpu {
         (!bytes.is_empty()).then_some(bytes)
     }
 
+    /// Park for S3 until the machine wakes, then restart as firmware hands over after S3 (ACPI
+    /// 6.5 §16.1.3): the boot vCPU at the waking vector, the others waiting for INIT/SIPI.
+    fn sleep(&mut self, control: &RunControl) {
+        // Finish the exit this vCPU is in (an OUT to PM1 control, an MMIO read's data) before
+        // its state is replaced: KVM_RUN with immediate_exit completes it and returns at once
+        // (api.rst §5, immediate_exit), as QEMU's paused vCPUs do.
+        self.fd.set_kvm_immediate_exit(1);
+        let _ = self.fd.run();
+        self.fd.set_kvm_immediate_exit(0);
+        let Some(entry) = control.sleep().park(|| control.is_stopping()) else {
+            return;
+        };
+        let err = |what| move |source| VmError::Kvm { what, source };
+        // The boot vCPU may have been halted when kicked (another vCPU asked for S3).
+        let (mp_state, entry) = match self.index {
+            0 => (KVM_MP_STATE_RUNNABLE, Some(entry)),
+            _ => (KVM_MP_STATE_INIT_RECEIVED, None),
+        };
+        let restarted = entry
+            .map_or(Ok(()), |e| {
+                self.set_entry(&wake_regs(e), |current| wake_sregs(current, e))
+            })
+            .and_then(|()| {
+                self.fd
+                    .set_mp_state(kvm_mp_state { mp_state })
+                    .map_err(err("set MP state"))
+            });
+        if let Err(e) = restarted {
+            control.stop(StopReason::VcpuFailed(format!(
+                "vCPU {} could not resume from S3: {e}",
+                self.index
+            )));
+        }
+    }
+
     /// Run until the run is stopped.
     pub fn run(mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl) {
         let _stop_on_exit = StopOnExit(control, self.index);
         while !control.is_stopping() {
+            if control.sleep().must_park() {
+                self.sleep(control);
+                continue;
+            }
             let action = match self.fd.run() {
                 Ok(VcpuExit::InternalError) => {
                     ExitAction::Stop(StopReason::VcpuFailed(self.internal_error()))

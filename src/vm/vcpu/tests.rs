@@ -123,13 +123,14 @@ impl BusDevice for Done {
 fn vcpu_running(code: &[u8]) -> (Vm, Vcpu) {
     use crate::contract::PROBE_LOAD_ADDR;
     use vm_memory::{Bytes, GuestAddress};
-    let vm = Vm::new(16 << 20, false).unwrap();
+    let vm = Vm::new(&[(0, 16 << 20)], false).unwrap();
     boot::write_tables(vm.memory()).unwrap();
     vm.memory()
         .write_slice(code, GuestAddress(PROBE_LOAD_ADDR))
         .unwrap();
     install_kick_handler().unwrap();
-    let vcpu = Vcpu::new(&vm, 0).unwrap();
+    let cpuid = Vcpu::machine_cpuid(&vm, &Default::default()).unwrap();
+    let vcpu = Vcpu::new(&vm, 0, &cpuid).unwrap();
     vcpu.set_entry(&boot::entry_regs(0), boot::long_mode_sregs)
         .unwrap();
     (vm, vcpu)

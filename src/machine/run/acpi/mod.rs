@@ -5,9 +5,10 @@
 //! IOMMU's DMAR, once the machine has one).
 //!
 //! What the tables say is what the machine has: the fixed-hardware registers of
-//! `devices::acpi_pm` (power-off through PM1 control, the PM timer), the reset register at
-//! 0xCF9, one local APIC per vCPU, KVM's IOAPIC and its ISA overrides, the PCI host bridge
-//! with the bus range and windows of `machine::layout`, the COM1 UART, and no RTC or VGA.
+//! `devices::acpi_pm` (S3 and power-off through PM1 control, the RTC alarm's status and
+//! enable, the PM timer), the reset register at 0xCF9, one local APIC per vCPU, KVM's IOAPIC
+//! and its ISA overrides, the PCI host bridge with the bus range and windows of
+//! `machine::layout`, the COM1 UART, the RTC (`devices::rtc`), and no VGA.
 
 use acpi_tables::aml::{
     AddressSpace, AddressSpaceCacheable, Device, EISAName, IO, Interrupt, Memory32Fixed, Name,
@@ -31,9 +32,10 @@ use zerocopy::{Immutable, IntoBytes};
 use crate::contract::PORT_SERIAL;
 use crate::devices::acpi_pm::{
     PM_BASE, PM_BLOCK_LEN, PM_TMR_LEN, PM_TMR_OFFSET, PM1_CNT_LEN, PM1_CNT_OFFSET, PM1_EVT_LEN,
-    PM1_EVT_OFFSET, S5_SLP_TYP,
+    PM1_EVT_OFFSET, S3_SLP_TYP, S5_SLP_TYP,
 };
 use crate::devices::reset_control::{RESET_CONTROL_PORT, RESET_VALUE};
+use crate::devices::rtc::{CENTURY_INDEX, RTC_IRQ, RTC_PORT, RTC_PORTS_LEN};
 use crate::devices::serial::SERIAL_PORT_LEN;
 use crate::irq::regs::{IOAPIC_BASE, LAPIC_BASE};
 use crate::machine::layout::{
@@ -145,11 +147,11 @@ const MADT_FLAGS_OFFSET: usize = 40;
 /// Offset of the checksum in every table header (ACPI 6.5 §5.2.6).
 const CHECKSUM_OFFSET: usize = 9;
 
-/// IA-PC boot architecture flags (ACPI 6.5 §5.2.9.3): ISA devices (the UART) are there, no
-/// VGA, no CMOS RTC. The 8042 flag stays clear: only its reset command is modelled.
+/// IA-PC boot architecture flags (ACPI 6.5 §5.2.9.3): ISA devices (the UART, the RTC) are
+/// there, no VGA; CMOS RTC Not Present (bit 5) stays clear. The 8042 flag stays clear: only
+/// its reset command is modelled.
 const IAPC_LEGACY_DEVICES: u16 = 1 << 0;
 const IAPC_VGA_NOT_PRESENT: u16 = 1 << 2;
-const IAPC_CMOS_RTC_NOT_PRESENT: u16 = 1 << 5;
 /// P_LVL2_LAT above 100 and P_LVL3_LAT above 1000 say C2 and C3 are not supported.
 const NO_C2: u16 = 101;
 const NO_C3: u16 = 1001;
@@ -179,27 +181,32 @@ fn io_register(port: u16, bits: u8) -> GAS {
     )
 }
 
-/// The DSDT: the host bridge, COM1, the motherboard's own resources, and `\_S5`. Each device
-/// is named by its full path under `\_SB` (predefined, ACPI 6.5 §5.3.1).
+/// The DSDT: the host bridge, COM1, the RTC, the motherboard's own resources, and `\_S3` and
+/// `\_S5`. Each device is named by its full path under `\_SB` (predefined, ACPI 6.5 §5.3.1).
 fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
     // Revision 2: integers are 64 bits.
     let mut table = Sdt::new(*b"DSDT", 36, 2, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
-    host_bridge(&mut table);
+    host_bridge(layout, &mut table);
     com1(&mut table);
+    rtc(&mut table);
     motherboard_resources(layout, &mut table);
-    // \_S5: the SLP_TYP values for PM1a and PM1b control, then two reserved (ACPI 6.5 §7.4.2).
-    Name::new(
-        "_S5_".into(),
-        &Package::new(vec![&S5_SLP_TYP, &ZERO, &ZERO, &ZERO]),
-    )
-    .to_aml_bytes(&mut table);
+    // \_S3 and \_S5: the SLP_TYP values for PM1a and PM1b control, then two reserved (ACPI
+    // 6.5 §7.4.2); the values `devices::acpi_pm` decodes.
+    for (name, typ) in [("_S3_", S3_SLP_TYP), ("_S5_", S5_SLP_TYP)] {
+        Name::new(name.into(), &Package::new(vec![&typ, &ZERO, &ZERO, &ZERO]))
+            .to_aml_bytes(&mut table);
+    }
     table.update_checksum();
     table.as_slice().to_vec()
 }
 
 /// `\_SB.PCI0`, PCI Firmware 3.3 §4.1: a PCI Express host bridge, compatible with a PCI one,
-/// decoding bus 0, the configuration ports and the BAR windows.
-fn host_bridge(table: &mut dyn AmlSink) {
+/// decoding bus 0, the configuration ports and the BAR windows: the 32-bit one, and on a
+/// machine with RAM above 4 GiB the 64-bit one above RAM (a QWordMemory, ACPI 6.5 §6.4.3.5.1),
+/// where the 64-bit BARs are. That one is marked cacheable, as QEMU's q35 marks its own, not
+/// prefetchable: Linux will not claim a non-prefetchable BAR (virtio's, whose ISR status is
+/// read-to-clear) inside a window flagged prefetchable (pci_find_parent_resource).
+fn host_bridge(layout: &MemoryLayout, table: &mut dyn AmlSink) {
     let (mmio_start, mmio_end) = PCI_MMIO_WINDOW;
     let mmio = AddressSpace::new_memory(
         AddressSpaceCacheable::NotCacheable,
@@ -208,6 +215,9 @@ fn host_bridge(table: &mut dyn AmlSink) {
         u32::try_from(mmio_end - 1).expect("a 32-bit window"),
         None,
     );
+    let mmio64 = layout.mmio64_window().map(|(start, end)| {
+        AddressSpace::new_memory(AddressSpaceCacheable::Cacheable, true, start, end - 1, None)
+    });
     let io = AddressSpace::new_io(PCI_IO_BASE, PCI_IO_BASE + (PCI_IO_LEN - 1), None);
     let buses = AddressSpace::new_bus_number(0u16, ECAM_LAST_BUS.into());
     let config_ports = IO::new(
@@ -216,6 +226,10 @@ fn host_bridge(table: &mut dyn AmlSink) {
         1,
         u8::try_from(PCI_CONFIG_IO_LEN).expect("8 ports"),
     );
+    let mut resources: Vec<&dyn Aml> = vec![&buses, &config_ports, &io, &mmio];
+    if let Some(mmio64) = &mmio64 {
+        resources.push(mmio64);
+    }
     Device::new(
         "\\_SB_.PCI0".into(),
         vec![
@@ -225,10 +239,7 @@ fn host_bridge(table: &mut dyn AmlSink) {
             &Name::new("_SEG".into(), &ZERO),
             &Name::new("_UID".into(), &ZERO),
             &Name::new("_BBN".into(), &ZERO),
-            &Name::new(
-                "_CRS".into(),
-                &ResourceTemplate::new(vec![&buses, &config_ports, &io, &mmio]),
-            ),
+            &Name::new("_CRS".into(), &ResourceTemplate::new(resources)),
         ],
     )
     .to_aml_bytes(table);
@@ -252,6 +263,25 @@ fn com1(table: &mut dyn AmlSink) {
                 "_CRS".into(),
                 &ResourceTemplate::new(vec![&uart_ports, &uart_irq]),
             ),
+        ],
+    )
+    .to_aml_bytes(table);
+}
+
+/// `\_SB.RTC`: the MC146818-compatible RTC (PNP0B00) at ports 0x70..0x71 on ISA IRQ 8.
+fn rtc(table: &mut dyn AmlSink) {
+    let ports = IO::new(
+        RTC_PORT,
+        RTC_PORT,
+        1,
+        u8::try_from(RTC_PORTS_LEN).expect("2 ports"),
+    );
+    let irq = Interrupt::new(true, true, false, false, RTC_IRQ);
+    Device::new(
+        "\\_SB_.RTC_".into(),
+        vec![
+            &Name::new("_HID".into(), &EISAName::new("PNP0B00")),
+            &Name::new("_CRS".into(), &ResourceTemplate::new(vec![&ports, &irq])),
         ],
     )
     .to_aml_bytes(table);
@@ -302,6 +332,13 @@ fn fadt(facs: u64, dsdt: u64) -> Vec<u8> {
         .flag(Flags::PwrButton)
         .flag(Flags::SlpButton)
         .flag(Flags::ResetRegSup);
+    // FIRMWARE_CTRL too, the FACS being below 4 GiB (§5.2.9: a guest may read only it); the
+    // builder's 64-bit setter clears it.
+    f.firmware_ctrl = u32::try_from(facs)
+        .expect("the FACS is in the BIOS area")
+        .into();
+    // The RTC's century byte (§5.2.9, CENTURY: its CMOS index).
+    f.century = CENTURY_INDEX;
     f.sci_int = u16::from(SCI_IRQ).into();
     // No SMI_CMD port: the machine is in ACPI mode from the start (§5.2.9, SMI_CMD).
     f.pm1a_evt_blk = u32::from(port(PM1_EVT_OFFSET)).into();
@@ -313,8 +350,7 @@ fn fadt(facs: u64, dsdt: u64) -> Vec<u8> {
     f.x_pm_tmr_blk = io_register(port(PM_TMR_OFFSET), PM_TMR_LEN * 8);
     f.p_lvl2_lat = NO_C2.into();
     f.p_lvl3_lat = NO_C3.into();
-    f.iapc_boot_arch =
-        (IAPC_LEGACY_DEVICES | IAPC_VGA_NOT_PRESENT | IAPC_CMOS_RTC_NOT_PRESENT).into();
+    f.iapc_boot_arch = (IAPC_LEGACY_DEVICES | IAPC_VGA_NOT_PRESENT).into();
     f.reset_reg = GAS::new(
         GasSpace::SystemIo,
         8,
@@ -393,6 +429,9 @@ impl Placer {
 /// (§5.2.10).
 const TABLE_ALIGN: u64 = 16;
 const FACS_ALIGN: u64 = 64;
+/// Where the FACS goes: right after the RSDP (36 bytes) at the start of the BIOS area, on the
+/// next 64-byte boundary.
+pub const FACS_ADDR: u64 = BIOS_AREA.start + FACS_ALIGN;
 
 impl AcpiTables<'_> {
     /// Build the tables and write them into the BIOS area of `mem`; returns the RSDP's address.
@@ -400,14 +439,17 @@ impl AcpiTables<'_> {
         let mut placer = Placer {
             next: BIOS_AREA.start,
         };
+        // The RSDP first, where a scan finds it first; the FACS next, at the address
+        // `devices::acpi_pm` reads the waking vector from.
         let rsdp_at = placer.place(Rsdp::len(), TABLE_ALIGN)?;
-        let mut tables = Vec::new();
+        let facs = placer.place(FACS::len(), FACS_ALIGN)?;
+        debug_assert_eq!(facs, FACS_ADDR);
+        let mut tables = vec![(facs, bytes(&FACS::new()))];
         let mut place = |table: Vec<u8>, align| -> Result<u64, AcpiError> {
             let at = placer.place(table.len(), align)?;
             tables.push((at, table));
             Ok(at)
         };
-        let facs = place(bytes(&FACS::new()), FACS_ALIGN)?;
         let dsdt = place(dsdt(self.layout), TABLE_ALIGN)?;
         let mut listed = vec![place(fadt(facs, dsdt), TABLE_ALIGN)?];
         listed.push(place(madt(self.vcpus), TABLE_ALIGN)?);

@@ -140,3 +140,78 @@ fn tables_that_outgrow_the_bios_area_are_refused() {
     .expect_err("128 KiB of extra tables");
     assert!(e.to_string().contains("BIOS area holds 131072"), "{e}");
 }
+
+/// The first element of the package `name` is bound to, as an integer (OneOp, ZeroOp, or a
+/// byte or word constant, ACPI 6.5 §20.2.3).
+fn first_package_integer(dsdt: &[u8], name: &[u8; 4]) -> u64 {
+    let at = dsdt.windows(4).position(|w| w == name).expect("named") + 4;
+    assert_eq!(dsdt[at], 0x12, "PackageOp");
+    let element = &dsdt[at + 3..];
+    match element[0] {
+        0x00 => 0,
+        0x01 => 1,
+        0x0a => element[1].into(),
+        0x0b => u16::from_le_bytes([element[1], element[2]]).into(),
+        op => panic!("unexpected opcode {op:#x}"),
+    }
+}
+
+#[test]
+fn firmware_ctrl_the_century_byte_the_rtc_and_s3_are_described() {
+    let t = written(false, 1, &[]);
+    let fadt = &t["FACP"];
+    // A guest reading only the 32-bit FIRMWARE_CTRL (offset 36) finds the FACS there too.
+    assert_eq!(u64::from(u32_at(fadt, 36)), FACS_ADDR, "FIRMWARE_CTRL");
+    assert_eq!(
+        u64::from_le_bytes(fadt[132..140].try_into().unwrap()),
+        FACS_ADDR,
+        "X_FIRMWARE_CTRL"
+    );
+    assert_eq!(fadt[108], 0x32, "CENTURY: the RTC's CMOS index");
+    assert_eq!(fadt[109] & (1 << 5), 0, "CMOS RTC Not Present is clear");
+    let dsdt = &t["DSDT"];
+    let pnp0b00 = [0x41, 0xd0, 0x0b, 0x00];
+    assert!(dsdt.windows(4).any(|w| w == pnp0b00), "an RTC");
+    assert_eq!(first_package_integer(dsdt, b"_S3_"), u64::from(S3_SLP_TYP));
+    assert_eq!(first_package_integer(dsdt, b"_S5_"), u64::from(S5_SLP_TYP));
+}
+
+/// The QWord memory descriptors (ACPI 6.5 §6.4.3.5.1: tag 0x8A, length 0x2B, type 0) of a
+/// table, as `(min, max)`.
+fn qword_memory_ranges(table: &[u8]) -> Vec<(u64, u64)> {
+    let u64_at = |o: usize| u64::from_le_bytes(table[o..o + 8].try_into().unwrap());
+    table
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| *w == [0x8a, 0x2b, 0, 0])
+        .map(|(at, _)| (u64_at(at + 14), u64_at(at + 22)))
+        .collect()
+}
+
+#[test]
+fn with_ram_past_4_gib_the_host_bridge_has_a_64_bit_window_above_it() {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let dsdt = |mib: usize| {
+        let layout = MemoryLayout::new(mib << 20, true).unwrap();
+        let tables = AcpiTables {
+            layout: &layout,
+            vcpus: 1,
+            extra: &[],
+        };
+        walk(&mem, tables.write(&mem).unwrap())["DSDT"].clone()
+    };
+    assert_eq!(
+        qword_memory_ranges(&dsdt(3072)),
+        vec![],
+        "none below the hole"
+    );
+    let window = MemoryLayout::new(4608 << 20, true)
+        .unwrap()
+        .mmio64_window()
+        .unwrap();
+    assert_eq!(
+        qword_memory_ranges(&dsdt(4608)),
+        vec![(window.0, window.1 - 1)]
+    );
+    assert!(window.0 >= 0x1_6000_0000, "above RAM");
+}

@@ -397,7 +397,7 @@ impl Loader for BzImage {
         mem: &GuestMemoryMmap,
         machine: &MachineInfo<'_>,
     ) -> Result<EntryState, LoadError> {
-        let ram = machine.layout.ram_size() as u64;
+        let ram = machine.layout.low_ram_end();
         self.check_fits(ram)?;
         mem.write_slice(&self.payload, GuestAddress(KERNEL_ADDR))?;
         let initrd = match &self.initrd {

@@ -19,12 +19,10 @@ use crate::machine::loader::file::{ImageFile, ReadError};
 use crate::machine::loader::segment::{Segment, contents, contents_of, write_segments};
 use crate::machine::loader::{EntryState, LoadError, Loader, MachineInfo};
 use crate::machine::run::boot::{
-    CMDLINE_ADDR, CmdlineError, PlacementError, boot_data_cmdline, check_segments_fit,
-    protected32_entry, write_acpi,
+    CMDLINE_OFFSET, CmdlineError, PlacementError, boot_data_cmdline, check_segments_fit,
+    place_boot_data, protected32_entry, segment_ranges, write_acpi,
 };
-use crate::machine::run::memmap::{
-    BOOT_DATA, E820Entry, HIGH_RAM_START, LOW_RAM_END, MIN_RAM, e820,
-};
+use crate::machine::run::memmap::{E820Entry, HIGH_RAM_START, LOW_RAM_END, MIN_RAM, e820};
 
 /// The header's magic (§3.1.1).
 const HEADER_MAGIC: u32 = 0x1bad_b002;
@@ -111,14 +109,14 @@ struct MmapEntry {
     kind: u32,
 }
 
-/// Where the information pieces go inside [`BOOT_DATA`].
-const INFO_ADDR: u64 = BOOT_DATA.start;
-const MMAP_ADDR: u64 = INFO_ADDR + 0x100;
+/// Where the information pieces go in the boot data ([`place_boot_data`]): the information
+/// first, then the memory map, the loader's name and the command line.
+const MMAP_OFFSET: u64 = 0x100;
 /// Room for 16 memory map entries.
-const LOADER_NAME_ADDR: u64 = MMAP_ADDR + 16 * size_of::<MmapEntry>() as u64;
+const LOADER_NAME_OFFSET: u64 = MMAP_OFFSET + 16 * size_of::<MmapEntry>() as u64;
 
-const _: () = assert!(size_of::<Info>() as u64 <= MMAP_ADDR - INFO_ADDR);
-const _: () = assert!(LOADER_NAME_ADDR + LOADER_NAME.len() as u64 <= CMDLINE_ADDR);
+const _: () = assert!(size_of::<Info>() as u64 <= MMAP_OFFSET);
+const _: () = assert!(LOADER_NAME_OFFSET + LOADER_NAME.len() as u64 <= CMDLINE_OFFSET);
 
 /// Why a file is not a multiboot kernel this machine can boot.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -314,14 +312,20 @@ impl MultibootKernel {
         })
     }
 
-    /// Check that every segment fits in `ram_size` bytes of RAM and clear of the firmware's
-    /// memory.
-    pub fn check_fits(&self, ram_size: u64) -> Result<(), MultibootError> {
-        Ok(check_segments_fit(&self.segments, ram_size)?)
+    /// Check that every segment fits in RAM below `ram_end` and clear of the firmware's
+    /// memory, and that the multiboot information has room beside them; returns where that goes.
+    pub fn check_fits(&self, ram_end: u64) -> Result<u64, MultibootError> {
+        check_segments_fit(&self.segments, ram_end)?;
+        let size = CMDLINE_OFFSET + self.cmdline.len() as u64;
+        Ok(place_boot_data(
+            size,
+            &segment_ranges(&self.segments),
+            ram_end,
+        )?)
     }
 
-    /// The multiboot information for `layout`, and the memory map it points at.
-    fn info(&self, layout: &MemoryLayout) -> (Info, Vec<MmapEntry>) {
+    /// The multiboot information for `layout` at `base`, and the memory map it points at.
+    fn info(&self, layout: &MemoryLayout, base: u64) -> (Info, Vec<MmapEntry>) {
         let map: Vec<MmapEntry> = e820(layout)
             .iter()
             .map(|&E820Entry { range, kind }| MmapEntry {
@@ -332,16 +336,16 @@ impl MultibootKernel {
             })
             .collect();
         let kib = |bytes: u64| u32::try_from(bytes >> 10).expect("RAM below 4 GiB");
-        let addr = |a: u64| u32::try_from(a).expect("in the boot data area");
+        let addr = |offset: u64| u32::try_from(base + offset).expect("placed below 4 GiB");
         let info = Info {
             flags: INFO_MEMORY | INFO_CMDLINE | INFO_MODS | INFO_MMAP | INFO_LOADER_NAME,
             // KiB of conventional memory, and of RAM from 1 MiB up to the first hole.
             mem_lower: kib(LOW_RAM_END),
-            mem_upper: kib(layout.ram_size() as u64 - HIGH_RAM_START),
-            cmdline: addr(CMDLINE_ADDR),
+            mem_upper: kib(layout.low_ram_end() - HIGH_RAM_START),
+            cmdline: addr(CMDLINE_OFFSET),
             mmap_length: u32::try_from(map.len() * size_of::<MmapEntry>()).expect("a few"),
-            mmap_addr: addr(MMAP_ADDR),
-            boot_loader_name: addr(LOADER_NAME_ADDR),
+            mmap_addr: addr(MMAP_OFFSET),
+            boot_loader_name: addr(LOADER_NAME_OFFSET),
             ..Default::default()
         };
         (info, map)
@@ -354,7 +358,7 @@ impl Loader for MultibootKernel {
         mem: &GuestMemoryMmap,
         machine: &MachineInfo<'_>,
     ) -> Result<EntryState, LoadError> {
-        let ram = machine.layout.ram_size() as u64;
+        let ram = machine.layout.low_ram_end();
         if ram < MIN_RAM {
             return Err(LoadError::RamTooSmall {
                 what: "a multiboot kernel (the first megabyte holds the firmware areas)",
@@ -362,15 +366,15 @@ impl Loader for MultibootKernel {
                 have: ram,
             });
         }
-        self.check_fits(ram)?;
+        let base = self.check_fits(ram)?;
         write_segments(mem, &self.segments, &self.contents)?;
-        let (info, map) = self.info(machine.layout);
-        mem.write_slice(info.as_bytes(), GuestAddress(INFO_ADDR))?;
-        mem.write_slice(map.as_bytes(), GuestAddress(MMAP_ADDR))?;
-        mem.write_slice(LOADER_NAME, GuestAddress(LOADER_NAME_ADDR))?;
-        mem.write_slice(&self.cmdline, GuestAddress(CMDLINE_ADDR))?;
+        let (info, map) = self.info(machine.layout, base);
+        mem.write_slice(info.as_bytes(), GuestAddress(base))?;
+        mem.write_slice(map.as_bytes(), GuestAddress(base + MMAP_OFFSET))?;
+        mem.write_slice(LOADER_NAME, GuestAddress(base + LOADER_NAME_OFFSET))?;
+        mem.write_slice(&self.cmdline, GuestAddress(base + CMDLINE_OFFSET))?;
         write_acpi(mem, machine)?;
-        Ok(protected32_entry(self.entry, BOOTLOADER_MAGIC, INFO_ADDR))
+        Ok(protected32_entry(self.entry, BOOTLOADER_MAGIC, base))
     }
 }
 

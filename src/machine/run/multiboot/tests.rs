@@ -213,16 +213,87 @@ fn a_kernel_outside_ram_or_over_the_firmware_is_refused() {
     let e = kernel.check_fits(16 << 20).expect_err("32 MiB in 16");
     assert_eq!(
         e.to_string(),
-        "ELF segment 0 at 0x100000..0x2100000 does not fit the machine's 16 MiB of RAM \
-         (--memory)"
+        "ELF segment 0 at 0x100000..0x2100000 does not fit the machine's 16 MiB of RAM below \
+         4 GiB (--memory)"
     );
-    for (at, over) in [(0xf_0000, "BIOS area"), (0x9000, "multiboot information")] {
-        let low = (PT_LOAD, CODE_AT as u64, at, at, 0x100, 0x100);
-        let image = elf(ELFCLASS32, EM_386, at, &[low], &header(0, None));
-        let kernel = MultibootKernel::parse(image, "").unwrap();
-        let e = kernel.check_fits(16 << 20).expect_err("over the firmware");
-        assert!(e.to_string().contains(over), "{e}");
-    }
+    let at = 0xf_0000;
+    let low = (PT_LOAD, CODE_AT as u64, at, at, 0x100, 0x100);
+    let image = elf(ELFCLASS32, EM_386, at, &[low], &header(0, None));
+    let kernel = MultibootKernel::parse(image, "").unwrap();
+    let e = kernel.check_fits(16 << 20).expect_err("over the firmware");
+    assert!(e.to_string().contains("BIOS area"), "{e}");
+}
+
+#[test]
+fn a_kernel_at_0x8000_gets_its_information_after_its_end() {
+    // Where the multiboot information goes when nothing is in the way: a kernel there was
+    // refused before ("overlaps the multiboot information at 0x8000..0x10000").
+    let at = 0x8000;
+    let text = (PT_LOAD, CODE_AT as u64, at, at, 0x100, 0xa000);
+    let image = elf(ELFCLASS32, EM_386, at, &[text], &header(0, None));
+    let kernel = MultibootKernel::parse(image, "/k").unwrap();
+    let (mem, layout) = machine(4);
+    let entry = load(&kernel, &mem, &layout);
+    assert_eq!(
+        entry.regs.rbx, 0x1_2000,
+        "the first page past the kernel's 0x8000..0x12000"
+    );
+    assert_eq!(
+        mem.read_obj::<u8>(GuestAddress(at)).unwrap(),
+        0xcc,
+        "the code is intact"
+    );
+    let info = entry.regs.rbx;
+    let cmdline = u64::from(u32_at(&mem, info + 16));
+    assert_eq!(
+        mem.read_obj::<[u8; 3]>(GuestAddress(cmdline)).unwrap(),
+        *b"/k\0"
+    );
+    let map = u64::from(u32_at(&mem, info + 48));
+    assert!(
+        map > info && map < cmdline,
+        "the map beside it, past the kernel"
+    );
+}
+
+#[test]
+fn a_kernel_that_leaves_no_room_for_the_information_is_refused_with_one_line() {
+    // Conventional memory up to one page below the EBDA, and all of RAM from 1 MiB: no page
+    // boundary has room for the information, the map and the command line.
+    let low = (PT_LOAD, CODE_AT as u64, 0x1000, 0x1000, 0x100, 0x9_e000);
+    let high = (PT_LOAD, CODE_AT as u64, LOAD, LOAD, 0x100, 0x10_0000);
+    let image = elf(ELFCLASS32, EM_386, LOAD, &[low, high], &header(0, None));
+    let kernel = MultibootKernel::parse(image, "").unwrap();
+    let e = kernel.check_fits(2 << 20).expect_err("no room");
+    let line = e.to_string();
+    assert!(
+        line.starts_with("no room for the 4097-byte boot information") && !line.contains('\n'),
+        "{line}"
+    );
+    kernel
+        .check_fits(3 << 20)
+        .expect("room above the kernel once RAM goes on");
+}
+
+#[test]
+fn with_ram_past_4_gib_mem_upper_stops_at_the_hole_and_the_map_goes_on() {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+    let layout = MemoryLayout::new(4608 << 20, true).unwrap();
+    let kernel = MultibootKernel::parse(elf32(&[TEXT]), "").unwrap();
+    let info = load(&kernel, &mem, &layout).regs.rbx;
+    assert_eq!(
+        u32_at(&mem, info + 8),
+        (3 << 20) - 1024,
+        "mem_upper: 1 MiB to 3 GiB, KiB"
+    );
+    let (len, at) = (u32_at(&mem, info + 44), u64::from(u32_at(&mem, info + 48)));
+    let last = at + u64::from(len) - 24;
+    let base: u64 = mem.read_obj(GuestAddress(last + 4)).unwrap();
+    let length: u64 = mem.read_obj(GuestAddress(last + 12)).unwrap();
+    assert_eq!(
+        (base, length, u32_at(&mem, last + 20)),
+        (1 << 32, 0x6000_0000, 1)
+    );
 }
 
 #[test]

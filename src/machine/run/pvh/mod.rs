@@ -18,10 +18,10 @@ use crate::machine::loader::file::{ImageFile, ReadError};
 use crate::machine::loader::segment::{Segment, contents, contents_of, kernel_end, write_segments};
 use crate::machine::loader::{EntryState, LoadError, Loader, MachineInfo};
 use crate::machine::run::boot::{
-    CMDLINE_ADDR, CmdlineError, PlacementError, boot_data_cmdline, check_segments_fit,
-    place_initrd, protected32_entry, write_acpi,
+    CMDLINE_OFFSET, CmdlineError, PlacementError, boot_data_cmdline, check_segments_fit,
+    place_boot_data, place_initrd, protected32_entry, segment_ranges, write_acpi,
 };
-use crate::machine::run::memmap::{BOOT_DATA, e820};
+use crate::machine::run::memmap::{Range, e820};
 
 /// `XEN_ELFNOTE_PHYS32_ENTRY` (xen include/public/elfnote.h): the physical 32-bit entry.
 const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
@@ -30,13 +30,12 @@ const XEN_NOTE_NAME: &[u8] = b"Xen\0";
 /// The start info's version: 1 has the memory map.
 const START_INFO_VERSION: u32 = 1;
 
-// The start info and what it points at, in the boot data area's first page.
-const START_INFO_ADDR: u64 = BOOT_DATA.start;
-const MODLIST_ADDR: u64 = START_INFO_ADDR + 0x40;
-const MEMMAP_ADDR: u64 = MODLIST_ADDR + 0x40;
-const _: () = assert!(size_of::<hvm_start_info>() as u64 <= MODLIST_ADDR - START_INFO_ADDR);
+// The start info and what it points at, in the boot data's first page ([`place_boot_data`]).
+const MODLIST_OFFSET: u64 = 0x40;
+const MEMMAP_OFFSET: u64 = MODLIST_OFFSET + 0x40;
+const _: () = assert!(size_of::<hvm_start_info>() as u64 <= MODLIST_OFFSET);
 const _: () =
-    assert!(MEMMAP_ADDR + 16 * size_of::<hvm_memmap_table_entry>() as u64 <= CMDLINE_ADDR);
+    assert!(MEMMAP_OFFSET + 16 * size_of::<hvm_memmap_table_entry>() as u64 <= CMDLINE_OFFSET);
 
 /// Why a PVH kernel cannot be booted.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -172,13 +171,25 @@ impl PvhKernel {
         })
     }
 
-    /// Check that the segments and the initrd fit `ram` bytes of RAM, clear of the firmware's.
-    pub fn check_fits(&self, ram: u64) -> Result<(), PvhError> {
+    /// Check that the segments and the initrd fit in RAM below `ram`, clear of the firmware's,
+    /// and that the start info has room beside them; returns where the start info and the
+    /// initrd go.
+    pub fn check_fits(&self, ram: u64) -> Result<(u64, Option<u64>), PvhError> {
         check_segments_fit(&self.segments, ram)?;
-        if let Some(initrd) = &self.initrd {
-            self.initrd_addr(initrd, ram)?;
-        }
-        Ok(())
+        let mut taken = segment_ranges(&self.segments);
+        let initrd = match &self.initrd {
+            Some(initrd) => {
+                let addr = self.initrd_addr(initrd, ram)?;
+                taken.push(Range {
+                    start: addr,
+                    end: addr + initrd.len() as u64,
+                });
+                Some(addr)
+            }
+            None => None,
+        };
+        let size = CMDLINE_OFFSET + self.cmdline.len() as u64;
+        Ok((place_boot_data(size, &taken, ram)?, initrd))
     }
 }
 
@@ -188,26 +199,24 @@ impl Loader for PvhKernel {
         mem: &GuestMemoryMmap,
         machine: &MachineInfo<'_>,
     ) -> Result<EntryState, LoadError> {
-        let ram = machine.layout.ram_size() as u64;
-        self.check_fits(ram)?;
+        let (base, initrd_addr) = self.check_fits(machine.layout.low_ram_end())?;
         write_segments(mem, &self.segments, &self.contents)?;
         let mut info = hvm_start_info {
             magic: XEN_HVM_START_MAGIC_VALUE,
             version: START_INFO_VERSION,
-            cmdline_paddr: CMDLINE_ADDR,
-            memmap_paddr: MEMMAP_ADDR,
+            cmdline_paddr: base + CMDLINE_OFFSET,
+            memmap_paddr: base + MEMMAP_OFFSET,
             ..Default::default()
         };
-        if let Some(initrd) = &self.initrd {
-            let addr = self.initrd_addr(initrd, ram)?;
+        if let (Some(initrd), Some(addr)) = (&self.initrd, initrd_addr) {
             mem.write_slice(initrd, GuestAddress(addr))?;
             let module = hvm_modlist_entry {
                 paddr: addr,
                 size: initrd.len() as u64,
                 ..Default::default()
             };
-            mem.write_obj(module, GuestAddress(MODLIST_ADDR))?;
-            (info.nr_modules, info.modlist_paddr) = (1, MODLIST_ADDR);
+            mem.write_obj(module, GuestAddress(base + MODLIST_OFFSET))?;
+            (info.nr_modules, info.modlist_paddr) = (1, base + MODLIST_OFFSET);
         }
         let map = e820(machine.layout);
         for (i, e) in map.iter().enumerate() {
@@ -218,14 +227,14 @@ impl Loader for PvhKernel {
                 type_: e.kind as u32,
                 reserved: 0,
             };
-            let at = MEMMAP_ADDR + (i * size_of::<hvm_memmap_table_entry>()) as u64;
+            let at = base + MEMMAP_OFFSET + (i * size_of::<hvm_memmap_table_entry>()) as u64;
             mem.write_obj(entry, GuestAddress(at))?;
         }
         info.memmap_entries = u32::try_from(map.len()).expect("a handful");
-        mem.write_slice(&self.cmdline, GuestAddress(CMDLINE_ADDR))?;
+        mem.write_slice(&self.cmdline, GuestAddress(base + CMDLINE_OFFSET))?;
         info.rsdp_paddr = write_acpi(mem, machine)?;
-        mem.write_obj(info, GuestAddress(START_INFO_ADDR))?;
-        Ok(protected32_entry(self.entry, 0, START_INFO_ADDR))
+        mem.write_obj(info, GuestAddress(base))?;
+        Ok(protected32_entry(self.entry, 0, base))
     }
 }
 

@@ -6,6 +6,7 @@ use super::*;
 use crate::machine::layout::MemoryLayout;
 use crate::machine::loader::CpuMode;
 use crate::machine::run::boot::MAX_CMDLINE;
+use crate::machine::run::memmap::BOOT_DATA;
 
 // The ELF64 header fields the note search reads, from linux-loader's elf.h (not the loader's
 // own structs, so the file built here is an independent reading).
@@ -35,6 +36,11 @@ fn note(name: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
 /// A 64-bit x86 ELF executable: a PT_NOTE segment of `notes` and 0x100 bytes of code
 /// (0xcc) loaded at LOAD with a page of bss.
 fn vmlinux(notes: &[u8]) -> Vec<u8> {
+    vmlinux_at(notes, LOAD)
+}
+
+/// [`vmlinux`], its code loaded at `load`.
+fn vmlinux_at(notes: &[u8], load: u64) -> Vec<u8> {
     let mut f = vec![0u8; CODE_AT + 0x100];
     f[..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
     f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
@@ -52,7 +58,7 @@ fn vmlinux(notes: &[u8]) -> Vec<u8> {
             notes.len() as u64,
             notes.len() as u64,
         ),
-        (1, CODE_AT as u64, LOAD, 0x100, 0x1100),
+        (1, CODE_AT as u64, load, 0x100, 0x1100),
     ];
     for (i, (kind, offset, paddr, filesz, memsz)) in phdrs.into_iter().enumerate() {
         let at = 64 + 56 * i;
@@ -149,11 +155,11 @@ fn it_enters_at_the_note_with_ebx_the_start_info() {
     .unwrap();
     let entry = k.load(&mem, &info).unwrap();
     assert_eq!(entry.mode, CpuMode::Protected32);
-    assert_eq!((entry.regs.rip, entry.regs.rbx), (ENTRY, START_INFO_ADDR));
+    assert_eq!((entry.regs.rip, entry.regs.rbx), (ENTRY, BOOT_DATA.start));
     assert_eq!(mem.read_obj::<u8>(GuestAddress(LOAD)).unwrap(), 0xcc);
     let word = |a: u64| mem.read_obj::<u32>(GuestAddress(a)).unwrap();
     let quad = |a: u64| mem.read_obj::<u64>(GuestAddress(a)).unwrap();
-    let s = START_INFO_ADDR;
+    let s = BOOT_DATA.start;
     assert_eq!(
         (word(s), word(s + 4), word(s + 12)),
         (XEN_HVM_START_MAGIC_VALUE, 1, 1)
@@ -175,5 +181,28 @@ fn it_enters_at_the_note_with_ebx_the_start_info() {
     assert_eq!(
         (quad(e), quad(e + 8), word(e + 16)),
         (0x10_0000, (63 << 20), 1)
+    );
+}
+
+#[test]
+fn a_kernel_over_the_default_boot_data_gets_its_start_info_after_it() {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+    let layout = MemoryLayout::new(16 << 20, true).unwrap();
+    let info = MachineInfo::one_vcpu(&layout);
+    let at = BOOT_DATA.start;
+    let k = PvhKernel::parse(vmlinux_at(&entry_note(), at), at + 0x10, "x", None).unwrap();
+    let entry = k.load(&mem, &info).unwrap();
+    // Past the kernel's 0x8000..0x9100, its code intact.
+    let code = mem.read_obj::<u8>(GuestAddress(at)).unwrap();
+    assert_eq!((entry.regs.rbx, code), (0xa000, 0xcc));
+    let s = entry.regs.rbx;
+    assert_eq!(
+        mem.read_obj::<u32>(GuestAddress(s)).unwrap(),
+        XEN_HVM_START_MAGIC_VALUE
+    );
+    let cmdline = mem.read_obj::<u64>(GuestAddress(s + 24)).unwrap();
+    assert_eq!(
+        mem.read_obj::<[u8; 2]>(GuestAddress(cmdline)).unwrap(),
+        *b"x\0"
     );
 }

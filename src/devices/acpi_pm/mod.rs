@@ -1,10 +1,15 @@
 //! The ACPI fixed-hardware registers a PC has at its power-management base (ACPI 6.5 §4.8.3):
-//! the PM1a event block (status and enable), the PM1a control block (sleep type and enable:
-//! S5 is an orderly power-off) and the power-management timer (§4.8.3.3), at the addresses of
-//! QEMU's q35 machine (the ICH9 PMBASE 0x600), which the FADT gives the guest.
+//! the PM1a event block (status and enable: the RTC alarm and wake status), the PM1a control
+//! block (sleep type and enable: S3 suspends to RAM, S5 is an orderly power-off) and the
+//! power-management timer (§4.8.3.3), at the addresses of QEMU's q35 machine (the ICH9 PMBASE
+//! 0x600), which the FADT gives the guest.
+
+mod facs;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
+
+use vm_memory::GuestMemoryMmap;
 
 use crate::bus::BusDevice;
 use crate::guest_error;
@@ -38,6 +43,13 @@ const SCI_EN: u16 = 1 << 0;
 const SLP_TYP_SHIFT: u16 = 10;
 const SLP_TYP_MASK: u16 = 0x7 << SLP_TYP_SHIFT;
 const SLP_EN: u16 = 1 << 13;
+/// PM1 status and enable bits (ACPI 6.5 §4.8.3.1.1, tables 4.11 and 4.12): the RTC alarm
+/// (RTC_STS, and RTC_EN in the enable register: a wake source) and WAK_STS, set when the
+/// machine wakes from a sleeping state.
+const RTC_STS: u16 = 1 << 10;
+const WAK_STS: u16 = 1 << 15;
+/// The SLP_TYP of S3 (suspend to RAM), as the DSDT's `\_S3` package gives it: QEMU's value.
+pub const S3_SLP_TYP: u16 = 1;
 /// The SLP_TYP of S5 (soft off), as the DSDT's `\_S5` package gives it: QEMU's value, so a
 /// kernel that powers QEMU off powers exitless off.
 pub const S5_SLP_TYP: u16 = 0;
@@ -45,6 +57,7 @@ pub const S5_SLP_TYP: u16 = 0;
 /// The registers the guest can write.
 #[derive(Default)]
 struct Regs {
+    status: u16,
     enable: u16,
     control: u16,
 }
@@ -56,6 +69,8 @@ pub struct AcpiPm {
     start: Instant,
     control: Arc<RunControl>,
     log: Arc<DeviceLog>,
+    /// Guest memory and the FACS's address there, where S3 finds the waking vector.
+    facs: Option<(GuestMemoryMmap, u64)>,
 }
 
 impl AcpiPm {
@@ -66,6 +81,26 @@ impl AcpiPm {
             start: Instant::now(),
             control,
             log,
+            facs: None,
+        }
+    }
+
+    /// The block, with S3 resuming at the waking vector of the FACS at `at` in `memory`.
+    pub fn with_facs(self, memory: GuestMemoryMmap, at: u64) -> Self {
+        AcpiPm {
+            facs: Some((memory, at)),
+            ..self
+        }
+    }
+
+    /// The RTC's alarm fired: RTC_STS is set, and with RTC_EN it wakes the machine from S3
+    /// (ACPI 6.5 §4.8.3.1.1).
+    pub fn rtc_alarm(&self) {
+        let mut regs = self.regs.lock().unwrap_or_else(PoisonError::into_inner);
+        regs.status |= RTC_STS;
+        if regs.enable & RTC_STS != 0 {
+            drop(regs);
+            self.control.sleep().wake();
         }
     }
 
@@ -80,13 +115,20 @@ impl AcpiPm {
         u32::try_from(ticks & u128::from(TMR_VAL_MASK)).expect("24 bits")
     }
 
-    /// The block as the guest reads it. PM1 status is all clear: no fixed event is modelled
-    /// (there is no SCI to raise). SCI_EN reads set: the machine is in ACPI mode from the
+    /// The block as the guest reads it. PM1 status holds RTC_STS and WAK_STS (no SCI is raised
+    /// for them: the guest polls, or learns of them on waking). SCI_EN reads set: the machine is in ACPI mode from the
     /// start (the FADT has no SMI_CMD port to switch it). SLP_EN always reads zero.
     fn image(&self) -> [u8; PM_BLOCK_LEN as usize] {
         let regs = self.regs.lock().unwrap_or_else(PoisonError::into_inner);
         let mut image = [0u8; PM_BLOCK_LEN as usize];
         let at = |offset: u16| usize::from(offset);
+        let woke = if self.control.sleep().woke() {
+            WAK_STS
+        } else {
+            0
+        };
+        image[at(PM1_EVT_OFFSET)..at(PM1_EVT_OFFSET) + 2]
+            .copy_from_slice(&(regs.status | woke).to_le_bytes());
         image[at(PM1_EVT_OFFSET) + 2..at(PM1_EVT_OFFSET) + 4]
             .copy_from_slice(&regs.enable.to_le_bytes());
         image[at(PM1_CNT_OFFSET)..at(PM1_CNT_OFFSET) + 2]
@@ -96,18 +138,45 @@ impl AcpiPm {
         image
     }
 
-    /// A write of PM1 control: SLP_EN with S5's sleep type powers off; other sleep states are
-    /// not supported and the write is ignored, as QEMU ignores the ones it lacks.
+    /// A write of PM1 control: SLP_EN with S5's sleep type powers off, with S3's suspends;
+    /// other sleep states are not supported and the write is ignored, as QEMU ignores the ones
+    /// it lacks.
     fn write_control(&self, value: u16) {
         if value & SLP_EN == 0 {
             return;
         }
         match (value & SLP_TYP_MASK) >> SLP_TYP_SHIFT {
             S5_SLP_TYP => self.control.stop(StopReason::PowerOff),
+            S3_SLP_TYP => self.suspend(),
             typ => guest_error!(
                 self.log,
-                "sleep type {typ} requested: only S5 (type {S5_SLP_TYP}) is supported; ignored"
+                "sleep type {typ} requested: only S3 (type {S3_SLP_TYP}) and S5 (type \
+                 {S5_SLP_TYP}) are supported; ignored"
             ),
+        }
+    }
+
+    /// S3 (ACPI 6.5 §16.1.3): the vCPUs stop where they are, memory and devices keep their
+    /// state, and a wake event resumes the boot vCPU at the FACS's waking vector, read now
+    /// (the OS sets it before it sleeps, §7.4.2.4). An enabled wake event already pending
+    /// wakes the machine at once, as on hardware. Without a usable vector the request is
+    /// ignored, with a line in the log: firmware would reboot, which is no resume.
+    fn suspend(&self) {
+        let entry = match &self.facs {
+            Some((memory, at)) => facs::waking_entry(memory, *at),
+            None => Err(facs::FacsError::NoVector),
+        };
+        match entry {
+            Ok(entry) => {
+                let regs = self.regs.lock().unwrap_or_else(PoisonError::into_inner);
+                let pending = regs.status & regs.enable & RTC_STS != 0;
+                drop(regs);
+                self.control.suspend(entry);
+                if pending {
+                    self.control.sleep().wake();
+                }
+            }
+            Err(e) => guest_error!(self.log, "S3 requested, but {e}; ignored"),
         }
     }
 }
@@ -121,8 +190,8 @@ impl BusDevice for AcpiPm {
         }
     }
 
-    /// Each byte lands in its register: PM1 status bits are write-one-to-clear (none is ever
-    /// set), PM1 enable is kept, PM1 control is kept and acted on, the timer is read-only.
+    /// Each byte lands in its register: PM1 status bits are write-one-to-clear, PM1 enable is
+    /// kept, PM1 control is kept and acted on, the timer is read-only.
     fn write(&self, offset: u64, data: &[u8]) {
         let mut regs = self.regs.lock().unwrap_or_else(PoisonError::into_inner);
         let mut control = None;
@@ -135,8 +204,16 @@ impl BusDevice for AcpiPm {
                 bytes[usize::from(lane == 1)] = byte;
                 u16::from_le_bytes(bytes)
             };
-            let (enable, cnt) = (u64::from(PM1_EVT_OFFSET) + 2, u64::from(PM1_CNT_OFFSET));
+            let status = u64::from(PM1_EVT_OFFSET);
+            let (enable, cnt) = (status + 2, u64::from(PM1_CNT_OFFSET));
             match at {
+                a if (status..status + 2).contains(&a) => {
+                    let clear = set_byte(0, a - status);
+                    regs.status &= !clear;
+                    if clear & WAK_STS != 0 {
+                        self.control.sleep().clear_woke();
+                    }
+                }
                 a if (enable..enable + 2).contains(&a) => {
                     regs.enable = set_byte(regs.enable, a - enable)
                 }
@@ -156,61 +233,10 @@ impl BusDevice for AcpiPm {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
+mod tests;
 
-    fn device() -> (AcpiPm, Arc<RunControl>) {
-        let control = Arc::new(RunControl::default());
-        (
-            AcpiPm::new(control.clone(), DeviceLog::new("acpi-pm")),
-            control,
-        )
-    }
-
-    fn read_u32(dev: &AcpiPm, offset: u16) -> u32 {
-        let mut b = [0u8; 4];
-        dev.read(offset.into(), &mut b);
-        u32::from_le_bytes(b)
-    }
-
-    #[test]
-    fn the_timer_advances_at_its_frequency_in_24_bits() {
-        let (dev, _) = device();
-        let a = read_u32(&dev, PM_TMR_OFFSET);
-        std::thread::sleep(Duration::from_millis(20));
-        let b = read_u32(&dev, PM_TMR_OFFSET);
-        let ticks = b.wrapping_sub(a) & TMR_VAL_MASK;
-        // 20 ms is 71,591 ticks; a loaded host may sleep longer, never shorter.
-        assert!((71_000..3_579_545).contains(&ticks), "{ticks} ticks");
-        assert_eq!(b & !TMR_VAL_MASK, 0);
-    }
-
-    #[test]
-    fn s5_powers_off_and_other_sleep_states_are_ignored() {
-        let (dev, control) = device();
-        let cnt = u64::from(PM1_CNT_OFFSET);
-        let mut b = [0u8; 2];
-        dev.read(cnt, &mut b);
-        assert_eq!(u16::from_le_bytes(b), SCI_EN, "ACPI mode from the start");
-        dev.write(cnt, &(SLP_EN | 1 << SLP_TYP_SHIFT).to_le_bytes());
-        assert_eq!(control.wait(Duration::ZERO), None, "S1 is not supported");
-        assert_eq!(dev.log().guest_errors(), 1);
-        // SLP_TYP and SLP_EN live in the high byte, which a byte write reaches alone.
-        dev.write(cnt + 1, &[SLP_EN.to_le_bytes()[1]]);
-        assert_eq!(control.wait(Duration::ZERO), Some(StopReason::PowerOff));
-    }
-
-    #[test]
-    fn enable_is_kept_and_status_and_timer_ignore_writes() {
-        let (dev, control) = device();
-        dev.write(u64::from(PM1_EVT_OFFSET), &[0xff, 0xff, 0x20, 0x01]);
-        let evt = read_u32(&dev, PM1_EVT_OFFSET);
-        assert_eq!(evt, 0x0120 << 16, "status clear, enable kept");
-        dev.write(u64::from(PM_TMR_OFFSET), &[0; 4]);
-        let mut past = [0u8; 2];
-        dev.read(u64::from(PM_BLOCK_LEN) - 1, &mut past);
-        assert_eq!(past[1], 0xff, "past the block");
-        assert_eq!(control.wait(Duration::ZERO), None);
+impl crate::devices::rtc::RtcEvents for AcpiPm {
+    fn alarm(&self) {
+        self.rtc_alarm();
     }
 }
