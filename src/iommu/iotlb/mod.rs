@@ -352,11 +352,6 @@ impl Caches {
         self.iotlb.entries.len()
     }
 
-    /// Entries in the paging-structure cache now.
-    pub fn directories_len(&self) -> usize {
-        self.directories.entries.len()
-    }
-
     /// The context cache's counts.
     pub fn context_counts(&self) -> CacheCounts {
         self.contexts.counts()
