@@ -3,8 +3,8 @@
 //! function whose command register has bit 2 clear may not issue memory requests) and holds
 //! the memory view the device sees: guest-physical memory, or, for a PCI function behind the
 //! machine's IOMMU whose driver negotiated VIRTIO_F_ACCESS_PLATFORM, bus addresses translated
-//! page by page by the unit with the access's permission (a buffer may span pages that are
-//! not contiguous in guest memory). Buffers are checked here at access time, not only when a
+//! by the unit with the access's permission, one contiguous run at a time (a buffer may span
+//! pages that are not contiguous in guest memory). Buffers are checked here at access time, not only when a
 //! chain is parsed, so a gate closed in between is honoured and a page unmapped in between
 //! faults. The unit is seen only through [`AccessPlatform`].
 //!
@@ -180,7 +180,7 @@ impl DmaContext {
     }
 
     /// Check that the device may access `len` bytes at `addr` now. Translated addresses are
-    /// checked page by page when the device accesses them: an unmapped page faults there.
+    /// checked when the device accesses them: an unmapped page faults there.
     pub fn check(&self, addr: GuestAddress, len: usize) -> Result<(), DmaError> {
         self.memory()?;
         if len == 0 || self.translated() || self.regions.contains(addr.0, len as u64) {
@@ -208,7 +208,7 @@ impl DmaContext {
         let mut done = 0;
         while done < len {
             let iova = addr.0.checked_add(done as u64).ok_or_else(outside)?;
-            let at = unit.translate(source, iova, access)?;
+            let at = unit.translate_run(source, iova, (len - done) as u64, access)?;
             let piece = usize::try_from(at.len).map_or(len - done, |n| n.min(len - done));
             if !copy(GuestAddress(at.address), done..done + piece) {
                 return Err(outside());

@@ -20,7 +20,8 @@ pub enum Access {
 }
 
 /// A bus address translated: where it is in guest memory, and for how many bytes from there
-/// the translation holds (to the end of its page: the next page may be elsewhere).
+/// the translation holds (to the end of its page, or of the run of pages after it that are
+/// contiguous in guest memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Translation {
     /// The guest-physical address.
@@ -80,6 +81,20 @@ pub trait AccessPlatform: Debug + Send + Sync {
     /// The guest-physical address of `iova` for a request of `source`, or the fault, which
     /// the unit records.
     fn translate(&self, source: u16, iova: u64, access: Access) -> Result<Translation, DmaError>;
+
+    /// [`AccessPlatform::translate`] for a buffer of `want` bytes at `iova`: the length may
+    /// then cover the pages after `iova`'s while they map contiguously, so a device
+    /// translates a multi-page buffer once. A unit that cannot tell translates one page.
+    fn translate_run(
+        &self,
+        source: u16,
+        iova: u64,
+        want: u64,
+        access: Access,
+    ) -> Result<Translation, DmaError> {
+        let _ = want;
+        self.translate(source, iova, access)
+    }
 
     /// The guest-physical addresses of `rings` for `source`, each a physically contiguous
     /// range of guest RAM (virtio-queue walks rings by guest-physical address), with `watch`

@@ -8,7 +8,7 @@
 //! - `translation`: DMA translation for devices and their rings, faults recorded;
 //! - `invalidation`: register-based and queued invalidations, carried out strictly;
 //! - [`tables`]: root, context and page tables walked from guest memory;
-//! - [`iotlb`]: the context cache and the IOTLB, bounded;
+//! - [`iotlb`]: the context cache, the IOTLB and the paging-structure cache, bounded;
 //! - [`queue`]: the invalidation queue and its descriptors;
 //! - [`interrupt_remapping`]: remappable-format MSIs through the IRTE table, and its cache;
 //! - [`fault`] and [`event`]: fault recording and the two event interrupts;
@@ -18,7 +18,8 @@
 //!
 //! A device thread translates and copies a round of queue work (one `QueueEngine::process`
 //! call: its chains' buffers and its ring accesses) under a read guard of `rounds`
-//! ([`Iommu::dma_round`]). An invalidation drops cache entries at once, then a wait
+//! ([`Iommu::dma_round`]). An invalidation drops cache entries at once (the IOTLB's and,
+//! where `iotlb` says, the paging-structure cache's upper-level entries), then a wait
 //! descriptor (or a register-based invalidation, before its busy bit reads 0) takes `rounds`
 //! for writing: it returns only once every round that began before it has ended, and rounds
 //! that begin after it find the caches invalidated (they walk the tables again, where the
@@ -91,6 +92,9 @@ pub struct IommuStats {
     pub iotlb: CacheCounts,
     /// Context-cache hits, misses and evictions.
     pub context_cache: CacheCounts,
+    /// Paging-structure-cache hits, misses and evictions (on IOTLB misses: a hit reads one
+    /// last-level entry, a miss all four levels).
+    pub paging_cache: CacheCounts,
     /// Page-table walks (IOTLB misses that reached the tables).
     pub walks: u64,
     /// DMA requests blocked (recorded or lost to a full record).
@@ -161,6 +165,7 @@ impl Iommu {
             let remap = self.remap.lock().unwrap();
             stats.iotlb = remap.caches.iotlb_counts();
             stats.context_cache = remap.caches.context_counts();
+            stats.paging_cache = remap.caches.directory_counts();
             stats.walks = remap.walks;
         }
         stats.faults = self.faults.lock().unwrap().count();

@@ -242,7 +242,17 @@ mod tests {
             Ok(Descriptor::Iotlb(IotlbScope::Pages {
                 domain: 5,
                 first: 0x40,
-                count: 4
+                count: 4,
+                hint: false
+            }))
+        );
+        assert_eq!(
+            decode(VTD_QI_IOTLB_TYPE | g(3), 0x4_3000 | VTD_IVA_IH),
+            Ok(Descriptor::Iotlb(IotlbScope::Pages {
+                domain: 0,
+                first: 0x43,
+                count: 1,
+                hint: true
             }))
         );
         assert_eq!(

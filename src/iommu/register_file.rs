@@ -9,13 +9,14 @@ use super::tables::PAGE_SIZE;
 use crate::bus::BusDevice;
 use crate::guest_error;
 
-/// CAP (§10.4.2): 16-bit domain IDs, 4-level tables only, 48-bit MGAW, FRCD0 at
+/// CAP (§10.4.2): 16-bit domain IDs, 4-level tables only, 2 MiB pages, 48-bit MGAW, FRCD0 at
 /// `VTD_FRCD_REG` and one record, page-selective invalidation up to 2^MAMV pages. CM = 0
 /// (not-present entries are never cached, so a map needs no invalidation) and RWBF = 0.
 pub const CAP: u64 = VTD_CAP_ND_16BIT
     | VTD_CAP_SAGAW_4LEVEL
     | (VTD_ADDRESS_WIDTH - 1) << VTD_CAP_MGAW_SHIFT
     | (VTD_FRCD_REG / 16) << VTD_CAP_FRO_SHIFT
+    | VTD_CAP_SLLPS_2M
     | VTD_CAP_PSI
     | VTD_MAMV << VTD_CAP_MAMV_SHIFT;
 /// ECAP (§10.4.3): coherent walks, queued invalidation, interrupt remapping with extended

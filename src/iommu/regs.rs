@@ -72,6 +72,8 @@ contract_consts! {
     VTD_CAP_MGAW_SHIFT: u64 = 16;
     /// CAP.FRO (33:24): offset of FRCD0 in 16-byte units.
     VTD_CAP_FRO_SHIFT: u64 = 24;
+    /// CAP.SLLPS (37:34) bit 0: second-level 2 MiB pages (a PDE with PS set maps one).
+    VTD_CAP_SLLPS_2M: u64 = 1 << 34;
     /// CAP.PSI (39): page-selective IOTLB invalidation is supported.
     VTD_CAP_PSI: u64 = 1 << 39;
     /// CAP.NFR (47:40): number of fault recording registers minus one (0: one register).
@@ -206,6 +208,10 @@ contract_consts! {
     VTD_IOTLB_DID_SHIFT: u64 = 32;
     /// IVA.AM (5:0): address mask: 2^AM pages from the address (aligned to it).
     VTD_IVA_AM_MASK: u64 = 0x3f;
+    /// IVA.IH (6), the same bit in an IOTLB descriptor's high qword: the invalidation hint,
+    /// set when only last-level entries changed, so the paging-structure caches may stay
+    /// (§6.5.1.2, §6.5.2.3).
+    VTD_IVA_IH: u64 = 1 << 6;
 
     /// FRCD high qword: F (63), the record holds a fault (RW1C).
     VTD_FRCD_F: u64 = 1 << 63;
@@ -229,8 +235,8 @@ contract_consts! {
     VTD_PTE_R: u64 = 1;
     /// Second-level paging entry: write (1).
     VTD_PTE_W: u64 = 2;
-    /// Second-level paging entry: page size (7) above the last level; reserved here
-    /// (CAP.SLLPS = 0: no superpages).
+    /// Second-level paging entry: page size (7): in a PDE, a 2 MiB page (CAP.SLLPS bit 0);
+    /// reserved in a PDPTE or PML4E (no 1 GiB pages).
     VTD_PTE_PS: u64 = 0x80;
     /// Second-level paging entry: address of the next table or the page (51:12).
     VTD_PTE_ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;

@@ -46,7 +46,16 @@ pub fn unit() -> Unit {
 
 /// A unit at reset over routes whose owners follow `strategy`.
 pub fn unit_with(strategy: CommitStrategy) -> Unit {
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
+    unit_over(RAM, strategy)
+}
+
+/// A unit at reset over `ram` bytes of guest RAM from 0.
+pub fn unit_of(ram: u64) -> Unit {
+    unit_over(ram, CommitStrategy::default())
+}
+
+fn unit_over(ram: u64, strategy: CommitStrategy) -> Unit {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), ram as usize)]).unwrap();
     let routes = Arc::new(FakeRoutes::with_strategy(strategy));
     let iommu = Arc::new(Iommu::new(
         mem.clone(),

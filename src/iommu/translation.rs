@@ -10,7 +10,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use super::Iommu;
 use super::fault::FaultRecord;
 use super::iotlb::{Cached, Caches};
-use super::tables::{self, Leaf, PAGE_SHIFT, PAGE_SIZE};
+use super::tables::{self, Leaf, PAGE_SHIFT, PAGE_SIZE, Upper};
 use crate::dma::{Access, AccessPlatform, DmaError, RingArea, RingWatch, Translation};
 
 /// Why the unit did not translate.
@@ -101,13 +101,51 @@ impl Remapping {
             return Ok((context.domain, c.leaf));
         }
         self.walks += 1;
-        let leaf = tables::walk(mem, &context, iova, access)?;
+        let leaf = match self.caches.directory(&context, iova) {
+            Some(d) => tables::leaf(mem, &d, iova, access)?,
+            None => match tables::upper(mem, &context, iova, access)? {
+                Upper::Table(d) => {
+                    self.caches.insert_directory(context.domain, iova, d);
+                    tables::leaf(mem, &d, iova, access)?
+                }
+                Upper::Large(leaf) => leaf,
+            },
+        };
         let cached = Cached {
             leaf,
             page_table: context.page_table,
         };
         self.caches.insert_translation(context.domain, page, cached);
         Ok((context.domain, leaf))
+    }
+
+    /// The translation of `iova` for `source`, and of the pages after it while they follow it
+    /// in guest memory, up to `want` bytes: a buffer translated once per contiguous run.
+    /// Only `iova`'s page can fault; the run ends quietly before a page that would (the
+    /// device faults there when it gets that far, with a translation of its own).
+    fn run(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        source: u16,
+        iova: u64,
+        want: u64,
+        access: Access,
+    ) -> Result<Translation, u8> {
+        let (_, leaf) = self.lookup(mem, source, iova, access)?;
+        let address = leaf.allows(iova, access)?;
+        let mut len = leaf.rest(iova);
+        while len < want {
+            let Some(next) = iova.checked_add(len) else {
+                break;
+            };
+            match self.lookup(mem, source, next, access) {
+                Ok((_, leaf)) if leaf.allows(next, access) == Ok(address.wrapping_add(len)) => {
+                    len += leaf.rest(next);
+                }
+                _ => break,
+            }
+        }
+        Ok(Translation { address, len })
     }
 
     /// Mark stale the ring watches `covers` picks; forget the watches whose device is gone.
@@ -134,14 +172,29 @@ impl Iommu {
         iova: u64,
         access: Access,
     ) -> Result<u64, TranslationError> {
+        Ok(self.translate_run(source, iova, 1, access)?.address)
+    }
+
+    /// [`Iommu::translate`] for a buffer of `want` bytes at `iova`: the translation's length
+    /// covers the pages that follow while they are contiguous in guest memory (at least to
+    /// the end of `iova`'s page, at most to the end of the page, 4 KiB or 2 MiB, where `want`
+    /// ends).
+    pub fn translate_run(
+        &self,
+        source: u16,
+        iova: u64,
+        want: u64,
+        access: Access,
+    ) -> Result<Translation, TranslationError> {
         let result = {
             let mut remap = self.remap.lock().unwrap();
             if !remap.enabled {
-                return Ok(iova);
+                return Ok(Translation {
+                    address: iova,
+                    len: want.max(PAGE_SIZE - iova % PAGE_SIZE),
+                });
             }
-            remap
-                .lookup(&self.mem, source, iova, access)
-                .and_then(|(_, leaf)| leaf.allows(iova, access))
+            remap.run(&self.mem, source, iova, want, access)
         };
         result.map_err(|reason| self.fault(source, iova, access, reason))
     }
@@ -245,15 +298,21 @@ impl Iommu {
     }
 }
 
-/// How the devices behind the unit see it: its translations, page by page, and its faults as
-/// DMA errors.
+/// How the devices behind the unit see it: its translations, a contiguous run at a time, and
+/// its faults as DMA errors.
 impl AccessPlatform for Iommu {
     fn translate(&self, source: u16, iova: u64, access: Access) -> Result<Translation, DmaError> {
-        let address = Iommu::translate(self, source, iova, access)?;
-        Ok(Translation {
-            address,
-            len: PAGE_SIZE - iova % PAGE_SIZE,
-        })
+        Ok(Iommu::translate_run(self, source, iova, 1, access)?)
+    }
+
+    fn translate_run(
+        &self,
+        source: u16,
+        iova: u64,
+        want: u64,
+        access: Access,
+    ) -> Result<Translation, DmaError> {
+        Ok(Iommu::translate_run(self, source, iova, want, access)?)
     }
 
     fn map_rings(

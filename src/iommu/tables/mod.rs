@@ -1,6 +1,6 @@
 //! The translation structures in guest memory (VT-d chapter 9), walked for one request: the
 //! root table (one entry per bus), a context table per bus (one entry per device/function)
-//! and a 4-level second-level page table per domain, 4 KiB pages only. Every read of guest
+//! and a 4-level second-level page table per domain, of 4 KiB and 2 MiB pages. Every read of guest
 //! memory is checked: a structure outside guest RAM is a fault with its own reason, never a
 //! host access elsewhere. With four fixed levels a walk cannot loop.
 
@@ -49,12 +49,14 @@ pub struct Context {
     pub page_table: u64,
 }
 
-/// A translated page (§9.8): where it is and what it allows.
+/// A translated page (§9.8): where it is, how large, and what it allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Leaf {
     /// Guest-physical address of the page.
     pub page: u64,
-    /// `VTD_PTE_R` and `VTD_PTE_W`, ANDed over the four levels; never 0 (a page that allows
+    /// `PAGE_SIZE`, or `LARGE_PAGE_SIZE` for a PDE with PS set.
+    pub size: u64,
+    /// `VTD_PTE_R` and `VTD_PTE_W`, ANDed over the levels; never 0 (a page that allows
     /// nothing is not present, and is neither returned nor cached).
     pub permissions: u64,
 }
@@ -65,7 +67,12 @@ impl Leaf {
         if self.permissions & permission(access) == 0 {
             return Err(denied(access));
         }
-        Ok(self.page | iova & (PAGE_SIZE - 1))
+        Ok(self.page | iova & (self.size - 1))
+    }
+
+    /// Bytes from `iova` to the end of this page.
+    pub fn rest(&self, iova: u64) -> u64 {
+        self.size - iova % self.size
     }
 }
 
@@ -100,39 +107,123 @@ pub fn context(mem: &GuestMemoryMmap, root_table: u64, source: u16) -> Result<Co
     })
 }
 
-/// Walk `context`'s page table for `iova` (§3.6): four levels, permissions ANDed down them.
-/// A level that allows nothing is not present (the fault reason then follows `access`); a
-/// page-size bit above the last level is reserved (no superpages); a table or page outside
-/// guest RAM is a paging-entry error.
+/// The upper three levels of a walk for one 2 MiB region of IOVAs (what a PDE-cache entry
+/// holds, VT-d §6.2.4): the last-level table and the permissions ANDed above it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Directory {
+    /// The page table (SLPTPTR) it was walked from: an entry is used only for a context
+    /// with the same one.
+    pub page_table: u64,
+    /// Guest-physical address of the last-level table.
+    pub table: u64,
+    /// `VTD_PTE_R` and `VTD_PTE_W` ANDed over the three levels; never 0.
+    pub permissions: u64,
+}
+
+/// What the upper three levels lead to: a last-level table, or a 2 MiB page (a PDE with PS
+/// set is a leaf, cached in the IOTLB and not in the paging-structure cache, §6.2.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upper {
+    /// A last-level table.
+    Table(Directory),
+    /// A 2 MiB page.
+    Large(Leaf),
+}
+
+/// Bits of an IOVA a last-level table translates: a [`Directory`] covers 2^21 bytes.
+pub const DIRECTORY_SHIFT: u32 = PAGE_SHIFT + LEVEL_BITS;
+/// Size of a 2 MiB page (CAP.SLLPS bit 0), the span of a [`Directory`].
+pub const LARGE_PAGE_SIZE: u64 = 1 << DIRECTORY_SHIFT;
+
+/// The index of `iova`'s entry in its table at `level` (0 is the last).
+fn index(iova: u64, level: u32) -> u64 {
+    (iova >> (PAGE_SHIFT + LEVEL_BITS * level)) & ((1 << LEVEL_BITS) - 1)
+}
+
+/// Walk `context`'s page table for `iova` (§3.6): four levels, or three to a 2 MiB page,
+/// permissions ANDed down them. A level that allows nothing is not present (the fault reason
+/// then follows `access`); a page-size bit above the PDE, or a 2 MiB page's address bits
+/// 20:12, are reserved; a table or page outside guest RAM is a paging-entry error.
 pub fn walk(
     mem: &GuestMemoryMmap,
     context: &Context,
     iova: u64,
     access: Access,
 ) -> Result<Leaf, u8> {
+    match upper(mem, context, iova, access)? {
+        Upper::Table(directory) => leaf(mem, &directory, iova, access),
+        Upper::Large(leaf) => Ok(leaf),
+    }
+}
+
+/// The upper three levels of [`walk`].
+pub fn upper(
+    mem: &GuestMemoryMmap,
+    context: &Context,
+    iova: u64,
+    access: Access,
+) -> Result<Upper, u8> {
     if iova >> VTD_ADDRESS_WIDTH != 0 {
         return Err(VTD_FR_ADDRESS_WIDTH);
     }
     let mut table = context.page_table;
     let mut permissions = VTD_PTE_R | VTD_PTE_W;
-    for level in (0..LEVELS).rev() {
-        let index = (iova >> (PAGE_SHIFT + LEVEL_BITS * level)) & ((1 << LEVEL_BITS) - 1);
-        let e = entry(mem, table, index, VTD_FR_PTE)?;
+    for level in (1..LEVELS).rev() {
+        let e = entry(mem, table, index(iova, level), VTD_FR_PTE)?;
         permissions &= e;
         if permissions == 0 {
             return Err(denied(access));
         }
-        if level > 0 && e & VTD_PTE_PS != 0 {
-            return Err(VTD_FR_PTE_RESERVED);
+        if e & VTD_PTE_PS != 0 {
+            return large(mem, level, e, permissions).map(Upper::Large);
         }
         table = e & VTD_PTE_ADDR_MASK;
     }
-    // The VMM copies device data only to and from guest RAM.
-    if !mem.check_range(GuestAddress(table), PAGE_SIZE as usize) {
+    Ok(Upper::Table(Directory {
+        page_table: context.page_table,
+        table,
+        permissions,
+    }))
+}
+
+/// The 2 MiB page a PDE (`level` 1) with PS set maps (§9.8); PS is reserved higher up.
+fn large(mem: &GuestMemoryMmap, level: u32, e: u64, permissions: u64) -> Result<Leaf, u8> {
+    let offset = LARGE_PAGE_SIZE - 1;
+    if level != 1 || e & VTD_PTE_ADDR_MASK & offset != 0 {
+        return Err(VTD_FR_PTE_RESERVED);
+    }
+    let page = e & VTD_PTE_ADDR_MASK;
+    // The whole page must be guest RAM: a translation covers it all.
+    if !mem.check_range(GuestAddress(page), LARGE_PAGE_SIZE as usize) {
         return Err(VTD_FR_PTE);
     }
     Ok(Leaf {
-        page: table,
+        page,
+        size: LARGE_PAGE_SIZE,
+        permissions,
+    })
+}
+
+/// The last level of [`walk`], under `directory` (from the walk or the cache).
+pub fn leaf(
+    mem: &GuestMemoryMmap,
+    directory: &Directory,
+    iova: u64,
+    access: Access,
+) -> Result<Leaf, u8> {
+    let e = entry(mem, directory.table, index(iova, 0), VTD_FR_PTE)?;
+    let permissions = directory.permissions & e;
+    if permissions == 0 {
+        return Err(denied(access));
+    }
+    let page = e & VTD_PTE_ADDR_MASK;
+    // The VMM copies device data only to and from guest RAM.
+    if !mem.check_range(GuestAddress(page), PAGE_SIZE as usize) {
+        return Err(VTD_FR_PTE);
+    }
+    Ok(Leaf {
+        page,
+        size: PAGE_SIZE,
         permissions,
     })
 }
@@ -208,21 +299,31 @@ pub(crate) mod build {
             page_table
         }
 
-        /// The address of the last-level entry for `iova` under `page_table`, making the
-        /// tables on the way (read and write at every upper level).
-        pub fn pte(&mut self, page_table: u64, iova: u64) -> u64 {
+        /// The address of the entry for `iova` at `level` (0: the last) under
+        /// `page_table`, making the tables on the way (read and write at every upper level).
+        fn entry_at(&mut self, page_table: u64, iova: u64, level: u32) -> u64 {
             let mut table = page_table;
-            for level in (1..LEVELS).rev() {
-                let index = (iova >> (PAGE_SHIFT + LEVEL_BITS * level)) & 0x1ff;
-                table = self.table_at(table + 8 * index, VTD_PTE_R | VTD_PTE_W);
+            for upper in (level + 1..LEVELS).rev() {
+                table = self.table_at(table + 8 * index(iova, upper), VTD_PTE_R | VTD_PTE_W);
             }
-            table + 8 * ((iova >> PAGE_SHIFT) & 0x1ff)
+            table + 8 * index(iova, level)
+        }
+
+        /// The address of the last-level entry for `iova` under `page_table`.
+        pub fn pte(&mut self, page_table: u64, iova: u64) -> u64 {
+            self.entry_at(page_table, iova, 0)
         }
 
         /// Map the page at `iova` to `gpa` with `permissions` (`VTD_PTE_R | VTD_PTE_W`).
         pub fn map(&mut self, page_table: u64, iova: u64, gpa: u64, permissions: u64) {
             let pte = self.pte(page_table, iova);
             self.write(pte, gpa | permissions);
+        }
+
+        /// Map the 2 MiB page at `iova` to `gpa` with `permissions`: a PDE with PS set.
+        pub fn map_large(&mut self, page_table: u64, iova: u64, gpa: u64, permissions: u64) {
+            let pde = self.entry_at(page_table, iova, 1);
+            self.write(pde, gpa | VTD_PTE_PS | permissions);
         }
 
         /// Clear the last-level entry of `iova`.
