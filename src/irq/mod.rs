@@ -2,6 +2,7 @@
 //! tables with per-vector mask and pending bits, delivered through routed irqfds or injected
 //! directly (`KVM_SIGNAL_MSI`).
 
+pub mod ioapic;
 pub mod msi;
 pub mod remap;
 pub mod routing;
