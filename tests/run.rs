@@ -270,31 +270,6 @@ fn an_iommu_is_described_by_a_dmar_whose_unit_answers() {
 }
 
 #[test]
-fn kvms_ioapic_delivers_the_rtc_edge_and_level_triggered() {
-    let ran = passes(&[], "ioapic=1");
-    for line in [
-        "PASS ioapic: 3 edge-triggered RTC interrupts on pin 8",
-        "PASS ioapic: 3 level-triggered RTC interrupts, each EOI clearing remote IRR",
-    ] {
-        assert!(ran.stdout.contains(line), "{line:?} in:\n{}", ran.stdout);
-    }
-}
-
-#[test]
-fn with_the_iommu_the_ioapic_is_the_vmms_and_its_entries_are_remapped() {
-    let ran = passes(&["--iommu"], "iommu=1 intremap=1 ioapic=2");
-    for line in [
-        "PASS dmar: INTR_REMAP, x2APIC opt-out clear, the IOAPIC in the DRHD's scope as ff:00.0",
-        "PASS ioapic: 3 edge-triggered RTC interrupts on pin 8",
-        "PASS ioapic: 3 level-triggered RTC interrupts, each EOI clearing remote IRR",
-        "PASS ioapic: 3 level-triggered interrupts through IRTE 5 (remappable RTE, source-id ff00)",
-        "PASS ioapic: 3 edge-triggered interrupts on the IRTE's vector 42, none on the RTE's",
-    ] {
-        assert!(ran.stdout.contains(line), "{line:?} in:\n{}", ran.stdout);
-    }
-}
-
-#[test]
 fn the_flat_image_loads_by_its_header_address_fields() {
     let bin = kernel("testkernel.bin");
     let ran = exitless_run(&["--kernel", bin.to_str().unwrap()], b"");
