@@ -108,7 +108,7 @@ const FREESTANDING: [&str; 13] = [
 ];
 
 /// The test kernel's C files, one concern each (testkernel.h declares what they share).
-const TEST_KERNEL_C: [&str; 7] = [
+const TEST_KERNEL_C: [&str; 8] = [
     "main.c",
     "console.c",
     "platform.c",
@@ -116,6 +116,7 @@ const TEST_KERNEL_C: [&str; 7] = [
     "cpuid.c",
     "rtc.c",
     "highmem.c",
+    "ioapic.c",
 ];
 
 /// The multiboot test kernel: `testkernel.elf` (ELF) and `testkernel.bin` (flat, loaded by the

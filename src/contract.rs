@@ -270,7 +270,10 @@ contract_consts! {
     /// brought up afterwards (`OP_VIRTIO_INIT`, virtio-pci or the virtio-mmio MSI extension)
     /// get remappable messages naming the entries that deliver on their usual vectors. For a
     /// virtio-mmio device, `address` names its source-id as if it were a function: bus 0xF1,
-    /// device n.
+    /// device n; for the IOAPIC of a split irqchip, FF:00.0 (and `count` = 2 makes the entries
+    /// level-triggered, as its level lines need; a virtio-mmio device brought up afterwards on
+    /// its line then gets a remappable redirection entry, VT-d §5.1.5.1, naming the entry
+    /// that delivers on its usual vector).
     /// `OpResult::value`: the table's entries.
     OP_IOMMU_INTREMAP: u64 = 23;
     /// An MSI address in remappable format (VT-d §5.1.2.2) with handle 0 and SHV set: the

@@ -171,3 +171,39 @@ fn virtio_traffic_interrupts_through_remapped_vectors_on_both_transports() {
         "a receive interrupt per transaction: {unit:?}"
     );
 }
+
+/// A virtio-mmio device's legacy line (IOAPIC pin 16, level-triggered, resampled at each EOI)
+/// on a split irqchip, its redirection entry in remappable format naming entry 0x80 of a table
+/// that admits only the IOAPIC's source-id FF:00.0: traffic interrupts through the IRTE. An
+/// IOAPIC that did not remap would send entry 0x80's RTE to APIC 1 (its bits 63:56), which no
+/// vCPU has, and the traffic would stall.
+fn legacy_line_remapped() -> ProbeRun {
+    let ioapic = PciAddress::new(0xff, 0, 0).unwrap();
+    common::run_all_ok(&ProbeConfig {
+        ops: vec![
+            // Entry k delivers k + 0xb0: IRQ_VECTOR_LEGACY (0x30) is entry 0x80.
+            ops::iommu_intremap_level(ioapic, 0xb0),
+            ops::virtio_init(TRANSPORT_MMIO, 0, 0),
+            ops::virtio_rr(32, 10), // 2
+        ],
+        virtio: vec![VirtioNetConfig::new(Transport::Mmio, NotifyPath::Datamatch)],
+        iommu: true,
+        split_irqchip: true,
+        timeout: Duration::from_secs(120),
+        ..Default::default()
+    })
+}
+
+#[test]
+fn a_legacy_line_interrupts_through_a_remappable_ioapic_entry() {
+    let run = legacy_line_remapped();
+    let rr = run.results[2];
+    assert_eq!(rr.value, 10, "transactions: {rr:?}\n{}", run.console);
+    assert_eq!(rr.stray_irqs, 0, "{rr:?}");
+    let unit = run.iommu.expect("the unit's figures").interrupts;
+    assert!(
+        unit.remapped >= 10,
+        "an interrupt per transaction: {unit:?}"
+    );
+    assert_eq!(unit.blocked, 0, "{unit:?}");
+}

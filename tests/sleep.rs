@@ -123,6 +123,20 @@ fn the_rtc_alarm_wakes_the_machine_from_s3_at_its_real_mode_waking_vector() {
 }
 
 #[test]
+fn the_rtc_alarm_wakes_a_machine_with_the_iommu_and_its_split_irqchip() {
+    let mut child = start("iommu=1 intremap=1 s3=alarm", &["--iommu"]);
+    let (out, status) = console(&mut child, None);
+    assert_all_passed(
+        &out,
+        status,
+        &[
+            "PASS s3: resumed at the waking vector in real mode (CS 700, CR0 60000010)",
+            "PASS s3: PM1 status 8400 after waking (WAK_STS, RTC_STS)",
+        ],
+    );
+}
+
+#[test]
 fn a_console_key_wakes_the_machine_and_other_vcpus_wait_for_sipi() {
     let mut child = start("cpus=2 s3=key", &["--cpus", "2"]);
     let (out, status) = console(&mut child, Some("sleeping until a key"));

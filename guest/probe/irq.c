@@ -41,10 +41,12 @@ static void ioapic_write(u32 reg, u32 v)
     mem_write(IOAPIC_BASE + IOAPIC_WINDOW, 4, v);
 }
 
-/* Route IOAPIC pin `pin`, level-triggered, to `vector` on APIC 0; or mask it (vector 0). */
-static void ioapic_route(u64 pin, u32 vector)
+/* Set IOAPIC pin `pin`'s redirection entry to `rte` (masked while the halves change); 0 masks
+ * it. */
+static void ioapic_set(u64 pin, u64 rte)
 {
     u32 reg = (u32)(IOAPIC_REDTBL + 2 * pin);
-    ioapic_write(reg + 1, 0);
-    ioapic_write(reg, vector ? (vector | IOAPIC_REDIR_LEVEL) : IOAPIC_REDIR_MASKED);
+    ioapic_write(reg, IOAPIC_REDIR_MASKED);
+    ioapic_write(reg + 1, (u32)(rte >> 32));
+    ioapic_write(reg, rte ? (u32)rte : IOAPIC_REDIR_MASKED);
 }

@@ -41,7 +41,7 @@ static u64 mmio_legacy_features(void)
 static void mmio_legacy_interrupts(void)
 {
     legacy_mmio_base = dev.mmio;
-    ioapic_route(dev.gsi, (u32)IRQ_VECTOR_LEGACY);
+    ioapic_set(dev.gsi, vtd_ir_rte((u32)IRQ_VECTOR_LEGACY));
     dev.rx_vector = (u32)IRQ_VECTOR_LEGACY;
 }
 static u16 mmio_queue_select(u16 index)

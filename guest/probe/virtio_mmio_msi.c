@@ -22,7 +22,7 @@ static void mmio_msi_interrupts(void)
     program_vectors(mmio_msi_program);
     mem_write(dev.mmio + VIRTIO_MMIO_CONFIG_MSI_VEC, 4, 2);
     mem_write(dev.mmio + VIRTIO_MMIO_MSI_CONTROL, 4, VIRTIO_MMIO_MSI_CTRL_ENABLE);
-    ioapic_route(dev.gsi, 0); /* the line stays quiet */
+    ioapic_set(dev.gsi, 0); /* the line stays quiet */
 }
 
 /* As on the line, with the queue's MSI vector (its index) associated first. */

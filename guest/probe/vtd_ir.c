@@ -14,6 +14,7 @@
 static struct {
     int on;
     int foreign; /* the entries admit another function only: every message is blocked */
+    int level;   /* the entries are level-triggered (an IOAPIC's level lines) */
     u64 table, delta;
 } vtd_ir;
 
@@ -53,6 +54,18 @@ static void vtd_ir_message(u32 vector, u32 *lo, u32 *data)
     *data = vtd_ir.on ? (vector - (u32)vtd_ir.delta) & 0xff : vector;
 }
 
+/* The IOAPIC redirection entry that delivers on IDT vector `vector`, level-triggered: while
+ * remapping is on, remappable (VT-d §5.1.5.1: format bit 48, the index of the entry that
+ * delivers on it in 63:49 and 11, the vector field the same as that entry's, for the EOI);
+ * compatibility format to APIC 0 otherwise. */
+static u64 vtd_ir_rte(u32 vector)
+{
+    if (!vtd_ir.on)
+        return vector | IOAPIC_REDIR_LEVEL;
+    u64 index = (vector - vtd_ir.delta) & 0xff;
+    return (index & 0x7fff) << 49 | 1ull << 48 | (index >> 15) << 11 | vector | IOAPIC_REDIR_LEVEL;
+}
+
 /* Whether an interrupt on IDT vector `v` counts as an MSI-X delivery: the unit's fault events
  * (a blocked remapped message raises one) do not. */
 static int vtd_ir_counted(u32 v)
@@ -77,6 +90,7 @@ static void vtd_intremap(const struct op *op, struct op_result *res)
     }
     u64 sid = (op->address >> ECAM_FUNCTION_SHIFT) & 0xffff;
     vtd_ir.foreign = op->count == 1;
+    vtd_ir.level = op->count == 2;
     if (vtd_ir.foreign)
         sid = (sid & ~7ull) + 8;
     u64 apic = mem_read(LAPIC_BASE + 0x20, 4) >> 24; /* the boot CPU's xAPIC ID (SDM §11.4.6) */
@@ -85,7 +99,8 @@ static void vtd_intremap(const struct op *op, struct op_result *res)
         u64 v = (k + op->value) & 0xff;
         t[2 * k + 1] = VTD_IRTE_SVT_SID << VTD_IRTE_SVT_SHIFT | sid;
         /* xAPIC mode (EIME clear): the APIC ID in DST 15:8; fixed, physical, edge */
-        t[2 * k] = v < 16 ? 0 : VTD_IRTE_P | v << VTD_IRTE_VECTOR_SHIFT | apic << (VTD_IRTE_DST_SHIFT + 8);
+        t[2 * k] = v < 16 ? 0 : VTD_IRTE_P | v << VTD_IRTE_VECTOR_SHIFT | apic << (VTD_IRTE_DST_SHIFT + 8) |
+                                    (vtd_ir.level ? VTD_IRTE_TM : 0);
     }
     for (u64 p = 0; p < VTD_PAGE; p += 64)
         vtd_sync((const volatile void *)(vtd_ir.table + p));

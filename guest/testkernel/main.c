@@ -12,7 +12,9 @@
  *
  * What it expects comes from its command line: cpus=N (default 1), mem=MIB (RAM size, if
  * given), ecam=0|1 (whether an MCFG must be there; default 1), iommu=0|1 (whether a DMAR
- * describing a live VT-d unit must be there; default 0), echo=1 (read a line from the
+ * describing a live VT-d unit must be there; default 0), intremap=1 (its DMAR must set
+ * INTR_REMAP with the IOAPIC in the unit's scope), ioapic=1|2 (take the RTC's interrupts
+ * through the IOAPIC; 2: also through the unit's interrupt remapping), echo=1 (read a line from the
  * console), spam=N (print N numbered lines before the checks end, for a console reader that
  * falls behind), disk=1 (drive the first virtio-blk disk), net=1 ip=A.B.C.D peer=A.B.C.D (ask the
  * host on the first virtio-net device's network for peer's MAC by ARP, and check the answer),
@@ -138,7 +140,7 @@ void kmain(uint32_t magic, const struct mb_info *mb)
         uint32_t before = pm_timer();
         check_madt(cpus);
         check_mcfg(arg_number("ecam", 1));
-        check_dmar(arg_number("iommu", 0));
+        check_dmar(arg_number("iommu", 0), arg_number("intremap", 0));
         uint32_t ticks = (pm_timer() - before) & pm_timer_mask;
         check(ticks > 0 && ticks < pm_timer_mask / 2, "pm timer: %u ticks across the last checks",
               ticks);
@@ -152,6 +154,8 @@ void kmain(uint32_t magic, const struct mb_info *mb)
             check_net();
         if (arg_number("cpuid", 0))
             check_cpuid();
+        if (arg_number("ioapic", 0))
+            check_ioapic(arg_number("ioapic", 0) == 2);
     }
 out:
     spam(arg_number("spam", 0));

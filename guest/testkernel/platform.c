@@ -214,7 +214,7 @@ void check_mcfg(uint32_t ecam)
 
 /* The DMAR (Intel VT-d §8.1): its first remapping structure a DRHD (type 0) with
  * INCLUDE_PCI_ALL, whose register page answers with its version (VER, §10.4.1). */
-void check_dmar(uint32_t iommu)
+void check_dmar(uint32_t iommu, uint32_t intremap)
 {
     if (!iommu) {
         check(dmar == 0, "dmar: absent, as iommu=0 says");
@@ -227,6 +227,34 @@ void check_dmar(uint32_t iommu)
     check(rd16(drhd) == 0 && (drhd[4] & 1) && version == 0x10,
           "dmar: host address width %u, a DRHD for every PCI device at %x, VER %x", dmar[36] + 1u,
           base, version);
+    if (intremap) {
+        uint32_t unit = 0;
+        uint16_t sid = 0;
+        int found = dmar_ioapic_scope(&unit, &sid);
+        check(found && !(dmar[37] & 2),
+              "dmar: INTR_REMAP, x2APIC opt-out clear, the IOAPIC in the DRHD's scope as %02x:%02x.%u",
+              sid >> 8u, (sid >> 3u) & 0x1fu, sid & 7u);
+    }
+}
+
+/* With INTR_REMAP set (DMAR flags bit 0), the first DRHD's base and the source-id of the
+ * IOAPIC its device scope names (type 3, §8.3.1: start bus, then one (device, function) path
+ * element); 0 if either is missing. */
+int dmar_ioapic_scope(uint32_t *unit, uint16_t *sid)
+{
+    if (!dmar || !(dmar[37] & 1))
+        return 0;
+    const uint8_t *drhd = dmar + 48;
+    uint32_t len = rd16(drhd + 2);
+    for (uint32_t at = 16; at + 8 <= len && drhd[at + 1] >= 8; at += drhd[at + 1]) {
+        const uint8_t *s = drhd + at;
+        if (s[0] == 3) {
+            *unit = fw_rd32(drhd + 8);
+            *sid = (uint16_t)(s[5] << 8 | s[6] << 3 | s[7]);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 void check_smp(uint32_t cpus)

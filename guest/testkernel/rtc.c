@@ -23,13 +23,13 @@
 #define S3_SLP_TYP      1u              /* QEMU's \_S3, and exitless's */
 #define PATTERN_WORDS   256
 
-static uint8_t rtc_get(uint8_t index)
+uint8_t rtc_get(uint8_t index)
 {
     outb(RTC_INDEX, index);
     return inb(RTC_DATA);
 }
 
-static void rtc_set(uint8_t index, uint8_t value)
+void rtc_set(uint8_t index, uint8_t value)
 {
     outb(RTC_INDEX, index);
     outb(RTC_DATA, value);

@@ -54,15 +54,21 @@ void check_acpi(void);
 void check_fadt(void);
 void check_madt(uint32_t cpus);
 void check_mcfg(uint32_t ecam);
-void check_dmar(uint32_t iommu);
+void check_dmar(uint32_t iommu, uint32_t intremap);
+int dmar_ioapic_scope(uint32_t *unit, uint16_t *sid);
 void check_smp(uint32_t cpus);
 void check_echo(void);
+
+/* ioapic.c: interrupts through the IOAPIC, and through the VT-d unit's IRTEs (ioapic=1|2). */
+void check_ioapic(int remap);
 
 /* cpuid.c: the CPUID the kernel sees (cpuid=1). */
 void check_cpuid(void);
 
 /* rtc.c: the RTC's time (utc=SECONDS) and S3, woken by its alarm or a key (s3=alarm|key). */
 void check_rtc(void);
+uint8_t rtc_get(uint8_t index);
+void rtc_set(uint8_t index, uint8_t value);
 
 /* highmem.c: RAM above 4 GiB, written and read back under PAE paging. */
 void check_highmem(const struct mb_info *mb, uint32_t mib);

@@ -2,6 +2,7 @@
 //! tables with per-vector mask and pending bits, delivered through routed irqfds or injected
 //! directly (`KVM_SIGNAL_MSI`).
 
+pub mod ioapic;
 pub mod msi;
 pub mod remap;
 pub mod routing;
@@ -40,8 +41,9 @@ pub trait InterruptRoutes: Send + Sync {
     }
     /// Inject one MSI message now, without a route (`KVM_SIGNAL_MSI`).
     fn signal_msi(&self, address: u64, data: u32) -> Result<(), IrqError>;
-    /// Bind `irqfd` to IOAPIC pin `gsi` (a level-triggered line when `resample` is given: KVM
-    /// signals it at the EOI that de-asserts the line).
+    /// Bind `irqfd` to IOAPIC pin `gsi` (a level-triggered line when `resample` is given: the
+    /// IOAPIC, KVM's or under a split irqchip the VMM's [`ioapic`], signals it at the EOI that
+    /// de-asserts the line).
     fn bind_pin(
         &self,
         gsi: u32,

@@ -18,6 +18,9 @@ contract_consts! {
     IOAPIC_REGSEL: u64 = 0x00;
     /// IOAPIC register window (offset).
     IOAPIC_WINDOW: u64 = 0x10;
+    /// IOAPIC EOI register (offset; IOAPICs of version 0x20): writing a vector ends the
+    /// level-triggered interrupts of that vector awaiting their EOI.
+    IOAPIC_EOI: u64 = 0x40;
     /// First redirection-table register; pin n uses registers 0x10 + 2n (low) and 0x11 + 2n.
     IOAPIC_REDTBL: u32 = 0x10;
     /// Redirection entry bit 15: level-triggered.

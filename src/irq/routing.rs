@@ -29,6 +29,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::InterruptRoutes;
 use super::IrqError;
+use super::ioapic::pins::PinInputs;
 
 /// IOAPIC pins (GSIs 0..24); MSI routes get GSIs from here up.
 pub const IOAPIC_PINS: u32 = 24;
@@ -131,6 +132,8 @@ pub struct GsiRouting {
     vm: Arc<VmFd>,
     strategy: CommitStrategy,
     table: Mutex<Table>,
+    /// Under a split irqchip, the userspace IOAPIC's inputs, which pins are bound to.
+    split: Option<Arc<PinInputs>>,
 }
 
 fn irqchip_route(gsi: u32, chip: u32, pin: u32) -> kvm_irq_routing_entry {
@@ -155,7 +158,28 @@ impl GsiRouting {
         let routes = (0..IOAPIC_PINS)
             .map(|gsi| (gsi, irqchip_route(gsi, KVM_IRQCHIP_IOAPIC, gsi)))
             .collect();
+        Self::with_routes(vm, strategy, routes, None)
+    }
+
+    /// The table of a split irqchip (KVM_CAP_SPLIT_IRQCHIP with [`IOAPIC_PINS`] pins): no
+    /// irqchip routes (KVM has no IOAPIC or PIC to route to); pins are bound to `pins`, the
+    /// userspace IOAPIC's inputs, which routes GSIs below [`IOAPIC_PINS`] itself.
+    pub fn split(
+        vm: Arc<VmFd>,
+        strategy: CommitStrategy,
+        pins: Arc<PinInputs>,
+    ) -> Result<Self, IrqError> {
+        Self::with_routes(vm, strategy, BTreeMap::new(), Some(pins))
+    }
+
+    fn with_routes(
+        vm: Arc<VmFd>,
+        strategy: CommitStrategy,
+        routes: BTreeMap<u32, kvm_irq_routing_entry>,
+        split: Option<Arc<PinInputs>>,
+    ) -> Result<Self, IrqError> {
         let routing = GsiRouting {
+            split,
             vm,
             strategy,
             table: Mutex::new(Table {
@@ -277,6 +301,9 @@ impl InterruptRoutes for GsiRouting {
         resample: Option<&EventFd>,
     ) -> Result<(), IrqError> {
         assert!(gsi < IOAPIC_PINS, "GSI {gsi} is not an IOAPIC pin");
+        if let Some(pins) = &self.split {
+            return pins.bind(gsi, irqfd, resample).map_err(IrqError::EventFd);
+        }
         match resample {
             Some(r) => self.vm.register_irqfd_with_resample(irqfd, r, gsi),
             None => self.vm.register_irqfd(irqfd, gsi),

@@ -46,6 +46,10 @@ pub struct MachineConfig {
     /// A VT-d remapping unit at [`layout::IOMMU_BASE`]: virtio-pci devices then offer
     /// VIRTIO_F_ACCESS_PLATFORM, and their DMA goes through it when the driver takes it.
     pub iommu: bool,
+    /// A split irqchip (KVM's local APICs, the VMM's IOAPIC, no PICs) instead of KVM's full
+    /// one: what lets the unit remap IOAPIC interrupts too (`irq::ioapic`). Only
+    /// `exitless run --iommu` machines have it.
+    pub split_irqchip: bool,
     /// Keep guest RAM in the VMM's core dumps (by default it is left out: MADV_DONTDUMP).
     pub dump_guest_memory: bool,
     /// The vCPUs' CPU template (`--cpu`), kept as given so that a snapshot can record it.
@@ -66,6 +70,7 @@ impl Default for MachineConfig {
             response_size: 1024,
             gsi_commits: CommitStrategy::default(),
             iommu: false,
+            split_irqchip: false,
             dump_guest_memory: false,
             cpu: CpuTemplate::default(),
         }

@@ -25,7 +25,8 @@ use std::time::Duration;
 use crate::bus::{BusError, IoBuses};
 use crate::devices::serial::ConsoleInput;
 use crate::iommu::Iommu;
-use crate::iommu::dmar::dmar_table;
+use crate::iommu::dmar::{IoapicScope, dmar_table};
+use crate::irq::ioapic::{IOAPIC_ID, IOAPIC_SOURCE_ID, PINS, PinWatcher};
 use crate::irq::{GsiRouting, IrqError, MsiVectors};
 use crate::pci::root::PciError;
 use crate::stats::ExitCounters;
@@ -152,6 +153,8 @@ pub struct Machine {
     _workers: Vec<Worker>,
     /// The console input thread, if any, stopped when the machine is dropped.
     _console_input: Option<ConsoleInput>,
+    /// The userspace IOAPIC's input thread under a split irqchip, stopped when dropped.
+    ioapic: Option<PinWatcher>,
     vcpus: u8,
     cpu: CpuTemplate,
     control: Arc<RunControl>,
@@ -173,7 +176,12 @@ impl Machine {
     /// Build the machine `cfg` describes, with `board`'s devices if any.
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
-        let mut vm = Vm::new(&layout.ram_regions(), cfg.dump_guest_memory)?;
+        let irqchip = if cfg.split_irqchip {
+            vm::Irqchip::Split { pins: PINS }
+        } else {
+            vm::Irqchip::InKernel
+        };
+        let mut vm = Vm::with_irqchip(&layout.ram_regions(), cfg.dump_guest_memory, irqchip)?;
         let control = Arc::new(RunControl::default());
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
         let extra = board.as_ref().map_or(0, |b| b.bus_devices());
@@ -196,6 +204,7 @@ impl Machine {
             layout,
             _workers: devices.workers,
             _console_input: devices.console_input,
+            ioapic: devices.ioapic,
             vcpus: cfg.vcpus,
             cpu: cfg.cpu.clone(),
             control,
@@ -210,10 +219,15 @@ impl Machine {
     pub fn run(&self, loader: &dyn Loader, timeout: Duration) -> Result<Ran, MachineError> {
         let vcpus = vcpus::Vcpus::create(&self.vm, self.vcpus, &self.cpu)?;
         let tsc_khz = vcpus.tsc_khz();
+        // The VMM's IOAPIC is in the unit's scope (and its entries remappable); KVM's is not.
+        let ioapic = self.ioapic.as_ref().map(|_| IoapicScope {
+            id: IOAPIC_ID,
+            source_id: IOAPIC_SOURCE_ID,
+        });
         let dmar: Vec<Vec<u8>> = self
             .iommu
             .as_ref()
-            .map(|_| dmar_table(layout::IOMMU_BASE, vm::cpuid::host_phys_bits()))
+            .map(|_| dmar_table(layout::IOMMU_BASE, vm::cpuid::host_phys_bits(), ioapic))
             .into_iter()
             .collect();
         let info = MachineInfo {
@@ -221,6 +235,7 @@ impl Machine {
             vcpus: vcpus.count(),
             tsc_khz,
             acpi_tables: &dmar,
+            pics: self.ioapic.is_none(),
         };
         let entry = loader.load(self.vm.memory(), &info)?;
         vcpus.set_entries(&entry, loader)?;

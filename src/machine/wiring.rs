@@ -19,6 +19,9 @@ use crate::devices::rtc::{RTC_IRQ, RTC_PORT, RTC_PORTS_LEN, Rtc, host_clock, mem
 use crate::devices::serial::{ConsoleInput, ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
 use crate::iommu::Iommu;
 use crate::iommu::regs::VTD_REG_SIZE;
+use crate::irq::ioapic::pins::PinInputs;
+use crate::irq::ioapic::{IOAPIC_SOURCE_ID, Ioapic, MMIO_LEN, PinWatcher};
+use crate::irq::regs::IOAPIC_BASE;
 use crate::irq::{GsiRouting, InterruptRoutes, MsiVectors};
 use crate::logging::DeviceLog;
 use crate::machine::config::{
@@ -61,6 +64,8 @@ pub mod names {
     pub const PROBE_PORTS: &str = "probe-ports";
     /// The VT-d remapping unit's register page.
     pub const IOMMU: &str = "iommu";
+    /// The userspace IOAPIC, under a split irqchip.
+    pub const IOAPIC: &str = "ioapic";
 
     /// A virtio-pci function: its guest errors and its thread's CPU time are counted under
     /// this name (its registers are reached through `PCI_BARS`).
@@ -127,6 +132,8 @@ pub struct Devices {
     pub logs: Vec<CountedLog>,
     /// The IOMMU, if the machine has one.
     pub iommu: Option<Arc<Iommu>>,
+    /// The userspace IOAPIC's input thread, under a split irqchip.
+    pub ioapic: Option<PinWatcher>,
 }
 
 /// A device that counts its guest errors: its bus id and its log.
@@ -141,7 +148,18 @@ pub fn wire(
     control: &Arc<RunControl>,
 ) -> Result<Devices, MachineError> {
     let mut io = IoBuses::default();
-    let routing = Arc::new(GsiRouting::new(vm.shared_fd(), cfg.gsi_commits)?);
+    // Under a split irqchip the devices' pins are bound to the IOAPIC's inputs, which it
+    // watches once it exists (after the unit it sends through).
+    let pins = match cfg.split_irqchip {
+        true => Some(Arc::new(
+            PinInputs::new().map_err(host_err("create the IOAPIC's inputs"))?,
+        )),
+        false => None,
+    };
+    let routing = Arc::new(match &pins {
+        Some(pins) => GsiRouting::split(vm.shared_fd(), cfg.gsi_commits, pins.clone())?,
+        None => GsiRouting::new(vm.shared_fd(), cfg.gsi_commits)?,
+    });
     let console = Arc::new(Mutex::new(Vec::new()));
     let (out, truncate) = machine_console::open(&cfg.console, &cfg.disks, &console)?;
     let (serial_log, console_input) = add_serial(&mut io, &routing, cfg, out, control)?;
@@ -176,6 +194,14 @@ pub fn wire(
     } else {
         None
     };
+    let ioapic = match pins {
+        Some(pins) => {
+            let (watcher, log) = add_ioapic(&mut io, &routing, iommu.as_ref(), pins)?;
+            logs.push(log);
+            Some(watcher)
+        }
+        None => None,
+    };
     let mut devices = Devices {
         io,
         routing,
@@ -185,6 +211,7 @@ pub fn wire(
         console_input,
         logs,
         iommu,
+        ioapic,
     };
     let mut slots = VirtioSlots::default();
     add_virtio_net(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
@@ -312,6 +339,27 @@ fn add_iommu(
         iommu.clone(),
     )?;
     Ok((iommu, id))
+}
+
+/// The userspace IOAPIC on `pins`, sending through `iommu`'s interrupt remapping for its
+/// source-id if the machine has the unit; returns its input thread, bus id and log.
+fn add_ioapic(
+    io: &mut IoBuses,
+    routing: &Arc<GsiRouting>,
+    iommu: Option<&Arc<Iommu>>,
+    pins: Arc<PinInputs>,
+) -> Result<(PinWatcher, CountedLog), MachineError> {
+    let routes = match iommu {
+        Some(unit) => unit.interrupt_routes(IOAPIC_SOURCE_ID),
+        None => routing.clone(),
+    };
+    let ioapic = Arc::new(Ioapic::new(routes, pins, DeviceLog::new(names::IOAPIC)));
+    let log = ioapic.log().clone();
+    let id = io.add_mmio(names::IOAPIC, IOAPIC_BASE, MMIO_LEN, ioapic.clone())?;
+    let watcher = ioapic
+        .spawn()
+        .map_err(host_err("start the IOAPIC's thread"))?;
+    Ok((watcher, (id, log)))
 }
 
 /// Where the next virtio device goes: virtio-pci functions take 00:03.0, 00:04.0, … in turn

@@ -3,8 +3,8 @@
 //! its own numbers private, so a filter that checks an ioctl's request needs them here.
 
 use kvm_bindings::{
-    KVMIO, kvm_cpuid2, kvm_ioeventfd, kvm_irq_routing, kvm_irqfd, kvm_mp_state, kvm_msi, kvm_regs,
-    kvm_sregs, kvm_translation, kvm_userspace_memory_region,
+    KVMIO, kvm_cpuid2, kvm_enable_cap, kvm_ioeventfd, kvm_irq_routing, kvm_irqfd, kvm_mp_state,
+    kvm_msi, kvm_regs, kvm_sregs, kvm_translation, kvm_userspace_memory_region,
 };
 use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
@@ -24,6 +24,7 @@ ioctl_iow_nr!(
     kvm_userspace_memory_region
 );
 ioctl_io_nr!(KVM_CREATE_IRQCHIP, KVMIO, 0x60);
+ioctl_iow_nr!(KVM_ENABLE_CAP, KVMIO, 0xa3, kvm_enable_cap);
 ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
 ioctl_iow_nr!(KVM_IRQFD, KVMIO, 0x76, kvm_irqfd);
 ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);

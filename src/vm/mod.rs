@@ -10,7 +10,9 @@ pub mod vcpu;
 
 use std::sync::Arc;
 
-use kvm_bindings::{KVM_API_VERSION, kvm_userspace_memory_region};
+use kvm_bindings::{
+    KVM_API_VERSION, KVM_CAP_SPLIT_IRQCHIP, kvm_enable_cap, kvm_userspace_memory_region,
+};
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MmapRegion};
 
@@ -131,10 +133,32 @@ pub struct Vm {
     next_slot: u32,
 }
 
+/// Where the interrupt controllers are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Irqchip {
+    /// KVM's local APICs, IOAPIC and PICs (`KVM_CREATE_IRQCHIP`).
+    InKernel,
+    /// KVM's local APICs only, with an IOAPIC of `pins` pins in userspace
+    /// (`KVM_CAP_SPLIT_IRQCHIP`): no PIC, and no PIT either.
+    Split {
+        /// The userspace IOAPIC's pins.
+        pins: u8,
+    },
+}
+
 impl Vm {
     /// Open KVM and create a VM with RAM in `ram`, `(guest-physical base, bytes)` regions in
     /// address order, left out of core dumps unless `in_core_dumps`.
     pub fn new(ram: &[(u64, usize)], in_core_dumps: bool) -> Result<Self, VmError> {
+        Self::with_irqchip(ram, in_core_dumps, Irqchip::InKernel)
+    }
+
+    /// As [`Vm::new`], with the interrupt controllers `irqchip` puts in the kernel.
+    pub fn with_irqchip(
+        ram: &[(u64, usize)],
+        in_core_dumps: bool,
+        irqchip: Irqchip,
+    ) -> Result<Self, VmError> {
         let kvm = open_kvm(c"/dev/kvm")?;
         for (cap, name) in [
             (Cap::Irqchip, "an in-kernel irqchip"),
@@ -148,7 +172,22 @@ impl Vm {
         }
         let fd = kvm.create_vm().map_err(kvm_err("create VM"))?;
         // The irqchip must exist before any vCPU (docs/host-kvm.md).
-        fd.create_irq_chip().map_err(kvm_err("create irqchip"))?;
+        match irqchip {
+            Irqchip::InKernel => fd.create_irq_chip().map_err(kvm_err("create irqchip"))?,
+            Irqchip::Split { pins } => {
+                if !kvm.check_extension(Cap::SplitIrqchip) {
+                    return Err(VmError::MissingCap("a split irqchip"));
+                }
+                // api.rst §7.4: args[0] is the number of IOAPIC pins (GSIs below it are the
+                // userspace IOAPIC's, and their level-triggered routes' EOIs exit).
+                let cap = kvm_enable_cap {
+                    cap: KVM_CAP_SPLIT_IRQCHIP,
+                    args: [pins.into(), 0, 0, 0],
+                    ..Default::default()
+                };
+                fd.enable_cap(&cap).map_err(kvm_err("split the irqchip"))?;
+            }
+        }
         let ranges: Vec<(GuestAddress, usize)> = ram
             .iter()
             .map(|&(base, len)| (GuestAddress(base), len))

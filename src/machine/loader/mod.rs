@@ -29,6 +29,9 @@ pub struct MachineInfo<'a> {
     /// ACPI tables the machine's devices describe themselves with (the DMAR of its IOMMU),
     /// for loaders that write ACPI tables.
     pub acpi_tables: &'a [Vec<u8>],
+    /// Whether the machine has the dual 8259 PICs (KVM's full irqchip); not under a split
+    /// irqchip, whose IOAPIC is the VMM's (the MADT's PCAT_COMPAT says which).
+    pub pics: bool,
 }
 
 impl<'a> MachineInfo<'a> {
@@ -40,6 +43,7 @@ impl<'a> MachineInfo<'a> {
             vcpus: 1,
             tsc_khz: None,
             acpi_tables: &[],
+            pics: true,
         }
     }
 }

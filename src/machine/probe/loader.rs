@@ -159,6 +159,7 @@ mod tests {
                 vcpus: 1,
                 tsc_khz: Some(2_000_000),
                 acpi_tables: &[],
+                pics: true,
             },
             3,
         );

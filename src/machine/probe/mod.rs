@@ -54,6 +54,10 @@ pub struct ProbeConfig {
     /// A VT-d remapping unit (`BootInfo::iommu_base`) that virtio-pci devices' DMA goes
     /// through when their driver negotiates VIRTIO_F_ACCESS_PLATFORM.
     pub iommu: bool,
+    /// A split irqchip, as `exitless run --iommu` machines have: KVM's local APICs, exitless's
+    /// IOAPIC, whose entries the unit remaps (`irq::ioapic`). Off by default: the probe's
+    /// machines, and the benchmarks', keep KVM's whole irqchip.
+    pub split_irqchip: bool,
 }
 
 impl ProbeConfig {
@@ -80,6 +84,7 @@ impl ProbeConfig {
             response_size: self.response_size,
             gsi_commits: self.gsi_commits,
             iommu: self.iommu,
+            split_irqchip: self.split_irqchip,
             dump_guest_memory: false,
             cpu: Default::default(),
         }
@@ -99,6 +104,7 @@ impl Default for ProbeConfig {
             response_size: 1024,
             gsi_commits: CommitStrategy::default(),
             iommu: false,
+            split_irqchip: false,
         }
     }
 }

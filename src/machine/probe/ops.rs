@@ -240,6 +240,16 @@ pub fn iommu_intremap(function: PciAddress, delta: u8, foreign: bool) -> Op {
     }
 }
 
+/// Interrupt remapping on as [`iommu_intremap`] does, its entries level-triggered, for the
+/// IOAPIC of a split irqchip at `ioapic` (FF:00.0): a virtio-mmio device brought up afterwards
+/// on its line gets a remappable redirection entry.
+pub fn iommu_intremap_level(ioapic: PciAddress, delta: u8) -> Op {
+    Op {
+        count: 2,
+        ..iommu_intremap(ioapic, delta, false)
+    }
+}
+
 /// Stream `count` frames of `payload` bytes, at most `in_flight` at once.
 pub fn net_stream(payload: u64, count: u64, in_flight: u64) -> Op {
     Op {

@@ -176,6 +176,7 @@ pub fn write_acpi(mem: &GuestMemoryMmap, machine: &MachineInfo<'_>) -> Result<u6
         layout: machine.layout,
         vcpus: machine.vcpus,
         extra: machine.acpi_tables,
+        pics: machine.pics,
     }
     .write(mem)
     .map_err(LoadError::kernel)

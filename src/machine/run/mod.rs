@@ -277,6 +277,8 @@ impl RunConfig {
             ram_size: usize::try_from(mib << 20).expect("at most MAX_RAM_SIZE"),
             ecam: self.ecam,
             iommu: self.iommu,
+            // With the unit, its IOAPIC is the VMM's, so that its entries can be remapped.
+            split_irqchip: self.iommu,
             dump_guest_memory: self.dump_guest_memory,
             cpu: self.cpu.clone(),
             vcpus,

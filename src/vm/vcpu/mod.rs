@@ -12,6 +12,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::signal::register_signal_handler;
 
 use crate::bus::{DeviceId, IoBuses};
+use crate::irq::regs::{IOAPIC_BASE, IOAPIC_EOI};
 use crate::seccomp::kick_signal;
 use crate::stats::{ExitCounters, ExitKind};
 use crate::vm::boot::{RFLAGS_BOOT, protected_mode_sregs, real_mode_sregs};
@@ -86,6 +87,13 @@ pub fn handle_exit(
         VcpuExit::MmioWrite(addr, data) => {
             account(counters, ExitKind::MmioWrite, io.mmio.device_at(addr), addr);
             io.mmio.write(addr, data);
+        }
+        VcpuExit::IoapicEoi(vector) => {
+            // Under a split irqchip, the EOI of a level-triggered IOAPIC vector (api.rst §5,
+            // KVM_EXIT_IOAPIC_EOI): what the IOAPIC's EOI register does with it.
+            counters.record(ExitKind::Other, None);
+            io.mmio
+                .write(IOAPIC_BASE + IOAPIC_EOI, &u32::from(vector).to_le_bytes());
         }
         VcpuExit::Hlt | VcpuExit::IrqWindowOpen | VcpuExit::Intr => {
             counters.record(ExitKind::Other, None);

@@ -37,6 +37,7 @@ use crate::devices::acpi_pm::{
 use crate::devices::reset_control::{RESET_CONTROL_PORT, RESET_VALUE};
 use crate::devices::rtc::{CENTURY_INDEX, RTC_IRQ, RTC_PORT, RTC_PORTS_LEN};
 use crate::devices::serial::SERIAL_PORT_LEN;
+use crate::irq::ioapic::IOAPIC_ID;
 use crate::irq::regs::{IOAPIC_BASE, LAPIC_BASE};
 use crate::machine::layout::{
     ECAM_LAST_BUS, ECAM_SIZE, MemoryLayout, PCI_IO_BASE, PCI_IO_LEN, PCI_MMIO_WINDOW, SERIAL_GSI,
@@ -54,8 +55,6 @@ const OEM_REVISION: u32 = 1;
 /// The system control interrupt's ISA IRQ (and GSI), as on PCs. Nothing raises it: no fixed
 /// event is modelled, but the FADT must name one.
 const SCI_IRQ: u8 = 9;
-/// The IOAPIC's ID: KVM's IOAPIC resets to 0 (QEMU describes it so too).
-const IOAPIC_ID: u8 = 0;
 
 /// Why the tables could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +83,8 @@ pub struct AcpiTables<'a> {
     /// describe themselves with, listed in the XSDT after the standard ones. This is where an
     /// IOMMU's DMAR table goes.
     pub extra: &'a [Vec<u8>],
+    /// Whether the machine has the dual 8259 PICs: the MADT's PCAT_COMPAT flag.
+    pub pics: bool,
 }
 
 /// An MADT Interrupt Source Override (ACPI 6.5 §5.2.12.5): ISA IRQ `source` arrives at GSI
@@ -363,8 +364,9 @@ fn fadt(facs: u64, dsdt: u64) -> Vec<u8> {
 }
 
 /// The MADT: one enabled local APIC per vCPU (UID and APIC ID = its index), the IOAPIC with
-/// GSIs from 0, IRQ 0 (the PIT) on GSI 2 and the SCI level-triggered, NMIs on LINT1.
-fn madt(vcpus: u8) -> Vec<u8> {
+/// GSIs from 0, IRQ 0 (the PIT) on GSI 2 and the SCI level-triggered, NMIs on LINT1;
+/// PCAT_COMPAT if the machine has `pics` (not under a split irqchip, which has none).
+fn madt(vcpus: u8, pics: bool) -> Vec<u8> {
     let lapic = u32::try_from(LAPIC_BASE).expect("below 4 GiB");
     let mut m = MADT::new(
         OEM_ID,
@@ -391,8 +393,8 @@ fn madt(vcpus: u8) -> Vec<u8> {
         lint: 1,
     });
     let mut table = bytes(&m);
-    table[MADT_FLAGS_OFFSET..MADT_FLAGS_OFFSET + 4]
-        .copy_from_slice(&MADT_PCAT_COMPAT.to_le_bytes());
+    let flags = if pics { MADT_PCAT_COMPAT } else { 0 };
+    table[MADT_FLAGS_OFFSET..MADT_FLAGS_OFFSET + 4].copy_from_slice(&flags.to_le_bytes());
     fix_checksum(&mut table);
     table
 }
@@ -452,7 +454,7 @@ impl AcpiTables<'_> {
         };
         let dsdt = place(dsdt(self.layout), TABLE_ALIGN)?;
         let mut listed = vec![place(fadt(facs, dsdt), TABLE_ALIGN)?];
-        listed.push(place(madt(self.vcpus), TABLE_ALIGN)?);
+        listed.push(place(madt(self.vcpus, self.pics), TABLE_ALIGN)?);
         if let Some(base) = self.layout.ecam_base() {
             listed.push(place(mcfg(base), TABLE_ALIGN)?);
         }

@@ -43,6 +43,7 @@ fn written(ecam: bool, vcpus: u8, extra: &[Vec<u8>]) -> BTreeMap<String, Vec<u8>
         layout: &layout,
         vcpus,
         extra,
+        pics: true,
     };
     let rsdp = tables.write(&mem).unwrap();
     assert_eq!(rsdp, BIOS_AREA.start, "where a scan finds it first");
@@ -135,6 +136,7 @@ fn tables_that_outgrow_the_bios_area_are_refused() {
         layout: &layout,
         vcpus: 1,
         extra: &huge,
+        pics: true,
     }
     .write(&mem)
     .expect_err("128 KiB of extra tables");
@@ -197,6 +199,7 @@ fn with_ram_past_4_gib_the_host_bridge_has_a_64_bit_window_above_it() {
             layout: &layout,
             vcpus: 1,
             extra: &[],
+            pics: true,
         };
         walk(&mem, tables.write(&mem).unwrap())["DSDT"].clone()
     };
@@ -214,4 +217,18 @@ fn with_ram_past_4_gib_the_host_bridge_has_a_64_bit_window_above_it() {
         vec![(window.0, window.1 - 1)]
     );
     assert!(window.0 >= 0x1_6000_0000, "above RAM");
+}
+
+#[test]
+fn without_pics_the_madt_clears_pcat_compat() {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let layout = MemoryLayout::new(2 << 20, false).unwrap();
+    let tables = AcpiTables {
+        layout: &layout,
+        vcpus: 1,
+        extra: &[],
+        pics: false,
+    };
+    let madt = &walk(&mem, tables.write(&mem).unwrap())["APIC"];
+    assert_eq!(u32_at(madt, 40), 0, "no dual 8259s under a split irqchip");
 }

@@ -377,6 +377,7 @@ fn load(kernel: &MultibootKernel, mem: &GuestMemoryMmap, layout: &MemoryLayout) 
         vcpus: 2,
         tsc_khz: None,
         acpi_tables: &[],
+        pics: true,
     };
     kernel.load(mem, &info).unwrap()
 }
