@@ -148,18 +148,7 @@ pub fn wire(
     control: &Arc<RunControl>,
 ) -> Result<Devices, MachineError> {
     let mut io = IoBuses::default();
-    // Under a split irqchip the devices' pins are bound to the IOAPIC's inputs, which it
-    // watches once it exists (after the unit it sends through).
-    let pins = match cfg.split_irqchip {
-        true => Some(Arc::new(
-            PinInputs::new().map_err(host_err("create the IOAPIC's inputs"))?,
-        )),
-        false => None,
-    };
-    let routing = Arc::new(match &pins {
-        Some(pins) => GsiRouting::split(vm.shared_fd(), cfg.gsi_commits, pins.clone())?,
-        None => GsiRouting::new(vm.shared_fd(), cfg.gsi_commits)?,
-    });
+    let (pins, routing) = interrupt_routing(vm, cfg)?;
     let console = Arc::new(Mutex::new(Vec::new()));
     let (out, truncate) = machine_console::open(&cfg.console, &cfg.disks, &console)?;
     let (serial_log, console_input) = add_serial(&mut io, &routing, cfg, out, control)?;
@@ -174,19 +163,9 @@ pub fn wire(
         None => None,
     };
 
-    // Each decoded BAR is a range of its own on these buses, all counted as PCI_BARS.
-    let bar_buses = BarBuses::on(&mut io, names::PCI_BARS);
-    let windows = BarWindows {
-        mmio: layout::PCI_MMIO_WINDOW,
-        io: (
-            layout::PCI_IO_BASE.into(),
-            u64::from(layout::PCI_IO_BASE) + u64::from(layout::PCI_IO_LEN),
-        ),
-    };
-    let bars_id = bar_buses.id;
-    let pci = Arc::new(PciRoot::new(windows, bar_buses)?.with_mmio64(layout.mmio64_window()));
-    populate_bus0(&pci)?;
-    logs.push((bars_id, pci.log().clone()));
+    let pci = add_pci_root(&mut io, layout)?;
+    logs.push((pci.0, pci.1.log().clone()));
+    let pci = pci.1;
     let iommu = if cfg.iommu {
         let (iommu, id) = add_iommu(vm, layout, &mut io, &routing)?;
         logs.push((id, iommu.log().clone()));
@@ -222,6 +201,47 @@ pub fn wire(
         truncate.now()?;
     }
     Ok(devices)
+}
+
+/// The GSI routing of `vm`, and under a split irqchip the IOAPIC's inputs, to which the
+/// devices' pins are then bound and which the IOAPIC watches once it exists (after the unit
+/// it sends through).
+fn interrupt_routing(
+    vm: &Vm,
+    cfg: &MachineConfig,
+) -> Result<(Option<Arc<PinInputs>>, Arc<GsiRouting>), MachineError> {
+    let pins = match cfg.split_irqchip {
+        true => Some(Arc::new(
+            PinInputs::new().map_err(host_err("create the IOAPIC's inputs"))?,
+        )),
+        false => None,
+    };
+    let routing = Arc::new(match &pins {
+        Some(pins) => GsiRouting::split(vm.shared_fd(), cfg.gsi_commits, pins.clone())?,
+        None => GsiRouting::new(vm.shared_fd(), cfg.gsi_commits)?,
+    });
+    Ok((pins, routing))
+}
+
+/// The PCI host bridge and bus 0's functions, its BAR windows from `layout`; returns the bus
+/// id its BARs are counted under, and the root.
+fn add_pci_root(
+    io: &mut IoBuses,
+    layout: &MemoryLayout,
+) -> Result<(DeviceId, Arc<PciRoot>), MachineError> {
+    // Each decoded BAR is a range of its own on these buses, all counted as PCI_BARS.
+    let bar_buses = BarBuses::on(io, names::PCI_BARS);
+    let windows = BarWindows {
+        mmio: layout::PCI_MMIO_WINDOW,
+        io: (
+            layout::PCI_IO_BASE.into(),
+            u64::from(layout::PCI_IO_BASE) + u64::from(layout::PCI_IO_LEN),
+        ),
+    };
+    let bars_id = bar_buses.id;
+    let pci = Arc::new(PciRoot::new(windows, bar_buses)?.with_mmio64(layout.mmio64_window()));
+    populate_bus0(&pci)?;
+    Ok((bars_id, pci))
 }
 
 /// The console, writing to `out` as `cfg` says when its writer is behind; returns its bus id
