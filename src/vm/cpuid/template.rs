@@ -88,7 +88,8 @@ pub enum CpuError {
     Unknown(String),
     /// A feature shown that KVM cannot give on this host.
     #[error(
-        "--cpu: this host's KVM cannot give {0} (it is not in KVM_GET_SUPPORTED_CPUID); drop +{0}"
+        "--cpu: this host's KVM cannot give {0} (it is not in KVM_GET_SUPPORTED_CPUID); drop +{0}, \
+         or use the host template, which asks only for what KVM supports"
     )]
     Unavailable(&'static str),
     /// A feature shown while one it needs is hidden.
