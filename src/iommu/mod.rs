@@ -10,6 +10,7 @@
 //! - [`tables`]: root, context and page tables walked from guest memory;
 //! - [`iotlb`]: the context cache, the IOTLB and the paging-structure cache, bounded;
 //! - [`queue`]: the invalidation queue and its descriptors;
+//! - [`doorbell`]: the IQT write caught by ioeventfds, the queue run on the unit's thread;
 //! - [`interrupt_remapping`]: remappable-format MSIs through the IRTE table, and its cache;
 //! - [`fault`] and [`event`]: fault recording and the two event interrupts;
 //! - [`dmar`]: the ACPI DMAR table that describes the unit.
@@ -30,6 +31,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 pub mod dmar;
+pub mod doorbell;
 pub mod event;
 pub mod fault;
 pub mod interrupt_remapping;
@@ -50,7 +52,7 @@ pub mod regs {
     include!("regs.rs");
 }
 
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, Weak};
 
 use crate::guest_error;
 use crate::irq::msi::is_valid_message;
@@ -124,6 +126,8 @@ pub struct Iommu {
     intr: Mutex<InterruptRemapping>,
     /// The devices' routes through the unit, remapped again when its entries change.
     remapped: Mutex<Vec<Weak<RemappedRoutes>>>,
+    /// The IQT doorbells, once attached (a machine's unit; not a bare one in tests).
+    doorbells: OnceLock<doorbell::Doorbells>,
 }
 
 impl std::fmt::Debug for Iommu {
@@ -150,6 +154,7 @@ impl Iommu {
             rounds: RwLock::new(()),
             intr: Mutex::default(),
             remapped: Mutex::default(),
+            doorbells: OnceLock::new(),
         }
     }
 
