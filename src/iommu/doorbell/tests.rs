@@ -155,4 +155,28 @@ fn tails_written_at_once_run_nearest_the_head_first_and_garbage_sets_iqe() {
     );
     assert_eq!(u.r64(VTD_IQH_REG), 2 * 16, "IQH at the bad descriptor");
     assert_eq!(u.iommu.stats().tail_writes, 3, "both writes, with enable's");
+    assert_eq!(
+        u.iommu.log().guest_errors(),
+        2,
+        "the writes at once, the bad descriptor"
+    );
+}
+
+#[test]
+fn a_tail_taken_after_its_doorbell_was_removed_is_dropped_not_run() {
+    let (mut u, kvm) = unit_with_doorbells();
+    u.enable_queue();
+    let tail = u.place(&[wait(Some(5), false)]);
+    {
+        // The write lands, then QIE goes off before the unit's thread takes it.
+        let mut regs = u.iommu.regs.lock().unwrap();
+        assert!(kvm.write(TailWrite::Qword(tail)));
+        regs.status &= !VTD_GCMD_QIE;
+        regs.queue.disable();
+        u.iommu.rearm_doorbells(&regs);
+    }
+    assert_eq!(kvm.count(), 0);
+    spin_until(&u, |u| u.iommu.log().guest_errors() == 1);
+    assert_eq!(status(&u), 0, "not run");
+    assert_eq!((u.r64(VTD_IQT_REG), u.iommu.stats().tail_writes), (0, 1));
 }
