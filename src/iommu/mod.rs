@@ -112,7 +112,9 @@ pub struct IommuStats {
 /// `faults` (its order with the devices' routes: `interrupt_remapping`); `remap` and `faults` are never held together. Device
 /// threads take `remap` and `faults` only, never `regs`. `rounds` is written (an
 /// invalidation's completion) with `regs` held but neither `remap` nor `faults`; a device's
-/// round of DMA reads it first and takes `remap` and `faults` inside.
+/// round of DMA reads it first and takes `remap` and `faults` inside. The doorbell thread
+/// takes `regs` as a vCPU does (it is the vCPU side, off the vCPU); the doorbells' own lock
+/// comes after `regs`.
 pub struct Iommu {
     mem: GuestMemoryMmap,
     routes: Arc<dyn InterruptRoutes>,
