@@ -149,3 +149,45 @@ fn traffic_is_byte_exact_in_every_unmap_mode_switched_at_run_time() {
     assert!(unit.walks > 0 && unit.faults == 0, "{unit:?}");
     assert!(unit.iotlb_dropped_stale > 0, "{unit:?}");
 }
+
+/// The IQT write is a doorbell (an ioeventfd per tail of the probe's 256-entry queue): a strict
+/// stream, one invalidation per unmap, makes next to no exits to the unit, and every wait
+/// still completes.
+#[test]
+fn strict_unmaps_invalidate_without_exiting_to_the_unit() {
+    let function = ProbeConfig::virtio_pci_address(0).ecam_offset();
+    let run = run_probe(&ProbeConfig {
+        ops: vec![
+            ops::iommu_mode(IOMMU_MODE_STRICT, 0),
+            ops::virtio_init(TRANSPORT_PCI, function, RR_FLAG_IOMMU),
+            ops::net_stream(32, FRAMES, 8),
+            ops::iommu_report(0),
+        ],
+        virtio: vec![VirtioNetConfig {
+            backend: NetBackendKind::Sink,
+            ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
+        }],
+        iommu: true,
+        timeout: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("probe run failed: {e}"));
+    for (i, r) in run.results.iter().enumerate() {
+        assert_eq!(r.status, STATUS_OK, "op {i}: {r:?}\n{}", run.console);
+    }
+    assert_eq!(run.results[2].value, FRAMES, "frames back");
+    let r = run.iommu_reports[0];
+    assert!(r.iqt_writes >= FRAMES, "one invalidation per unmap: {r:?}");
+    assert_eq!((r.faults, r.wait_timeouts), (0, 0), "{r:?}");
+    let unit = run.iommu.expect("the unit's figures");
+    assert!(
+        unit.tail_writes >= r.iqt_writes,
+        "the unit took them: {unit:?}"
+    );
+    let exits = run.exits_at(2, names::IOMMU);
+    assert!(
+        exits < r.iqt_writes / 10,
+        "{exits} exits to the unit for {} IQT writes",
+        r.iqt_writes
+    );
+}

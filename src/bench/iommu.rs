@@ -346,8 +346,8 @@ impl IommuBench {
             variants,
             targets,
             notes: vec![
-                "strict is reported, not targeted: one exit per unmap on this host \
-                 (docs/host-kvm.md: ~35 us)"
+                "strict is reported, not targeted: one IQT write per unmap, an ioeventfd \
+                 doorbell (~4 us here, docs/host-kvm.md), the queue run on the unit's thread"
                     .into(),
                 "exposure: per unmapped page, the time a stale IOTLB entry could still reach \
                  it; strict's is the invalidation itself"

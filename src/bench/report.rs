@@ -177,7 +177,7 @@ fn iommu_table(t: &mut String, s: &ScenarioReport) {
         t,
         "pkts/s: streamed frames per second; vs none, seed: over none's, here and in the seed; cyc/pkt: \
          guest cycles per frame; dev/pkt: the device thread's CPU per frame; vmm/pkt: the whole \
-         VMM's CPU (every thread, guest time included) per frame; iqt/pk: invalidation-queue writes (exits) per frame; \
+         VMM's CPU (every thread, guest time included) per frame; iqt/pk: invalidation-queue writes per frame (doorbells, not exits, on a 256-entry queue); \
          iotlb: the unit's hits and misses over the variant's boot; stale: IOTLB entries dropped for pages the guest had already unmapped; exposure: per \
          unmapped page, unmap to completed invalidation; pend: most pages pending"
     );

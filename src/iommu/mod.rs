@@ -10,6 +10,7 @@
 //! - [`tables`]: root, context and page tables walked from guest memory;
 //! - [`iotlb`]: the context cache, the IOTLB and the paging-structure cache, bounded;
 //! - [`queue`]: the invalidation queue and its descriptors;
+//! - [`doorbell`]: the IQT write caught by ioeventfds, the queue run on the unit's thread;
 //! - [`interrupt_remapping`]: remappable-format MSIs through the IRTE table, and its cache;
 //! - [`fault`] and [`event`]: fault recording and the two event interrupts;
 //! - [`dmar`]: the ACPI DMAR table that describes the unit.
@@ -30,6 +31,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 pub mod dmar;
+pub mod doorbell;
 pub mod event;
 pub mod fault;
 pub mod interrupt_remapping;
@@ -50,7 +52,7 @@ pub mod regs {
     include!("regs.rs");
 }
 
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, Weak};
 
 use crate::guest_error;
 use crate::irq::msi::is_valid_message;
@@ -110,7 +112,9 @@ pub struct IommuStats {
 /// `faults` (its order with the devices' routes: `interrupt_remapping`); `remap` and `faults` are never held together. Device
 /// threads take `remap` and `faults` only, never `regs`. `rounds` is written (an
 /// invalidation's completion) with `regs` held but neither `remap` nor `faults`; a device's
-/// round of DMA reads it first and takes `remap` and `faults` inside.
+/// round of DMA reads it first and takes `remap` and `faults` inside. The doorbell thread
+/// takes `regs` as a vCPU does (it is the vCPU side, off the vCPU); the doorbells' own lock
+/// comes after `regs`.
 pub struct Iommu {
     mem: GuestMemoryMmap,
     routes: Arc<dyn InterruptRoutes>,
@@ -124,6 +128,8 @@ pub struct Iommu {
     intr: Mutex<InterruptRemapping>,
     /// The devices' routes through the unit, remapped again when its entries change.
     remapped: Mutex<Vec<Weak<RemappedRoutes>>>,
+    /// The IQT doorbells, once attached (a machine's unit; not a bare one in tests).
+    doorbells: OnceLock<doorbell::Doorbells>,
 }
 
 impl std::fmt::Debug for Iommu {
@@ -150,6 +156,7 @@ impl Iommu {
             rounds: RwLock::new(()),
             intr: Mutex::default(),
             remapped: Mutex::default(),
+            doorbells: OnceLock::new(),
         }
     }
 

@@ -146,14 +146,11 @@ impl Iommu {
                 let due = write_event(&mut self.faults.lock().unwrap().event, first, value, mask);
                 self.send("fault", due);
             }
-            VTD_IQT_REG if low => {
-                regs.queue.set_tail(value);
-                regs.stats.tail_writes += 1;
-                self.run_queue(&mut regs);
-            }
+            VTD_IQT_REG if low => self.take_tail(&mut regs, value, 1),
             VTD_IQA_REG => {
                 let iqa = merge(regs.queue.address());
                 regs.queue.set_address(iqa);
+                self.rearm_doorbells(&regs);
             }
             ICS_QWORD if high => regs.queue.write_status((value >> 32) as u32),
             VTD_IECTL_REG | VTD_IEADDR_REG => {
@@ -185,6 +182,14 @@ impl Iommu {
         }
     }
 
+    /// IQT takes `tail` (`writes` writes of it: an exit's one, or what a doorbell counted)
+    /// and the queue runs up to it.
+    pub(super) fn take_tail(&self, regs: &mut Registers, tail: u64, writes: u64) {
+        regs.queue.set_tail(tail);
+        regs.stats.tail_writes += writes;
+        self.run_queue(regs);
+    }
+
     /// GCMD (§10.4.4). Linux writes the bits it keeps on (TE, QIE) with the one it acts on,
     /// so TE and QIE act on the difference from GSTS; SRTP and WBF act whenever set.
     fn command(&self, regs: &mut Registers, value: u32) {
@@ -207,6 +212,7 @@ impl Iommu {
             } else {
                 regs.queue.disable();
             }
+            self.rearm_doorbells(regs);
         }
         // WBF: nothing is buffered (CAP.RWBF = 0), so WBFS is never left set.
         self.interrupt_command(regs, value);

@@ -117,15 +117,21 @@ impl Unit {
         self.command(VTD_GCMD_QIE);
     }
 
-    /// Put `descriptors` in the queue and hand them over with one IQT write.
-    pub fn submit(&mut self, descriptors: &[[u64; 2]]) {
+    /// Put `descriptors` in the queue after those placed before; returns the tail after them.
+    pub fn place(&mut self, descriptors: &[[u64; 2]]) -> u64 {
         for d in descriptors {
             let at = QUEUE + 16 * (self.submitted % 256);
             self.mem.write_obj(d[0], GuestAddress(at)).unwrap();
             self.mem.write_obj(d[1], GuestAddress(at + 8)).unwrap();
             self.submitted += 1;
         }
-        self.w64(VTD_IQT_REG, 16 * (self.submitted % 256));
+        16 * (self.submitted % 256)
+    }
+
+    /// Put `descriptors` in the queue and hand them over with one IQT write.
+    pub fn submit(&mut self, descriptors: &[[u64; 2]]) {
+        let tail = self.place(descriptors);
+        self.w64(VTD_IQT_REG, tail);
     }
 
     pub fn translate(&self, iova: u64, access: Access) -> Result<u64, TranslationError> {

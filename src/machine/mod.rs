@@ -70,6 +70,9 @@ pub enum MachineError {
     /// A virtio device.
     #[error(transparent)]
     Virtio(#[from] VirtioError),
+    /// The VT-d unit's IQT doorbells: their eventfds, epoll set or thread.
+    #[error("cannot set up the IOMMU's IQT doorbells: {0}")]
+    IommuDoorbells(std::io::Error),
     /// More virtio devices than the machine has room for.
     #[error(
         "too many virtio devices: the machine takes at most {slots} virtio-mmio and \

@@ -18,7 +18,7 @@ use crate::devices::reset_control::ResetControl;
 use crate::devices::rtc::{RTC_IRQ, RTC_PORT, RTC_PORTS_LEN, Rtc, host_clock, memory_bytes};
 use crate::devices::serial::{ConsoleInput, ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
 use crate::iommu::Iommu;
-use crate::iommu::regs::VTD_REG_SIZE;
+use crate::iommu::regs::{VTD_IQT_REG, VTD_REG_SIZE};
 use crate::irq::ioapic::pins::PinInputs;
 use crate::irq::ioapic::{IOAPIC_SOURCE_ID, Ioapic, MMIO_LEN, PinWatcher};
 use crate::irq::regs::IOAPIC_BASE;
@@ -352,12 +352,11 @@ fn add_iommu(
 ) -> Result<(Arc<Iommu>, DeviceId), MachineError> {
     let log = DeviceLog::new(names::IOMMU);
     let iommu = Arc::new(Iommu::new(vm.memory().clone(), routing.clone(), log));
-    let id = io.add_mmio(
-        names::IOMMU,
-        layout.place_iommu(),
-        VTD_REG_SIZE,
-        iommu.clone(),
-    )?;
+    let base = layout.place_iommu();
+    let id = io.add_mmio(names::IOMMU, base, VTD_REG_SIZE, iommu.clone())?;
+    iommu
+        .attach_doorbells(vm.shared_fd(), base + VTD_IQT_REG)
+        .map_err(MachineError::IommuDoorbells)?;
     Ok((iommu, id))
 }
 

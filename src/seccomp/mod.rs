@@ -2,8 +2,8 @@
 //! that allows the system calls its kind of work needs and nothing else.
 //!
 //! The [`ThreadKind`]s are the threads exitless has: the main thread (command line, machine
-//! building, reports), one per vCPU, one per virtio device, the log writer, the console
-//! writer and the console input. [`enable`] compiles one filter per kind and installs the SIGSYS handler, once, before
+//! building, reports), one per vCPU, one per virtio device (and the VT-d unit's doorbell
+//! thread, of the same kind), the log writer, the console writer and the console input. [`enable`] compiles one filter per kind and installs the SIGSYS handler, once, before
 //! any thread starts; every thread then installs its own kind's filter as it starts
 //! ([`spawn`]), and the main thread with [`confine`] before it builds a machine. Without
 //! [`enable`] (tests, `--no-seccomp`) nothing is confined.
