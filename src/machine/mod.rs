@@ -184,7 +184,12 @@ impl Machine {
         } else {
             vm::Irqchip::InKernel
         };
-        let mut vm = Vm::with_irqchip(&layout.ram_regions(), cfg.dump_guest_memory, irqchip)?;
+        let mut vm = Vm::with_irqchip(
+            &layout.ram_regions(),
+            cfg.dump_guest_memory,
+            irqchip,
+            vm::RamBacking::Private,
+        )?;
         let control = Arc::new(RunControl::default());
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
         let extra = board.as_ref().map_or(0, |b| b.bus_devices());
