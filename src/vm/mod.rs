@@ -97,8 +97,9 @@ fn open_kvm(path: &std::ffi::CStr) -> Result<Kvm, VmError> {
 /// What guest RAM is made of.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RamBacking {
-    /// Anonymous private memory: only exitless and KVM map it. It keeps transparent huge pages
-    /// where the host enables them for anonymous memory (`transparent_hugepage/enabled`).
+    /// Anonymous private memory: only exitless and KVM map it. Cheaper to fault in and to free
+    /// than the memfd (docs/run.md), and it gets transparent huge pages where the host gives
+    /// them to anonymous memory unasked (`transparent_hugepage/enabled` = `always`).
     #[default]
     Private,
     /// One memfd, mapped shared: every region is a [`FileOffset`] into it, at consecutive
