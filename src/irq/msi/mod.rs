@@ -250,7 +250,9 @@ impl MsiVectors {
     /// Vector `index`'s irqfd when someone outside exitless may signal it now and the message
     /// reaches the guest: the table enabled, the function and the vector unmasked, Bus Master
     /// set, the message valid, its route committed in KVM (not staged) and delivering. None
-    /// otherwise, and always under direct injection for [`Signaller::Vmm`] (no irqfds).
+    /// otherwise, and always under direct injection for [`Signaller::Vmm`] (no irqfds). A
+    /// remapping unit that blocks or allows a route later (`InterruptRoutes::delivers`) is not
+    /// watched: devices with an outside signaller are not put behind one.
     pub fn deliverable_irqfd(&self, index: usize) -> Option<Arc<EventFd>> {
         let st = self.state.lock().unwrap();
         self.deliverable(&st, index)
