@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Parser, Subcommand, ValueEnum};
 
+use exitless::api::routes::Endpoint;
 use exitless::bench::options::BenchOptions;
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO};
 use exitless::machine::{CpuTemplate, DiskConfig, VirtioNetConfig};
@@ -40,7 +41,14 @@ pub enum Command {
     /// QEMU's isa-debug-exit and fw_cfg. Runs until the guest exits, powers off or resets.
     #[command(after_help = RUN_STATUS)]
     Run(RunArgs),
+    /// Ask a running `exitless run --api-socket PATH` to pause, resume or shut down its VM, or
+    /// for its state or exit counters; prints the JSON answer.
+    #[command(after_help = CTL_STATUS)]
+    Ctl(CtlArgs),
 }
+
+/// How `exitless ctl` exits, for its --help.
+const CTL_STATUS: &str = "Exit status: 0 when the VM did what was asked (the answer on stdout); 1 when it refused (its error on stderr); 2 when nothing answers at PATH.";
 
 /// How `exitless run` exits, for its --help.
 const RUN_STATUS: &str = "Exit status: (v << 1) | 1 when the guest writes v to isa-debug-exit \
@@ -150,6 +158,51 @@ pub struct RunArgs {
     /// left out (MADV_DONTDUMP): it is the guest's data, and as large as --memory.
     #[arg(long)]
     pub dump_guest_memory: bool,
+    /// Serve the control API (HTTP/1.1 + JSON, docs/api.md) on a Unix socket at PATH, made
+    /// owner-only (0600) and removed at exit: `vm.info`, `vm.counters`, `vm.pause`,
+    /// `vm.resume`, `vm.shutdown`, as `exitless ctl` or `curl --unix-socket PATH` ask them. A
+    /// socket left there by a VMM that is gone is replaced; anything else there is refused.
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+}
+
+/// `exitless ctl`'s arguments.
+#[derive(clap::Args)]
+pub struct CtlArgs {
+    /// The socket `exitless run --api-socket` serves.
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: PathBuf,
+    /// What to ask.
+    #[arg(value_enum)]
+    pub action: CtlAction,
+}
+
+/// What `exitless ctl` asks of the VM.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CtlAction {
+    /// Stop every vCPU at an instruction boundary (answers once all are stopped).
+    Pause,
+    /// Let the paused vCPUs go on.
+    Resume,
+    /// The VM's state, vCPUs, memory, devices and exitless's version.
+    Info,
+    /// End the run: `exitless run` exits 0.
+    Shutdown,
+    /// The exit accounting: every exit so far, by kind and by device.
+    Counters,
+}
+
+impl CtlAction {
+    /// The API endpoint it asks.
+    pub fn endpoint(self) -> Endpoint {
+        match self {
+            CtlAction::Pause => Endpoint::Pause,
+            CtlAction::Resume => Endpoint::Resume,
+            CtlAction::Info => Endpoint::Info,
+            CtlAction::Shutdown => Endpoint::Shutdown,
+            CtlAction::Counters => Endpoint::Counters,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

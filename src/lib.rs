@@ -32,6 +32,7 @@ pub(crate) fn resource_hint(e: &std::io::Error) -> &'static str {
     }
 }
 
+pub mod api;
 pub mod bench;
 pub mod bus;
 pub mod devices;

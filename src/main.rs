@@ -3,11 +3,13 @@
 
 mod cli;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 
+use exitless::api::{ApiSocket, client};
 use exitless::bench::options::BenchOptions;
 use exitless::bench::session::{self, Session};
 use exitless::contract::STATUS_OK;
@@ -18,7 +20,7 @@ use exitless::machine::{Console, Overflow, ProbeConfig};
 use exitless::seccomp::{self, ThreadKind};
 use exitless::vm::run_control;
 
-use crate::cli::{Cli, Command, ProbeArgs, RunArgs};
+use crate::cli::{Cli, Command, CtlArgs, ProbeArgs, RunArgs};
 
 /// `exitless run`'s status for an error of its own: even, so never a guest's isa-debug-exit
 /// status (always odd), nor a clean exit.
@@ -32,8 +34,8 @@ const BASELINE_ERROR_STATUS: u8 = USAGE_ERROR_STATUS;
 /// `exitless run`'s status when the guest runs past --timeout: timeout(1)'s, and even.
 const RUN_TIMEOUT_STATUS: u8 = 124;
 
-/// Boot the kernel; the status to exit with.
-fn run(args: RunArgs) -> Result<u8, String> {
+/// Boot the kernel, serving `api` if given; the status to exit with.
+fn run(args: RunArgs, api: Option<ApiSocket>) -> Result<u8, String> {
     // A path, as --kernel's: any bytes the file system takes, not only UTF-8.
     let console = if args.console.as_os_str() == "stdio" {
         Console::Stdio
@@ -64,7 +66,7 @@ fn run(args: RunArgs) -> Result<u8, String> {
         dump_guest_memory: args.dump_guest_memory,
         cpu: args.cpu,
     };
-    match cfg.run() {
+    match cfg.run_with(|view| api.map(|socket| socket.serve(view)).transpose()) {
         Ok(outcome) => Ok(outcome.exit_status()),
         Err(e @ RunError::TimedOut(_)) => {
             stderr_line(format_args!("exitless: {e}"));
@@ -98,6 +100,25 @@ fn probe(args: ProbeArgs) -> Result<(), String> {
         );
     }
     emit(&inspect::describe(&run, ecam))
+}
+
+/// `exitless ctl`: connect, confine, ask, print the answer; a refusal's error on stderr and
+/// status 1, nothing listening status 2.
+fn ctl(args: CtlArgs, confine: impl FnOnce() -> Result<(), String>) -> Result<ExitCode, String> {
+    let stream = match client::connect(&args.api_socket) {
+        Ok(stream) => stream,
+        Err(e) => {
+            stderr_line(format_args!("exitless: error: {e}"));
+            return Ok(ExitCode::from(USAGE_ERROR_STATUS));
+        }
+    };
+    confine()?;
+    let answer = client::request(stream, args.action.endpoint()).map_err(|e| e.to_string())?;
+    if !answer.ok() {
+        return Err(format!("{} (HTTP {})", answer.error(), answer.status));
+    }
+    emit(&answer.body)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Write `text` to stdout. A reader that went away (`exitless probe | head -2`) ends the
@@ -140,6 +161,12 @@ fn bench(
         }
         None => ExitCode::SUCCESS,
     })
+}
+
+/// `exitless run --api-socket`'s socket, bound.
+fn api_socket(args: &RunArgs) -> Result<Option<ApiSocket>, String> {
+    let bind = |path: &PathBuf| ApiSocket::bind(path).map_err(|e| e.to_string());
+    args.api_socket.as_ref().map(bind).transpose()
 }
 
 /// Raise the soft open-file limit to the hard one: every MSI vector and doorbell holds an
@@ -221,7 +248,11 @@ fn main() -> ExitCode {
         Command::Probe(args) => confine()
             .and_then(|()| probe(args))
             .map(|()| ExitCode::SUCCESS),
-        Command::Run(args) => confine().and_then(|()| run(args)).map(ExitCode::from),
+        // The socket is bound before the filter, which allows no bind(2).
+        Command::Run(args) => api_socket(&args)
+            .and_then(|api| confine().and_then(|()| run(args, api)))
+            .map(ExitCode::from),
+        Command::Ctl(args) => ctl(args, confine),
     };
     // Log lines still queued come before the error, and are not lost at exit.
     exitless::logging::flush();

@@ -190,6 +190,22 @@ pub struct Ran {
     pub tsc_khz: Option<u32>,
 }
 
+/// What a control channel (`exitless run --api-socket`) sees of a machine: what it is made
+/// of, its exit counters, and the run's control, which pauses, resumes and stops it.
+#[derive(Clone)]
+pub struct MachineView {
+    /// Stops, pauses and resumes the run.
+    pub control: Arc<RunControl>,
+    /// The exit counters, by kind and by device.
+    pub counters: Arc<ExitCounters>,
+    /// The devices' names, indexed as the counters' devices are.
+    pub devices: Vec<String>,
+    /// How many vCPUs it has.
+    pub vcpus: u8,
+    /// Guest RAM in bytes.
+    pub ram_bytes: u64,
+}
+
 impl Machine {
     /// Build the machine `cfg` describes, with `board`'s devices if any.
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
@@ -211,6 +227,7 @@ impl Machine {
             ram_backing(cfg),
         )?;
         let control = Arc::new(RunControl::default());
+        control.set_vcpus(cfg.vcpus);
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
         let extra = board.as_ref().map_or(0, |b| b.bus_devices());
         let counters = Arc::new(ExitCounters::new(devices.io.names.len() + extra));
@@ -271,6 +288,17 @@ impl Machine {
             .run(&self.io, &self.counters, &self.control, timeout)
             .map_err(host_err("spawn a vCPU thread"))?;
         Ok(Ran { end, tsc_khz })
+    }
+
+    /// What a control channel sees of the machine.
+    pub fn view(&self) -> MachineView {
+        MachineView {
+            control: self.control.clone(),
+            counters: self.counters.clone(),
+            devices: self.io.names.clone(),
+            vcpus: self.vcpus.max(1),
+            ram_bytes: self.layout.ram_size() as u64,
+        }
     }
 
     /// Guest RAM, for reading what the guest left in it.

@@ -76,7 +76,7 @@ impl Vcpus {
         control: &Arc<RunControl>,
         timeout: Duration,
     ) -> Result<RunEnd, std::io::Error> {
-        control.sleep().set_vcpus(self.count());
+        control.set_vcpus(self.count());
         let mut threads = Vec::new();
         let mut spawn_error = None;
         for v in self.0 {
@@ -102,8 +102,9 @@ impl Vcpus {
     }
 }
 
-/// Wait for the run to stop, up to `timeout`; meanwhile, each time the guest asks for S3, kick
-/// the vCPUs out of the guest until every one has parked (ACPI 6.5 §16.1.3: the machine sleeps).
+/// Wait for the run to stop, up to `timeout`; meanwhile, each time the guest asks for S3 or the
+/// VMM's user for a pause, kick the vCPUs out of the guest until every one has parked (ACPI 6.5
+/// §16.1.3: the machine sleeps; a paused one stays where it was).
 fn wait_and_put_to_sleep(
     threads: &[JoinHandle<()>],
     control: &RunControl,
@@ -117,9 +118,9 @@ fn wait_and_put_to_sleep(
         match control.wait_or_sleep(left) {
             RunEvent::Stopped(reason) => return Some(reason),
             RunEvent::TimedOut => return None,
-            RunEvent::Sleeping => {
+            RunEvent::Parking => {
                 // A kick can land before a thread re-enters the guest: retry until it parks.
-                while control.sleep().entering() && !control.is_stopping() {
+                while control.parking() && !control.is_stopping() {
                     for t in threads.iter().filter(|t| !t.is_finished()) {
                         let _ = t.kill(seccomp::kick_signal());
                     }

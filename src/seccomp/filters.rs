@@ -213,6 +213,25 @@ fn console_input() -> Vec<Allowed> {
     ]
 }
 
+/// The control socket's thread (`api`): waits for a client or its stop event, takes one
+/// connection at a time with a deadline on each, and removes the socket's file at the end.
+fn api() -> Vec<Allowed> {
+    vec![
+        // Wait for a client on the listening socket, or the stop eventfd.
+        sys!(SYS_poll),
+        // std's UnixListener::accept (SOCK_CLOEXEC).
+        sys!(SYS_accept4),
+        // A request's deadline and the answer's (SO_RCVTIMEO, SO_SNDTIMEO).
+        sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET)]),
+        // std's UnixStream reads with recv(2) (recvfrom) and writes with send(2) (sendto,
+        // MSG_NOSIGNAL: a client gone before its answer is an error, not a SIGPIPE).
+        sys!(SYS_recvfrom),
+        sys!(SYS_sendto),
+        // The socket's file, when the run ends.
+        sys!(SYS_unlink),
+    ]
+}
+
 /// What the main thread does itself. Its filter also holds every other kind's list: the
 /// threads it starts inherit its filter.
 fn main_thread() -> Vec<Allowed> {
@@ -351,6 +370,7 @@ pub(crate) fn allowed(kind: ThreadKind) -> Vec<Allowed> {
         // variable and its IRQ eventfd's write: runtime() is all they do.
         ThreadKind::LogWriter | ThreadKind::Console | ThreadKind::Rtc => Vec::new(),
         ThreadKind::ConsoleInput => console_input(),
+        ThreadKind::Api => api(),
     };
     runtime().into_iter().chain(own).collect()
 }

@@ -3,7 +3,8 @@
 //!
 //! The [`ThreadKind`]s are the threads exitless has: the main thread (command line, machine
 //! building, reports), one per vCPU, one per virtio device (and the VT-d unit's doorbell
-//! thread, of the same kind), the log writer, the console writer and the console input. [`enable`] compiles one filter per kind and installs the SIGSYS handler, once, before
+//! thread, of the same kind), the log writer, the console writer and the console input, the RTC's timer, the control
+//! socket's server. [`enable`] compiles one filter per kind and installs the SIGSYS handler, once, before
 //! any thread starts; every thread then installs its own kind's filter as it starts
 //! ([`spawn`]), and the main thread with [`confine`] before it builds a machine. Without
 //! [`enable`] (tests, `--no-seccomp`) nothing is confined.
@@ -48,11 +49,13 @@ pub enum ThreadKind {
     ConsoleInput,
     /// Raises the RTC's interrupts when they fall due.
     Rtc,
+    /// Serves the control socket (`exitless run --api-socket`).
+    Api,
 }
 
 impl ThreadKind {
     /// Every kind, in the order [`enable`] compiles their filters.
-    pub const ALL: [ThreadKind; 7] = [
+    pub const ALL: [ThreadKind; 8] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::Device,
@@ -60,6 +63,7 @@ impl ThreadKind {
         ThreadKind::Console,
         ThreadKind::ConsoleInput,
         ThreadKind::Rtc,
+        ThreadKind::Api,
     ];
 
     /// The kind's name, as reports show it.
@@ -72,6 +76,7 @@ impl ThreadKind {
             ThreadKind::Console => "console",
             ThreadKind::ConsoleInput => "console input",
             ThreadKind::Rtc => "rtc",
+            ThreadKind::Api => "api",
         }
     }
 }

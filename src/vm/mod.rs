@@ -3,6 +3,7 @@
 pub mod boot;
 pub mod cpuid;
 pub mod kvm_run;
+pub mod pause;
 pub mod run_control;
 pub mod shadow;
 pub mod sleep;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::vm::pause::{Pause, PauseError};
 use crate::vm::sleep::{Sleep, WakeEntry};
 
 /// Why the guest stopped.
@@ -25,6 +26,8 @@ pub enum StopReason {
     VcpuFailed(String),
     /// The process received this signal ([`stop_on_signals`]).
     Signal(libc::c_int),
+    /// The VMM's user asked for it (the control socket's `vm.shutdown`).
+    Requested,
 }
 
 /// A one-shot stop signal: the first reason wins.
@@ -34,6 +37,7 @@ pub struct RunControl {
     reason: Mutex<Option<StopReason>>,
     changed: Condvar,
     sleep: Sleep,
+    pause: Pause,
 }
 
 /// What [`RunControl::wait_or_sleep`] ended with.
@@ -41,8 +45,9 @@ pub struct RunControl {
 pub enum RunEvent {
     /// The run stopped, for this reason.
     Stopped(StopReason),
-    /// The guest asked for S3: its vCPUs are to be kicked out of the guest to park.
-    Sleeping,
+    /// The guest asked for S3, or the VMM's user for a pause: the vCPUs are to be kicked out
+    /// of the guest to park.
+    Parking,
     /// Neither, within the time allowed.
     TimedOut,
 }
@@ -58,6 +63,53 @@ impl RunControl {
         self.changed.notify_all();
         drop(r);
         self.sleep.notify_stop();
+        self.pause.notify_stop();
+    }
+
+    /// How many vCPUs the machine has: how many park before it sleeps or is paused.
+    pub fn set_vcpus(&self, vcpus: u8) {
+        self.sleep.set_vcpus(vcpus);
+        self.pause.set_vcpus(vcpus);
+    }
+
+    /// The machine's pause state.
+    pub fn pause(&self) -> &Pause {
+        &self.pause
+    }
+
+    /// Whether some vCPU must still be kicked out of the guest to park (S3 or a pause).
+    pub fn parking(&self) -> bool {
+        self.sleep.entering() || self.pause.entering()
+    }
+
+    /// Pause every vCPU: returns once each has parked at an instruction boundary. Refused while
+    /// paused, in S3 or stopping; a vCPU that does not park within `timeout` takes the pause
+    /// back.
+    pub fn pause_vcpus(&self, timeout: Duration) -> Result<(), PauseError> {
+        if self.sleep.entering() || self.sleep.asleep() {
+            return Err(PauseError::Asleep);
+        }
+        if self.is_stopping() {
+            return Err(PauseError::Stopping);
+        }
+        self.pause.request()?;
+        self.wake_waiter();
+        if self.pause.wait_parked(timeout, || self.is_stopping()) {
+            return Ok(());
+        }
+        // Taken back, so the vCPUs that did park go on.
+        let _ = self.pause.resume();
+        Err(if self.is_stopping() {
+            PauseError::Stopping
+        } else {
+            PauseError::TimedOut(timeout)
+        })
+    }
+
+    /// Wake the VMM thread's [`RunControl::wait_or_sleep`], to kick the vCPUs.
+    fn wake_waiter(&self) {
+        let _r = self.reason.lock().unwrap();
+        self.changed.notify_all();
     }
 
     /// The machine's S3 state.
@@ -69,8 +121,7 @@ impl RunControl {
     /// to kick the vCPUs.
     pub fn suspend(&self, entry: WakeEntry) {
         self.sleep.suspend(entry);
-        let _r = self.reason.lock().unwrap();
-        self.changed.notify_all();
+        self.wake_waiter();
     }
 
     /// Whether a stop was asked for; checked by vCPU threads before each entry.
@@ -87,13 +138,13 @@ impl RunControl {
         }
     }
 
-    /// [`RunControl::wait`], which also returns while the vCPUs are entering S3.
+    /// [`RunControl::wait`], which also returns while the vCPUs are to park (S3, a pause).
     pub fn wait_or_sleep(&self, timeout: Duration) -> RunEvent {
         self.wait_for(timeout, true)
     }
 
     fn wait_for(&self, timeout: Duration, or_sleep: bool) -> RunEvent {
-        let sleeping = || or_sleep && self.sleep.entering();
+        let sleeping = || or_sleep && self.parking();
         let deadline = Instant::now().checked_add(timeout);
         WAITING.store(true, Ordering::SeqCst);
         let reason = loop {
@@ -112,7 +163,7 @@ impl RunControl {
                 break RunEvent::Stopped(reason);
             }
             if sleeping() {
-                break RunEvent::Sleeping;
+                break RunEvent::Parking;
             }
             if left.is_some_and(|left| left <= slice) {
                 break RunEvent::TimedOut;

@@ -29,7 +29,7 @@ use crate::machine::config::{
 use crate::machine::layout::{MAX_RAM_SIZE, low_ram_end};
 use crate::machine::loader::file::{FileError, ImageFile, ReadError};
 use crate::machine::vcpus::RunEnd;
-use crate::machine::{Machine, MachineError};
+use crate::machine::{Machine, MachineError, MachineView};
 use crate::pci::EcamMode;
 use crate::vm::run_control::StopReason;
 
@@ -87,15 +87,17 @@ pub enum RunOutcome {
     PowerOff,
     /// It reset the machine.
     Reset,
+    /// The VMM's user shut it down (the control socket's `vm.shutdown`).
+    Requested,
 }
 
 impl RunOutcome {
     /// The status `exitless run` exits with: QEMU's `(value << 1) | 1` for isa-debug-exit, 0
-    /// for an orderly power-off or reset.
+    /// for an orderly power-off, a reset or a shutdown the user asked for.
     pub fn exit_status(self) -> u8 {
         match self {
             RunOutcome::DebugExit(value) => debug_exit::exit_status(value),
-            RunOutcome::PowerOff | RunOutcome::Reset => 0,
+            RunOutcome::PowerOff | RunOutcome::Reset | RunOutcome::Requested => 0,
         }
     }
 }
@@ -371,12 +373,25 @@ impl RunConfig {
 
     /// Boot the kernel and run it until the guest ends the run.
     pub fn run(&self) -> Result<RunOutcome, RunError> {
+        self.run_with(|_| Ok(()))
+    }
+
+    /// [`RunConfig::run`], with `serve` given the machine's view once it is built and before
+    /// the guest starts: what it returns (a control socket's server) lives until the run ends.
+    pub fn run_with<G>(
+        &self,
+        serve: impl FnOnce(MachineView) -> Result<G, MachineError>,
+    ) -> Result<RunOutcome, RunError> {
         let machine_cfg = self.machine()?;
         let kernel = self.kernel(low_ram_end(machine_cfg.ram_size))?;
         let machine = Machine::new(&machine_cfg, None)?;
         self.say_chosen_macs();
         let timeout = self.timeout.unwrap_or(Duration::MAX);
-        match machine.run(kernel.as_ref(), timeout)?.end {
+        let server = serve(machine.view())?;
+        let ran = machine.run(kernel.as_ref(), timeout);
+        drop(server);
+        match ran?.end {
+            RunEnd::Stopped(StopReason::Requested) => Ok(RunOutcome::Requested),
             RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),
             RunEnd::Stopped(StopReason::PowerOff) => Ok(RunOutcome::PowerOff),
             RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),

@@ -291,15 +291,26 @@ impl Vcpu {
         (!bytes.is_empty()).then_some(bytes)
     }
 
-    /// Park for S3 until the machine wakes, then restart as firmware hands over after S3 (ACPI
-    /// 6.5 §16.1.3): the boot vCPU at the waking vector, the others waiting for INIT/SIPI.
-    fn sleep(&mut self, control: &RunControl) {
-        // Finish the exit this vCPU is in (an OUT to PM1 control, an MMIO read's data) before
-        // its state is replaced: KVM_RUN with immediate_exit completes it and returns at once
-        // (api.rst §5, immediate_exit), as QEMU's paused vCPUs do.
+    /// Finish the exit this vCPU is in (an OUT to PM1 control, an MMIO read's data), so its
+    /// state is that of an instruction boundary: KVM_RUN with immediate_exit completes it and
+    /// returns at once (api.rst §5, immediate_exit), as QEMU's paused vCPUs do.
+    fn complete_exit(&mut self) {
         self.fd.set_kvm_immediate_exit(1);
         let _ = self.fd.run();
         self.fd.set_kvm_immediate_exit(0);
+    }
+
+    /// Park until the VMM's user resumes the machine, at an instruction boundary.
+    fn pause(&mut self, control: &RunControl) {
+        self.complete_exit();
+        control.pause().park(|| control.is_stopping());
+    }
+
+    /// Park for S3 until the machine wakes, then restart as firmware hands over after S3 (ACPI
+    /// 6.5 §16.1.3): the boot vCPU at the waking vector, the others waiting for INIT/SIPI.
+    fn sleep(&mut self, control: &RunControl) {
+        // Finish the exit before the vCPU's state is replaced.
+        self.complete_exit();
         let Some(entry) = control.sleep().park(|| control.is_stopping()) else {
             return;
         };
@@ -330,6 +341,11 @@ impl Vcpu {
     pub fn run(mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl) {
         let _stop_on_exit = StopOnExit(control, self.index);
         while !control.is_stopping() {
+            // A pause first: a vCPU that asked for S3 parks in it until resumed, then sleeps.
+            if control.pause().must_park() {
+                self.pause(control);
+                continue;
+            }
             if control.sleep().must_park() {
                 self.sleep(control);
                 continue;

@@ -1,0 +1,211 @@
+//! The API's endpoints, in Cloud Hypervisor's style (`/api/v1/vm.<action>`): what each answers
+//! from the machine's view, and the errors of a request no endpoint takes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::api::http::{Request, Response};
+use crate::machine::MachineView;
+use crate::stats::ExitKind;
+use crate::vm::pause::PauseError;
+use crate::vm::run_control::StopReason;
+
+/// The prefix of every endpoint.
+pub const PREFIX: &str = "/api/v1/";
+
+/// Longest `vm.pause` waits for every vCPU to park: a vCPU stuck outside the guest (in a
+/// device) is not kicked out by a signal, as at stop (`machine::vcpus`).
+pub const PAUSE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// An endpoint, and the method it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `GET vm.info`: what the machine is and its state.
+    Info,
+    /// `GET vm.counters`: the exit accounting.
+    Counters,
+    /// `PUT vm.pause`.
+    Pause,
+    /// `PUT vm.resume`.
+    Resume,
+    /// `PUT vm.shutdown`: the run ends, `exitless run` exits 0.
+    Shutdown,
+}
+
+impl Endpoint {
+    /// Every endpoint.
+    pub const ALL: [Endpoint; 5] = [
+        Endpoint::Info,
+        Endpoint::Counters,
+        Endpoint::Pause,
+        Endpoint::Resume,
+        Endpoint::Shutdown,
+    ];
+
+    /// Its name after [`PREFIX`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::Info => "vm.info",
+            Endpoint::Counters => "vm.counters",
+            Endpoint::Pause => "vm.pause",
+            Endpoint::Resume => "vm.resume",
+            Endpoint::Shutdown => "vm.shutdown",
+        }
+    }
+
+    /// The method it takes: GET for what only reads, PUT for what acts (as Cloud Hypervisor).
+    pub fn method(self) -> &'static str {
+        match self {
+            Endpoint::Info | Endpoint::Counters => "GET",
+            Endpoint::Pause | Endpoint::Resume | Endpoint::Shutdown => "PUT",
+        }
+    }
+}
+
+/// `vm.info`'s answer.
+#[derive(Serialize)]
+struct Info<'a> {
+    /// `running`, `paused`, or `asleep` (the guest entered ACPI S3).
+    state: &'static str,
+    vcpus: u8,
+    memory_bytes: u64,
+    devices: &'a [String],
+    version: &'static str,
+}
+
+/// The answer of an action: the state it left the machine in.
+#[derive(Serialize)]
+struct State {
+    state: &'static str,
+}
+
+/// One device's line of `vm.counters`.
+#[derive(Serialize)]
+struct DeviceCounters {
+    exits: u64,
+    guest_errors: u64,
+}
+
+/// `vm.counters`' answer: every exit so far, by kind and by device.
+#[derive(Serialize)]
+struct Counters {
+    total: u64,
+    by_kind: BTreeMap<&'static str, u64>,
+    /// Devices with exits or guest errors; "no device" counts accesses nothing claims.
+    by_device: BTreeMap<String, DeviceCounters>,
+}
+
+fn state(view: &MachineView) -> &'static str {
+    let control = &view.control;
+    if control.pause().paused() {
+        "paused"
+    } else if control.sleep().asleep() {
+        "asleep"
+    } else {
+        "running"
+    }
+}
+
+fn info(view: &MachineView) -> Response {
+    Response::json(
+        200,
+        &Info {
+            state: state(view),
+            vcpus: view.vcpus,
+            memory_bytes: view.ram_bytes,
+            devices: &view.devices,
+            version: env!("CARGO_PKG_VERSION"),
+        },
+    )
+}
+
+fn counters(view: &MachineView) -> Response {
+    let snapshot = view.counters.snapshot();
+    let by_kind = ExitKind::ALL
+        .into_iter()
+        .map(|kind| (kind.name(), snapshot.of_kind(kind)))
+        .collect();
+    let by_device = (0..snapshot.by_device.len())
+        .map(|id| {
+            let name = view.devices.get(id).map_or("no device", String::as_str);
+            let line = DeviceCounters {
+                exits: snapshot.of_device(id),
+                guest_errors: snapshot.guest_errors_of(id),
+            };
+            (name.to_owned(), line)
+        })
+        .filter(|(_, line)| line.exits != 0 || line.guest_errors != 0)
+        .collect();
+    Response::json(
+        200,
+        &Counters {
+            total: snapshot.total(),
+            by_kind,
+            by_device,
+        },
+    )
+}
+
+/// The status of a refused pause or resume.
+fn pause_status(e: &PauseError) -> u16 {
+    match e {
+        PauseError::AlreadyPaused | PauseError::NotPaused => 400,
+        PauseError::Asleep => 409,
+        PauseError::Stopping => 503,
+        PauseError::TimedOut(_) => 500,
+    }
+}
+
+fn acted(result: Result<(), PauseError>, state: &'static str) -> Response {
+    match result {
+        Ok(()) => Response::json(200, &State { state }),
+        Err(e) => Response::error(pause_status(&e), &e.to_string()),
+    }
+}
+
+/// Do what `endpoint` asks of the machine, and answer.
+fn serve(endpoint: Endpoint, view: &MachineView) -> Response {
+    let control = &view.control;
+    match endpoint {
+        Endpoint::Info => info(view),
+        Endpoint::Counters => counters(view),
+        Endpoint::Pause => acted(control.pause_vcpus(PAUSE_DEADLINE), "paused"),
+        Endpoint::Resume => acted(control.pause().resume(), "running"),
+        Endpoint::Shutdown => {
+            // Parked vCPUs see the stop too: a paused machine shuts down as well.
+            control.stop(StopReason::Requested);
+            Response::json(
+                200,
+                &State {
+                    state: "shutting down",
+                },
+            )
+        }
+    }
+}
+
+/// The answer to `request`: the endpoint's, or 404 for an unknown path, 405 for a known one
+/// asked with another method.
+pub fn answer(request: &Request, view: &MachineView) -> Response {
+    let name = request.path.strip_prefix(PREFIX);
+    let Some(endpoint) = Endpoint::ALL.into_iter().find(|e| Some(e.name()) == name) else {
+        return Response::error(404, &format!("no endpoint {}", request.path));
+    };
+    if request.method != endpoint.method() {
+        return Response::error(
+            405,
+            &format!(
+                "{} takes {}, not {}",
+                request.path,
+                endpoint.method(),
+                request.method
+            ),
+        );
+    }
+    serve(endpoint, view)
+}
+
+#[cfg(test)]
+mod tests;
