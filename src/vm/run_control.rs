@@ -77,9 +77,11 @@ impl RunControl {
         &self.pause
     }
 
-    /// Whether some vCPU must still be kicked out of the guest to park (S3 or a pause).
+    /// Whether some vCPU must still be kicked out of the guest to park (S3 or a pause). A
+    /// paused machine whose guest had asked for S3 has nothing to kick: its vCPUs sleep after
+    /// the resume.
     pub fn parking(&self) -> bool {
-        self.sleep.entering() || self.pause.entering()
+        self.pause.entering() || (self.sleep.entering() && !self.pause.paused())
     }
 
     /// Pause every vCPU: returns once each has parked at an instruction boundary. Refused while
@@ -238,4 +240,61 @@ pub fn end_by_signal(signal: libc::c_int) -> ! {
     unsafe { libc::raise(signal) };
     // Not reached unless the signal is blocked; end as a shell would report it.
     std::process::exit(128 + signal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENTRY: WakeEntry = WakeEntry::Real { cs: 0, ip: 0 };
+
+    #[test]
+    fn a_pause_no_vcpu_answers_is_taken_back() {
+        let control = RunControl::default();
+        let e = control.pause_vcpus(Duration::from_millis(10));
+        assert_eq!(e, Err(PauseError::TimedOut(Duration::from_millis(10))));
+        assert!(
+            !control.pause().must_park() && !control.parking(),
+            "taken back"
+        );
+    }
+
+    #[test]
+    fn a_pause_is_refused_while_the_guest_sleeps_or_the_run_stops() {
+        let control = RunControl::default();
+        control.suspend(ENTRY);
+        assert_eq!(control.pause_vcpus(Duration::ZERO), Err(PauseError::Asleep));
+        let control = RunControl::default();
+        control.stop(StopReason::Requested);
+        assert_eq!(
+            control.pause_vcpus(Duration::ZERO),
+            Err(PauseError::Stopping)
+        );
+    }
+
+    #[test]
+    fn a_guest_that_asked_for_s3_as_it_was_paused_sleeps_after_the_resume() {
+        let control = std::sync::Arc::new(RunControl::default());
+        let vcpu = {
+            let control = control.clone();
+            std::thread::spawn(move || {
+                // The vCPU loop's order: a pause first, then S3.
+                while !control.pause().must_park() {
+                    std::thread::yield_now();
+                }
+                control.suspend(ENTRY);
+                control.pause().park(|| false);
+                control.sleep().park(|| control.is_stopping())
+            })
+        };
+        control.pause_vcpus(Duration::from_secs(60)).unwrap();
+        assert!(control.sleep().entering(), "S3 asked for");
+        assert!(!control.parking(), "nothing to kick while paused");
+        control.pause().resume().unwrap();
+        while !control.sleep().asleep() {
+            std::thread::yield_now();
+        }
+        assert!(control.sleep().wake());
+        assert_eq!(vcpu.join().unwrap(), Some(ENTRY));
+    }
 }
