@@ -32,6 +32,8 @@ pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 /// Longest a client may take to read the answer (a few hundred bytes, which the socket's
 /// buffer holds: only a client that lets it fill up waits).
 const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
+/// How long the server waits before it tries again to take a client it could not.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// Why the socket cannot be made.
 #[derive(Debug, thiserror::Error)]
@@ -143,13 +145,25 @@ impl ApiSocket {
             if ready < 0 || fds[1].revents != 0 {
                 return;
             }
-            if fds[0].revents != 0
-                && let Ok((stream, _)) = self.listener.accept()
-            {
-                serve_client(stream, view);
+            if fds[0].revents == 0 {
+                continue;
+            }
+            match self.listener.accept() {
+                Ok((stream, _)) => serve_client(stream, view),
+                // Out of descriptors, say: the client waits in the backlog; try again later
+                // rather than spin on a listener that stays readable.
+                Err(_) => wait_readable(&mut fds[1..], ACCEPT_RETRY),
             }
         }
     }
+}
+
+/// Wait up to `timeout` for one of `fds` to be readable.
+fn wait_readable(fds: &mut [libc::pollfd], timeout: Duration) {
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    let count = libc::nfds_t::try_from(fds.len()).expect("a few descriptors");
+    // SAFETY: `fds` holds `count` initialised pollfds that poll only writes the revents of.
+    unsafe { libc::poll(fds.as_mut_ptr(), count, ms) };
 }
 
 impl Drop for ApiSocket {
