@@ -207,8 +207,10 @@ fn device() -> Vec<Allowed> {
 /// again after the backend went away.
 fn vhost_user() -> Vec<Allowed> {
     vec![
-        // Wait for commands, the watch fds and the socket's hangup, and consume them.
+        // Wait for commands, the watch fds and the socket's hangup, and consume them; a
+        // socket connected again joins the epoll set.
         sys!(SYS_epoll_wait),
+        sys!(SYS_epoll_ctl),
         sys!(SYS_read),
         // vhost-user messages, with the fds they carry (SCM_RIGHTS).
         sys!(SYS_sendmsg),
