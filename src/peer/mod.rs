@@ -23,6 +23,7 @@
 //! # Ok::<(), exitless::peer::PeerError>(())
 //! ```
 
+pub mod backends;
 pub mod dump;
 pub mod qemu;
 
