@@ -108,11 +108,13 @@ const FREESTANDING: [&str; 13] = [
 ];
 
 /// The test kernel's C files, one concern each (testkernel.h declares what they share).
-const TEST_KERNEL_C: [&str; 8] = [
+const TEST_KERNEL_C: [&str; 10] = [
     "main.c",
     "console.c",
     "platform.c",
     "virtio.c",
+    "virtio_blk.c",
+    "virtio_net.c",
     "cpuid.c",
     "rtc.c",
     "highmem.c",

@@ -16,8 +16,10 @@
  * INTR_REMAP with the IOAPIC in the unit's scope), ioapic=1|2 (take the RTC's interrupts
  * through the IOAPIC; 2: also through the unit's interrupt remapping), echo=1 (read a line from the
  * console), spam=N (print N numbered lines before the checks end, for a console reader that
- * falls behind), disk=1 (drive the first virtio-blk disk), net=1 ip=A.B.C.D peer=A.B.C.D (ask the
- * host on the first virtio-net device's network for peer's MAC by ARP, and check the answer),
+ * falls behind), disk=1 (drive the first virtio-blk disk), disk=reconnect (drive it across a
+ * backend's restart: DEVICE_NEEDS_RESET, reset, set up again), net=1 ip=A.B.C.D peer=A.B.C.D (ask
+ * the host on the first virtio-net device's network for peer's MAC by ARP, and check the answer),
+ * virtio_mmio=0xADDR[,0xADDR...] (virtio-mmio windows to look for those devices in before PCI),
  * exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
  * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
  *
@@ -148,8 +150,8 @@ void kmain(uint32_t magic, const struct mb_info *mb)
             check_smp(cpus);
         if (arg_number("echo", 0))
             check_echo();
-        if (arg_number("disk", 0))
-            check_disk();
+        if (arg_number("disk", 0) || arg_is("disk", "reconnect"))
+            check_disk(arg_is("disk", "reconnect"));
         if (arg_number("net", 0))
             check_net();
         if (arg_number("cpuid", 0))

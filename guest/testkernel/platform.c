@@ -33,7 +33,7 @@ uint32_t pm_timer(void)
 }
 
 /* Wait `ticks` of the PM timer (at most half its range). */
-static void delay(uint32_t ticks)
+void delay(uint32_t ticks)
 {
     uint32_t start = pm_timer();
     while (((pm_timer() - start) & pm_timer_mask) < ticks)

@@ -58,6 +58,7 @@ void check_dmar(uint32_t iommu, uint32_t intremap);
 int dmar_ioapic_scope(uint32_t *unit, uint16_t *sid);
 void check_smp(uint32_t cpus);
 void check_echo(void);
+void delay(uint32_t ticks);
 
 /* ioapic.c: interrupts through the IOAPIC, and through the VT-d unit's IRTEs (ioapic=1|2). */
 void check_ioapic(int remap);
@@ -73,8 +74,37 @@ void rtc_set(uint8_t index, uint8_t value);
 /* highmem.c: RAM above 4 GiB, written and read back under PAE paging. */
 void check_highmem(const struct mb_info *mb, uint32_t mib);
 
-/* virtio.c: the devices on virtio-pci. */
-void check_disk(void);
+/* virtio.c: a virtio device on virtio-mmio or virtio-pci, and its split virtqueues. */
+#define VQ_SIZE 8
+#define STATUS_NEEDS_RESET 0x40
+struct vdev {
+    int mmio;                   /* 1: a virtio-mmio window; 0: a virtio-pci function */
+    uint32_t common;            /* the window, or the common configuration */
+    uint32_t device;            /* the device configuration */
+    uint32_t dev, notify, multiplier; /* virtio-pci: slot, notify area and its multiplier */
+};
+struct vq_desc { uint64_t addr; uint32_t len; uint16_t flags, next; };
+struct vq {
+    struct vq_desc desc[VQ_SIZE];
+    volatile uint16_t avail[2 + VQ_SIZE + 1];
+    volatile uint32_t used[1 + 2 * VQ_SIZE + 1];
+    const struct vdev *dev;
+    uint32_t notify;
+    uint16_t index, next_avail, used_seen;
+} __attribute__((aligned(16)));
+int vdev_find(struct vdev *v, uint32_t id, const char *what, const char *name);
+uint8_t vdev_status(const struct vdev *v);
+int vdev_reset(const struct vdev *v);
+int vdev_negotiate(const struct vdev *v, uint32_t wanted);
+int vdev_queue(const struct vdev *v, uint16_t index, struct vq *q);
+void vdev_driver_ok(const struct vdev *v);
+void vq_submit(struct vq *q, uint16_t head);
+uint16_t vq_used_idx(const struct vq *q);
+int vq_wait(const struct vq *q, uint32_t ticks);
+
+/* virtio_blk.c: a virtio-blk disk (disk=1), and the same across a backend's restart
+ * (disk=reconnect). virtio_net.c: a virtio-net card (net=1). */
+void check_disk(int reconnect);
 void check_net(void);
 
 #include "../portio.h"
@@ -84,4 +114,8 @@ static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); re
 #include "../firmware.h"
 static inline uint32_t mmio32(uint32_t addr) { return *(volatile uint32_t *)addr; }
 static inline void mmio_write32(uint32_t addr, uint32_t v) { *(volatile uint32_t *)addr = v; }
+static inline uint16_t mmio16(uint32_t addr) { return *(volatile uint16_t *)addr; }
+static inline void mmio_write16(uint32_t addr, uint16_t v) { *(volatile uint16_t *)addr = v; }
+static inline uint8_t mmio8(uint32_t addr) { return *(volatile uint8_t *)addr; }
+static inline void mmio_write8(uint32_t addr, uint8_t v) { *(volatile uint8_t *)addr = v; }
 #endif

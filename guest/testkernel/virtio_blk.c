@@ -1,0 +1,126 @@
+/* virtio-blk (virtio 1.2 §5.2), driven through virtio.c on either transport.
+ *
+ * disk=1: write sector 1, flush, read it back, ask for the ID, and read past the end, which
+ * must answer IOERR. disk=reconnect: write and read back sector 1 in rounds while the test
+ * kills the backend and starts it again; when the device shows DEVICE_NEEDS_RESET (§2.1.2)
+ * print a marker line, reset it, set it up again and go on until a round after a reset reads
+ * back what it wrote. */
+#include <stdint.h>
+
+#include "testkernel.h"
+
+#define BLK_T_IN 0
+#define BLK_T_OUT 1
+#define BLK_T_FLUSH 4
+#define BLK_T_GET_ID 8
+#define BLK_S_OK 0
+#define BLK_S_IOERR 1
+#define NO_ANSWER 0xff
+/* How long a request may take: a backend on a busy host is slow, a dead one never answers. */
+#define REQUEST_TICKS (PM_TIMER_HZ * 5)
+/* disk=reconnect: how long it goes on, and the pause after a failed set-up or round. */
+#define RECONNECT_TICKS (PM_TIMER_HZ * 120)
+#define RECONNECT_PAUSE (PM_TIMER_HZ / 5)
+
+static struct vdev blk_dev;
+static struct vq blk_q;
+static uint8_t blk_header[16] __attribute__((aligned(16)));
+static uint8_t blk_data[1024], blk_check[1024];
+static volatile uint8_t blk_status;
+
+/* One request: a header of type and sector, data of len bytes (device-writable if in), the
+ * status byte. Returns the status, or NO_ANSWER if the device never answered. */
+static uint8_t blk_request(uint32_t type, uint32_t sector, void *data, uint32_t len, int in)
+{
+    memset(blk_header, 0, sizeof blk_header);
+    memcpy(blk_header, &type, 4);
+    memcpy(blk_header + 8, &sector, 4);
+    blk_status = NO_ANSWER;
+    uint32_t n = 0;
+    blk_q.desc[n] = (struct vq_desc){ (uint32_t)blk_header, 16, 1, n + 1 };
+    n++;
+    if (len) {
+        blk_q.desc[n] = (struct vq_desc){ (uint32_t)data, len, (uint16_t)(1 | (in ? 2 : 0)), n + 1 };
+        n++;
+    }
+    blk_q.desc[n] = (struct vq_desc){ (uint32_t)&blk_status, 1, 2, 0 };
+    vq_submit(&blk_q, 0);
+    return vq_wait(&blk_q, REQUEST_TICKS) ? blk_status : NO_ANSWER;
+}
+
+/* Negotiate (no feature asked), give the device its queue, DRIVER_OK; whether it took them. */
+static int blk_setup(void)
+{
+    if (!vdev_negotiate(&blk_dev, 0) || !vdev_queue(&blk_dev, 0, &blk_q))
+        return 0;
+    vdev_driver_ok(&blk_dev);
+    return !(vdev_status(&blk_dev) & STATUS_NEEDS_RESET);
+}
+
+/* Write sector 1 with a pattern that `seed` varies, flush, read it back: whether all three
+ * answered OK and the bytes match. */
+static int blk_round(uint32_t seed)
+{
+    for (uint32_t i = 0; i < 512; i++)
+        blk_data[i] = (uint8_t)(i * 7 + seed);
+    memset(blk_check, 0, 512);
+    return blk_request(BLK_T_OUT, 1, blk_data, 512, 0) == BLK_S_OK &&
+           blk_request(BLK_T_FLUSH, 0, 0, 0, 0) == BLK_S_OK &&
+           blk_request(BLK_T_IN, 1, blk_check, 512, 1) == BLK_S_OK &&
+           fw_equal(blk_check, blk_data, 512);
+}
+
+/* Rounds until one after a reset reads back what it wrote (its bytes, seed 2, stay on the
+ * disk), for at most RECONNECT_TICKS. */
+static void blk_reconnect(void)
+{
+    uint32_t resets = 0, rounds = 0, ready = 1, waited = 0, last = pm_timer();
+    while (waited < RECONNECT_TICKS) {
+        if (vdev_status(&blk_dev) & STATUS_NEEDS_RESET) {
+            print("testkernel: disk: DEVICE_NEEDS_RESET, resetting (%u)\n", ++resets);
+            ready = 0;
+        }
+        if (!ready)
+            ready = blk_setup();
+        if (ready && blk_round(resets ? 2 : 1)) {
+            rounds++;
+            if (resets)
+                break;
+        } else
+            delay(RECONNECT_PAUSE);
+        uint32_t now = pm_timer();
+        waited += (now - last) & pm_timer_mask;
+        last = now;
+    }
+    check(resets > 0 && rounds > 0 && waited < RECONNECT_TICKS,
+          "disk: read back after %u resets (%u good rounds)", resets, rounds);
+}
+
+void check_disk(int reconnect)
+{
+    if (!vdev_find(&blk_dev, 2, "disk", "virtio-blk"))
+        return;
+    uint32_t sectors = mmio32(blk_dev.device);
+    if (!check(blk_setup(), "disk: FEATURES_OK, %u sectors", sectors))
+        return;
+    for (uint32_t i = 0; i < 512; i++)
+        blk_data[i] = (uint8_t)(i * 7 + 1);
+    uint8_t st = blk_request(BLK_T_OUT, 1, blk_data, 512, 0);
+    check(st == BLK_S_OK, "disk: sector 1 written, status %u", st);
+    st = blk_request(BLK_T_FLUSH, 0, 0, 0, 0);
+    check(st == BLK_S_OK, "disk: flushed, status %u", st);
+    memset(blk_check, 0, sizeof blk_check);
+    st = blk_request(BLK_T_IN, 1, blk_check, 512, 1);
+    check(st == BLK_S_OK && fw_equal(blk_check, blk_data, 512),
+          "disk: sector 1 read back, status %u", st);
+    if (reconnect) {
+        blk_reconnect();
+        return;
+    }
+    memset(blk_check, 0, 21);
+    st = blk_request(BLK_T_GET_ID, 0, blk_check, 20, 1);
+    check(st == BLK_S_OK && blk_check[0] != 0, "disk: ID '%s', status %u",
+          (const char *)blk_check, st);
+    st = blk_request(BLK_T_IN, sectors, blk_check, 512, 1);
+    check(st == BLK_S_IOERR, "disk: a read past the end answered IOERR (status %u)", st);
+}
