@@ -97,9 +97,15 @@ pub struct RunArgs {
     /// is locked as QEMU locks its own: one VM writes it, or any number read it; an image in
     /// use elsewhere is refused, unless `locking=off` (for those who know the two may share
     /// it). Its capacity is the image's whole 512-byte sectors; its serial the file's name.
+    /// `vhost-user=SOCKET`: a disk whose queues the vhost-user backend listening on SOCKET
+    /// serves (qemu-storage-daemon's `--export type=vhost-user-blk`), which opens the image
+    /// itself (so no `ro` or `locking=`); `queues=N` queues (1 to 255, default 1);
+    /// `reconnect=SECONDS`: how long exitless keeps trying to connect again, every 100 ms,
+    /// after the backend goes away (default 0: once, at the driver's reset). Guest RAM is then
+    /// a shared memfd the backend maps.
     #[arg(
         long,
-        value_name = "FILE[,ro][,locking=on|off][,transport=pci|mmio]",
+        value_name = "FILE[,ro][,locking=on|off][,transport=pci|mmio]|vhost-user=SOCKET[,queues=N][,transport=pci|mmio][,reconnect=SECONDS]",
         value_parser = OsStringValueParser::new().try_map(|arg| DiskConfig::parse(&arg))
     )]
     pub disk: Vec<DiskConfig>,
@@ -111,9 +117,12 @@ pub struct RunArgs {
     /// from its name, printed at start; with no link, 52:54:00:7e:57:N for the Nth device),
     /// `queues=N` queue pairs (a tap made with `multi_queue`; default 1),
     /// `transport=mmio` for virtio-mmio instead of virtio-pci.
+    /// `vhost-user=SOCKET`: the vhost-user backend listening on SOCKET (DPDK testpmd's
+    /// `net_vhost`, for one) moves the frames, its `queues=N` queue pairs; `reconnect=SECONDS`
+    /// as for `--disk vhost-user=`. Guest RAM is then a shared memfd the backend maps.
     #[arg(
         long,
-        value_name = "tap=NAME|none[,mac=MAC][,queues=N][,transport=pci|mmio]",
+        value_name = "tap=NAME|none|vhost-user=SOCKET[,mac=MAC][,queues=N][,transport=pci|mmio][,reconnect=SECONDS]",
         value_parser = clap::value_parser!(VirtioNetConfig)
     )]
     pub net: Vec<VirtioNetConfig>,

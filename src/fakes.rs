@@ -58,6 +58,15 @@ impl FakeRoutes {
         self.routes.lock().unwrap().committed.get(&gsi).copied()
     }
 
+    /// The committed route of the GSI `irqfd` belongs to: the message a signal on it delivers
+    /// now. None when its GSI's route is not committed (only staged, or none), or the irqfd is
+    /// not one of this table's.
+    pub fn committed_route_of(&self, irqfd: &Arc<EventFd>) -> Option<(u64, u32)> {
+        let r = self.routes.lock().unwrap();
+        let (gsi, _) = r.irqfds.iter().find(|(_, fd)| Arc::ptr_eq(fd, irqfd))?;
+        r.committed.get(gsi).copied()
+    }
+
     /// How many commits were made.
     pub fn commits(&self) -> u64 {
         self.routes.lock().unwrap().commits

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use exitless::fakes::FakeRoutes;
 use exitless::irq::msi::is_valid_message;
 use exitless::irq::regs::MSI_ADDRESS_BASE;
-use exitless::irq::{CommitStrategy, MsiChange, MsiVectors};
+use exitless::irq::{CommitStrategy, MsiChange, MsiVectors, Signaller};
 use exitless::logging::DeviceLog;
 use libfuzzer_sys::fuzz_target;
 
@@ -158,7 +158,7 @@ fuzz_target!(|data: &[u8]| {
     let strategy = STRATEGIES[usize::from(strategy) % STRATEGIES.len()];
     let count = 1 + usize::from(count) % 16;
     let routes = Arc::new(FakeRoutes::with_strategy(strategy));
-    let table = MsiVectors::new(routes.clone(), count, DeviceLog::new("fuzz")).unwrap();
+    let table = MsiVectors::new(routes.clone(), count, DeviceLog::new("fuzz"), Signaller::Vmm).unwrap();
     let mut model = Model::new(count);
     for _ in 0..256 {
         if input.0.is_empty() {

@@ -13,7 +13,7 @@ pub mod regs {
     include!("regs.rs");
 }
 
-pub use msi::{MsiChange, MsiVectors};
+pub use msi::{MsiChange, MsiVectors, Signaller, VectorWatcher};
 pub use remap::{MessageRemapper, RemappedRoutes};
 pub use routing::{CommitStats, CommitStrategy, GsiRouting, MsiGsi};
 

@@ -50,13 +50,15 @@ pub enum CommitStrategy {
     Batched,
     /// Guest accesses only stage changes; the first message the VMM sends on a vector whose
     /// route is staged commits everything staged so far, before its irqfd is written. An
-    /// outside signaller (vhost, VFIO) writes its irqfd without the VMM, so it would need a
-    /// commit where its irqfd is handed out; exitless has none yet, and does not build that.
+    /// outside signaller (a vhost-user backend) writes its irqfd without the VMM, so it is
+    /// handed the irqfd only once the route is committed, and signals the VMM until then
+    /// (the rule is stated in `irq/msi/mod.rs`).
     FirstUse,
     /// No routes and no irqfds: vectors only the VMM signals are injected with
     /// `KVM_SIGNAL_MSI` (api.rst §4.71), as QEMU's userspace devices do. The default: every
     /// exitless device signals its own vectors, and `exitless bench` measures it cheapest at
-    /// enable, in the unmask burst and on request/response traffic.
+    /// enable, in the unmask burst and on request/response traffic. Vectors an outside
+    /// signaller writes are routed anyway, batched (`irq/msi/mod.rs`).
     #[default]
     Direct,
 }

@@ -1,6 +1,9 @@
 //! What a machine is made of: RAM, vCPUs, how ECAM is served, the console, the platform
 //! devices, the virtio devices.
 
+mod vhost_user;
+
+use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
@@ -11,6 +14,7 @@ use crate::machine::layout;
 use crate::pci::EcamMode;
 use crate::virtio::notify::NotifyPath;
 pub use crate::vm::cpuid::CpuTemplate;
+pub use vhost_user::{MAX_DISK_QUEUES, MAX_RECONNECT_SECS, VhostUserConfig};
 
 /// Most virtio-pci devices: PCI device numbers from `VIRTIO_PCI_FIRST_DEVICE` to 31.
 pub const MAX_VIRTIO_PCI: usize = 32 - layout::VIRTIO_PCI_FIRST_DEVICE as usize;
@@ -77,6 +81,16 @@ impl Default for MachineConfig {
     }
 }
 
+impl MachineConfig {
+    /// Whether a vhost-user backend serves any device: guest RAM must then be shareable.
+    pub fn has_vhost_user(&self) -> bool {
+        self.virtio
+            .iter()
+            .any(|n| matches!(n.backend, NetBackendKind::VhostUser(_)))
+            || self.disks.iter().any(|d| d.vhost_user.is_some())
+    }
+}
+
 /// Where a machine's serial console goes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Console {
@@ -121,6 +135,8 @@ pub enum NetBackendKind {
     /// The host's tap interface of this name ([`crate::virtio::net::tap::Tap`]), one tap
     /// queue per queue pair (IFF_MULTI_QUEUE when there are several).
     Tap(String),
+    /// A vhost-user backend serves the queues; its `queues` are the device's queue pairs.
+    VhostUser(VhostUserConfig),
 }
 
 /// A virtio-net device of a machine.
@@ -176,10 +192,10 @@ fn name_hash(name: &str) -> [u8; 3] {
 }
 
 /// A virtio-blk device of a machine: a raw image (a file or a block device), sector `n` at
-/// byte `512 n`.
+/// byte `512 n`, or a vhost-user backend's disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiskConfig {
-    /// The image.
+    /// The image; empty for a vhost-user disk.
     pub path: PathBuf,
     /// Opened read-only; the device offers VIRTIO_BLK_F_RO and refuses writes.
     pub read_only: bool,
@@ -188,6 +204,8 @@ pub struct DiskConfig {
     pub locking: bool,
     /// Its transport.
     pub transport: Transport,
+    /// The backend serving its queues, instead of an image exitless opens.
+    pub vhost_user: Option<VhostUserConfig>,
 }
 
 impl DiskConfig {
@@ -198,6 +216,17 @@ impl DiskConfig {
             read_only: false,
             locking: true,
             transport: Transport::Pci,
+            vhost_user: None,
+        }
+    }
+
+    /// A one-queue disk behind virtio-pci whose backend listens on `socket`: the backend opens
+    /// the image, so exitless neither locks it nor decides whether it is writable.
+    pub fn vhost_user(socket: PathBuf) -> Self {
+        DiskConfig {
+            locking: false,
+            vhost_user: Some(VhostUserConfig::new(socket)),
+            ..DiskConfig::new(PathBuf::new())
         }
     }
 }
@@ -217,8 +246,30 @@ pub enum ConfigSyntaxError {
     #[error("`{0}` given twice: give each option once")]
     Twice(String),
     /// A network device that does not start with its backend.
-    #[error("`{0}`: tap=NAME or none first")]
+    #[error("`{0}`: tap=NAME or none first, or vhost-user=SOCKET")]
     NetBackend(String),
+    /// `vhost-user=` with no socket.
+    #[error("vhost-user= needs the backend's socket: vhost-user=SOCKET")]
+    NoSocket,
+    /// An option for images exitless opens, given to a vhost-user disk.
+    #[error(
+        "`{0}` does not go with vhost-user: the backend opens the image and decides (qemu-storage-daemon's --export writable=on|off, its own locking)"
+    )]
+    NotWithVhostUser(String),
+    /// An option only vhost-user devices take.
+    #[error("`{0}`: for vhost-user devices only (vhost-user=SOCKET first)")]
+    VhostUserOnly(String),
+    /// An option a vhost-user device does not take.
+    #[error("unknown option `{0}` ({1})")]
+    VhostUserOption(String, &'static str),
+    /// A queue count a vhost-user disk's MSI-X table cannot hold (or not a number).
+    #[error("queues={0}: 1 to {MAX_DISK_QUEUES} queues")]
+    DiskQueues(String),
+    /// A reconnect time that is not whole seconds in range.
+    #[error(
+        "reconnect={0}: whole seconds, 0 (try once, at the driver's reset) to {MAX_RECONNECT_SECS}"
+    )]
+    Reconnect(String),
     /// A queue-pair count the MSI-X table cannot hold (or not a number).
     #[error("queues={0}: 1 to {MAX_QUEUE_PAIRS} queue pairs")]
     QueuePairs(String),
@@ -230,33 +281,89 @@ pub enum ConfigSyntaxError {
     Mac(String),
 }
 
+/// What a vhost-user device of each kind takes, for the unknown option's message.
+const VHOST_USER_DISK_OPTIONS: &str = "queues=N, transport=pci|mmio, reconnect=SECONDS";
+const VHOST_USER_NET_OPTIONS: &str = "mac=MAC, queues=N, transport=pci|mmio, reconnect=SECONDS";
+
 impl DiskConfig {
-    /// `FILE[,ro][,locking=on|off][,transport=pci|mmio]`, `exitless run --disk`'s syntax. FILE
-    /// is any bytes a path may hold, a comma in it written twice as QEMU's options write one
-    /// (`a,,b` is the file `a,b`). The image is opened when the machine is built.
+    /// `FILE[,ro][,locking=on|off][,transport=pci|mmio]` or
+    /// `vhost-user=SOCKET[,queues=N][,transport=pci|mmio][,reconnect=SECONDS]`, `exitless run
+    /// --disk`'s syntax. FILE and SOCKET are any bytes a path may hold, a comma in them written
+    /// twice as QEMU's options write one (`a,,b` is the file `a,b`); a file whose name starts
+    /// with `vhost-user=` is written `./vhost-user=...`. The image is opened (the backend
+    /// connected) when the machine is built.
     pub fn parse(arg: &OsStr) -> Result<Self, ConfigSyntaxError> {
-        let (path, options) = split_path(arg.as_bytes());
-        if path.is_empty() {
-            return Err(ConfigSyntaxError::NoFile);
-        }
-        let mut disk = DiskConfig::new(OsString::from_vec(path));
+        let (mut disk, options) = match arg.as_bytes().strip_prefix(b"vhost-user=") {
+            Some(socket) => {
+                let (socket, options) = vhost_user_socket(socket)?;
+                (DiskConfig::vhost_user(socket), options)
+            }
+            None => {
+                let (path, options) = split_path(arg.as_bytes());
+                if path.is_empty() {
+                    return Err(ConfigSyntaxError::NoFile);
+                }
+                (DiskConfig::new(OsString::from_vec(path)), options)
+            }
+        };
         let Some(options) = options else {
             return Ok(disk);
         };
         let (options, mut seen) = (String::from_utf8_lossy(options), Vec::new());
         for option in options.split(',') {
-            let unknown = || ConfigSyntaxError::DiskOption(option.into());
             once(&mut seen, option)?;
-            match option.split_once('=').unwrap_or((option, "")) {
-                ("ro", "") => disk.read_only = true,
-                ("locking", on) => disk.locking = on_off(on).ok_or_else(unknown)?,
-                ("transport", "pci") => disk.transport = Transport::Pci,
-                ("transport", "mmio") => disk.transport = Transport::Mmio,
-                _ => return Err(unknown()),
-            }
+            disk.apply(option)?;
         }
         Ok(disk)
     }
+
+    /// Apply one option of `--disk`.
+    fn apply(&mut self, option: &str) -> Result<(), ConfigSyntaxError> {
+        let (name, value) = option.split_once('=').unwrap_or((option, ""));
+        match (name, value, &mut self.vhost_user) {
+            ("transport", "pci", _) => self.transport = Transport::Pci,
+            ("transport", "mmio", _) => self.transport = Transport::Mmio,
+            ("ro" | "locking", _, Some(_)) => {
+                return Err(ConfigSyntaxError::NotWithVhostUser(name.into()));
+            }
+            ("ro", "", None) => self.read_only = true,
+            ("locking", on, None) => {
+                self.locking =
+                    on_off(on).ok_or_else(|| ConfigSyntaxError::DiskOption(option.into()))?;
+            }
+            ("queues", n, Some(v)) => {
+                v.queues = vhost_user::parse_queues(n, MAX_DISK_QUEUES)
+                    .ok_or_else(|| ConfigSyntaxError::DiskQueues(n.into()))?;
+            }
+            ("reconnect", secs, Some(v)) => set_reconnect(v, secs)?,
+            ("queues" | "reconnect", _, None) => {
+                return Err(ConfigSyntaxError::VhostUserOnly(option.into()));
+            }
+            (_, _, Some(_)) => {
+                return Err(ConfigSyntaxError::VhostUserOption(
+                    option.into(),
+                    VHOST_USER_DISK_OPTIONS,
+                ));
+            }
+            (_, _, None) => return Err(ConfigSyntaxError::DiskOption(option.into())),
+        }
+        Ok(())
+    }
+}
+
+/// `reconnect=SECONDS` of a vhost-user device.
+fn set_reconnect(v: &mut VhostUserConfig, secs: &str) -> Result<(), ConfigSyntaxError> {
+    v.set_reconnect(secs)
+        .ok_or_else(|| ConfigSyntaxError::Reconnect(secs.into()))
+}
+
+/// A vhost-user device's SOCKET, written as a disk's FILE is, and what follows it.
+fn vhost_user_socket(arg: &[u8]) -> Result<(PathBuf, Option<&[u8]>), ConfigSyntaxError> {
+    let (socket, options) = split_path(arg);
+    if socket.is_empty() {
+        return Err(ConfigSyntaxError::NoSocket);
+    }
+    Ok((OsString::from_vec(socket).into(), options))
 }
 
 /// A disk's FILE, its doubled commas made single, and what follows the first single comma.
@@ -295,46 +402,80 @@ fn once<'a>(seen: &mut Vec<&'a str>, option: &'a str) -> Result<(), ConfigSyntax
     Ok(())
 }
 
-/// `tap=NAME|none[,mac=MAC][,queues=N][,transport=pci|mmio]`, `exitless run --net`'s syntax.
-/// The tap is opened when the machine is built.
+/// `tap=NAME|none|vhost-user=SOCKET[,mac=MAC][,queues=N][,transport=pci|mmio]
+/// [,reconnect=SECONDS]`, `exitless run --net`'s syntax (`reconnect=` for vhost-user only; a
+/// comma in SOCKET is written twice, as in a disk's FILE). The tap is opened (the backend
+/// connected) when the machine is built.
 impl std::str::FromStr for VirtioNetConfig {
     type Err = ConfigSyntaxError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut parts = s.split(',');
-        let backend = match parts.next().unwrap_or_default() {
-            "none" => NetBackendKind::Sink,
-            tap => match tap.strip_prefix("tap=") {
-                Some(name) if !name.is_empty() => NetBackendKind::Tap(name.into()),
-                _ => return Err(ConfigSyntaxError::NetBackend(tap.into())),
-            },
+        let (backend, options) = match s.strip_prefix("vhost-user=") {
+            Some(socket) => {
+                let (socket, options) = vhost_user_socket(socket.as_bytes())?;
+                let backend = NetBackendKind::VhostUser(VhostUserConfig::new(socket));
+                (backend, options.map(String::from_utf8_lossy))
+            }
+            None => {
+                let (first, options) = s.split_once(',').map_or((s, None), |(f, o)| (f, Some(o)));
+                let backend = match first {
+                    "none" => NetBackendKind::Sink,
+                    tap => match tap.strip_prefix("tap=") {
+                        Some(name) if !name.is_empty() => NetBackendKind::Tap(name.into()),
+                        _ => return Err(ConfigSyntaxError::NetBackend(tap.into())),
+                    },
+                };
+                (backend, options.map(Cow::Borrowed))
+            }
         };
         let mut net = VirtioNetConfig {
             backend,
             ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
         };
         let mut seen = Vec::new();
-        for option in parts {
+        for option in options.iter().flat_map(|o| o.split(',')) {
             once(&mut seen, option)?;
-            match option.split_once('=') {
-                Some(("mac", mac)) => net.mac = Some(parse_mac(mac)?),
-                Some(("queues", n)) => {
-                    net.queue_pairs = n
-                        .parse()
-                        .ok()
-                        .filter(|&n| (1..=MAX_QUEUE_PAIRS).contains(&usize::from(n)))
-                        .ok_or_else(|| ConfigSyntaxError::QueuePairs(n.into()))?;
-                }
-                Some(("transport", "pci")) => net.transport = Transport::Pci,
-                // QueueNotify with its queue index: the doorbell a standard driver uses never
-                // exits (the per-queue pages are the MSI extension's).
-                Some(("transport", "mmio")) => {
-                    (net.transport, net.notify) = (Transport::Mmio, NotifyPath::Datamatch);
-                }
-                _ => return Err(ConfigSyntaxError::NetOption(option.into())),
-            }
+            net.apply(option)?;
+        }
+        if let NetBackendKind::VhostUser(v) = &mut net.backend {
+            v.queues = net.queue_pairs;
         }
         Ok(net)
+    }
+}
+
+impl VirtioNetConfig {
+    /// Apply one option of `--net`.
+    fn apply(&mut self, option: &str) -> Result<(), ConfigSyntaxError> {
+        let vhost_user = match &mut self.backend {
+            NetBackendKind::VhostUser(v) => Some(v),
+            _ => None,
+        };
+        match (option.split_once('='), vhost_user) {
+            (Some(("mac", mac)), _) => self.mac = Some(parse_mac(mac)?),
+            (Some(("queues", n)), _) => {
+                self.queue_pairs = vhost_user::parse_queues(n, MAX_QUEUE_PAIRS)
+                    .ok_or_else(|| ConfigSyntaxError::QueuePairs(n.into()))?;
+            }
+            (Some(("transport", "pci")), _) => self.transport = Transport::Pci,
+            // QueueNotify with its queue index: the doorbell a standard driver uses never
+            // exits (the per-queue pages are the MSI extension's).
+            (Some(("transport", "mmio")), _) => {
+                (self.transport, self.notify) = (Transport::Mmio, NotifyPath::Datamatch);
+            }
+            (Some(("reconnect", secs)), Some(v)) => set_reconnect(v, secs)?,
+            (Some(("reconnect", _)), None) => {
+                return Err(ConfigSyntaxError::VhostUserOnly(option.into()));
+            }
+            (_, Some(_)) => {
+                return Err(ConfigSyntaxError::VhostUserOption(
+                    option.into(),
+                    VHOST_USER_NET_OPTIONS,
+                ));
+            }
+            (_, None) => return Err(ConfigSyntaxError::NetOption(option.into())),
+        }
+        Ok(())
     }
 }
 
@@ -362,15 +503,4 @@ fn parse_mac(s: &str) -> Result<[u8; 6], ConfigSyntaxError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A tap's MAC is pinned here: a guest keeps its MAC across exitless versions too.
-    #[test]
-    fn a_taps_mac_is_its_names_and_prints_as_mac_takes_it() {
-        assert_eq!(format_mac(tap_mac("tap0")), "52:54:00:50:e6:72");
-        assert_eq!(format_mac(tap_mac("tap1")), "52:54:00:51:e7:ad");
-        let printed = format_mac(tap_mac("br0-vm7"));
-        assert_eq!(parse_mac(&printed), Ok(tap_mac("br0-vm7")));
-    }
-}
+mod tests;

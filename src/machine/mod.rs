@@ -37,7 +37,7 @@ use crate::vm::{self, Vm, VmError};
 
 pub use config::{
     Console, CpuTemplate, DiskConfig, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig,
-    NetBackendKind, Overflow, Platform, Transport, VirtioNetConfig,
+    NetBackendKind, Overflow, Platform, Transport, VhostUserConfig, VirtioNetConfig,
 };
 pub use layout::{LayoutError, MemoryLayout};
 pub use loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
@@ -83,6 +83,11 @@ pub enum MachineError {
     /// A queue-pair count virtio-pci's MSI-X table cannot give vectors to.
     #[error("{0} queue pairs: a virtio-net device here has 1 to {MAX_QUEUE_PAIRS}")]
     QueuePairs(usize),
+    /// A vhost-user device, which this build does not wire to a machine yet.
+    #[error(
+        "vhost-user devices (--net vhost-user=, --disk vhost-user=) are not wired to the machine in this build yet: leave them out"
+    )]
+    VhostUserNotWired,
     /// More ops than the contract holds.
     #[error("{0} ops requested; the probe holds at most {max}", max = crate::contract::MAX_OPS)]
     TooManyOps(usize),
@@ -117,6 +122,16 @@ pub enum MachineError {
     /// The guest stopped abnormally.
     #[error("the probe guest stopped abnormally ({0:?}); its console said:\n{1}")]
     GuestFailed(StopReason, String),
+}
+
+/// Guest RAM a vhost-user backend can map where one serves a device; elsewhere private
+/// memory, which keeps transparent huge pages (docs/run.md).
+fn ram_backing(cfg: &MachineConfig) -> vm::RamBacking {
+    if cfg.has_vhost_user() {
+        vm::RamBacking::SharedMemfd
+    } else {
+        vm::RamBacking::Private
+    }
 }
 
 pub(crate) fn host_err(what: &'static str) -> impl FnOnce(std::io::Error) -> MachineError {
@@ -178,13 +193,23 @@ pub struct Ran {
 impl Machine {
     /// Build the machine `cfg` describes, with `board`'s devices if any.
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
+        // Until the vhost-user frontend is wired (issue 21), the one place such a machine is
+        // refused, before anything is built.
+        if cfg.has_vhost_user() {
+            return Err(MachineError::VhostUserNotWired);
+        }
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
         let irqchip = if cfg.split_irqchip {
             vm::Irqchip::Split { pins: PINS }
         } else {
             vm::Irqchip::InKernel
         };
-        let mut vm = Vm::with_irqchip(&layout.ram_regions(), cfg.dump_guest_memory, irqchip)?;
+        let mut vm = Vm::with_irqchip(
+            &layout.ram_regions(),
+            cfg.dump_guest_memory,
+            irqchip,
+            ram_backing(cfg),
+        )?;
         let control = Arc::new(RunControl::default());
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
         let extra = board.as_ref().map_or(0, |b| b.bus_devices());
@@ -276,5 +301,19 @@ impl Machine {
     /// What the guest wrote to its console (empty when it went to stdout).
     pub fn console(&self) -> String {
         String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vhost_user_device_is_refused_until_it_is_wired() {
+        let mut cfg = MachineConfig::default();
+        cfg.disks
+            .push(DiskConfig::vhost_user("/nonexistent/qsd.sock".into()));
+        let refused = Machine::new(&cfg, None).err();
+        assert!(matches!(refused, Some(MachineError::VhostUserNotWired)));
     }
 }

@@ -433,6 +433,7 @@ fn add_virtio_net(
                 .into_iter()
                 .map(|tap| Box::new(tap) as Box<dyn NetBackend>)
                 .collect(),
+            NetBackendKind::VhostUser(_) => return Err(MachineError::VhostUserNotWired),
         };
         let net = VirtioNet::parts(mac, backends);
         let placement = Placement {

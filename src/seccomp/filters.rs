@@ -269,6 +269,9 @@ fn building_machines() -> Vec<Allowed> {
         ),
         sys!(SYS_epoll_create1),
         sys!(SYS_epoll_ctl),
+        // Guest RAM a vhost-user backend can map (`vm::RamBacking::SharedMemfd`): one memfd,
+        // close-on-exec, sized with ftruncate (below) and mapped shared.
+        sys!(SYS_memfd_create).only(1, [u64::from(libc::MFD_CLOEXEC)]),
         // A socket to name a tap to the kernel by (netdevice(7)): whether it exists, and
         // bringing up one the run created (`virtio::net::tap`).
         sys!(SYS_socket).only(0, [value(libc::AF_UNIX)]),

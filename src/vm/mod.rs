@@ -8,13 +8,17 @@ pub mod shadow;
 pub mod sleep;
 pub mod vcpu;
 
+use std::fs::File;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use kvm_bindings::{
     KVM_API_VERSION, KVM_CAP_SPLIT_IRQCHIP, kvm_enable_cap, kvm_userspace_memory_region,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MmapRegion};
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MmapRegion,
+};
 
 use shadow::ShadowRegion;
 
@@ -90,6 +94,59 @@ fn open_kvm(path: &std::ffi::CStr) -> Result<Kvm, VmError> {
     }
 }
 
+/// What guest RAM is made of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RamBacking {
+    /// Anonymous private memory: only exitless and KVM map it. Cheaper to fault in and to free
+    /// than the memfd (docs/run.md), and it gets transparent huge pages where the host gives
+    /// them to anonymous memory unasked (`transparent_hugepage/enabled` = `always`).
+    #[default]
+    Private,
+    /// One memfd, mapped shared: every region is a [`FileOffset`] into it, at consecutive
+    /// offsets, so another process (a vhost-user backend, `VHOST_USER_SET_MEM_TABLE`) can map
+    /// the same pages. Huge pages here follow `transparent_hugepage/shmem_enabled` instead.
+    SharedMemfd,
+}
+
+/// A memfd of `size` bytes for guest RAM (memfd_create(2), close-on-exec; no seals: exitless
+/// never hands it to anyone it must defend its size against). By hand: one call libc has, and
+/// no crate in the tree wraps it.
+fn ram_memfd(size: usize) -> Result<File, String> {
+    // SAFETY: the name is a NUL-terminated string literal; the call reads nothing else.
+    let fd = unsafe { libc::memfd_create(c"exitless-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is a descriptor memfd_create just opened, owned by nothing else.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(size as u64)
+        .map_err(|e| format!("size the guest RAM memfd (ftruncate): {e}"))?;
+    Ok(file)
+}
+
+/// Map guest RAM in `ram`, `(guest-physical base, bytes)` regions in address order, backed as
+/// `backing` says.
+fn map_ram(ram: &[(u64, usize)], backing: RamBacking) -> Result<GuestMemoryMmap, VmError> {
+    let size = ram.iter().map(|r| r.1).sum();
+    let memory_error = |reason: String| VmError::Memory { size, reason };
+    let memfd = match backing {
+        RamBacking::Private => None,
+        RamBacking::SharedMemfd => Some(Arc::new(ram_memfd(size).map_err(memory_error)?)),
+    };
+    let mut offset = 0;
+    let ranges: Vec<(GuestAddress, usize, Option<FileOffset>)> = ram
+        .iter()
+        .map(|&(base, len)| {
+            let file = memfd
+                .as_ref()
+                .map(|f| FileOffset::from_arc(f.clone(), offset));
+            offset += len as u64;
+            (GuestAddress(base), len, file)
+        })
+        .collect();
+    GuestMemoryMmap::<()>::from_ranges_with_files(&ranges).map_err(|e| memory_error(e.to_string()))
+}
+
 /// Leave guest RAM out of the VMM's core dumps (madvise(2) MADV_DONTDUMP): it is the guest's
 /// data, not the VMM's state, and as large as the guest's memory.
 fn exclude_from_core_dumps(memory: &GuestMemoryMmap) -> Result<(), VmError> {
@@ -147,17 +204,19 @@ pub enum Irqchip {
 }
 
 impl Vm {
-    /// Open KVM and create a VM with RAM in `ram`, `(guest-physical base, bytes)` regions in
-    /// address order, left out of core dumps unless `in_core_dumps`.
+    /// Open KVM and create a VM with private RAM in `ram`, `(guest-physical base, bytes)`
+    /// regions in address order, left out of core dumps unless `in_core_dumps`.
     pub fn new(ram: &[(u64, usize)], in_core_dumps: bool) -> Result<Self, VmError> {
-        Self::with_irqchip(ram, in_core_dumps, Irqchip::InKernel)
+        Self::with_irqchip(ram, in_core_dumps, Irqchip::InKernel, RamBacking::Private)
     }
 
-    /// As [`Vm::new`], with the interrupt controllers `irqchip` puts in the kernel.
+    /// As [`Vm::new`], with the interrupt controllers `irqchip` puts in the kernel and RAM
+    /// made of `backing`.
     pub fn with_irqchip(
         ram: &[(u64, usize)],
         in_core_dumps: bool,
         irqchip: Irqchip,
+        backing: RamBacking,
     ) -> Result<Self, VmError> {
         let kvm = open_kvm(c"/dev/kvm")?;
         for (cap, name) in [
@@ -188,14 +247,7 @@ impl Vm {
                 fd.enable_cap(&cap).map_err(kvm_err("split the irqchip"))?;
             }
         }
-        let ranges: Vec<(GuestAddress, usize)> = ram
-            .iter()
-            .map(|&(base, len)| (GuestAddress(base), len))
-            .collect();
-        let memory = GuestMemoryMmap::<()>::from_ranges(&ranges).map_err(|e| VmError::Memory {
-            size: ram.iter().map(|r| r.1).sum(),
-            reason: e.to_string(),
-        })?;
+        let memory = map_ram(ram, backing)?;
         if !in_core_dumps {
             exclude_from_core_dumps(&memory)?;
         }
@@ -337,6 +389,46 @@ mod tests {
         assert!(
             !mem.check_range(GuestAddress((1 << 20) - 8), 16),
             "the hole between the regions is no memory"
+        );
+    }
+
+    #[test]
+    fn shared_ram_is_one_memfd_that_a_second_mapping_sees() {
+        let (low, high) = ((0, 1 << 20), (1 << 32, 2 << 20));
+        let vm = Vm::with_irqchip(
+            &[low, high],
+            false,
+            Irqchip::InKernel,
+            RamBacking::SharedMemfd,
+        )
+        .unwrap();
+        let mem = vm.memory();
+        let files: Vec<&FileOffset> = mem.iter().map(|r| r.file_offset().unwrap()).collect();
+        assert!(Arc::ptr_eq(files[0].arc(), files[1].arc()), "one memfd");
+        assert_eq!(
+            files.iter().map(|f| f.start()).collect::<Vec<_>>(),
+            vec![0, 1 << 20],
+            "consecutive offsets"
+        );
+        let memfd = files[0].file().try_clone().unwrap();
+        assert_eq!(memfd.metadata().unwrap().len(), 3 << 20, "sized to the RAM");
+        // What another process would do with the fd SET_MEM_TABLE sends.
+        let other = MmapRegion::<()>::from_file(FileOffset::new(memfd, 0), 3 << 20).unwrap();
+        mem.write_obj(0x1234_5678u32, GuestAddress((1 << 32) + 0x10))
+            .unwrap();
+        mem.write_obj(0xa5u8, GuestAddress(0x20)).unwrap();
+        // SAFETY: both offsets lie inside the 3 MiB mapping `other` owns.
+        let (high_word, low_byte) = unsafe {
+            (
+                other.as_ptr().add((1 << 20) + 0x10).cast::<u32>().read(),
+                other.as_ptr().add(0x20).read(),
+            )
+        };
+        assert_eq!((high_word, low_byte), (0x1234_5678, 0xa5));
+        let private = Vm::new(&[low], false).unwrap();
+        assert!(
+            private.memory().iter().all(|r| r.file_offset().is_none()),
+            "private RAM is anonymous"
         );
     }
 

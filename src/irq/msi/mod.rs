@@ -10,8 +10,21 @@
 //! with complete address/data pairs, so no message can use a half-written pair, and a burst that
 //! makes many vectors live at once (MSI-X Enable) costs at most one routing commit when batched,
 //! none at all when deferred to first use or direct.
+//!
+//! **Routes for a signaller outside exitless** (a vhost-user backend writes a vector's irqfd
+//! itself, without exitless): such a table is built with [`Signaller::Outside`], and
+//! - under [`CommitStrategy::Direct`] it has GSIs and routes anyway, committed batched (once
+//!   per guest access), since a direct message can only be injected by exitless;
+//! - under every strategy, [`MsiVectors::deliverable_irqfd`] hands out a vector's irqfd only
+//!   while its route is committed (not staged) and the vector may send; otherwise the outside
+//!   signaller must signal exitless instead, which calls [`MsiVectors::trigger`]: that sets the
+//!   pending bit, or under first use commits the staged route and sends (`send`);
+//! - a [`VectorWatcher`] hears every change of those answers, before the guest access that made
+//!   it completes, so the signaller can be moved between the irqfd and exitless in time.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+
+use vmm_sys_util::eventfd::EventFd;
 
 use super::regs::{
     MSI_ADDRESS_BASE, MSI_ADDRESS_MASK, MSI_DATA_DELIVERY_MODE_SHIFT, MSI_DELIVERY_FIXED,
@@ -77,10 +90,31 @@ pub enum MsiChange {
     BusMaster(bool),
 }
 
+/// Who writes a table's irqfds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signaller {
+    /// Only exitless sends the table's messages (its own device threads).
+    Vmm,
+    /// Something outside exitless (a vhost-user backend) writes the irqfds that
+    /// [`MsiVectors::deliverable_irqfd`] hands out: routes are needed whatever the strategy.
+    Outside,
+}
+
+/// Who must hear when [`MsiVectors::deliverable_irqfd`]'s answers may have changed.
+pub trait VectorWatcher: Send + Sync {
+    /// Called after the table's lock is released, on the thread that made the change (a vCPU's
+    /// guest access, `reset`, or a `trigger` whose send committed a staged route), before that
+    /// guest access completes.
+    fn vectors_changed(&self);
+}
+
 /// A device's MSI vectors.
 pub struct MsiVectors {
     routing: Arc<dyn InterruptRoutes>,
+    /// The strategy these vectors follow: the routing table's, but batched where an outside
+    /// signaller needs routes that direct injection would not make (the module's rule).
     strategy: CommitStrategy,
+    watcher: Mutex<Option<Weak<dyn VectorWatcher>>>,
     log: Arc<DeviceLog>,
     count: usize,
     /// A GSI and irqfd per vector; none when messages are injected directly.
@@ -105,16 +139,22 @@ pub fn is_valid_message(address: u64, data: u32) -> bool {
 
 impl MsiVectors {
     /// `count` vectors, all masked and disabled, each with a GSI and an irqfd unless messages
-    /// are injected directly; guest errors are counted on `log`, the owning device's.
+    /// are injected directly (never for an outside `signaller`: the module's rule); guest
+    /// errors are counted on `log`, the owning device's.
     pub fn new(
         routing: Arc<dyn InterruptRoutes>,
         count: usize,
         log: Arc<DeviceLog>,
+        signaller: Signaller,
     ) -> Result<Self, IrqError> {
-        let strategy = routing.strategy();
+        let strategy = match (routing.strategy(), signaller) {
+            (CommitStrategy::Direct, Signaller::Outside) => CommitStrategy::Batched,
+            (strategy, _) => strategy,
+        };
         let mut table = MsiVectors {
             routing,
             strategy,
+            watcher: Mutex::new(None),
             log,
             count,
             gsis: Vec::with_capacity(count),
@@ -163,7 +203,10 @@ impl MsiVectors {
     /// (first use). An invalid message is never routed or injected: its interrupts are dropped,
     /// as a real bus would send them nowhere.
     pub fn update(&self, changes: &[MsiChange]) {
-        let mut st = self.state.lock().unwrap();
+        self.changing(|st| self.apply(st, changes));
+    }
+
+    fn apply(&self, st: &mut State, changes: &[MsiChange]) {
         for &change in changes {
             match change {
                 MsiChange::Program {
@@ -200,8 +243,62 @@ impl MsiVectors {
                 MsiChange::BusMaster(on) => st.bus_master = on,
             }
         }
-        self.sync_routes(&mut st);
-        self.flush_pending(&mut st);
+        self.sync_routes(st);
+        self.flush_pending(st);
+    }
+
+    /// Vector `index`'s irqfd when someone outside exitless may signal it now and the message
+    /// reaches the guest: the table enabled, the function and the vector unmasked, Bus Master
+    /// set, the message valid, its route committed in KVM (not staged) and delivering. None
+    /// otherwise, and always under direct injection for [`Signaller::Vmm`] (no irqfds). A
+    /// remapping unit that blocks or allows a route later (`InterruptRoutes::delivers`) is not
+    /// watched: devices with an outside signaller are not put behind one.
+    pub fn deliverable_irqfd(&self, index: usize) -> Option<Arc<EventFd>> {
+        let st = self.state.lock().unwrap();
+        self.deliverable(&st, index)
+            .then(|| self.gsis[index].irqfd.clone())
+    }
+
+    /// Register who must hear when [`MsiVectors::deliverable_irqfd`]'s answers change (one
+    /// watcher; a later call replaces it).
+    pub fn set_watcher(&self, watcher: Weak<dyn VectorWatcher>) {
+        *self.watcher.lock().unwrap() = Some(watcher);
+    }
+
+    fn deliverable(&self, st: &State, index: usize) -> bool {
+        let Some(v) = st.vectors.get(index) else {
+            return false;
+        };
+        index < self.gsis.len()
+            && !st.blocked()
+            && !v.masked
+            && !v.staged
+            && self.routing.accepts(v.address, v.data)
+            && v.routed == Some((v.address, v.data))
+            && self.routing.delivers(self.gsis[index].gsi)
+    }
+
+    /// Run `change` on the locked state; then, with the lock released, tell the watcher if
+    /// any vector's deliverability changed (compared only when there is a watcher).
+    fn changing<R>(&self, change: impl FnOnce(&mut State) -> R) -> R {
+        let watcher = self
+            .watcher
+            .lock()
+            .unwrap()
+            .as_ref()
+            .and_then(Weak::upgrade);
+        let mut st = self.state.lock().unwrap();
+        let answers = |st: &State| -> Vec<bool> {
+            (0..self.count).map(|i| self.deliverable(st, i)).collect()
+        };
+        let before = watcher.as_ref().map(|_| answers(&st));
+        let result = change(&mut st);
+        let changed = before.is_some_and(|before| before != answers(&st));
+        drop(st);
+        if let (true, Some(w)) = (changed, watcher) {
+            w.vectors_changed();
+        }
+        result
     }
 
     /// The message of vector `index`: (address, data).
@@ -229,17 +326,18 @@ impl MsiVectors {
 
     /// Back to the reset state: disabled, every vector masked, no message, nothing pending.
     pub fn reset(&self) {
-        let mut st = self.state.lock().unwrap();
-        st.enabled = false;
-        st.function_masked = false;
-        for v in &mut st.vectors {
-            *v = Vector {
-                masked: true,
-                routed: v.routed,
-                ..Default::default()
-            };
-        }
-        self.sync_routes(&mut st);
+        self.changing(|st| {
+            st.enabled = false;
+            st.function_masked = false;
+            for v in &mut st.vectors {
+                *v = Vector {
+                    masked: true,
+                    routed: v.routed,
+                    ..Default::default()
+                };
+            }
+            self.sync_routes(st);
+        });
     }
 
     /// Drop every pending message (the device behind the vectors was reset); the table,
@@ -252,19 +350,20 @@ impl MsiVectors {
 
     /// Send vector `index`'s message, or make it pending if it cannot be sent now.
     pub fn trigger(&self, index: usize) {
-        let mut st = self.state.lock().unwrap();
-        let blocked = st.blocked();
-        let Some(v) = st.vectors.get_mut(index) else {
-            self.log.warn(format_args!(
-                "MSI vector {index} does not exist; interrupt dropped"
-            ));
-            return;
-        };
-        if blocked || v.masked {
-            v.pending = true;
-        } else {
-            self.send(index, v);
-        }
+        self.changing(|st| {
+            let blocked = st.blocked();
+            let Some(v) = st.vectors.get_mut(index) else {
+                self.log.warn(format_args!(
+                    "MSI vector {index} does not exist; interrupt dropped"
+                ));
+                return;
+            };
+            if blocked || v.masked {
+                v.pending = true;
+            } else {
+                self.send(&mut st.vectors, index);
+            }
+        });
     }
 
     /// Send every vector (see [`MsiVectors::trigger`]).
@@ -299,17 +398,21 @@ impl MsiVectors {
                 self.log.warn(format_args!("MSI vector {i}: {e}"));
             }
         }
-        if self.strategy.commits_per_access() && self.commit() {
-            for v in &mut st.vectors {
-                v.staged = false;
-            }
+        if self.strategy.commits_per_access() {
+            self.commit(&mut st.vectors);
         }
     }
 
-    /// Commit what is staged; false (and a warning) if KVM refused.
-    fn commit(&self) -> bool {
+    /// Commit what is staged, so no vector's route is staged any more; false (and a warning)
+    /// if KVM refused.
+    fn commit(&self, vectors: &mut [Vector]) -> bool {
         match self.routing.commit() {
-            Ok(()) => true,
+            Ok(()) => {
+                for v in vectors {
+                    v.staged = false;
+                }
+                true
+            }
             Err(e) => {
                 self.log.warn(format_args!("MSI vectors: {e}"));
                 false
@@ -321,33 +424,37 @@ impl MsiVectors {
         if st.blocked() {
             return;
         }
-        for (i, v) in st.vectors.iter_mut().enumerate() {
+        for i in 0..st.vectors.len() {
+            let v = &mut st.vectors[i];
             if v.pending && !v.masked {
                 v.pending = false;
-                self.send(i, v);
+                self.send(&mut st.vectors, i);
             }
         }
     }
 
-    /// Send vector `index`'s message `v` now, if it is one (an invalid message goes nowhere,
-    /// as on a real bus); the caller checked that the table is enabled, the function and the
-    /// vector unmasked and the bus mastered. **The rule that keeps delivery correct, for every
+    /// Send vector `index`'s message now, if it is one (an invalid message goes nowhere, as on
+    /// a real bus); the caller checked that the table is enabled, the function and the vector
+    /// unmasked and the bus mastered. **The rule that keeps delivery correct, for every
     /// strategy**: called only with the state locked, and never through a route that is not in
     /// KVM. A direct message carries its own address and data; a route staged since the last
     /// commit (first use, or a batched commit KVM refused) is committed here, before its irqfd
-    /// is written, and if KVM refuses again the message is injected directly instead.
-    fn send(&self, index: usize, v: &mut Vector) {
+    /// is written, and if KVM refuses again the message is injected directly instead. For an
+    /// outside signaller the same holds: it gets an irqfd only once its route is committed
+    /// (`deliverable_irqfd`), and under direct injection its table routes, batched (the
+    /// module's rule), so it never signals into a route KVM does not have.
+    fn send(&self, vectors: &mut [Vector], index: usize) {
+        let v = vectors[index];
         if !self.routing.accepts(v.address, v.data) {
             return;
         }
         let direct = self.strategy == CommitStrategy::Direct;
-        if direct || (v.staged && !self.commit()) {
+        if direct || (v.staged && !self.commit(vectors)) {
             if let Err(e) = self.routing.signal_msi(v.address, v.data) {
                 self.log.warn(format_args!("MSI vector {index}: {e}"));
             }
             return;
         }
-        v.staged = false;
         if v.routed.is_none() || !self.routing.delivers(self.gsis[index].gsi) {
             return;
         }

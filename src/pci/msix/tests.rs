@@ -23,6 +23,7 @@ fn parts(entries: usize) -> (Msix, ConfigSpace, Arc<FakeRoutes>) {
             routes.clone(),
             entries,
             crate::logging::DeviceLog::new("test"),
+            crate::irq::Signaller::Vmm,
         )
         .unwrap(),
     );

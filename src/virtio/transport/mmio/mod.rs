@@ -123,7 +123,7 @@ impl MmioTransport {
         };
         routes.bind_pin(at.gsi, &line.irqfd, Some(&line.resample))?;
         // One vector per queue and one for configuration changes.
-        let msi = MsiVectors::new(routes, queues + 1, log.clone())?;
+        let msi = MsiVectors::new(routes, queues + 1, log.clone(), crate::irq::Signaller::Vmm)?;
         let interrupts = Arc::new(Interrupts::new(
             queues,
             Some(line),

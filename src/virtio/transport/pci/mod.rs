@@ -86,7 +86,12 @@ impl VirtioPci {
         let state = VirtioState::new(device.device, features, mem, log.clone());
         let queues = state.queue_count();
         let vectors = vectors.clamp(1, MAX_VECTORS);
-        let msi = Arc::new(MsiVectors::new(routes, vectors, log.clone())?);
+        let msi = Arc::new(MsiVectors::new(
+            routes,
+            vectors,
+            log.clone(),
+            crate::irq::Signaller::Vmm,
+        )?);
         // The command register resets to 0: no messages until the driver sets Bus Master.
         msi.update(&[MsiChange::BusMaster(false)]);
         let interrupts = Arc::new(Interrupts::new(

@@ -1,0 +1,189 @@
+//! `--disk` and `--net` as `exitless run` parses them, and the MACs a device gets.
+
+use super::*;
+
+/// A tap's MAC is pinned here: a guest keeps its MAC across exitless versions too.
+#[test]
+fn a_taps_mac_is_its_names_and_prints_as_mac_takes_it() {
+    assert_eq!(format_mac(tap_mac("tap0")), "52:54:00:50:e6:72");
+    assert_eq!(format_mac(tap_mac("tap1")), "52:54:00:51:e7:ad");
+    let printed = format_mac(tap_mac("br0-vm7"));
+    assert_eq!(parse_mac(&printed), Ok(tap_mac("br0-vm7")));
+}
+
+fn disk(arg: &str) -> Result<DiskConfig, ConfigSyntaxError> {
+    DiskConfig::parse(OsStr::new(arg))
+}
+
+fn vhost_user(socket: &str, queues: u16, reconnect: Option<u64>) -> VhostUserConfig {
+    VhostUserConfig {
+        socket: socket.into(),
+        queues,
+        reconnect: reconnect.map(std::time::Duration::from_secs),
+    }
+}
+
+#[test]
+fn a_vhost_user_disk_is_a_socket_with_queues_transport_and_reconnect() {
+    let plain = disk("vhost-user=/run/qsd.sock").unwrap();
+    assert_eq!(
+        plain,
+        DiskConfig {
+            path: PathBuf::new(),
+            read_only: false,
+            locking: false,
+            transport: Transport::Pci,
+            vhost_user: Some(vhost_user("/run/qsd.sock", 1, None)),
+        }
+    );
+    let all = disk("vhost-user=/run/a,,b.sock,queues=4,transport=mmio,reconnect=5").unwrap();
+    assert_eq!(all.transport, Transport::Mmio);
+    assert_eq!(
+        all.vhost_user,
+        Some(vhost_user("/run/a,b.sock", 4, Some(5)))
+    );
+    let once_only = disk("vhost-user=s,reconnect=0").unwrap();
+    assert_eq!(once_only.vhost_user, Some(vhost_user("s", 1, None)));
+    // A file whose name starts with the keyword is still an image, written as a path.
+    let file = disk("./vhost-user=x,ro").unwrap();
+    assert_eq!(
+        (file.path, file.read_only, file.vhost_user),
+        ("./vhost-user=x".into(), true, None)
+    );
+}
+
+#[test]
+fn a_vhost_user_net_device_takes_the_options_of_the_others_and_reconnect() {
+    let net: VirtioNetConfig =
+        "vhost-user=/run/tp.sock,mac=52:54:00:00:00:09,queues=2,transport=mmio,reconnect=10"
+            .parse()
+            .unwrap();
+    assert_eq!(
+        net,
+        VirtioNetConfig {
+            transport: Transport::Mmio,
+            notify: NotifyPath::Datamatch,
+            queue_pairs: 2,
+            backend: NetBackendKind::VhostUser(vhost_user("/run/tp.sock", 2, Some(10))),
+            mac: Some([0x52, 0x54, 0, 0, 0, 9]),
+        }
+    );
+    let plain: VirtioNetConfig = "vhost-user=s".parse().unwrap();
+    assert_eq!(
+        plain.backend,
+        NetBackendKind::VhostUser(vhost_user("s", 1, None))
+    );
+    assert_eq!((plain.transport, plain.queue_pairs), (Transport::Pci, 1));
+}
+
+/// Every refusal is the one line the user sees, saying what to write instead.
+#[test]
+fn bad_vhost_user_options_get_one_line_each() {
+    let disks = [
+        (
+            "vhost-user=",
+            "vhost-user= needs the backend's socket: vhost-user=SOCKET",
+        ),
+        (
+            "vhost-user=,queues=2",
+            "vhost-user= needs the backend's socket: vhost-user=SOCKET",
+        ),
+        (
+            "vhost-user=s,ro",
+            "`ro` does not go with vhost-user: the backend opens the image and decides \
+             (qemu-storage-daemon's --export writable=on|off, its own locking)",
+        ),
+        (
+            "vhost-user=s,locking=off",
+            "`locking` does not go with vhost-user",
+        ),
+        ("vhost-user=s,queues=0", "queues=0: 1 to 255 queues"),
+        ("vhost-user=s,queues=256", "queues=256: 1 to 255 queues"),
+        ("vhost-user=s,queues=many", "queues=many: 1 to 255 queues"),
+        (
+            "vhost-user=s,reconnect=1.5",
+            "reconnect=1.5: whole seconds, 0 (try once, at the driver's reset) to 3600",
+        ),
+        (
+            "vhost-user=s,reconnect=3601",
+            "reconnect=3601: whole seconds",
+        ),
+        (
+            "vhost-user=s,bogus",
+            "unknown option `bogus` (queues=N, transport=pci|mmio, reconnect=SECONDS)",
+        ),
+        (
+            "vhost-user=s,transport=usb",
+            "unknown option `transport=usb` (queues=N",
+        ),
+        ("vhost-user=s,queues=2,queues=3", "`queues` given twice"),
+        (
+            "disk.img,queues=2",
+            "`queues=2`: for vhost-user devices only (vhost-user=SOCKET first)",
+        ),
+        (
+            "disk.img,reconnect=5",
+            "`reconnect=5`: for vhost-user devices only",
+        ),
+        (
+            "disk.img,bogus",
+            "unknown option `bogus` (ro, locking=on|off, transport=pci|mmio;",
+        ),
+    ];
+    let nets = [
+        ("vhost-user=", "vhost-user= needs the backend's socket"),
+        (
+            "vhost-user=s,ro",
+            "unknown option `ro` (mac=MAC, queues=N, transport=pci|mmio, reconnect=SECONDS)",
+        ),
+        (
+            "vhost-user=s,queues=128",
+            "queues=128: 1 to 127 queue pairs",
+        ),
+        ("vhost-user=s,reconnect=x", "reconnect=x: whole seconds"),
+        (
+            "none,reconnect=5",
+            "`reconnect=5`: for vhost-user devices only",
+        ),
+        (
+            "tap=t0,reconnect=5",
+            "`reconnect=5`: for vhost-user devices only",
+        ),
+        (
+            "none,speed=10",
+            "unknown option `speed=10` (mac=MAC, queues=N, transport=pci|mmio)",
+        ),
+        (
+            "vhost=s",
+            "`vhost=s`: tap=NAME or none first, or vhost-user=SOCKET",
+        ),
+        ("none,", "unknown option ``"),
+    ];
+    let results = disks
+        .iter()
+        .map(|&(arg, says)| (arg, disk(arg).map(|_| ()), says))
+        .chain(
+            nets.iter()
+                .map(|&(arg, says)| (arg, arg.parse::<VirtioNetConfig>().map(|_| ()), says)),
+        );
+    for (arg, result, says) in results {
+        let line = result.expect_err(arg).to_string();
+        assert!(
+            line.starts_with(says) && !line.contains('\n'),
+            "{arg}: {line}"
+        );
+    }
+}
+
+#[test]
+fn a_machine_has_vhost_user_when_any_disk_or_nic_does() {
+    let mut cfg = MachineConfig::default();
+    cfg.virtio.push("tap=t0".parse().unwrap());
+    cfg.disks.push(disk("disk.img").unwrap());
+    assert!(!cfg.has_vhost_user());
+    let mut with_nic = cfg.clone();
+    with_nic.virtio.push("vhost-user=n.sock".parse().unwrap());
+    assert!(with_nic.has_vhost_user());
+    cfg.disks.push(disk("vhost-user=d.sock").unwrap());
+    assert!(cfg.has_vhost_user());
+}
