@@ -257,6 +257,7 @@ fn a_vhost_user_card_on_either_transport_is_answered_by_testpmd() {
         );
         assert!(reply, "{transport}: testpmd's answer in:\n{console}");
     }
+    assert_gone_once_dropped(backend);
 }
 
 /// Kill qemu-storage-daemon while the guest writes and reads: the VM runs on, the device
@@ -380,8 +381,19 @@ fn a_backend_without_version_1_is_one_line_and_status_2() {
     }
 }
 
+/// A backend, dropped, is stopped and reaped, and its sockets are gone.
+fn assert_gone_once_dropped(backend: Backend) {
+    let (pid, sockets) = (backend.pid(), backend.sockets().to_vec());
+    drop(backend);
+    for socket in sockets {
+        assert!(!socket.exists(), "{} is removed", socket.display());
+    }
+    let proc = format!("/proc/{pid}");
+    assert!(!Path::new(&proc).exists(), "it is stopped and reaped");
+}
+
 /// The backends themselves: qemu-storage-daemon creates its socket, serves on it, and is gone
-/// with its socket once dropped.
+/// with its socket once dropped (testpmd's the same, in the card's test).
 #[test]
 fn the_storage_daemon_serves_its_socket_until_dropped() {
     let scratch = Scratch::new("qsd");
@@ -391,11 +403,5 @@ fn the_storage_daemon_serves_its_socket_until_dropped() {
     };
     assert_eq!(backend.sockets(), std::slice::from_ref(&socket));
     UnixStream::connect(&socket).expect("it listens");
-    let pid = backend.pid();
-    drop(backend);
-    assert!(!socket.exists(), "its socket is removed");
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists(),
-        "it is stopped and reaped"
-    );
+    assert_gone_once_dropped(backend);
 }
