@@ -11,6 +11,7 @@ use common::run;
 use exitless::bench::host_tap::{HostTap, TapLink};
 use exitless::bench::iommu::IommuBench;
 use exitless::bench::rr::RrBench;
+use exitless::bench::vhost_net::VhostNet;
 use exitless::contract::*;
 use exitless::machine::ops;
 use exitless::pci::PciAddress;
@@ -312,7 +313,11 @@ fn icmp_echo_through_qemus_virtio_net_pci_on_a_tap_is_answered_by_the_host_kerne
     };
     let l = tap.link();
     // The bench's own machine for the comparison.
-    let machine = RrBench::default().peer_plan(l).machine;
+    let rr = RrBench {
+        tap: Some(l.clone()),
+        ..RrBench::default()
+    };
+    let machine = rr.peer_plan().expect("a plan").machine;
     let f = machine.virtio_net_function(0);
     let n = 200;
     let list = [
@@ -334,4 +339,40 @@ fn icmp_echo_through_qemus_virtio_net_pci_on_a_tap_is_answered_by_the_host_kerne
         "{:?}",
         run.results[2]
     );
+}
+
+/// `bench rr --against qemu`'s vhost-user counterpart (issue 21): QEMU's virtio-net-pci on a
+/// vhost-user netdev (guest RAM a shared memfd) served by DPDK testpmd's icmpecho, which
+/// answers the probe's ICMP echo requests; every reply arrives on the receive vector, which
+/// testpmd raises through the irqfd QEMU gave it. Skipped where testpmd is not installed.
+#[test]
+fn icmp_echo_through_qemus_vhost_user_virtio_net_pci_is_answered_by_testpmd() {
+    let Some(qemu) = qemu() else { return };
+    let net = match VhostNet::start() {
+        Ok(net) => net,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let n = 2000;
+    let rr = RrBench {
+        vhost_user: Some(net.ports().clone()),
+        transactions: n,
+        ..RrBench::default()
+    };
+    let plan = rr.peer_plan().expect("a plan");
+    let run = boot(&qemu, &plan.machine, &plan.ops);
+    ok(&run, 0);
+    let khz = run.tsc_khz.expect("the TSC rate") as f64;
+    for &i in &plan.counterparts[0].ops {
+        let r = ok(&run, i);
+        assert_eq!((r.value, r.bytes), (n, n * rr.request_size), "{r:?}");
+        assert!(r.irqs >= n, "a receive interrupt per reply: {r:?}");
+        let ns = r.cycles as f64 * 1e6 / khz / n as f64;
+        println!(
+            "qemu vhost-user echo {i}: {ns:.0} ns/transaction, {} irqs",
+            r.irqs
+        );
+    }
 }

@@ -30,3 +30,4 @@ pub mod rr;
 pub mod session;
 pub mod soak;
 pub mod stats;
+pub mod vhost_net;
