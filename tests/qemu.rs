@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::run;
 use exitless::bench::host_tap::{HostTap, TapLink};
 use exitless::bench::iommu::IommuBench;
+use exitless::bench::msix::MsixBench;
 use exitless::bench::rr::RrBench;
 use exitless::bench::vhost_net::VhostNet;
 use exitless::contract::*;
@@ -27,6 +28,13 @@ const Q35_HOST_BRIDGE_ID: u64 = 0x29c0_8086;
 
 fn qemu() -> Option<Qemu> {
     Qemu::find().inspect_err(|e| println!("skipped: {e}")).ok()
+}
+
+/// testpmd with the bench's ports (`msix` devices more), or None with the reason printed.
+fn testpmd(msix: usize) -> Option<VhostNet> {
+    VhostNet::start(msix)
+        .inspect_err(|why| println!("skipped: {why}"))
+        .ok()
 }
 
 fn boot(qemu: &Qemu, machine: &QemuMachine, ops: &[Op]) -> PeerRun {
@@ -348,14 +356,8 @@ fn icmp_echo_through_qemus_virtio_net_pci_on_a_tap_is_answered_by_the_host_kerne
 #[test]
 fn icmp_echo_through_qemus_vhost_user_virtio_net_pci_is_answered_by_testpmd() {
     let Some(qemu) = qemu() else { return };
-    let net = match VhostNet::start() {
-        Ok(net) => net,
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
-    };
-    let n = 2000;
+    let Some(net) = testpmd(0) else { return };
+    let n = 200;
     let rr = RrBench {
         vhost_user: Some(net.ports().clone()),
         transactions: n,
@@ -373,6 +375,42 @@ fn icmp_echo_through_qemus_vhost_user_virtio_net_pci_is_answered_by_testpmd() {
         println!(
             "qemu vhost-user echo {i}: {ns:.0} ns/transaction, {} irqs",
             r.irqs
+        );
+    }
+}
+
+/// `bench msix --against qemu`'s vhost-user counterpart (issue 21): 8 vhost-user
+/// virtio-net-pci functions × 65 MSI-X vectors on one testpmd; each is brought up, its table
+/// programmed, MSI-X enabled, and the first interrupt testpmd raises after Enable arrives.
+#[test]
+fn msix_enable_on_qemus_vhost_user_functions_then_testpmd_interrupts() {
+    let Some(qemu) = qemu() else { return };
+    let Some(net) = testpmd(8) else { return };
+    let msix = MsixBench {
+        devices: 8,
+        queue_pairs: 32,
+        timeout: LIMIT,
+        rounds: 1,
+        vhost_user: net.ports().msix.clone(),
+    };
+    let plan = msix.peer_plan();
+    let run = boot(&qemu, &plan.machine, &plan.ops);
+    let khz = run.tsc_khz.expect("the TSC rate") as f64;
+    let ms = |i: usize| ok(&run, i).cycles as f64 / khz;
+    for c in plan
+        .counterparts
+        .iter()
+        .filter(|c| c.variant.contains("vhost-user"))
+    {
+        let per_device: Vec<String> = c.ops.iter().map(|&i| format!("{:.3}", ms(i))).collect();
+        println!("qemu {}: {} ms", c.variant, per_device.join(" "));
+    }
+    let first = plan.counterparts.last().expect("the first interrupt's");
+    for &i in &first.ops {
+        let r = ok(&run, i);
+        assert!(
+            r.irqs >= 1,
+            "testpmd's reply raised the receive vector: {r:?}"
         );
     }
 }

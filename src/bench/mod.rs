@@ -22,6 +22,7 @@ pub mod iommu;
 pub mod measure;
 pub mod model;
 pub mod msix;
+pub mod msix_vhost;
 pub mod options;
 pub mod pci;
 pub mod progress;

@@ -200,13 +200,15 @@ impl BenchOptions {
         Ok(rr)
     }
 
-    /// `msix`'s bench, checked.
-    pub fn msix(&self) -> Result<MsixBench, String> {
+    /// `msix`'s bench, with its vhost-user boots on `vhost_user`'s sockets where there are;
+    /// checked.
+    pub fn msix(&self, vhost_user: Option<&VhostPorts>) -> Result<MsixBench, String> {
         let msix = MsixBench {
             devices: self.devices,
             queue_pairs: self.queue_pairs,
             timeout: self.timeout(),
             rounds: usize::from(self.rounds),
+            vhost_user: vhost_user.map(|p| p.msix.clone()).unwrap_or_default(),
         };
         msix.validate()?;
         Ok(msix)

@@ -105,7 +105,7 @@ impl Session {
     pub fn prepare(options: BenchOptions) -> Result<Session, String> {
         // Bad options get their one error before the host is watched.
         options.rr(None, None)?;
-        options.msix()?;
+        options.msix(None)?;
         options.iommu()?;
         options.soak()?;
         // Before anything is measured, the peer's boots included.
@@ -136,9 +136,11 @@ impl Session {
                 )
             })?;
         }
-        if session.scenarios.contains(&Scenario::Rr) {
-            // Before the peer: QEMU's function connects to the same port.
-            session.vhost_net = VhostNet::start()
+        let msix = session.scenarios.contains(&Scenario::Msix);
+        if msix || session.scenarios.contains(&Scenario::Rr) {
+            // Before the peer: QEMU's functions connect to the same ports.
+            let devices = if msix { session.options.devices } else { 0 };
+            session.vhost_net = VhostNet::start(devices)
                 .map_err(|why| format!("the vhost-user variants did not run: {why}"));
         }
         if session.options.against == Some(PeerVmm::Qemu) {
@@ -167,7 +169,7 @@ impl Session {
             progress::step("qemu", name(scenario), i, count);
             let plan = match scenario {
                 Scenario::Pci => self.options.pci().peer_plan(),
-                Scenario::Msix => self.options.msix()?.peer_plan(),
+                Scenario::Msix => self.options.msix(self.vhost_ports().as_ref())?.peer_plan(),
                 Scenario::Rr => {
                     let link = match HostTap::create(TapLink::bench()) {
                         Ok(tap) => {
@@ -219,7 +221,7 @@ impl Session {
         // Every scenario's options are checked before the first boot, named or not.
         let tap = self.host_tap.as_ref().map(|t| t.link().clone());
         let rr = options.rr(tap, self.vhost_ports())?;
-        let msix = options.msix()?;
+        let msix = options.msix(self.vhost_ports().as_ref())?;
         let iommu = options.iommu()?;
         let soak = options.soak()?;
         let mut report = Report {
@@ -248,7 +250,7 @@ impl Session {
                     .filter(|(s, _)| *s == scenario)
                     .map(|(_, why)| why.clone()),
             );
-            if let (Scenario::Rr, Err(why)) = (scenario, &self.vhost_net) {
+            if let (Scenario::Rr | Scenario::Msix, Err(why)) = (scenario, &self.vhost_net) {
                 scenario_report.notes.push(why.clone());
             }
             report.scenarios.push(scenario_report);

@@ -33,6 +33,8 @@ pub struct VhostPorts {
     pub rr_pci: PathBuf,
     /// `rr`'s virtio-mmio device.
     pub rr_mmio: PathBuf,
+    /// `msix`'s devices, one each (QEMU's functions after them).
+    pub msix: Vec<PathBuf>,
 }
 
 /// A running testpmd with the bench's ports; stopped and its sockets removed when dropped.
@@ -44,16 +46,20 @@ pub struct VhostNet {
 }
 
 impl VhostNet {
-    /// Start testpmd with `rr`'s two ports. Not installed: the error's message is the reason
-    /// the report prints in place of the vhost-user variants.
-    pub fn start() -> Result<VhostNet, String> {
+    /// Start testpmd with `rr`'s two ports and `msix_devices` more for `msix`. Not installed:
+    /// the error's message is the reason the report prints in place of the vhost-user variants.
+    pub fn start(msix_devices: usize) -> Result<VhostNet, String> {
         let dir = TempDir::new_with_prefix("/tmp/exitless-vhost-")
             .map_err(|e| format!("cannot make a socket folder: {e}"))?;
         let ports = VhostPorts {
             rr_pci: dir.as_path().join("rr-pci.sock"),
             rr_mmio: dir.as_path().join("rr-mmio.sock"),
+            msix: (0..msix_devices)
+                .map(|d| dir.as_path().join(format!("msix-{d}.sock")))
+                .collect(),
         };
-        let sockets = [ports.rr_pci.clone(), ports.rr_mmio.clone()];
+        let mut sockets = vec![ports.rr_pci.clone(), ports.rr_mmio.clone()];
+        sockets.extend(ports.msix.iter().cloned());
         let backend = Backend::testpmd(&sockets, PORT_QUEUE_PAIRS).map_err(|e| match e {
             BackendError::Start(e) => e.to_string(),
             e => format!("testpmd did not start: {e}"),
