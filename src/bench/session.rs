@@ -288,6 +288,16 @@ impl Session {
     }
 }
 
+impl Drop for Session {
+    /// testpmd and its files go at exitless's exit, not here: the main thread may be confined
+    /// by now, and a confined thread cannot wait for a child.
+    fn drop(&mut self) {
+        if let Ok(net) = std::mem::replace(&mut self.vhost_net, Err(String::new())) {
+            net.leave();
+        }
+    }
+}
+
 /// A scenario's name, as the command line spells it.
 fn name(scenario: Scenario) -> &'static str {
     match scenario {

@@ -8,7 +8,9 @@
 //! it unchanged: the addresses below only have to be the request's.
 
 use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 
 use vmm_sys_util::tempdir::TempDir;
 
@@ -37,12 +39,16 @@ pub struct VhostPorts {
     pub msix: Vec<PathBuf>,
 }
 
-/// A running testpmd with the bench's ports; stopped and its sockets removed when dropped.
+/// A running testpmd with the bench's ports; stopped and its sockets removed when dropped
+/// (unconfined), or at exitless's exit after [`VhostNet::leave`] (confined).
 pub struct VhostNet {
     ports: VhostPorts,
     /// Dropped first: testpmd stops before its directory goes.
     _backend: Backend,
     _dir: TempDir,
+    /// Removes testpmd's files and the socket folder once its stdin closes (as
+    /// `host_tap`'s helper deletes the tap): at exitless's exit, however it ends.
+    cleaner: Child,
 }
 
 impl VhostNet {
@@ -64,15 +70,43 @@ impl VhostNet {
             BackendError::Start(e) => e.to_string(),
             e => format!("testpmd did not start: {e}"),
         })?;
+        let mut files = backend.files();
+        files.push(dir.as_path().to_owned());
+        // In a process group of its own, so that a ^C that ends the bench leaves it to clean
+        // up; `sleep` gives testpmd, which ends at the same EOF, time to go first.
+        let cleaner = Command::new("sh")
+            .args(["-c", "cat >/dev/null; sleep 2; exec rm -rf -- \"$@\"", "sh"])
+            .args(&files)
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start sh to clean up after testpmd: {e}"))?;
         Ok(VhostNet {
             ports,
             _backend: backend,
             _dir: dir,
+            cleaner,
         })
+    }
+
+    /// Leave testpmd running until exitless exits, for a process that may no longer wait for
+    /// a child (the bench's confined main thread): at exit its stdin reaches EOF (testpmd
+    /// ends, and `PR_SET_PDEATHSIG` kills it otherwise) and the cleaner removes its files.
+    pub fn leave(self) {
+        std::mem::forget(self);
     }
 
     /// Its ports.
     pub fn ports(&self) -> &VhostPorts {
         &self.ports
+    }
+}
+
+impl Drop for VhostNet {
+    fn drop(&mut self) {
+        // testpmd stops when `backend` drops after this; the cleaner finds nothing left.
+        drop(self.cleaner.stdin.take());
     }
 }
