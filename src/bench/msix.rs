@@ -273,7 +273,10 @@ impl MsixBench {
                 .into_iter()
                 .chain(msix_vhost::targets(&vhost))
                 .collect(),
-            notes: notes(&variants, self.vectors()),
+            notes: notes(&variants, self.vectors())
+                .into_iter()
+                .chain((!vhost.is_empty()).then(|| msix_vhost::note(self.vectors())))
+                .collect(),
             variants: variants.into_iter().chain(vhost).collect(),
             soak: None,
         })
@@ -286,8 +289,7 @@ impl MsixBench {
             return Ok(Vec::new());
         }
         let boots = in_rounds(rounds, STRATEGIES.len(), |b| {
-            let (sockets, pairs) = (&self.vhost_user, self.queue_pairs);
-            msix_vhost::boot(STRATEGIES[b], sockets, pairs, self.timeout, figures)
+            msix_vhost::boot(STRATEGIES[b], &self.vhost_user, self.timeout, figures)
         })?;
         let mut variants = combine_rounds(
             (0..rounds)

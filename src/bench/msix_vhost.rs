@@ -3,7 +3,9 @@
 //! queue, so a GSI route must be committed before it signals, whatever the strategy
 //! (`Signaller::Outside`, `irq/msi/mod.rs`).
 //!
-//! Each device is a virtio-net function with `queue_pairs` pairs whose queues testpmd serves.
+//! Each device is a virtio-net function whose queues testpmd serves: one queue pair
+//! ([`QUEUE_PAIRS`]), so 3 vectors, not the seed's 65: exitless's vhost-user NIC offers no
+//! control queue, which multiqueue needs (`--net vhost-user=` takes queues=1 only).
 //! For each device in turn the guest programs and unmasks every entry with MSI-X disabled,
 //! sets Enable (timed: the routes the outside signaller needs, committed per strategy), brings
 //! the device up (DRIVER_OK: testpmd gets its rings, and the irqfds of the now deliverable
@@ -36,6 +38,9 @@ pub const NAMES: [&str; 4] = [
     "first-use-vhost-user",
     "direct-vhost-user",
 ];
+
+/// Queue pairs of each exitless device: what `--net vhost-user=` takes.
+pub const QUEUE_PAIRS: u16 = 1;
 
 /// IDT vector of entry 0: the probe's own queue vectors (`IRQ_VECTOR_BASE`), so the echo's
 /// receive interrupt reaches the driver.
@@ -110,7 +115,6 @@ pub fn devices(sockets: &[PathBuf], queue_pairs: u16) -> Vec<VirtioNetConfig> {
 pub(crate) fn boot(
     strategy: CommitStrategy,
     sockets: &[PathBuf],
-    queue_pairs: u16,
     timeout: std::time::Duration,
     figures: fn(&ProbeRun, &Clock, &[usize]) -> RoutingFigures,
 ) -> Result<Variant, MachineError> {
@@ -121,7 +125,7 @@ pub(crate) fn boot(
     let steps = ops(&mut list, &functions, true);
     let run = crate::bench::measure::run_ok(&ProbeConfig {
         ops: list,
-        virtio: devices(sockets, queue_pairs),
+        virtio: devices(sockets, QUEUE_PAIRS),
         gsi_commits: strategy,
         timeout,
         ..Default::default()
@@ -163,6 +167,21 @@ pub(crate) fn counterparts(steps: &[VhostSteps]) -> Vec<Counterpart> {
             control: false,
         }])
         .collect()
+}
+
+/// What the vhost-user rows are, for the report's notes; `qemu_vectors`: the vectors of
+/// QEMU's functions beside them.
+pub fn note(qemu_vectors: u64) -> String {
+    format!(
+        "`*-vhost-user` rows: the same Enable on vhost-user virtio-net functions served by \
+         DPDK testpmd, whose vectors an outside signaller raises, so routes are kept under \
+         every strategy; each has {} vectors (one queue pair: exitless's vhost-user NIC offers \
+         no control queue; QEMU's beside them have {qemu_vectors}); then DRIVER_OK, one ICMP \
+         echo with testpmd (`first_interrupt`: the first backend-raised interrupt) and the \
+         unmask burst on the running device (each unmask a call-fd swap acknowledged by \
+         testpmd)",
+        2 * QUEUE_PAIRS + 1
+    )
 }
 
 /// The issue's targets for the vhost-user devices: batched and first-use Enable in all at most
