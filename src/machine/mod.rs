@@ -83,11 +83,19 @@ pub enum MachineError {
     /// A queue-pair count virtio-pci's MSI-X table cannot give vectors to.
     #[error("{0} queue pairs: a virtio-net device here has 1 to {MAX_QUEUE_PAIRS}")]
     QueuePairs(usize),
-    /// A vhost-user device, which this build does not wire to a machine yet.
+    /// A vhost-user backend could not be connected or lacks what the device needs.
+    #[error(transparent)]
+    VhostUser(#[from] crate::virtio::vhost_user::VhostUserError),
+    /// A vhost-user device behind the IOMMU.
     #[error(
-        "vhost-user devices (--net vhost-user=, --disk vhost-user=) are not wired to the machine in this build yet: leave them out"
+        "a vhost-user device behind --iommu is not supported: exitless does not implement the vhost-user IOTLB messages; leave one of them out"
     )]
-    VhostUserNotWired,
+    VhostUserBehindIommu,
+    /// A vhost-user NIC with more than one queue pair, which needs the control queue.
+    #[error(
+        "--net vhost-user= takes queues=1 only: exitless does not offer the control queue multiqueue needs"
+    )]
+    VhostUserNetQueues,
     /// More ops than the contract holds.
     #[error("{0} ops requested; the probe holds at most {max}", max = crate::contract::MAX_OPS)]
     TooManyOps(usize),
@@ -193,11 +201,7 @@ pub struct Ran {
 impl Machine {
     /// Build the machine `cfg` describes, with `board`'s devices if any.
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
-        // Until the vhost-user frontend is wired (issue 21), the one place such a machine is
-        // refused, before anything is built.
-        if cfg.has_vhost_user() {
-            return Err(MachineError::VhostUserNotWired);
-        }
+        wiring::check_vhost_user(cfg)?;
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
         let irqchip = if cfg.split_irqchip {
             vm::Irqchip::Split { pins: PINS }
@@ -309,11 +313,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_vhost_user_device_is_refused_until_it_is_wired() {
+    fn a_vhost_user_device_behind_the_iommu_is_refused_before_anything_is_built() {
         let mut cfg = MachineConfig::default();
         cfg.disks
             .push(DiskConfig::vhost_user("/nonexistent/qsd.sock".into()));
+        cfg.iommu = true;
         let refused = Machine::new(&cfg, None).err();
-        assert!(matches!(refused, Some(MachineError::VhostUserNotWired)));
+        assert!(matches!(refused, Some(MachineError::VhostUserBehindIommu)));
     }
 }

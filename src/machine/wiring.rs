@@ -25,8 +25,8 @@ use crate::irq::regs::IOAPIC_BASE;
 use crate::irq::{GsiRouting, InterruptRoutes, MsiVectors};
 use crate::logging::DeviceLog;
 use crate::machine::config::{
-    Console, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform, Transport,
-    tap_mac,
+    Console, DiskConfig, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Platform,
+    Transport, VhostUserConfig, VirtioNetConfig, tap_mac,
 };
 use crate::machine::console as machine_console;
 use crate::machine::layout::{self, MemoryLayout};
@@ -45,6 +45,7 @@ use crate::virtio::net::{NetBackend, RequestResponse, Sink, VirtioNet};
 use crate::virtio::notify::NotifyPath;
 use crate::virtio::transport::mmio::{MmioPlacement, MmioTransport};
 use crate::virtio::transport::pci::VirtioPci;
+use crate::virtio::vhost_user::{self, VhostUserKind, VhostUserSpec};
 use crate::virtio::worker::Worker;
 use crate::virtio::{DeviceParts, TransportEnv};
 use crate::vm::Vm;
@@ -433,19 +434,70 @@ fn add_virtio_net(
                 .into_iter()
                 .map(|tap| Box::new(tap) as Box<dyn NetBackend>)
                 .collect(),
-            NetBackendKind::VhostUser(_) => return Err(MachineError::VhostUserNotWired),
+            NetBackendKind::VhostUser(vu) => {
+                let spec = vhost_user_spec(vu, VhostUserKind::Net { mac });
+                let parts = vhost_user::connect(&spec, vm.memory())?;
+                add_virtio(
+                    vm,
+                    layout,
+                    pci,
+                    devices,
+                    slots,
+                    parts,
+                    &net_placement(dev, pairs),
+                )?;
+                continue;
+            }
         };
         let net = VirtioNet::parts(mac, backends);
-        let placement = Placement {
-            transport: dev.transport,
-            notify: dev.notify,
-            // One MSI-X vector per receive and transmit queue and one for configuration
-            // changes; the control queue needs none (drivers poll it, as Linux does).
-            vectors: 2 * pairs + 1,
-            // Class 02/00/00: Ethernet controller (PCI Code and ID Assignment §1.3).
-            class: 0x02_00_00,
-        };
-        add_virtio(vm, layout, pci, devices, slots, net, &placement)?;
+        add_virtio(
+            vm,
+            layout,
+            pci,
+            devices,
+            slots,
+            net,
+            &net_placement(dev, pairs),
+        )?;
+    }
+    Ok(())
+}
+
+/// Where a virtio-net device with `pairs` queue pairs goes.
+fn net_placement(dev: &VirtioNetConfig, pairs: usize) -> Placement {
+    Placement {
+        transport: dev.transport,
+        notify: dev.notify,
+        // One MSI-X vector per receive and transmit queue and one for configuration
+        // changes; the control queue needs none (drivers poll it, as Linux does).
+        vectors: 2 * pairs + 1,
+        // Class 02/00/00: Ethernet controller (PCI Code and ID Assignment §1.3).
+        class: 0x02_00_00,
+    }
+}
+
+/// What the frontend is told of a vhost-user device the user configured.
+fn vhost_user_spec(cfg: &VhostUserConfig, kind: VhostUserKind) -> VhostUserSpec {
+    VhostUserSpec {
+        socket: cfg.socket.clone(),
+        kind,
+        queues: cfg.queues,
+        reconnect: cfg.reconnect,
+    }
+}
+
+/// Refuse, before anything is built, the vhost-user devices exitless cannot serve: any behind
+/// the IOMMU (no vhost-user IOTLB), a NIC with more than one queue pair (no control queue).
+pub fn check_vhost_user(cfg: &MachineConfig) -> Result<(), MachineError> {
+    if cfg.has_vhost_user() && cfg.iommu {
+        return Err(MachineError::VhostUserBehindIommu);
+    }
+    let multiqueue = cfg.virtio.iter().any(|d| match &d.backend {
+        NetBackendKind::VhostUser(vu) => vu.queues > 1 || d.queue_pairs > 1,
+        _ => false,
+    });
+    if multiqueue {
+        return Err(MachineError::VhostUserNetQueues);
     }
     Ok(())
 }
@@ -462,28 +514,42 @@ fn add_virtio_blk(
 ) -> Result<(), MachineError> {
     let mut images = Images::default();
     for disk in &cfg.disks {
+        if let Some(vu) = &disk.vhost_user {
+            let parts =
+                vhost_user::connect(&vhost_user_spec(vu, VhostUserKind::Block), vm.memory())?;
+            let placement = Placement {
+                vectors: usize::from(vu.queues) + 1,
+                ..disk_placement(disk)
+            };
+            add_virtio(vm, layout, pci, devices, slots, parts, &placement)?;
+            continue;
+        }
         let image = images.open(&disk.path, disk.read_only, disk.locking)?;
         // The serial (VIRTIO_BLK_T_GET_ID) is the file's name, as far as 20 bytes hold it.
         let serial = disk.path.file_name().map(|n| n.as_encoded_bytes());
         let blk = VirtioBlock::parts(image, serial.unwrap_or_default());
-        let placement = Placement {
-            transport: disk.transport,
-            // Doorbells that never exit where every driver uses them: virtio-pci's per-queue
-            // notification addresses, and virtio-mmio's QueueNotify with its queue index
-            // (the per-queue pages are the MSI extension's, which a standard driver lacks).
-            notify: match disk.transport {
-                Transport::Pci => NotifyPath::Address,
-                Transport::Mmio => NotifyPath::Datamatch,
-            },
-            // The request queue's and the configuration change's.
-            vectors: 2,
-            // Class 01/80/00: other mass storage controller, as virtio-blk functions are
-            // elsewhere (PCI Code and ID Assignment §1.2).
-            class: 0x01_80_00,
-        };
-        add_virtio(vm, layout, pci, devices, slots, blk, &placement)?;
+        add_virtio(vm, layout, pci, devices, slots, blk, &disk_placement(disk))?;
     }
     Ok(())
+}
+
+/// Where a virtio-blk device goes.
+fn disk_placement(disk: &DiskConfig) -> Placement {
+    Placement {
+        transport: disk.transport,
+        // Doorbells that never exit where every driver uses them: virtio-pci's per-queue
+        // notification addresses, and virtio-mmio's QueueNotify with its queue index
+        // (the per-queue pages are the MSI extension's, which a standard driver lacks).
+        notify: match disk.transport {
+            Transport::Pci => NotifyPath::Address,
+            Transport::Mmio => NotifyPath::Datamatch,
+        },
+        // The request queue's and the configuration change's.
+        vectors: 2,
+        // Class 01/80/00: other mass storage controller, as virtio-blk functions are
+        // elsewhere (PCI Code and ID Assignment §1.2).
+        class: 0x01_80_00,
+    }
 }
 
 /// Put a virtio device behind its transport: virtio-mmio in the layout's next window,

@@ -202,6 +202,29 @@ fn device() -> Vec<Allowed> {
     ]
 }
 
+/// A vhost-user device's thread (`virtio::vhost_user`): it sends the backend its messages on
+/// the socket and reads the replies, watches the call fds of masked vectors, and connects
+/// again after the backend went away.
+fn vhost_user() -> Vec<Allowed> {
+    vec![
+        // Wait for commands, the watch fds and the socket's hangup, and consume them; a
+        // socket connected again joins the epoll set.
+        sys!(SYS_epoll_wait),
+        sys!(SYS_epoll_ctl),
+        sys!(SYS_read),
+        // vhost-user messages, with the fds they carry (SCM_RIGHTS).
+        sys!(SYS_sendmsg),
+        sys!(SYS_recvmsg),
+        // Connecting again after a hangup: a new socket (AF_UNIX only), its connect, and the
+        // read and write timeouts that keep a hung backend from holding a vCPU.
+        sys!(SYS_socket).only(0, [value(libc::AF_UNIX)]),
+        sys!(SYS_connect),
+        sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET)]),
+        // A watch fd's signal sent as the vector's message (a first-use commit first).
+        sys!(SYS_ioctl).only(1, [KVM_SIGNAL_MSI(), KVM_SET_GSI_ROUTING(), KVM_IRQFD()]),
+    ]
+}
+
 /// The console input thread: waits for stdin or its stop event, reads stdin, puts bytes into
 /// the UART (plain memory, and an eventfd write for the receive interrupt, in runtime()).
 fn console_input() -> Vec<Allowed> {
@@ -347,6 +370,7 @@ pub(crate) fn allowed(kind: ThreadKind) -> Vec<Allowed> {
             .collect(),
         ThreadKind::Vcpu => vcpu(),
         ThreadKind::Device => device(),
+        ThreadKind::VhostUser => vhost_user(),
         // Writing to stderr or stdout, waiting for more; the RTC's timed waits on a condition
         // variable and its IRQ eventfd's write: runtime() is all they do.
         ThreadKind::LogWriter | ThreadKind::Console | ThreadKind::Rtc => Vec::new(),

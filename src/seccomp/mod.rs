@@ -40,6 +40,9 @@ pub enum ThreadKind {
     Vcpu,
     /// Serves one virtio device's queues.
     Device,
+    /// Talks to one vhost-user device's backend (`virtio::vhost_user`): the queues are the
+    /// backend's, the thread only configures them and watches the call fds of masked vectors.
+    VhostUser,
     /// Writes queued log records to stderr.
     LogWriter,
     /// Writes the guest's console output.
@@ -52,10 +55,11 @@ pub enum ThreadKind {
 
 impl ThreadKind {
     /// Every kind, in the order [`enable`] compiles their filters.
-    pub const ALL: [ThreadKind; 7] = [
+    pub const ALL: [ThreadKind; 8] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::Device,
+        ThreadKind::VhostUser,
         ThreadKind::LogWriter,
         ThreadKind::Console,
         ThreadKind::ConsoleInput,
@@ -68,6 +72,7 @@ impl ThreadKind {
             ThreadKind::Main => "main",
             ThreadKind::Vcpu => "vcpu",
             ThreadKind::Device => "device",
+            ThreadKind::VhostUser => "vhost-user",
             ThreadKind::LogWriter => "log writer",
             ThreadKind::Console => "console",
             ThreadKind::ConsoleInput => "console input",

@@ -22,6 +22,7 @@ mod testing;
 #[cfg(test)]
 mod tests;
 pub mod transport;
+pub mod vhost_user;
 pub mod worker;
 
 pub mod regs {
@@ -34,7 +35,7 @@ use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
 
 use crate::dma::{AccessPlatform, DmaContext};
-use crate::irq::{InterruptRoutes, IrqError};
+use crate::irq::{InterruptRoutes, IrqError, Signaller};
 use crate::logging::DeviceLog;
 use device::{Notification, QueueHandler, VirtioDevice};
 use engine::QueueEngine;
@@ -91,30 +92,60 @@ pub struct TransportEnv {
     pub log: Arc<DeviceLog>,
 }
 
-/// A device type's two halves: the register side the transport keeps, and the queue work the
-/// device thread runs.
+/// A device type's two halves: the register side the transport keeps, and who serves the
+/// queues.
 pub struct DeviceParts {
     /// Identity, features, queues and configuration space.
     pub device: Box<dyn VirtioDevice>,
-    /// The queue work, which the device thread runs.
-    pub queues: Box<dyn QueueHandler>,
+    /// The queue work.
+    pub work: DeviceWork,
 }
 
-/// Start the device thread of a transport whose registers are `state`.
+/// Who serves a device's queues.
+pub enum DeviceWork {
+    /// exitless's device thread, running this handler.
+    InProcess(Box<dyn QueueHandler>),
+    /// A vhost-user backend, which exitless's vhost-user thread configures.
+    VhostUser(vhost_user::VhostUserWork),
+}
+
+impl DeviceWork {
+    /// Who signals the device's MSI irqfds: a vhost-user backend needs routes whatever the
+    /// commit strategy (`irq::msi`).
+    pub fn signaller(&self) -> Signaller {
+        match self {
+            DeviceWork::InProcess(_) => Signaller::Vmm,
+            DeviceWork::VhostUser(_) => Signaller::Outside,
+        }
+    }
+
+    /// Whether the device's DMA may go through the IOMMU: a vhost-user backend maps guest RAM
+    /// itself, and exitless does not implement the vhost-user IOTLB messages.
+    pub fn translatable(&self) -> bool {
+        matches!(self, DeviceWork::InProcess(_))
+    }
+}
+
+/// Start the thread that serves the queues of a transport whose registers are `state`.
 fn spawn_worker(
     name: String,
     state: &VirtioState,
-    queues: Box<dyn QueueHandler>,
+    work: DeviceWork,
     interrupts: &Arc<Interrupts>,
     events: &QueueEvents,
 ) -> Result<Worker, VirtioError> {
-    let engine = QueueEngine::new(queues, state.health().clone());
-    Worker::spawn(
-        name,
-        engine,
-        interrupts.clone(),
-        events.clones().map_err(VirtioError::Io)?,
-    )
+    match work {
+        DeviceWork::InProcess(queues) => {
+            let engine = QueueEngine::new(queues, state.health().clone());
+            Worker::spawn(
+                name,
+                engine,
+                interrupts.clone(),
+                events.clones().map_err(VirtioError::Io)?,
+            )
+        }
+        DeviceWork::VhostUser(work) => vhost_user::spawn(name, state, work, interrupts, events),
+    }
     .map_err(VirtioError::Io)
 }
 
@@ -147,7 +178,11 @@ fn write_status(
         } else {
             dma.untranslated()
         };
-        worker.send(Command::Activate(st.activation_queues(), dma));
+        worker.send(Command::Activate(
+            st.activation_queues(),
+            dma,
+            st.driver_features(),
+        ));
     }
     change
 }

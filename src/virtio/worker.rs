@@ -39,8 +39,9 @@ const ACK_TIMEOUT: Duration = if cfg!(test) {
 
 /// What a transport asks of the device thread.
 pub enum Command {
-    /// DRIVER_OK: work on these queues through this context.
-    Activate(Vec<Queue>, DmaContext),
+    /// DRIVER_OK: work on these queues through this context, with the features the driver
+    /// negotiated (a vhost-user backend is told them; an in-process device has its own copy).
+    Activate(Vec<Queue>, DmaContext, u64),
     /// The driver reset the device: drop the queues and in-flight state, then acknowledge.
     Reset(SyncSender<()>),
     /// The driver disabled queue `.0`: stop using it, then acknowledge.
@@ -85,13 +86,28 @@ impl Worker {
         interrupts: Arc<Interrupts>,
         queue_events: Vec<EventFd>,
     ) -> std::io::Result<Self> {
+        let log = engine.log().clone();
+        Self::start(ThreadKind::Device, name, log, |inbox, wake, stop| {
+            let device_thread =
+                DeviceThread::new(engine, interrupts, queue_events, inbox, wake, stop)?;
+            Ok(move || device_thread.run())
+        })
+    }
+
+    /// Start a thread of `kind` that takes [`Command`]s: `body` gets its inbox, the eventfd
+    /// signalled when a command is sent and the one signalled to stop it, and returns the
+    /// loop to run (the device thread's, or the vhost-user thread's).
+    pub fn start<F: FnOnce() + Send + 'static>(
+        kind: ThreadKind,
+        name: String,
+        log: Arc<DeviceLog>,
+        body: impl FnOnce(Receiver<Command>, Arc<EventFd>, &EventFd) -> std::io::Result<F>,
+    ) -> std::io::Result<Self> {
         let stop = EventFd::new(EFD_NONBLOCK)?;
         let wake = Arc::new(EventFd::new(EFD_NONBLOCK)?);
-        let log = engine.log().clone();
         let (commands, inbox) = mpsc::channel();
-        let device_thread =
-            DeviceThread::new(engine, interrupts, queue_events, inbox, wake.clone(), &stop)?;
-        let thread = seccomp::spawn(ThreadKind::Device, name, move || device_thread.run())?;
+        let run = body(inbox, wake.clone(), &stop)?;
+        let thread = seccomp::spawn(kind, name, run)?;
         Ok(Worker {
             handle: WorkerHandle {
                 commands,
@@ -267,7 +283,7 @@ impl DeviceThread {
     fn run_commands(&mut self) {
         while let Ok(command) = self.inbox.try_recv() {
             match command {
-                Command::Activate(queues, dma) => {
+                Command::Activate(queues, dma, _) => {
                     self.engine.activate(queues, dma);
                     // Buffers made available before DRIVER_OK (allowed, §3.1.1) get looked at.
                     kick(&self.queue_events);

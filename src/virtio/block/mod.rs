@@ -60,7 +60,7 @@ impl VirtioBlock {
         let (device, queues) = VirtioBlock::new(disk, serial);
         DeviceParts {
             device: Box::new(device),
-            queues: Box::new(queues),
+            work: crate::virtio::DeviceWork::InProcess(Box::new(queues)),
         }
     }
 }

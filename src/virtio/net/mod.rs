@@ -53,7 +53,7 @@ impl VirtioNet {
         let (device, queues) = VirtioNet::new(mac, backends);
         DeviceParts {
             device: Box::new(device),
-            queues: Box::new(queues),
+            work: crate::virtio::DeviceWork::InProcess(Box::new(queues)),
         }
     }
 

@@ -138,6 +138,11 @@ impl VirtioState {
         self.acked = (self.acked & !(0xffff_ffff << shift)) | (u64::from(value) << shift);
     }
 
+    /// Every feature the driver accepted.
+    pub fn driver_features(&self) -> u64 {
+        self.acked
+    }
+
     /// The 32 accepted feature bits the driver feature select picks.
     pub fn driver_features_word(&self) -> u32 {
         match self.driver_features_select {

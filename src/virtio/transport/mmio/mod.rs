@@ -110,6 +110,7 @@ impl MmioTransport {
             iommu: _,
             log,
         } = env;
+        let signaller = device.work.signaller();
         let state = VirtioState::new(
             device.device,
             feature(VIRTIO_F_MMIO_MSI) | feature(VIRTIO_F_MMIO_NOTIFY),
@@ -123,7 +124,7 @@ impl MmioTransport {
         };
         routes.bind_pin(at.gsi, &line.irqfd, Some(&line.resample))?;
         // One vector per queue and one for configuration changes.
-        let msi = MsiVectors::new(routes, queues + 1, log.clone(), crate::irq::Signaller::Vmm)?;
+        let msi = MsiVectors::new(routes, queues + 1, log.clone(), signaller)?;
         let interrupts = Arc::new(Interrupts::new(
             queues,
             Some(line),
@@ -138,7 +139,7 @@ impl MmioTransport {
         let worker = spawn_worker(
             format!("virtio-mmio@{:#x}", at.base),
             &state,
-            device.queues,
+            device.work,
             &interrupts,
             &events,
         )?;

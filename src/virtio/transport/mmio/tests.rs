@@ -262,7 +262,7 @@ fn live_recording(blocking: bool) -> (MmioTransport, Worker, Arc<FakeRoutes>, Pr
     };
     let parts = DeviceParts {
         device: p.net.device,
-        queues: Box::new(handler),
+        work: crate::virtio::DeviceWork::InProcess(Box::new(handler)),
     };
     let at = MmioPlacement {
         base: 0xd000_0000,

@@ -79,19 +79,17 @@ impl VirtioPci {
         } = env;
         let mut dma = DmaContext::pci(mem.clone(), requester_id);
         let mut features = 0;
-        if let Some(iommu) = iommu {
+        let signaller = device.work.signaller();
+        // A vhost-user backend reaches guest RAM untranslated (wiring refuses one behind the
+        // IOMMU; without ACCESS_PLATFORM the driver gives it guest-physical addresses).
+        if let Some(iommu) = iommu.filter(|_| device.work.translatable()) {
             dma = dma.behind(iommu);
             features |= 1 << VIRTIO_F_ACCESS_PLATFORM;
         }
         let state = VirtioState::new(device.device, features, mem, log.clone());
         let queues = state.queue_count();
         let vectors = vectors.clamp(1, MAX_VECTORS);
-        let msi = Arc::new(MsiVectors::new(
-            routes,
-            vectors,
-            log.clone(),
-            crate::irq::Signaller::Vmm,
-        )?);
+        let msi = Arc::new(MsiVectors::new(routes, vectors, log.clone(), signaller)?);
         // The command register resets to 0: no messages until the driver sets Bus Master.
         msi.update(&[MsiChange::BusMaster(false)]);
         let interrupts = Arc::new(Interrupts::new(
@@ -107,7 +105,7 @@ impl VirtioPci {
         let worker = spawn_worker(
             "virtio-pci".into(),
             &state,
-            device.queues,
+            device.work,
             &interrupts,
             &events,
         )?;

@@ -1,0 +1,116 @@
+//! The connection to a vhost-user backend and what it negotiates at connection (vhost-user
+//! protocol, "Session start"): SET_OWNER, the backend's virtio features, the protocol features
+//! exitless uses (REPLY_ACK, MQ, CONFIG for virtio-blk, RESET_DEVICE), and its queue count.
+
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use vhost::VhostBackend;
+use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+
+use super::{VhostUserError, VhostUserKind, VhostUserSpec};
+use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+
+/// How long one message may wait for the backend: a hung backend cannot hold a vCPU (which
+/// waits for the vhost-user thread at a reset or a mask) longer than this.
+pub(super) const SOCKET_TIMEOUT: Duration = if cfg!(test) {
+    Duration::from_secs(1)
+} else {
+    Duration::from_secs(5)
+};
+
+/// VHOST_USER_F_PROTOCOL_FEATURES: the backend has protocol features (vhost-user protocol,
+/// "Protocol features"); it is a vhost-user bit, never offered to the driver.
+pub(super) const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+
+/// A session with a backend.
+pub(super) struct Connection {
+    /// The frontend's end of the socket.
+    pub frontend: Frontend,
+    /// The virtio features the backend offers (with VHOST_USER_F_PROTOCOL_FEATURES).
+    pub features: u64,
+}
+
+impl Connection {
+    /// Connect to `spec`'s socket and start a session.
+    pub fn open(spec: &VhostUserSpec) -> Result<Self, VhostUserError> {
+        let socket =
+            UnixStream::connect(&spec.socket).map_err(|source| VhostUserError::Connect {
+                socket: spec.socket.clone(),
+                source,
+            })?;
+        let timeouts = socket
+            .set_read_timeout(Some(SOCKET_TIMEOUT))
+            .and_then(|()| socket.set_write_timeout(Some(SOCKET_TIMEOUT)));
+        timeouts.map_err(|source| VhostUserError::Connect {
+            socket: spec.socket.clone(),
+            source,
+        })?;
+        let queues = spec.queue_count();
+        let mut frontend = Frontend::from_stream(socket, queues as u64);
+        let fail = |what| {
+            let socket = spec.socket.clone();
+            move |source| VhostUserError::Protocol {
+                socket,
+                what,
+                source,
+            }
+        };
+        frontend.set_owner().map_err(fail("SET_OWNER"))?;
+        let features = frontend.get_features().map_err(fail("GET_FEATURES"))?;
+        for (bit, name) in [
+            (VIRTIO_F_VERSION_1, "VIRTIO_F_VERSION_1"),
+            (VIRTIO_F_EVENT_IDX, "VIRTIO_RING_F_EVENT_IDX"),
+        ] {
+            if features & (1 << bit) == 0 {
+                return Err(VhostUserError::Lacks {
+                    socket: spec.socket.clone(),
+                    feature: name,
+                });
+            }
+        }
+        let mut protocol = VhostUserProtocolFeatures::empty();
+        if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+            let mut wanted = VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::MQ;
+            if matches!(spec.kind, VhostUserKind::Block) {
+                wanted |= VhostUserProtocolFeatures::CONFIG;
+            }
+            let offered = frontend
+                .get_protocol_features()
+                .map_err(fail("GET_PROTOCOL_FEATURES"))?;
+            protocol = offered & wanted;
+            frontend
+                .set_protocol_features(protocol)
+                .map_err(fail("SET_PROTOCOL_FEATURES"))?;
+        }
+        if matches!(spec.kind, VhostUserKind::Block)
+            && !protocol.contains(VhostUserProtocolFeatures::CONFIG)
+        {
+            return Err(VhostUserError::Lacks {
+                socket: spec.socket.clone(),
+                feature: "VHOST_USER_PROTOCOL_F_CONFIG (exitless reads the disk's size from it)",
+            });
+        }
+        if queues > 1 {
+            let has = if protocol.contains(VhostUserProtocolFeatures::MQ) {
+                frontend.get_queue_num().map_err(fail("GET_QUEUE_NUM"))?
+            } else {
+                1
+            };
+            if has < queues as u64 {
+                return Err(VhostUserError::Queues {
+                    socket: spec.socket.clone(),
+                    asked: queues,
+                    has,
+                });
+            }
+        }
+        if protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            // Every message then waits for the backend's acknowledgement: a call fd swapped at
+            // a mask is in place before the guest's write completes.
+            frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        Ok(Connection { frontend, features })
+    }
+}

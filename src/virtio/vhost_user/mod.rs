@@ -1,0 +1,160 @@
+//! vhost-user devices: the queues are served by a backend in another process (DPDK,
+//! qemu-storage-daemon, SPDK), the register side stays in exitless (docs/vhost-user.md).
+//!
+//! The backend gets guest RAM's memfd regions ([`memory`]), each queue's doorbell eventfd as its
+//! kick (the one KVM's ioeventfd signals: nothing exits to exitless) and, as its call, the
+//! vector's KVM irqfd while the vector may deliver or a watch eventfd exitless polls while it
+//! may not ([`calls`]: QEMU's "masked notifier" swap). [`connection`] negotiates, [`device`] is
+//! the register side, [`thread`] the thread that talks to the backend.
+
+mod calls;
+mod connection;
+mod device;
+mod memory;
+#[cfg(test)]
+mod tests;
+mod thread;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vm_memory::GuestMemoryMmap;
+
+use super::DeviceParts;
+use super::interrupt::Interrupts;
+use super::notify::QueueEvents;
+use super::state::VirtioState;
+use super::worker::Worker;
+use connection::Connection;
+pub use device::VhostUserDevice;
+
+/// A device whose queues a vhost-user backend serves.
+#[derive(Clone, Debug)]
+pub struct VhostUserSpec {
+    /// The backend's listening socket.
+    pub socket: PathBuf,
+    /// What the device is.
+    pub kind: VhostUserKind,
+    /// Queues (virtio-blk) or queue pairs (virtio-net).
+    pub queues: u16,
+    /// How long after a hangup to keep trying to connect again (every 100 ms); `None`: once,
+    /// at the driver's reset.
+    pub reconnect: Option<Duration>,
+}
+
+/// The device type a backend serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VhostUserKind {
+    /// virtio-net with this MAC address.
+    Net {
+        /// The address the configuration space shows.
+        mac: [u8; 6],
+    },
+    /// virtio-blk; its configuration space is the backend's.
+    Block,
+}
+
+impl VhostUserSpec {
+    /// The virtqueues the backend serves: a receive and a transmit queue per pair for net.
+    pub fn queue_count(&self) -> usize {
+        match self.kind {
+            VhostUserKind::Net { .. } => 2 * usize::from(self.queues),
+            VhostUserKind::Block => usize::from(self.queues),
+        }
+    }
+}
+
+/// Why a vhost-user device could not be built: the one line the user sees.
+#[derive(Debug, thiserror::Error)]
+pub enum VhostUserError {
+    /// The socket could not be reached.
+    #[error(
+        "cannot connect to the vhost-user backend at {}: {source}; start the backend first",
+        socket.display()
+    )]
+    Connect {
+        /// The socket.
+        socket: PathBuf,
+        /// What connect said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A message failed or was answered with nonsense.
+    #[error("the vhost-user backend at {}: {what} failed: {source}", socket.display())]
+    Protocol {
+        /// The socket.
+        socket: PathBuf,
+        /// The message.
+        what: &'static str,
+        /// What the vhost crate said.
+        #[source]
+        source: vhost::Error,
+    },
+    /// The backend lacks a feature the device needs.
+    #[error(
+        "the vhost-user backend at {} does not offer {feature}, which exitless needs; use a backend that does",
+        socket.display()
+    )]
+    Lacks {
+        /// The socket.
+        socket: PathBuf,
+        /// The feature.
+        feature: &'static str,
+    },
+    /// The backend serves fewer queues than asked for.
+    #[error(
+        "the vhost-user backend at {} serves {has} queues, {asked} asked for; lower queues=",
+        socket.display()
+    )]
+    Queues {
+        /// The socket.
+        socket: PathBuf,
+        /// Queues asked for.
+        asked: usize,
+        /// Queues it has.
+        has: u64,
+    },
+    /// Guest RAM is not in shareable memory.
+    #[error("guest RAM is not shareable with a vhost-user backend (not a memfd mapping)")]
+    RamNotShared,
+}
+
+/// What a vhost-user device's thread is started with.
+pub struct VhostUserWork {
+    spec: VhostUserSpec,
+    connection: Connection,
+    /// The features offered to the driver: a backend connected again must offer them all.
+    offered: u64,
+    mem: GuestMemoryMmap,
+}
+
+/// Connect to `spec`'s backend and build the device's two halves. The memory table needs
+/// guest RAM in a memfd (`vm::RamBacking::SharedMemfd`).
+pub fn connect(spec: &VhostUserSpec, mem: &GuestMemoryMmap) -> Result<DeviceParts, VhostUserError> {
+    memory::regions(mem)?;
+    let mut connection = Connection::open(spec)?;
+    let device = VhostUserDevice::new(spec, &mut connection)?;
+    // What the driver may negotiate of the backend's: a backend connected later must offer it.
+    let offered = device.offered() & connection.features;
+    Ok(DeviceParts {
+        device: Box::new(device),
+        work: super::DeviceWork::VhostUser(VhostUserWork {
+            spec: spec.clone(),
+            connection,
+            offered,
+            mem: mem.clone(),
+        }),
+    })
+}
+
+/// Start the vhost-user thread of a transport whose registers are `state`.
+pub(super) fn spawn(
+    name: String,
+    state: &VirtioState,
+    work: VhostUserWork,
+    interrupts: &Arc<Interrupts>,
+    events: &QueueEvents,
+) -> std::io::Result<Worker> {
+    thread::spawn(name, state, work, interrupts, events)
+}

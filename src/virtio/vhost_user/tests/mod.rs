@@ -1,0 +1,448 @@
+//! The vhost-user frontend against an in-process backend ([`backend`]), through a virtio-pci
+//! function on the in-memory fakes: what the backend is told at DRIVER_OK, the call-fd swap at
+//! mask and unmask, resets, hangups and reconnection, and the one-line errors.
+
+#![allow(clippy::cast_possible_truncation)] // fixtures
+
+mod backend;
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend as _, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::*;
+use crate::fakes::{FakeIoEvents, FakeRoutes};
+use crate::irq::CommitStrategy;
+use crate::logging::DeviceLog;
+use crate::pci::config::{ConfigSpace, ConfigWindow};
+use crate::pci::function::PciFunction;
+use crate::pci::regs::*;
+use crate::virtio::TransportEnv;
+use crate::virtio::notify::NotifyPath;
+use crate::virtio::regs::*;
+use crate::virtio::transport::pci::VirtioPci;
+use backend::{Quirks, Record};
+
+/// 1 MiB of guest RAM in a memfd, as `vm::RamBacking::SharedMemfd` maps it.
+fn shared_memory() -> GuestMemoryMmap {
+    // SAFETY: memfd_create takes a NUL-terminated name and flags, and returns a new fd.
+    let fd = unsafe { libc::memfd_create(c"exitless-test".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(1 << 20).unwrap();
+    let at = FileOffset::new(file, 0);
+    GuestMemoryMmap::from_ranges_with_files([(GuestAddress(0), 1 << 20, Some(at))]).unwrap()
+}
+
+/// A socket path of its own for each test.
+fn socket() -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::SeqCst);
+    std::env::temp_dir().join(format!("exitless-vu-{}-{n}.sock", std::process::id()))
+}
+
+fn spec(socket: PathBuf, kind: VhostUserKind) -> VhostUserSpec {
+    VhostUserSpec {
+        socket,
+        kind,
+        queues: 1,
+        reconnect: None,
+    }
+}
+
+const NET: VhostUserKind = VhostUserKind::Net {
+    mac: [2, 0, 0, 0, 0, 1],
+};
+/// Where the driver puts queue `q`'s rings.
+fn rings(q: u64) -> [u64; 3] {
+    [
+        0x10000 * (q + 1),
+        0x10000 * (q + 1) + 0x1000,
+        0x10000 * (q + 1) + 0x2000,
+    ]
+}
+
+/// A virtio-net function on a fake backend, and what the test looks at.
+struct Rig {
+    f: VirtioPci,
+    _worker: crate::virtio::worker::Worker,
+    c: ConfigSpace,
+    routes: Arc<FakeRoutes>,
+    record: Arc<Mutex<Record>>,
+    mem: GuestMemoryMmap,
+}
+
+fn rig(strategy: CommitStrategy, quirks: Quirks) -> Rig {
+    let path = socket();
+    let record = backend::serve(&path, quirks);
+    let mem = shared_memory();
+    let parts = connect(&spec(path, NET), &mem).unwrap();
+    let routes = Arc::new(FakeRoutes::with_strategy(strategy));
+    let env = TransportEnv {
+        ioevents: Arc::new(FakeIoEvents::default()),
+        routes: routes.clone(),
+        mem: mem.clone(),
+        iommu: None,
+        log: DeviceLog::new("vhost-user-test"),
+    };
+    let (mut f, worker) = VirtioPci::new(env, parts, 0x18, 3, NotifyPath::Address).unwrap();
+    let layout = f.config_layout(0x02_00_00);
+    let window = Arc::new(ConfigWindow::new(1).unwrap());
+    let c = ConfigSpace::new(window, 0, &layout, &[0xc000_0000])
+        .unwrap()
+        .0;
+    f.attached(&c);
+    Rig {
+        f,
+        _worker: worker,
+        c,
+        routes,
+        record,
+        mem,
+    }
+}
+
+impl Rig {
+    fn write(&mut self, offset: u32, len: usize, v: u32) {
+        self.f
+            .bar_write(&self.c, 0, u64::from(offset), &v.to_le_bytes()[..len]);
+    }
+
+    fn read(&mut self, offset: u32, len: usize) -> u32 {
+        let mut b = [0u8; 4];
+        self.f
+            .bar_read(&self.c, 0, u64::from(offset), &mut b[..len]);
+        u32::from_le_bytes(b)
+    }
+
+    /// Mask or unmask MSI-X entry `v`.
+    fn mask(&mut self, v: u32, masked: bool) {
+        let at = VIRTIO_PCI_BAR_MSIX_TABLE + v * PCI_MSIX_ENTRY_SIZE + PCI_MSIX_ENTRY_VECTOR_CTRL;
+        self.write(at, 4, u32::from(masked));
+    }
+
+    /// What a driver does up to DRIVER_OK: Bus Master, MSI-X entries 0-2 programmed and
+    /// unmasked, MSI-X enabled, VERSION_1 negotiated, both queues set up on vectors 0 and 1.
+    fn start_driver(&mut self) {
+        self.c
+            .set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+        self.f.config_written(&self.c, PCI_COMMAND, 2);
+        for v in 0..3 {
+            let entry = VIRTIO_PCI_BAR_MSIX_TABLE + v * PCI_MSIX_ENTRY_SIZE;
+            self.write(entry + PCI_MSIX_ENTRY_LOWER_ADDR, 4, 0xfee0_0000);
+            self.write(entry + PCI_MSIX_ENTRY_DATA, 4, 0x40 + v);
+            self.mask(v, false);
+        }
+        let cap = self.c.find_capability(PCI_CAP_ID_MSIX).unwrap();
+        self.c.set_u16(cap + PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE);
+        self.f.config_written(&self.c, cap + PCI_MSIX_FLAGS, 2);
+        let s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;
+        self.write(VIRTIO_PCI_COMMON_STATUS, 1, s);
+        self.write(VIRTIO_PCI_COMMON_GFSELECT, 4, 1);
+        self.write(VIRTIO_PCI_COMMON_GF, 4, 1 << (VIRTIO_F_VERSION_1 - 32));
+        self.write(VIRTIO_PCI_COMMON_STATUS, 1, s | VIRTIO_STATUS_FEATURES_OK);
+        self.write(VIRTIO_PCI_COMMON_MSIX, 2, 2);
+        for q in 0..2 {
+            self.write(VIRTIO_PCI_COMMON_Q_SELECT, 2, q);
+            let [desc, avail, used] = rings(u64::from(q));
+            self.write(VIRTIO_PCI_COMMON_Q_DESCLO, 4, desc as u32);
+            self.write(VIRTIO_PCI_COMMON_Q_AVAILLO, 4, avail as u32);
+            self.write(VIRTIO_PCI_COMMON_Q_USEDLO, 4, used as u32);
+            self.write(VIRTIO_PCI_COMMON_Q_MSIX, 2, q);
+            self.write(VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1);
+        }
+        let ok = s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK;
+        self.write(VIRTIO_PCI_COMMON_STATUS, 1, ok);
+        self.wait_for("SET_VRING_ENABLE 1 true");
+    }
+
+    fn log(&self) -> Vec<String> {
+        self.record.lock().unwrap().log.clone()
+    }
+
+    /// Wait (up to 5 s) for the backend to have been told `line`, `n` times in all.
+    fn wait_n(&self, line: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.log().iter().filter(|l| *l == line).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "{line:?} ×{n} in {:#?}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn wait_for(&self, line: &str) {
+        self.wait_n(line, 1);
+    }
+
+    fn calls(&self) -> usize {
+        self.log()
+            .iter()
+            .filter(|l| *l == "SET_VRING_CALL 0")
+            .count()
+    }
+
+    /// Signal the call fd the backend holds for queue 0, as the backend does.
+    fn backend_signals(&self) {
+        let rec = self.record.lock().unwrap();
+        let mut call = rec.call.as_ref().expect("a call fd");
+        call.write_all(&1u64.to_ne_bytes()).unwrap();
+    }
+
+    /// Whether the backend's call fd of queue 0 is `irqfd` (a count written on one is read
+    /// from the other).
+    fn backend_holds(&self, irqfd: &EventFd) -> bool {
+        // Messages sent through the irqfd so far are read first.
+        let _ = self.routes.take_delivered();
+        let rec = self.record.lock().unwrap();
+        let mut call = rec.call.as_ref().expect("a call fd");
+        call.write_all(&7u64.to_ne_bytes()).unwrap();
+        irqfd.read().ok() == Some(7)
+    }
+
+    fn status(&mut self) -> u32 {
+        self.read(VIRTIO_PCI_COMMON_STATUS, 1)
+    }
+}
+
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn at_driver_ok_the_backend_gets_features_memory_rings_the_doorbell_and_the_irqfd() {
+    let mut r = rig(CommitStrategy::PerVector, Quirks::default());
+    r.start_driver();
+    let rec = r.record.lock().unwrap();
+    // VERSION_1 as the driver took it, with the vhost-user protocol bit; not the checksum
+    // offload (bit 0) the driver did not take.
+    assert_eq!(rec.features, 1 << VIRTIO_F_VERSION_1 | 1 << 30);
+    let region = r.mem.iter().next().unwrap();
+    assert_eq!(rec.regions, vec![(0, 1 << 20, region.as_ptr() as u64)]);
+    let host = |gpa: u64| region.as_ptr() as u64 + gpa;
+    let [desc, avail, used] = rings(0);
+    assert_eq!(rec.addrs[0], (host(desc), host(used), host(avail)));
+    assert!(
+        rec.log
+            .contains(&"SET_MEM_TABLE 1 regions 1 fds".to_owned())
+    );
+    assert!(rec.log.contains(&"SET_VRING_BASE 0 0".to_owned()));
+    drop(rec);
+    // The kick is the doorbell: a notify write that exits reaches the backend's fd.
+    r.write(VIRTIO_PCI_BAR_NOTIFY, 2, 0);
+    let mut count = [0u8; 8];
+    let kick = r.record.lock().unwrap().kick.take().unwrap();
+    std::io::Read::read_exact(&mut &kick, &mut count).unwrap();
+    assert_eq!(u64::from_ne_bytes(count), 1);
+    // The call is the vector's irqfd, its route committed.
+    let irqfd = r.f.msi().deliverable_irqfd(0).expect("vector 0 delivers");
+    assert!(r.routes.committed_route_of(&irqfd).is_some());
+    assert!(r.backend_holds(&irqfd));
+}
+
+#[test]
+fn a_mask_swaps_the_call_before_the_write_completes_and_a_signal_pends_until_unmask() {
+    let mut r = rig(CommitStrategy::Batched, Quirks::default());
+    r.start_driver();
+    let irqfd = r.f.msi().deliverable_irqfd(0).unwrap();
+    let before = r.calls();
+    r.mask(0, true);
+    assert_eq!(
+        r.calls(),
+        before + 1,
+        "the swap is acknowledged within the write"
+    );
+    assert!(!r.backend_holds(&irqfd), "the backend holds the watch fd");
+    // That count of 7 reached the watch fd: the vector is masked, so it pends.
+    let _ = r.routes.take_delivered();
+    r.backend_signals();
+    eventually("the pending bit set", || r.f.msi().is_pending(0));
+    assert!(
+        r.routes.take_delivered().is_empty(),
+        "nothing sent while masked"
+    );
+    r.mask(0, false);
+    assert_eq!(r.calls(), before + 2, "back to the irqfd within the write");
+    assert_eq!(
+        r.routes.take_delivered(),
+        vec![Some((0xfee0_0000, 0x40))],
+        "the pending message, once"
+    );
+    assert!(r.backend_holds(&irqfd));
+}
+
+#[test]
+fn function_mask_and_bus_master_clear_swap_too() {
+    let mut r = rig(CommitStrategy::PerVector, Quirks::default());
+    r.start_driver();
+    let irqfd = r.f.msi().deliverable_irqfd(0).unwrap();
+    let cap = r.c.find_capability(PCI_CAP_ID_MSIX).unwrap();
+    let flags = PCI_MSIX_FLAGS_ENABLE | PCI_MSIX_FLAGS_MASKALL;
+    r.c.set_u16(cap + PCI_MSIX_FLAGS, flags);
+    r.f.config_written(&r.c, cap + PCI_MSIX_FLAGS, 2);
+    assert!(!r.backend_holds(&irqfd), "Function Mask");
+    r.c.set_u16(cap + PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE);
+    r.f.config_written(&r.c, cap + PCI_MSIX_FLAGS, 2);
+    assert!(r.backend_holds(&irqfd), "unmasked");
+    r.c.set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY);
+    r.f.config_written(&r.c, PCI_COMMAND, 2);
+    // Bus Master clear: the rings stop (their bases kept) before the write completes.
+    r.wait_for("GET_VRING_BASE 0");
+    r.c.set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+    r.f.config_written(&r.c, PCI_COMMAND, 2);
+    r.wait_n("SET_VRING_ENABLE 1 true", 2);
+    assert!(r.backend_holds(&irqfd), "started again on the irqfd");
+}
+
+#[test]
+fn a_reset_stops_the_rings_before_it_is_acknowledged() {
+    let mut r = rig(CommitStrategy::PerVector, Quirks::default());
+    r.start_driver();
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
+    let log = r.log();
+    for q in 0..2 {
+        assert!(log.contains(&format!("GET_VRING_BASE {q}")), "{log:#?}");
+    }
+    assert_eq!(r.status(), 0);
+}
+
+#[test]
+fn no_backend_ever_holds_the_irqfd_of_an_uncommitted_route() {
+    for strategy in CommitStrategy::ALL {
+        let mut r = rig(strategy, Quirks::default());
+        r.start_driver();
+        // Whatever the backend holds, its first signals arrive as the vector's message and
+        // none on a GSI without a committed route.
+        for _ in 0..2 {
+            let _ = r.routes.take_delivered();
+            r.backend_signals();
+            let mut got = Vec::new();
+            eventually("a delivery", || {
+                got.extend(r.routes.take_delivered());
+                !got.is_empty()
+            });
+            assert_eq!(got, vec![Some((0xfee0_0000, 0x40))], "{strategy:?}");
+        }
+        let irqfd =
+            r.f.msi()
+                .deliverable_irqfd(0)
+                .expect("routed after the first");
+        assert!(
+            r.routes.committed_route_of(&irqfd).is_some(),
+            "{strategy:?}"
+        );
+        assert!(
+            r.backend_holds(&irqfd),
+            "{strategy:?}: swapped to the irqfd"
+        );
+    }
+}
+
+#[test]
+fn a_hangup_needs_a_reset_and_the_driver_reset_connects_again() {
+    let mut r = rig(CommitStrategy::PerVector, Quirks::default());
+    r.start_driver();
+    let _ = r.routes.take_delivered();
+    let stream = r.record.lock().unwrap().stream.take().unwrap();
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    eventually("DEVICE_NEEDS_RESET", || {
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    assert!(
+        r.routes
+            .take_delivered()
+            .contains(&Some((0xfee0_0000, 0x42))),
+        "a configuration change interrupt"
+    );
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
+    assert_eq!(
+        r.record.lock().unwrap().connections,
+        2,
+        "connected again at the reset"
+    );
+    assert_eq!(r.status(), 0);
+    r.start_driver();
+    r.wait_n("SET_VRING_ENABLE 0 true", 2);
+    let irqfd = r.f.msi().deliverable_irqfd(0).unwrap();
+    assert!(r.backend_holds(&irqfd), "the new backend holds the irqfd");
+}
+
+#[test]
+fn a_backend_that_refuses_a_message_leaves_the_device_needing_a_reset() {
+    let mut r = rig(
+        CommitStrategy::PerVector,
+        Quirks {
+            refuse_enable: true,
+            ..Quirks::default()
+        },
+    );
+    let _ = &mut r;
+    r.c.set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+    r.f.config_written(&r.c, PCI_COMMAND, 2);
+    let s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, s);
+    r.write(VIRTIO_PCI_COMMON_GFSELECT, 4, 1);
+    r.write(VIRTIO_PCI_COMMON_GF, 4, 1);
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, s | VIRTIO_STATUS_FEATURES_OK);
+    r.write(VIRTIO_PCI_COMMON_Q_SELECT, 2, 0);
+    r.write(VIRTIO_PCI_COMMON_Q_DESCLO, 4, 0x10000);
+    r.write(VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1);
+    let ok = s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK;
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, ok);
+    eventually("DEVICE_NEEDS_RESET", || {
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+}
+
+#[test]
+fn a_missing_socket_or_version_1_is_one_line_saying_what_to_do() {
+    let mem = shared_memory();
+    let missing = connect(&spec(socket(), NET), &mem)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(missing.ends_with("start the backend first"), "{missing}");
+    assert!(!missing.contains('\n'));
+    let path = socket();
+    let _rec = backend::serve(
+        &path,
+        Quirks {
+            no_version_1: true,
+            ..Quirks::default()
+        },
+    );
+    let lacks = connect(&spec(path, NET), &mem).err().unwrap().to_string();
+    assert!(
+        lacks.contains("does not offer VIRTIO_F_VERSION_1"),
+        "{lacks}"
+    );
+    let private = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let refused = connect(&spec(socket(), NET), &private).err().unwrap();
+    assert!(matches!(refused, VhostUserError::RamNotShared));
+}
+
+#[test]
+fn a_disk_shows_the_backends_configuration_space() {
+    let path = socket();
+    let _rec = backend::serve(&path, Quirks::default());
+    let parts = connect(&spec(path, VhostUserKind::Block), &shared_memory()).unwrap();
+    let mut capacity = [0u8; 8];
+    parts.device.read_config(0, &mut capacity);
+    assert_eq!(u64::from_le_bytes(capacity), 32);
+    assert_eq!(parts.device.device_type(), 2);
+    assert_eq!(parts.device.queue_max_sizes().len(), 1);
+}

@@ -1,0 +1,407 @@
+//! vhost-user devices against real backends, started by the tests (issue 21): `exitless run`
+//! boots the multiboot test kernel with a virtio-blk disk served by qemu-storage-daemon (the
+//! image file holds what the guest wrote) and a virtio-net card served by DPDK testpmd, whose
+//! icmpecho answers the guest's ARP request, each on virtio-pci and on virtio-mmio; killing the
+//! disk's backend mid-traffic leaves the VM running and the device in DEVICE_NEEDS_RESET, and
+//! the driver's reset reconnects to the restarted backend; a socket nobody listens on and a
+//! backend without VERSION_1 are one line on stderr and status 2.
+//!
+//! A test skips, saying why, only where the backend's binary is missing (`.ci/run` installs
+//! both). testpmd busy-polls a core: its cases run in turn in one test, on one testpmd.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use exitless::peer::PeerError;
+use exitless::peer::backends::{Backend, BackendError};
+
+/// The test kernel's `exit=debug` status when every check passed: (0x10 << 1) | 1.
+const PASSED: i32 = 0x21;
+/// `exitless run`'s status for its own errors.
+const ERROR: i32 = 2;
+/// Longest a run may take (a vhost-user request crosses two processes on a busy host).
+const LIMIT: Duration = Duration::from_secs(120);
+/// The first virtio-mmio window `exitless run` gives out (src/machine/layout.rs).
+const FIRST_MMIO_WINDOW: &str = "virtio_mmio=0xe0100000";
+/// The pattern the test kernel writes to sector 1: byte i is i * 7 + seed.
+fn pattern(seed: u32) -> Vec<u8> {
+    (0..512u32)
+        .map(|i| (i * 7 + seed).to_le_bytes()[0])
+        .collect()
+}
+
+/// A directory of its own for one test's sockets and image, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("exitless-vu-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// A zeroed image file of `kib` KiB.
+    fn image(&self, kib: usize) -> PathBuf {
+        let image = self.path("disk.img");
+        std::fs::write(&image, vec![0u8; kib << 10]).unwrap();
+        image
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The backend, or `None` after printing why the test skips: only a missing binary does.
+fn started(backend: Result<Backend, BackendError>) -> Option<Backend> {
+    match backend {
+        Ok(b) => Some(b),
+        Err(BackendError::Start(why @ PeerError::NotFound { .. })) => {
+            println!("skipped: {why}");
+            None
+        }
+        Err(e) => panic!("the backend did not start: {e}"),
+    }
+}
+
+/// `exitless run` of the test kernel with `cmdline` and `args`, running: its console's lines
+/// arrive on `lines`, its stderr is gathered.
+struct Run {
+    child: Child,
+    lines: Receiver<String>,
+    console: String,
+    stderr: thread::JoinHandle<String>,
+}
+
+impl Run {
+    fn start(cmdline: &str, args: &[&str]) -> Run {
+        let elf = Path::new(env!("CARGO_BIN_EXE_exitless")).with_file_name("testkernel.elf");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .args(["run", "--memory", "64", "--kernel"])
+            .arg(elf)
+            .args(["--cmdline", cmdline])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("exitless starts");
+        let (send, lines) = channel();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut pipe = child.stderr.take().unwrap();
+        let stderr = thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        });
+        Run {
+            child,
+            lines,
+            console: String::new(),
+            stderr,
+        }
+    }
+
+    /// Read console lines until one starts with `prefix` (true), or the run's console ends or
+    /// `limit` passes (false).
+    fn await_line(&mut self, prefix: &str, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.starts_with(prefix);
+                    self.console.push_str(&line);
+                    self.console.push('\n');
+                    if found {
+                        return true;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Wait for the end (killing it after LIMIT): its status, console and stderr.
+    fn finish(mut self) -> (ExitStatus, String, String) {
+        self.await_line("\u{0}never", LIMIT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let status = self.child.wait().unwrap();
+        (status, self.console, self.stderr.join().unwrap())
+    }
+}
+
+/// The run passed every check; `lines` among its PASS lines.
+fn assert_passed(status: ExitStatus, console: &str, stderr: &str, lines: &[&str]) {
+    let failed = console.lines().any(|l| l.starts_with("FAIL "));
+    assert!(
+        status.code() == Some(PASSED) && !failed,
+        "status {status:?}, console:\n{console}\nstderr:\n{stderr}"
+    );
+    for line in lines {
+        assert!(
+            console.lines().any(|l| l == *line),
+            "{line:?} in:\n{console}\nstderr:\n{stderr}"
+        );
+    }
+}
+
+/// The disk checks through qemu-storage-daemon on one transport; the image holds the sector.
+fn disk_through_the_storage_daemon(transport: &str) {
+    let scratch = Scratch::new(&format!("disk-{transport}"));
+    let (image, socket) = (scratch.image(64), scratch.path("blk.sock"));
+    let Some(backend) = started(Backend::storage_daemon(&image, &socket)) else {
+        return;
+    };
+    let (found, more) = match transport {
+        "mmio" => (
+            "PASS disk: a virtio-blk device at virtio-mmio e0100000",
+            FIRST_MMIO_WINDOW,
+        ),
+        _ => ("PASS disk: a virtio-blk function on bus 0 (00:03.0)", ""),
+    };
+    let disk = format!("vhost-user={},transport={transport}", socket.display());
+    let run = Run::start(&format!("disk=1 {more}"), &["--disk", &disk]);
+    let (status, console, stderr) = run.finish();
+    assert_passed(
+        status,
+        &console,
+        &stderr,
+        &[
+            found,
+            "PASS disk: FEATURES_OK, 128 sectors",
+            "PASS disk: sector 1 written, status 0",
+            "PASS disk: flushed, status 0",
+            "PASS disk: sector 1 read back, status 0",
+            "PASS disk: a read past the end answered IOERR (status 1)",
+        ],
+    );
+    drop(backend);
+    let bytes = std::fs::read(&image).unwrap();
+    assert_eq!(
+        bytes[512..1024],
+        pattern(1)[..],
+        "the guest's sector is in the image"
+    );
+    assert_eq!(bytes.len(), 64 << 10, "the image keeps its size");
+}
+
+#[test]
+fn a_vhost_user_disk_on_virtio_pci_is_served_by_qemu_storage_daemon() {
+    disk_through_the_storage_daemon("pci");
+}
+
+#[test]
+fn a_vhost_user_disk_on_virtio_mmio_is_served_by_qemu_storage_daemon() {
+    disk_through_the_storage_daemon("mmio");
+}
+
+/// One testpmd (it busy-polls a core), the card on virtio-pci and then on virtio-mmio: the
+/// guest's ARP request crosses to testpmd and its icmpecho's answer comes back.
+#[test]
+fn a_vhost_user_card_on_either_transport_is_answered_by_testpmd() {
+    let scratch = Scratch::new("net");
+    let socket = scratch.path("net.sock");
+    let Some(backend) = started(Backend::testpmd(std::slice::from_ref(&socket), 1)) else {
+        return;
+    };
+    for (transport, found, more) in [
+        (
+            "pci",
+            "PASS net: a virtio-net function on bus 0 (00:03.0)",
+            "",
+        ),
+        (
+            "mmio",
+            "PASS net: a virtio-net device at virtio-mmio e0100000",
+            FIRST_MMIO_WINDOW,
+        ),
+    ] {
+        let net = format!(
+            "vhost-user={},mac=52:54:00:00:00:21,transport={transport}",
+            socket.display()
+        );
+        let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 {more}");
+        let (status, console, stderr) = Run::start(&cmdline, &["--net", &net]).finish();
+        let reply = console
+            .lines()
+            .any(|l| l.starts_with("PASS net: ARP reply: 10.0.2.2 is at "));
+        assert_passed(
+            status,
+            &console,
+            &format!("{stderr}\ntestpmd:\n{}", backend.output()),
+            &[found, "PASS net: FEATURES_OK, MAC 52:54:00:00:00:21"],
+        );
+        assert!(reply, "{transport}: testpmd's answer in:\n{console}");
+    }
+    assert_gone_once_dropped(backend);
+}
+
+/// Kill qemu-storage-daemon while the guest writes and reads: the VM runs on, the device
+/// shows DEVICE_NEEDS_RESET (the test kernel prints its marker), and once the daemon is back
+/// the driver's reset reconnects and the guest's next round reads back what it wrote.
+#[test]
+fn a_killed_disk_backend_is_reconnected_by_the_drivers_reset() {
+    let scratch = Scratch::new("reconnect");
+    let (image, socket) = (scratch.image(64), scratch.path("blk.sock"));
+    let Some(mut first) = started(Backend::storage_daemon(&image, &socket)) else {
+        return;
+    };
+    let disk = format!("vhost-user={}", socket.display());
+    let mut run = Run::start("disk=reconnect", &["--disk", &disk]);
+    assert!(
+        run.await_line("PASS disk: sector 1 read back", LIMIT),
+        "the first round:\n{}",
+        run.console
+    );
+    first.kill();
+    let marker = run.await_line("testkernel: disk: DEVICE_NEEDS_RESET", LIMIT);
+    assert!(
+        marker,
+        "no DEVICE_NEEDS_RESET after the kill:\n{}",
+        run.console
+    );
+    assert!(run.child.try_wait().unwrap().is_none(), "the VM runs on");
+    let second = started(Backend::storage_daemon(&image, &socket)).expect("it started before");
+    let (status, console, stderr) = run.finish();
+    assert_passed(status, &console, &stderr, &[]);
+    assert!(
+        console.contains("PASS disk: read back after "),
+        "the round after the reset:\n{console}"
+    );
+    drop(second);
+    let bytes = std::fs::read(&image).unwrap();
+    assert_eq!(
+        bytes[512..1024],
+        pattern(2)[..],
+        "the round after the reset reached the image"
+    );
+}
+
+/// `exitless run` with `args` ends at once with status 2 and one line on stderr, which it
+/// returns.
+fn refused(args: &[&str]) -> String {
+    let (status, console, stderr) = Run::start("", args).finish();
+    assert_eq!(status.code(), Some(ERROR), "{console}\n{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(console.is_empty(), "no boot: {console}");
+    stderr
+}
+
+#[test]
+fn a_socket_nobody_listens_on_is_one_line_and_status_2() {
+    let scratch = Scratch::new("nosocket");
+    let socket = scratch.path("absent.sock");
+    for option in ["--disk", "--net"] {
+        let line = refused(&[option, &format!("vhost-user={}", socket.display())]);
+        assert!(
+            line.contains(&*socket.to_string_lossy()),
+            "names the socket: {line}"
+        );
+    }
+}
+
+/// vhost-user's framing (QEMU docs/interop/vhost-user.rst, "Message Specification"): a
+/// request, flags and payload size, 4 bytes each, then the payload.
+const HEADER: usize = 12;
+const GET_FEATURES: u32 = 1;
+const GET_PROTOCOL_FEATURES: u32 = 15;
+const GET_QUEUE_NUM: u32 = 17;
+/// Flags: version 1, a reply; and the frontend's "reply wanted" (REPLY_ACK).
+const VERSION_REPLY: u32 = 0x1 | 0x4;
+const NEED_REPLY: u32 = 0x8;
+
+/// A backend that offers no feature at all (no VERSION_1): every GET answers 0 (1 queue),
+/// every request that wants an acknowledgement gets success. Written by hand because it must
+/// answer what no real backend answers.
+fn serve_without_features(listener: UnixListener) {
+    let Ok((mut stream, _)) = listener.accept() else {
+        return;
+    };
+    let mut header = [0u8; HEADER];
+    while stream.read_exact(&mut header).is_ok() {
+        let word = |i: usize| u32::from_le_bytes(header[i * 4..i * 4 + 4].try_into().unwrap());
+        let (request, flags, size) = (word(0), word(1), word(2) as usize);
+        let mut payload = vec![0u8; size];
+        if stream.read_exact(&mut payload).is_err() {
+            return;
+        }
+        let value: u64 = match request {
+            GET_QUEUE_NUM => 1,
+            GET_FEATURES | GET_PROTOCOL_FEATURES => 0,
+            _ if flags & NEED_REPLY != 0 => 0,
+            _ => continue,
+        };
+        let mut reply = Vec::with_capacity(HEADER + 8);
+        for w in [request, VERSION_REPLY, 8] {
+            reply.extend_from_slice(&w.to_le_bytes());
+        }
+        reply.extend_from_slice(&value.to_le_bytes());
+        if stream.write_all(&reply).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_backend_without_version_1_is_one_line_and_status_2() {
+    let scratch = Scratch::new("noversion1");
+    for option in ["--disk", "--net"] {
+        let socket = scratch.path(&format!("{}.sock", &option[2..]));
+        let listener = UnixListener::bind(&socket).unwrap();
+        let backend = thread::spawn(move || serve_without_features(listener));
+        let line = refused(&[option, &format!("vhost-user={}", socket.display())]);
+        assert!(line.contains("VERSION_1"), "says what is missing: {line}");
+        // The backend thread ends when exitless closes the connection.
+        let _ = UnixStream::connect(&socket);
+        backend.join().unwrap();
+    }
+}
+
+/// A backend, dropped, is stopped and reaped, and its sockets are gone.
+fn assert_gone_once_dropped(backend: Backend) {
+    let (pid, sockets) = (backend.pid(), backend.sockets().to_vec());
+    drop(backend);
+    for socket in sockets {
+        assert!(!socket.exists(), "{} is removed", socket.display());
+    }
+    let proc = format!("/proc/{pid}");
+    assert!(!Path::new(&proc).exists(), "it is stopped and reaped");
+}
+
+/// The backends themselves: qemu-storage-daemon creates its socket, serves on it, and is gone
+/// with its socket once dropped (testpmd's the same, in the card's test).
+#[test]
+fn the_storage_daemon_serves_its_socket_until_dropped() {
+    let scratch = Scratch::new("qsd");
+    let (image, socket) = (scratch.image(64), scratch.path("blk.sock"));
+    let Some(backend) = started(Backend::storage_daemon(&image, &socket)) else {
+        return;
+    };
+    assert_eq!(backend.sockets(), std::slice::from_ref(&socket));
+    UnixStream::connect(&socket).expect("it listens");
+    assert_gone_once_dropped(backend);
+}
