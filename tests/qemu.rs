@@ -10,7 +10,9 @@ use std::time::Duration;
 use common::run;
 use exitless::bench::host_tap::{HostTap, TapLink};
 use exitless::bench::iommu::IommuBench;
+use exitless::bench::msix::MsixBench;
 use exitless::bench::rr::RrBench;
+use exitless::bench::vhost_net::VhostNet;
 use exitless::contract::*;
 use exitless::machine::ops;
 use exitless::pci::PciAddress;
@@ -26,6 +28,13 @@ const Q35_HOST_BRIDGE_ID: u64 = 0x29c0_8086;
 
 fn qemu() -> Option<Qemu> {
     Qemu::find().inspect_err(|e| println!("skipped: {e}")).ok()
+}
+
+/// testpmd with the bench's ports (`msix` devices more), or None with the reason printed.
+fn testpmd(msix: usize) -> Option<VhostNet> {
+    VhostNet::start(msix)
+        .inspect_err(|why| println!("skipped: {why}"))
+        .ok()
 }
 
 fn boot(qemu: &Qemu, machine: &QemuMachine, ops: &[Op]) -> PeerRun {
@@ -312,7 +321,11 @@ fn icmp_echo_through_qemus_virtio_net_pci_on_a_tap_is_answered_by_the_host_kerne
     };
     let l = tap.link();
     // The bench's own machine for the comparison.
-    let machine = RrBench::default().peer_plan(l).machine;
+    let rr = RrBench {
+        tap: Some(l.clone()),
+        ..RrBench::default()
+    };
+    let machine = rr.peer_plan().expect("a plan").machine;
     let f = machine.virtio_net_function(0);
     let n = 200;
     let list = [
@@ -334,4 +347,70 @@ fn icmp_echo_through_qemus_virtio_net_pci_on_a_tap_is_answered_by_the_host_kerne
         "{:?}",
         run.results[2]
     );
+}
+
+/// `bench rr --against qemu`'s vhost-user counterpart (issue 21): QEMU's virtio-net-pci on a
+/// vhost-user netdev (guest RAM a shared memfd) served by DPDK testpmd's icmpecho, which
+/// answers the probe's ICMP echo requests; every reply arrives on the receive vector, which
+/// testpmd raises through the irqfd QEMU gave it. Skipped where testpmd is not installed.
+#[test]
+fn icmp_echo_through_qemus_vhost_user_virtio_net_pci_is_answered_by_testpmd() {
+    let Some(qemu) = qemu() else { return };
+    let Some(net) = testpmd(0) else { return };
+    let n = 200;
+    let rr = RrBench {
+        vhost_user: Some(net.ports().clone()),
+        transactions: n,
+        ..RrBench::default()
+    };
+    let plan = rr.peer_plan().expect("a plan");
+    let run = boot(&qemu, &plan.machine, &plan.ops);
+    ok(&run, 0);
+    let khz = run.tsc_khz.expect("the TSC rate") as f64;
+    for &i in &plan.counterparts[0].ops {
+        let r = ok(&run, i);
+        assert_eq!((r.value, r.bytes), (n, n * rr.request_size), "{r:?}");
+        assert!(r.irqs >= n, "a receive interrupt per reply: {r:?}");
+        let ns = r.cycles as f64 * 1e6 / khz / n as f64;
+        println!(
+            "qemu vhost-user echo {i}: {ns:.0} ns/transaction, {} irqs",
+            r.irqs
+        );
+    }
+}
+
+/// `bench msix --against qemu`'s vhost-user counterpart (issue 21): 8 vhost-user
+/// virtio-net-pci functions × 65 MSI-X vectors on one testpmd; each is brought up, its table
+/// programmed, MSI-X enabled, and the first interrupt testpmd raises after Enable arrives.
+#[test]
+fn msix_enable_on_qemus_vhost_user_functions_then_testpmd_interrupts() {
+    let Some(qemu) = qemu() else { return };
+    let Some(net) = testpmd(8) else { return };
+    let msix = MsixBench {
+        devices: 8,
+        queue_pairs: 32,
+        timeout: LIMIT,
+        rounds: 1,
+        vhost_user: net.ports().msix.clone(),
+    };
+    let plan = msix.peer_plan();
+    let run = boot(&qemu, &plan.machine, &plan.ops);
+    let khz = run.tsc_khz.expect("the TSC rate") as f64;
+    let ms = |i: usize| ok(&run, i).cycles as f64 / khz;
+    for c in plan
+        .counterparts
+        .iter()
+        .filter(|c| c.variant.contains("vhost-user"))
+    {
+        let per_device: Vec<String> = c.ops.iter().map(|&i| format!("{:.3}", ms(i))).collect();
+        println!("qemu {}: {} ms", c.variant, per_device.join(" "));
+    }
+    let first = plan.counterparts.last().expect("the first interrupt's");
+    for &i in &first.ops {
+        let r = ok(&run, i);
+        assert!(
+            r.irqs >= 1,
+            "testpmd's reply raised the receive vector: {r:?}"
+        );
+    }
 }

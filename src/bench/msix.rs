@@ -12,6 +12,7 @@
 //! Afterwards it measures the other burst a guest really does: with MSI-X enabled and every
 //! entry masked, unmasking the vectors one by one.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::bench::against::{Counterpart, PeerPlan};
@@ -19,6 +20,7 @@ use crate::bench::measure::{
     Clock, combine_rounds, in_rounds, ratio_target, rounds_line, run_ok, set_baseline, variant,
 };
 use crate::bench::model::{RoutingFigures, ScenarioReport, TargetCheck, Variant};
+use crate::bench::msix_vhost;
 use crate::bench::stats::Verdict;
 use crate::contract::Op;
 use crate::irq::CommitStrategy;
@@ -59,6 +61,9 @@ pub struct MsixBench {
     pub timeout: Duration,
     /// Rounds: each boots once per strategy, the strategies' order rotated.
     pub rounds: usize,
+    /// testpmd's sockets, one per device, for the vhost-user boots (`super::msix_vhost`);
+    /// empty: none.
+    pub vhost_user: Vec<PathBuf>,
 }
 
 /// Op indexes of one device's steps.
@@ -152,6 +157,7 @@ impl MsixBench {
         let machine = QemuMachine {
             virtio_net: u8::try_from(self.devices).expect("validated: at most MAX_VIRTIO_PCI"),
             queue_pairs: self.queue_pairs,
+            vhost_user: self.vhost_user.clone(),
             ..QemuMachine::default()
         };
         let mut list = Vec::new();
@@ -173,6 +179,10 @@ impl MsixBench {
             bursts.push(list.len() - 1);
             list.push(ops::msix_check(f, false));
         }
+        let vhost_steps = match self.vhost_user.is_empty() {
+            true => Vec::new(),
+            false => msix_vhost::ops(&mut list, &functions, false),
+        };
         let counterparts = STRATEGIES
             .iter()
             .map(|s| Counterpart {
@@ -189,6 +199,12 @@ impl MsixBench {
                 path: "unmasking every vector, one by one",
                 control: false,
             }])
+            .chain(
+                (!vhost_steps.is_empty())
+                    .then(|| msix_vhost::counterparts(&vhost_steps))
+                    .into_iter()
+                    .flatten(),
+            )
             .collect();
         PeerPlan {
             machine,
@@ -228,6 +244,7 @@ impl MsixBench {
                 .map(|r| boots.iter().map(|b| b[r].0.clone()).collect())
                 .collect(),
         );
+        let vhost = self.vhost_variants(rounds)?;
         set_baseline(
             &mut variants,
             CommitStrategy::PerVector.name(),
@@ -252,11 +269,35 @@ impl MsixBench {
                  against per-vector; {}; per-device figures are the median round's",
                 rounds_line(rounds, "one per strategy")
             ),
-            targets: targets(&variants, self.vectors()),
-            notes: notes(&variants, self.vectors()),
-            variants,
+            targets: targets(&variants, self.vectors())
+                .into_iter()
+                .chain(msix_vhost::targets(&vhost))
+                .collect(),
+            notes: notes(&variants, self.vectors())
+                .into_iter()
+                .chain((!vhost.is_empty()).then(|| msix_vhost::note(self.vectors())))
+                .collect(),
+            variants: variants.into_iter().chain(vhost).collect(),
             soak: None,
         })
+    }
+
+    /// The vhost-user boots (one per strategy per round) where testpmd runs, against
+    /// per-vector's.
+    fn vhost_variants(&self, rounds: usize) -> Result<Vec<Variant>, MachineError> {
+        if self.vhost_user.is_empty() {
+            return Ok(Vec::new());
+        }
+        let boots = in_rounds(rounds, STRATEGIES.len(), |b| {
+            msix_vhost::boot(STRATEGIES[b], &self.vhost_user, self.timeout, figures)
+        })?;
+        let mut variants = combine_rounds(
+            (0..rounds)
+                .map(|r| boots.iter().map(|b| b[r].clone()).collect())
+                .collect(),
+        );
+        set_baseline(&mut variants, msix_vhost::NAMES[0], &[]);
+        Ok(variants)
     }
 
     fn variant(

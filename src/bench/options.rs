@@ -12,6 +12,7 @@ use crate::bench::msix::MsixBench;
 use crate::bench::pci::PciBench;
 use crate::bench::rr::RrBench;
 use crate::bench::soak::SoakBench;
+use crate::bench::vhost_net::VhostPorts;
 
 /// A scenario of `exitless bench`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -179,8 +180,13 @@ impl BenchOptions {
         }
     }
 
-    /// `rr`'s bench, with its tap variant on `tap` if there is one; checked.
-    pub fn rr(&self, tap: Option<TapLink>) -> Result<RrBench, String> {
+    /// `rr`'s bench, with its tap variant on `tap` and its vhost-user variants on `vhost_user`
+    /// where there are; checked.
+    pub fn rr(
+        &self,
+        tap: Option<TapLink>,
+        vhost_user: Option<VhostPorts>,
+    ) -> Result<RrBench, String> {
         let rr = RrBench {
             transactions: self.transactions,
             request_size: self.request_size,
@@ -188,18 +194,21 @@ impl BenchOptions {
             timeout: self.timeout(),
             tap,
             rounds: usize::from(self.rounds),
+            vhost_user,
         };
         rr.validate()?;
         Ok(rr)
     }
 
-    /// `msix`'s bench, checked.
-    pub fn msix(&self) -> Result<MsixBench, String> {
+    /// `msix`'s bench, with its vhost-user boots on `vhost_user`'s sockets where there are;
+    /// checked.
+    pub fn msix(&self, vhost_user: Option<&VhostPorts>) -> Result<MsixBench, String> {
         let msix = MsixBench {
             devices: self.devices,
             queue_pairs: self.queue_pairs,
             timeout: self.timeout(),
             rounds: usize::from(self.rounds),
+            vhost_user: vhost_user.map(|p| p.msix.clone()).unwrap_or_default(),
         };
         msix.validate()?;
         Ok(msix)

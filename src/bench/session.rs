@@ -1,10 +1,10 @@
 //! One `exitless bench` run: with `--against`, the probe's boots under the peer first (and
-//! `rr`'s host tap, kept until the run ends); then each scenario in turn, the peer's figures
+//! `rr`'s host tap and testpmd, kept until the run ends); then each scenario in turn, the peer's figures
 //! or the reason there are none set beside it; then the report.
 //!
 //! [`Session::prepare`] runs before the main thread confines itself: QEMU inherits a seccomp
-//! filter across fork and execve, and cannot run under exitless's. [`Session::run`] runs
-//! after.
+//! filter across fork and execve, and cannot run under exitless's (nor can testpmd, and a
+//! confined process starts no program). [`Session::run`] runs after.
 
 use std::path::PathBuf;
 
@@ -17,6 +17,8 @@ use crate::bench::model::{HostLoad, Report};
 use crate::bench::options::{BenchOptions, PeerVmm, Scenario};
 use crate::bench::progress;
 use crate::bench::report;
+use crate::bench::rr::TAP_VARIANT;
+use crate::bench::vhost_net::{VhostNet, VhostPorts};
 use crate::peer::Qemu;
 
 /// A checked `exitless bench` command line, and the peer's figures when it asked for them.
@@ -28,6 +30,8 @@ pub struct Session {
     unpeered: Vec<(Scenario, String)>,
     /// `rr`'s host tap, for exitless's own boot on it; deleted when dropped.
     host_tap: Option<HostTap>,
+    /// `rr`'s testpmd for its vhost-user variants, or why there is none; stopped when dropped.
+    vhost_net: Result<VhostNet, String>,
     /// `--baseline`: its file and what it holds.
     baseline: Option<(PathBuf, SavedReport)>,
     /// How busy the host was before the first measurement.
@@ -100,8 +104,8 @@ impl Session {
     /// Check the options and, with `--against`, boot the probe under the peer.
     pub fn prepare(options: BenchOptions) -> Result<Session, String> {
         // Bad options get their one error before the host is watched.
-        options.rr(None)?;
-        options.msix()?;
+        options.rr(None, None)?;
+        options.msix(None)?;
         options.iommu()?;
         options.soak()?;
         // Before anything is measured, the peer's boots included.
@@ -115,6 +119,7 @@ impl Session {
             peers: Vec::new(),
             unpeered: Vec::new(),
             host_tap: None,
+            vhost_net: Err(String::new()),
             baseline: None,
             host_load,
         };
@@ -130,6 +135,13 @@ impl Session {
                     dir.display()
                 )
             })?;
+        }
+        let msix = session.scenarios.contains(&Scenario::Msix);
+        if msix || session.scenarios.contains(&Scenario::Rr) {
+            // Before the peer: QEMU's functions connect to the same ports.
+            let devices = if msix { session.options.devices } else { 0 };
+            session.vhost_net = VhostNet::start(devices)
+                .map_err(|why| format!("the vhost-user variants did not run: {why}"));
         }
         if session.options.against == Some(PeerVmm::Qemu) {
             if session.scenarios.contains(&Scenario::Soak) {
@@ -157,19 +169,25 @@ impl Session {
             progress::step("qemu", name(scenario), i, count);
             let plan = match scenario {
                 Scenario::Pci => self.options.pci().peer_plan(),
-                Scenario::Msix => self.options.msix()?.peer_plan(),
-                Scenario::Rr => match HostTap::create(TapLink::bench()) {
-                    Ok(tap) => {
-                        let link = tap.link().clone();
-                        self.host_tap = Some(tap);
-                        self.options.rr(Some(link.clone()))?.peer_plan(&link)
+                Scenario::Msix => self.options.msix(self.vhost_ports().as_ref())?.peer_plan(),
+                Scenario::Rr => {
+                    let link = match HostTap::create(TapLink::bench()) {
+                        Ok(tap) => {
+                            let link = tap.link().clone();
+                            self.host_tap = Some(tap);
+                            Some(link)
+                        }
+                        Err(why) => {
+                            let why = format!("{TAP_VARIANT} not measured under qemu: {why}");
+                            self.unpeered.push((scenario, why));
+                            None
+                        }
+                    };
+                    match self.options.rr(link, self.vhost_ports())?.peer_plan() {
+                        Some(plan) => plan,
+                        None => continue,
                     }
-                    Err(why) => {
-                        let why = format!("not measured under qemu: {why}");
-                        self.unpeered.push((scenario, why));
-                        continue;
-                    }
-                },
+                }
                 Scenario::Iommu => self.options.iommu()?.peer_plan(),
                 Scenario::Soak => continue,
             };
@@ -178,6 +196,11 @@ impl Session {
             self.peers.push((scenario, result));
         }
         Ok(())
+    }
+
+    /// testpmd's ports, where it runs.
+    fn vhost_ports(&self) -> Option<VhostPorts> {
+        self.vhost_net.as_ref().ok().map(|v| v.ports().clone())
     }
 
     /// Compare this run with `baseline` (read by [`load_baseline`]).
@@ -196,8 +219,9 @@ impl Session {
     fn measure(self) -> Result<BenchOutput, String> {
         let options = &self.options;
         // Every scenario's options are checked before the first boot, named or not.
-        let rr = options.rr(self.host_tap.as_ref().map(|t| t.link().clone()))?;
-        let msix = options.msix()?;
+        let tap = self.host_tap.as_ref().map(|t| t.link().clone());
+        let rr = options.rr(tap, self.vhost_ports())?;
+        let msix = options.msix(self.vhost_ports().as_ref())?;
         let iommu = options.iommu()?;
         let soak = options.soak()?;
         let mut report = Report {
@@ -217,14 +241,17 @@ impl Session {
                 Scenario::Soak => soak.run(),
             };
             let mut scenario_report = result.map_err(|e| e.to_string())?;
-            match self.peers.iter().find(|(s, _)| *s == scenario) {
-                Some((_, peer)) => peer.attach(&mut scenario_report),
-                None => scenario_report.notes.extend(
-                    self.unpeered
-                        .iter()
-                        .filter(|(s, _)| *s == scenario)
-                        .map(|(_, why)| why.clone()),
-                ),
+            if let Some((_, peer)) = self.peers.iter().find(|(s, _)| *s == scenario) {
+                peer.attach(&mut scenario_report);
+            }
+            scenario_report.notes.extend(
+                self.unpeered
+                    .iter()
+                    .filter(|(s, _)| *s == scenario)
+                    .map(|(_, why)| why.clone()),
+            );
+            if let (Scenario::Rr | Scenario::Msix, Err(why)) = (scenario, &self.vhost_net) {
+                scenario_report.notes.push(why.clone());
             }
             report.scenarios.push(scenario_report);
         }
@@ -258,6 +285,16 @@ impl Session {
         }
         output.text = text;
         Ok(output)
+    }
+}
+
+impl Drop for Session {
+    /// testpmd and its files go at exitless's exit, not here: the main thread may be confined
+    /// by now, and a confined thread cannot wait for a child.
+    fn drop(&mut self) {
+        if let Ok(net) = std::mem::replace(&mut self.vhost_net, Err(String::new())) {
+            net.leave();
+        }
     }
 }
 

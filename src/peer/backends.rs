@@ -250,6 +250,16 @@ impl Backend {
         &self.sockets
     }
 
+    /// What it leaves on disk until it is dropped: its log, its sockets and any directory it
+    /// leaves behind. For a caller that cannot drop it (a confined process cannot wait for
+    /// it) and has these removed by a helper after it ends.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.log.clone()];
+        files.extend(self.sockets.iter().cloned());
+        files.extend(self.leftover.iter().cloned());
+        files
+    }
+
     /// Its process ID.
     pub fn pid(&self) -> u32 {
         self.child.id()

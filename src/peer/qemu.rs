@@ -15,6 +15,16 @@
 //!                                                      function's backend, netdev=n0,mac=MAC)
 //! ```
 //!
+//! With [`QemuMachine::vhost_user`] (issue 21), guest RAM is a shared memfd a backend can map
+//! and function `i` is served by the vhost-user backend on socket `i` (QEMU docs, "vhost-user
+//! back ends": the memory must be shared, or QEMU refuses the netdev):
+//!
+//! ```text
+//!     -object memory-backend-memfd,id=mem,size=MIBM,share=on -numa node,memdev=mem
+//!     -chardev socket,id=cI,path=SOCKET -netdev vhost-user,id=vI,chardev=cI,queues=PAIRS
+//!     -device virtio-net-pci,...,netdev=vI
+//! ```
+//!
 //! and with [`QemuMachine::iommu`], `-device intel-iommu,aw-bits=48,intremap=off` before the
 //! functions, which are then modern only (`disable-legacy=on`), and from its index on behind
 //! the unit (`iommu_platform=on`).
@@ -78,8 +88,13 @@ pub struct QemuMachine {
     /// QEMU's VT-d unit (`-device intel-iommu`, described by a DMAR), translating the DMA of
     /// the virtio-net functions from this index on; `None`: no unit.
     pub iommu: Option<u8>,
-    /// A host tap behind the first function; without one, no function has a backend.
+    /// A host tap behind the first function; without one (and no `vhost_user`), no function
+    /// has a backend.
     pub tap: Option<QemuTap>,
+    /// vhost-user sockets: function `i` is served by the backend listening on `vhost_user[i]`
+    /// (with `queue_pairs` queue pairs), guest RAM then a shared memfd. Functions past the
+    /// list have no backend; a tap takes the first function before them.
+    pub vhost_user: Vec<PathBuf>,
 }
 
 /// A host tap QEMU opens as a virtio-net function's backend: QEMU's own, in its main loop
@@ -102,6 +117,7 @@ impl Default for QemuMachine {
             first_slot: 1,
             tap: None,
             iommu: None,
+            vhost_user: Vec::new(),
         }
     }
 }
@@ -134,6 +150,14 @@ impl QemuMachine {
         Ok(())
     }
 
+    /// The vhost-user socket serving function `i`, if any: the list starts after a tap's
+    /// function.
+    fn vhost_socket(&self, i: u8) -> Option<&Path> {
+        let first = u8::from(self.tap.is_some());
+        let n = usize::from(i.checked_sub(first)?);
+        self.vhost_user.get(n).map(PathBuf::as_path)
+    }
+
     /// MSI-X table entries of each virtio-net function.
     pub fn msix_vectors(&self) -> u32 {
         2 * u32::from(self.queue_pairs) + 1
@@ -158,6 +182,19 @@ impl QemuMachine {
         .map(String::from)
         .into();
         args.extend(["-m".into(), self.memory_mib.to_string()]);
+        if !self.vhost_user.is_empty() {
+            // A vhost-user backend maps guest RAM from the fds of SET_MEM_TABLE: a shared memfd
+            // as the one NUMA node's memory (QEMU's documented vhost-user setup).
+            args.extend([
+                "-object".into(),
+                format!(
+                    "memory-backend-memfd,id=mem,size={}M,share=on",
+                    self.memory_mib
+                ),
+                "-numa".into(),
+                "node,memdev=mem".into(),
+            ]);
+        }
         args.extend([
             "-device".into(),
             format!("isa-debug-exit,iobase={QEMU_DEBUG_EXIT_PORT:#x},iosize=4"),
@@ -187,6 +224,17 @@ impl QemuMachine {
                     format!(
                         "tap,id=n0,ifname={},script=no,downscript=no,vhost=off",
                         tap.ifname
+                    ),
+                ]);
+            } else if let Some(socket) = self.vhost_socket(i) {
+                device += &format!(",netdev=v{i}");
+                args.extend([
+                    "-chardev".into(),
+                    format!("socket,id=c{i},path={}", socket.display()),
+                    "-netdev".into(),
+                    format!(
+                        "vhost-user,id=v{i},chardev=c{i},queues={}",
+                        self.queue_pairs
                     ),
                 ]);
             }
@@ -495,6 +543,39 @@ mod tests {
             !args.contains("intel-iommu") && !args.contains("disable-legacy"),
             "{args}"
         );
+    }
+
+    #[test]
+    fn vhost_user_functions_get_their_sockets_after_the_tap_and_ram_is_a_shared_memfd() {
+        let machine = QemuMachine {
+            virtio_net: 3,
+            tap: Some(QemuTap {
+                ifname: "t0".into(),
+                mac: [0x02, 0, 0, 0, 0xab, 0x01],
+            }),
+            vhost_user: vec!["/s/a.sock".into()],
+            ..QemuMachine::default()
+        };
+        let args = machine.args().join(" ");
+        assert!(
+            args.contains(
+                "-m 128 -object memory-backend-memfd,id=mem,size=128M,share=on \
+                 -numa node,memdev=mem"
+            ),
+            "{args}"
+        );
+        assert!(
+            args.contains(
+                "-chardev socket,id=c1,path=/s/a.sock -netdev vhost-user,id=v1,chardev=c1,\
+                 queues=1 -device virtio-net-pci,addr=0x2,mq=on,vectors=3,romfile=,netdev=v1 \
+                 -device virtio-net-pci,addr=0x3,mq=on,vectors=3,romfile="
+            ),
+            "{args}"
+        );
+        assert_eq!(args.matches("-chardev").count(), 1, "{args}");
+        // No vhost-user function: private RAM, as before.
+        let plain = QemuMachine::default().args().join(" ");
+        assert!(!plain.contains("memory-backend"), "{plain}");
     }
 
     #[test]

@@ -10,6 +10,12 @@
 //! With `--against qemu`, one more boot: [`TAP_VARIANT`], a virtio-pci device whose backend is
 //! a host tap ([`super::host_tap`]), doing ICMP echo transactions with the host's kernel; QEMU
 //! runs the same ops on its virtio-net-pci on the same tap ([`RrBench::peer_plan`]).
+//!
+//! Where DPDK testpmd is installed, one more boot (issue 21): [`VHOST_PCI_VARIANT`] and
+//! [`VHOST_MMIO_VARIANT`], a virtio-pci and a virtio-mmio (MSI, per-queue doorbells) device
+//! whose queues testpmd serves over vhost-user ([`super::vhost_net`]), the same ICMP echo ops
+//! against its icmpecho; no kick and no interrupt passes through exitless (target: 0 exits per
+//! transaction). QEMU runs the echo on a vhost-user virtio-net-pci on the same testpmd.
 
 use std::time::Duration;
 
@@ -20,12 +26,15 @@ use crate::bench::measure::{
     variant,
 };
 use crate::bench::model::{ScenarioReport, TargetCheck, Variant};
+use crate::bench::vhost_net::{BACKEND_IP, BACKEND_MAC, GUEST_IP, VhostPorts};
 use crate::contract::{
     ICMP_MAX_PAYLOAD, Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE,
     TRANSPORT_MMIO, TRANSPORT_PCI,
 };
 use crate::irq::CommitStrategy;
-use crate::machine::{MachineError, NetBackendKind, ProbeConfig, Transport, VirtioNetConfig, ops};
+use crate::machine::{
+    MachineError, NetBackendKind, ProbeConfig, Transport, VhostUserConfig, VirtioNetConfig, ops,
+};
 use crate::pci::PciAddress;
 use crate::peer::{QemuMachine, QemuTap};
 use crate::stats::ExitKind;
@@ -51,9 +60,17 @@ pub struct RrBench {
     pub timeout: Duration,
     /// The host tap of [`TAP_VARIANT`] (`--against qemu`): none, no such variant.
     pub tap: Option<TapLink>,
-    /// Rounds: each boots once with irqfds, once with direct MSI (and once on the tap).
+    /// Rounds: each boots once with irqfds, once with direct MSI (and once on the tap, once
+    /// on testpmd).
     pub rounds: usize,
+    /// testpmd's ports for the vhost-user variants: none, no such variants.
+    pub vhost_user: Option<VhostPorts>,
 }
+
+/// The vhost-user variant on virtio-pci with MSI-X, served by testpmd.
+pub const VHOST_PCI_VARIANT: &str = "pci-msix-vhost-user";
+/// The vhost-user variant on virtio-mmio with MSI and per-queue doorbells, served by testpmd.
+pub const VHOST_MMIO_VARIANT: &str = "mmio-msi-vhost-user";
 
 /// The variant on a host tap: ICMP echo with the host's kernel, `request_size` data bytes each
 /// way, doorbells on address-only ioeventfds (QEMU's path for its own).
@@ -72,6 +89,7 @@ impl Default for RrBench {
             timeout: Duration::from_secs(600),
             tap: None,
             rounds: 1,
+            vhost_user: None,
         }
     }
 }
@@ -156,43 +174,95 @@ impl RrBench {
     /// The ops of [`TAP_VARIANT`] on the function at `f`: bring it up, then echo
     /// [`TAP_REPEATS`] times (ops 1 ..= `TAP_REPEATS`).
     fn tap_ops(&self, link: &TapLink, f: PciAddress) -> Vec<Op> {
+        let init = ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0);
+        self.echo_ops(init, link.host_ip, link.guest_ip, link.host_mac)
+    }
+
+    /// `init`, then [`TAP_REPEATS`] echoes from `guest` to `host` at `host_mac`.
+    fn echo_ops(
+        &self,
+        init: Op,
+        host: std::net::Ipv4Addr,
+        guest: std::net::Ipv4Addr,
+        host_mac: [u8; 6],
+    ) -> Vec<Op> {
         let echo = ops::icmp_echo(
-            link.host_ip,
-            link.guest_ip,
-            link.host_mac,
+            host,
+            guest,
+            host_mac,
             self.request_size,
             self.transactions.max(1),
         );
-        let mut list = vec![ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0)];
+        let mut list = vec![init];
         list.extend([echo; TAP_REPEATS]);
         list
     }
 
-    /// [`TAP_VARIANT`] under QEMU (`--against qemu`): the same ops on its virtio-net-pci,
-    /// whose backend is the same host tap.
-    pub fn peer_plan(&self, link: &TapLink) -> PeerPlan {
+    /// The ops of a vhost-user variant: bring up the device `init` names, echo with testpmd.
+    fn vhost_ops(&self, init: Op) -> Vec<Op> {
+        self.echo_ops(init, BACKEND_IP, GUEST_IP, BACKEND_MAC)
+    }
+
+    /// What QEMU runs (`--against qemu`): [`TAP_VARIANT`]'s ops on a virtio-net-pci on the
+    /// same host tap, and [`VHOST_PCI_VARIANT`]'s on a vhost-user virtio-net-pci on the same
+    /// testpmd port, each where this run has it; `None` where it has neither.
+    pub fn peer_plan(&self) -> Option<PeerPlan> {
         let machine = QemuMachine {
-            virtio_net: 1,
-            tap: Some(QemuTap {
+            virtio_net: u8::from(self.tap.is_some()) + u8::from(self.vhost_user.is_some()),
+            tap: self.tap.as_ref().map(|link| QemuTap {
                 ifname: link.name.clone(),
                 mac: link.guest_mac,
             }),
+            vhost_user: self.vhost_user.iter().map(|p| p.rr_pci.clone()).collect(),
             ..QemuMachine::default()
         };
-        let ops = self.tap_ops(link, machine.virtio_net_function(0));
-        PeerPlan {
+        let n = self.transactions.max(1);
+        let mut ops = Vec::new();
+        let mut counterparts = Vec::new();
+        let mut add = |list: Vec<Op>, variant, path| {
+            let first = ops.len() + 1;
+            ops.extend(list);
+            counterparts.push(Counterpart {
+                variant,
+                ops: (first..first + TAP_REPEATS).collect(),
+                per_op: n,
+                path,
+                control: false,
+            });
+        };
+        if let Some(link) = &self.tap {
+            let list = self.tap_ops(link, machine.virtio_net_function(0));
+            let path = "its virtio-net-pci on the same tap, ioeventfd doorbells, no vhost";
+            add(list, TAP_VARIANT, path);
+        }
+        if self.vhost_user.is_some() {
+            let f = machine.virtio_net_function(u8::from(self.tap.is_some()));
+            let list = self.vhost_ops(ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0));
+            let path = "its vhost-user virtio-net-pci on the same testpmd port, memfd RAM";
+            add(list, VHOST_PCI_VARIANT, path);
+        }
+        (!counterparts.is_empty()).then_some(PeerPlan {
             machine,
             ops,
-            counterparts: vec![Counterpart {
-                variant: TAP_VARIANT,
-                ops: (1..=TAP_REPEATS).collect(),
-                per_op: self.transactions.max(1),
-                path: "its virtio-net-pci on the same tap, ioeventfd doorbells, no vhost",
-                control: false,
-            }],
+            counterparts,
             exit_avoiding: &[],
             timeout: self.timeout,
-        }
+        })
+    }
+
+    /// What the vhost-user variants are, for the report's notes.
+    fn vhost_note(&self) -> String {
+        format!(
+            "`{VHOST_PCI_VARIANT}`, `{VHOST_MMIO_VARIANT}`: ICMP echo (RFC 792) with DPDK \
+             testpmd's icmpecho over vhost-user (guest RAM a shared memfd; the kick is the \
+             doorbell's ioeventfd, the call a KVM irqfd on the vector's committed route), {} \
+             data bytes each way, the median of {TAP_REPEATS} runs of {} per round; testpmd's \
+             forwarding core busy-polls one host CPU for the whole run; time ratio against \
+             `{}`, the built-in responder in exitless's own thread",
+            self.request_size,
+            self.transactions.max(1),
+            variant_name(Mode::PciMsix, NotifyPath::Address)
+        )
     }
 
     /// Boot with one virtio-pci device on the host tap and run [`TAP_VARIANT`].
@@ -216,6 +286,50 @@ impl RrBench {
         v.irqs_per_op = Some(irqs as f64 / (TAP_REPEATS as u64 * n) as f64);
         v.delivery = Some("irqfd");
         Ok(v)
+    }
+
+    /// Boot with a virtio-pci and a virtio-mmio device served by testpmd on `ports` and run
+    /// [`VHOST_PCI_VARIANT`] and [`VHOST_MMIO_VARIANT`].
+    fn vhost_variants(&self, ports: &VhostPorts) -> Result<Vec<Variant>, MachineError> {
+        let n = self.transactions.max(1);
+        let device = |transport, socket: &std::path::PathBuf| VirtioNetConfig {
+            backend: NetBackendKind::VhostUser(VhostUserConfig {
+                socket: socket.clone(),
+                queues: 1,
+                reconnect: None,
+            }),
+            ..VirtioNetConfig::new(transport, NotifyPath::Address)
+        };
+        let pci = ProbeConfig::virtio_pci_address(0).ecam_offset();
+        let mut list = self.vhost_ops(ops::virtio_init(TRANSPORT_PCI, pci, 0));
+        let mmio_flags = RR_FLAG_DOORBELLS | RR_FLAG_MSI;
+        list.extend(self.vhost_ops(ops::virtio_init(TRANSPORT_MMIO, 0, mmio_flags)));
+        let run = run_ok(&ProbeConfig {
+            ops: list,
+            virtio: vec![
+                device(Transport::Mmio, &ports.rr_mmio),
+                device(Transport::Pci, &ports.rr_pci),
+            ],
+            timeout: self.timeout,
+            ..Default::default()
+        })?;
+        let clock = Clock::of(&run);
+        let variants = [VHOST_PCI_VARIANT, VHOST_MMIO_VARIANT]
+            .into_iter()
+            .enumerate()
+            .map(|(d, name)| {
+                let first = d * (TAP_REPEATS + 1) + 1;
+                let echoes: Vec<usize> = (first..first + TAP_REPEATS).collect();
+                let mut v = variant(name, &run, &clock, &echoes, n, n);
+                v.trans_per_s = Some(1e9 / v.ns_per_op);
+                let irqs: u64 = echoes.iter().map(|&i| run.results[i].irqs).sum();
+                v.irqs_per_op = Some(irqs as f64 / (TAP_REPEATS as u64 * n) as f64);
+                // testpmd signals KVM irqfds on committed routes (`Signaller::Outside`).
+                v.delivery = Some("irqfd");
+                v
+            })
+            .collect();
+        Ok(variants)
     }
 
     /// The guest's ops for `modes`: for each, every doorbell path; and the op indexes timed.
@@ -288,18 +402,32 @@ impl RrBench {
     }
 
     /// One boot of a round: `0` MSI routes and irqfds (every mode), `1` direct MSI (the MSI
-    /// modes), `2` the host tap's variant.
+    /// modes), `2` the host tap's variant, `3` the vhost-user variants.
     fn round_boot(&self, which: usize) -> Result<(Vec<Variant>, Option<String>), MachineError> {
-        match (which, &self.tap) {
-            (0, _) => self
+        match (which, &self.tap, &self.vhost_user) {
+            (0, ..) => self
                 .boot(CommitStrategy::Batched, &Mode::ALL)
                 .map(|(v, c)| (v, Some(c.describe()))),
-            (1, _) => self
+            (1, ..) => self
                 .boot(CommitStrategy::Direct, &[Mode::PciMsix, Mode::MmioMsi])
                 .map(|(v, _)| (v, None)),
-            (_, Some(link)) => Ok((vec![self.tap_variant(link)?], None)),
-            (_, None) => Ok((Vec::new(), None)),
+            (2, Some(link), _) => Ok((vec![self.tap_variant(link)?], None)),
+            (3, _, Some(ports)) => Ok((self.vhost_variants(ports)?, None)),
+            _ => Ok((Vec::new(), None)),
         }
+    }
+
+    /// The boots of a round, in [`RrBench::round_boot`]'s numbering, and what they are.
+    fn boots(&self) -> (usize, String) {
+        let mut names = vec!["irqfds", "direct MSI"];
+        names.extend(self.tap.as_ref().map(|_| "host tap"));
+        names.extend(self.vhost_user.as_ref().map(|_| "vhost-user on testpmd"));
+        let count = if self.vhost_user.is_some() {
+            4
+        } else {
+            2 + usize::from(self.tap.is_some())
+        };
+        (count, names.join(", "))
     }
 
     /// `rounds` rounds, each booting once with MSI routes and irqfds (every mode), once with
@@ -307,13 +435,15 @@ impl RrBench {
     pub fn run(&self) -> Result<ScenarioReport, MachineError> {
         let n = self.transactions.max(1);
         let rounds = self.rounds.max(1);
-        let boots = 2 + usize::from(self.tap.is_some());
+        let (boots, boot_names) = self.boots();
         let results = in_rounds(rounds, boots, |which| self.round_boot(which))?;
         let clock = results[0][0].1.clone().unwrap_or_default();
         let per_round: Vec<Vec<Variant>> = (0..rounds)
             .map(|r| results.iter().flat_map(|b| b[r].0.clone()).collect())
             .collect();
-        let all = combine_rounds(per_round);
+        let (vhost, all): (Vec<Variant>, Vec<Variant>) = combine_rounds(per_round)
+            .into_iter()
+            .partition(|v| v.name == VHOST_PCI_VARIANT || v.name == VHOST_MMIO_VARIANT);
         let (mut variants, rest): (Vec<Variant>, Vec<Variant>) = all
             .into_iter()
             .partition(|v| !v.name.ends_with(DIRECT_SUFFIX) && v.name != TAP_VARIANT);
@@ -336,8 +466,19 @@ impl RrBench {
             ));
             variants.push(tap);
         }
+        if !vhost.is_empty() {
+            notes.push(self.vhost_note());
+            let twin = variant_name(Mode::PciMsix, NotifyPath::Address);
+            for mut v in vhost {
+                if let Some(t) = variants.iter().find(|v| v.name == twin) {
+                    set_twin(&mut v, t);
+                }
+                variants.push(v);
+            }
+        }
         notes.extend(varying_counts_note(&variants));
-        let targets = targets(&variants);
+        let mut targets = targets(&variants);
+        targets.extend(vhost_target(&variants));
         Ok(ScenarioReport {
             name: "rr".into(),
             title: format!(
@@ -346,14 +487,7 @@ impl RrBench {
             ),
             timing: format!(
                 "{clock}; each variant's time ratio is against mmio-legacy with the same doorbell path (a `-direct` one's: against the same variant with irqfds); {}",
-                rounds_line(
-                    rounds,
-                    if boots == 3 {
-                        "irqfds, direct MSI, host tap"
-                    } else {
-                        "irqfds, direct MSI"
-                    }
-                )
+                rounds_line(rounds, &boot_names)
             ),
             variants,
             targets,
@@ -361,6 +495,25 @@ impl RrBench {
             soak: None,
         })
     }
+}
+
+/// The vhost-user variants' target: no kick and no interrupt passes through exitless, so not
+/// one exit per transaction; `None` where they did not run.
+fn vhost_target(variants: &[Variant]) -> Option<TargetCheck> {
+    let vhost: Vec<&Variant> = variants
+        .iter()
+        .filter(|v| v.name == VHOST_PCI_VARIANT || v.name == VHOST_MMIO_VARIANT)
+        .collect();
+    (!vhost.is_empty()).then(|| TargetCheck {
+        target: "vhost-user transactions never exit to userspace".into(),
+        measured: vhost
+            .iter()
+            .map(|v| format!("{}: {:.2} exits/op", v.name, v.exits_per_op))
+            .collect::<Vec<_>>()
+            .join(", "),
+        met: vhost.iter().all(|v| v.exits_per_op == 0.0),
+        ..Default::default()
+    })
 }
 
 /// Each doorbell path's variants against mmio-legacy on the same path, with the seed's ratios.
@@ -500,55 +653,4 @@ fn targets(variants: &[Variant]) -> Vec<TargetCheck> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn with_a_tap_the_request_is_one_unfragmented_icmp_packet_at_most() {
-        let rr = |request_size, tap| RrBench {
-            request_size,
-            tap,
-            ..RrBench::default()
-        };
-        let tap = Some(TapLink::bench());
-        assert_eq!(rr(ICMP_MAX_PAYLOAD, tap.clone()).validate(), Ok(()));
-        let e = rr(ICMP_MAX_PAYLOAD + 1, tap).validate().unwrap_err();
-        assert!(
-            e.starts_with("--request-size must be at most 1472 bytes"),
-            "{e}"
-        );
-        // Without one, the built-in responder takes up to RR_MAX_REQUEST.
-        assert_eq!(rr(RR_MAX_REQUEST, None).validate(), Ok(()));
-    }
-
-    #[test]
-    fn qemu_runs_the_same_echo_ops_on_its_function_behind_the_same_tap() {
-        let link = TapLink::bench();
-        let rr = RrBench {
-            tap: Some(link.clone()),
-            ..RrBench::default()
-        };
-        let plan = rr.peer_plan(&link);
-        let f = plan.machine.virtio_net_function(0);
-        assert_eq!(plan.ops, rr.tap_ops(&link, f));
-        assert_eq!(
-            plan.ops[0],
-            ops::virtio_init(TRANSPORT_PCI, f.ecam_offset(), 0)
-        );
-        let tap = plan.machine.tap.as_ref().expect("a tap backend");
-        assert_eq!(
-            (tap.ifname.as_str(), tap.mac),
-            ("exitless-rr0", link.guest_mac)
-        );
-        let [c] = &plan.counterparts[..] else {
-            panic!("one counterpart")
-        };
-        assert_eq!(c.variant, TAP_VARIANT);
-        assert_eq!(c.ops, (1..=TAP_REPEATS).collect::<Vec<_>>());
-        assert!(
-            c.ops
-                .iter()
-                .all(|&i| plan.ops[i].kind == crate::contract::OP_ICMP_ECHO)
-        );
-    }
-}
+mod tests;
