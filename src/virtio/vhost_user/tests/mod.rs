@@ -81,10 +81,19 @@ struct Rig {
 }
 
 fn rig(strategy: CommitStrategy, quirks: Quirks) -> Rig {
+    rig_with(strategy, quirks, None)
+}
+
+/// A rig whose device tries to connect again for `reconnect` after a hangup.
+fn rig_with(strategy: CommitStrategy, quirks: Quirks, reconnect: Option<Duration>) -> Rig {
     let path = socket();
     let record = backend::serve(&path, quirks);
     let mem = shared_memory();
-    let parts = connect(&spec(path, NET), &mem).unwrap();
+    let spec = VhostUserSpec {
+        reconnect,
+        ..spec(path, NET)
+    };
+    let parts = connect(&spec, &mem).unwrap();
     let routes = Arc::new(FakeRoutes::with_strategy(strategy));
     let env = TransportEnv {
         ioevents: Arc::new(FakeIoEvents::default()),
@@ -379,6 +388,43 @@ fn a_hangup_needs_a_reset_and_the_driver_reset_connects_again() {
     r.wait_n("SET_VRING_ENABLE 0 true", 2);
     let irqfd = r.f.msi().deliverable_irqfd(0).unwrap();
     assert!(r.backend_holds(&irqfd), "the new backend holds the irqfd");
+}
+
+#[test]
+fn a_hangup_leaves_the_other_devices_working_and_reconnect_retries_before_the_reset() {
+    let mut gone = rig_with(
+        CommitStrategy::PerVector,
+        Quirks::default(),
+        Some(Duration::from_secs(5)),
+    );
+    let mut other = rig(CommitStrategy::PerVector, Quirks::default());
+    gone.start_driver();
+    other.start_driver();
+    let stream = gone.record.lock().unwrap().stream.take().unwrap();
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    eventually("DEVICE_NEEDS_RESET", || {
+        gone.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    // reconnect=: connected again (the listener is still there) before any driver reset.
+    eventually("connected again", || {
+        gone.record.lock().unwrap().connections == 2
+    });
+    assert_ne!(
+        gone.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET,
+        0,
+        "until the reset"
+    );
+    let irqfd = other.f.msi().deliverable_irqfd(0).unwrap();
+    assert!(other.backend_holds(&irqfd), "the other device is untouched");
+    assert_eq!(other.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET, 0);
+    gone.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
+    assert_eq!(
+        gone.record.lock().unwrap().connections,
+        2,
+        "no second reconnection"
+    );
+    gone.start_driver();
+    gone.wait_n("SET_VRING_ENABLE 0 true", 2);
 }
 
 #[test]
