@@ -78,6 +78,7 @@ struct Rig {
     routes: Arc<FakeRoutes>,
     record: Arc<Mutex<Record>>,
     mem: GuestMemoryMmap,
+    path: PathBuf,
 }
 
 fn rig(strategy: CommitStrategy, quirks: Quirks) -> Rig {
@@ -93,6 +94,7 @@ fn rig_with(strategy: CommitStrategy, quirks: Quirks, reconnect: Option<Duration
         reconnect,
         ..spec(path, NET)
     };
+    let path = spec.socket.clone();
     let parts = connect(&spec, &mem).unwrap();
     let routes = Arc::new(FakeRoutes::with_strategy(strategy));
     let env = TransportEnv {
@@ -116,6 +118,7 @@ fn rig_with(strategy: CommitStrategy, quirks: Quirks, reconnect: Option<Duration
         routes,
         record,
         mem,
+        path,
     }
 }
 
@@ -141,6 +144,12 @@ impl Rig {
     /// What a driver does up to DRIVER_OK: Bus Master, MSI-X entries 0-2 programmed and
     /// unmasked, MSI-X enabled, VERSION_1 negotiated, both queues set up on vectors 0 and 1.
     fn start_driver(&mut self) {
+        self.driver_ok();
+        self.wait_for("SET_VRING_ENABLE 1 true");
+    }
+
+    /// The driver's steps of [`Rig::start_driver`], without waiting for the backend.
+    fn driver_ok(&mut self) {
         self.c
             .set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
         self.f.config_written(&self.c, PCI_COMMAND, 2);
@@ -170,7 +179,6 @@ impl Rig {
         }
         let ok = s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK;
         self.write(VIRTIO_PCI_COMMON_STATUS, 1, ok);
-        self.wait_for("SET_VRING_ENABLE 1 true");
     }
 
     fn log(&self) -> Vec<String> {
@@ -428,6 +436,35 @@ fn a_hangup_leaves_the_other_devices_working_and_reconnect_retries_before_the_re
 }
 
 #[test]
+fn a_new_backend_that_offers_less_than_the_driver_was_offered_is_not_used() {
+    let mut r = rig(CommitStrategy::PerVector, Quirks::default());
+    r.start_driver();
+    let stream = r.record.lock().unwrap().stream.take().unwrap();
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    eventually("DEVICE_NEEDS_RESET", || {
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    let lesser = Quirks {
+        no_csum: true,
+        ..Quirks::default()
+    };
+    let second = backend::serve(&r.path, lesser);
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
+    assert_eq!(second.lock().unwrap().connections, 1, "it was asked");
+    // The driver sets the device up again: it stays broken, nothing is configured.
+    r.record = second;
+    r.driver_ok();
+    eventually("DEVICE_NEEDS_RESET again", || {
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    assert!(
+        !r.log().iter().any(|l| l.starts_with("SET_MEM_TABLE")),
+        "{:?}",
+        r.log()
+    );
+}
+
+#[test]
 fn a_backend_that_refuses_a_message_leaves_the_device_needing_a_reset() {
     let mut r = rig(
         CommitStrategy::PerVector,
@@ -436,19 +473,7 @@ fn a_backend_that_refuses_a_message_leaves_the_device_needing_a_reset() {
             ..Quirks::default()
         },
     );
-    let _ = &mut r;
-    r.c.set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
-    r.f.config_written(&r.c, PCI_COMMAND, 2);
-    let s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;
-    r.write(VIRTIO_PCI_COMMON_STATUS, 1, s);
-    r.write(VIRTIO_PCI_COMMON_GFSELECT, 4, 1);
-    r.write(VIRTIO_PCI_COMMON_GF, 4, 1);
-    r.write(VIRTIO_PCI_COMMON_STATUS, 1, s | VIRTIO_STATUS_FEATURES_OK);
-    r.write(VIRTIO_PCI_COMMON_Q_SELECT, 2, 0);
-    r.write(VIRTIO_PCI_COMMON_Q_DESCLO, 4, 0x10000);
-    r.write(VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1);
-    let ok = s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK;
-    r.write(VIRTIO_PCI_COMMON_STATUS, 1, ok);
+    r.driver_ok();
     eventually("DEVICE_NEEDS_RESET", || {
         r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
     });
