@@ -187,15 +187,7 @@ impl Rig {
 
     /// Wait (up to 5 s) for the backend to have been told `line`, `n` times in all.
     fn wait_n(&self, line: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.log().iter().filter(|l| *l == line).count() < n {
-            assert!(
-                Instant::now() < deadline,
-                "{line:?} ×{n} in {:#?}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        told(&self.record, line, n);
     }
 
     fn wait_for(&self, line: &str) {
@@ -230,6 +222,14 @@ impl Rig {
     fn status(&mut self) -> u32 {
         self.read(VIRTIO_PCI_COMMON_STATUS, 1)
     }
+}
+
+/// Wait (up to 5 s) for the backend of `record` to have been told `line`, `n` times in all.
+fn told(record: &Mutex<Record>, line: &str, n: usize) {
+    let log = || record.lock().unwrap().log.clone();
+    eventually(&format!("{line:?} ×{n}"), || {
+        log().iter().filter(|l| *l == line).count() >= n
+    });
 }
 
 fn eventually(what: &str, mut done: impl FnMut() -> bool) {
@@ -516,4 +516,60 @@ fn a_disk_shows_the_backends_configuration_space() {
     assert_eq!(u64::from_le_bytes(capacity), 32);
     assert_eq!(parts.device.device_type(), 2);
     assert_eq!(parts.device.queue_max_sizes().len(), 1);
+}
+
+/// On virtio-mmio without the MSI extension the backend only ever holds the watch fd: its
+/// signal sets InterruptStatus and asserts the line; the MMIO features stay exitless's.
+#[test]
+fn on_virtio_mmio_without_msi_a_backend_signal_sets_the_interrupt_status() {
+    use crate::bus::BusDevice;
+    use crate::virtio::transport::mmio::{MmioPlacement, MmioTransport};
+    let path = socket();
+    let record = backend::serve(&path, Quirks::default());
+    let mem = shared_memory();
+    let parts = connect(&spec(path, NET), &mem).unwrap();
+    let env = TransportEnv {
+        ioevents: Arc::new(FakeIoEvents::default()),
+        routes: Arc::new(FakeRoutes::default()),
+        mem,
+        iommu: None,
+        log: DeviceLog::new("vhost-user-mmio"),
+    };
+    let at = MmioPlacement {
+        base: 0xd000_0000,
+        gsi: 16,
+        notify: NotifyPath::Datamatch,
+    };
+    let (t, _worker) = MmioTransport::new(env, parts, at).unwrap();
+    let write = |reg: u32, v: u32| t.write(u64::from(reg), &v.to_le_bytes());
+    let read = |reg: u32| {
+        let mut b = [0u8; 4];
+        t.read(u64::from(reg), &mut b);
+        u32::from_le_bytes(b)
+    };
+    let s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;
+    write(VIRTIO_MMIO_STATUS, s);
+    write(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+    write(VIRTIO_MMIO_DRIVER_FEATURES, 1);
+    write(VIRTIO_MMIO_STATUS, s | VIRTIO_STATUS_FEATURES_OK);
+    write(VIRTIO_MMIO_QUEUE_SEL, 0);
+    write(VIRTIO_MMIO_QUEUE_NUM, 256);
+    write(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x10000);
+    write(VIRTIO_MMIO_QUEUE_AVAIL_LOW, 0x11000);
+    write(VIRTIO_MMIO_QUEUE_USED_LOW, 0x12000);
+    write(VIRTIO_MMIO_QUEUE_READY, 1);
+    write(
+        VIRTIO_MMIO_STATUS,
+        s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK,
+    );
+    told(&record, "SET_VRING_ENABLE 0 true", 1);
+    assert_eq!(
+        record.lock().unwrap().features,
+        1 << VIRTIO_F_VERSION_1 | 1 << 30
+    );
+    let mut call = record.lock().unwrap().call.take().unwrap();
+    call.write_all(&1u64.to_ne_bytes()).unwrap();
+    eventually("InterruptStatus", || {
+        read(VIRTIO_MMIO_INTERRUPT_STATUS) == VIRTIO_MMIO_INT_VRING
+    });
 }
