@@ -349,4 +349,19 @@ mod tests {
         let refused = Machine::new(&cfg, None).err();
         assert!(matches!(refused, Some(MachineError::VhostUserBehindIommu)));
     }
+
+    #[test]
+    fn a_vhost_user_nic_with_more_than_one_queue_pair_is_refused() {
+        let mut cfg = MachineConfig::default();
+        let mut vu = config::VhostUserConfig::new("/nonexistent/tp.sock".into());
+        vu.queues = 2;
+        let mut nic = config::VirtioNetConfig::new(
+            config::Transport::Pci,
+            crate::virtio::notify::NotifyPath::Address,
+        );
+        nic.backend = config::NetBackendKind::VhostUser(vu);
+        cfg.virtio.push(nic);
+        let refused = Machine::new(&cfg, None).err();
+        assert!(matches!(refused, Some(MachineError::VhostUserNetQueues)));
+    }
 }

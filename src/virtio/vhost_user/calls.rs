@@ -6,7 +6,7 @@
 //! asked to know about masking, and a vector's irqfd is never signalled while its route is
 //! staged or the vector masked.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, ThreadId};
@@ -140,7 +140,7 @@ impl CallWatcher {
     }
 
     /// The eventfd the thread polls for requests.
-    pub fn wake_fd(&self) -> i32 {
+    pub fn wake_fd(&self) -> RawFd {
         self.wake.as_raw_fd()
     }
 

@@ -43,6 +43,8 @@ pub struct Quirks {
     pub no_version_1: bool,
     /// Refuse SET_VRING_ENABLE (an answer the frontend cannot use).
     pub refuse_enable: bool,
+    /// Offer no checksum offload (a backend with less than the first one offered).
+    pub no_csum: bool,
 }
 
 struct FakeBackend {
@@ -98,7 +100,7 @@ impl VhostUserBackendReqHandlerMut for FakeBackend {
     fn get_features(&mut self) -> Result<u64> {
         let version = u64::from(!self.quirks.no_version_1) << VIRTIO_F_VERSION_1;
         // Protocol features, event index, and a virtio-net checksum offload (bit 0).
-        Ok(1 << 30 | 1 << VIRTIO_F_EVENT_IDX | version | 1)
+        Ok(1 << 30 | 1 << VIRTIO_F_EVENT_IDX | version | u64::from(!self.quirks.no_csum))
     }
     fn set_features(&mut self, features: u64) -> Result<()> {
         self.note(format!("SET_FEATURES {features:#x}"));

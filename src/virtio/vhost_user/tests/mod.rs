@@ -78,13 +78,24 @@ struct Rig {
     routes: Arc<FakeRoutes>,
     record: Arc<Mutex<Record>>,
     mem: GuestMemoryMmap,
+    path: PathBuf,
 }
 
 fn rig(strategy: CommitStrategy, quirks: Quirks) -> Rig {
+    rig_with(strategy, quirks, None)
+}
+
+/// A rig whose device tries to connect again for `reconnect` after a hangup.
+fn rig_with(strategy: CommitStrategy, quirks: Quirks, reconnect: Option<Duration>) -> Rig {
     let path = socket();
     let record = backend::serve(&path, quirks);
     let mem = shared_memory();
-    let parts = connect(&spec(path, NET), &mem).unwrap();
+    let spec = VhostUserSpec {
+        reconnect,
+        ..spec(path, NET)
+    };
+    let path = spec.socket.clone();
+    let parts = connect(&spec, &mem).unwrap();
     let routes = Arc::new(FakeRoutes::with_strategy(strategy));
     let env = TransportEnv {
         ioevents: Arc::new(FakeIoEvents::default()),
@@ -107,6 +118,7 @@ fn rig(strategy: CommitStrategy, quirks: Quirks) -> Rig {
         routes,
         record,
         mem,
+        path,
     }
 }
 
@@ -132,6 +144,12 @@ impl Rig {
     /// What a driver does up to DRIVER_OK: Bus Master, MSI-X entries 0-2 programmed and
     /// unmasked, MSI-X enabled, VERSION_1 negotiated, both queues set up on vectors 0 and 1.
     fn start_driver(&mut self) {
+        self.driver_ok();
+        self.wait_for("SET_VRING_ENABLE 1 true");
+    }
+
+    /// The driver's steps of [`Rig::start_driver`], without waiting for the backend.
+    fn driver_ok(&mut self) {
         self.c
             .set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
         self.f.config_written(&self.c, PCI_COMMAND, 2);
@@ -161,7 +179,6 @@ impl Rig {
         }
         let ok = s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK;
         self.write(VIRTIO_PCI_COMMON_STATUS, 1, ok);
-        self.wait_for("SET_VRING_ENABLE 1 true");
     }
 
     fn log(&self) -> Vec<String> {
@@ -170,15 +187,7 @@ impl Rig {
 
     /// Wait (up to 5 s) for the backend to have been told `line`, `n` times in all.
     fn wait_n(&self, line: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.log().iter().filter(|l| *l == line).count() < n {
-            assert!(
-                Instant::now() < deadline,
-                "{line:?} ×{n} in {:#?}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        told(&self.record, line, n);
     }
 
     fn wait_for(&self, line: &str) {
@@ -213,6 +222,14 @@ impl Rig {
     fn status(&mut self) -> u32 {
         self.read(VIRTIO_PCI_COMMON_STATUS, 1)
     }
+}
+
+/// Wait (up to 5 s) for the backend of `record` to have been told `line`, `n` times in all.
+fn told(record: &Mutex<Record>, line: &str, n: usize) {
+    let log = || record.lock().unwrap().log.clone();
+    eventually(&format!("{line:?} ×{n}"), || {
+        log().iter().filter(|l| *l == line).count() >= n
+    });
 }
 
 fn eventually(what: &str, mut done: impl FnMut() -> bool) {
@@ -382,6 +399,72 @@ fn a_hangup_needs_a_reset_and_the_driver_reset_connects_again() {
 }
 
 #[test]
+fn a_hangup_leaves_the_other_devices_working_and_reconnect_retries_before_the_reset() {
+    let mut gone = rig_with(
+        CommitStrategy::PerVector,
+        Quirks::default(),
+        Some(Duration::from_secs(5)),
+    );
+    let mut other = rig(CommitStrategy::PerVector, Quirks::default());
+    gone.start_driver();
+    other.start_driver();
+    let stream = gone.record.lock().unwrap().stream.take().unwrap();
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    eventually("DEVICE_NEEDS_RESET", || {
+        gone.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    // reconnect=: connected again (the listener is still there) before any driver reset.
+    eventually("connected again", || {
+        gone.record.lock().unwrap().connections == 2
+    });
+    assert_ne!(
+        gone.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET,
+        0,
+        "until the reset"
+    );
+    let irqfd = other.f.msi().deliverable_irqfd(0).unwrap();
+    assert!(other.backend_holds(&irqfd), "the other device is untouched");
+    assert_eq!(other.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET, 0);
+    gone.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
+    assert_eq!(
+        gone.record.lock().unwrap().connections,
+        2,
+        "no second reconnection"
+    );
+    gone.start_driver();
+    gone.wait_n("SET_VRING_ENABLE 0 true", 2);
+}
+
+#[test]
+fn a_new_backend_that_offers_less_than_the_driver_was_offered_is_not_used() {
+    let mut r = rig(CommitStrategy::PerVector, Quirks::default());
+    r.start_driver();
+    let stream = r.record.lock().unwrap().stream.take().unwrap();
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    eventually("DEVICE_NEEDS_RESET", || {
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    let lesser = Quirks {
+        no_csum: true,
+        ..Quirks::default()
+    };
+    let second = backend::serve(&r.path, lesser);
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
+    assert_eq!(second.lock().unwrap().connections, 1, "it was asked");
+    // The driver sets the device up again: it stays broken, nothing is configured.
+    r.record = second;
+    r.driver_ok();
+    eventually("DEVICE_NEEDS_RESET again", || {
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    assert!(
+        !r.log().iter().any(|l| l.starts_with("SET_MEM_TABLE")),
+        "{:?}",
+        r.log()
+    );
+}
+
+#[test]
 fn a_backend_that_refuses_a_message_leaves_the_device_needing_a_reset() {
     let mut r = rig(
         CommitStrategy::PerVector,
@@ -390,19 +473,7 @@ fn a_backend_that_refuses_a_message_leaves_the_device_needing_a_reset() {
             ..Quirks::default()
         },
     );
-    let _ = &mut r;
-    r.c.set_u16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
-    r.f.config_written(&r.c, PCI_COMMAND, 2);
-    let s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;
-    r.write(VIRTIO_PCI_COMMON_STATUS, 1, s);
-    r.write(VIRTIO_PCI_COMMON_GFSELECT, 4, 1);
-    r.write(VIRTIO_PCI_COMMON_GF, 4, 1);
-    r.write(VIRTIO_PCI_COMMON_STATUS, 1, s | VIRTIO_STATUS_FEATURES_OK);
-    r.write(VIRTIO_PCI_COMMON_Q_SELECT, 2, 0);
-    r.write(VIRTIO_PCI_COMMON_Q_DESCLO, 4, 0x10000);
-    r.write(VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1);
-    let ok = s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK;
-    r.write(VIRTIO_PCI_COMMON_STATUS, 1, ok);
+    r.driver_ok();
     eventually("DEVICE_NEEDS_RESET", || {
         r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
     });
@@ -445,4 +516,60 @@ fn a_disk_shows_the_backends_configuration_space() {
     assert_eq!(u64::from_le_bytes(capacity), 32);
     assert_eq!(parts.device.device_type(), 2);
     assert_eq!(parts.device.queue_max_sizes().len(), 1);
+}
+
+/// On virtio-mmio without the MSI extension the backend only ever holds the watch fd: its
+/// signal sets InterruptStatus and asserts the line; the MMIO features stay exitless's.
+#[test]
+fn on_virtio_mmio_without_msi_a_backend_signal_sets_the_interrupt_status() {
+    use crate::bus::BusDevice;
+    use crate::virtio::transport::mmio::{MmioPlacement, MmioTransport};
+    let path = socket();
+    let record = backend::serve(&path, Quirks::default());
+    let mem = shared_memory();
+    let parts = connect(&spec(path, NET), &mem).unwrap();
+    let env = TransportEnv {
+        ioevents: Arc::new(FakeIoEvents::default()),
+        routes: Arc::new(FakeRoutes::default()),
+        mem,
+        iommu: None,
+        log: DeviceLog::new("vhost-user-mmio"),
+    };
+    let at = MmioPlacement {
+        base: 0xd000_0000,
+        gsi: 16,
+        notify: NotifyPath::Datamatch,
+    };
+    let (t, _worker) = MmioTransport::new(env, parts, at).unwrap();
+    let write = |reg: u32, v: u32| t.write(u64::from(reg), &v.to_le_bytes());
+    let read = |reg: u32| {
+        let mut b = [0u8; 4];
+        t.read(u64::from(reg), &mut b);
+        u32::from_le_bytes(b)
+    };
+    let s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;
+    write(VIRTIO_MMIO_STATUS, s);
+    write(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+    write(VIRTIO_MMIO_DRIVER_FEATURES, 1);
+    write(VIRTIO_MMIO_STATUS, s | VIRTIO_STATUS_FEATURES_OK);
+    write(VIRTIO_MMIO_QUEUE_SEL, 0);
+    write(VIRTIO_MMIO_QUEUE_NUM, 256);
+    write(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x10000);
+    write(VIRTIO_MMIO_QUEUE_AVAIL_LOW, 0x11000);
+    write(VIRTIO_MMIO_QUEUE_USED_LOW, 0x12000);
+    write(VIRTIO_MMIO_QUEUE_READY, 1);
+    write(
+        VIRTIO_MMIO_STATUS,
+        s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK,
+    );
+    told(&record, "SET_VRING_ENABLE 0 true", 1);
+    assert_eq!(
+        record.lock().unwrap().features,
+        1 << VIRTIO_F_VERSION_1 | 1 << 30
+    );
+    let mut call = record.lock().unwrap().call.take().unwrap();
+    call.write_all(&1u64.to_ne_bytes()).unwrap();
+    eventually("InterruptStatus", || {
+        read(VIRTIO_MMIO_INTERRUPT_STATUS) == VIRTIO_MMIO_INT_VRING
+    });
 }
