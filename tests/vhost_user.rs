@@ -17,23 +17,14 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::testkernel::{ERROR, FIRST_MMIO_WINDOW, PASSED, kernel, pattern};
 use exitless::peer::PeerError;
 use exitless::peer::backends::{Backend, BackendError};
 
-/// The test kernel's `exit=debug` status when every check passed: (0x10 << 1) | 1.
-const PASSED: i32 = 0x21;
-/// `exitless run`'s status for its own errors.
-const ERROR: i32 = 2;
 /// Longest a run may take (a vhost-user request crosses two processes on a busy host).
 const LIMIT: Duration = Duration::from_secs(120);
-/// The first virtio-mmio window `exitless run` gives out (src/machine/layout.rs).
-const FIRST_MMIO_WINDOW: &str = "virtio_mmio=0xe0100000";
-/// The pattern the test kernel writes to sector 1: byte i is i * 7 + seed.
-fn pattern(seed: u32) -> Vec<u8> {
-    (0..512u32)
-        .map(|i| (i * 7 + seed).to_le_bytes()[0])
-        .collect()
-}
 
 /// A directory of its own for one test's sockets and image, removed at the end.
 struct Scratch(PathBuf);
@@ -87,7 +78,7 @@ struct Run {
 
 impl Run {
     fn start(cmdline: &str, args: &[&str]) -> Run {
-        let elf = Path::new(env!("CARGO_BIN_EXE_exitless")).with_file_name("testkernel.elf");
+        let elf = kernel("testkernel.elf");
         let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
             .args(["run", "--memory", "64", "--kernel"])
             .arg(elf)
