@@ -86,8 +86,8 @@ static void blk_reconnect(void)
     struct reconnect r = {
         .dev = &blk_dev, .what = "disk", .setup = blk_setup, .round = blk_reconnect_round
     };
-    check(vdev_reconnect(&r), "disk: read back after %u resets (%u good rounds)", r.resets,
-          r.good);
+    int back = vdev_reconnect(&r); /* before check's arguments read r */
+    check(back, "disk: read back after %u resets (%u good rounds)", r.resets, r.good);
 }
 
 void check_disk(int reconnect)

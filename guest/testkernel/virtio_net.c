@@ -170,6 +170,7 @@ void check_net(int reconnect)
         memcpy(net_peer, peer, 4);
         struct reconnect r = { .dev = &net_dev, .what = "net", .setup = net_setup,
                                .round = net_round, .first_reset = net_disk_beside };
-        check(vdev_reconnect(&r), "net: ARP reply after %u resets (%u answered)", r.resets, r.good);
+        int back = vdev_reconnect(&r); /* before check's arguments read r */
+        check(back, "net: ARP reply after %u resets (%u answered)", r.resets, r.good);
     }
 }
