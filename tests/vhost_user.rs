@@ -1,39 +1,32 @@
 //! vhost-user devices against real backends, started by the tests (issue 21): `exitless run`
 //! boots the multiboot test kernel with a virtio-blk disk served by qemu-storage-daemon (the
 //! image file holds what the guest wrote) and a virtio-net card served by DPDK testpmd, whose
-//! icmpecho answers the guest's ARP request, each on virtio-pci and on virtio-mmio; killing the
-//! disk's backend mid-traffic leaves the VM running and the device in DEVICE_NEEDS_RESET, and
-//! the driver's reset reconnects to the restarted backend; a socket nobody listens on and a
-//! backend without VERSION_1 are one line on stderr and status 2.
+//! icmpecho answers the guest's ARP request, each on virtio-pci and on virtio-mmio; killing
+//! either backend mid-traffic leaves the VM running and the device in DEVICE_NEEDS_RESET (and
+//! a disk beside the card working), and the driver's reset reconnects to the restarted
+//! backend; a socket nobody listens on, a backend without VERSION_1 and more queues than the
+//! backend serves (or, on the card, more than one pair) are one line on stderr and status 2.
 //!
 //! A test skips, saying why, only where the backend's binary is missing (`.ci/run` installs
-//! both). testpmd busy-polls a core: its cases run in turn in one test, on one testpmd.
+//! both). testpmd busy-polls a core: the tests that start one run in turn (`testpmd_turn`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::testkernel::{ERROR, FIRST_MMIO_WINDOW, PASSED, kernel, pattern};
 use exitless::peer::PeerError;
 use exitless::peer::backends::{Backend, BackendError};
 
-/// The test kernel's `exit=debug` status when every check passed: (0x10 << 1) | 1.
-const PASSED: i32 = 0x21;
-/// `exitless run`'s status for its own errors.
-const ERROR: i32 = 2;
 /// Longest a run may take (a vhost-user request crosses two processes on a busy host).
 const LIMIT: Duration = Duration::from_secs(120);
-/// The first virtio-mmio window `exitless run` gives out (src/machine/layout.rs).
-const FIRST_MMIO_WINDOW: &str = "virtio_mmio=0xe0100000";
-/// The pattern the test kernel writes to sector 1: byte i is i * 7 + seed.
-fn pattern(seed: u32) -> Vec<u8> {
-    (0..512u32)
-        .map(|i| (i * 7 + seed).to_le_bytes()[0])
-        .collect()
-}
 
 /// A directory of its own for one test's sockets and image, removed at the end.
 struct Scratch(PathBuf);
@@ -48,6 +41,18 @@ impl Scratch {
 
     fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
+    }
+
+    /// qemu-storage-daemon serving a zeroed 64 KiB image here with `queues` virtqueues on
+    /// `blk.sock`, and the image's path; `None` after printing why the test skips.
+    fn storage_daemon(&self, queues: u16) -> Option<(Backend, PathBuf)> {
+        let image = self.image(64);
+        let backend = started(Backend::storage_daemon_queues(
+            &image,
+            &self.path("blk.sock"),
+            queues,
+        ))?;
+        Some((backend, image))
     }
 
     /// A zeroed image file of `kib` KiB.
@@ -87,7 +92,7 @@ struct Run {
 
 impl Run {
     fn start(cmdline: &str, args: &[&str]) -> Run {
-        let elf = Path::new(env!("CARGO_BIN_EXE_exitless")).with_file_name("testkernel.elf");
+        let elf = kernel("testkernel.elf");
         let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
             .args(["run", "--memory", "64", "--kernel"])
             .arg(elf)
@@ -169,21 +174,34 @@ fn assert_passed(status: ExitStatus, console: &str, stderr: &str, lines: &[&str]
     }
 }
 
-/// The disk checks through qemu-storage-daemon on one transport; the image holds the sector.
-fn disk_through_the_storage_daemon(transport: &str) {
-    let scratch = Scratch::new(&format!("disk-{transport}"));
-    let (image, socket) = (scratch.image(64), scratch.path("blk.sock"));
-    let Some(backend) = started(Backend::storage_daemon(&image, &socket)) else {
-        return;
-    };
-    let (found, more) = match transport {
+/// The test kernel's line for the one device (`what`, `name`) on `transport`, and what its
+/// command line needs to find it there.
+fn found_on(transport: &str, what: &str, name: &str) -> (String, &'static str) {
+    match transport {
         "mmio" => (
-            "PASS disk: a virtio-blk device at virtio-mmio e0100000",
+            format!("PASS {what}: a {name} device at virtio-mmio e0100000"),
             FIRST_MMIO_WINDOW,
         ),
-        _ => ("PASS disk: a virtio-blk function on bus 0 (00:03.0)", ""),
+        _ => (
+            format!("PASS {what}: a {name} function on bus 0 (00:03.0)"),
+            "",
+        ),
+    }
+}
+
+/// The disk checks through qemu-storage-daemon on one transport, `queues` virtqueues on both
+/// sides (the test kernel drives the first); the image holds the sector.
+fn disk_through_the_storage_daemon(transport: &str, queues: u16) {
+    let scratch = Scratch::new(&format!("disk-{transport}-{queues}"));
+    let Some((backend, image)) = scratch.storage_daemon(queues) else {
+        return;
     };
-    let disk = format!("vhost-user={},transport={transport}", socket.display());
+    let socket = &backend.sockets()[0];
+    let (found, more) = found_on(transport, "disk", "virtio-blk");
+    let disk = format!(
+        "vhost-user={},transport={transport},queues={queues}",
+        socket.display()
+    );
     let run = Run::start(&format!("disk=1 {more}"), &["--disk", &disk]);
     let (status, console, stderr) = run.finish();
     assert_passed(
@@ -191,7 +209,7 @@ fn disk_through_the_storage_daemon(transport: &str) {
         &console,
         &stderr,
         &[
-            found,
+            &found,
             "PASS disk: FEATURES_OK, 128 sectors",
             "PASS disk: sector 1 written, status 0",
             "PASS disk: flushed, status 0",
@@ -211,67 +229,123 @@ fn disk_through_the_storage_daemon(transport: &str) {
 
 #[test]
 fn a_vhost_user_disk_on_virtio_pci_is_served_by_qemu_storage_daemon() {
-    disk_through_the_storage_daemon("pci");
+    disk_through_the_storage_daemon("pci", 1);
 }
 
 #[test]
 fn a_vhost_user_disk_on_virtio_mmio_is_served_by_qemu_storage_daemon() {
-    disk_through_the_storage_daemon("mmio");
+    disk_through_the_storage_daemon("mmio", 1);
 }
 
-/// One testpmd (it busy-polls a core), the card on virtio-pci and then on virtio-mmio: the
-/// guest's ARP request crosses to testpmd and its icmpecho's answer comes back.
+/// testpmd busy-polls a core: the tests that start one take this first, so they run in turn.
+static TESTPMD: Mutex<()> = Mutex::new(());
+
+/// In testpmd's turn (even after another test holding it failed), a scratch directory `tag`
+/// and a testpmd with one port of `pairs` queue pairs on its `net.sock`; `None` after printing
+/// why the test skips. They go in that order: the backend, its directory, the turn.
+fn testpmd_in_turn(tag: &str, pairs: u16) -> Option<(Backend, Scratch, MutexGuard<'static, ()>)> {
+    let turn = TESTPMD
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let scratch = Scratch::new(tag);
+    let backend = started(Backend::testpmd(&[scratch.path("net.sock")], pairs))?;
+    Some((backend, scratch, turn))
+}
+
+/// The test kernel's ARP request from a card with `queues` queue pairs on `transport`, served
+/// by `backend` on its first socket: testpmd's icmpecho answers it.
+fn card_answered(backend: &Backend, transport: &str, queues: u16) {
+    let (found, more) = found_on(transport, "net", "virtio-net");
+    let net = format!(
+        "vhost-user={},mac=52:54:00:00:00:21,transport={transport},queues={queues}",
+        backend.sockets()[0].display()
+    );
+    let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 {more}");
+    let (status, console, stderr) = Run::start(&cmdline, &["--net", &net]).finish();
+    let reply = console
+        .lines()
+        .any(|l| l.starts_with("PASS net: ARP reply: 10.0.2.2 is at "));
+    assert_passed(
+        status,
+        &console,
+        &format!("{stderr}\ntestpmd:\n{}", backend.output()),
+        &[&found, "PASS net: FEATURES_OK, MAC 52:54:00:00:00:21"],
+    );
+    assert!(reply, "{transport}: testpmd's answer in:\n{console}");
+}
+
+/// One testpmd, the card on virtio-pci and then on virtio-mmio: the guest's ARP request
+/// crosses to testpmd and its icmpecho's answer comes back.
 #[test]
 fn a_vhost_user_card_on_either_transport_is_answered_by_testpmd() {
-    let scratch = Scratch::new("net");
-    let socket = scratch.path("net.sock");
-    let Some(backend) = started(Backend::testpmd(std::slice::from_ref(&socket), 1)) else {
+    let Some((backend, _scratch, _turn)) = testpmd_in_turn("net", 1) else {
         return;
     };
-    for (transport, found, more) in [
-        (
-            "pci",
-            "PASS net: a virtio-net function on bus 0 (00:03.0)",
-            "",
-        ),
-        (
-            "mmio",
-            "PASS net: a virtio-net device at virtio-mmio e0100000",
-            FIRST_MMIO_WINDOW,
-        ),
-    ] {
-        let net = format!(
-            "vhost-user={},mac=52:54:00:00:00:21,transport={transport}",
-            socket.display()
-        );
-        let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 {more}");
-        let (status, console, stderr) = Run::start(&cmdline, &["--net", &net]).finish();
-        let reply = console
-            .lines()
-            .any(|l| l.starts_with("PASS net: ARP reply: 10.0.2.2 is at "));
-        assert_passed(
-            status,
-            &console,
-            &format!("{stderr}\ntestpmd:\n{}", backend.output()),
-            &[found, "PASS net: FEATURES_OK, MAC 52:54:00:00:00:21"],
-        );
-        assert!(reply, "{transport}: testpmd's answer in:\n{console}");
+    for transport in ["pci", "mmio"] {
+        card_answered(&backend, transport, 1);
     }
     assert_gone_once_dropped(backend);
 }
 
-/// Kill qemu-storage-daemon while the guest writes and reads: the VM runs on, the device
-/// shows DEVICE_NEEDS_RESET (the test kernel prints its marker), and once the daemon is back
-/// the driver's reset reconnects and the guest's next round reads back what it wrote.
+/// `queues=2` on a card, even where testpmd's port has two queue pairs: refused in one line
+/// (multiqueue needs VIRTIO_NET_F_CTRL_VQ's control queue, which exitless does not offer).
 #[test]
-fn a_killed_disk_backend_is_reconnected_by_the_drivers_reset() {
-    let scratch = Scratch::new("reconnect");
-    let (image, socket) = (scratch.image(64), scratch.path("blk.sock"));
-    let Some(mut first) = started(Backend::storage_daemon(&image, &socket)) else {
+fn two_queue_pairs_on_a_vhost_user_card_are_one_line_and_status_2() {
+    let Some((backend, _scratch, _turn)) = testpmd_in_turn("net2", 2) else {
         return;
     };
-    let disk = format!("vhost-user={}", socket.display());
-    let mut run = Run::start("disk=reconnect", &["--disk", &disk]);
+    let socket = &backend.sockets()[0];
+    let line = refused(&[
+        "--net",
+        &format!("vhost-user={},queues=2", socket.display()),
+    ]);
+    assert!(
+        line.contains("--net vhost-user= takes queues=1 only"),
+        "says what to do: {line}"
+    );
+}
+
+/// `queues=2` on a disk whose qemu-storage-daemon export has two (`num-queues=2`): the test
+/// kernel (no VIRTIO_BLK_F_MQ) drives the first, the image holds its sector.
+#[test]
+fn a_vhost_user_disk_with_two_queues_is_served_by_qemu_storage_daemon() {
+    disk_through_the_storage_daemon("pci", 2);
+}
+
+/// `queues=2` against an export of one queue (qemu-storage-daemon's default): one line that
+/// says so, status 2.
+#[test]
+fn more_queues_than_the_backend_serves_is_one_line_and_status_2() {
+    let scratch = Scratch::new("queues");
+    let Some((backend, _)) = scratch.storage_daemon(1) else {
+        return;
+    };
+    let socket = &backend.sockets()[0];
+    let disk = format!("vhost-user={},queues=2", socket.display());
+    let line = refused(&["--disk", &disk]);
+    assert!(
+        line.contains("serves 1 queues, 2 asked for; lower queues="),
+        "says what to do: {line}"
+    );
+}
+
+/// Kill qemu-storage-daemon while the guest writes and reads: the VM runs on, the device
+/// shows DEVICE_NEEDS_RESET (the test kernel prints its marker), and once the daemon is back
+/// the driver's reset reconnects and the guest's next round reads back what it wrote. On
+/// virtio-mmio the driver's reset is a write of 0 to the status register at 0x70.
+fn killed_disk_backend_reconnected(transport: &str) {
+    let scratch = Scratch::new(&format!("reconnect-{transport}"));
+    let Some((mut first, image)) = scratch.storage_daemon(1) else {
+        return;
+    };
+    let socket = first.sockets()[0].clone();
+    let disk = format!("vhost-user={},transport={transport}", socket.display());
+    let more = if transport == "mmio" {
+        FIRST_MMIO_WINDOW
+    } else {
+        ""
+    };
+    let mut run = Run::start(&format!("disk=reconnect {more}"), &["--disk", &disk]);
     assert!(
         run.await_line("PASS disk: sector 1 read back", LIMIT),
         "the first round:\n{}",
@@ -289,7 +363,7 @@ fn a_killed_disk_backend_is_reconnected_by_the_drivers_reset() {
     let (status, console, stderr) = run.finish();
     assert_passed(status, &console, &stderr, &[]);
     assert!(
-        console.contains("PASS disk: read back after "),
+        console.contains("PASS disk: read back after ") && !console.contains("after 0 resets"),
         "the round after the reset:\n{console}"
     );
     drop(second);
@@ -298,6 +372,73 @@ fn a_killed_disk_backend_is_reconnected_by_the_drivers_reset() {
         bytes[512..1024],
         pattern(2)[..],
         "the round after the reset reached the image"
+    );
+}
+
+#[test]
+fn a_killed_disk_backend_is_reconnected_by_the_drivers_reset() {
+    killed_disk_backend_reconnected("pci");
+}
+
+#[test]
+fn a_killed_disk_backend_on_virtio_mmio_is_reconnected_by_the_drivers_reset() {
+    killed_disk_backend_reconnected("mmio");
+}
+
+/// Kill testpmd after the card's first answer, as a crash would: the VM runs on, the card
+/// shows DEVICE_NEEDS_RESET, the disk beside it on qemu-storage-daemon still writes, flushes
+/// and reads back (the image holds that round's bytes), and once testpmd is back the driver's
+/// reset reconnects and the guest's ARP request is answered again.
+#[test]
+fn a_killed_card_backend_leaves_the_disk_beside_it_working_and_is_reconnected() {
+    let Some((mut first, scratch, _turn)) = testpmd_in_turn("net-reconnect", 1) else {
+        return;
+    };
+    let net = first.sockets()[0].clone();
+    let Some((disk_backend, image)) = scratch.storage_daemon(1) else {
+        return;
+    };
+    let blk = &disk_backend.sockets()[0];
+    let (disk, card) = (
+        format!("vhost-user={}", blk.display()),
+        format!("vhost-user={}", net.display()),
+    );
+    let cmdline = "disk=1 net=reconnect ip=10.0.2.15 peer=10.0.2.2";
+    let mut run = Run::start(cmdline, &["--disk", &disk, "--net", &card]);
+    assert!(
+        run.await_line("PASS net: ARP reply: ", LIMIT),
+        "the first answer:\n{}",
+        run.console
+    );
+    first.kill();
+    // Its socket file goes before the next testpmd makes its own there.
+    drop(first);
+    for (marker, what) in [
+        (
+            "testkernel: net: DEVICE_NEEDS_RESET",
+            "no DEVICE_NEEDS_RESET after the kill",
+        ),
+        (
+            "PASS disk: a round while the card's backend is away",
+            "the disk beside it",
+        ),
+    ] {
+        assert!(run.await_line(marker, LIMIT), "{what}:\n{}", run.console);
+    }
+    assert!(run.child.try_wait().unwrap().is_none(), "the VM runs on");
+    let second = started(Backend::testpmd(std::slice::from_ref(&net), 1)).expect("it started");
+    let (status, console, stderr) = run.finish();
+    assert_passed(status, &console, &stderr, &[]);
+    assert!(
+        console.contains("PASS net: ARP reply after ") && !console.contains("after 0 resets"),
+        "the answer after the reset:\n{console}"
+    );
+    drop((second, disk_backend));
+    let bytes = std::fs::read(&image).unwrap();
+    assert_eq!(
+        bytes[512..1024],
+        pattern(3)[..],
+        "the round while the card was down reached the image"
     );
 }
 
@@ -397,10 +538,10 @@ fn assert_gone_once_dropped(backend: Backend) {
 #[test]
 fn the_storage_daemon_serves_its_socket_until_dropped() {
     let scratch = Scratch::new("qsd");
-    let (image, socket) = (scratch.image(64), scratch.path("blk.sock"));
-    let Some(backend) = started(Backend::storage_daemon(&image, &socket)) else {
+    let Some((backend, _)) = scratch.storage_daemon(1) else {
         return;
     };
+    let socket = scratch.path("blk.sock");
     assert_eq!(backend.sockets(), std::slice::from_ref(&socket));
     UnixStream::connect(&socket).expect("it listens");
     assert_gone_once_dropped(backend);

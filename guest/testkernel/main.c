@@ -19,6 +19,7 @@
  * falls behind), disk=1 (drive the first virtio-blk disk), disk=reconnect (drive it across a
  * backend's restart: DEVICE_NEEDS_RESET, reset, set up again), net=1 ip=A.B.C.D peer=A.B.C.D (ask
  * the host on the first virtio-net device's network for peer's MAC by ARP, and check the answer),
+ * net=reconnect (ask again across a backend's restart, with a round on the disk beside it),
  * virtio_mmio=0xADDR[,0xADDR...] (virtio-mmio windows to look for those devices in before PCI),
  * exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
  * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
@@ -152,8 +153,8 @@ void kmain(uint32_t magic, const struct mb_info *mb)
             check_echo();
         if (arg_number("disk", 0) || arg_is("disk", "reconnect"))
             check_disk(arg_is("disk", "reconnect"));
-        if (arg_number("net", 0))
-            check_net();
+        if (arg_number("net", 0) || arg_is("net", "reconnect"))
+            check_net(arg_is("net", "reconnect"));
         if (arg_number("cpuid", 0))
             check_cpuid();
         if (arg_number("ioapic", 0))

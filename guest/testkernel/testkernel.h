@@ -101,11 +101,26 @@ void vdev_driver_ok(const struct vdev *v);
 void vq_submit(struct vq *q, uint16_t head);
 uint16_t vq_used_idx(const struct vq *q);
 int vq_wait(const struct vq *q, uint32_t ticks);
+/* disk=reconnect, net=reconnect: rounds on `dev` while the test kills its backend and starts it
+ * again. */
+struct reconnect {
+    const struct vdev *dev;
+    const char *what;              /* the marker line's name for the device */
+    int (*setup)(void);            /* set it up again after a reset; whether it took it */
+    int (*round)(uint32_t resets); /* one round of requests; whether all were answered */
+    void (*first_reset)(void);     /* called at the first reset, if not null */
+    uint32_t resets, good;         /* resets seen, rounds answered */
+};
+int vdev_reconnect(struct reconnect *r);
 
 /* virtio_blk.c: a virtio-blk disk (disk=1), and the same across a backend's restart
- * (disk=reconnect). virtio_net.c: a virtio-net card (net=1). */
+ * (disk=reconnect); a round on it for another check. virtio_net.c: a virtio-net card (net=1),
+ * and the same across a backend's restart (net=reconnect). */
 void check_disk(int reconnect);
-void check_net(void);
+int disk_round(uint32_t seed);
+void check_net(int reconnect);
+/* vdev_reconnect's pause after a failed set-up or round. */
+#define RECONNECT_PAUSE (PM_TIMER_HZ / 5)
 
 #include "../portio.h"
 

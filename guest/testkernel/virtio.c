@@ -281,3 +281,36 @@ int vq_wait(const struct vq *q, uint32_t ticks)
     }
     return 1;
 }
+
+/* How long vdev_reconnect goes on. */
+#define RECONNECT_TICKS (PM_TIMER_HZ * 120)
+
+/* Rounds until one after a reset is answered, for at most RECONNECT_TICKS: when the device
+ * shows DEVICE_NEEDS_RESET (§2.1.2) print a marker line, reset it and set it up again (each
+ * set-up starts with a reset, §3.1.1: the VMM's cue to reach its backend again). Whether a
+ * round after a reset was answered in time. */
+int vdev_reconnect(struct reconnect *r)
+{
+    uint32_t ready = 1, waited = 0, last = pm_timer();
+    r->resets = r->good = 0;
+    while (waited < RECONNECT_TICKS) {
+        if (vdev_status(r->dev) & STATUS_NEEDS_RESET) {
+            print("testkernel: %s: DEVICE_NEEDS_RESET, resetting (%u)\n", r->what, ++r->resets);
+            if (r->resets == 1 && r->first_reset)
+                r->first_reset();
+            ready = 0;
+        }
+        if (!ready)
+            ready = r->setup();
+        if (ready && r->round(r->resets)) {
+            r->good++;
+            if (r->resets)
+                return 1;
+        } else
+            delay(RECONNECT_PAUSE);
+        uint32_t now = pm_timer();
+        waited += (now - last) & pm_timer_mask;
+        last = now;
+    }
+    return 0;
+}

@@ -18,9 +18,6 @@
 #define NO_ANSWER 0xff
 /* How long a request may take: a backend on a busy host is slow, a dead one never answers. */
 #define REQUEST_TICKS (PM_TIMER_HZ * 5)
-/* disk=reconnect: how long it goes on, and the pause after a failed set-up or round. */
-#define RECONNECT_TICKS (PM_TIMER_HZ * 120)
-#define RECONNECT_PAUSE (PM_TIMER_HZ / 5)
 
 static struct vdev blk_dev;
 static struct vq blk_q;
@@ -70,30 +67,27 @@ static int blk_round(uint32_t seed)
            fw_equal(blk_check, blk_data, 512);
 }
 
-/* Rounds until one after a reset reads back what it wrote (its bytes, seed 2, stay on the
- * disk), for at most RECONNECT_TICKS. */
+/* A round with `seed` on the disk check_disk set up (none: 0), for another device's check to
+ * show that the disk works on beside it. */
+int disk_round(uint32_t seed)
+{
+    return blk_q.dev && blk_round(seed);
+}
+
+/* disk=reconnect's round: a round before the first reset writes seed 1, after it seed 2 (its
+ * bytes stay on the disk). */
+static int blk_reconnect_round(uint32_t resets)
+{
+    return blk_round(resets ? 2 : 1);
+}
+
 static void blk_reconnect(void)
 {
-    uint32_t resets = 0, rounds = 0, ready = 1, waited = 0, last = pm_timer();
-    while (waited < RECONNECT_TICKS) {
-        if (vdev_status(&blk_dev) & STATUS_NEEDS_RESET) {
-            print("testkernel: disk: DEVICE_NEEDS_RESET, resetting (%u)\n", ++resets);
-            ready = 0;
-        }
-        if (!ready)
-            ready = blk_setup();
-        if (ready && blk_round(resets ? 2 : 1)) {
-            rounds++;
-            if (resets)
-                break;
-        } else
-            delay(RECONNECT_PAUSE);
-        uint32_t now = pm_timer();
-        waited += (now - last) & pm_timer_mask;
-        last = now;
-    }
-    check(resets > 0 && rounds > 0 && waited < RECONNECT_TICKS,
-          "disk: read back after %u resets (%u good rounds)", resets, rounds);
+    struct reconnect r = {
+        .dev = &blk_dev, .what = "disk", .setup = blk_setup, .round = blk_reconnect_round
+    };
+    int back = vdev_reconnect(&r); /* before check's arguments read r */
+    check(back, "disk: read back after %u resets (%u good rounds)", r.resets, r.good);
 }
 
 void check_disk(int reconnect)

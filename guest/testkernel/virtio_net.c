@@ -3,8 +3,12 @@
  * address, or DPDK testpmd's icmpecho on vhost-user, for any. Receive buffers go on receiveq1
  * (queue 0), the request on transmitq1 (queue 1), each frame behind the 12-byte
  * virtio_net_hdr (§5.1.6), all zero: no offloads were negotiated. Frames other than the
- * answer (the host's IPv6 neighbour discovery, say) are skipped and their buffers given
- * back. */
+ * answer (the host's IPv6 neighbour discovery, say) are skipped; every buffer is given back.
+ *
+ * net=reconnect: after the first answer, ask again in rounds while the test kills the backend
+ * and starts it again; when the card shows DEVICE_NEEDS_RESET (§2.1.2) print a marker line, do
+ * a round on the disk beside it (a second device is unaffected), reset the card, set it up
+ * again and go on until a request after a reset is answered. */
 #include <stdint.h>
 
 #include "testkernel.h"
@@ -14,7 +18,10 @@
 #define VIRTIO_NET_F_MAC 5
 #define ETH_ARP 0x0806
 
+static struct vdev net_dev;
 static struct vq net_rx, net_tx;
+/* net=reconnect: the card's MAC and address, and the peer it asks for. */
+static uint8_t net_mac[6], net_ip[4], net_peer[4];
 static uint8_t net_rx_buf[VQ_SIZE][NET_HDR + NET_FRAME];
 static uint8_t net_tx_buf[NET_HDR + 60];
 
@@ -82,10 +89,11 @@ static int await_arp_reply(uint32_t ticks, const uint8_t mac[6], const uint8_t i
             uint32_t id = net_rx.used[slot], len = net_rx.used[slot + 1];
             if (id >= VQ_SIZE)
                 return 0;
-            if (len > NET_HDR &&
-                arp_reply(net_rx_buf[id] + NET_HDR, len - NET_HDR, mac, ip, peer, peer_mac))
-                return 1;
+            int found = len > NET_HDR && len <= NET_HDR + NET_FRAME &&
+                        arp_reply(net_rx_buf[id] + NET_HDR, len - NET_HDR, mac, ip, peer, peer_mac);
             vq_submit(&net_rx, (uint16_t)id);
+            if (found)
+                return 1;
         }
         uint32_t now = pm_timer();
         waited += (now - last) & pm_timer_mask;
@@ -94,28 +102,57 @@ static int await_arp_reply(uint32_t ticks, const uint8_t mac[6], const uint8_t i
     return 0;
 }
 
-void check_net(void)
+/* Give the card receiveq1 (filled with buffers) and transmitq1, DRIVER_OK; whether it took
+ * them. */
+static int net_queues(void)
+{
+    if (!vdev_queue(&net_dev, 0, &net_rx) || !vdev_queue(&net_dev, 1, &net_tx))
+        return 0;
+    for (uint16_t i = 0; i < VQ_SIZE; i++) {
+        net_rx.desc[i] = (struct vq_desc){ (uint32_t)net_rx_buf[i], NET_HDR + NET_FRAME, 2, 0 };
+        vq_submit(&net_rx, i);
+    }
+    vdev_driver_ok(&net_dev);
+    return !(vdev_status(&net_dev) & STATUS_NEEDS_RESET);
+}
+
+/* net=reconnect's set-up after a reset. */
+static int net_setup(void)
+{
+    return vdev_negotiate(&net_dev, 1u << VIRTIO_NET_F_MAC) && net_queues();
+}
+
+/* net=reconnect's round: one request, answered. */
+static int net_round(uint32_t resets)
+{
+    (void)resets;
+    uint8_t peer_mac[6];
+    return arp_request(net_mac, net_ip, net_peer) &&
+           await_arp_reply(RECONNECT_PAUSE, net_mac, net_ip, net_peer, peer_mac);
+}
+
+/* net=reconnect's first reset: the disk beside the card still answers. */
+static void net_disk_beside(void)
+{
+    check(disk_round(3), "disk: a round while the card's backend is away");
+}
+
+void check_net(int reconnect)
 {
     uint8_t ip[4], peer[4], mac[6], peer_mac[6] = { 0 };
     if (!check(parse_ip(arg("ip"), ip) && parse_ip(arg("peer"), peer),
                "net: ip=A.B.C.D and peer=A.B.C.D given"))
         return;
-    static struct vdev v;
-    if (!vdev_find(&v, 1, "net", "virtio-net"))
+    if (!vdev_find(&net_dev, 1, "net", "virtio-net"))
         return;
     for (uint32_t i = 0; i < 6; i++)
-        mac[i] = mmio8(v.device + i);
-    if (!check(vdev_negotiate(&v, 1u << VIRTIO_NET_F_MAC),
+        mac[i] = mmio8(net_dev.device + i);
+    if (!check(vdev_negotiate(&net_dev, 1u << VIRTIO_NET_F_MAC),
                "net: FEATURES_OK, MAC %02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2],
                mac[3], mac[4], mac[5]))
         return;
-    if (!check(vdev_queue(&v, 0, &net_rx) && vdev_queue(&v, 1, &net_tx), "net: queues set up"))
+    if (!check(net_queues(), "net: queues set up"))
         return;
-    for (uint16_t i = 0; i < VQ_SIZE; i++) {
-        net_rx.desc[i] = (struct vq_desc){ (uint32_t)net_rx_buf[i], NET_HDR + NET_FRAME, 2, 0 };
-        vq_submit(&net_rx, i);
-    }
-    vdev_driver_ok(&v);
     /* Three tries a second apart: a host that was still bringing its side up may miss one. */
     int sent = 0, answered = 0;
     for (int try = 0; try < 3 && !answered; try++) {
@@ -127,4 +164,13 @@ void check_net(void)
     check(answered, "net: ARP reply: %u.%u.%u.%u is at %02x:%02x:%02x:%02x:%02x:%02x", peer[0],
           peer[1], peer[2], peer[3], peer_mac[0], peer_mac[1], peer_mac[2], peer_mac[3],
           peer_mac[4], peer_mac[5]);
+    if (reconnect && answered) {
+        memcpy(net_mac, mac, 6);
+        memcpy(net_ip, ip, 4);
+        memcpy(net_peer, peer, 4);
+        struct reconnect r = { .dev = &net_dev, .what = "net", .setup = net_setup,
+                               .round = net_round, .first_reset = net_disk_beside };
+        int back = vdev_reconnect(&r); /* before check's arguments read r */
+        check(back, "net: ARP reply after %u resets (%u answered)", r.resets, r.good);
+    }
 }

@@ -156,9 +156,20 @@ pub struct Backend {
 impl Backend {
     /// qemu-storage-daemon serving `image` as a writable vhost-user-blk device on `socket`.
     pub fn storage_daemon(image: &Path, socket: &Path) -> Result<Backend, BackendError> {
+        Backend::storage_daemon_queues(image, socket, 1)
+    }
+
+    /// The same with `queues` virtqueues on the export (its `num-queues`).
+    pub fn storage_daemon_queues(
+        image: &Path,
+        socket: &Path,
+        queues: u16,
+    ) -> Result<Backend, BackendError> {
         let binary = STORAGE_DAEMON.find()?;
         let mut cmd = Command::new(binary);
-        cmd.args(storage_daemon_args(image, socket));
+        let mut args = storage_daemon_args(image, socket);
+        args[3].push(format!(",num-queues={queues}"));
+        cmd.args(args);
         Backend::start(&STORAGE_DAEMON, cmd, vec![socket.to_owned()], None)
     }
 

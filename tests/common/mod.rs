@@ -1,5 +1,8 @@
-//! Helpers shared by the integration tests that boot the probe guest.
+//! Helpers shared by the integration tests that boot the probe guest, and the test kernel's
+//! ([`testkernel`]).
 #![allow(dead_code)]
+
+pub mod testkernel;
 
 use std::time::Duration;
 
