@@ -16,18 +16,14 @@ mod tests;
 mod thread;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use vm_memory::GuestMemoryMmap;
 
 use super::DeviceParts;
-use super::interrupt::Interrupts;
-use super::notify::QueueEvents;
-use super::state::VirtioState;
-use super::worker::Worker;
 use connection::Connection;
 pub use device::VhostUserDevice;
+pub(super) use thread::spawn;
 
 /// A device whose queues a vhost-user backend serves.
 #[derive(Clone, Debug)]
@@ -146,15 +142,4 @@ pub fn connect(spec: &VhostUserSpec, mem: &GuestMemoryMmap) -> Result<DevicePart
             mem: mem.clone(),
         }),
     })
-}
-
-/// Start the vhost-user thread of a transport whose registers are `state`.
-pub(super) fn spawn(
-    name: String,
-    state: &VirtioState,
-    work: VhostUserWork,
-    interrupts: &Arc<Interrupts>,
-    events: &QueueEvents,
-) -> std::io::Result<Worker> {
-    thread::spawn(name, state, work, interrupts, events)
 }

@@ -68,8 +68,8 @@ const STOP: u64 = COMMAND + 1;
 const RESYNC: u64 = COMMAND + 2;
 const SOCKET: u64 = COMMAND + 3;
 
-/// Start the thread (see [`super::spawn`]).
-pub(super) fn spawn(
+/// Start the vhost-user thread of a transport whose registers are `state`.
+pub(in crate::virtio) fn spawn(
     name: String,
     state: &VirtioState,
     work: VhostUserWork,
