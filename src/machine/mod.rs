@@ -83,6 +83,9 @@ pub enum MachineError {
     /// A queue-pair count virtio-pci's MSI-X table cannot give vectors to.
     #[error("{0} queue pairs: a virtio-net device here has 1 to {MAX_QUEUE_PAIRS}")]
     QueuePairs(usize),
+    /// A virtio-net device's MSI-X table size (`vectors=`) that cannot be.
+    #[error("--net: {0}")]
+    NetVectors(config::ConfigSyntaxError),
     /// A vhost-user backend could not be connected or lacks what the device needs.
     #[error(transparent)]
     VhostUser(#[from] crate::virtio::vhost_user::VhostUserError),
