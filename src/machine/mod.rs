@@ -352,4 +352,22 @@ mod tests {
         let refused = Machine::new(&cfg, None).err();
         assert!(matches!(refused, Some(MachineError::VhostUserBehindIommu)));
     }
+
+    /// A config built in code, not through `--net`'s parser, gets `vectors=`'s check too.
+    #[test]
+    fn a_nic_with_vectors_on_virtio_mmio_is_refused_when_wired() {
+        let mut cfg = MachineConfig::default();
+        cfg.virtio.push(VirtioNetConfig {
+            vectors: Some(65),
+            ..VirtioNetConfig::new(
+                Transport::Mmio,
+                crate::virtio::notify::NotifyPath::Datamatch,
+            )
+        });
+        let refused = Machine::new(&cfg, None).err();
+        assert!(
+            matches!(refused, Some(MachineError::NetVectors(_))),
+            "{refused:?}"
+        );
+    }
 }
