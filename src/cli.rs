@@ -124,13 +124,15 @@ pub struct RunArgs {
     /// Options: `mac=52:54:00:12:34:56` (default: for a tap, 52:54:00 and three bytes derived
     /// from its name, printed at start; with no link, 52:54:00:7e:57:N for the Nth device),
     /// `queues=N` queue pairs (a tap made with `multi_queue`; default 1),
-    /// `transport=mmio` for virtio-mmio instead of virtio-pci.
+    /// `vectors=N` MSI-X vectors (2 × queue pairs + 1, the default, to 256; virtio-pci only:
+    /// QEMU's `virtio-net-pci,vectors=N`), `transport=mmio` for virtio-mmio instead of
+    /// virtio-pci.
     /// `vhost-user=SOCKET`: the vhost-user backend listening on SOCKET (DPDK testpmd's
     /// `net_vhost`, for one) moves the frames, its `queues=N` queue pairs; `reconnect=SECONDS`
     /// as for `--disk vhost-user=`. Guest RAM is then a shared memfd the backend maps.
     #[arg(
         long,
-        value_name = "tap=NAME|none|vhost-user=SOCKET[,mac=MAC][,queues=N][,transport=pci|mmio][,reconnect=SECONDS]",
+        value_name = "tap=NAME|none|vhost-user=SOCKET[,mac=MAC][,queues=N][,vectors=N][,transport=pci|mmio][,reconnect=SECONDS]",
         value_parser = clap::value_parser!(VirtioNetConfig)
     )]
     pub net: Vec<VirtioNetConfig>,

@@ -289,7 +289,14 @@ impl MsixBench {
             return Ok(Vec::new());
         }
         let boots = in_rounds(rounds, STRATEGIES.len(), |b| {
-            msix_vhost::boot(STRATEGIES[b], &self.vhost_user, self.timeout, figures)
+            let vectors = u16::try_from(self.vectors()).expect("validated: at most 255");
+            msix_vhost::boot(
+                STRATEGIES[b],
+                &self.vhost_user,
+                vectors,
+                self.timeout,
+                figures,
+            )
         })?;
         let mut variants = combine_rounds(
             (0..rounds)

@@ -4,8 +4,11 @@
 //! (`Signaller::Outside`, `irq/msi/mod.rs`).
 //!
 //! Each device is a virtio-net function whose queues testpmd serves: one queue pair
-//! ([`QUEUE_PAIRS`]), so 3 vectors, not the seed's 65: exitless's vhost-user NIC offers no
-//! control queue, which multiqueue needs (`--net vhost-user=` takes queues=1 only).
+//! ([`QUEUE_PAIRS`]: exitless's vhost-user NIC offers no control queue, which multiqueue
+//! needs), its MSI-X table sized apart from the queues to the in-process rows' vectors (the
+//! seed's 65) as `--net vhost-user=SOCKET,vectors=65` does (QEMU's `virtio-net-pci,vectors=`).
+//! Every entry is programmed and enabled as the in-process rows' are, so Enable makes the same
+//! routes live; testpmd's call fds are on the two queue vectors.
 //! For each device in turn the guest programs and unmasks every entry with MSI-X disabled,
 //! sets Enable (timed: the routes the outside signaller needs, committed per strategy), brings
 //! the device up (DRIVER_OK: testpmd gets its rings, and the irqfds of the now deliverable
@@ -103,26 +106,30 @@ pub(crate) fn ops(list: &mut Vec<Op>, functions: &[PciAddress], burst: bool) -> 
         .collect()
 }
 
-/// The exitless devices: one per socket, `queue_pairs` pairs each, served by testpmd.
-pub fn devices(sockets: &[PathBuf], queue_pairs: u16) -> Vec<VirtioNetConfig> {
+/// The exitless devices: one per socket, [`QUEUE_PAIRS`] each, served by testpmd, with
+/// `vectors` MSI-X vectors.
+pub fn devices(sockets: &[PathBuf], vectors: u16) -> Vec<VirtioNetConfig> {
     sockets
         .iter()
         .map(|socket| VirtioNetConfig {
-            queue_pairs,
+            queue_pairs: QUEUE_PAIRS,
             backend: NetBackendKind::VhostUser(VhostUserConfig {
                 socket: socket.clone(),
-                queues: queue_pairs,
+                queues: QUEUE_PAIRS,
                 reconnect: None,
             }),
+            vectors: Some(vectors),
             ..VirtioNetConfig::new(Transport::Pci, NotifyPath::Address)
         })
         .collect()
 }
 
-/// Boot with `strategy` and return its vhost-user variant.
+/// Boot with `strategy`, each device with `vectors` MSI-X vectors, and return its vhost-user
+/// variant.
 pub(crate) fn boot(
     strategy: CommitStrategy,
     sockets: &[PathBuf],
+    vectors: u16,
     timeout: std::time::Duration,
     figures: fn(&ProbeRun, &Clock, &[usize]) -> RoutingFigures,
 ) -> Result<Variant, MachineError> {
@@ -133,7 +140,7 @@ pub(crate) fn boot(
     let steps = ops(&mut list, &functions, true);
     let run = crate::bench::measure::run_ok(&ProbeConfig {
         ops: list,
-        virtio: devices(sockets, QUEUE_PAIRS),
+        virtio: devices(sockets, vectors),
         gsi_commits: strategy,
         timeout,
         ..Default::default()
@@ -177,18 +184,19 @@ pub(crate) fn counterparts(steps: &[VhostSteps]) -> Vec<Counterpart> {
         .collect()
 }
 
-/// What the vhost-user rows are, for the report's notes; `qemu_vectors`: the vectors of
-/// QEMU's functions beside them.
-pub fn note(qemu_vectors: u64) -> String {
+/// What the vhost-user rows are, for the report's notes; `vectors`: each function's, exitless's
+/// and QEMU's.
+pub fn note(vectors: u64) -> String {
     format!(
         "`*-vhost-user` rows: the same Enable on vhost-user virtio-net functions served by \
          DPDK testpmd, whose vectors an outside signaller raises, so routes are kept under \
-         every strategy; each has {} vectors (one queue pair: exitless's vhost-user NIC offers \
-         no control queue; QEMU's beside them have {qemu_vectors}); then DRIVER_OK, one ICMP \
-         echo with testpmd (`first_interrupt`: the first backend-raised interrupt) and the \
-         unmask burst on the running device (each unmask a call-fd swap acknowledged by \
-         testpmd)",
-        2 * QUEUE_PAIRS + 1
+         every strategy; each has {vectors} vectors, all programmed and enabled (exitless's: \
+         {QUEUE_PAIRS} queue pair, its vhost-user NIC offering no control queue, the table \
+         sized apart as `vectors={vectors}` does; QEMU's: {} queue pairs); then DRIVER_OK, \
+         one ICMP echo with testpmd (`first_interrupt`: the first backend-raised interrupt) \
+         and the unmask burst on the running device (each unmask of a queue's vector a \
+         call-fd swap acknowledged by testpmd)",
+        (vectors - 1) / 2
     )
 }
 
@@ -275,14 +283,16 @@ mod tests {
     }
 
     #[test]
-    fn every_device_gets_its_own_socket_and_the_queue_pairs_its_vectors_need() {
+    fn every_device_gets_its_own_socket_one_queue_pair_and_the_seeds_vectors() {
         let sockets = [PathBuf::from("/s/0.sock"), PathBuf::from("/s/1.sock")];
-        let d = devices(&sockets, 32);
+        let d = devices(&sockets, 65);
         let NetBackendKind::VhostUser(c) = &d[1].backend else {
             panic!("a vhost-user backend")
         };
-        assert_eq!((c.socket.as_path(), c.queues), (sockets[1].as_path(), 32));
-        assert_eq!((d[1].queue_pairs, d[1].transport), (32, Transport::Pci));
+        assert_eq!((c.socket.as_path(), c.queues), (sockets[1].as_path(), 1));
+        assert_eq!((d[1].queue_pairs, d[1].transport), (1, Transport::Pci));
+        assert_eq!(d[1].msix_vectors(), Ok(65));
+        assert!(note(65).contains("each has 65 vectors"), "{}", note(65));
     }
 
     #[test]

@@ -24,8 +24,9 @@ pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 212, 0, 2);
 /// (`56:48:4f:53:54:00`, "VHOST" and the port number; icmpecho does not check it).
 pub const BACKEND_MAC: [u8; 6] = [0x56, 0x48, 0x4f, 0x53, 0x54, 0x00];
 
-/// Queue pairs of every port: enough for `bench msix`'s 65-vector devices; a device with fewer
-/// pairs uses the first ones (a vhost-user frontend sets up only its own rings).
+/// Queue pairs of every port: enough for QEMU's 32-pair functions beside `bench msix`'s
+/// exitless devices (one pair each, their 65 vectors sized apart with `vectors=`); a device
+/// with fewer pairs uses the first ones (a vhost-user frontend sets up only its own rings).
 pub const PORT_QUEUE_PAIRS: u16 = 32;
 
 /// Which of testpmd's sockets serve whom.

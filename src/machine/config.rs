@@ -21,6 +21,8 @@ pub const MAX_VIRTIO_PCI: usize = 32 - layout::VIRTIO_PCI_FIRST_DEVICE as usize;
 /// Most queue pairs per virtio-net device: two MSI-X vectors each and one for configuration
 /// changes must fit the MSI-X table.
 pub const MAX_QUEUE_PAIRS: usize = (crate::virtio::transport::pci::MAX_VECTORS - 1) / 2;
+/// Most MSI-X vectors a virtio-pci function's table holds (`vectors=`).
+pub const MAX_VECTORS: usize = crate::virtio::transport::pci::MAX_VECTORS;
 
 /// The hardware of one machine.
 #[derive(Clone, Debug)]
@@ -154,6 +156,10 @@ pub struct VirtioNetConfig {
     /// Its MAC address; by default, on a tap, [`tap_mac`]'s; with no link,
     /// [`layout::VIRTIO_NET_MAC`] with the device's index as the last byte.
     pub mac: Option<[u8; 6]>,
+    /// Its MSI-X table's size, as QEMU's `-device virtio-net-pci,vectors=N` sets it apart from
+    /// the queues (virtio-pci only); by default the queues' and the configuration's,
+    /// [`VirtioNetConfig::msix_vectors`].
+    pub vectors: Option<u16>,
 }
 
 impl VirtioNetConfig {
@@ -165,7 +171,28 @@ impl VirtioNetConfig {
             queue_pairs: 1,
             backend: NetBackendKind::default(),
             mac: None,
+            vectors: None,
         }
+    }
+
+    /// The size of its MSI-X table: `vectors` if given, else one vector per receive and
+    /// transmit queue and one for configuration changes (the control queue needs none:
+    /// drivers poll it, as Linux does). Refused: fewer than that (a queue would share a
+    /// vector, which exitless's transport does not do), more than the table holds, or any
+    /// `vectors` on virtio-mmio, whose MSI extension has a vector per queue and no table.
+    pub fn msix_vectors(&self) -> Result<usize, ConfigSyntaxError> {
+        let least = 2 * usize::from(self.queue_pairs) + 1;
+        let Some(n) = self.vectors else {
+            return Ok(least);
+        };
+        if self.transport == Transport::Mmio {
+            return Err(ConfigSyntaxError::VectorsOnMmio);
+        }
+        let n = usize::from(n);
+        if !(least..=MAX_VECTORS).contains(&n) {
+            return Err(ConfigSyntaxError::Vectors(n.to_string(), least));
+        }
+        Ok(n)
     }
 }
 
@@ -273,9 +300,20 @@ pub enum ConfigSyntaxError {
     /// A queue-pair count the MSI-X table cannot hold (or not a number).
     #[error("queues={0}: 1 to {MAX_QUEUE_PAIRS} queue pairs")]
     QueuePairs(String),
-    /// A network option other than `mac=`, `queues=` and `transport=`.
-    #[error("unknown option `{0}` (mac=MAC, queues=N, transport=pci|mmio)")]
+    /// A network option other than `mac=`, `queues=`, `vectors=` and `transport=`.
+    #[error("unknown option `{0}` (mac=MAC, queues=N, vectors=N, transport=pci|mmio)")]
     NetOption(String),
+    /// An MSI-X table size too small for the queues, too large, or not a number.
+    #[error("vectors={0}: {1} (2 × queue pairs + 1) to {MAX_VECTORS}, or leave it out for {1}")]
+    Vectors(String, usize),
+    /// `vectors=` that is not a number.
+    #[error("vectors={0}: a number, 2 × queue pairs + 1 to {MAX_VECTORS}")]
+    VectorsNumber(String),
+    /// `vectors=` on virtio-mmio.
+    #[error(
+        "vectors= is for transport=pci: a virtio-mmio device has one vector per queue (leave vectors= out)"
+    )]
+    VectorsOnMmio,
     /// A MAC address that is not a unicast station's.
     #[error("mac={0}: six hexadecimal bytes, xx:xx:xx:xx:xx:xx, unicast, not all zero")]
     Mac(String),
@@ -283,7 +321,8 @@ pub enum ConfigSyntaxError {
 
 /// What a vhost-user device of each kind takes, for the unknown option's message.
 const VHOST_USER_DISK_OPTIONS: &str = "queues=N, transport=pci|mmio, reconnect=SECONDS";
-const VHOST_USER_NET_OPTIONS: &str = "mac=MAC, queues=N, transport=pci|mmio, reconnect=SECONDS";
+const VHOST_USER_NET_OPTIONS: &str =
+    "mac=MAC, queues=N, vectors=N, transport=pci|mmio, reconnect=SECONDS";
 
 impl DiskConfig {
     /// `FILE[,ro][,locking=on|off][,transport=pci|mmio]` or
@@ -402,7 +441,7 @@ fn once<'a>(seen: &mut Vec<&'a str>, option: &'a str) -> Result<(), ConfigSyntax
     Ok(())
 }
 
-/// `tap=NAME|none|vhost-user=SOCKET[,mac=MAC][,queues=N][,transport=pci|mmio]
+/// `tap=NAME|none|vhost-user=SOCKET[,mac=MAC][,queues=N][,vectors=N][,transport=pci|mmio]
 /// [,reconnect=SECONDS]`, `exitless run --net`'s syntax (`reconnect=` for vhost-user only; a
 /// comma in SOCKET is written twice, as in a disk's FILE). The tap is opened (the backend
 /// connected) when the machine is built.
@@ -440,6 +479,8 @@ impl std::str::FromStr for VirtioNetConfig {
         if let NetBackendKind::VhostUser(v) = &mut net.backend {
             v.queues = net.queue_pairs;
         }
+        // Checked once every option is in: queues= and transport= may follow vectors=.
+        net.msix_vectors()?;
         Ok(net)
     }
 }
@@ -456,6 +497,10 @@ impl VirtioNetConfig {
             (Some(("queues", n)), _) => {
                 self.queue_pairs = vhost_user::parse_queues(n, MAX_QUEUE_PAIRS)
                     .ok_or_else(|| ConfigSyntaxError::QueuePairs(n.into()))?;
+            }
+            (Some(("vectors", n)), _) => {
+                let count = n.parse();
+                self.vectors = Some(count.map_err(|_| ConfigSyntaxError::VectorsNumber(n.into()))?);
             }
             (Some(("transport", "pci")), _) => self.transport = Transport::Pci,
             // QueueNotify with its queue index: the doorbell a standard driver uses never

@@ -83,6 +83,9 @@ pub enum MachineError {
     /// A queue-pair count virtio-pci's MSI-X table cannot give vectors to.
     #[error("{0} queue pairs: a virtio-net device here has 1 to {MAX_QUEUE_PAIRS}")]
     QueuePairs(usize),
+    /// A virtio-net device's MSI-X table size (`vectors=`) that cannot be.
+    #[error("--net: {0}")]
+    NetVectors(config::ConfigSyntaxError),
     /// A vhost-user backend could not be connected or lacks what the device needs.
     #[error(transparent)]
     VhostUser(#[from] crate::virtio::vhost_user::VhostUserError),
@@ -363,5 +366,23 @@ mod tests {
         cfg.virtio.push(nic);
         let refused = Machine::new(&cfg, None).err();
         assert!(matches!(refused, Some(MachineError::VhostUserNetQueues)));
+    }
+
+    /// A config built in code, not through `--net`'s parser, gets `vectors=`'s check too.
+    #[test]
+    fn a_nic_with_vectors_on_virtio_mmio_is_refused_when_wired() {
+        let mut cfg = MachineConfig::default();
+        cfg.virtio.push(VirtioNetConfig {
+            vectors: Some(65),
+            ..VirtioNetConfig::new(
+                Transport::Mmio,
+                crate::virtio::notify::NotifyPath::Datamatch,
+            )
+        });
+        let refused = Machine::new(&cfg, None).err();
+        assert!(
+            matches!(refused, Some(MachineError::NetVectors(_))),
+            "{refused:?}"
+        );
     }
 }

@@ -437,43 +437,27 @@ fn add_virtio_net(
             NetBackendKind::VhostUser(vu) => {
                 let spec = vhost_user_spec(vu, VhostUserKind::Net { mac });
                 let parts = vhost_user::connect(&spec, vm.memory())?;
-                add_virtio(
-                    vm,
-                    layout,
-                    pci,
-                    devices,
-                    slots,
-                    parts,
-                    &net_placement(dev, pairs),
-                )?;
+                add_virtio(vm, layout, pci, devices, slots, parts, &net_placement(dev)?)?;
                 continue;
             }
         };
         let net = VirtioNet::parts(mac, backends);
-        add_virtio(
-            vm,
-            layout,
-            pci,
-            devices,
-            slots,
-            net,
-            &net_placement(dev, pairs),
-        )?;
+        add_virtio(vm, layout, pci, devices, slots, net, &net_placement(dev)?)?;
     }
     Ok(())
 }
 
-/// Where a virtio-net device with `pairs` queue pairs goes.
-fn net_placement(dev: &VirtioNetConfig, pairs: usize) -> Placement {
-    Placement {
+/// Where a virtio-net device goes.
+fn net_placement(dev: &VirtioNetConfig) -> Result<Placement, MachineError> {
+    Ok(Placement {
         transport: dev.transport,
         notify: dev.notify,
-        // One MSI-X vector per receive and transmit queue and one for configuration
-        // changes; the control queue needs none (drivers poll it, as Linux does).
-        vectors: 2 * pairs + 1,
+        // 2 × pairs + 1 unless `vectors=` sized the table apart from the queues (checked
+        // again here: a config built in code has not been through `--net`'s parser).
+        vectors: dev.msix_vectors().map_err(MachineError::NetVectors)?,
         // Class 02/00/00: Ethernet controller (PCI Code and ID Assignment §1.3).
         class: 0x02_00_00,
-    }
+    })
 }
 
 /// What the frontend is told of a vhost-user device the user configured.

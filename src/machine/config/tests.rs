@@ -66,6 +66,7 @@ fn a_vhost_user_net_device_takes_the_options_of_the_others_and_reconnect() {
             queue_pairs: 2,
             backend: NetBackendKind::VhostUser(vhost_user("/run/tp.sock", 2, Some(10))),
             mac: Some([0x52, 0x54, 0, 0, 0, 9]),
+            vectors: None,
         }
     );
     let plain: VirtioNetConfig = "vhost-user=s".parse().unwrap();
@@ -134,7 +135,7 @@ fn bad_vhost_user_options_get_one_line_each() {
         ("vhost-user=", "vhost-user= needs the backend's socket"),
         (
             "vhost-user=s,ro",
-            "unknown option `ro` (mac=MAC, queues=N, transport=pci|mmio, reconnect=SECONDS)",
+            "unknown option `ro` (mac=MAC, queues=N, vectors=N, transport=pci|mmio, reconnect=SECONDS)",
         ),
         (
             "vhost-user=s,queues=128",
@@ -151,7 +152,7 @@ fn bad_vhost_user_options_get_one_line_each() {
         ),
         (
             "none,speed=10",
-            "unknown option `speed=10` (mac=MAC, queues=N, transport=pci|mmio)",
+            "unknown option `speed=10` (mac=MAC, queues=N, vectors=N, transport=pci|mmio)",
         ),
         (
             "vhost=s",
@@ -186,4 +187,71 @@ fn a_machine_has_vhost_user_when_any_disk_or_nic_does() {
     assert!(with_nic.has_vhost_user());
     cfg.disks.push(disk("vhost-user=d.sock").unwrap());
     assert!(cfg.has_vhost_user());
+}
+
+/// `vectors=N` sizes the MSI-X table apart from the queues, on every backend, in any order
+/// among the options; without it the table is the queues' and the configuration's.
+#[test]
+fn vectors_sizes_a_pci_nics_msix_table_on_every_backend() {
+    let sizes = [
+        ("none", 3),
+        ("none,queues=4", 9),
+        ("none,vectors=65", 65),
+        ("tap=t0,vectors=9,queues=4", 9),
+        ("vhost-user=s,vectors=65", 65),
+        ("vhost-user=s,transport=pci,vectors=256", 256),
+    ];
+    for (arg, size) in sizes {
+        let net: VirtioNetConfig = arg.parse().expect(arg);
+        assert_eq!(net.msix_vectors(), Ok(size), "{arg}");
+    }
+    let net: VirtioNetConfig = "vhost-user=s,vectors=65".parse().unwrap();
+    assert_eq!((net.vectors, net.queue_pairs), (Some(65), 1));
+    // A config built in code gets the same check when the machine is wired.
+    let mmio = VirtioNetConfig {
+        vectors: Some(65),
+        ..VirtioNetConfig::new(Transport::Mmio, NotifyPath::Datamatch)
+    };
+    assert_eq!(mmio.msix_vectors(), Err(ConfigSyntaxError::VectorsOnMmio));
+}
+
+#[test]
+fn vectors_too_few_for_the_queues_too_many_or_on_mmio_get_one_line_each() {
+    let refused = [
+        (
+            "none,vectors=2",
+            "vectors=2: 3 (2 × queue pairs + 1) to 256, or leave it out for 3",
+        ),
+        // queues= after vectors= still counts.
+        (
+            "none,vectors=8,queues=4",
+            "vectors=8: 9 (2 × queue pairs + 1)",
+        ),
+        (
+            "vhost-user=s,vectors=257",
+            "vectors=257: 3 (2 × queue pairs + 1) to 256",
+        ),
+        ("tap=t0,vectors=0", "vectors=0: 3"),
+        (
+            "none,vectors=many",
+            "vectors=many: a number, 2 × queue pairs + 1 to 256",
+        ),
+        ("none,vectors=70000", "vectors=70000: a number"),
+        (
+            "none,vectors=65,transport=mmio",
+            "vectors= is for transport=pci: a virtio-mmio device has one vector per queue",
+        ),
+        (
+            "vhost-user=s,transport=mmio,vectors=3",
+            "vectors= is for transport=pci",
+        ),
+        ("none,vectors=3,vectors=5", "`vectors` given twice"),
+    ];
+    for (arg, says) in refused {
+        let line = arg.parse::<VirtioNetConfig>().expect_err(arg).to_string();
+        assert!(
+            line.starts_with(says) && !line.contains('\n'),
+            "{arg}: {line}"
+        );
+    }
 }

@@ -477,13 +477,17 @@ mod tests {
 
     #[test]
     fn a_missing_initrd_is_named() {
-        let kernel = std::env::current_exe().expect("this test's binary");
+        // Any small file that exists will do as the kernel: the initrd is read first.
+        let kernel = std::env::temp_dir().join(format!("exitless-kernel-{}", std::process::id()));
+        std::fs::write(&kernel, [0u8; 512]).expect("a scratch kernel");
         let cfg = RunConfig {
-            kernel,
+            kernel: kernel.clone(),
             initrd: Some("/nonexistent/initrd".into()),
             ..config(64, 1)
         };
-        let Err(e) = cfg.kernel(64 << 20) else {
+        let result = cfg.kernel(64 << 20);
+        let _ = std::fs::remove_file(&kernel);
+        let Err(e) = result else {
             panic!("no such file")
         };
         assert_eq!(
