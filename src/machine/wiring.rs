@@ -423,26 +423,28 @@ fn add_virtio_net(
         if !(1..=MAX_QUEUE_PAIRS).contains(&pairs) {
             return Err(MachineError::QueuePairs(pairs));
         }
-        let backends = match &dev.backend {
-            NetBackendKind::RequestResponse => (0..pairs)
-                .map(|_| Box::new(RequestResponse::new(cfg.response_size)) as Box<dyn NetBackend>)
-                .collect(),
-            NetBackendKind::Sink => (0..pairs)
-                .map(|_| Box::new(Sink) as Box<dyn NetBackend>)
-                .collect(),
-            NetBackendKind::Tap(name) => Tap::open_queues(name, pairs)?
-                .into_iter()
-                .map(|tap| Box::new(tap) as Box<dyn NetBackend>)
-                .collect(),
+        // Checked before a backend is opened or connected.
+        let placement = net_placement(dev)?;
+        let in_process = |backends: Vec<Box<dyn NetBackend>>| VirtioNet::parts(mac, backends);
+        let parts = match &dev.backend {
+            NetBackendKind::RequestResponse => in_process(
+                (0..pairs)
+                    .map(|_| Box::new(RequestResponse::new(cfg.response_size)) as _)
+                    .collect(),
+            ),
+            NetBackendKind::Sink => in_process((0..pairs).map(|_| Box::new(Sink) as _).collect()),
+            NetBackendKind::Tap(name) => in_process(
+                Tap::open_queues(name, pairs)?
+                    .into_iter()
+                    .map(|tap| Box::new(tap) as _)
+                    .collect(),
+            ),
             NetBackendKind::VhostUser(vu) => {
                 let spec = vhost_user_spec(vu, VhostUserKind::Net { mac });
-                let parts = vhost_user::connect(&spec, vm.memory())?;
-                add_virtio(vm, layout, pci, devices, slots, parts, &net_placement(dev)?)?;
-                continue;
+                vhost_user::connect(&spec, vm.memory())?
             }
         };
-        let net = VirtioNet::parts(mac, backends);
-        add_virtio(vm, layout, pci, devices, slots, net, &net_placement(dev)?)?;
+        add_virtio(vm, layout, pci, devices, slots, parts, &placement)?;
     }
     Ok(())
 }
