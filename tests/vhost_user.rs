@@ -17,8 +17,16 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use exitless::bench::vhost_net::{BACKEND_IP, BACKEND_MAC, GUEST_IP};
+use exitless::contract::{
+    RR_FLAG_DOORBELLS, RR_FLAG_MSI, STATUS_OK, TRANSPORT_MMIO, TRANSPORT_PCI,
+};
+use exitless::machine::{
+    NetBackendKind, ProbeConfig, Transport, VhostUserConfig, VirtioNetConfig, ops, run_probe,
+};
 use exitless::peer::PeerError;
 use exitless::peer::backends::{Backend, BackendError};
+use exitless::virtio::notify::NotifyPath;
 
 /// The test kernel's `exit=debug` status when every check passed: (0x10 << 1) | 1.
 const PASSED: i32 = 0x21;
@@ -220,12 +228,15 @@ fn a_vhost_user_disk_on_virtio_mmio_is_served_by_qemu_storage_daemon() {
 }
 
 /// One testpmd (it busy-polls a core), the card on virtio-pci and then on virtio-mmio: the
-/// guest's ARP request crosses to testpmd and its icmpecho's answer comes back.
+/// guest's ARP request crosses to testpmd and its icmpecho's answer comes back. Then the probe
+/// with a card on each transport, each on a port of its own (`bench rr`'s vhost-user boot).
 #[test]
 fn a_vhost_user_card_on_either_transport_is_answered_by_testpmd() {
     let scratch = Scratch::new("net");
     let socket = scratch.path("net.sock");
-    let Some(backend) = started(Backend::testpmd(std::slice::from_ref(&socket), 1)) else {
+    let second = scratch.path("net-2.sock");
+    let sockets = [socket.clone(), second.clone()];
+    let Some(backend) = started(Backend::testpmd(&sockets, 1)) else {
         return;
     };
     for (transport, found, more) in [
@@ -257,7 +268,49 @@ fn a_vhost_user_card_on_either_transport_is_answered_by_testpmd() {
         );
         assert!(reply, "{transport}: testpmd's answer in:\n{console}");
     }
+    the_probe_echoes_on_one_card_then_on_the_other(&sockets, &backend);
     assert_gone_once_dropped(backend);
+}
+
+/// The probe's echo on the virtio-pci card, then on the virtio-mmio one: the second card's rings
+/// reuse the probe's DMA area, and testpmd polls the first card's rings whether or not it is
+/// notified, so the probe resets the first before it brings up the second (without that reset
+/// the first port took the second's requests and the echo timed out).
+fn the_probe_echoes_on_one_card_then_on_the_other(sockets: &[PathBuf; 2], backend: &Backend) {
+    const N: u64 = 30;
+    let card = |transport, socket: &PathBuf| VirtioNetConfig {
+        backend: NetBackendKind::VhostUser(VhostUserConfig {
+            socket: socket.clone(),
+            queues: 1,
+            reconnect: None,
+        }),
+        ..VirtioNetConfig::new(transport, NotifyPath::Address)
+    };
+    let echo = ops::icmp_echo(BACKEND_IP, GUEST_IP, BACKEND_MAC, 32, N);
+    let pci = ProbeConfig::virtio_pci_address(0).ecam_offset();
+    let run = run_probe(&ProbeConfig {
+        ops: vec![
+            ops::virtio_init(TRANSPORT_PCI, pci, 0),
+            echo,
+            echo,
+            ops::virtio_init(TRANSPORT_MMIO, 0, RR_FLAG_MSI | RR_FLAG_DOORBELLS),
+            echo,
+        ],
+        virtio: vec![
+            card(Transport::Mmio, &sockets[1]),
+            card(Transport::Pci, &sockets[0]),
+        ],
+        timeout: LIMIT,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("probe run failed: {e}\ntestpmd:\n{}", backend.output()));
+    assert_eq!(run.results.len(), 5, "{}", run.console);
+    for (i, r) in run.results.iter().enumerate() {
+        assert_eq!(r.status, STATUS_OK, "op {i}: {r:?}\n{}", run.console);
+    }
+    for i in [1, 2, 4] {
+        assert_eq!(run.results[i].value, N, "op {i}: every echo answered");
+    }
 }
 
 /// Kill qemu-storage-daemon while the guest writes and reads: the VM runs on, the device
