@@ -22,8 +22,17 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::testkernel::{ERROR, FIRST_MMIO_WINDOW, PASSED, kernel, pattern};
+
+use exitless::bench::vhost_net::{BACKEND_IP, BACKEND_MAC, GUEST_IP};
+use exitless::contract::{
+    RR_FLAG_DOORBELLS, RR_FLAG_MSI, STATUS_OK, TRANSPORT_MMIO, TRANSPORT_PCI,
+};
+use exitless::machine::{
+    NetBackendKind, ProbeConfig, Transport, VhostUserConfig, VirtioNetConfig, ops, run_probe,
+};
 use exitless::peer::PeerError;
 use exitless::peer::backends::{Backend, BackendError};
+use exitless::virtio::notify::NotifyPath;
 
 /// Longest a run may take (a vhost-user request crosses two processes on a busy host).
 const LIMIT: Duration = Duration::from_secs(120);
@@ -241,14 +250,21 @@ fn a_vhost_user_disk_on_virtio_mmio_is_served_by_qemu_storage_daemon() {
 static TESTPMD: Mutex<()> = Mutex::new(());
 
 /// In testpmd's turn (even after another test holding it failed), a scratch directory `tag`
-/// and a testpmd with one port of `pairs` queue pairs on its `net.sock`; `None` after printing
-/// why the test skips. They go in that order: the backend, its directory, the turn.
-fn testpmd_in_turn(tag: &str, pairs: u16) -> Option<(Backend, Scratch, MutexGuard<'static, ()>)> {
+/// and a testpmd with `ports` ports of `pairs` queue pairs on its `net-N.sock`; `None` after
+/// printing why the test skips. They go in that order: the backend, its directory, the turn.
+fn testpmd_in_turn(
+    tag: &str,
+    pairs: u16,
+    ports: usize,
+) -> Option<(Backend, Scratch, MutexGuard<'static, ()>)> {
     let turn = TESTPMD
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let scratch = Scratch::new(tag);
-    let backend = started(Backend::testpmd(&[scratch.path("net.sock")], pairs))?;
+    let sockets: Vec<PathBuf> = (0..ports)
+        .map(|n| scratch.path(&format!("net-{n}.sock")))
+        .collect();
+    let backend = started(Backend::testpmd(&sockets, pairs))?;
     Some((backend, scratch, turn))
 }
 
@@ -275,23 +291,67 @@ fn card_answered(backend: &Backend, transport: &str, queues: u16) {
 }
 
 /// One testpmd, the card on virtio-pci and then on virtio-mmio: the guest's ARP request
-/// crosses to testpmd and its icmpecho's answer comes back.
+/// crosses to testpmd and its icmpecho's answer comes back. Then the probe with a card on each
+/// transport, each on a port of its own (`bench rr`'s vhost-user boot).
 #[test]
 fn a_vhost_user_card_on_either_transport_is_answered_by_testpmd() {
-    let Some((backend, _scratch, _turn)) = testpmd_in_turn("net", 1) else {
+    let Some((backend, _scratch, _turn)) = testpmd_in_turn("net", 1, 2) else {
         return;
     };
     for transport in ["pci", "mmio"] {
         card_answered(&backend, transport, 1);
     }
+    the_probe_echoes_on_one_card_then_on_the_other(&backend);
     assert_gone_once_dropped(backend);
+}
+
+/// The probe's echo on the virtio-pci card, then on the virtio-mmio one: the second card's rings
+/// reuse the probe's DMA area, and testpmd polls the first card's rings whether or not it is
+/// notified, so the probe resets the first before it brings up the second (without that reset
+/// the first port took the second's requests and the echo timed out).
+fn the_probe_echoes_on_one_card_then_on_the_other(backend: &Backend) {
+    let sockets = backend.sockets();
+    const N: u64 = 30;
+    let card = |transport, socket: &PathBuf| VirtioNetConfig {
+        backend: NetBackendKind::VhostUser(VhostUserConfig {
+            socket: socket.clone(),
+            queues: 1,
+            reconnect: None,
+        }),
+        ..VirtioNetConfig::new(transport, NotifyPath::Address)
+    };
+    let echo = ops::icmp_echo(BACKEND_IP, GUEST_IP, BACKEND_MAC, 32, N);
+    let pci = ProbeConfig::virtio_pci_address(0).ecam_offset();
+    let run = run_probe(&ProbeConfig {
+        ops: vec![
+            ops::virtio_init(TRANSPORT_PCI, pci, 0),
+            echo,
+            echo,
+            ops::virtio_init(TRANSPORT_MMIO, 0, RR_FLAG_MSI | RR_FLAG_DOORBELLS),
+            echo,
+        ],
+        virtio: vec![
+            card(Transport::Mmio, &sockets[1]),
+            card(Transport::Pci, &sockets[0]),
+        ],
+        timeout: LIMIT,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("probe run failed: {e}\ntestpmd:\n{}", backend.output()));
+    assert_eq!(run.results.len(), 5, "{}", run.console);
+    for (i, r) in run.results.iter().enumerate() {
+        assert_eq!(r.status, STATUS_OK, "op {i}: {r:?}\n{}", run.console);
+    }
+    for i in [1, 2, 4] {
+        assert_eq!(run.results[i].value, N, "op {i}: every echo answered");
+    }
 }
 
 /// `queues=2` on a card, even where testpmd's port has two queue pairs: refused in one line
 /// (multiqueue needs VIRTIO_NET_F_CTRL_VQ's control queue, which exitless does not offer).
 #[test]
 fn two_queue_pairs_on_a_vhost_user_card_are_one_line_and_status_2() {
-    let Some((backend, _scratch, _turn)) = testpmd_in_turn("net2", 2) else {
+    let Some((backend, _scratch, _turn)) = testpmd_in_turn("net2", 2, 1) else {
         return;
     };
     let socket = &backend.sockets()[0];
@@ -391,7 +451,7 @@ fn a_killed_disk_backend_on_virtio_mmio_is_reconnected_by_the_drivers_reset() {
 /// reset reconnects and the guest's ARP request is answered again.
 #[test]
 fn a_killed_card_backend_leaves_the_disk_beside_it_working_and_is_reconnected() {
-    let Some((mut first, scratch, _turn)) = testpmd_in_turn("net-reconnect", 1) else {
+    let Some((mut first, scratch, _turn)) = testpmd_in_turn("net-reconnect", 1, 1) else {
         return;
     };
     let net = first.sockets()[0].clone();

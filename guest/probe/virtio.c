@@ -52,6 +52,7 @@ struct vdev {
     u8 mac[6];                              /* from its config space; all zero if none */
     u64 rx_irqs;                            /* receive interrupts before the posted buffer's */
     int ready;
+    int live;                               /* DRIVER_OK written since its last reset here */
     struct vtd_domain *iommu;               /* behind the IOMMU (RR_FLAG_IOMMU) */
 };
 

@@ -72,12 +72,28 @@ static u64 device_irqs(void)
     return n;
 }
 
+/* Reset the device brought up before if it is another one: the next one's rings and buffers
+ * reuse its DMA area (dma_next starts again), and a device that polls its rings, such as a
+ * vhost-user backend's, would go on taking (and answering) what the next one posts there.
+ * After the reset it uses no ring (virtio 1.2 §2.4). A device that never reads 0 is left. */
+static void virtio_release(u64 transport, u64 address)
+{
+    if (!dev.live || (dev.transport == transport && dev.address == address))
+        return;
+    dev.live = 0;
+    dev.ops->set_status(0);
+    u64 deadline = tsc_timeout();
+    while (dev.ops->get_status() != 0 && rdtsc() <= deadline)
+        ;
+}
+
 /* Bring the device up as virtio 1.2 §3.1.1 orders it. */
 static u64 virtio_init(u64 transport, u64 address, u64 flags)
 {
     const struct transport_ops *ops = transport_ops(transport, flags);
     if (!ops)
         return STATUS_UNSUPPORTED;
+    virtio_release(transport, address);
     dev.ops = ops;
     dev.transport = transport;
     dev.address = address;
@@ -128,6 +144,7 @@ static u64 virtio_init(u64 transport, u64 address, u64 flags)
     for (u64 i = 0; i < QSIZE; i++)
         dev.rx.iova_slot[i] = dev.tx.iova_slot[i] = 0;
     ops->set_status(s | VIRTIO_STATUS_DRIVER_OK);
+    dev.live = 1;
     if (ops->get_status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET)
         return STATUS_DEVICE_ERROR;
     post_rx();
