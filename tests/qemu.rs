@@ -364,6 +364,7 @@ fn icmp_echo_through_qemus_vhost_user_virtio_net_pci_is_answered_by_testpmd() {
         ..RrBench::default()
     };
     let plan = rr.peer_plan().expect("a plan");
+    let _polling = net.ports().polling();
     let run = boot(&qemu, &plan.machine, &plan.ops);
     ok(&run, 0);
     let khz = run.tsc_khz.expect("the TSC rate") as f64;
@@ -391,9 +392,10 @@ fn msix_enable_on_qemus_vhost_user_functions_then_testpmd_interrupts() {
         queue_pairs: 32,
         timeout: LIMIT,
         rounds: 1,
-        vhost_user: net.ports().msix.clone(),
+        vhost_user: Some(net.ports().clone()),
     };
     let plan = msix.peer_plan();
+    let _polling = net.ports().polling();
     let run = boot(&qemu, &plan.machine, &plan.ops);
     let khz = run.tsc_khz.expect("the TSC rate") as f64;
     let ms = |i: usize| ok(&run, i).cycles as f64 / khz;

@@ -22,6 +22,7 @@ use crate::bench::measure::{
 use crate::bench::model::{RoutingFigures, ScenarioReport, TargetCheck, Variant};
 use crate::bench::msix_vhost;
 use crate::bench::stats::Verdict;
+use crate::bench::vhost_net::VhostPorts;
 use crate::contract::Op;
 use crate::irq::CommitStrategy;
 use crate::machine::{
@@ -61,9 +62,9 @@ pub struct MsixBench {
     pub timeout: Duration,
     /// Rounds: each boots once per strategy, the strategies' order rotated.
     pub rounds: usize,
-    /// testpmd's sockets, one per device, for the vhost-user boots (`super::msix_vhost`);
-    /// empty: none.
-    pub vhost_user: Vec<PathBuf>,
+    /// testpmd and its sockets, `msix` one per device, for the vhost-user boots
+    /// (`super::msix_vhost`); none: no such boots.
+    pub vhost_user: Option<VhostPorts>,
 }
 
 /// Op indexes of one device's steps.
@@ -157,7 +158,7 @@ impl MsixBench {
         let machine = QemuMachine {
             virtio_net: u8::try_from(self.devices).expect("validated: at most MAX_VIRTIO_PCI"),
             queue_pairs: self.queue_pairs,
-            vhost_user: self.vhost_user.clone(),
+            vhost_user: self.vhost_sockets().to_vec(),
             ..QemuMachine::default()
         };
         let mut list = Vec::new();
@@ -179,7 +180,7 @@ impl MsixBench {
             bursts.push(list.len() - 1);
             list.push(ops::msix_check(f, false));
         }
-        let vhost_steps = match self.vhost_user.is_empty() {
+        let vhost_steps = match self.vhost_sockets().is_empty() {
             true => Vec::new(),
             false => msix_vhost::ops(&mut list, &functions, false),
         };
@@ -282,21 +283,21 @@ impl MsixBench {
         })
     }
 
+    /// testpmd's sockets for the vhost-user boots, one per device; empty where it does not run.
+    fn vhost_sockets(&self) -> &[PathBuf] {
+        self.vhost_user.as_ref().map_or(&[], |p| &p.msix)
+    }
+
     /// The vhost-user boots (one per strategy per round) where testpmd runs, against
     /// per-vector's.
     fn vhost_variants(&self, rounds: usize) -> Result<Vec<Variant>, MachineError> {
-        if self.vhost_user.is_empty() {
+        let Some(ports) = self.vhost_user.as_ref().filter(|p| !p.msix.is_empty()) else {
             return Ok(Vec::new());
-        }
+        };
         let boots = in_rounds(rounds, STRATEGIES.len(), |b| {
+            let _polling = ports.polling();
             let vectors = u16::try_from(self.vectors()).expect("validated: at most 255");
-            msix_vhost::boot(
-                STRATEGIES[b],
-                &self.vhost_user,
-                vectors,
-                self.timeout,
-                figures,
-            )
+            msix_vhost::boot(STRATEGIES[b], &ports.msix, vectors, self.timeout, figures)
         })?;
         let mut variants = combine_rounds(
             (0..rounds)

@@ -208,7 +208,7 @@ impl BenchOptions {
             queue_pairs: self.queue_pairs,
             timeout: self.timeout(),
             rounds: usize::from(self.rounds),
-            vhost_user: vhost_user.map(|p| p.msix.clone()).unwrap_or_default(),
+            vhost_user: vhost_user.cloned(),
         };
         msix.validate()?;
         Ok(msix)

@@ -191,6 +191,11 @@ impl Session {
                 Scenario::Iommu => self.options.iommu()?.peer_plan(),
                 Scenario::Soak => continue,
             };
+            // QEMU's rr and msix boots hold vhost-user functions on testpmd's ports.
+            let _polling = match scenario {
+                Scenario::Rr | Scenario::Msix => self.vhost_ports().map(|p| p.polling()),
+                _ => None,
+            };
             let result = against::run(qemu, plan)
                 .map_err(|e| format!("the probe under {}: {e}", qemu.version()))?;
             self.peers.push((scenario, result));

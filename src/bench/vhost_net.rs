@@ -29,9 +29,13 @@ pub const BACKEND_MAC: [u8; 6] = [0x56, 0x48, 0x4f, 0x53, 0x54, 0x00];
 /// with fewer pairs uses the first ones (a vhost-user frontend sets up only its own rings).
 pub const PORT_QUEUE_PAIRS: u16 = 32;
 
-/// Which of testpmd's sockets serve whom.
+/// Which of testpmd's sockets serve whom, and testpmd itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VhostPorts {
+    /// testpmd's process: stopped (SIGSTOP) except while a boot uses its ports
+    /// ([`VhostPorts::polling`]), so that its busy-polling core does not slow the other
+    /// variants of the run on a small host.
+    pub pid: u32,
     /// `rr`'s virtio-pci device (and QEMU's function after it).
     pub rr_pci: PathBuf,
     /// `rr`'s virtio-mmio device.
@@ -58,7 +62,8 @@ impl VhostNet {
     pub fn start(msix_devices: usize) -> Result<VhostNet, String> {
         let dir = TempDir::new_with_prefix("/tmp/exitless-vhost-")
             .map_err(|e| format!("cannot make a socket folder: {e}"))?;
-        let ports = VhostPorts {
+        let mut ports = VhostPorts {
+            pid: 0,
             rr_pci: dir.as_path().join("rr-pci.sock"),
             rr_mmio: dir.as_path().join("rr-mmio.sock"),
             msix: (0..msix_devices)
@@ -71,6 +76,9 @@ impl VhostNet {
             BackendError::Start(e) => e.to_string(),
             e => format!("testpmd did not start: {e}"),
         })?;
+        ports.pid = backend.pid();
+        // Nothing uses its ports until a boot asks for them.
+        signal(ports.pid, libc::SIGSTOP);
         let mut files = backend.files();
         files.push(dir.as_path().to_owned());
         // In a process group of its own, so that a ^C that ends the bench leaves it to clean
@@ -96,6 +104,8 @@ impl VhostNet {
     /// a child (the bench's confined main thread): at exit its stdin reaches EOF (testpmd
     /// ends, and `PR_SET_PDEATHSIG` kills it otherwise) and the cleaner removes its files.
     pub fn leave(self) {
+        // Running, so that it sees the EOF.
+        signal(self.ports.pid, libc::SIGCONT);
         std::mem::forget(self);
     }
 
@@ -105,9 +115,43 @@ impl VhostNet {
     }
 }
 
+impl VhostPorts {
+    /// testpmd polls its ports until the guard drops: around a boot whose devices use them.
+    pub fn polling(&self) -> Polling {
+        signal(self.pid, libc::SIGCONT);
+        Polling(self.pid)
+    }
+}
+
+/// testpmd runs; it stops again when this drops (see [`VhostPorts::polling`]).
+#[must_use = "testpmd stops again when the guard drops"]
+pub struct Polling(u32);
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGSTOP);
+    }
+}
+
+/// Send testpmd `sig` (SIGSTOP or SIGCONT, the two the main thread's seccomp filter allows).
+/// A testpmd that has gone is no error here: the boot that needs it reports that.
+fn signal(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    if pid > 0 {
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
 impl Drop for VhostNet {
     fn drop(&mut self) {
-        // testpmd stops when `backend` drops after this; the cleaner finds nothing left.
+        // testpmd stops when `backend` drops after this (running: it must see its stdin's
+        // EOF); the cleaner finds nothing left.
+        signal(self.ports.pid, libc::SIGCONT);
         drop(self.cleaner.stdin.take());
     }
 }

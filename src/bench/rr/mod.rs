@@ -304,6 +304,7 @@ impl RrBench {
         let mut list = self.vhost_ops(ops::virtio_init(TRANSPORT_PCI, pci, 0));
         let mmio_flags = RR_FLAG_DOORBELLS | RR_FLAG_MSI;
         list.extend(self.vhost_ops(ops::virtio_init(TRANSPORT_MMIO, 0, mmio_flags)));
+        let _polling = ports.polling();
         let run = run_ok(&ProbeConfig {
             ops: list,
             virtio: vec![

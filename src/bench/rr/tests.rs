@@ -53,6 +53,7 @@ fn qemu_runs_the_same_echo_ops_on_its_function_behind_the_same_tap() {
 
 fn ports() -> VhostPorts {
     VhostPorts {
+        pid: 0,
         rr_pci: "/s/rr-pci.sock".into(),
         rr_mmio: "/s/rr-mmio.sock".into(),
         msix: Vec::new(),
