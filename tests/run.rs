@@ -220,7 +220,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
         ),
         (
             &["--kernel", good, "--net", "none,speed=10"],
-            "unknown option `speed=10` (mac=MAC, queues=N, transport=pci|mmio)",
+            "unknown option `speed=10` (mac=MAC, queues=N, vectors=N, transport=pci|mmio)",
         ),
         (
             &["--kernel", good, "--net", "tap=t0,mac=01:00:5e:00:00:01"],
