@@ -210,45 +210,51 @@ impl QemuMachine {
             ]);
         }
         for i in 0..self.virtio_net {
-            // No option ROM: nothing here boots from the network, and iPXE's takes seconds.
-            // With no netdev, what a function sends is dropped: the iommu stream's sink.
-            let mut device = format!(
-                "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
-                self.virtio_net_function(i).device,
-                self.msix_vectors()
-            );
-            if let (0, Some(tap)) = (i, &self.tap) {
-                device += &format!(",netdev=n0,mac={}", format_mac(tap.mac));
-                args.extend([
-                    "-netdev".into(),
-                    format!(
-                        "tap,id=n0,ifname={},script=no,downscript=no,vhost=off",
-                        tap.ifname
-                    ),
-                ]);
-            } else if let Some(socket) = self.vhost_socket(i) {
-                device += &format!(",netdev=v{i}");
-                args.extend([
-                    "-chardev".into(),
-                    format!("socket,id=c{i},path={}", socket.display()),
-                    "-netdev".into(),
-                    format!(
-                        "vhost-user,id=v{i},chardev=c{i},queues={}",
-                        self.queue_pairs
-                    ),
-                ]);
-            }
-            if let Some(first) = self.iommu {
-                // Modern only: QEMU's legacy devices lack VIRTIO_F_ACCESS_PLATFORM, with which
-                // a function is behind the unit.
-                device.push_str(",disable-legacy=on");
-                if i >= first {
-                    device.push_str(",iommu_platform=on");
-                }
-            }
-            args.extend(["-device".into(), device]);
+            self.add_virtio_net(i, &mut args);
         }
         args
+    }
+
+    /// Function `i`'s `-device virtio-net-pci` and the backend behind it: the host tap (the
+    /// first function, where there is one), a vhost-user socket, or none (a sink).
+    fn add_virtio_net(&self, i: u8, args: &mut Vec<String>) {
+        // No option ROM: nothing here boots from the network, and iPXE's takes seconds.
+        // With no netdev, what a function sends is dropped: the iommu stream's sink.
+        let mut device = format!(
+            "virtio-net-pci,addr={:#x},mq=on,vectors={},romfile=",
+            self.virtio_net_function(i).device,
+            self.msix_vectors()
+        );
+        if let (0, Some(tap)) = (i, &self.tap) {
+            device += &format!(",netdev=n0,mac={}", format_mac(tap.mac));
+            args.extend([
+                "-netdev".into(),
+                format!(
+                    "tap,id=n0,ifname={},script=no,downscript=no,vhost=off",
+                    tap.ifname
+                ),
+            ]);
+        } else if let Some(socket) = self.vhost_socket(i) {
+            device += &format!(",netdev=v{i}");
+            args.extend([
+                "-chardev".into(),
+                format!("socket,id=c{i},path={}", socket.display()),
+                "-netdev".into(),
+                format!(
+                    "vhost-user,id=v{i},chardev=c{i},queues={}",
+                    self.queue_pairs
+                ),
+            ]);
+        }
+        if let Some(first) = self.iommu {
+            // Modern only: QEMU's legacy devices lack VIRTIO_F_ACCESS_PLATFORM, with which
+            // a function is behind the unit.
+            device.push_str(",disable-legacy=on");
+            if i >= first {
+                device.push_str(",iommu_platform=on");
+            }
+        }
+        args.extend(["-device".into(), device]);
     }
 }
 
