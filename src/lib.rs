@@ -47,6 +47,7 @@ pub mod machine;
 pub mod pci;
 pub mod peer;
 pub mod seccomp;
+pub mod snapshot;
 pub mod stats;
 pub mod virtio;
 pub mod vm;
