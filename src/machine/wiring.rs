@@ -38,6 +38,7 @@ use crate::pci::function::{HostBridge, TestDevice};
 use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
 use crate::pci::root::{BarBuses, BarWindows, PciError};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
+use crate::snapshot::Persist;
 use crate::virtio::block::VirtioBlock;
 use crate::virtio::block::image::Images;
 use crate::virtio::net::tap::Tap;
@@ -135,6 +136,8 @@ pub struct Devices {
     pub iommu: Option<Arc<Iommu>>,
     /// The userspace IOAPIC's input thread, under a split irqchip.
     pub ioapic: Option<PinWatcher>,
+    /// Every stateful piece a snapshot saves, under its id (unique in the machine).
+    pub persist: Vec<(String, Arc<dyn Persist>)>,
 }
 
 /// A device that counts its guest errors: its bus id and its log.
@@ -192,6 +195,7 @@ pub fn wire(
         logs,
         iommu,
         ioapic,
+        persist: Vec::new(),
     };
     let mut slots = VirtioSlots::default();
     add_virtio_net(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
