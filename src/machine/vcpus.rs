@@ -13,6 +13,7 @@ use crate::seccomp::{self, ThreadKind};
 use crate::stats::ExitCounters;
 use crate::vm::cpuid::CpuTemplate;
 use crate::vm::run_control::{RunControl, RunEvent, StopReason};
+use crate::vm::state::VcpuState;
 use crate::vm::vcpu::{self, Vcpu};
 use crate::vm::{Vm, VmError};
 
@@ -62,6 +63,23 @@ impl Vcpus {
             if let Some(EntryState { mode, regs }) = entry {
                 vcpu.set_entry(&regs, |current| mode.sregs(current))?;
             }
+        }
+        Ok(())
+    }
+
+    /// Give each vCPU, in index order, the state a snapshot saved of it (`Pause::save_vcpus`),
+    /// in place of [`Vcpus::set_entries`]: a snapshot of another vCPU count is refused before
+    /// any vCPU is touched.
+    pub fn set_states(&self, states: &[VcpuState]) -> Result<(), VmError> {
+        if states.len() != self.0.len() {
+            return Err(VmError::StateMismatch(format!(
+                "the snapshot has {} vCPUs, the machine {}",
+                states.len(),
+                self.0.len()
+            )));
+        }
+        for (vcpu, state) in self.0.iter().zip(states) {
+            vcpu.restore_state(state)?;
         }
         Ok(())
     }
@@ -166,5 +184,39 @@ fn stop_and_join(threads: Vec<JoinHandle<()>>) {
                 "vCPU {i} did not stop within {STOP_DEADLINE:?} (stuck in a device?); abandoned"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_of_another_vcpu_count_are_refused_before_any_is_set() {
+        let vm = Vm::new(&[(0, 1 << 20)], false).unwrap();
+        let two = Vcpus::create(&vm, 2, &CpuTemplate::default()).unwrap();
+        let one = Vcpus::create(
+            &Vm::new(&[(0, 1 << 20)], false).unwrap(),
+            1,
+            &Default::default(),
+        )
+        .unwrap();
+        let pause = crate::vm::pause::Pause::default();
+        // The state of one parked vCPU, taken as a snapshot takes it (on its own thread).
+        let states = std::thread::scope(|s| {
+            pause.request().unwrap();
+            let vcpu = &one.0[0];
+            s.spawn(|| pause.park(0, || false, || vcpu.save_state()));
+            assert!(pause.wait_parked(Duration::from_secs(60), || false));
+            let states = pause.save_vcpus(Duration::from_secs(60));
+            pause.resume().unwrap();
+            states.unwrap()
+        });
+        let e = two.set_states(&states).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the snapshot does not fit this VM: the snapshot has 1 vCPUs, the machine 2"
+        );
+        one.set_states(&states).unwrap();
     }
 }
