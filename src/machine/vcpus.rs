@@ -219,4 +219,42 @@ mod tests {
         );
         one.set_states(&states).unwrap();
     }
+
+    /// Two vCPUs spinning in the guest, kicked out of it by a pause as `vm.pause` does, each
+    /// take their own state: in index order, each where the loader put it (rdi = its index).
+    #[test]
+    fn a_paused_machine_gives_every_vcpu_state_in_index_order() {
+        use crate::contract::PROBE_LOAD_ADDR;
+        use crate::vm::boot;
+        use vm_memory::{Bytes, GuestAddress};
+        let vm = Vm::new(&[(0, 16 << 20)], false).unwrap();
+        boot::write_tables(vm.memory()).unwrap();
+        let spin = [0xeb, 0xfe]; // jmp $
+        vm.memory()
+            .write_slice(&spin, GuestAddress(PROBE_LOAD_ADDR))
+            .unwrap();
+        let vcpus = Vcpus::create(&vm, 2, &CpuTemplate::default()).unwrap();
+        for (i, vcpu) in (0..).zip(&vcpus.0) {
+            vcpu.set_entry(&boot::entry_regs(i), boot::long_mode_sregs)
+                .unwrap();
+        }
+        let control = Arc::new(RunControl::default());
+        let counters = Arc::new(ExitCounters::new(0));
+        let io = Arc::new(IoBuses::default());
+        let run = {
+            let control = control.clone();
+            thread::spawn(move || vcpus.run(&io, &counters, &control, Duration::from_secs(120)))
+        };
+        control.pause_vcpus(Duration::from_secs(60)).unwrap();
+        let states = control.pause().save_vcpus(Duration::from_secs(60)).unwrap();
+        let at: Vec<(u64, u64)> = states.iter().map(|s| (s.regs.rdi, s.regs.rip)).collect();
+        assert_eq!(at, [(0, PROBE_LOAD_ADDR), (1, PROBE_LOAD_ADDR)]);
+        control.pause().resume().unwrap();
+        assert_eq!(
+            control.pause().save_vcpus(Duration::ZERO).unwrap_err(),
+            crate::vm::pause::PauseError::NotPaused
+        );
+        control.stop(StopReason::GuestDone(0));
+        assert!(matches!(run.join().unwrap(), Ok(RunEnd::Stopped(_))));
+    }
 }
