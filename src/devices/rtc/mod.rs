@@ -10,6 +10,7 @@
 
 mod calendar;
 mod cmos;
+mod persist;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
