@@ -184,7 +184,7 @@ pub fn wire(
     };
     let ioapic = match pins {
         Some(pins) => {
-            let (watcher, log) = add_ioapic(&mut io, &routing, iommu.as_ref(), pins)?;
+            let (watcher, log) = add_ioapic(&mut io, &routing, iommu.as_ref(), pins, &mut persist)?;
             logs.push(log);
             Some(watcher)
         }
@@ -379,6 +379,7 @@ fn add_ioapic(
     routing: &Arc<GsiRouting>,
     iommu: Option<&Arc<Iommu>>,
     pins: Arc<PinInputs>,
+    persist: &mut PersistList,
 ) -> Result<(PinWatcher, CountedLog), MachineError> {
     let routes = match iommu {
         Some(unit) => unit.interrupt_routes(IOAPIC_SOURCE_ID),
@@ -386,6 +387,7 @@ fn add_ioapic(
     };
     let ioapic = Arc::new(Ioapic::new(routes, pins, DeviceLog::new(names::IOAPIC)));
     let log = ioapic.log().clone();
+    persist.push((names::IOAPIC.into(), ioapic.clone()));
     let id = io.add_mmio(names::IOAPIC, IOAPIC_BASE, MMIO_LEN, ioapic.clone())?;
     let watcher = ioapic
         .spawn()
