@@ -176,7 +176,7 @@ pub fn wire(
     logs.push((pci.0, pci.1.log().clone()));
     let pci = pci.1;
     let iommu = if cfg.iommu {
-        let (iommu, id) = add_iommu(vm, layout, &mut io, &routing)?;
+        let (iommu, id) = add_iommu(vm, layout, &mut io, &routing, &mut persist)?;
         logs.push((id, iommu.log().clone()));
         Some(iommu)
     } else {
@@ -361,9 +361,11 @@ fn add_iommu(
     layout: &mut MemoryLayout,
     io: &mut IoBuses,
     routing: &Arc<GsiRouting>,
+    persist: &mut PersistList,
 ) -> Result<(Arc<Iommu>, DeviceId), MachineError> {
     let log = DeviceLog::new(names::IOMMU);
     let iommu = Arc::new(Iommu::new(vm.memory().clone(), routing.clone(), log));
+    persist.push((names::IOMMU.into(), iommu.clone()));
     let base = layout.place_iommu();
     let id = io.add_mmio(names::IOMMU, base, VTD_REG_SIZE, iommu.clone())?;
     iommu
