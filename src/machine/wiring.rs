@@ -84,6 +84,8 @@ pub mod names {
     pub const RTC: &str = "rtc";
     /// The keyboard controller's command port.
     pub const I8042: &str = "i8042";
+    /// The Reset Control Register at 0xCF9 (its state in a snapshot).
+    pub const RESET_CONTROL: &str = "reset-control";
 }
 
 /// The functions of bus 0: a host bridge, a test endpoint, and a two-function test device.
@@ -167,7 +169,9 @@ pub fn wire(
             let pm = add_platform(&mut io, cfg, platform, control, vm, &mut persist)?;
             logs.push((pm.0, pm.1.log().clone()));
             logs.push(add_rtc(&mut io, &routing, layout, pm.1, &mut persist)?);
-            Some(Arc::new(ResetControl::new(control.clone())) as Arc<dyn BusDevice>)
+            let reset = Arc::new(ResetControl::new(control.clone()));
+            persist.push((names::RESET_CONTROL.into(), reset.clone()));
+            Some(reset as Arc<dyn BusDevice>)
         }
         None => None,
     };
