@@ -5,6 +5,14 @@
 
 use std::sync::Arc;
 
+use exitless::contract::PORT_SERIAL;
+use exitless::devices::acpi_pm::{PM_BASE, PM1_EVT_OFFSET};
+use exitless::devices::fw_cfg::{FW_CFG_ID, FW_CFG_PORT};
+use exitless::devices::reset_control::RESET_CONTROL_PORT;
+use exitless::devices::rtc::RTC_PORT;
+use exitless::iommu::regs::VTD_FEDATA_REG;
+use exitless::irq::regs::{IOAPIC_BASE, IOAPIC_REGSEL, IOAPIC_WINDOW};
+use exitless::machine::layout::IOMMU_BASE;
 use exitless::machine::wiring::{self, names};
 use exitless::machine::{MachineConfig, MemoryLayout, Platform};
 use exitless::vm::run_control::RunControl;
@@ -44,18 +52,19 @@ fn every_platform_device_is_registered_and_a_fresh_machine_takes_its_state() {
     // A guest's writes: the UART's scratch byte, a CMOS byte, fw_cfg's selector, PM1 enable,
     // the reset kind, the unit's fault event data, an IOAPIC entry (masked, vector 0x41).
     let (pio, mmio) = (&first.io.pio, &first.io.mmio);
-    pio.write(0x3f8 + 7, &[0x5a]);
-    pio.write(0x70, &[0x40]);
-    pio.write(0x71, &[0x77]);
-    pio.write(0x510, &[0x01, 0x00]);
-    pio.write(0x602, &[0x00, 0x04]);
-    pio.write(0xcf9, &[0x08]);
-    mmio.write(
-        exitless::machine::layout::IOMMU_BASE + 0x3c,
-        &0x45u32.to_le_bytes(),
-    );
-    mmio.write(0xfec0_0000, &[0x10]);
-    mmio.write(0xfec0_0010, &0x1_0041u32.to_le_bytes());
+    let port = |p: u16| u64::from(p);
+    pio.write(port(PORT_SERIAL + 7), &[0x5a]);
+    pio.write(port(RTC_PORT), &[0x40]);
+    pio.write(port(RTC_PORT + 1), &[0x77]);
+    pio.write(port(FW_CFG_PORT), &FW_CFG_ID.to_le_bytes());
+    pio.write(
+        port(PM_BASE + PM1_EVT_OFFSET + 2),
+        &(1u16 << 10).to_le_bytes(),
+    ); // RTC_EN
+    pio.write(port(RESET_CONTROL_PORT), &[0x08]); // FULL_RST
+    mmio.write(IOMMU_BASE + VTD_FEDATA_REG, &0x45u32.to_le_bytes());
+    mmio.write(IOAPIC_BASE + IOAPIC_REGSEL, &[0x10]);
+    mmio.write(IOAPIC_BASE + IOAPIC_WINDOW, &0x1_0041u32.to_le_bytes());
     let ids: Vec<&str> = first.persist.iter().map(|(id, _)| id.as_str()).collect();
     for id in [
         names::SERIAL,
@@ -77,8 +86,8 @@ fn every_platform_device_is_registered_and_a_fresh_machine_takes_its_state() {
         assert_eq!(id, id2, "the same order");
         let state = saved.save().unwrap();
         assert_ne!(
-            fresh.save().unwrap(),
-            state,
+            still(fresh.save().unwrap()),
+            still(state.clone()),
             "{id}: the guest's writes are in its state"
         );
         fresh.restore(state.clone()).unwrap();
