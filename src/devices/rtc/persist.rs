@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Rtc;
 use super::calendar::Fields;
-use super::cmos::{CMOS_LEN, FLAGS, IRQF, REG_A, REG_B, SET, UIE, UIP};
+use super::cmos::{CMOS_LEN, FLAGS, IRQF, REG_A, REG_B, Raised, SET, UIE, UIP};
 use crate::snapshot::{Persist, StateError, from_state, to_state};
 
 const ID: &str = "rtc";
@@ -70,6 +70,21 @@ fn check(s: &Saved) -> Result<[u8; CMOS_LEN], StateError> {
 }
 
 impl Persist for Rtc {
+    /// Hold the timer thread: an interrupt raised after the irqchip's state was taken and
+    /// before register C's would leave IRQF set with no edge to come, and the guest's RTC
+    /// interrupts would stop. Taking the lock waits out a delivery in progress.
+    fn pause(&self) -> Result<(), StateError> {
+        self.shared.paused.store(true, Ordering::Release);
+        drop(self.shared.lock());
+        Ok(())
+    }
+
+    fn resume(&self) {
+        self.shared.paused.store(false, Ordering::Release);
+        drop(self.shared.lock());
+        self.shared.changed.notify_all();
+    }
+
     fn save(&self) -> Result<serde_json::Value, StateError> {
         let state = self.shared.lock();
         let (index, cmos) = (&state.0, &state.1);
@@ -93,11 +108,14 @@ impl Persist for Rtc {
         (cmos.ram, cmos.reg_c, cmos.offset, cmos.held) =
             (ram, saved.reg_c, saved.offset, saved.held);
         cmos.checked = now;
+        // IRQ 8 is an edge the restored irqchip may not hold: pulse it again while IRQF is
+        // set, as the chip's IRQ pin stays asserted until register C is read (a guest that
+        // had taken it reads C = 0 once more: a spurious interrupt, which drivers expect).
+        let irq = cmos.reg_c & IRQF != 0;
+        self.shared.deliver(Raised { irq, alarm: false });
         drop(state);
         // The timer thread sleeps until the next enabled interrupt it knew of: re-arm it.
-        if !self.shared.stop.load(Ordering::Acquire) {
-            self.shared.changed.notify_all();
-        }
+        self.shared.changed.notify_all();
         Ok(())
     }
 }

@@ -235,6 +235,7 @@ fn a_restored_rtc_keeps_its_bytes_its_flags_and_its_offset_from_the_host() {
     // Let its timer thread go to sleep with nothing enabled, as a fresh machine's has.
     std::thread::sleep(Duration::from_millis(50));
     restored.rtc.restore(state).unwrap();
+    assert_eq!(restored.irqs(), 1, "IRQF was set: IRQ 8 pulsed again");
     b.advance(3600 * SECOND);
     assert_eq!(
         cmos_image(&restored),
@@ -273,4 +274,29 @@ fn a_corrupted_rtc_state_is_refused_naming_the_field() {
     set_and_uie[usize::from(REG_B)] = (SET | UIE).into();
     assert_eq!(corrupt("ram", set_and_uie), "rtc.ram");
     assert_eq!(b.get(0x40), 0x5a, "a refused state changes nothing");
+}
+
+#[test]
+fn a_paused_rtc_raises_nothing_until_it_resumes() {
+    use crate::snapshot::Persist;
+    let b = Bench::new();
+    b.set(REG_B, B_24H | UIE);
+    b.rtc.pause().unwrap();
+    b.advance(SECOND);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(b.irqs(), 0, "the update came while paused");
+    assert_eq!(
+        b.rtc.save().unwrap()["reg_c"],
+        0,
+        "no flag taken while paused"
+    );
+    b.rtc.resume();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while b.irqs() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no interrupt after resume"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
