@@ -60,6 +60,8 @@ pub mod names {
     pub const PCI_ECAM: &str = "pci-ecam";
     /// Every decoded BAR (each its own bus range).
     pub const PCI_BARS: &str = "pci-bars";
+    /// Bus 0 in a snapshot: every function's configuration space and state, by address.
+    pub const PCI_ROOT: &str = "pci";
     /// The console.
     pub const SERIAL: &str = "serial";
     /// The probe's phase ports.
@@ -197,6 +199,7 @@ pub fn wire(
         ioapic,
         persist: Vec::new(),
     };
+    devices.persist.push((names::PCI_ROOT.into(), pci.clone()));
     let mut slots = VirtioSlots::default();
     add_virtio_net(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
     add_virtio_blk(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
