@@ -572,9 +572,11 @@ fn add_virtio(
             let source = VIRTIO_MMIO_SOURCE_IDS + u16::try_from(n).expect("few devices");
             let env = transport_env(vm, devices, log.clone(), source);
             let (transport, worker) = MmioTransport::new(env, parts, at)?;
+            let transport = Arc::new(transport);
             let id = devices
                 .io
-                .add_mmio(&name, slot.base, slot.size, Arc::new(transport))?;
+                .add_mmio(&name, slot.base, slot.size, transport.clone())?;
+            devices.persist.push((name, transport));
             devices.logs.push((id, log));
             devices.workers.push(worker);
         }
