@@ -60,6 +60,8 @@ pub mod names {
     pub const PCI_ECAM: &str = "pci-ecam";
     /// Every decoded BAR (each its own bus range).
     pub const PCI_BARS: &str = "pci-bars";
+    /// Bus 0 in a snapshot: every function's configuration space and state, by address.
+    pub const PCI_ROOT: &str = "pci";
     /// The console.
     pub const SERIAL: &str = "serial";
     /// The probe's phase ports.
@@ -206,6 +208,7 @@ pub fn wire(
         ioapic,
         persist,
     };
+    devices.persist.push((names::PCI_ROOT.into(), pci.clone()));
     let mut slots = VirtioSlots::default();
     add_virtio_net(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
     add_virtio_blk(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
@@ -584,9 +587,11 @@ fn add_virtio(
             let source = VIRTIO_MMIO_SOURCE_IDS + u16::try_from(n).expect("few devices");
             let env = transport_env(vm, devices, log.clone(), source);
             let (transport, worker) = MmioTransport::new(env, parts, at)?;
+            let transport = Arc::new(transport);
             let id = devices
                 .io
-                .add_mmio(&name, slot.base, slot.size, Arc::new(transport))?;
+                .add_mmio(&name, slot.base, slot.size, transport.clone())?;
+            devices.persist.push((name, transport));
             devices.logs.push((id, log));
             devices.workers.push(worker);
         }
