@@ -1,7 +1,8 @@
 //! The console UART in a snapshot: vm-superio's own state (`SerialState`: the divisor latch,
 //! IER, IIR, LCR, MCR, LSR, MSR, the scratch byte and the receive FIFO), restored with
-//! `Serial::from_state`, which raises again an interrupt that was pending and enabled. What the
-//! console thread had not yet written out is the host's, not the guest's, and is not saved.
+//! `Serial::from_state`; an interrupt that was pending and enabled is raised again at resume.
+//! What the console thread had not yet written out is the host's, not the guest's, and is not
+//! saved.
 
 use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
