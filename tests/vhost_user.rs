@@ -271,26 +271,45 @@ fn testpmd_in_turn(
     Some((backend, scratch, turn))
 }
 
-/// The test kernel's ARP request from a card with `queues` queue pairs on `transport`, served
-/// by `backend` on its first socket: testpmd's icmpecho answers it.
-fn card_answered(backend: &Backend, transport: &str, queues: u16) {
+/// The test kernel's `net=1` on a card of one queue pair on `transport`, served by `backend` on
+/// its first socket: testpmd's icmpecho answers its ARP request.
+fn card_answered(backend: &Backend, transport: &str) {
+    card_checked(
+        backend,
+        (transport, 1, "1"),
+        &["PASS net: FEATURES_OK, MAC 52:54:00:00:00:21"],
+        &["PASS net: ARP reply: 10.0.2.2 is at "],
+    );
+}
+
+/// The test kernel's `net=MODE` on a card of `pairs` queue pairs on `transport` (`card`),
+/// served by `backend` on its first socket: every check passed, `lines` among them, and a
+/// line starting with each of `answers` (testpmd's MAC follows).
+fn card_checked(
+    backend: &Backend,
+    (transport, pairs, mode): (&str, u16, &str),
+    lines: &[&str],
+    answers: &[&str],
+) {
     let (found, more) = found_on(transport, "net", "virtio-net");
     let net = format!(
-        "vhost-user={},mac=52:54:00:00:00:21,transport={transport},queues={queues}",
+        "vhost-user={},mac=52:54:00:00:00:21,transport={transport},queues={pairs}",
         backend.sockets()[0].display()
     );
-    let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 {more}");
+    let cmdline = format!("net={mode} ip=10.0.2.15 peer=10.0.2.2 {more}");
     let (status, console, stderr) = Run::start(&cmdline, &["--net", &net]).finish();
-    let reply = console
-        .lines()
-        .any(|l| l.starts_with("PASS net: ARP reply: 10.0.2.2 is at "));
+    let mut wanted = vec![found.as_str()];
+    wanted.extend_from_slice(lines);
     assert_passed(
         status,
         &console,
         &format!("{stderr}\ntestpmd:\n{}", backend.output()),
-        &[&found, "PASS net: FEATURES_OK, MAC 52:54:00:00:00:21"],
+        &wanted,
     );
-    assert!(reply, "{transport}: testpmd's answer in:\n{console}");
+    for answer in answers {
+        let seen = console.lines().any(|l| l.starts_with(answer));
+        assert!(seen, "{transport}: {answer:?} in:\n{console}");
+    }
 }
 
 /// One testpmd, the card on virtio-pci and then on virtio-mmio: the guest's ARP request
@@ -302,7 +321,7 @@ fn a_vhost_user_card_on_either_transport_is_answered_by_testpmd() {
         return;
     };
     for transport in ["pci", "mmio"] {
-        card_answered(&backend, transport, 1);
+        card_answered(&backend, transport);
     }
     the_probe_echoes_on_one_card_then_on_the_other(&backend);
     assert_gone_once_dropped(backend);
@@ -360,30 +379,20 @@ fn a_vhost_user_card_with_two_queue_pairs_is_answered_by_testpmd_on_both() {
         return;
     };
     for transport in ["pci", "mmio"] {
-        let (found, more) = found_on(transport, "net", "virtio-net");
-        let net = format!(
-            "vhost-user={},mac=52:54:00:00:00:21,transport={transport},queues=2",
-            backend.sockets()[0].display()
-        );
-        let cmdline = format!("net=mq ip=10.0.2.15 peer=10.0.2.2 {more}");
-        let (status, console, stderr) = Run::start(&cmdline, &["--net", &net]).finish();
-        let answered = |pair| {
-            let prefix = format!("PASS net: ARP reply on pair {pair}: 10.0.2.2 is at ");
-            console.lines().any(|l| l.starts_with(&prefix))
-        };
-        assert_passed(
-            status,
-            &console,
-            &format!("{stderr}\ntestpmd:\n{}", backend.output()),
+        card_checked(
+            &backend,
+            (transport, 2, "mq"),
             &[
-                &found,
                 "PASS net: FEATURES_OK with MQ, 2 queue pairs",
                 "PASS net: transmitq2 not taken before VQ_PAIRS_SET",
                 "PASS net: VQ_PAIRS_SET 3 answered VIRTIO_NET_ERR (1)",
                 "PASS net: VQ_PAIRS_SET 2 answered VIRTIO_NET_OK (0)",
             ],
+            &[
+                "PASS net: ARP reply on pair 1: 10.0.2.2 is at ",
+                "PASS net: ARP reply on pair 2: 10.0.2.2 is at ",
+            ],
         );
-        assert!(answered(1) && answered(2), "{transport}:\n{console}");
     }
 }
 

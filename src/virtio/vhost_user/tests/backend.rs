@@ -47,6 +47,8 @@ pub struct Quirks {
     pub no_csum: bool,
     /// Offer no VHOST_USER_PROTOCOL_F_MQ (one queue pair only).
     pub no_mq: bool,
+    /// Refuse SET_VRING_ENABLE for the second pair's rings (2 and 3) only.
+    pub refuse_pair_2: bool,
 }
 
 struct FakeBackend {
@@ -192,7 +194,7 @@ impl VhostUserBackendReqHandlerMut for FakeBackend {
         Ok(4)
     }
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {
-        if self.quirks.refuse_enable {
+        if self.quirks.refuse_enable || (self.quirks.refuse_pair_2 && index >= 2) {
             return unsupported();
         }
         self.note(format!("SET_VRING_ENABLE {index} {enable}"));

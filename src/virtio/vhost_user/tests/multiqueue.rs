@@ -30,6 +30,15 @@ fn two_pairs(quirks: Quirks) -> Rig {
 }
 
 impl Rig {
+    /// The driver's control rings start empty again after a reset (the commands it made
+    /// available before are gone).
+    fn empty_control_rings(&self) {
+        let [desc, ..] = rings(u64::from(CONTROL));
+        self.mem
+            .write_slice(&[0; 0x3000], GuestAddress(desc))
+            .unwrap();
+    }
+
     /// Lines of the backend's log that start with `prefix`.
     fn told_of(&self, prefix: &str) -> Vec<String> {
         self.log()
@@ -148,6 +157,22 @@ fn a_count_outside_one_to_the_pairs_gets_err_and_changes_nothing() {
     assert_eq!(r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET, 0);
 }
 
+/// A backend that refuses to enable the second pair: the command is answered VIRTIO_NET_ERR
+/// and the device needs a reset, as after any message the backend refuses.
+#[test]
+fn a_backend_that_refuses_the_second_pairs_enable_fails_the_command_and_the_device() {
+    let mut r = two_pairs(Quirks {
+        refuse_pair_2: true,
+        ..Quirks::default()
+    });
+    r.start_driver();
+    let _ = r.routes.take_delivered();
+    assert_eq!(r.pairs_set(0, 2), VIRTIO_NET_ERR as u8);
+    eventually("DEVICE_NEEDS_RESET", || {
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+}
+
 /// After a Bus Master clear the rings start again with both pairs enabled; after a reset only
 /// the first is.
 #[test]
@@ -164,9 +189,7 @@ fn the_active_pairs_survive_a_bus_master_clear_and_not_a_reset() {
     r.f.config_written(&r.c, PCI_COMMAND, 2);
     r.wait_n("SET_VRING_ENABLE 3 true", 2);
     r.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
-    // The driver's rings start empty again (the command it made available is gone).
-    let [desc, ..] = rings(u64::from(CONTROL));
-    r.mem.write_slice(&[0; 0x3000], GuestAddress(desc)).unwrap();
+    r.empty_control_rings();
     r.start_driver();
     r.wait_n("SET_VRING_ENABLE 1 true", 3);
     assert_eq!(
@@ -175,6 +198,39 @@ fn the_active_pairs_survive_a_bus_master_clear_and_not_a_reset() {
         "not enabled again after the reset: {:#?}",
         r.log()
     );
+}
+
+/// A hangup: DEVICE_NEEDS_RESET; the driver's reset connects again, only the first pair runs,
+/// and the control queue serves the new backend.
+#[test]
+fn after_a_hangup_and_the_drivers_reset_the_control_queue_drives_the_new_connection() {
+    let mut r = two_pairs(Quirks::default());
+    r.start_driver();
+    assert_eq!(r.pairs_set(0, 2), VIRTIO_NET_OK as u8);
+    let stream = r.record.lock().unwrap().stream.take().unwrap();
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    eventually("DEVICE_NEEDS_RESET", || {
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
+    assert_eq!(r.record.lock().unwrap().connections, 2);
+    r.empty_control_rings();
+    r.start_driver();
+    r.wait_n("SET_VRING_ENABLE 1 true", 2);
+    assert_eq!(
+        r.told_of("SET_VRING_ENABLE 2 true").len(),
+        1,
+        "{:#?}",
+        r.log()
+    );
+    assert_eq!(r.pairs_set(0, 2), VIRTIO_NET_OK as u8);
+    assert_eq!(
+        r.told_of("SET_VRING_ENABLE 3 true").len(),
+        2,
+        "{:#?}",
+        r.log()
+    );
+    assert_eq!(r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET, 0);
 }
 
 #[test]
