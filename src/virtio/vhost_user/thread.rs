@@ -393,9 +393,13 @@ impl VhostUserThread {
     }
 
     /// A vector's deliverability changed (a vCPU waits on the requests): give each running
-    /// ring's backend the call fd it should hold, then acknowledge.
+    /// ring's backend the call fd it should hold, then acknowledge the requests taken before
+    /// the swap. One sent during or after it is left for the next round (its wake-up is still
+    /// to come or unread): acknowledged here, it would let its vCPU's write complete with the
+    /// backend still holding the fd of the change before.
     fn resync(&mut self) {
         self.watcher.woken();
+        let waiting: Vec<SyncSender<()>> = self.resyncs.try_iter().collect();
         let mut failed = None;
         if let Some(c) = self.connection.as_mut() {
             for q in 0..self.started.len() {
@@ -412,7 +416,7 @@ impl VhostUserThread {
                 "the vhost-user backend: SET_VRING_CALL failed: {e}"
             ));
         }
-        while let Ok(ack) = self.resyncs.try_recv() {
+        for ack in waiting {
             let _ = ack.send(());
         }
     }
