@@ -3,8 +3,9 @@
 //! configures them at DRIVER_OK, stops them (VHOST_USER_GET_VRING_BASE, answered once the
 //! backend has stopped the ring) before a reset, queue stop or Bus Master clear is
 //! acknowledged, swaps the call fds when a vector's deliverability changes ([`super::calls`]),
-//! serves a multiqueue NIC's control queue ([`super::control`]), and turns a hangup or a nonsense answer into DEVICE_NEEDS_RESET, connecting again at the
-//! driver's reset (and meanwhile every 100 ms for `reconnect=`).
+//! serves a multiqueue NIC's control queue ([`super::control`]), and turns a hangup or a
+//! nonsense answer into DEVICE_NEEDS_RESET, connecting again at the driver's reset (and
+//! meanwhile every 100 ms for `reconnect=`).
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{Receiver, SyncSender};
