@@ -215,6 +215,18 @@ fn a_state_this_vcpu_cannot_take_is_refused() {
         Err(VmError::MsrNotSet { index, data }) => assert_eq!((index, data), (0xdead_beef, 1)),
         other => panic!("{other:?}"),
     }
+    state.msrs.pop();
+    // A TSC within Firecracker's tolerance is left as it runs; one at twice the rate is set
+    // where KVM scales TSCs, and refused where it cannot.
+    let khz = vcpu.tsc_khz().expect("this host's KVM says its TSC rate");
+    state.tsc_khz = Some(khz + 1);
+    vcpu.restore_state(&state).unwrap();
+    assert_eq!(vcpu.tsc_khz(), Some(khz));
+    state.tsc_khz = Some(khz * 2);
+    match vcpu.restore_state(&state) {
+        Ok(()) => assert_eq!(vcpu.tsc_khz(), Some(khz * 2)),
+        Err(e) => assert!(e.to_string().contains("set the TSC frequency"), "{e}"),
+    }
     let mut json = json(&state);
     json["regs"] = "00ff".into();
     let e = serde_json::from_value::<VcpuState>(json).unwrap_err();
