@@ -105,6 +105,7 @@ impl Vcpu {
         };
         let debug_regs = fd.get_debug_regs().map_err(kvm_err("get debug regs"))?;
         let lapic = fd.get_lapic().map_err(kvm_err("get local APIC"))?;
+        let tsc_khz = fd.get_tsc_khz().ok();
         let mut msrs = Vec::with_capacity(self.msrs.len());
         for batch in self.msrs.chunks(KVM_MAX_MSR_ENTRIES) {
             let read = read_msrs(fd, batch)?;
@@ -122,14 +123,15 @@ impl Vcpu {
             xcrs,
             debug_regs,
             lapic,
+            tsc_khz,
             msrs,
             events,
         })
     }
 
     /// Set `state`, which [`Vcpu::save_state`] took on a vCPU of the same machine
-    /// configuration, on this freshly created vCPU (its CPUID set, not yet run). The MP state
-    /// first, the special registers before the XSAVE area (CR4.OSXSAVE decides what it may
+    /// configuration, on this freshly created vCPU (its CPUID set, not yet run). The TSC's
+    /// frequency first (the TSC MSR counts at it), then the MP state, the special registers before the XSAVE area (CR4.OSXSAVE decides what it may
     /// hold), the local APIC before the MSRs (the TSC deadline), every MSR checked, and the
     /// events last (they may hold an exception the state before must be there for).
     pub fn restore_state(&self, state: &VcpuState) -> Result<(), VmError> {
@@ -140,6 +142,9 @@ impl Vcpu {
                 self.index
             ))
         };
+        if let Some(khz) = state.tsc_khz {
+            self.keep_tsc_rate(khz)?;
+        }
         fd.set_mp_state(state.mp_state)
             .map_err(kvm_err("set MP state"))?;
         fd.set_regs(&state.regs).map_err(kvm_err("set regs"))?;
@@ -166,6 +171,27 @@ impl Vcpu {
         write_msrs(fd, &state.msrs)?;
         fd.set_vcpu_events(&state.events)
             .map_err(kvm_err("set vCPU events"))
+    }
+}
+
+/// How far the restoring host's TSC frequency may be from the snapshot's before the guest's is
+/// scaled to it: Firecracker's tolerance (`TSC_KHZ_TOL`), the NTP drift a guest's clock
+/// corrects for anyway.
+const TSC_TOLERANCE_PPM: u64 = 250;
+
+impl Vcpu {
+    /// Give the guest the TSC frequency `khz` it ran at, where this vCPU's differs by more
+    /// than [`TSC_TOLERANCE_PPM`] (`KVM_SET_TSC_KHZ`, which needs TSC scaling: a host without
+    /// it cannot restore the snapshot).
+    fn keep_tsc_rate(&self, khz: u32) -> Result<(), VmError> {
+        let current = self.fd.get_tsc_khz().ok();
+        let off = current.map_or(u64::MAX, |c| u64::from(c.abs_diff(khz)));
+        if off.saturating_mul(1_000_000) <= u64::from(khz) * TSC_TOLERANCE_PPM {
+            return Ok(());
+        }
+        self.fd
+            .set_tsc_khz(khz)
+            .map_err(kvm_err("set the TSC frequency to the snapshot's"))
     }
 }
 
