@@ -27,7 +27,7 @@ use crate::virtio::device::{DeviceHealth, Notification};
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::notify::QueueEvents;
 use crate::virtio::state::VirtioState;
-use crate::virtio::worker::{Command, Worker};
+use crate::virtio::worker::{Command, Paused, Worker};
 use vm_memory::GuestMemoryMmap;
 
 /// How often `reconnect=` tries the socket again, in ms (epoll's timeout).
@@ -280,7 +280,13 @@ impl VhostUserThread {
                             })
                             .collect()
                     });
-                    let _ = ack.send(positions);
+                    let _ = ack.send(Paused {
+                        positions,
+                        handler: None,
+                    });
+                }
+                Command::RestoreHandler(_, ack) => {
+                    let _ = ack.send(Err("a vhost-user backend keeps its own state".into()));
                 }
                 Command::KickAll | Command::Resume => {
                     if let Some(r) = self.rings.take() {

@@ -75,10 +75,12 @@ impl Persist for MmioTransport {
             ));
         }
         let mut st = self.state.lock().unwrap();
-        self.phase
-            .lock()
-            .unwrap()
-            .restore(what, &mut st, &self.interrupts, &saved.common)?;
+        self.phase.lock().unwrap().restore(
+            what,
+            (&mut st, &self.worker),
+            &self.interrupts,
+            &saved.common,
+        )?;
         // A platform device: always master of the bus, never function-masked.
         let bits = [
             MsiChange::BusMaster(true),
