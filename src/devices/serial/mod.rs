@@ -19,6 +19,7 @@
 
 mod input;
 mod output;
+mod persist;
 
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -62,6 +63,7 @@ pub enum ConsoleOutput {
 }
 
 /// The UART's writer: the in-memory log, or the console thread's queue.
+#[derive(Clone)]
 enum Sink {
     Buffer(Arc<Mutex<Vec<u8>>>),
     Queue(Arc<Queue>, Arc<DeviceLog>),
@@ -97,8 +99,10 @@ impl Write for Sink {
     }
 }
 
-/// Raises the UART's interrupt by signalling an eventfd bound to its GSI with an irqfd.
-pub struct IrqTrigger(pub EventFd);
+/// Raises the UART's interrupt by signalling an eventfd bound to its GSI with an irqfd
+/// (shared, so that a restored UART signals the same one).
+#[derive(Clone)]
+pub struct IrqTrigger(pub Arc<EventFd>);
 
 impl Trigger for IrqTrigger {
     type E = io::Error;
@@ -148,7 +152,7 @@ impl SerialConsole {
     }
 
     fn build(irq: EventFd, sink: Sink, output: Option<ConsoleThread>, log: Arc<DeviceLog>) -> Self {
-        let uart = Serial::with_events(IrqTrigger(irq), InputRoom::default(), sink);
+        let uart = Serial::with_events(IrqTrigger(Arc::new(irq)), InputRoom::default(), sink);
         SerialConsole {
             uart: Arc::new(Mutex::new(uart)),
             output,
