@@ -328,11 +328,18 @@ fn a_response_held_for_a_receive_buffer_survives_the_restore() {
     let (mut f, c, _routes, _w) = fresh(&mem);
     let q = bring_up(&mut f, &c, &mem);
     let req = [9u8; VIRTIO_NET_HDR_SIZE as usize + 4];
-    mem.write_slice(&req, GuestAddress(BUFFERS + 0x800)).unwrap();
+    mem.write_slice(&req, GuestAddress(BUFFERS + 0x800))
+        .unwrap();
     let desc = |addr, len, flags| RawDescriptor::from(Descriptor::new(addr, len, flags, 0));
     q[1].add_desc_chains(&[desc(BUFFERS + 0x800, req.len() as u32, 0)], 0)
         .unwrap();
-    bar_write(&mut f, &c, VIRTIO_PCI_BAR_NOTIFY + VIRTIO_PCI_NOTIFY_MULTIPLIER, 2, 1);
+    bar_write(
+        &mut f,
+        &c,
+        VIRTIO_PCI_BAR_NOTIFY + VIRTIO_PCI_NOTIFY_MULTIPLIER,
+        2,
+        1,
+    );
     wait_used(&q[1], 1);
     PciFunction::pause(&mut f).unwrap();
     let state = PciFunction::save(&f).unwrap().unwrap();
