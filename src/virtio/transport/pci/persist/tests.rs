@@ -309,6 +309,15 @@ fn corrupted_states_are_refused_naming_the_field() {
         refused(&t, |s| common(s)["positions"] = serde_json::Value::Null),
         "pci.00:03.0.positions"
     );
+    assert_eq!(
+        refused(&t, |s| common(s)["registers"]["queues"][0]["desc"] =
+            0x1000_0000.into()),
+        "pci.00:03.0.queue[0].ready"
+    );
+    assert_eq!(
+        refused(&t, |s| common(s)["registers"]["status"] = 0x4f.into()),
+        "pci.00:03.0.status"
+    );
 }
 
 /// Wait (up to 10 s) for `q`'s used index to reach `until`.
