@@ -13,8 +13,8 @@ use exitless::machine::wiring::{self, names};
 use exitless::machine::{MachineConfig, MemoryLayout, Transport, VirtioNetConfig};
 use exitless::pci::regs::{
     PCI_BAR0, PCI_CAP_ID_MSIX, PCI_CAPABILITY_LIST, PCI_CONFIG_ADDRESS_PORT, PCI_CONFIG_DATA_PORT,
-    PCI_MSIX_ENTRY_DATA, PCI_MSIX_ENTRY_LOWER_ADDR, PCI_MSIX_ENTRY_VECTOR_CTRL, PCI_MSIX_FLAGS,
-    PCI_MSIX_FLAGS_ENABLE,
+    PCI_MSIX_ENTRY_DATA, PCI_MSIX_ENTRY_LOWER_ADDR, PCI_MSIX_ENTRY_SIZE,
+    PCI_MSIX_ENTRY_VECTOR_CTRL, PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE,
 };
 use exitless::pci::regs::{PCI_COMMAND, PCI_COMMAND_IO, PCI_COMMAND_MASTER, PCI_COMMAND_MEMORY};
 use exitless::virtio::notify::NotifyPath;
@@ -89,8 +89,11 @@ impl Cfg<'_> {
     }
 }
 
-/// A driver's first steps: queue 1 resized on both devices, MSI-X entry 0 programmed and
-/// unmasked, MSI-X enabled.
+/// MSI-X vectors the driver makes live on the virtio-pci function.
+const LIVE: u32 = 3;
+
+/// A driver's first steps: queue 1 resized on both devices, MSI-X entries 0..LIVE programmed
+/// and unmasked, MSI-X enabled.
 fn program(devices: &wiring::Devices, layout: &MemoryLayout) {
     let mmio = &devices.io.mmio;
     let cfg = Cfg(devices);
@@ -98,10 +101,12 @@ fn program(devices: &wiring::Devices, layout: &MemoryLayout) {
     let write = |at: u64, v: u32, len: usize| mmio.write(at, &v.to_le_bytes()[..len]);
     write(bar0 + u64::from(VIRTIO_PCI_COMMON_Q_SELECT), 1, 2);
     write(bar0 + u64::from(VIRTIO_PCI_COMMON_Q_SIZE), 64, 2);
-    let entry = bar0 + u64::from(VIRTIO_PCI_BAR_MSIX_TABLE);
-    write(entry + u64::from(PCI_MSIX_ENTRY_LOWER_ADDR), 0xfee0_0000, 4);
-    write(entry + u64::from(PCI_MSIX_ENTRY_DATA), 0x41, 4);
-    write(entry + u64::from(PCI_MSIX_ENTRY_VECTOR_CTRL), 0, 4);
+    for v in 0..LIVE {
+        let entry = bar0 + u64::from(VIRTIO_PCI_BAR_MSIX_TABLE + v * PCI_MSIX_ENTRY_SIZE);
+        write(entry + u64::from(PCI_MSIX_ENTRY_LOWER_ADDR), 0xfee0_0000, 4);
+        write(entry + u64::from(PCI_MSIX_ENTRY_DATA), 0x41 + v, 4);
+        write(entry + u64::from(PCI_MSIX_ENTRY_VECTOR_CTRL), 0, 4);
+    }
     let msix = cfg.capability(PCI_CAP_ID_MSIX);
     cfg.write16(msix + PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE);
     let base = layout.virtio_mmio()[0].base;
@@ -110,7 +115,7 @@ fn program(devices: &wiring::Devices, layout: &MemoryLayout) {
 }
 
 #[test]
-fn a_fresh_machine_takes_every_virtio_state_and_routes_the_live_vector_once() {
+fn a_fresh_machine_takes_every_virtio_state_and_routes_the_live_vectors_in_one_commit() {
     let cfg = MachineConfig {
         virtio: vec![
             VirtioNetConfig::new(Transport::Pci, NotifyPath::Address),
@@ -152,8 +157,49 @@ fn a_fresh_machine_takes_every_virtio_state_and_routes_the_live_vector_once() {
     assert_eq!(
         second.routing.stats().commits - before,
         1,
-        "the one live vector, routed in one commit"
+        "the live vectors, routed in one commit"
     );
+}
+
+/// The seed's case on KVM: the routes of the live vectors come back as the strategy in force
+/// commits them.
+#[test]
+fn restore_commits_the_live_vectors_by_the_strategy_in_force() {
+    for (strategy, commits) in [
+        (CommitStrategy::PerVector, u64::from(LIVE)),
+        (CommitStrategy::Batched, 1),
+        (CommitStrategy::FirstUse, 0),
+        (CommitStrategy::Direct, 0),
+    ] {
+        let cfg = MachineConfig {
+            virtio: vec![
+                VirtioNetConfig::new(Transport::Pci, NotifyPath::Address),
+                VirtioNetConfig::new(Transport::Mmio, NotifyPath::Address),
+            ],
+            gsi_commits: strategy,
+            ..MachineConfig::default()
+        };
+        let (_vm, first, layout) = wired(&cfg);
+        program(&first, &layout);
+        let (_vm2, second, _) = wired(&cfg);
+        let pci = |d: &wiring::Devices| {
+            d.persist
+                .iter()
+                .find(|(id, _)| id == names::PCI_ROOT)
+                .unwrap()
+                .1
+                .clone()
+        };
+        pci(&first).pause().unwrap();
+        let state = pci(&first).save().unwrap();
+        let before = second.routing.stats().commits;
+        pci(&second).restore(state).unwrap();
+        assert_eq!(
+            second.routing.stats().commits - before,
+            commits,
+            "{strategy:?}"
+        );
+    }
 }
 
 /// A split virtqueue of 16 entries at `base` in guest memory, as a driver lays it out.
