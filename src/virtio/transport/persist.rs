@@ -96,7 +96,8 @@ impl Phase {
     pub fn restore(
         &mut self,
         what: &str,
-        (st, worker): (&mut VirtioState, &WorkerHandle),
+        st: &mut VirtioState,
+        worker: &WorkerHandle,
         interrupts: &Interrupts,
         saved: &CommonState,
     ) -> Result<(), StateError> {

@@ -77,7 +77,8 @@ impl Persist for MmioTransport {
         let mut st = self.state.lock().unwrap();
         self.phase.lock().unwrap().restore(
             what,
-            (&mut st, &self.worker),
+            &mut st,
+            &self.worker,
             &self.interrupts,
             &saved.common,
         )?;

@@ -57,12 +57,8 @@ impl VirtioPci {
         let state = state.ok_or_else(|| StateError::new(what, "no virtio-pci state"))?;
         let saved: PciState = from_state(what, state)?;
         let mut st = self.state.lock().unwrap();
-        self.phase.restore(
-            what,
-            (&mut st, &self.worker),
-            &self.interrupts,
-            &saved.common,
-        )?;
+        self.phase
+            .restore(what, &mut st, &self.worker, &self.interrupts, &saved.common)?;
         drop(st);
         // Without Bus Master Enable the device thread leaves the rings alone (PCI 3.0 §6.2.2).
         let master = config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0;
