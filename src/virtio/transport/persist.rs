@@ -110,6 +110,9 @@ impl Phase {
         let queues = match (&saved.positions, st.is_live()) {
             (Some(positions), true) => Some(st.queues_at(what, positions)?),
             (None, false) => None,
+            // A device that broke (a vhost-user backend that hung up) holds no queues: its
+            // driver resets it before it works again.
+            (None, true) if saved.registers.needs_reset => None,
             (_, live) => {
                 return Err(StateError::new(
                     format!("{what}.positions"),

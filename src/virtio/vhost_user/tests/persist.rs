@@ -94,3 +94,36 @@ fn a_multiqueue_cards_active_pairs_and_control_queue_survive_a_restore() {
         ["SET_VRING_ENABLE 3 true", "SET_VRING_ENABLE 3 false"]
     );
 }
+
+/// A card whose backend hung up is snapshotted broken, without rings; restored, it is still
+/// broken (DEVICE_NEEDS_RESET), and the driver's reset brings it back on the new backend.
+#[test]
+fn a_card_whose_backend_hung_up_is_restored_broken_and_recovers_at_reset() {
+    let mut old = rig(CommitStrategy::Batched, Quirks::default());
+    old.start_driver();
+    let stream = old.record.lock().unwrap().stream.take().unwrap();
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    eventually("DEVICE_NEEDS_RESET", || {
+        old.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    PciFunction::pause(&mut old.f).unwrap();
+    let state = PciFunction::save(&old.f).unwrap().unwrap();
+    assert!(state["common"]["positions"].is_null(), "no rings");
+    let mut r = rig(CommitStrategy::Batched, Quirks::default());
+    r.c.restore("pci.00:03.0", &old.c.save()).unwrap();
+    PciFunction::restore(&mut r.f, "pci.00:03.0", &r.c, Some(state)).unwrap();
+    PciFunction::resume(&mut r.f);
+    assert_ne!(
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET,
+        0,
+        "still broken"
+    );
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
+    assert_eq!(r.status(), 0);
+    r.start_driver();
+    assert_eq!(
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET,
+        0,
+        "working again"
+    );
+}
