@@ -38,6 +38,8 @@ pub struct NetQueues {
     pairs: Vec<QueuePair>,
     /// The control queue (served with several pairs only).
     control: ControlQueue,
+    /// How many pairs the driver enabled (VQ_PAIRS_SET).
+    enabled: usize,
 }
 
 impl NetQueues {
@@ -55,6 +57,7 @@ impl NetQueues {
                 })
                 .collect(),
             control,
+            enabled: 1,
         };
         queues.enable_pairs(1);
         queues
@@ -116,6 +119,7 @@ impl NetQueues {
     /// Enable the first `enabled` pairs and disable the rest (§5.1.6.5.5); a frame held for a
     /// disabled pair has no receive queue to go to, and is dropped.
     pub(super) fn enable_pairs(&mut self, enabled: usize) {
+        self.enabled = enabled;
         for (k, pair) in self.pairs.iter_mut().enumerate() {
             pair.backend.set_enabled(k < enabled);
             if k >= enabled {
@@ -222,6 +226,39 @@ impl QueueHandler for NetQueues {
             pair.backend.reset();
         }
         self.enable_pairs(1);
+    }
+
+    fn save(&self) -> Option<serde_json::Value> {
+        let backends: Vec<_> = self.pairs.iter().map(|p| p.backend.save()).collect();
+        Some(serde_json::json!({ "enabled": self.enabled, "backends": backends }))
+    }
+
+    fn restore(&mut self, state: serde_json::Value) -> Result<(), String> {
+        #[derive(serde::Deserialize)]
+        struct Saved {
+            enabled: usize,
+            backends: Vec<Option<serde_json::Value>>,
+        }
+        let saved: Saved = serde_json::from_value(state).map_err(|e| e.to_string())?;
+        if !(1..=self.pairs.len()).contains(&saved.enabled)
+            || saved.backends.len() != self.pairs.len()
+        {
+            return Err(format!(
+                "{} pairs enabled of {} saved, for a device of {} pairs",
+                saved.enabled,
+                saved.backends.len(),
+                self.pairs.len()
+            ));
+        }
+        for (k, (pair, state)) in self.pairs.iter_mut().zip(saved.backends).enumerate() {
+            if let Some(state) = state {
+                pair.backend
+                    .restore(state)
+                    .map_err(|why| format!("pair {k}: {why}"))?;
+            }
+        }
+        self.enable_pairs(saved.enabled);
+        Ok(())
     }
 
     /// Each pair's backend file wakes its receive queue (2k, §5.1.2).

@@ -14,7 +14,7 @@
 use virtio_queue::{Queue, QueueT};
 
 use crate::dma::DmaContext;
-use crate::virtio::device::{DeviceHealth, Notification};
+use crate::virtio::device::{DeviceHealth, Notification, QueuePosition};
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::net::ControlQueue;
 
@@ -45,6 +45,34 @@ impl NetControl {
     /// Whether the backend may use ring `q` (a data queue): it belongs to an active pair.
     pub fn ring_enabled(&self, q: usize) -> bool {
         q / 2 < self.active
+    }
+
+    /// Where the device is in the queue, if it is live (a snapshot).
+    pub fn position(&self) -> Option<QueuePosition> {
+        self.live.as_ref().map(|(q, _)| QueuePosition {
+            next_avail: q.next_avail(),
+            next_used: q.next_used(),
+        })
+    }
+
+    /// The active pairs, for a snapshot.
+    pub fn save(&self) -> serde_json::Value {
+        serde_json::json!({ "active": self.active })
+    }
+
+    /// Take the active pairs [`NetControl::save`] wrote, before the rings are started.
+    pub fn restore(&mut self, state: serde_json::Value) -> Result<(), String> {
+        #[derive(serde::Deserialize)]
+        struct Saved {
+            active: usize,
+        }
+        let saved: Saved = serde_json::from_value(state).map_err(|e| e.to_string())?;
+        let pairs = self.index() / 2;
+        if !(1..=pairs).contains(&saved.active) {
+            return Err(format!("{} active pairs of {pairs}", saved.active));
+        }
+        self.active = saved.active;
+        Ok(())
     }
 
     /// DRIVER_OK: serve `queue` through `dma`, if the driver made it ready.

@@ -30,7 +30,7 @@ use crate::virtio::device::{DeviceHealth, Notification};
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::notify::QueueEvents;
 use crate::virtio::state::VirtioState;
-use crate::virtio::worker::{Command, Worker};
+use crate::virtio::worker::{Command, Paused, Worker};
 use vm_memory::GuestMemoryMmap;
 
 /// How often `reconnect=` tries the socket again, in ms (epoll's timeout).
@@ -296,19 +296,15 @@ impl VhostUserThread {
                     let _ = ack.send(());
                 }
                 Command::Pause(ack) => {
-                    // The backend has finished with what it took once GET_VRING_BASE answers:
-                    // every chain it took is used, so both positions are the base.
                     self.stop_at_bases();
-                    let positions = self.rings.as_ref().map(|r| {
-                        r.queues
-                            .iter()
-                            .map(|q| QueuePosition {
-                                next_avail: q.next_avail(),
-                                next_used: q.next_avail(),
-                            })
-                            .collect()
-                    });
-                    let _ = ack.send(positions);
+                    let _ = ack.send(self.paused());
+                }
+                Command::RestoreHandler(state, ack) => {
+                    let restored = match &mut self.control {
+                        Some(c) => c.restore(state),
+                        None => Err("a vhost-user backend keeps its own state".into()),
+                    };
+                    let _ = ack.send(restored);
                 }
                 Command::KickAll | Command::Resume => {
                     if let Some(r) = self.rings.take() {
@@ -320,6 +316,30 @@ impl VhostUserThread {
                     self.serve_control();
                 }
             }
+        }
+    }
+
+    /// What a pause reports, the rings stopped: the backend has finished with what it took
+    /// once GET_VRING_BASE answers (every chain it took is used), so both positions of a ring
+    /// are its base; a multiqueue NIC's control queue, served here, comes last, and its state
+    /// is the active pair count.
+    fn paused(&self) -> Paused {
+        let positions = self.rings.as_ref().map(|r| {
+            let rings = r.queues.iter().map(|q| QueuePosition {
+                next_avail: q.next_avail(),
+                next_used: q.next_avail(),
+            });
+            let control = self.control.as_ref().map(|c| {
+                c.position().unwrap_or(QueuePosition {
+                    next_avail: 0,
+                    next_used: 0,
+                })
+            });
+            rings.chain(control).collect()
+        });
+        Paused {
+            positions,
+            handler: self.control.as_ref().map(NetControl::save),
         }
     }
 

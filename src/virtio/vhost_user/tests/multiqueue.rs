@@ -18,7 +18,7 @@ const CONTROL: u32 = 4;
 /// Where the control commands go (one 0x100 apart each), their ack byte 0x80 further.
 const COMMANDS: u64 = 0x80000;
 
-fn two_pairs(quirks: Quirks) -> Rig {
+pub(super) fn two_pairs(quirks: Quirks) -> Rig {
     rig_of(
         CommitStrategy::PerVector,
         quirks,
@@ -40,7 +40,7 @@ impl Rig {
     }
 
     /// Lines of the backend's log that start with `prefix`.
-    fn told_of(&self, prefix: &str) -> Vec<String> {
+    pub(super) fn told_of(&self, prefix: &str) -> Vec<String> {
         self.log()
             .into_iter()
             .filter(|l| l.starts_with(prefix))
@@ -49,7 +49,7 @@ impl Rig {
 
     /// The driver's `n`th control command (from 0): VQ_PAIRS_SET `pairs`, its doorbell rung.
     /// Returns its ack once the device used it.
-    fn pairs_set(&mut self, n: u16, pairs: u16) -> u8 {
+    pub(super) fn pairs_set(&mut self, n: u16, pairs: u16) -> u8 {
         let command = COMMANDS + 0x100 * u64::from(n);
         let [desc, avail, used] = rings(u64::from(CONTROL));
         let mut bytes = vec![
