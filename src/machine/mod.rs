@@ -15,6 +15,7 @@ pub mod layout;
 pub mod loader;
 pub mod probe;
 pub mod run;
+pub mod snapshot;
 pub mod vcpus;
 pub mod wiring;
 
