@@ -123,7 +123,7 @@ impl Description {
         let bad = |what: &str, why: String| Err(SnapshotError::Field(what.into(), why));
         let cfg = &self.config;
         let ram = cfg.ram_size as u64;
-        if !(MIN_RAM..=MAX_RAM_SIZE).contains(&ram) || ram % (1 << 20) != 0 {
+        if !(MIN_RAM..=MAX_RAM_SIZE).contains(&ram) || !ram.is_multiple_of(1 << 20) {
             return bad(
                 "config.ram_size",
                 format!(
