@@ -128,6 +128,9 @@ pub enum MachineError {
         #[source]
         source: std::io::Error,
     },
+    /// A snapshot that cannot be taken or restored.
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
     /// The guest did not finish.
     #[error("the probe guest did not finish within {0:?}; its console said:\n{1}")]
     Timeout(Duration, String),
@@ -176,7 +179,7 @@ pub trait Board {
 pub struct Machine {
     // Every memslot's memory is owned by whoever deletes the slot (the VM, or the ECAM
     // shadow), so the order these fields drop in does not matter.
-    vm: Vm,
+    vm: Arc<Vm>,
     io: Arc<IoBuses>,
     layout: MemoryLayout,
     /// Device threads, stopped when the machine is dropped.
@@ -191,6 +194,8 @@ pub struct Machine {
     counters: Arc<ExitCounters>,
     console: Arc<std::sync::Mutex<Vec<u8>>>,
     iommu: Option<Arc<Iommu>>,
+    /// Saves it (`vm.snapshot`).
+    snapshotter: Arc<snapshot::Snapshotter>,
 }
 
 /// How a run went.
@@ -216,6 +221,8 @@ pub struct MachineView {
     pub vcpus: u8,
     /// Guest RAM in bytes.
     pub ram_bytes: u64,
+    /// Saves the paused machine (`vm.snapshot`).
+    pub snapshot: Arc<dyn snapshot::TakeSnapshot>,
 }
 
 impl Machine {
@@ -251,6 +258,13 @@ impl Machine {
             };
             board.install(&mut devices.io, &parts)?;
         }
+        let vm = Arc::new(vm);
+        let snapshotter = Arc::new(snapshot::Snapshotter {
+            vm: vm.clone(),
+            control: control.clone(),
+            persist: std::mem::take(&mut devices.persist),
+            config: cfg.clone(),
+        });
         Ok(Machine {
             vm,
             io: Arc::new(devices.io),
@@ -264,6 +278,7 @@ impl Machine {
             counters,
             console: devices.console,
             iommu: devices.iommu,
+            snapshotter,
         })
     }
 
@@ -298,6 +313,21 @@ impl Machine {
         Ok(Ran { end, tsc_khz })
     }
 
+    /// Build the machine `cfg` describes (the snapshot's configuration, its console the
+    /// command line's) with `snapshot`'s memory and state, ready for [`Machine::run_restored`].
+    pub fn restore(
+        _cfg: &MachineConfig,
+        _snapshot: snapshot::Restorable,
+    ) -> Result<Self, MachineError> {
+        Err(snapshot::SnapshotError::Unsupported("restoring a snapshot").into())
+    }
+
+    /// Run the restored machine's vCPUs from where the snapshot left them until the run stops
+    /// or `timeout` passes. Once per machine.
+    pub fn run_restored(&self, _timeout: Duration) -> Result<Ran, MachineError> {
+        Err(snapshot::SnapshotError::Unsupported("restoring a snapshot").into())
+    }
+
     /// What a control channel sees of the machine.
     pub fn view(&self) -> MachineView {
         MachineView {
@@ -306,7 +336,13 @@ impl Machine {
             devices: self.io.names.clone(),
             vcpus: self.vcpus.max(1),
             ram_bytes: self.layout.ram_size() as u64,
+            snapshot: self.snapshotter.clone(),
         }
+    }
+
+    /// Save the machine, which must be paused, into `dir` ([`snapshot::take`]).
+    pub fn snapshot(&self, dir: &std::path::Path) -> Result<(), snapshot::SnapshotError> {
+        snapshot::TakeSnapshot::take(self.snapshotter.as_ref(), dir)
     }
 
     /// Guest RAM, for reading what the guest left in it.

@@ -16,6 +16,7 @@ pub mod bzimage;
 pub mod memmap;
 pub mod multiboot;
 pub mod pvh;
+pub mod restore;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -188,6 +189,9 @@ pub enum RunError {
     /// A vCPU failed.
     #[error("the guest stopped: {0}")]
     Stopped(String),
+    /// A snapshot that cannot be restored.
+    #[error(transparent)]
+    Snapshot(#[from] crate::machine::snapshot::SnapshotError),
     /// A stop signal ended the run (`vm::run_control::stop_on_signals`).
     #[error("the guest was stopped by signal {0}")]
     Signal(libc::c_int),
@@ -390,19 +394,24 @@ impl RunConfig {
         let server = serve(machine.view())?;
         let ran = machine.run(kernel.as_ref(), timeout);
         drop(server);
-        match ran?.end {
-            RunEnd::Stopped(StopReason::Requested) => Ok(RunOutcome::Requested),
-            RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),
-            RunEnd::Stopped(StopReason::PowerOff) => Ok(RunOutcome::PowerOff),
-            RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),
-            RunEnd::Stopped(StopReason::Shutdown) => Err(RunError::Shutdown),
-            RunEnd::Stopped(StopReason::VcpuFailed(why)) => Err(RunError::Stopped(why)),
-            RunEnd::Stopped(StopReason::Signal(signal)) => Err(RunError::Signal(signal)),
-            RunEnd::Stopped(StopReason::GuestDone(status)) => Err(RunError::Stopped(format!(
-                "the probe's done port (status {status}) on a run machine"
-            ))),
-            RunEnd::TimedOut => Err(RunError::TimedOut(timeout.as_secs())),
-        }
+        outcome(ran?.end, timeout)
+    }
+}
+
+/// How the guest ended a run of at most `timeout`.
+fn outcome(end: RunEnd, timeout: Duration) -> Result<RunOutcome, RunError> {
+    match end {
+        RunEnd::Stopped(StopReason::Requested) => Ok(RunOutcome::Requested),
+        RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),
+        RunEnd::Stopped(StopReason::PowerOff) => Ok(RunOutcome::PowerOff),
+        RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),
+        RunEnd::Stopped(StopReason::Shutdown) => Err(RunError::Shutdown),
+        RunEnd::Stopped(StopReason::VcpuFailed(why)) => Err(RunError::Stopped(why)),
+        RunEnd::Stopped(StopReason::Signal(signal)) => Err(RunError::Signal(signal)),
+        RunEnd::Stopped(StopReason::GuestDone(status)) => Err(RunError::Stopped(format!(
+            "the probe's done port (status {status}) on a run machine"
+        ))),
+        RunEnd::TimedOut => Err(RunError::TimedOut(timeout.as_secs())),
     }
 }
 

@@ -6,10 +6,15 @@
 //! format and its checks are [`description`]'s. Described for users in docs/snapshot.md.
 
 pub mod description;
+mod kvm;
+pub mod restore;
+pub mod take;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use description::{DESCRIPTION_FILE, Description, FORMAT_VERSION, MEMORY_FILE, MemoryFile};
+pub use restore::Restorable;
+pub use take::Snapshotter;
 
 /// Why a snapshot cannot be taken or restored. Each message is one line, naming what.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +55,49 @@ pub enum SnapshotError {
     /// A value of the description that no machine has, or parts that disagree.
     #[error("the snapshot's {0} is wrong: {1}")]
     Field(String, String),
+    /// Guest memory's file is not as long as the machine's RAM: cut short, or another's.
+    #[error(
+        "the snapshot's memory file {path} is {length} bytes, not the {expected} its \
+         description says (truncated, or from another snapshot)",
+        path = .path.display()
+    )]
+    MemoryLength {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        length: u64,
+        /// The machine's RAM.
+        expected: u64,
+    },
+    /// A disk image the machine had is gone.
+    #[error(
+        "the snapshot's machine had the disk {path}: {source} (put the image back where it was)",
+        path = .path.display()
+    )]
+    Disk {
+        /// The image.
+        path: PathBuf,
+        /// Why it cannot be used.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A device's state that cannot be saved or restored.
+    #[error("device state: {0}")]
+    State(crate::snapshot::StateError),
+    /// A part this build cannot save yet.
+    #[error("exitless cannot save {0} yet")]
+    Unsupported(&'static str),
+    /// A snapshot of a machine that is not paused.
+    #[error("the VM must be paused for a snapshot")]
+    NotPaused,
     /// The description could not be encoded (a host path that is not UTF-8, say).
     #[error("cannot write the snapshot's description: {0}")]
     Encode(serde_json::Error),
+}
+
+/// What saves a running machine into a directory: the machine's own, or a test's stand-in.
+pub trait TakeSnapshot: Send + Sync {
+    /// Save the machine, which must be paused, into `dir` (made if absent). The machine is
+    /// as it was after, whatever happened: still paused, every device serving again.
+    fn take(&self, dir: &Path) -> Result<(), SnapshotError>;
 }
