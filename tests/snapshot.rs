@@ -5,7 +5,11 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use common::testkernel::*;
 use exitless::machine::snapshot::{Description, MEMORY_FILE, MemoryFile};
@@ -145,4 +149,185 @@ fn no_snapshot_or_a_machine_option_beside_restore_is_refused() {
     assert_eq!(ran.status.code(), Some(ERROR), "{}", ran.stderr);
     assert!(ran.stderr.contains("--restore"), "{}", ran.stderr);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An `exitless run` in the background with its console in `DIR/NAME.console` and its API on
+/// `DIR/NAME.sock`.
+struct Running {
+    child: Child,
+    socket: PathBuf,
+    console: PathBuf,
+}
+
+impl Running {
+    fn start(dir: &Path, name: &str, args: &[&str]) -> Running {
+        let socket = dir.join(format!("{name}.sock"));
+        let console = dir.join(format!("{name}.console"));
+        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .arg("run")
+            .args(args)
+            .arg("--console")
+            .arg(&console)
+            .arg("--api-socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("exitless starts");
+        Running {
+            child,
+            socket,
+            console,
+        }
+    }
+
+    /// Wait until the console holds `lines` spam lines.
+    fn wait_for_lines(&mut self, lines: usize) {
+        let deadline = Instant::now() + LIMIT;
+        while spam_numbers(&self.console).len() < lines {
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "exitless ended early"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {lines} lines in {LIMIT:?}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `exitless ctl` with `args`, which must succeed: its JSON answer.
+    fn ctl(&self, args: &[&str]) -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .arg("ctl")
+            .arg("--api-socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ctl {args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).expect("the answer is JSON")
+    }
+
+    /// Wait for the run to end: its status, stderr and console.
+    fn end(mut self) -> (i32, String, String) {
+        let deadline = Instant::now() + LIMIT;
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("exitless still ran after {LIMIT:?}");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let out = self.child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let console = std::fs::read_to_string(&self.console).unwrap_or_default();
+        (out.status.code().expect("an exit"), stderr, console)
+    }
+}
+
+/// The numbers of the spam lines in the console file at `path`.
+fn spam_numbers(path: &Path) -> Vec<u32> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    numbers(&text)
+}
+
+fn numbers(text: &str) -> Vec<u32> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("spam ")?.get(..6)?.parse().ok())
+        .collect()
+}
+
+/// The test kernel printing `lines` numbered lines on two vCPUs.
+fn spamming(dir: &Path, name: &str, lines: u32) -> Running {
+    let elf = kernel("testkernel.elf");
+    let cmdline = format!("spam={lines} cpus=2");
+    let args = [
+        "--kernel",
+        elf.to_str().unwrap(),
+        "--cmdline",
+        &cmdline,
+        "--cpus",
+        "2",
+    ];
+    Running::start(dir, name, &args)
+}
+
+#[test]
+fn a_guest_snapshotted_mid_work_finishes_in_a_new_process_with_every_line() {
+    const LINES: u32 = 600;
+    let dir = scratch("midwork");
+    let snap = dir.join("snap");
+    let mut first = spamming(&dir, "first", LINES);
+    first.wait_for_lines(20);
+    assert_eq!(first.ctl(&["pause"])["state"], "paused");
+    let taken = first.ctl(&["snapshot", snap.to_str().unwrap()]);
+    assert_eq!(taken["state"], "paused", "a paused VM stays paused");
+    first.ctl(&["shutdown"]);
+    let (status, stderr, before) = first.end();
+    assert_eq!(status, 0, "{stderr}");
+    // Guest memory is sparse: far fewer blocks than its 128 MiB hold data.
+    let memory = std::fs::metadata(snap.join(MEMORY_FILE)).unwrap();
+    assert_eq!(memory.len(), 128 << 20);
+    assert!(
+        memory.blocks() * 512 < memory.len() / 4,
+        "{} blocks",
+        memory.blocks()
+    );
+    for file in [MEMORY_FILE, "snapshot.json"] {
+        let mode = std::fs::metadata(snap.join(file)).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{file} is the guest's, owner-only");
+    }
+
+    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
+    let (status, stderr, after) = second.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    let all = [numbers(&before), numbers(&after)].concat();
+    assert_eq!(
+        all,
+        (1..=LINES).collect::<Vec<_>>(),
+        "every line once, in order"
+    );
+    assert!(after.contains(" passed, 0 failed"), "{after}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
+    const LINES: u32 = 400;
+    let dir = scratch("running");
+    let snap = dir.join("snap");
+    let mut first = spamming(&dir, "first", LINES);
+    first.wait_for_lines(20);
+    // A destination that cannot be written: the error, and the VM goes on.
+    let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["ctl", "--api-socket", first.socket.to_str().unwrap()])
+        .args(["snapshot", "/proc/exitless-snapshot"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot make the directory /proc/exitless-snapshot"),
+        "{stderr}"
+    );
+    assert_eq!(first.ctl(&["info"])["state"], "running");
+    let taken = first.ctl(&["snapshot", snap.to_str().unwrap()]);
+    assert_eq!(taken["state"], "running");
+    assert_eq!(taken["destination"], snap.to_str().unwrap());
+    let (status, stderr, before) = first.end();
+    assert_eq!(status, PASSED, "{stderr}");
+    assert_eq!(numbers(&before), (1..=LINES).collect::<Vec<_>>());
+
+    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
+    let (status, stderr, after) = second.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    // The restored guest goes on from the line it was at: the rest, in order.
+    let rest = numbers(&after);
+    let from = *rest.first().expect("lines after the restore");
+    assert!(from > 20, "it went on, not from the start ({from})");
+    assert_eq!(rest, (from..=LINES).collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(&dir);
 }

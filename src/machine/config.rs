@@ -23,6 +23,8 @@ pub const MAX_VIRTIO_PCI: usize = 32 - layout::VIRTIO_PCI_FIRST_DEVICE as usize;
 /// Most queue pairs per virtio-net device: two MSI-X vectors each and one for configuration
 /// changes must fit the MSI-X table.
 pub const MAX_QUEUE_PAIRS: usize = (crate::virtio::transport::pci::MAX_VECTORS - 1) / 2;
+/// Most vCPUs a run machine has: each is a thread, and the MADT's APIC IDs are one byte.
+pub const MAX_CPUS: u64 = 64;
 /// Most MSI-X vectors a virtio-pci function's table holds (`vectors=`).
 pub const MAX_VECTORS: usize = crate::virtio::transport::pci::MAX_VECTORS;
 

@@ -228,6 +228,15 @@ pub struct MachineView {
 impl Machine {
     /// Build the machine `cfg` describes, with `board`'s devices if any.
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
+        Self::build(cfg, board, None)
+    }
+
+    /// [`Machine::new`], guest RAM loaded from `memory` (a snapshot's memory file) if given.
+    fn build(
+        cfg: &MachineConfig,
+        board: Option<&mut dyn Board>,
+        memory: Option<std::fs::File>,
+    ) -> Result<Self, MachineError> {
         wiring::check_vhost_user(cfg)?;
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
         let irqchip = if cfg.split_irqchip {
@@ -235,12 +244,15 @@ impl Machine {
         } else {
             vm::Irqchip::InKernel
         };
-        let mut vm = Vm::with_irqchip(
-            &layout.ram_regions(),
+        let (ram, dump, backing) = (
+            layout.ram_regions(),
             cfg.dump_guest_memory,
-            irqchip,
             ram_backing(cfg),
-        )?;
+        );
+        let mut vm = match memory {
+            Some(file) => Vm::restored(&ram, dump, irqchip, backing, file)?,
+            None => Vm::with_irqchip(&ram, dump, irqchip, backing)?,
+        };
         let control = Arc::new(RunControl::default());
         control.set_vcpus(cfg.vcpus);
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
@@ -307,25 +319,16 @@ impl Machine {
         };
         let entry = loader.load(self.vm.memory(), &info)?;
         vcpus.set_entries(&entry, loader)?;
+        self.run_vcpus(vcpus, timeout)
+    }
+
+    /// Run `vcpus` until the run stops or `timeout` passes, and stop them all.
+    fn run_vcpus(&self, vcpus: vcpus::Vcpus, timeout: Duration) -> Result<Ran, MachineError> {
+        let tsc_khz = vcpus.tsc_khz();
         let end = vcpus
             .run(&self.io, &self.counters, &self.control, timeout)
             .map_err(host_err("spawn a vCPU thread"))?;
         Ok(Ran { end, tsc_khz })
-    }
-
-    /// Build the machine `cfg` describes (the snapshot's configuration, its console the
-    /// command line's) with `snapshot`'s memory and state, ready for [`Machine::run_restored`].
-    pub fn restore(
-        _cfg: &MachineConfig,
-        _snapshot: snapshot::Restorable,
-    ) -> Result<Self, MachineError> {
-        Err(snapshot::SnapshotError::Unsupported("restoring a snapshot").into())
-    }
-
-    /// Run the restored machine's vCPUs from where the snapshot left them until the run stops
-    /// or `timeout` passes. Once per machine.
-    pub fn run_restored(&self, _timeout: Duration) -> Result<Ran, MachineError> {
-        Err(snapshot::SnapshotError::Unsupported("restoring a snapshot").into())
     }
 
     /// What a control channel sees of the machine.

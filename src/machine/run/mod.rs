@@ -39,8 +39,7 @@ use memmap::MIN_RAM;
 use multiboot::{MultibootError, MultibootKernel};
 use pvh::{PvhError, PvhKernel};
 
-/// Most vCPUs a run machine has: each is a thread, and the MADT's APIC IDs are one byte.
-pub const MAX_CPUS: u64 = 64;
+pub use crate::machine::config::MAX_CPUS;
 /// The fw_cfg file that holds the command line as given (fw_cfg.rst: `opt/` names are for
 /// the VMM's own items, under its name).
 pub const FW_CFG_CMDLINE: &str = "opt/exitless/cmdline";

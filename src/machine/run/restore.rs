@@ -33,10 +33,13 @@ impl RestoreConfig {
         &self,
         serve: impl FnOnce(MachineView) -> Result<G, MachineError>,
     ) -> Result<RunOutcome, RunError> {
-        let snapshot = Restorable::open(&self.dir)?;
-        let mut cfg = snapshot.description.config.clone();
+        let Restorable {
+            description,
+            memory,
+        } = Restorable::open(&self.dir)?;
+        let mut cfg = description.config.clone();
         (cfg.console, cfg.console_overflow) = (self.console.clone(), self.console_overflow);
-        let machine = Machine::restore(&cfg, snapshot)?;
+        let machine = Machine::restore(&cfg, memory)?;
         let view = machine.view();
         if self.paused {
             // Asked before any vCPU runs: each parks before its first entry.
@@ -47,7 +50,7 @@ impl RestoreConfig {
         }
         let timeout = self.timeout.unwrap_or(Duration::MAX);
         let server = serve(view)?;
-        let ran = machine.run_restored(timeout);
+        let ran = machine.run_restored(&description, timeout);
         drop(server);
         outcome(ran?.end, timeout)
     }

@@ -16,11 +16,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::machine::config::MachineConfig;
+use crate::machine::config::{MAX_CPUS, MachineConfig};
 use crate::machine::layout::MAX_RAM_SIZE;
-use crate::machine::run::MAX_CPUS;
-use crate::machine::run::memmap::MIN_RAM;
 use crate::machine::snapshot::SnapshotError;
+use crate::machine::snapshot::take::create;
 
 /// The description's format; a reader takes this one only.
 pub const FORMAT_VERSION: u32 = 1;
@@ -123,14 +122,11 @@ impl Description {
         let bad = |what: &str, why: String| Err(SnapshotError::Field(what.into(), why));
         let cfg = &self.config;
         let ram = cfg.ram_size as u64;
-        if !(MIN_RAM..=MAX_RAM_SIZE).contains(&ram) || !ram.is_multiple_of(1 << 20) {
-            return bad(
-                "config.ram_size",
-                format!(
-                    "{} is not whole MiB from 2 MiB to the layout's most",
-                    cfg.ram_size
-                ),
-            );
+        // What `exitless run --memory` gives: whole MiB, within the layout (whose own checks
+        // refuse the rest when the machine is built).
+        if !(1..=MAX_RAM_SIZE >> 20).contains(&(ram >> 20)) || !ram.is_multiple_of(1 << 20) {
+            let why = format!("{} is not whole MiB up to the layout's most", cfg.ram_size);
+            return bad("config.ram_size", why);
         }
         if !(1..=MAX_CPUS).contains(&u64::from(cfg.vcpus)) {
             return bad("config.vcpus", format!("{}: 1 to {MAX_CPUS}", cfg.vcpus));
@@ -162,7 +158,7 @@ impl Description {
             let path = path.to_owned();
             move |source| SnapshotError::Io { what, path, source }
         };
-        let mut file = File::create(&temp).map_err(io("create", &temp))?;
+        let mut file = create(&temp)?;
         file.write_all(&bytes).map_err(io("write", &temp))?;
         file.sync_all().map_err(io("sync", &temp))?;
         let target = dir.join(DESCRIPTION_FILE);

@@ -84,9 +84,6 @@ pub enum SnapshotError {
     /// A device's state that cannot be saved or restored.
     #[error("device state: {0}")]
     State(crate::snapshot::StateError),
-    /// A part this build cannot save yet.
-    #[error("exitless cannot save {0} yet")]
-    Unsupported(&'static str),
     /// A snapshot of a machine that is not paused.
     #[error("the VM must be paused for a snapshot")]
     NotPaused,

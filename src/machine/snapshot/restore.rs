@@ -2,11 +2,16 @@
 //! and of the right length, the host files the machine had still there. Everything a restore
 //! can be refused for is found here, before anything is built.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
+use std::time::Duration;
 
+use crate::machine::config::MachineConfig;
 use crate::machine::snapshot::take::io_error;
-use crate::machine::snapshot::{Description, SnapshotError};
+use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
+use crate::machine::vcpus::Vcpus;
+use crate::machine::{Machine, MachineError, Ran};
 
 /// A snapshot read and checked, its memory file open: what a machine is restored from.
 pub struct Restorable {
@@ -44,5 +49,61 @@ impl Restorable {
             description,
             memory,
         })
+    }
+}
+
+impl Machine {
+    /// Build the machine `cfg` describes (a snapshot's configuration), guest RAM loaded from
+    /// `memory`, the snapshot's memory file; [`Machine::run_restored`] sets its state.
+    pub fn restore(cfg: &MachineConfig, memory: File) -> Result<Self, MachineError> {
+        Self::build(cfg, None, Some(memory))
+    }
+
+    /// Set `saved`'s states on the machine [`Machine::restore`] built, in `crate::snapshot`'s
+    /// order (the VM's interrupt controllers, PIT and clock; each vCPU; each device, then every
+    /// device resumes), and run the vCPUs on from where the snapshot left them until the run
+    /// stops or `timeout` passes. Once per machine.
+    pub fn run_restored(
+        &self,
+        saved: &Description,
+        timeout: Duration,
+    ) -> Result<Ran, MachineError> {
+        let (vcpu_states, vm_state) = kvm::read_states(&saved.vcpus, &saved.vm)?;
+        self.vm
+            .restore_state(&vm_state)
+            .map_err(kvm::vm_error("vm"))?;
+        let vcpus = Vcpus::create(&self.vm, self.vcpus, &self.cpu)?;
+        vcpus
+            .set_states(&vcpu_states)
+            .map_err(kvm::vm_error("vcpus"))?;
+        self.snapshotter.restore_devices(&saved.devices)?;
+        self.run_vcpus(vcpus, timeout)
+    }
+}
+
+impl Snapshotter {
+    /// Give every device its saved state, then let them all go on: a state for a device this
+    /// machine lacks, or a device with none, is refused before any is set.
+    fn restore_devices(
+        &self,
+        saved: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<(), SnapshotError> {
+        let field = |why: String| SnapshotError::Field("devices".into(), why);
+        let has = |id: &String| self.persist.iter().any(|(d, _)| d == id);
+        if let Some(id) = saved.keys().find(|id| !has(id)) {
+            return Err(field(format!(
+                "a state for `{id}`, which the machine lacks"
+            )));
+        }
+        if let Some((id, _)) = self.persist.iter().find(|(id, _)| !saved.contains_key(id)) {
+            return Err(field(format!("no state for `{id}`")));
+        }
+        for (id, device) in &self.persist {
+            device
+                .restore(saved[id].clone())
+                .map_err(SnapshotError::State)?;
+        }
+        self.persist.iter().for_each(|(_, device)| device.resume());
+        Ok(())
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -33,6 +34,18 @@ pub(crate) fn io_error(
     move |source| SnapshotError::Io { what, path, source }
 }
 
+/// Create (or empty) the snapshot's file at `path`, owner-only (0600): it holds the guest's
+/// memory or state, as private as the guest's RAM.
+pub(crate) fn create(path: &Path) -> Result<File, SnapshotError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_error("create", path))
+}
+
 impl Snapshotter {
     /// Stop every device; if one cannot, those stopped go on and the error is returned.
     fn pause_devices(&self) -> Result<(), SnapshotError> {
@@ -55,7 +68,7 @@ impl Snapshotter {
             .collect::<Result<BTreeMap<_, _>, crate::snapshot::StateError>>()
             .map_err(SnapshotError::State)?;
         let path = dir.join(MEMORY_FILE);
-        let mut memory = File::create(&path).map_err(io_error("create", &path))?;
+        let mut memory = create(&path)?;
         kvm::save_memory(&self.vm, &mut memory, &path)?;
         memory.sync_all().map_err(io_error("sync", &path))?;
         Description {
@@ -78,7 +91,11 @@ impl TakeSnapshot for Snapshotter {
         if !self.control.pause().paused() {
             return Err(SnapshotError::NotPaused);
         }
-        std::fs::create_dir_all(dir).map_err(io_error("make the directory", dir))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_error("make the directory", dir))?;
         // An older snapshot's description goes first: from here until the new one is
         // written, the directory holds no description that its memory file would belie.
         let old = dir.join(DESCRIPTION_FILE);
