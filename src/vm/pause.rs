@@ -248,7 +248,7 @@ impl Pause {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn pause_twice_and_resume_while_running_are_refused() {
@@ -290,5 +290,48 @@ mod tests {
         pause.request().unwrap();
         pause.park(0, || true, || unreachable!());
         assert!(!pause.wait_parked(Duration::from_secs(60), || true));
+    }
+
+    #[test]
+    fn a_vcpu_that_cannot_read_its_state_or_does_not_answer_fails_the_capture() {
+        let pause = Arc::new(Pause::default());
+        assert_eq!(
+            pause.save_vcpus(Duration::ZERO).unwrap_err(),
+            PauseError::NotPaused
+        );
+        pause.request().unwrap();
+        // The vCPU's first capture hangs until released, its second fails.
+        let (release, hang) = std::sync::mpsc::channel::<()>();
+        let hang = Mutex::new(Some(hang));
+        let vcpu = {
+            let pause = pause.clone();
+            std::thread::spawn(move || {
+                pause.park(
+                    0,
+                    || false,
+                    || {
+                        if let Some(hang) = hang.lock().unwrap().take() {
+                            let _ = hang.recv();
+                        }
+                        Err(VmError::MsrUnreadable(0x10))
+                    },
+                )
+            })
+        };
+        assert!(pause.wait_parked(Duration::from_secs(60), || false));
+        assert_eq!(
+            pause.save_vcpus(Duration::from_millis(20)).unwrap_err(),
+            PauseError::TimedOut(Duration::from_millis(20))
+        );
+        release.send(()).unwrap();
+        assert_eq!(
+            pause
+                .save_vcpus(Duration::from_secs(60))
+                .unwrap_err()
+                .to_string(),
+            "vCPU 0's state could not be read: KVM did not read MSR 0x10, which it read when the vCPU was created"
+        );
+        pause.resume().unwrap();
+        vcpu.join().unwrap();
     }
 }

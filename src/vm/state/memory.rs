@@ -6,6 +6,8 @@
 //! must map guest RAM (a vhost-user backend), the file's pages are copied into a fresh memfd.
 
 use std::fs::File;
+use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -60,16 +62,49 @@ fn copy_out(region: &MmapRegion, at: usize, buf: &mut [u8]) -> Result<(), VmErro
     Ok(())
 }
 
-/// Guest RAM `CHUNK` bytes at a time: each piece's region, offset in it and length, and its
-/// offset in the memory file (the regions' bytes end to end).
-fn pieces(memory: &GuestMemoryMmap) -> impl Iterator<Item = (&GuestRegionMmap, usize, usize, u64)> {
-    let mut base = 0u64;
-    memory.iter().flat_map(move |region| {
-        let (len, start) = (region.size(), base);
-        base += len as u64;
-        (0..len)
+/// Where `len` bytes at `start` in `file` may hold data, relative to `start`: the rest are
+/// holes (lseek(2) SEEK_DATA, SEEK_HOLE), which read as zeros. Skipping them keeps a snapshot
+/// from reading (and so allocating) the pages of a memfd the guest never touched, and a
+/// restore from reading the file's holes. By hand: two libc calls no crate in the tree wraps.
+fn data_ranges(file: &File, start: u64, len: usize) -> Result<Vec<Range<usize>>, VmError> {
+    let seek = |at: u64, whence: libc::c_int| -> Result<Option<u64>, VmError> {
+        let at = libc::off_t::try_from(at)
+            .map_err(|_| VmError::StateMismatch(format!("offset {at}")))?;
+        // SAFETY: lseek reads nothing from memory; a bad descriptor or offset is an error.
+        let found = unsafe { libc::lseek(file.as_raw_fd(), at, whence) };
+        match u64::try_from(found) {
+            Ok(found) => Ok(Some(found)),
+            // No data past `at`.
+            Err(_) if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) => {
+                Ok(None)
+            }
+            Err(_) => Err(file_error("find the data in a memory file")(
+                std::io::Error::last_os_error(),
+            )),
+        }
+    };
+    let end = start + len as u64;
+    let mut ranges = Vec::new();
+    let mut at = start;
+    while at < end {
+        let Some(data) = seek(at, libc::SEEK_DATA)?.filter(|&d| d < end) else {
+            break;
+        };
+        // The end of the file counts as a hole, so there is always one.
+        let hole = seek(data, libc::SEEK_HOLE)?.unwrap_or(end).min(end);
+        let relative = |o: u64| usize::try_from(o - start).expect("within `len`");
+        ranges.push(relative(data)..relative(hole));
+        at = hole;
+    }
+    Ok(ranges)
+}
+
+/// `ranges` cut in pieces of at most [`CHUNK`] bytes: (offset, length).
+fn chunks(ranges: Vec<Range<usize>>) -> impl Iterator<Item = (usize, usize)> {
+    ranges.into_iter().flat_map(|r| {
+        r.clone()
             .step_by(CHUNK)
-            .map(move |at| (region, at, CHUNK.min(len - at), start + at as u64))
+            .map(move |at| (at, CHUNK.min(r.end - at)))
     })
 }
 
@@ -81,13 +116,20 @@ impl Vm {
         file.set_len(0)
             .map_err(file_error("empty the memory file"))?;
         let mut buf = vec![0u8; CHUNK];
-        for (region, at, len, offset) in pieces(&self.memory) {
-            let chunk = &mut buf[..len];
-            copy_out(region, at, chunk)?;
-            write_nonzero_pages(file, chunk, offset)?;
+        let mut base = 0;
+        for region in self.memory.iter() {
+            let data = match region.file_offset() {
+                Some(memfd) => data_ranges(memfd.file(), memfd.start(), region.size())?,
+                None => std::iter::once(0..region.size()).collect(),
+            };
+            for (at, len) in chunks(data) {
+                let chunk = &mut buf[..len];
+                copy_out(region, at, chunk)?;
+                write_nonzero_pages(file, chunk, base + at as u64)?;
+            }
+            base += region.len();
         }
-        let total = self.memory.iter().map(|r| r.len()).sum();
-        file.set_len(total)
+        file.set_len(base)
             .map_err(file_error("size the memory file"))
     }
 
@@ -162,26 +204,31 @@ fn copy_in(memory: &GuestMemoryMmap, file: &File, total: usize) -> Result<(), Vm
             reason: format!("map the memory file: {e}"),
         })?;
     let mut buf = vec![0u8; CHUNK];
-    for (region, at, len, offset) in pieces(memory) {
-        let chunk = &mut buf[..len];
-        copy_out(
-            &source,
-            usize::try_from(offset).expect("below `total`"),
-            chunk,
-        )?;
-        let nonzero = chunk
-            .chunks(PAGE)
-            .zip(0..)
-            .filter(|(p, _)| p.iter().any(|&b| b != 0));
-        for (page, i) in nonzero {
-            let gpa = region.start_addr().0 + (at + i * PAGE) as u64;
-            memory
-                .write_slice(page, GuestAddress(gpa))
-                .map_err(|e| VmError::Memory {
-                    size: total,
-                    reason: e.to_string(),
-                })?;
+    let mut base = 0;
+    for region in memory.iter() {
+        for (at, len) in chunks(data_ranges(file, base as u64, region.size())?) {
+            let chunk = &mut buf[..len];
+            copy_out(&source, base + at, chunk)?;
+            copy_nonzero_pages(memory, chunk, region.start_addr().0 + at as u64)?;
         }
+        base += region.size();
+    }
+    Ok(())
+}
+
+/// Write the pages of `data` that are not all zero into `memory`, from `gpa` on.
+fn copy_nonzero_pages(memory: &GuestMemoryMmap, data: &[u8], gpa: u64) -> Result<(), VmError> {
+    let nonzero = data
+        .chunks(PAGE)
+        .zip(0u64..)
+        .filter(|(p, _)| p.iter().any(|&b| b != 0));
+    for (page, i) in nonzero {
+        memory
+            .write_slice(page, GuestAddress(gpa + i * PAGE as u64))
+            .map_err(|e| VmError::Memory {
+                size: data.len(),
+                reason: e.to_string(),
+            })?;
     }
     Ok(())
 }

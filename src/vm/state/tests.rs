@@ -26,10 +26,10 @@ impl Drop for TempFile {
     }
 }
 
-/// A VM whose guest wrote a word at the start of RAM, one at the end of the low region and
-/// one in the high region, saved to `file`.
-fn saved(file: &TempFile) -> Vm {
-    let vm = Vm::new(&RAM, false).unwrap();
+/// A VM whose RAM is made of `backing`, where the guest wrote a word at the start of RAM, one
+/// at the end of the low region and one in the high region, saved to `file`.
+fn saved(file: &TempFile, backing: RamBacking) -> Vm {
+    let vm = Vm::with_irqchip(&RAM, false, Irqchip::InKernel, backing).unwrap();
     let mem = vm.memory();
     mem.write_obj(0x1122_3344u32, GuestAddress(0x10)).unwrap();
     mem.write_obj(0x5566u16, GuestAddress((16 << 20) - 2))
@@ -53,7 +53,7 @@ fn words(vm: &Vm) -> (u32, u16, u32) {
 #[test]
 fn a_mostly_empty_guest_leaves_a_sparse_file_that_both_backings_load() {
     let file = TempFile::new("sparse");
-    drop(saved(&file));
+    drop(saved(&file, RamBacking::Private));
     let meta = std::fs::metadata(&file.0).unwrap();
     assert_eq!(meta.len(), 24 << 20, "as long as the RAM");
     // Three pages written (a filesystem may allocate a little more around them).
@@ -101,7 +101,7 @@ fn a_mostly_empty_guest_leaves_a_sparse_file_that_both_backings_load() {
 #[test]
 fn a_memory_file_of_another_size_is_refused() {
     let file = TempFile::new("truncated");
-    drop(saved(&file));
+    drop(saved(&file, RamBacking::Private));
     let short = std::fs::OpenOptions::new()
         .write(true)
         .open(&file.0)
@@ -149,4 +149,20 @@ fn a_vm_state_of_another_irqchip_or_with_a_swapped_chip_is_refused() {
     );
     in_kernel.restore_state(&full).unwrap();
     split.restore_state(&bare).unwrap();
+}
+
+#[test]
+fn saving_shared_ram_reads_only_the_pages_the_guest_wrote() {
+    let file = TempFile::new("shared");
+    let vm = saved(&file, RamBacking::SharedMemfd);
+    let memfd = vm.memory().iter().next().unwrap().file_offset().unwrap();
+    let allocated = memfd.file().metadata().unwrap().blocks() * 512;
+    // Reading a memfd's hole through its mapping would allocate the page: all 24 MiB.
+    assert!(
+        allocated <= 64 << 10,
+        "{allocated} bytes of the memfd allocated"
+    );
+    let open = std::fs::File::open(&file.0).unwrap();
+    let back = Vm::restored(&RAM, false, Irqchip::InKernel, RamBacking::Private, open).unwrap();
+    assert_eq!(words(&back), (0x1122_3344, 0x5566, 0x7788_99aa));
 }
