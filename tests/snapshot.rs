@@ -182,10 +182,11 @@ impl Running {
         }
     }
 
-    /// Wait until the console holds `lines` spam lines.
-    fn wait_for_lines(&mut self, lines: usize) {
+    /// Wait until the console holds `lines` lines starting with `prefix` and a number.
+    fn wait_for_lines(&mut self, prefix: &str, lines: usize) {
         let deadline = Instant::now() + LIMIT;
-        while spam_numbers(&self.console).len() < lines {
+        let text = |path| std::fs::read_to_string(path).unwrap_or_default();
+        while numbers(&text(&self.console), prefix).len() < lines {
             assert!(
                 self.child.try_wait().unwrap().is_none(),
                 "exitless ended early"
@@ -228,15 +229,11 @@ impl Running {
     }
 }
 
-/// The numbers of the spam lines in the console file at `path`.
-fn spam_numbers(path: &Path) -> Vec<u32> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    numbers(&text)
-}
-
-fn numbers(text: &str) -> Vec<u32> {
+/// The numbers of the lines in `text` that start with `prefix` and a six-digit number (the
+/// test kernel's `spam 000001 of ...`, `disk round 000001 of ...`).
+fn numbers(text: &str, prefix: &str) -> Vec<u32> {
     text.lines()
-        .filter_map(|l| l.strip_prefix("spam ")?.get(..6)?.parse().ok())
+        .filter_map(|l| l.strip_prefix(prefix)?.get(..6)?.parse().ok())
         .collect()
 }
 
@@ -261,7 +258,7 @@ fn a_guest_snapshotted_mid_work_finishes_in_a_new_process_with_every_line() {
     let dir = scratch("midwork");
     let snap = dir.join("snap");
     let mut first = spamming(&dir, "first", LINES);
-    first.wait_for_lines(20);
+    first.wait_for_lines("spam ", 20);
     assert_eq!(first.ctl(&["pause"])["state"], "paused");
     let taken = first.ctl(&["snapshot", snap.to_str().unwrap()]);
     assert_eq!(taken["state"], "paused", "a paused VM stays paused");
@@ -284,7 +281,7 @@ fn a_guest_snapshotted_mid_work_finishes_in_a_new_process_with_every_line() {
     let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
     let (status, stderr, after) = second.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");
-    let all = [numbers(&before), numbers(&after)].concat();
+    let all = [numbers(&before, "spam "), numbers(&after, "spam ")].concat();
     assert_eq!(
         all,
         (1..=LINES).collect::<Vec<_>>(),
@@ -300,7 +297,7 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
     let dir = scratch("running");
     let snap = dir.join("snap");
     let mut first = spamming(&dir, "first", LINES);
-    first.wait_for_lines(20);
+    first.wait_for_lines("spam ", 20);
     // A destination that cannot be written: the error, and the VM goes on.
     let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
         .args(["ctl", "--api-socket", first.socket.to_str().unwrap()])
@@ -319,15 +316,73 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
     assert_eq!(taken["destination"], snap.to_str().unwrap());
     let (status, stderr, before) = first.end();
     assert_eq!(status, PASSED, "{stderr}");
-    assert_eq!(numbers(&before), (1..=LINES).collect::<Vec<_>>());
+    assert_eq!(numbers(&before, "spam "), (1..=LINES).collect::<Vec<_>>());
 
     let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
     let (status, stderr, after) = second.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");
     // The restored guest goes on from the line it was at: the rest, in order.
-    let rest = numbers(&after);
+    let rest = numbers(&after, "spam ");
     let from = *rest.first().expect("lines after the restore");
     assert!(from > 20, "it went on, not from the start ({from})");
     assert_eq!(rest, (from..=LINES).collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sector `n`'s bytes as the test kernel's round `seed` writes them: byte i is i * 7 + seed.
+fn sector(seed: u32) -> Vec<u8> {
+    (0..512u32).map(|i| (i * 7 + seed) as u8).collect()
+}
+
+#[test]
+fn a_guest_snapshotted_while_writing_its_disk_finishes_with_every_sector_right() {
+    const ROUNDS: u32 = 120;
+    let dir = scratch("disk");
+    let snap = dir.join("snap");
+    let image = dir.join("disk.img");
+    std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
+    let elf = kernel("testkernel.elf");
+    let cmdline = format!("disk=1 disk_rounds={ROUNDS}");
+    let disk = image.to_str().unwrap();
+    let args = [
+        "--kernel",
+        elf.to_str().unwrap(),
+        "--cmdline",
+        &cmdline,
+        "--disk",
+        disk,
+    ];
+    let mut first = Running::start(&dir, "first", &args);
+    first.wait_for_lines("disk round ", 10);
+    assert_eq!(first.ctl(&["pause"])["state"], "paused");
+    first.ctl(&["snapshot", snap.to_str().unwrap()]);
+    first.ctl(&["shutdown"]);
+    let (status, stderr, before) = first.end();
+    assert_eq!(status, 0, "{stderr}");
+    let done = numbers(&before, "disk round ");
+    assert!(
+        (done.len() as u32) < ROUNDS,
+        "the snapshot caught it mid-work"
+    );
+
+    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
+    let (status, stderr, after) = second.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    let all = [done, numbers(&after, "disk round ")].concat();
+    assert_eq!(
+        all,
+        (1..=ROUNDS).collect::<Vec<_>>(),
+        "every round once, in order"
+    );
+    assert!(
+        !after.contains("FAILED") && after.contains(" passed, 0 failed"),
+        "{after}"
+    );
+    let file = std::fs::read(&image).unwrap();
+    for n in 1..=ROUNDS {
+        let at = n as usize * 512;
+        assert_eq!(file[at..at + 512], sector(n)[..], "sector {n}");
+    }
+    assert!(file[(ROUNDS as usize + 1) * 512..].iter().all(|&b| b == 0));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -118,6 +118,7 @@ int vdev_reconnect(struct reconnect *r);
  * and the same across a backend's restart (net=reconnect). */
 void check_disk(int reconnect);
 int disk_round(uint32_t seed);
+void disk_rounds(uint32_t rounds);
 void check_net(int reconnect);
 /* vdev_reconnect's pause after a failed set-up or round. */
 #define RECONNECT_PAUSE (PM_TIMER_HZ / 5)
