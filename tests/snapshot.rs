@@ -329,11 +329,6 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Sector `n`'s bytes as the test kernel's round `seed` writes them: byte i is i * 7 + seed.
-fn sector(seed: u32) -> Vec<u8> {
-    (0..512u32).map(|i| (i * 7 + seed) as u8).collect()
-}
-
 #[test]
 fn a_guest_snapshotted_while_writing_its_disk_finishes_with_every_sector_right() {
     const ROUNDS: u32 = 120;
@@ -361,7 +356,7 @@ fn a_guest_snapshotted_while_writing_its_disk_finishes_with_every_sector_right()
     assert_eq!(status, 0, "{stderr}");
     let done = numbers(&before, "disk round ");
     assert!(
-        (done.len() as u32) < ROUNDS,
+        done.len() < ROUNDS as usize,
         "the snapshot caught it mid-work"
     );
 
@@ -381,7 +376,7 @@ fn a_guest_snapshotted_while_writing_its_disk_finishes_with_every_sector_right()
     let file = std::fs::read(&image).unwrap();
     for n in 1..=ROUNDS {
         let at = n as usize * 512;
-        assert_eq!(file[at..at + 512], sector(n)[..], "sector {n}");
+        assert_eq!(file[at..at + 512], pattern(n)[..], "sector {n}");
     }
     assert!(file[(ROUNDS as usize + 1) * 512..].iter().all(|&b| b == 0));
     let _ = std::fs::remove_dir_all(&dir);
