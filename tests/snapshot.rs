@@ -332,7 +332,7 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
 #[test]
 fn a_guest_snapshotted_while_writing_its_disk_finishes_with_every_sector_right() {
     const ROUNDS: u32 = 120;
-    let dir = scratch("disk");
+    let dir = scratch("writing");
     let snap = dir.join("snap");
     let image = dir.join("disk.img");
     std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
