@@ -322,8 +322,9 @@ impl Machine {
         self.run_vcpus(vcpus, timeout)
     }
 
-    /// Run `vcpus` until the run stops or `timeout` passes, and stop them all.
-    fn run_vcpus(&self, vcpus: vcpus::Vcpus, timeout: Duration) -> Result<Ran, MachineError> {
+    /// Run `vcpus` (this machine's, their entry or restored state set) until the run stops or
+    /// `timeout` passes, and stop them all.
+    pub fn run_vcpus(&self, vcpus: vcpus::Vcpus, timeout: Duration) -> Result<Ran, MachineError> {
         let tsc_khz = vcpus.tsc_khz();
         let end = vcpus
             .run(&self.io, &self.counters, &self.control, timeout)

@@ -11,7 +11,7 @@ use crate::machine::config::MachineConfig;
 use crate::machine::snapshot::take::io_error;
 use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
 use crate::machine::vcpus::Vcpus;
-use crate::machine::{Machine, MachineError, Ran};
+use crate::machine::{Board, Machine, MachineError, Ran};
 
 /// A snapshot read and checked, its memory file open: what a machine is restored from.
 pub struct Restorable {
@@ -53,21 +53,22 @@ impl Restorable {
 }
 
 impl Machine {
-    /// Build the machine `cfg` describes (a snapshot's configuration), guest RAM loaded from
-    /// `memory`, the snapshot's memory file; [`Machine::run_restored`] sets its state.
-    pub fn restore(cfg: &MachineConfig, memory: File) -> Result<Self, MachineError> {
-        Self::build(cfg, None, Some(memory))
+    /// Build the machine `cfg` describes (a snapshot's configuration), with `board`'s devices
+    /// if any (the same board as the snapshot's machine), guest RAM loaded from `memory`, the
+    /// snapshot's memory file; [`Machine::restore_state`] then sets its state.
+    pub fn restore(
+        cfg: &MachineConfig,
+        board: Option<&mut dyn Board>,
+        memory: File,
+    ) -> Result<Self, MachineError> {
+        Self::build(cfg, board, Some(memory))
     }
 
     /// Set `saved`'s states on the machine [`Machine::restore`] built, in `crate::snapshot`'s
-    /// order (the VM's interrupt controllers, PIT and clock; each vCPU; each device, then every
-    /// device resumes), and run the vCPUs on from where the snapshot left them until the run
-    /// stops or `timeout` passes. Once per machine.
-    pub fn run_restored(
-        &self,
-        saved: &Description,
-        timeout: Duration,
-    ) -> Result<Ran, MachineError> {
+    /// order: the VM's interrupt controllers, PIT and clock; each vCPU (created here); each
+    /// device, then every device resumes. The vCPUs are returned for
+    /// [`Machine::run_vcpus`]. Once per machine.
+    pub fn restore_state(&self, saved: &Description) -> Result<Vcpus, MachineError> {
         let (vcpu_states, vm_state) = kvm::read_states(&saved.vcpus, &saved.vm)?;
         self.vm
             .restore_state(&vm_state)
@@ -77,6 +78,17 @@ impl Machine {
             .set_states(&vcpu_states)
             .map_err(kvm::vm_error("vcpus"))?;
         self.snapshotter.restore_devices(&saved.devices)?;
+        Ok(vcpus)
+    }
+
+    /// [`Machine::restore_state`], then run the vCPUs on from where the snapshot left them
+    /// until the run stops or `timeout` passes. Once per machine.
+    pub fn run_restored(
+        &self,
+        saved: &Description,
+        timeout: Duration,
+    ) -> Result<Ran, MachineError> {
+        let vcpus = self.restore_state(saved)?;
         self.run_vcpus(vcpus, timeout)
     }
 }
