@@ -271,6 +271,9 @@ fn api() -> Vec<Allowed> {
         sys!(SYS_openat),
         sys!(SYS_ftruncate),
         sys!(SYS_pwrite64),
+        // Where guest RAM is the shared memfd, only its data is read: lseek SEEK_DATA and
+        // SEEK_HOLE find it (vm::state::memory).
+        sys!(SYS_lseek),
         sys!(SYS_fsync),
         sys!(SYS_rename),
         // ... and the VM's own state, with every vCPU parked (each vCPU gives its own).
