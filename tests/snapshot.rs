@@ -333,23 +333,37 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
 
 #[test]
 fn a_guest_snapshotted_while_writing_its_disk_finishes_with_every_sector_right() {
+    writes_its_disk("writing-pci", "", "", &[]);
+}
+
+#[test]
+fn the_same_on_virtio_mmio() {
+    writes_its_disk("writing-mmio", ",transport=mmio", FIRST_MMIO_WINDOW, &[]);
+}
+
+#[test]
+fn the_same_behind_the_iommu_with_the_split_irqchip() {
+    writes_its_disk("writing-iommu", "", "iommu=1", &["--iommu"]);
+}
+
+/// The test kernel writing `disk_rounds` on a disk with `options` (and `cmdline`, `args`),
+/// paused and snapshotted mid-work in `name`, shut down and restored in a new process: every
+/// round once, every sector right in the image.
+fn writes_its_disk(name: &str, options: &str, cmdline: &str, args: &[&str]) {
     const ROUNDS: u32 = 120;
-    let dir = scratch("writing");
+    let dir = scratch(name);
     let snap = dir.join("snap");
     let image = dir.join("disk.img");
     std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
     let elf = kernel("testkernel.elf");
-    let cmdline = format!("disk=1 disk_rounds={ROUNDS}");
-    let disk = image.to_str().unwrap();
-    let args = [
-        "--kernel",
-        elf.to_str().unwrap(),
-        "--cmdline",
-        &cmdline,
-        "--disk",
-        disk,
-    ];
-    let mut first = Running::start(&dir, "first", &args);
+    let cmdline = format!("disk=1 disk_rounds={ROUNDS} {cmdline}");
+    let disk = format!("{}{options}", image.display());
+    let kernel_args = ["--kernel", elf.to_str().unwrap(), "--cmdline", &cmdline];
+    let mut first = Running::start(
+        &dir,
+        "first",
+        &[&kernel_args[..], &["--disk", &disk], args].concat(),
+    );
     first.wait_for_lines("disk round ", 10);
     assert_eq!(first.ctl(&["pause"])["state"], "paused");
     first.ctl(&["snapshot", snap.to_str().unwrap()]);

@@ -276,6 +276,10 @@ fn api() -> Vec<Allowed> {
         sys!(SYS_lseek),
         sys!(SYS_fsync),
         sys!(SYS_rename),
+        // A virtio-mmio transport's pause waits for its device thread's answer on an eventfd;
+        // the VT-d unit's drains the doorbells already rung (epoll_wait, no timeout).
+        sys!(SYS_read),
+        sys!(SYS_epoll_wait),
         // ... and the VM's own state, with every vCPU parked (each vCPU gives its own).
         sys!(SYS_ioctl).only(1, [KVM_GET_IRQCHIP(), KVM_GET_CLOCK(), KVM_GET_PIT2()]),
     ]
