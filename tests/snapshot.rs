@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use common::testkernel::*;
 use exitless::machine::snapshot::{Description, MEMORY_FILE, MemoryFile};
 use exitless::machine::{DiskConfig, MachineConfig};
+use exitless::peer::PeerError;
+use exitless::peer::backends::{Backend, BackendError};
 
 /// A fresh folder for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -333,23 +335,40 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
 
 #[test]
 fn a_guest_snapshotted_while_writing_its_disk_finishes_with_every_sector_right() {
-    writes_its_disk("writing-pci", "", "", &[]);
+    writes_its_disk("writing-pci", Disk::Image(""), "", &[]);
 }
 
 #[test]
 fn the_same_on_virtio_mmio() {
-    writes_its_disk("writing-mmio", ",transport=mmio", FIRST_MMIO_WINDOW, &[]);
+    let mmio = Disk::Image(",transport=mmio");
+    writes_its_disk("writing-mmio", mmio, FIRST_MMIO_WINDOW, &[]);
 }
 
 #[test]
 fn the_same_behind_the_iommu_with_the_split_irqchip() {
-    writes_its_disk("writing-iommu", "", "iommu=1", &["--iommu"]);
+    writes_its_disk("writing-iommu", Disk::Image(""), "iommu=1", &["--iommu"]);
 }
 
-/// The test kernel writing `disk_rounds` on a disk with `options` (and `cmdline`, `args`),
-/// paused and snapshotted mid-work in `name`, shut down and restored in a new process: every
-/// round once, every sector right in the image.
-fn writes_its_disk(name: &str, options: &str, cmdline: &str, args: &[&str]) {
+/// The restored machine connects to qemu-storage-daemon again and gives it the rings'
+/// positions the snapshot holds.
+#[test]
+fn the_same_on_a_vhost_user_disk() {
+    writes_its_disk("writing-vu", Disk::VhostUser, "", &[]);
+}
+
+/// How the guest's disk is served.
+#[derive(Clone, Copy)]
+enum Disk {
+    /// exitless opens the image, with these `--disk` options.
+    Image(&'static str),
+    /// qemu-storage-daemon serves the image, on a socket in the test's folder.
+    VhostUser,
+}
+
+/// The test kernel writing `disk_rounds` on a disk served as `served` (and `cmdline`,
+/// `args`), paused and snapshotted mid-work in `name`, shut down and restored in a new
+/// process: every round once, every sector right in the image.
+fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str]) {
     const ROUNDS: u32 = 120;
     let dir = scratch(name);
     let snap = dir.join("snap");
@@ -357,7 +376,20 @@ fn writes_its_disk(name: &str, options: &str, cmdline: &str, args: &[&str]) {
     std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
     let elf = kernel("testkernel.elf");
     let cmdline = format!("disk=1 disk_rounds={ROUNDS} {cmdline}");
-    let disk = format!("{}{options}", image.display());
+    let (disk, _backend) = match served {
+        Disk::Image(options) => (format!("{}{options}", image.display()), None),
+        Disk::VhostUser => {
+            let socket = dir.join("blk.sock");
+            match Backend::storage_daemon_queues(&image, &socket, 1) {
+                Ok(backend) => (format!("vhost-user={}", socket.display()), Some(backend)),
+                Err(BackendError::Start(why @ PeerError::NotFound { .. })) => {
+                    println!("skipped: {why}");
+                    return;
+                }
+                Err(e) => panic!("qemu-storage-daemon did not start: {e}"),
+            }
+        }
+    };
     let kernel_args = ["--kernel", elf.to_str().unwrap(), "--cmdline", &cmdline];
     let mut first = Running::start(
         &dir,
