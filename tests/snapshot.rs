@@ -429,3 +429,68 @@ fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str]) {
     assert!(file[(ROUNDS as usize + 1) * 512..].iter().all(|&b| b == 0));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// In one process, through the library (as `exitless bench restore` does): the test kernel's
+/// machine paused mid-work, snapshotted, stopped and dropped; a machine restored from the
+/// snapshot runs on to the end with every console byte once.
+#[test]
+fn a_machine_snapshotted_and_restored_in_the_same_process_finishes_its_work() {
+    use exitless::machine::run::FW_CFG_CMDLINE;
+    use exitless::machine::run::multiboot::MultibootKernel;
+    use exitless::machine::snapshot::Restorable;
+    use exitless::machine::{Machine, Platform, RunEnd};
+    use exitless::vm::run_control::StopReason;
+
+    const LINES: u32 = 300;
+    let dir = scratch("in-process");
+    let snap = dir.join("snap");
+    let cmdline = format!("spam={LINES}");
+    let cfg = MachineConfig {
+        platform: Some(Platform {
+            fw_cfg_files: vec![(FW_CFG_CMDLINE.into(), cmdline.as_bytes().to_vec())],
+        }),
+        ..MachineConfig::default()
+    };
+    let image = std::fs::read(kernel("testkernel.elf")).unwrap();
+    let loader = MultibootKernel::parse(image, &format!("testkernel.elf {cmdline}")).unwrap();
+    let machine = Machine::new(&cfg, None).unwrap();
+    let control = machine.view().control;
+    let ended = thread::scope(|s| {
+        let run = s.spawn(|| machine.run(&loader, LIMIT));
+        let deadline = Instant::now() + LIMIT;
+        while numbers(&machine.console(), "spam ").len() < 20 {
+            assert!(Instant::now() < deadline && !run.is_finished(), "no lines");
+            thread::sleep(Duration::from_millis(20));
+        }
+        control.pause_vcpus(Duration::from_secs(30)).unwrap();
+        machine.snapshot(&snap).unwrap();
+        control.stop(StopReason::Requested);
+        run.join().unwrap().unwrap().end
+    });
+    assert!(
+        matches!(ended, RunEnd::Stopped(StopReason::Requested)),
+        "{ended:?}"
+    );
+    let before = machine.console();
+    drop(machine);
+
+    let Restorable {
+        description,
+        memory,
+    } = Restorable::open(&snap).unwrap();
+    let restored = Machine::restore(&description.config, None, memory).unwrap();
+    let ran = restored.run_restored(&description, LIMIT).unwrap();
+    let after = restored.console();
+    assert!(
+        matches!(ran.end, RunEnd::Stopped(StopReason::DebugExit(0x10))),
+        "{:?}\n{after}",
+        ran.end
+    );
+    let all = numbers(&(before + &after), "spam ");
+    assert_eq!(
+        all,
+        (1..=LINES).collect::<Vec<_>>(),
+        "every line once, in order"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
