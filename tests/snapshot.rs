@@ -280,7 +280,19 @@ fn a_guest_snapshotted_mid_work_finishes_in_a_new_process_with_every_line() {
         assert_eq!(mode, 0o600, "{file} is the guest's, owner-only");
     }
 
-    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
+    // Restored paused: nothing runs until the resume.
+    let restore = ["--restore", snap.to_str().unwrap(), "--paused"];
+    let second = Running::start(&dir, "second", &restore);
+    let deadline = Instant::now() + LIMIT;
+    // Paused once every vCPU has parked, before its first entry.
+    while !second.socket.exists() || second.ctl(&["info"])["state"] != "paused" {
+        assert!(Instant::now() < deadline, "not paused after {LIMIT:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    thread::sleep(Duration::from_millis(300));
+    let console = std::fs::read(&second.console).unwrap_or_default();
+    assert!(console.is_empty(), "a paused guest writes nothing");
+    assert_eq!(second.ctl(&["resume"])["state"], "running");
     let (status, stderr, after) = second.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");
     // The console's bytes: the first run's, then the restored one's (a line the snapshot cut
