@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use exitless::api::routes::Endpoint;
+use exitless::api::routes::{Endpoint, SnapshotRequest};
 use exitless::bench::options::BenchOptions;
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO};
 use exitless::machine::{CpuTemplate, DiskConfig, VirtioNetConfig};
@@ -41,8 +41,8 @@ pub enum Command {
     /// QEMU's isa-debug-exit and fw_cfg. Runs until the guest exits, powers off or resets.
     #[command(after_help = RUN_STATUS)]
     Run(RunArgs),
-    /// Ask a running `exitless run --api-socket PATH` to pause, resume or shut down its VM, or
-    /// for its state or exit counters; prints the JSON answer.
+    /// Ask a running `exitless run --api-socket PATH` to pause, resume, snapshot or shut down
+    /// its VM, or for its state or exit counters; prints the JSON answer.
     #[command(after_help = CTL_STATUS)]
     Ctl(CtlArgs),
 }
@@ -67,8 +67,8 @@ pub struct RunArgs {
     /// The kernel: a Linux bzImage (64-bit boot protocol 2.12 or later), an ELF vmlinux with a
     /// PVH note (XEN_ELFNOTE_PHYS32_ENTRY), or a multiboot v1 image (a 32-bit ELF, a 64-bit ELF
     /// with a multiboot header, or any file whose multiboot header has the address fields).
-    #[arg(long, value_name = "FILE")]
-    pub kernel: PathBuf,
+    #[arg(long, value_name = "FILE", required_unless_present = "restore")]
+    pub kernel: Option<PathBuf>,
     /// An initial ramdisk for a Linux kernel (boot_params' ramdisk_image and ramdisk_size).
     #[arg(long, value_name = "FILE")]
     pub initrd: Option<PathBuf>,
@@ -162,10 +162,28 @@ pub struct RunArgs {
     pub dump_guest_memory: bool,
     /// Serve the control API (HTTP/1.1 + JSON, docs/api.md) on a Unix socket at PATH, made
     /// owner-only (0600) and removed at exit: `vm.info`, `vm.counters`, `vm.pause`,
-    /// `vm.resume`, `vm.shutdown`, as `exitless ctl` or `curl --unix-socket PATH` ask them. A
+    /// `vm.resume`, `vm.snapshot`, `vm.shutdown`, as `exitless ctl` or `curl --unix-socket PATH` ask them. A
     /// socket left there by a VMM that is gone is replaced; anything else there is refused.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
+    /// Restore the snapshot in DIR (`exitless ctl ... snapshot DIR`) instead of booting a
+    /// kernel: the same machine, its disks, taps and sockets where they were, run on from
+    /// where it was. The machine's options come from the snapshot and are refused here;
+    /// --console, --console-drop, --timeout, --api-socket and --paused are this run's. A
+    /// snapshot of another version, corrupt, with its memory file cut short or a disk gone
+    /// is refused with one line (status 2) before anything starts.
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with_all = [
+            "kernel", "initrd", "cmdline", "memory", "cpus", "ecam", "disk", "net", "iommu",
+            "cpu", "dump_guest_memory",
+        ]
+    )]
+    pub restore: Option<PathBuf>,
+    /// With --restore: every vCPU stays parked until `exitless ctl ... resume`.
+    #[arg(long)]
+    pub paused: bool,
 }
 
 /// `exitless ctl`'s arguments.
@@ -175,12 +193,12 @@ pub struct CtlArgs {
     #[arg(long, value_name = "PATH")]
     pub api_socket: PathBuf,
     /// What to ask.
-    #[arg(value_enum)]
+    #[command(subcommand)]
     pub action: CtlAction,
 }
 
 /// What `exitless ctl` asks of the VM.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, PartialEq, Eq, Subcommand)]
 pub enum CtlAction {
     /// Stop every vCPU at an instruction boundary (answers once all are stopped).
     Pause,
@@ -192,18 +210,37 @@ pub enum CtlAction {
     Shutdown,
     /// The exit accounting: every exit so far, by kind and by device.
     Counters,
+    /// Save the VM into DIR (made if absent): a running VM is paused meanwhile and goes on
+    /// after, a paused one stays paused. `exitless run --restore DIR` brings it back.
+    Snapshot {
+        /// The directory: guest memory's file and the description (docs/snapshot.md).
+        #[arg(value_name = "DIR")]
+        destination: PathBuf,
+    },
 }
 
 impl CtlAction {
     /// The API endpoint it asks.
-    pub fn endpoint(self) -> Endpoint {
+    pub fn endpoint(&self) -> Endpoint {
         match self {
             CtlAction::Pause => Endpoint::Pause,
             CtlAction::Resume => Endpoint::Resume,
             CtlAction::Info => Endpoint::Info,
             CtlAction::Shutdown => Endpoint::Shutdown,
             CtlAction::Counters => Endpoint::Counters,
+            CtlAction::Snapshot { .. } => Endpoint::Snapshot,
         }
+    }
+
+    /// The request's body: the destination, made absolute (the VMM's working directory is
+    /// not the client's), as JSON; nothing for the others.
+    pub fn body(&self) -> Result<Vec<u8>, String> {
+        let CtlAction::Snapshot { destination } = self else {
+            return Ok(Vec::new());
+        };
+        let destination = std::path::absolute(destination)
+            .map_err(|e| format!("snapshot {}: {e}", destination.display()))?;
+        serde_json::to_vec(&SnapshotRequest { destination }).map_err(|e| e.to_string())
     }
 }
 

@@ -15,6 +15,7 @@ use exitless::bench::session::{self, Session};
 use exitless::contract::STATUS_OK;
 use exitless::inspect;
 use exitless::logging::stderr_line;
+use exitless::machine::run::restore::RestoreConfig;
 use exitless::machine::run::{RunConfig, RunError};
 use exitless::machine::{Console, Overflow, ProbeConfig};
 use exitless::seccomp::{self, ThreadKind};
@@ -34,7 +35,7 @@ const BASELINE_ERROR_STATUS: u8 = USAGE_ERROR_STATUS;
 /// `exitless run`'s status when the guest runs past --timeout: timeout(1)'s, and even.
 const RUN_TIMEOUT_STATUS: u8 = 124;
 
-/// Boot the kernel, serving `api` if given; the status to exit with.
+/// Boot the kernel, or restore the snapshot, serving `api` if given; the status to exit with.
 fn run(args: RunArgs, api: Option<ApiSocket>) -> Result<u8, String> {
     // A path, as --kernel's: any bytes the file system takes, not only UTF-8.
     let console = if args.console.as_os_str() == "stdio" {
@@ -42,31 +43,50 @@ fn run(args: RunArgs, api: Option<ApiSocket>) -> Result<u8, String> {
     } else {
         Console::File(args.console)
     };
-    let cfg = RunConfig {
-        kernel: args.kernel,
-        initrd: args.initrd,
-        cmdline: args.cmdline,
-        memory_mib: args.memory,
-        cpus: args.cpus,
-        ecam: args.ecam.mode(),
-        iommu: args.iommu,
-        console,
-        console_overflow: if args.console_drop {
-            Overflow::Drop
-        } else {
-            Overflow::Hold
-        },
-        disks: args.disk,
-        nets: args.net,
-        // 0 is no limit, as for timeout(1).
-        timeout: args
-            .timeout
-            .filter(|&seconds| seconds != 0)
-            .map(Duration::from_secs),
-        dump_guest_memory: args.dump_guest_memory,
-        cpu: args.cpu,
+    let console_overflow = if args.console_drop {
+        Overflow::Drop
+    } else {
+        Overflow::Hold
     };
-    match cfg.run_with(|view| api.map(|socket| socket.serve(view)).transpose()) {
+    // 0 is no limit, as for timeout(1).
+    let timeout = args
+        .timeout
+        .filter(|&seconds| seconds != 0)
+        .map(Duration::from_secs);
+    let serve = |view| api.map(|socket: ApiSocket| socket.serve(view)).transpose();
+    let ran = match (args.restore, args.kernel) {
+        (Some(dir), _) => RestoreConfig {
+            dir,
+            console,
+            console_overflow,
+            timeout,
+            paused: args.paused,
+        }
+        .run_with(serve),
+        (None, _) if args.paused => {
+            return Err("--paused is for --restore DIR: a kernel boots running".into());
+        }
+        (None, Some(kernel)) => RunConfig {
+            kernel,
+            initrd: args.initrd,
+            cmdline: args.cmdline,
+            memory_mib: args.memory,
+            cpus: args.cpus,
+            ecam: args.ecam.mode(),
+            iommu: args.iommu,
+            console,
+            console_overflow,
+            disks: args.disk,
+            nets: args.net,
+            timeout,
+            dump_guest_memory: args.dump_guest_memory,
+            cpu: args.cpu,
+        }
+        .run_with(serve),
+        // clap requires one of them.
+        (None, None) => return Err("--kernel FILE or --restore DIR".into()),
+    };
+    match ran {
         Ok(outcome) => Ok(outcome.exit_status()),
         Err(e @ RunError::TimedOut(_)) => {
             stderr_line(format_args!("exitless: {e}"));
@@ -112,8 +132,10 @@ fn ctl(args: CtlArgs, confine: impl FnOnce() -> Result<(), String>) -> Result<Ex
             return Ok(ExitCode::from(USAGE_ERROR_STATUS));
         }
     };
+    let body = args.action.body()?;
     confine()?;
-    let answer = client::request(stream, args.action.endpoint()).map_err(|e| e.to_string())?;
+    let answer =
+        client::request(stream, args.action.endpoint(), &body).map_err(|e| e.to_string())?;
     if !answer.ok() {
         return Err(format!("{} (HTTP {})", answer.error(), answer.status));
     }

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use crate::api::routes::{Endpoint, PAUSE_DEADLINE, PREFIX};
 
-/// Longest the client waits for an answer: a pause may take [`PAUSE_DEADLINE`], and a request
-/// may wait its turn behind another client's.
-const ANSWER_WAIT: Duration = Duration::from_secs(30);
+/// Longest the client waits for an answer: a pause may take [`PAUSE_DEADLINE`], a request
+/// may wait its turn behind another client's, and a snapshot writes all of guest memory.
+const ANSWER_WAIT: Duration = Duration::from_secs(300);
 /// Largest answer read (vm.counters on a machine with many devices is a few KiB).
 const MAX_ANSWER: u64 = 1 << 20;
 
@@ -71,16 +71,21 @@ pub fn connect(path: &Path) -> Result<UnixStream, ClientError> {
     })
 }
 
-/// Ask `endpoint` on `stream`, and read the whole answer.
-pub fn request(mut stream: UnixStream, endpoint: Endpoint) -> Result<Answer, ClientError> {
+/// Ask `endpoint` on `stream` with `body` (JSON, or empty), and read the whole answer.
+pub fn request(
+    mut stream: UnixStream,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<Answer, ClientError> {
     let head = format!(
         "{} {PREFIX}{} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
-         Content-Length: 0\r\nConnection: close\r\n\r\n",
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         endpoint.method(),
-        endpoint.name()
+        endpoint.name(),
+        body.len()
     );
     stream.set_write_timeout(Some(ANSWER_WAIT))?;
-    stream.write_all(head.as_bytes())?;
+    stream.write_all(&[head.as_bytes(), body].concat())?;
     stream.set_read_timeout(Some(ANSWER_WAIT))?;
     let mut bytes = Vec::new();
     stream.take(MAX_ANSWER).read_to_end(&mut bytes)?;

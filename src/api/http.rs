@@ -14,19 +14,21 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-/// Largest request taken, head and body: the API's requests have no body, and a few hundred
-/// bytes of head.
+/// Largest request taken, head and body: a few hundred bytes of head, and a body that is at
+/// most `vm.snapshot`'s destination (a path: PATH_MAX is 4096).
 pub const MAX_REQUEST: usize = 16 * 1024;
 /// Most header lines in a request.
 const MAX_HEADERS: usize = 32;
 
-/// A request's method and path (its query, if any, left off).
+/// A request's method, path (its query, if any, left off) and body.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Request {
     /// `GET`, `PUT`, ...
     pub method: String,
     /// `/api/v1/vm.info`, ...
     pub path: String,
+    /// What followed the head, as long as its Content-Length said.
+    pub body: Vec<u8>,
 }
 
 /// Why no request could be read.
@@ -102,6 +104,7 @@ fn parse(buf: &[u8]) -> Result<Option<Request>, RequestError> {
     Ok(Some(Request {
         method: request.method.unwrap_or_default().to_owned(),
         path: path.to_owned(),
+        body: buf[head..total].to_vec(),
     }))
 }
 

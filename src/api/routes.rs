@@ -2,12 +2,14 @@
 //! from the machine's view, and the errors of a request no endpoint takes.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::api::http::{Request, Response};
 use crate::machine::MachineView;
+use crate::machine::snapshot::SnapshotError;
 use crate::stats::ExitKind;
 use crate::vm::pause::PauseError;
 use crate::vm::run_control::StopReason;
@@ -32,16 +34,19 @@ pub enum Endpoint {
     Resume,
     /// `PUT vm.shutdown`: the run ends, `exitless run` exits 0.
     Shutdown,
+    /// `PUT vm.snapshot {"destination": DIR}`: the machine saved into DIR.
+    Snapshot,
 }
 
 impl Endpoint {
     /// Every endpoint.
-    pub const ALL: [Endpoint; 5] = [
+    pub const ALL: [Endpoint; 6] = [
         Endpoint::Info,
         Endpoint::Counters,
         Endpoint::Pause,
         Endpoint::Resume,
         Endpoint::Shutdown,
+        Endpoint::Snapshot,
     ];
 
     /// Its name after [`PREFIX`].
@@ -52,6 +57,7 @@ impl Endpoint {
             Endpoint::Pause => "vm.pause",
             Endpoint::Resume => "vm.resume",
             Endpoint::Shutdown => "vm.shutdown",
+            Endpoint::Snapshot => "vm.snapshot",
         }
     }
 
@@ -59,7 +65,7 @@ impl Endpoint {
     pub fn method(self) -> &'static str {
         match self {
             Endpoint::Info | Endpoint::Counters => "GET",
-            Endpoint::Pause | Endpoint::Resume | Endpoint::Shutdown => "PUT",
+            Endpoint::Pause | Endpoint::Resume | Endpoint::Shutdown | Endpoint::Snapshot => "PUT",
         }
     }
 }
@@ -79,6 +85,21 @@ struct Info<'a> {
 #[derive(Serialize)]
 struct State {
     state: &'static str,
+}
+
+/// `vm.snapshot`'s body.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// The directory to save into, made if absent.
+    pub destination: PathBuf,
+}
+
+/// `vm.snapshot`'s answer: where it went, and the state it left the machine in.
+#[derive(Serialize)]
+struct Taken<'a> {
+    state: &'static str,
+    destination: &'a Path,
 }
 
 /// One device's line of `vm.counters`.
@@ -165,8 +186,50 @@ fn acted(result: Result<(), PauseError>, state: &'static str) -> Response {
     }
 }
 
-/// Do what `endpoint` asks of the machine, and answer.
-fn serve(endpoint: Endpoint, view: &MachineView) -> Response {
+/// The status of a snapshot not taken: a destination that cannot be written is the client's
+/// to fix; anything else is the VMM's failure.
+fn snapshot_status(e: &SnapshotError) -> u16 {
+    match e {
+        SnapshotError::Io { .. } => 400,
+        _ => 500,
+    }
+}
+
+/// `vm.snapshot`: a running machine is paused for it and goes on after, a paused one stays
+/// paused (Cloud Hypervisor's and QEMU's way: a paused VM is snapshotted as it is). Whatever
+/// happens to the snapshot, the VM goes on as it was.
+fn snapshot(request: &Request, view: &MachineView) -> Response {
+    let asked: SnapshotRequest = match serde_json::from_slice(&request.body) {
+        Ok(asked) => asked,
+        Err(e) => {
+            let why = format!("vm.snapshot takes {{\"destination\": DIR}}: {e}");
+            return Response::error(400, &why);
+        }
+    };
+    let control = &view.control;
+    let running = !control.pause().paused();
+    if running && let Err(e) = control.pause_vcpus(PAUSE_DEADLINE) {
+        return Response::error(pause_status(&e), &e.to_string());
+    }
+    let taken = view.snapshot.take(&asked.destination);
+    if running {
+        // Paused here, by this thread, which serves one request at a time: it resumes.
+        let _ = control.pause().resume();
+    }
+    match taken {
+        Ok(()) => Response::json(
+            200,
+            &Taken {
+                state: if running { "running" } else { "paused" },
+                destination: &asked.destination,
+            },
+        ),
+        Err(e) => Response::error(snapshot_status(&e), &e.to_string()),
+    }
+}
+
+/// Do what `request` (asking `endpoint`) asks of the machine, and answer.
+fn serve(endpoint: Endpoint, request: &Request, view: &MachineView) -> Response {
     let control = &view.control;
     match endpoint {
         Endpoint::Info => info(view),
@@ -183,6 +246,7 @@ fn serve(endpoint: Endpoint, view: &MachineView) -> Response {
                 },
             )
         }
+        Endpoint::Snapshot => snapshot(request, view),
     }
 }
 
@@ -204,7 +268,7 @@ pub fn answer(request: &Request, view: &MachineView) -> Response {
             ),
         );
     }
-    serve(endpoint, view)
+    serve(endpoint, request, view)
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ pub const MAX_MSI_ROUTES: u32 = MAX_ROUTES - IOAPIC_PINS - PIC_PINS;
 
 /// How MSI messages reach the guest: through routes in KVM's table, committed when, or
 /// without routes at all.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CommitStrategy {
     /// Every change commits at once: enabling N vectors makes N commits.
     PerVector,

@@ -8,6 +8,8 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 pub use crate::devices::serial::Overflow;
 use crate::irq::CommitStrategy;
 use crate::machine::layout;
@@ -21,11 +23,13 @@ pub const MAX_VIRTIO_PCI: usize = 32 - layout::VIRTIO_PCI_FIRST_DEVICE as usize;
 /// Most queue pairs per virtio-net device: two MSI-X vectors each and one for configuration
 /// changes must fit the MSI-X table.
 pub const MAX_QUEUE_PAIRS: usize = (crate::virtio::transport::pci::MAX_VECTORS - 1) / 2;
+/// Most vCPUs a run machine has: each is a thread, and the MADT's APIC IDs are one byte.
+pub const MAX_CPUS: u64 = 64;
 /// Most MSI-X vectors a virtio-pci function's table holds (`vectors=`).
 pub const MAX_VECTORS: usize = crate::virtio::transport::pci::MAX_VECTORS;
 
 /// The hardware of one machine.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MachineConfig {
     /// Bytes of guest RAM, from address 0.
     pub ram_size: usize,
@@ -59,6 +63,7 @@ pub struct MachineConfig {
     /// Keep guest RAM in the VMM's core dumps (by default it is left out: MADV_DONTDUMP).
     pub dump_guest_memory: bool,
     /// The vCPUs' CPU template (`--cpu`), kept as given so that a snapshot can record it.
+    #[serde(with = "cpu_template")]
     pub cpu: CpuTemplate,
 }
 
@@ -93,8 +98,24 @@ impl MachineConfig {
     }
 }
 
+/// A [`CpuTemplate`] in a snapshot's description as `--cpu` writes it (its `Display`), read
+/// back through its parser, so a feature name this build does not know is refused by name.
+mod cpu_template {
+    use super::CpuTemplate;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(cpu: &CpuTemplate, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(cpu)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<CpuTemplate, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Where a machine's serial console goes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Console {
     /// Into memory, for [`Machine::console`](crate::machine::Machine::console).
     #[default]
@@ -110,14 +131,14 @@ pub enum Console {
 /// The PC platform devices guests written for QEMU expect, which `exitless run`'s machine has
 /// and the probe's does not: isa-debug-exit, fw_cfg, the ACPI power-management block, the
 /// i8042's reset command and the reset control register at 0xCF9.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Platform {
     /// fw_cfg's named files, beside its fixed items (RAM size and CPU count, from the machine).
     pub fw_cfg_files: Vec<(String, Vec<u8>)>,
 }
 
 /// Which transport a virtio device sits behind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Transport {
     /// virtio-mmio (the guest picks the legacy line or the MSI extension).
     Mmio,
@@ -126,7 +147,7 @@ pub enum Transport {
 }
 
 /// Where a virtio-net device's frames go.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NetBackendKind {
     /// Every frame is answered ([`crate::virtio::net::RequestResponse`]).
     #[default]
@@ -142,7 +163,7 @@ pub enum NetBackendKind {
 }
 
 /// A virtio-net device of a machine.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VirtioNetConfig {
     /// Its transport.
     pub transport: Transport,
@@ -220,7 +241,7 @@ fn name_hash(name: &str) -> [u8; 3] {
 
 /// A virtio-blk device of a machine: a raw image (a file or a block device), sector `n` at
 /// byte `512 n`, or a vhost-user backend's disk.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskConfig {
     /// The image; empty for a vhost-user disk.
     pub path: PathBuf,

@@ -15,6 +15,7 @@ pub mod layout;
 pub mod loader;
 pub mod probe;
 pub mod run;
+pub mod snapshot;
 pub mod vcpus;
 pub mod wiring;
 
@@ -122,6 +123,9 @@ pub enum MachineError {
         #[source]
         source: std::io::Error,
     },
+    /// A snapshot that cannot be taken or restored.
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
     /// The guest did not finish.
     #[error("the probe guest did not finish within {0:?}; its console said:\n{1}")]
     Timeout(Duration, String),
@@ -170,7 +174,7 @@ pub trait Board {
 pub struct Machine {
     // Every memslot's memory is owned by whoever deletes the slot (the VM, or the ECAM
     // shadow), so the order these fields drop in does not matter.
-    vm: Vm,
+    vm: Arc<Vm>,
     io: Arc<IoBuses>,
     layout: MemoryLayout,
     /// Device threads, stopped when the machine is dropped.
@@ -185,6 +189,8 @@ pub struct Machine {
     counters: Arc<ExitCounters>,
     console: Arc<std::sync::Mutex<Vec<u8>>>,
     iommu: Option<Arc<Iommu>>,
+    /// Saves it (`vm.snapshot`).
+    snapshotter: Arc<snapshot::Snapshotter>,
 }
 
 /// How a run went.
@@ -210,11 +216,22 @@ pub struct MachineView {
     pub vcpus: u8,
     /// Guest RAM in bytes.
     pub ram_bytes: u64,
+    /// Saves the paused machine (`vm.snapshot`).
+    pub snapshot: Arc<dyn snapshot::TakeSnapshot>,
 }
 
 impl Machine {
     /// Build the machine `cfg` describes, with `board`'s devices if any.
     pub fn new(cfg: &MachineConfig, board: Option<&mut dyn Board>) -> Result<Self, MachineError> {
+        Self::build(cfg, board, None)
+    }
+
+    /// [`Machine::new`], guest RAM loaded from `memory` (a snapshot's memory file) if given.
+    fn build(
+        cfg: &MachineConfig,
+        board: Option<&mut dyn Board>,
+        memory: Option<std::fs::File>,
+    ) -> Result<Self, MachineError> {
         wiring::check_vhost_user(cfg)?;
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
         let irqchip = if cfg.split_irqchip {
@@ -222,12 +239,15 @@ impl Machine {
         } else {
             vm::Irqchip::InKernel
         };
-        let mut vm = Vm::with_irqchip(
-            &layout.ram_regions(),
+        let (ram, dump, backing) = (
+            layout.ram_regions(),
             cfg.dump_guest_memory,
-            irqchip,
             ram_backing(cfg),
-        )?;
+        );
+        let mut vm = match memory {
+            Some(file) => Vm::restored(&ram, dump, irqchip, backing, file)?,
+            None => Vm::with_irqchip(&ram, dump, irqchip, backing)?,
+        };
         let control = Arc::new(RunControl::default());
         control.set_vcpus(cfg.vcpus);
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
@@ -245,6 +265,13 @@ impl Machine {
             };
             board.install(&mut devices.io, &parts)?;
         }
+        let vm = Arc::new(vm);
+        let snapshotter = Arc::new(snapshot::Snapshotter {
+            vm: vm.clone(),
+            control: control.clone(),
+            persist: std::mem::take(&mut devices.persist),
+            config: cfg.clone(),
+        });
         Ok(Machine {
             vm,
             io: Arc::new(devices.io),
@@ -258,6 +285,7 @@ impl Machine {
             counters,
             console: devices.console,
             iommu: devices.iommu,
+            snapshotter,
         })
     }
 
@@ -286,6 +314,13 @@ impl Machine {
         };
         let entry = loader.load(self.vm.memory(), &info)?;
         vcpus.set_entries(&entry, loader)?;
+        self.run_vcpus(vcpus, timeout)
+    }
+
+    /// Run `vcpus` (this machine's, their entry or restored state set) until the run stops or
+    /// `timeout` passes, and stop them all.
+    pub fn run_vcpus(&self, vcpus: vcpus::Vcpus, timeout: Duration) -> Result<Ran, MachineError> {
+        let tsc_khz = vcpus.tsc_khz();
         let end = vcpus
             .run(&self.io, &self.counters, &self.control, timeout)
             .map_err(host_err("spawn a vCPU thread"))?;
@@ -300,7 +335,13 @@ impl Machine {
             devices: self.io.names.clone(),
             vcpus: self.vcpus.max(1),
             ram_bytes: self.layout.ram_size() as u64,
+            snapshot: self.snapshotter.clone(),
         }
+    }
+
+    /// Save the machine, which must be paused, into `dir` ([`snapshot::take`]).
+    pub fn snapshot(&self, dir: &std::path::Path) -> Result<(), snapshot::SnapshotError> {
+        snapshot::TakeSnapshot::take(self.snapshotter.as_ref(), dir)
     }
 
     /// Guest RAM, for reading what the guest left in it.

@@ -17,7 +17,7 @@ use crate::pci::regs::PCI_CFG_SPACE_EXP_SIZE;
 use crate::pci::root::PciRoot;
 
 /// How the ECAM window is served.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum EcamMode {
     /// Every access exits to the VMM.
     Trap,

@@ -260,8 +260,29 @@ fn api() -> Vec<Allowed> {
         // MSG_NOSIGNAL: a client gone before its answer is an error, not a SIGPIPE).
         sys!(SYS_recvfrom),
         sys!(SYS_sendto),
-        // The socket's file, when the run ends.
+        // The socket's file, when the run ends; an older snapshot's description
+        // (`vm.snapshot`, machine::snapshot::take).
         sys!(SYS_unlink),
+        // `vm.snapshot`: the directory, guest memory's file (emptied, its pages written where
+        // they are not zero, then sized), the description's temporary file renamed into place,
+        // each synced, and the directory opened to sync it.
+        sys!(SYS_mkdir),
+        // DirBuilder::recursive's look at what is there when mkdir fails (statx).
+        sys!(SYS_statx),
+        sys!(SYS_openat),
+        sys!(SYS_ftruncate),
+        sys!(SYS_pwrite64),
+        // Where guest RAM is the shared memfd, only its data is read: lseek SEEK_DATA and
+        // SEEK_HOLE find it (vm::state::memory).
+        sys!(SYS_lseek),
+        sys!(SYS_fsync),
+        sys!(SYS_rename),
+        // A virtio-mmio transport's pause waits for its device thread's answer on an eventfd;
+        // the VT-d unit's drains the doorbells already rung (epoll_wait, no timeout).
+        sys!(SYS_read),
+        sys!(SYS_epoll_wait),
+        // ... and the VM's own state, with every vCPU parked (each vCPU gives its own).
+        sys!(SYS_ioctl).only(1, [KVM_GET_IRQCHIP(), KVM_GET_CLOCK(), KVM_GET_PIT2()]),
     ]
 }
 

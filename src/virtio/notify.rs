@@ -11,7 +11,7 @@ use crate::guest_error;
 use crate::logging::DeviceLog;
 
 /// The path of a doorbell write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum NotifyPath {
     /// The write exits to the VMM, which wakes the device thread.
     Exit,

@@ -21,11 +21,13 @@ fn a_request_is_its_method_and_path_without_the_query() {
         got,
         Request {
             method: "PUT".into(),
-            path: "/api/v1/vm.pause".into()
+            path: "/api/v1/vm.pause".into(),
+            body: Vec::new(),
         }
     );
     let with_body = b"PUT /a HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
-    assert_eq!(read_sent(with_body).unwrap().path, "/a");
+    let got = read_sent(with_body).unwrap();
+    assert_eq!((got.path.as_str(), got.body.as_slice()), ("/a", &b"{}"[..]));
 }
 
 #[test]

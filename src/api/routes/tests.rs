@@ -1,27 +1,67 @@
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use super::*;
+use crate::machine::snapshot::TakeSnapshot;
 use crate::stats::{ExitCounters, ExitKind};
 use crate::vm::run_control::RunControl;
 
-fn view(vcpus: u8) -> MachineView {
+/// A machine's snapshotter as the API sees it: it records where it saved, and whether the
+/// machine was paused then; a destination under /proc cannot be written.
+struct Recorder {
+    control: Arc<RunControl>,
+    taken: Mutex<Vec<(PathBuf, bool)>>,
+}
+
+impl TakeSnapshot for Recorder {
+    fn take(&self, dir: &Path) -> Result<(), SnapshotError> {
+        let paused = self.control.pause().paused();
+        self.taken.lock().unwrap().push((dir.to_owned(), paused));
+        if dir.starts_with("/proc") {
+            let source = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+            return Err(SnapshotError::Io {
+                what: "make the directory",
+                path: dir.to_owned(),
+                source,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn view_with(vcpus: u8) -> (MachineView, Arc<Recorder>) {
     let control = Arc::new(RunControl::default());
     control.set_vcpus(vcpus);
-    MachineView {
+    let recorder = Arc::new(Recorder {
+        control: control.clone(),
+        taken: Mutex::default(),
+    });
+    let view = MachineView {
         control,
         counters: Arc::new(ExitCounters::new(2)),
         devices: vec!["serial".into(), "rtc".into()],
         vcpus,
         ram_bytes: 128 << 20,
-    }
+        snapshot: recorder.clone(),
+    };
+    (view, recorder)
+}
+
+fn view(vcpus: u8) -> MachineView {
+    view_with(vcpus).0
 }
 
 fn ask(view: &MachineView, method: &str, name: &str) -> (u16, serde_json::Value) {
+    ask_with(view, method, name, b"")
+}
+
+fn ask_with(view: &MachineView, method: &str, name: &str, body: &[u8]) -> (u16, serde_json::Value) {
     let request = Request {
         method: method.into(),
         path: format!("{PREFIX}{name}"),
+        body: body.to_vec(),
     };
     let response = answer(&request, view);
     (
@@ -128,4 +168,69 @@ fn unknown_paths_are_404_and_wrong_methods_405() {
     assert_eq!(body["error"], "/api/v1/vm.pause takes PUT, not GET");
     assert_eq!(ask(&view, "DELETE", "vm.info").0, 405);
     assert!(!view.control.is_stopping());
+}
+
+#[test]
+fn a_snapshot_pauses_a_running_vm_for_its_time_and_leaves_a_paused_one_paused() {
+    let (view, recorder) = view_with(1);
+    let done = Arc::new(AtomicBool::new(false));
+    let vcpu = vcpu_loop(view.control.clone(), done.clone());
+    let body = br#"{"destination": "/tmp/snap-a"}"#;
+    let (status, answer) = ask_with(&view, "PUT", "vm.snapshot", body);
+    assert_eq!((status, &answer["state"]), (200, &"running".into()));
+    assert_eq!(answer["destination"], "/tmp/snap-a");
+    assert_eq!(ask(&view, "GET", "vm.info").1["state"], "running");
+    assert_eq!(ask(&view, "PUT", "vm.pause").0, 200);
+    let (status, answer) = ask_with(&view, "PUT", "vm.snapshot", body);
+    assert_eq!((status, &answer["state"]), (200, &"paused".into()));
+    assert!(view.control.pause().paused(), "still paused");
+    let taken = recorder.taken.lock().unwrap().clone();
+    assert_eq!(
+        taken,
+        [("/tmp/snap-a".into(), true), ("/tmp/snap-a".into(), true)]
+    );
+    assert_eq!(ask(&view, "PUT", "vm.resume").0, 200);
+    done.store(true, Ordering::Release);
+    vcpu.join().unwrap();
+}
+
+#[test]
+fn an_unwritable_destination_or_a_bad_body_is_an_error_and_the_vm_goes_on() {
+    let (view, recorder) = view_with(1);
+    let done = Arc::new(AtomicBool::new(false));
+    let vcpu = vcpu_loop(view.control.clone(), done.clone());
+    let body = br#"{"destination": "/proc/snap"}"#;
+    let (status, answer) = ask_with(&view, "PUT", "vm.snapshot", body);
+    assert_eq!(status, 400);
+    let error = answer["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("cannot make the directory /proc/snap"),
+        "{error}"
+    );
+    assert_eq!(ask(&view, "GET", "vm.info").1["state"], "running");
+    for bad in [
+        &b""[..],
+        b"{}",
+        b"{\"destination\": 5}",
+        b"{\"dest\": \"/tmp\"}",
+        b"\xff",
+    ] {
+        let (status, answer) = ask_with(&view, "PUT", "vm.snapshot", bad);
+        assert_eq!(status, 400, "{}", String::from_utf8_lossy(bad));
+        assert!(
+            answer["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("vm.snapshot takes")
+        );
+    }
+    assert_eq!(ask(&view, "GET", "vm.snapshot").0, 405);
+    assert_eq!(
+        recorder.taken.lock().unwrap().len(),
+        1,
+        "bad requests take nothing"
+    );
+    assert_eq!(ask(&view, "GET", "vm.info").1["state"], "running");
+    done.store(true, Ordering::Release);
+    vcpu.join().unwrap();
 }

@@ -30,7 +30,7 @@ pub const CONSOLE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 pub const TX_FIFO: usize = 16;
 
 /// What the UART does when the console thread is [`CONSOLE_QUEUE_LIMIT`] bytes behind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Overflow {
     /// Hold the guest back: its transmitter stays busy until the writer catches up, so a
     /// driver that waits for THRE loses nothing; at exit, wait for the writer.

@@ -11,7 +11,7 @@ pub const MAX_DISK_QUEUES: usize = crate::virtio::transport::pci::MAX_VECTORS - 
 pub const MAX_RECONNECT_SECS: u64 = 3600;
 
 /// A device whose queues a vhost-user backend serves.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VhostUserConfig {
     /// The backend's listening socket.
     pub socket: PathBuf,

@@ -16,6 +16,7 @@ pub mod bzimage;
 pub mod memmap;
 pub mod multiboot;
 pub mod pvh;
+pub mod restore;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,8 +39,7 @@ use memmap::MIN_RAM;
 use multiboot::{MultibootError, MultibootKernel};
 use pvh::{PvhError, PvhKernel};
 
-/// Most vCPUs a run machine has: each is a thread, and the MADT's APIC IDs are one byte.
-pub const MAX_CPUS: u64 = 64;
+pub use crate::machine::config::MAX_CPUS;
 /// The fw_cfg file that holds the command line as given (fw_cfg.rst: `opt/` names are for
 /// the VMM's own items, under its name).
 pub const FW_CFG_CMDLINE: &str = "opt/exitless/cmdline";
@@ -188,6 +188,9 @@ pub enum RunError {
     /// A vCPU failed.
     #[error("the guest stopped: {0}")]
     Stopped(String),
+    /// A snapshot that cannot be restored.
+    #[error(transparent)]
+    Snapshot(#[from] crate::machine::snapshot::SnapshotError),
     /// A stop signal ended the run (`vm::run_control::stop_on_signals`).
     #[error("the guest was stopped by signal {0}")]
     Signal(libc::c_int),
@@ -390,19 +393,24 @@ impl RunConfig {
         let server = serve(machine.view())?;
         let ran = machine.run(kernel.as_ref(), timeout);
         drop(server);
-        match ran?.end {
-            RunEnd::Stopped(StopReason::Requested) => Ok(RunOutcome::Requested),
-            RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),
-            RunEnd::Stopped(StopReason::PowerOff) => Ok(RunOutcome::PowerOff),
-            RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),
-            RunEnd::Stopped(StopReason::Shutdown) => Err(RunError::Shutdown),
-            RunEnd::Stopped(StopReason::VcpuFailed(why)) => Err(RunError::Stopped(why)),
-            RunEnd::Stopped(StopReason::Signal(signal)) => Err(RunError::Signal(signal)),
-            RunEnd::Stopped(StopReason::GuestDone(status)) => Err(RunError::Stopped(format!(
-                "the probe's done port (status {status}) on a run machine"
-            ))),
-            RunEnd::TimedOut => Err(RunError::TimedOut(timeout.as_secs())),
-        }
+        outcome(ran?.end, timeout)
+    }
+}
+
+/// How the guest ended a run of at most `timeout`.
+fn outcome(end: RunEnd, timeout: Duration) -> Result<RunOutcome, RunError> {
+    match end {
+        RunEnd::Stopped(StopReason::Requested) => Ok(RunOutcome::Requested),
+        RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),
+        RunEnd::Stopped(StopReason::PowerOff) => Ok(RunOutcome::PowerOff),
+        RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),
+        RunEnd::Stopped(StopReason::Shutdown) => Err(RunError::Shutdown),
+        RunEnd::Stopped(StopReason::VcpuFailed(why)) => Err(RunError::Stopped(why)),
+        RunEnd::Stopped(StopReason::Signal(signal)) => Err(RunError::Signal(signal)),
+        RunEnd::Stopped(StopReason::GuestDone(status)) => Err(RunError::Stopped(format!(
+            "the probe's done port (status {status}) on a run machine"
+        ))),
+        RunEnd::TimedOut => Err(RunError::TimedOut(timeout.as_secs())),
     }
 }
 

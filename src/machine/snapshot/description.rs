@@ -1,0 +1,188 @@
+//! A snapshot's description (`snapshot.json`): what the snapshot is of and where its parts are,
+//! versioned and checksummed, and the reader's checks.
+//!
+//! The file is JSON: `{"format_version": N, "crc32": C, "content": {...}}`, C being the CRC-32
+//! (IEEE) of the content's bytes exactly as written (serde_json's `RawValue` keeps them), so a
+//! byte changed anywhere in the content is caught before any of it is believed. The version is
+//! read first, alone, so that a description of another format is named as such rather than
+//! as corrupt. Then every value is checked as a user's option would be: a snapshot is a file
+//! anyone may have edited.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::machine::config::{MAX_CPUS, MachineConfig};
+use crate::machine::layout::MAX_RAM_SIZE;
+use crate::machine::snapshot::SnapshotError;
+use crate::machine::snapshot::take::create;
+
+/// The description's format; a reader takes this one only.
+pub const FORMAT_VERSION: u32 = 1;
+/// The description's file in a snapshot's directory.
+pub const DESCRIPTION_FILE: &str = "snapshot.json";
+/// Guest memory's file in a snapshot's directory.
+pub const MEMORY_FILE: &str = "memory";
+/// Largest description read: the states of 64 vCPUs (a few KiB of MSRs and XSAVE each) and of
+/// every device are well under a megabyte; past this it is not one exitless wrote.
+pub const MAX_DESCRIPTION: u64 = 64 << 20;
+
+/// What a snapshot holds, beside guest memory.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Description {
+    /// The exitless that wrote it (`CARGO_PKG_VERSION`); another's is refused, as the layout of
+    /// its states may differ.
+    pub exitless_version: String,
+    /// The machine, as built: RAM, vCPUs, devices with their host paths (images, taps,
+    /// sockets), which a restore opens again.
+    pub config: MachineConfig,
+    /// Each vCPU's state (`vm::VcpuState`), in index order.
+    pub vcpus: Vec<serde_json::Value>,
+    /// The VM's own state (`vm::VmState`): in-kernel irqchip, PIT, KVM clock.
+    pub vm: serde_json::Value,
+    /// Every [`crate::snapshot::Persist`]'s state, by its id.
+    pub devices: BTreeMap<String, serde_json::Value>,
+    /// Guest memory's file.
+    pub memory: MemoryFile,
+}
+
+/// Where guest memory is: a file in the snapshot's directory, every RAM region at consecutive
+/// offsets in layout order.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryFile {
+    /// Its name in the directory (a name, not a path).
+    pub file: String,
+    /// Its length: the machine's RAM.
+    pub length: u64,
+}
+
+/// The file as written: the format version, the content and its checksum.
+#[derive(Serialize, Deserialize)]
+struct Envelope<'a> {
+    format_version: u32,
+    crc32: u32,
+    #[serde(borrow)]
+    content: &'a RawValue,
+}
+
+/// The version alone, read before anything else is taken for granted.
+#[derive(Deserialize)]
+struct Version {
+    format_version: u32,
+}
+
+impl Description {
+    /// The description's file's bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, SnapshotError> {
+        let content = serde_json::to_string_pretty(self).map_err(SnapshotError::Encode)?;
+        let content = RawValue::from_string(content).map_err(SnapshotError::Encode)?;
+        let envelope = Envelope {
+            format_version: FORMAT_VERSION,
+            crc32: crc32fast::hash(content.get().as_bytes()),
+            content: &content,
+        };
+        let mut bytes = serde_json::to_vec(&envelope).map_err(SnapshotError::Encode)?;
+        bytes.push(b'\n');
+        Ok(bytes)
+    }
+
+    /// Read a description from its file's `bytes`, every check made: version, checksum,
+    /// content, and the values a machine is built from.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        let version: Version = serde_json::from_slice(bytes).map_err(SnapshotError::NotOne)?;
+        if version.format_version != FORMAT_VERSION {
+            return Err(SnapshotError::FormatVersion(version.format_version));
+        }
+        let envelope: Envelope<'_> =
+            serde_json::from_slice(bytes).map_err(SnapshotError::NotOne)?;
+        let content = envelope.content.get();
+        if crc32fast::hash(content.as_bytes()) != envelope.crc32 {
+            return Err(SnapshotError::Checksum);
+        }
+        let description: Description =
+            serde_json::from_str(content).map_err(SnapshotError::Content)?;
+        description.check()?;
+        Ok(description)
+    }
+
+    /// The checks a machine's options get at `exitless run`, and the parts' agreement.
+    fn check(&self) -> Result<(), SnapshotError> {
+        let this = env!("CARGO_PKG_VERSION");
+        if self.exitless_version != this {
+            return Err(SnapshotError::ExitlessVersion(
+                self.exitless_version.clone(),
+            ));
+        }
+        let bad = |what: &str, why: String| Err(SnapshotError::Field(what.into(), why));
+        let cfg = &self.config;
+        let ram = cfg.ram_size as u64;
+        // What `exitless run --memory` gives: whole MiB, within the layout (whose own checks
+        // refuse the rest when the machine is built).
+        if !(1..=MAX_RAM_SIZE >> 20).contains(&(ram >> 20)) || !ram.is_multiple_of(1 << 20) {
+            let why = format!("{} is not whole MiB up to the layout's most", cfg.ram_size);
+            return bad("config.ram_size", why);
+        }
+        if !(1..=MAX_CPUS).contains(&u64::from(cfg.vcpus)) {
+            return bad("config.vcpus", format!("{}: 1 to {MAX_CPUS}", cfg.vcpus));
+        }
+        if self.vcpus.len() != usize::from(cfg.vcpus) {
+            let why = format!("{} states for {} vCPUs", self.vcpus.len(), cfg.vcpus);
+            return bad("vcpus", why);
+        }
+        if self.memory.length != ram {
+            let why = format!("{} bytes for {} of RAM", self.memory.length, cfg.ram_size);
+            return bad("memory.length", why);
+        }
+        // A name in the directory: never a path that leads out of it.
+        let name = &self.memory.file;
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return bad("memory.file", format!("`{name}` is not a file name"));
+        }
+        Ok(())
+    }
+
+    /// Write the description into `dir` atomically: a temporary file, synced, renamed over
+    /// [`DESCRIPTION_FILE`] (rename(2) replaces it whole), and the directory synced, so a
+    /// crash leaves the old description or the new one, never half of one. Written last:
+    /// a directory with a description holds a whole snapshot.
+    pub fn write(&self, dir: &Path) -> Result<(), SnapshotError> {
+        let bytes = self.to_bytes()?;
+        let temp = dir.join(format!(".{DESCRIPTION_FILE}.tmp"));
+        let io = |what: &'static str, path: &Path| {
+            let path = path.to_owned();
+            move |source| SnapshotError::Io { what, path, source }
+        };
+        let mut file = create(&temp)?;
+        file.write_all(&bytes).map_err(io("write", &temp))?;
+        file.sync_all().map_err(io("sync", &temp))?;
+        let target = dir.join(DESCRIPTION_FILE);
+        std::fs::rename(&temp, &target).map_err(io("rename into place", &target))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("sync", dir))
+    }
+
+    /// Read and check the description in `dir`.
+    pub fn read(dir: &Path) -> Result<Self, SnapshotError> {
+        let path = dir.join(DESCRIPTION_FILE);
+        let io = |source| SnapshotError::Io {
+            what: "read",
+            path: path.clone(),
+            source,
+        };
+        let file = File::open(&path).map_err(io)?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_DESCRIPTION), &mut bytes)
+            .map_err(io)?;
+        Description::from_bytes(&bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,121 @@
+//! Opening a snapshot to restore: the description read and checked, guest memory's file open
+//! and of the right length, the host files the machine had still there. Everything a restore
+//! can be refused for is found here, before anything is built.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::machine::config::MachineConfig;
+use crate::machine::snapshot::take::io_error;
+use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
+use crate::machine::vcpus::Vcpus;
+use crate::machine::{Board, Machine, MachineError, Ran};
+
+/// A snapshot read and checked, its memory file open: what a machine is restored from.
+pub struct Restorable {
+    /// What the snapshot holds.
+    pub description: Description,
+    /// Guest memory's file, of the description's length.
+    pub memory: File,
+}
+
+impl Restorable {
+    /// Read the snapshot in `dir`, refusing it (one line naming what) if its description is of
+    /// another version or corrupt, its memory file missing or not of the machine's RAM, or a
+    /// disk image of the machine's gone.
+    pub fn open(dir: &Path) -> Result<Self, SnapshotError> {
+        let description = Description::read(dir)?;
+        let path = dir.join(&description.memory.file);
+        let memory = File::open(&path).map_err(io_error("open", &path))?;
+        let meta = memory.metadata().map_err(io_error("read", &path))?;
+        if !meta.is_file() || meta.len() != description.memory.length {
+            return Err(SnapshotError::MemoryLength {
+                path,
+                length: meta.len(),
+                expected: description.memory.length,
+            });
+        }
+        // A vhost-user disk's image is its backend's; an image exitless opens must be there.
+        let images = description.config.disks.iter();
+        for disk in images.filter(|d| d.vhost_user.is_none()) {
+            std::fs::metadata(&disk.path).map_err(|source| SnapshotError::Disk {
+                path: disk.path.clone(),
+                source,
+            })?;
+        }
+        Ok(Restorable {
+            description,
+            memory,
+        })
+    }
+}
+
+impl Machine {
+    /// Build the machine `cfg` describes (a snapshot's configuration), with `board`'s devices
+    /// if any (the same board as the snapshot's machine), guest RAM loaded from `memory`, the
+    /// snapshot's memory file; [`Machine::restore_state`] then sets its state.
+    pub fn restore(
+        cfg: &MachineConfig,
+        board: Option<&mut dyn Board>,
+        memory: File,
+    ) -> Result<Self, MachineError> {
+        Self::build(cfg, board, Some(memory))
+    }
+
+    /// Set `saved`'s states on the machine [`Machine::restore`] built, in `crate::snapshot`'s
+    /// order: the VM's interrupt controllers, PIT and clock; each vCPU (created here); each
+    /// device, then every device resumes. The vCPUs are returned for
+    /// [`Machine::run_vcpus`]. Once per machine.
+    pub fn restore_state(&self, saved: &Description) -> Result<Vcpus, MachineError> {
+        let (vcpu_states, vm_state) = kvm::read_states(&saved.vcpus, &saved.vm)?;
+        self.vm
+            .restore_state(&vm_state)
+            .map_err(kvm::vm_error("vm"))?;
+        let vcpus = Vcpus::create(&self.vm, self.vcpus, &self.cpu)?;
+        vcpus
+            .set_states(&vcpu_states)
+            .map_err(kvm::vm_error("vcpus"))?;
+        self.snapshotter.restore_devices(&saved.devices)?;
+        Ok(vcpus)
+    }
+
+    /// [`Machine::restore_state`], then run the vCPUs on from where the snapshot left them
+    /// until the run stops or `timeout` passes. Once per machine.
+    pub fn run_restored(
+        &self,
+        saved: &Description,
+        timeout: Duration,
+    ) -> Result<Ran, MachineError> {
+        let vcpus = self.restore_state(saved)?;
+        self.run_vcpus(vcpus, timeout)
+    }
+}
+
+impl Snapshotter {
+    /// Give every device its saved state, then let them all go on: a state for a device this
+    /// machine lacks, or a device with none, is refused before any is set.
+    fn restore_devices(
+        &self,
+        saved: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<(), SnapshotError> {
+        let field = |why: String| SnapshotError::Field("devices".into(), why);
+        let has = |id: &String| self.persist.iter().any(|(d, _)| d == id);
+        if let Some(id) = saved.keys().find(|id| !has(id)) {
+            return Err(field(format!(
+                "a state for `{id}`, which the machine lacks"
+            )));
+        }
+        if let Some((id, _)) = self.persist.iter().find(|(id, _)| !saved.contains_key(id)) {
+            return Err(field(format!("no state for `{id}`")));
+        }
+        for (id, device) in &self.persist {
+            device
+                .restore(saved[id].clone())
+                .map_err(SnapshotError::State)?;
+        }
+        self.persist.iter().for_each(|(_, device)| device.resume());
+        Ok(())
+    }
+}

@@ -1,0 +1,113 @@
+//! Taking a snapshot of a paused machine, in `crate::snapshot`'s order: every device stops
+//! (its work in flight done), the vCPUs', the VM's and the devices' states are read, guest
+//! memory is written, the description last; then every device goes on.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::machine::config::MachineConfig;
+use crate::machine::snapshot::{
+    DESCRIPTION_FILE, Description, MEMORY_FILE, MemoryFile, SnapshotError, TakeSnapshot, kvm,
+};
+use crate::snapshot::Persist;
+use crate::vm::Vm;
+use crate::vm::run_control::RunControl;
+
+/// What a snapshot is taken of: the machine's VM, its run's control (which holds the parked
+/// vCPUs), every stateful device, and the configuration it was built from.
+pub struct Snapshotter {
+    pub(crate) vm: Arc<Vm>,
+    pub(crate) control: Arc<RunControl>,
+    pub(crate) persist: Vec<(String, Arc<dyn Persist>)>,
+    pub(crate) config: MachineConfig,
+}
+
+/// The error of the file operation `what` on `path`.
+pub(crate) fn io_error(
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> SnapshotError {
+    let path = path.to_owned();
+    move |source| SnapshotError::Io { what, path, source }
+}
+
+/// Create (or empty) the snapshot's file at `path`, owner-only (0600): it holds the guest's
+/// memory or state, as private as the guest's RAM.
+pub(crate) fn create(path: &Path) -> Result<File, SnapshotError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_error("create", path))
+}
+
+impl Snapshotter {
+    /// Stop every device; if one cannot, those stopped go on and the error is returned.
+    fn pause_devices(&self) -> Result<(), SnapshotError> {
+        for (i, (_, device)) in self.persist.iter().enumerate() {
+            if let Err(e) = device.pause() {
+                self.persist[..i].iter().for_each(|(_, d)| d.resume());
+                return Err(SnapshotError::State(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every state, memory, then the description, into `dir`.
+    fn save(&self, dir: &Path) -> Result<(), SnapshotError> {
+        let (vcpus, vm) = kvm::save_states(&self.vm, &self.control)?;
+        let devices = self
+            .persist
+            .iter()
+            .map(|(id, device)| Ok((id.clone(), device.save()?)))
+            .collect::<Result<BTreeMap<_, _>, crate::snapshot::StateError>>()
+            .map_err(SnapshotError::State)?;
+        let path = dir.join(MEMORY_FILE);
+        let mut memory = create(&path)?;
+        kvm::save_memory(&self.vm, &mut memory, &path)?;
+        memory.sync_all().map_err(io_error("sync", &path))?;
+        Description {
+            exitless_version: env!("CARGO_PKG_VERSION").into(),
+            config: self.config.clone(),
+            vcpus,
+            vm,
+            devices,
+            memory: MemoryFile {
+                file: MEMORY_FILE.into(),
+                length: self.config.ram_size as u64,
+            },
+        }
+        .write(dir)
+    }
+}
+
+impl TakeSnapshot for Snapshotter {
+    fn take(&self, dir: &Path) -> Result<(), SnapshotError> {
+        if !self.control.pause().paused() {
+            return Err(SnapshotError::NotPaused);
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_error("make the directory", dir))?;
+        // An older snapshot's description goes first: from here until the new one is
+        // written, the directory holds no description that its memory file would belie.
+        let old = dir.join(DESCRIPTION_FILE);
+        match std::fs::remove_file(&old) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io_error("remove the older", &old)(e));
+            }
+            _ => {}
+        }
+        self.pause_devices()?;
+        let saved = self.save(dir);
+        self.persist.iter().for_each(|(_, device)| device.resume());
+        saved
+    }
+}
