@@ -20,6 +20,8 @@
  * backend's restart: DEVICE_NEEDS_RESET, reset, set up again), net=1 ip=A.B.C.D peer=A.B.C.D (ask
  * the host on the first virtio-net device's network for peer's MAC by ARP, and check the answer),
  * net=reconnect (ask again across a backend's restart, with a round on the disk beside it),
+ * net=mq (a card with several queue pairs: ARP answered on pair 1, and on pair 2 once
+ * VQ_PAIRS_SET 2 enabled it),
  * virtio_mmio=0xADDR[,0xADDR...] (virtio-mmio windows to look for those devices in before PCI),
  * exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
  * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
@@ -155,6 +157,8 @@ void kmain(uint32_t magic, const struct mb_info *mb)
             check_disk(arg_is("disk", "reconnect"));
         if (arg_number("net", 0) || arg_is("net", "reconnect"))
             check_net(arg_is("net", "reconnect"));
+        if (arg_is("net", "mq"))
+            check_net_mq();
         if (arg_number("cpuid", 0))
             check_cpuid();
         if (arg_number("ioapic", 0))

@@ -21,8 +21,8 @@ pub const EVENT_ADDRESS: usize = 2;
 /// Index of the upper address dword.
 pub const EVENT_UPPER_ADDRESS: usize = 3;
 
-/// One event's registers.
-#[derive(Debug)]
+/// One event's registers (and its state in a snapshot).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct EventInterrupt {
     /// IM.
     pub(super) masked: bool,

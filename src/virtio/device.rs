@@ -156,6 +156,16 @@ pub trait QueueHandler: Send {
     fn wake_sources(&self) -> Vec<(RawFd, usize)> {
         Vec::new()
     }
+    /// What the handler holds that the driver would lose across a snapshot (`crate::snapshot`;
+    /// asked while the device thread is paused): None when it holds nothing.
+    fn save(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Take what [`QueueHandler::save`] wrote, into this freshly built handler before its
+    /// queues are handed over; the error says what is wrong with it.
+    fn restore(&mut self, _state: serde_json::Value) -> Result<(), String> {
+        Err("state for a device that keeps none".into())
+    }
 }
 
 /// What a handler does with the chains [`serve_chains`] takes for it.

@@ -88,6 +88,16 @@ impl QueueEngine {
         Some(live.queues.iter().map(at).collect())
     }
 
+    /// The handler's state, for a snapshot ([`QueueHandler::save`]).
+    pub fn handler_state(&self) -> Option<serde_json::Value> {
+        self.handler.save()
+    }
+
+    /// Give the handler its saved state ([`QueueHandler::restore`]).
+    pub fn restore_handler(&mut self, state: serde_json::Value) -> Result<(), String> {
+        self.handler.restore(state)
+    }
+
     /// The device's log.
     pub fn log(&self) -> &Arc<DeviceLog> {
         self.health.log()

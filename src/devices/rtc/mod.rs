@@ -93,6 +93,8 @@ struct Shared {
     stop: AtomicBool,
     /// A snapshot is being taken: the timer raises nothing until it is over.
     paused: AtomicBool,
+    /// Restored from a snapshot: IRQ 8 is pulsed again at resume while IRQF is set.
+    restored: AtomicBool,
     clock: Clock,
     irq: EventFd,
     events: Arc<dyn RtcEvents>,
@@ -139,6 +141,7 @@ impl Rtc {
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
             paused: AtomicBool::new(false),
+            restored: AtomicBool::new(false),
             clock,
             irq,
             events,

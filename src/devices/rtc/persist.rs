@@ -79,9 +79,19 @@ impl Persist for Rtc {
         Ok(())
     }
 
+    /// After a restore, IRQ 8 is an edge the restored interrupt controllers may not hold
+    /// (and the userspace IOAPIC, a Persist too, may have been restored after this chip):
+    /// pulse it again while IRQF is set, as the chip's IRQ pin stays asserted until register
+    /// C is read. A guest that had taken it reads C = 0 once more: a spurious interrupt,
+    /// which drivers expect.
     fn resume(&self) {
         self.shared.paused.store(false, Ordering::Release);
-        drop(self.shared.lock());
+        let state = self.shared.lock();
+        if self.shared.restored.swap(false, Ordering::AcqRel) {
+            let irq = state.1.reg_c & IRQF != 0;
+            self.shared.deliver(Raised { irq, alarm: false });
+        }
+        drop(state);
         self.shared.changed.notify_all();
     }
 
@@ -108,11 +118,7 @@ impl Persist for Rtc {
         (cmos.ram, cmos.reg_c, cmos.offset, cmos.held) =
             (ram, saved.reg_c, saved.offset, saved.held);
         cmos.checked = now;
-        // IRQ 8 is an edge the restored irqchip may not hold: pulse it again while IRQF is
-        // set, as the chip's IRQ pin stays asserted until register C is read (a guest that
-        // had taken it reads C = 0 once more: a spurious interrupt, which drivers expect).
-        let irq = cmos.reg_c & IRQF != 0;
-        self.shared.deliver(Raised { irq, alarm: false });
+        self.shared.restored.store(true, Ordering::Release);
         drop(state);
         // The timer thread sleeps until the next enabled interrupt it knew of: re-arm it.
         self.shared.changed.notify_all();

@@ -235,6 +235,8 @@ fn a_restored_rtc_keeps_its_bytes_its_flags_and_its_offset_from_the_host() {
     // Let its timer thread go to sleep with nothing enabled, as a fresh machine's has.
     std::thread::sleep(Duration::from_millis(50));
     restored.rtc.restore(state).unwrap();
+    assert_eq!(restored.irqs(), 0, "nothing before the resume");
+    restored.rtc.resume();
     assert_eq!(restored.irqs(), 1, "IRQF was set: IRQ 8 pulsed again");
     b.advance(3600 * SECOND);
     assert_eq!(

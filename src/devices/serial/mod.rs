@@ -22,6 +22,7 @@ mod output;
 mod persist;
 
 use std::io::{self, Write};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use vm_superio::{Serial, Trigger};
@@ -121,6 +122,8 @@ pub struct SerialConsole {
     /// The console thread, if output goes through it.
     output: Option<ConsoleThread>,
     log: Arc<DeviceLog>,
+    /// Restored from a snapshot: its pending interrupt is raised again at resume.
+    restored: AtomicBool,
 }
 
 impl SerialConsole {
@@ -157,6 +160,7 @@ impl SerialConsole {
             uart: Arc::new(Mutex::new(uart)),
             output,
             log,
+            restored: AtomicBool::new(false),
         }
     }
 

@@ -1,13 +1,15 @@
 //! The console UART in a snapshot: vm-superio's own state (`SerialState`: the divisor latch,
 //! IER, IIR, LCR, MCR, LSR, MSR, the scratch byte and the receive FIFO), restored with
-//! `Serial::from_state`, which raises again an interrupt that was pending and enabled. What the
-//! console thread had not yet written out is the host's, not the guest's, and is not saved.
+//! `Serial::from_state`; an interrupt that was pending and enabled is raised again at resume.
+//! What the console thread had not yet written out is the host's, not the guest's, and is not
+//! saved.
 
 use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
-use vm_superio::Serial;
 use vm_superio::serial::SerialState;
+use vm_superio::{Serial, Trigger};
 
 use super::{LSR_TEMT, LSR_THRE, SerialConsole};
 use crate::snapshot::{Persist, StateError, from_state, to_state};
@@ -23,6 +25,9 @@ const IIR_CAUSES: u8 = 0x06;
 const LSR_DR: u8 = 0x01;
 /// MSR's delta bits (3..0), which vm-superio never sets.
 const MSR_DELTAS: u8 = 0x0f;
+/// The causes against the IER bits that enable them: THR empty (IIR 0x2, IER bit 1) and
+/// received data (IIR 0x4, IER bit 0).
+const ENABLED_BY: [(u8, u8); 2] = [(0x02, 0x02), (0x04, 0x01)];
 
 /// serde's view of vm-superio's `SerialState`, which has no serde derives of its own.
 #[derive(Serialize, Deserialize)]
@@ -104,7 +109,26 @@ impl Persist for SerialConsole {
         );
         *uart = Serial::from_state(&state, irq, room, out)
             .map_err(|e| StateError::new("serial", format!("cannot be restored: {e}")))?;
+        self.restored.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// After a restore, raise the pending interrupt again: `from_state` raised it before the
+    /// interrupt controller it goes through (the userspace IOAPIC, a Persist too) may have
+    /// been restored. Before the vCPUs run, a second edge merges with the first.
+    fn resume(&self) {
+        if !self.restored.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let uart = self.lock();
+        let state = uart.state();
+        let pending = ENABLED_BY.iter().any(|&(cause, enable)| {
+            state.interrupt_identification & cause != 0 && state.interrupt_enable & enable != 0
+        });
+        if pending {
+            // An interrupt that cannot be signalled is lost, as any other of this UART's.
+            let _ = uart.interrupt_evt().trigger();
+        }
     }
 }
 
@@ -165,6 +189,13 @@ mod tests {
             irq.read().unwrap(),
             1,
             "the pending RDA interrupt is raised again"
+        );
+        restored.resume();
+        assert_eq!(irq.read().unwrap(), 1, "and again at resume");
+        restored.resume();
+        assert!(
+            irq.read().is_err(),
+            "once: a resume after a pause raises nothing"
         );
         let want = registers(&serial);
         assert_eq!(registers(&restored), want);

@@ -29,16 +29,6 @@ const GSTS_BITS: u32 =
 /// IRTA bits that are not reserved (§10.4.29).
 const IRTA_BITS: u64 = !(PAGE_SIZE - 1) | VTD_IRTA_EIME | VTD_IRTA_S_MASK;
 
-/// FECTL..FEUADDR or IECTL..IEUADDR.
-#[derive(Serialize, Deserialize)]
-struct Event {
-    masked: bool,
-    pending: bool,
-    data: u32,
-    address: u32,
-    upper_address: u32,
-}
-
 /// FRCD0 while F is set.
 #[derive(Serialize, Deserialize)]
 struct Record {
@@ -64,7 +54,7 @@ struct Saved {
     queue_address: u64,
     /// ICS.IWC.
     wait_completed: bool,
-    invalidation_event: Event,
+    invalidation_event: EventInterrupt,
     /// IRTA as written, and the IRTA SIRTP latched (none until IRTPS).
     irta: u64,
     latched_irta: Option<u64>,
@@ -72,27 +62,7 @@ struct Saved {
     fault_record: Option<Record>,
     fault_overflow: bool,
     queue_error: bool,
-    fault_event: Event,
-}
-
-fn event_state(e: &EventInterrupt) -> Event {
-    Event {
-        masked: e.masked,
-        pending: e.pending,
-        data: e.data,
-        address: e.address,
-        upper_address: e.upper_address,
-    }
-}
-
-fn event_from(e: &Event) -> EventInterrupt {
-    EventInterrupt {
-        masked: e.masked,
-        pending: e.pending,
-        data: e.data,
-        address: e.address,
-        upper_address: e.upper_address,
-    }
+    fault_event: EventInterrupt,
 }
 
 /// Every value the unit's registers could hold, or an error naming the first that is not.
@@ -101,7 +71,7 @@ fn check(s: &Saved) -> Result<(), StateError> {
     let rtps = s.status & VTD_GCMD_SRTP != 0;
     let irtps = s.status & VTD_GCMD_SIRTP != 0;
     let irta_ok = |irta: u64| irta & !IRTA_BITS == 0;
-    let event_ok = |e: &Event| e.address & 3 == 0 && (!e.pending || e.masked);
+    let event_ok = |e: &EventInterrupt| e.address & 3 == 0 && (!e.pending || e.masked);
     let failures = [
         (s.status & !GSTS_BITS != 0, "status", "bits GSTS lacks"),
         (
@@ -182,13 +152,13 @@ impl Iommu {
             queue_tail: regs.queue.tail,
             queue_address: regs.queue.address,
             wait_completed: regs.queue.wait_completed,
-            invalidation_event: event_state(&regs.queue.event),
+            invalidation_event: regs.queue.event.clone(),
             irta,
             latched_irta,
             fault_record: record,
             fault_overflow: faults.overflow,
             queue_error: faults.queue_error,
-            fault_event: event_state(&faults.event),
+            fault_event: faults.event.clone(),
         }
     }
 
@@ -203,7 +173,7 @@ impl Iommu {
         regs.queue.tail = s.queue_tail;
         regs.queue.address = s.queue_address;
         regs.queue.wait_completed = s.wait_completed;
-        regs.queue.event = event_from(&s.invalidation_event);
+        regs.queue.event = s.invalidation_event.clone();
         self.retranslate(|remap| {
             remap.enabled = s.status & VTD_GCMD_TE != 0;
             remap.root_table = s.latched_root_table;
@@ -227,7 +197,7 @@ impl Iommu {
         });
         faults.overflow = s.fault_overflow;
         faults.queue_error = s.queue_error;
-        faults.event = event_from(&s.fault_event);
+        faults.event = s.fault_event.clone();
     }
 }
 

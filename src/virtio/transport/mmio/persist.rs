@@ -14,6 +14,7 @@ use super::extension::MsiStaging;
 use crate::irq::MsiChange;
 use crate::irq::msi::VectorState;
 use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::virtio::finish_late_reset;
 use crate::virtio::regs::{VIRTIO_F_MMIO_NOTIFY, VIRTIO_MMIO_MSI_CTRL_ENABLE};
 use crate::virtio::transport::persist::CommonState;
 
@@ -37,7 +38,16 @@ impl MmioTransport {
 
 impl Persist for MmioTransport {
     fn pause(&self) -> Result<(), StateError> {
-        self.phase.lock().unwrap().pause(self.what(), &self.worker)
+        self.phase
+            .lock()
+            .unwrap()
+            .pause(self.what(), &self.worker)?;
+        // A reset the device thread was late for is done now (it answered the pause after
+        // it): complete it, so the snapshot holds the reset device the driver waits for.
+        if finish_late_reset(&mut self.state.lock().unwrap()) {
+            self.after_reset();
+        }
+        Ok(())
     }
 
     fn save(&self) -> Result<serde_json::Value, StateError> {
@@ -65,10 +75,13 @@ impl Persist for MmioTransport {
             ));
         }
         let mut st = self.state.lock().unwrap();
-        self.phase
-            .lock()
-            .unwrap()
-            .restore(what, &mut st, &self.interrupts, &saved.common)?;
+        self.phase.lock().unwrap().restore(
+            what,
+            &mut st,
+            &self.worker,
+            &self.interrupts,
+            &saved.common,
+        )?;
         // A platform device: always master of the bus, never function-masked.
         let bits = [
             MsiChange::BusMaster(true),

@@ -250,7 +250,7 @@ type Probe = (
 
 /// A live virtio-mmio device (legacy line) whose queue work is a [`Recording`] handler,
 /// queue 0 enabled; `blocking` makes the handler wait for a release.
-fn live_recording(blocking: bool) -> (MmioTransport, Worker, Arc<FakeRoutes>, Probe) {
+pub(super) fn live_recording(blocking: bool) -> (MmioTransport, Worker, Arc<FakeRoutes>, Probe) {
     let p = crate::virtio::test_parts();
     let calls = Arc::new(Mutex::new(Vec::new()));
     let (entered_tx, entered) = std::sync::mpsc::channel();

@@ -11,6 +11,7 @@ use crate::pci::config::ConfigSpace;
 use crate::pci::msix::MsixState;
 use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER};
 use crate::snapshot::{StateError, from_state, to_state};
+use crate::virtio::finish_late_reset;
 use crate::virtio::transport::persist::CommonState;
 
 /// What a virtio-pci function saves.
@@ -28,7 +29,13 @@ impl VirtioPci {
 
     pub(super) fn snapshot_pause(&mut self) -> Result<(), StateError> {
         let what = self.what();
-        self.phase.pause(&what, &self.worker)
+        self.phase.pause(&what, &self.worker)?;
+        // A reset the device thread was late for is done now (it answered the pause after
+        // it): complete it, so the snapshot holds the reset device the driver waits for.
+        if finish_late_reset(&mut self.state.lock().unwrap()) {
+            self.after_reset();
+        }
+        Ok(())
     }
 
     pub(super) fn snapshot_save(&self) -> Result<Option<serde_json::Value>, StateError> {
@@ -51,7 +58,7 @@ impl VirtioPci {
         let saved: PciState = from_state(what, state)?;
         let mut st = self.state.lock().unwrap();
         self.phase
-            .restore(what, &mut st, &self.interrupts, &saved.common)?;
+            .restore(what, &mut st, &self.worker, &self.interrupts, &saved.common)?;
         drop(st);
         // Without Bus Master Enable the device thread leaves the rings alone (PCI 3.0 §6.2.2).
         let master = config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0;

@@ -116,3 +116,27 @@ fn a_corrupted_msi_control_or_vector_is_refused() {
         "test.interrupts.config_vector"
     );
 }
+
+/// A snapshot taken while a reset waits for the device thread holds the reset device: the
+/// pause is answered after the reset, which it then completes.
+#[test]
+fn a_snapshot_during_a_late_reset_holds_the_reset_device() {
+    let (t, _w, _routes, (_calls, entered, release)) = super::super::tests::live_recording(true);
+    let release = release.unwrap();
+    entered.recv().unwrap();
+    release.send(()).unwrap();
+    write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+    entered.recv().unwrap(); // the device thread is inside its work
+    write(&t, VIRTIO_MMIO_STATUS, 0); // returns after the acknowledgement timeout
+    assert_ne!(read(&t, VIRTIO_MMIO_STATUS), 0, "not reset yet");
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        release.send(()).unwrap();
+    });
+    Persist::pause(&t).unwrap();
+    releaser.join().unwrap();
+    let state = Persist::save(&t).unwrap();
+    assert_eq!(state["common"]["registers"]["status"], 0, "reset");
+    assert!(state["common"]["positions"].is_null(), "not live");
+    assert_eq!(read(&t, VIRTIO_MMIO_STATUS), 0);
+}
