@@ -7,7 +7,6 @@ use std::os::fd::RawFd;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_OK,
 };
-use virtio_queue::{Queue, QueueT};
 
 use super::backend::NetBackend;
 use super::{HDR, MAX_FRAME};
@@ -18,6 +17,7 @@ use crate::virtio::chain::Chain;
 use crate::virtio::device::{
     ChainServer, ChainsServed, DeviceError, Progress, QueueHandler, serve_chains,
 };
+use crate::virtio::split::ServedQueue;
 
 /// One receive/transmit queue pair and the backend queue behind it (a multiqueue tap has one
 /// file per pair in the same way), with each queue's scratch: the chain being served and its
@@ -69,7 +69,7 @@ impl NetQueues {
     /// header, in place in the driver's buffers.
     fn transmit(
         pair: &mut QueuePair,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
@@ -101,7 +101,7 @@ impl NetQueues {
     /// buffers, so notifications stay off until the ring runs dry with a frame waiting.
     fn receive(
         pair: &mut QueuePair,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
@@ -129,7 +129,7 @@ impl NetQueues {
     /// byte. Only VQ_PAIRS_SET is supported; anything else is answered VIRTIO_NET_ERR.
     fn control(
         &mut self,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
@@ -218,7 +218,7 @@ impl QueueHandler for NetQueues {
     fn process_queue(
         &mut self,
         index: usize,
-        queues: &mut [Queue],
+        queues: &mut [ServedQueue],
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<Progress, DeviceError> {
