@@ -154,7 +154,7 @@ fn pause_status(e: &PauseError) -> u16 {
         PauseError::AlreadyPaused | PauseError::NotPaused => 400,
         PauseError::Asleep => 409,
         PauseError::Stopping => 503,
-        PauseError::TimedOut(_) => 500,
+        PauseError::TimedOut(_) | PauseError::Capture { .. } => 500,
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::bus::BusDevice;
+use crate::snapshot::{Persist, StateError, from_state, to_state};
 use crate::vm::run_control::{RunControl, StopReason};
 
 /// The port RST_CNT sits at.
@@ -55,6 +56,23 @@ impl BusDevice for ResetControl {
     }
 }
 
+/// In a snapshot: the kind bits kept (RST_CPU is never kept: it resets at once).
+impl Persist for ResetControl {
+    fn save(&self) -> Result<serde_json::Value, StateError> {
+        to_state("reset-control", &self.value.load(Ordering::Relaxed))
+    }
+
+    fn restore(&self, state: serde_json::Value) -> Result<(), StateError> {
+        let value: u8 = from_state("reset-control", state)?;
+        if value & !(SYS_RST | FULL_RST) != 0 {
+            let why = format!("{value:#x}: only SYS_RST and FULL_RST are kept");
+            return Err(StateError::new("reset-control", why));
+        }
+        self.value.store(value, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +89,20 @@ mod tests {
         assert_eq!(control.wait(Duration::ZERO), None);
         reg.write(0, &[RESET_VALUE]);
         assert_eq!(control.wait(Duration::ZERO), Some(StopReason::Reset));
+    }
+
+    #[test]
+    fn the_kind_bits_come_back_and_rst_cpu_is_refused() {
+        let reg = ResetControl::new(Arc::new(RunControl::default()));
+        reg.write(0, &[FULL_RST]);
+        let restored = ResetControl::new(Arc::new(RunControl::default()));
+        restored.restore(reg.save().unwrap()).unwrap();
+        let mut b = [0];
+        restored.read(0, &mut b);
+        assert_eq!(b, [FULL_RST]);
+        let err = restored.restore(RST_CPU.into()).unwrap_err();
+        assert_eq!(err.what, "reset-control");
+        restored.read(0, &mut b);
+        assert_eq!(b, [FULL_RST], "a refused state changes nothing");
     }
 }

@@ -21,14 +21,16 @@ pub const EVENT_ADDRESS: usize = 2;
 /// Index of the upper address dword.
 pub const EVENT_UPPER_ADDRESS: usize = 3;
 
-/// One event's registers.
-#[derive(Debug)]
+/// One event's registers (and its state in a snapshot).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct EventInterrupt {
-    masked: bool,
-    pending: bool,
-    data: u32,
-    address: u32,
-    upper_address: u32,
+    /// IM.
+    pub(super) masked: bool,
+    /// IP.
+    pub(super) pending: bool,
+    pub(super) data: u32,
+    pub(super) address: u32,
+    pub(super) upper_address: u32,
 }
 
 impl Default for EventInterrupt {

@@ -27,9 +27,12 @@ pub struct FaultRecord {
 /// FSTS, FRCD0 and the fault event.
 #[derive(Debug, Default)]
 pub struct Faults {
-    record: Option<FaultRecord>,
-    overflow: bool,
-    queue_error: bool,
+    /// FRCD0, if F is set.
+    pub(super) record: Option<FaultRecord>,
+    /// FSTS.PFO.
+    pub(super) overflow: bool,
+    /// FSTS.IQE.
+    pub(super) queue_error: bool,
     /// FECTL..FEUADDR.
     pub event: EventInterrupt,
     /// Faults the unit took, recorded or lost to an overflow.

@@ -37,6 +37,7 @@ pub mod fault;
 pub mod interrupt_remapping;
 mod invalidation;
 pub mod iotlb;
+mod persist;
 pub mod queue;
 mod register_file;
 pub mod tables;

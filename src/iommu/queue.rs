@@ -117,10 +117,11 @@ pub fn iotlb_scope(granularity: u64, domain: u16, address: u64) -> Result<IotlbS
 /// IQH, IQT, IQA, ICS and the invalidation event.
 #[derive(Debug, Default)]
 pub struct InvalidationQueue {
-    head: u64,
-    tail: u64,
-    address: u64,
-    wait_completed: bool,
+    pub(super) head: u64,
+    pub(super) tail: u64,
+    pub(super) address: u64,
+    /// ICS.IWC.
+    pub(super) wait_completed: bool,
     /// IECTL..IEUADDR.
     pub event: EventInterrupt,
 }

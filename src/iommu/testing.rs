@@ -6,6 +6,7 @@ use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::regs::*;
+use super::tables::build::Tables;
 use super::{Iommu, TranslationError};
 use crate::bus::BusDevice;
 use crate::dma::{Access, DmaContext};
@@ -54,6 +55,17 @@ pub fn unit_of(ram: u64) -> Unit {
     unit_over(ram, CommitStrategy::default())
 }
 
+/// A unit translating through tables at `ROOT`, queued invalidation on, `SID` attached to
+/// domain 1: the unit, its tables and the device's page table.
+pub fn translating() -> (Unit, Tables, u64) {
+    let u = unit();
+    let mut t = Tables::new(&u.mem, ROOT);
+    u.enable();
+    u.enable_queue();
+    let pt = t.attach(SID, 1);
+    (u, t, pt)
+}
+
 fn unit_over(ram: u64, strategy: CommitStrategy) -> Unit {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), ram as usize)]).unwrap();
     let routes = Arc::new(FakeRoutes::with_strategy(strategy));
@@ -71,6 +83,19 @@ fn unit_over(ram: u64, strategy: CommitStrategy) -> Unit {
 }
 
 impl Unit {
+    /// A unit at reset over the same guest memory, its driver's place in the queue kept: what
+    /// a restore starts from.
+    pub fn successor(&self) -> Unit {
+        let routes = Arc::new(FakeRoutes::default());
+        let log = DeviceLog::new("iommu");
+        Unit {
+            iommu: Arc::new(Iommu::new(self.mem.clone(), routes.clone(), log)),
+            routes,
+            mem: self.mem.clone(),
+            submitted: self.submitted,
+        }
+    }
+
     pub fn r32(&self, reg: u64) -> u32 {
         let mut b = [0u8; 4];
         self.iommu.read(reg, &mut b);

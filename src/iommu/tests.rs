@@ -288,11 +288,7 @@ fn register_based_invalidation_reports_what_it_did() {
 
 #[test]
 fn context_cache_invalidation_makes_a_changed_context_entry_seen() {
-    let mut u = unit();
-    let mut t = Tables::new(&u.mem, ROOT);
-    u.enable();
-    u.enable_queue();
-    let pt = t.attach(SID, 1);
+    let (mut u, mut t, pt) = translating();
     t.map(pt, 0x1000, 0x8000, RW);
     assert_eq!(u.translate(0x1000, Access::Read), Ok(0x8000));
     // The driver moves the device to domain 2 with another table.
@@ -479,11 +475,7 @@ fn a_platform_device_has_no_source_id_and_stays_untranslated() {
 /// after them, the same DMA faults.
 #[test]
 fn a_dma_right_after_unmap_and_invalidation_faults_and_without_it_uses_the_cached_entry() {
-    let mut u = unit();
-    let mut t = Tables::new(&u.mem, ROOT);
-    u.enable();
-    u.enable_queue();
-    let pt = t.attach(SID, 1);
+    let (mut u, mut t, pt) = translating();
     t.map(pt, 0x20_0000, 0x9_0000, RW);
     let dma = u.device();
     dma.write(GuestAddress(0x20_0000), &[1]).unwrap();
@@ -541,11 +533,7 @@ fn the_wait_status_waits_for_device_rounds_in_flight() {
 
 #[test]
 fn rings_map_to_one_physical_range_and_go_stale_when_an_invalidation_covers_them() {
-    let mut u = unit();
-    let mut t = Tables::new(&u.mem, ROOT);
-    u.enable();
-    u.enable_queue();
-    let pt = t.attach(SID, 1);
+    let (mut u, mut t, pt) = translating();
     t.map(pt, 0x30_0000, 0x8_0000, RW);
     t.map(pt, 0x30_1000, 0x8_1000, RW);
     t.map(pt, 0x40_0000, 0x5_0000, RW);

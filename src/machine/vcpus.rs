@@ -13,6 +13,7 @@ use crate::seccomp::{self, ThreadKind};
 use crate::stats::ExitCounters;
 use crate::vm::cpuid::CpuTemplate;
 use crate::vm::run_control::{RunControl, RunEvent, StopReason};
+use crate::vm::state::VcpuState;
 use crate::vm::vcpu::{self, Vcpu};
 use crate::vm::{Vm, VmError};
 
@@ -62,6 +63,23 @@ impl Vcpus {
             if let Some(EntryState { mode, regs }) = entry {
                 vcpu.set_entry(&regs, |current| mode.sregs(current))?;
             }
+        }
+        Ok(())
+    }
+
+    /// Give each vCPU, in index order, the state a snapshot saved of it (`Pause::save_vcpus`),
+    /// in place of [`Vcpus::set_entries`]: a snapshot of another vCPU count is refused before
+    /// any vCPU is touched.
+    pub fn set_states(&self, states: &[VcpuState]) -> Result<(), VmError> {
+        if states.len() != self.0.len() {
+            return Err(VmError::StateMismatch(format!(
+                "the snapshot has {} vCPUs, the machine {}",
+                states.len(),
+                self.0.len()
+            )));
+        }
+        for (vcpu, state) in self.0.iter().zip(states) {
+            vcpu.restore_state(state)?;
         }
         Ok(())
     }
@@ -166,5 +184,77 @@ fn stop_and_join(threads: Vec<JoinHandle<()>>) {
                 "vCPU {i} did not stop within {STOP_DEADLINE:?} (stuck in a device?); abandoned"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_of_another_vcpu_count_are_refused_before_any_is_set() {
+        let vm = Vm::new(&[(0, 1 << 20)], false).unwrap();
+        let two = Vcpus::create(&vm, 2, &CpuTemplate::default()).unwrap();
+        let one = Vcpus::create(
+            &Vm::new(&[(0, 1 << 20)], false).unwrap(),
+            1,
+            &Default::default(),
+        )
+        .unwrap();
+        let pause = crate::vm::pause::Pause::default();
+        // The state of one parked vCPU, taken as a snapshot takes it (on its own thread).
+        let states = std::thread::scope(|s| {
+            pause.request().unwrap();
+            let vcpu = &one.0[0];
+            s.spawn(|| pause.park(0, || false, || vcpu.save_state()));
+            assert!(pause.wait_parked(Duration::from_secs(60), || false));
+            let states = pause.save_vcpus(Duration::from_secs(60));
+            pause.resume().unwrap();
+            states.unwrap()
+        });
+        let e = two.set_states(&states).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the snapshot does not fit this VM: the snapshot has 1 vCPUs, the machine 2"
+        );
+        one.set_states(&states).unwrap();
+    }
+
+    /// Two vCPUs spinning in the guest, kicked out of it by a pause as `vm.pause` does, each
+    /// take their own state: in index order, each where the loader put it (rdi = its index).
+    #[test]
+    fn a_paused_machine_gives_every_vcpu_state_in_index_order() {
+        use crate::contract::PROBE_LOAD_ADDR;
+        use crate::vm::boot;
+        use vm_memory::{Bytes, GuestAddress};
+        let vm = Vm::new(&[(0, 16 << 20)], false).unwrap();
+        boot::write_tables(vm.memory()).unwrap();
+        let spin = [0xeb, 0xfe]; // jmp $
+        vm.memory()
+            .write_slice(&spin, GuestAddress(PROBE_LOAD_ADDR))
+            .unwrap();
+        let vcpus = Vcpus::create(&vm, 2, &CpuTemplate::default()).unwrap();
+        for (i, vcpu) in (0..).zip(&vcpus.0) {
+            vcpu.set_entry(&boot::entry_regs(i), boot::long_mode_sregs)
+                .unwrap();
+        }
+        let control = Arc::new(RunControl::default());
+        let counters = Arc::new(ExitCounters::new(0));
+        let io = Arc::new(IoBuses::default());
+        let run = {
+            let control = control.clone();
+            thread::spawn(move || vcpus.run(&io, &counters, &control, Duration::from_secs(120)))
+        };
+        control.pause_vcpus(Duration::from_secs(60)).unwrap();
+        let states = control.pause().save_vcpus(Duration::from_secs(60)).unwrap();
+        let at: Vec<(u64, u64)> = states.iter().map(|s| (s.regs.rdi, s.regs.rip)).collect();
+        assert_eq!(at, [(0, PROBE_LOAD_ADDR), (1, PROBE_LOAD_ADDR)]);
+        control.pause().resume().unwrap();
+        assert_eq!(
+            control.pause().save_vcpus(Duration::ZERO).unwrap_err(),
+            crate::vm::pause::PauseError::NotPaused
+        );
+        control.stop(StopReason::GuestDone(0));
+        assert!(matches!(run.join().unwrap(), Ok(RunEnd::Stopped(_))));
     }
 }

@@ -60,6 +60,8 @@ pub mod names {
     pub const PCI_ECAM: &str = "pci-ecam";
     /// Every decoded BAR (each its own bus range).
     pub const PCI_BARS: &str = "pci-bars";
+    /// Bus 0 in a snapshot: every function's configuration space and state, by address.
+    pub const PCI_ROOT: &str = "pci";
     /// The console.
     pub const SERIAL: &str = "serial";
     /// The probe's phase ports.
@@ -84,6 +86,8 @@ pub mod names {
     pub const RTC: &str = "rtc";
     /// The keyboard controller's command port.
     pub const I8042: &str = "i8042";
+    /// The Reset Control Register at 0xCF9 (its state in a snapshot).
+    pub const RESET_CONTROL: &str = "reset-control";
 }
 
 /// The functions of bus 0: a host bridge, a test endpoint, and a two-function test device.
@@ -137,11 +141,14 @@ pub struct Devices {
     /// The userspace IOAPIC's input thread, under a split irqchip.
     pub ioapic: Option<PinWatcher>,
     /// Every stateful piece a snapshot saves, under its id (unique in the machine).
-    pub persist: Vec<(String, Arc<dyn Persist>)>,
+    pub persist: PersistList,
 }
 
 /// A device that counts its guest errors: its bus id and its log.
 pub type CountedLog = (DeviceId, Arc<DeviceLog>);
+
+/// What a snapshot saves, each under its id.
+pub type PersistList = Vec<(String, Arc<dyn Persist>)>;
 
 /// Wire every device `cfg` asks for onto `vm`, placing virtio-mmio ones through `layout`;
 /// the platform devices end the run through `control`.
@@ -152,17 +159,21 @@ pub fn wire(
     control: &Arc<RunControl>,
 ) -> Result<Devices, MachineError> {
     let mut io = IoBuses::default();
+    let mut persist = Vec::new();
     let (pins, routing) = interrupt_routing(vm, cfg)?;
     let console = Arc::new(Mutex::new(Vec::new()));
     let (out, truncate) = machine_console::open(&cfg.console, &cfg.disks, &console)?;
-    let (serial_log, console_input) = add_serial(&mut io, &routing, cfg, out, control)?;
+    let (serial_log, console_input) =
+        add_serial(&mut io, &routing, cfg, out, control, &mut persist)?;
     let mut logs = vec![serial_log];
     let reset_control = match &cfg.platform {
         Some(platform) => {
-            let pm = add_platform(&mut io, cfg, platform, control, vm)?;
+            let pm = add_platform(&mut io, cfg, platform, control, vm, &mut persist)?;
             logs.push((pm.0, pm.1.log().clone()));
-            logs.push(add_rtc(&mut io, &routing, layout, pm.1)?);
-            Some(Arc::new(ResetControl::new(control.clone())) as Arc<dyn BusDevice>)
+            logs.push(add_rtc(&mut io, &routing, layout, pm.1, &mut persist)?);
+            let reset = Arc::new(ResetControl::new(control.clone()));
+            persist.push((names::RESET_CONTROL.into(), reset.clone()));
+            Some(reset as Arc<dyn BusDevice>)
         }
         None => None,
     };
@@ -171,7 +182,7 @@ pub fn wire(
     logs.push((pci.0, pci.1.log().clone()));
     let pci = pci.1;
     let iommu = if cfg.iommu {
-        let (iommu, id) = add_iommu(vm, layout, &mut io, &routing)?;
+        let (iommu, id) = add_iommu(vm, layout, &mut io, &routing, &mut persist)?;
         logs.push((id, iommu.log().clone()));
         Some(iommu)
     } else {
@@ -179,7 +190,7 @@ pub fn wire(
     };
     let ioapic = match pins {
         Some(pins) => {
-            let (watcher, log) = add_ioapic(&mut io, &routing, iommu.as_ref(), pins)?;
+            let (watcher, log) = add_ioapic(&mut io, &routing, iommu.as_ref(), pins, &mut persist)?;
             logs.push(log);
             Some(watcher)
         }
@@ -195,8 +206,9 @@ pub fn wire(
         logs,
         iommu,
         ioapic,
-        persist: Vec::new(),
+        persist,
     };
+    devices.persist.push((names::PCI_ROOT.into(), pci.clone()));
     let mut slots = VirtioSlots::default();
     add_virtio_net(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
     add_virtio_blk(vm, layout, cfg, &pci, &mut devices, &mut slots)?;
@@ -257,6 +269,7 @@ fn add_serial(
     cfg: &MachineConfig,
     out: ConsoleOutput,
     control: &Arc<RunControl>,
+    persist: &mut PersistList,
 ) -> Result<(CountedLog, Option<ConsoleInput>), MachineError> {
     let irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the serial eventfd"))?;
     routing.bind_pin(layout::SERIAL_GSI, &irq, None)?;
@@ -283,6 +296,7 @@ fn add_serial(
         _ => None,
     };
     let log = serial.log().clone();
+    persist.push((names::SERIAL.into(), serial.clone()));
     let id = io.add_pio(names::SERIAL, PORT_SERIAL, SERIAL_PORT_LEN, serial)?;
     Ok(((id, log), input))
 }
@@ -296,18 +310,15 @@ fn add_platform(
     platform: &Platform,
     control: &Arc<RunControl>,
     vm: &Vm,
+    persist: &mut PersistList,
 ) -> Result<(DeviceId, Arc<AcpiPm>), MachineError> {
-    let fw_cfg = FwCfg::new(FwCfgContents {
+    let fw_cfg = Arc::new(FwCfg::new(FwCfgContents {
         ram_size: cfg.ram_size as u64,
         cpus: cfg.vcpus.into(),
         files: platform.fw_cfg_files.clone(),
-    })?;
-    io.add_pio(
-        names::FW_CFG,
-        FW_CFG_PORT,
-        FW_CFG_PORTS_LEN,
-        Arc::new(fw_cfg),
-    )?;
+    })?);
+    persist.push((names::FW_CFG.into(), fw_cfg.clone()));
+    io.add_pio(names::FW_CFG, FW_CFG_PORT, FW_CFG_PORTS_LEN, fw_cfg)?;
     let debug_exit = Arc::new(DebugExit::new(control.clone()));
     io.add_pio(
         names::DEBUG_EXIT,
@@ -321,6 +332,7 @@ fn add_platform(
         AcpiPm::new(control.clone(), DeviceLog::new(names::ACPI_PM))
             .with_facs(vm.memory().clone(), FACS_ADDR),
     );
+    persist.push((names::ACPI_PM.into(), pm.clone()));
     let id = io.add_pio(names::ACPI_PM, PM_BASE, PM_BLOCK_LEN, pm.clone())?;
     Ok((id, pm))
 }
@@ -331,6 +343,7 @@ fn add_rtc(
     routing: &GsiRouting,
     layout: &MemoryLayout,
     pm: Arc<AcpiPm>,
+    persist: &mut PersistList,
 ) -> Result<CountedLog, MachineError> {
     let irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the RTC eventfd"))?;
     routing.bind_pin(RTC_IRQ, &irq, None)?;
@@ -343,8 +356,9 @@ fn add_rtc(
         DeviceLog::new(names::RTC),
     )
     .map_err(host_err("start the RTC timer thread"))?;
-    let log = rtc.log().clone();
-    let id = io.add_pio(names::RTC, RTC_PORT, RTC_PORTS_LEN, Arc::new(rtc))?;
+    let (log, rtc) = (rtc.log().clone(), Arc::new(rtc));
+    persist.push((names::RTC.into(), rtc.clone()));
+    let id = io.add_pio(names::RTC, RTC_PORT, RTC_PORTS_LEN, rtc)?;
     Ok((id, log))
 }
 
@@ -354,9 +368,11 @@ fn add_iommu(
     layout: &mut MemoryLayout,
     io: &mut IoBuses,
     routing: &Arc<GsiRouting>,
+    persist: &mut PersistList,
 ) -> Result<(Arc<Iommu>, DeviceId), MachineError> {
     let log = DeviceLog::new(names::IOMMU);
     let iommu = Arc::new(Iommu::new(vm.memory().clone(), routing.clone(), log));
+    persist.push((names::IOMMU.into(), iommu.clone()));
     let base = layout.place_iommu();
     let id = io.add_mmio(names::IOMMU, base, VTD_REG_SIZE, iommu.clone())?;
     iommu
@@ -372,6 +388,7 @@ fn add_ioapic(
     routing: &Arc<GsiRouting>,
     iommu: Option<&Arc<Iommu>>,
     pins: Arc<PinInputs>,
+    persist: &mut PersistList,
 ) -> Result<(PinWatcher, CountedLog), MachineError> {
     let routes = match iommu {
         Some(unit) => unit.interrupt_routes(IOAPIC_SOURCE_ID),
@@ -379,6 +396,7 @@ fn add_ioapic(
     };
     let ioapic = Arc::new(Ioapic::new(routes, pins, DeviceLog::new(names::IOAPIC)));
     let log = ioapic.log().clone();
+    persist.push((names::IOAPIC.into(), ioapic.clone()));
     let id = io.add_mmio(names::IOAPIC, IOAPIC_BASE, MMIO_LEN, ioapic.clone())?;
     let watcher = ioapic
         .spawn()
@@ -569,9 +587,11 @@ fn add_virtio(
             let source = VIRTIO_MMIO_SOURCE_IDS + u16::try_from(n).expect("few devices");
             let env = transport_env(vm, devices, log.clone(), source);
             let (transport, worker) = MmioTransport::new(env, parts, at)?;
+            let transport = Arc::new(transport);
             let id = devices
                 .io
-                .add_mmio(&name, slot.base, slot.size, Arc::new(transport))?;
+                .add_mmio(&name, slot.base, slot.size, transport.clone())?;
+            devices.persist.push((name, transport));
             devices.logs.push((id, log));
             devices.workers.push(worker);
         }

@@ -9,6 +9,7 @@ use crate::pci::regs::{
     PCI_CAP_ID_EXP, PCI_CAP_ID_MSI, PCI_CAP_ID_PM, PCI_CAP_ID_VNDR, PCI_EXP_CAP_V2_SIZE,
     PCI_EXP_FLAGS_VERSION_2, PCI_EXP_TYPE_ENDPOINT, PCI_STATUS, PCI_STATUS_SIG_TARGET_ABORT,
 };
+use crate::snapshot::{StateError, from_state, to_state};
 
 /// Vendor ID used by exitless's own functions. It is not a PCI-SIG assignment; guests other
 /// than the probe should not bind drivers to it.
@@ -41,6 +42,31 @@ pub trait PciFunction: Send {
     }
     /// A guest wrote `data` at `offset` of BAR slot `bar`.
     fn bar_write(&mut self, _config: &ConfigSpace, _bar: usize, _offset: u64, _data: &[u8]) {}
+    /// A snapshot is about to be taken (`crate::snapshot::Persist::pause`): finish the work in
+    /// flight and stop touching guest memory and raising interrupts until
+    /// [`PciFunction::resume`]. A function without threads has nothing to stop.
+    fn pause(&mut self) -> Result<(), StateError> {
+        Ok(())
+    }
+    /// Its state beyond configuration space, for a snapshot; None when it has none.
+    fn save(&self) -> Result<Option<serde_json::Value>, StateError> {
+        Ok(None)
+    }
+    /// Take `state`, which [`PciFunction::save`] wrote, into this freshly built function whose
+    /// configuration space `config` is restored already; errors name `what`'s fields.
+    fn restore(
+        &mut self,
+        what: &str,
+        _config: &ConfigSpace,
+        state: Option<serde_json::Value>,
+    ) -> Result<(), StateError> {
+        match state {
+            None => Ok(()),
+            Some(_) => Err(StateError::new(what, "state for a function that has none")),
+        }
+    }
+    /// Work again after [`PciFunction::pause`] or [`PciFunction::restore`].
+    fn resume(&mut self) {}
 }
 
 /// The host bridge at 00:00.0 (class 06/00): configuration registers only.
@@ -154,6 +180,22 @@ impl TestDevice {
 }
 
 impl PciFunction for TestDevice {
+    fn save(&self) -> Result<Option<serde_json::Value>, StateError> {
+        to_state("scratch", &self.scratch).map(Some)
+    }
+
+    fn restore(
+        &mut self,
+        what: &str,
+        _config: &ConfigSpace,
+        state: Option<serde_json::Value>,
+    ) -> Result<(), StateError> {
+        let what = format!("{what}.scratch");
+        let state = state.ok_or_else(|| StateError::new(&what, "missing"))?;
+        self.scratch = from_state(&what, state)?;
+        Ok(())
+    }
+
     fn bar_read(&mut self, _config: &ConfigSpace, bar: usize, offset: u64, data: &mut [u8]) {
         let bytes = self.scratch.to_le_bytes();
         for (i, b) in data.iter_mut().enumerate() {

@@ -163,6 +163,15 @@ fn vcpu() -> Vec<Allowed> {
             KVM_SET_REGS(),
             KVM_SET_SREGS(),
             KVM_SET_MP_STATE(),
+            // A snapshot's vCPU state, taken by the parked vCPU itself (`Pause::save_vcpus`),
+            // with KVM_GET_REGS and KVM_GET_SREGS above.
+            KVM_GET_MP_STATE(),
+            KVM_GET_XSAVE(),
+            KVM_GET_XCRS(),
+            KVM_GET_DEBUGREGS(),
+            KVM_GET_LAPIC(),
+            KVM_GET_MSRS(),
+            KVM_GET_VCPU_EVENTS(),
         ],
     )]
 }
@@ -337,6 +346,20 @@ fn building_machines() -> Vec<Allowed> {
                 KVM_SET_REGS(),
                 KVM_SET_MP_STATE(),
                 KVM_GET_TSC_KHZ(),
+                // The MSRs a snapshot holds: KVM's list, and which of it each vCPU reads.
+                KVM_GET_MSR_INDEX_LIST(),
+                KVM_GET_MSRS(),
+                // A restore (`--restore`): the vCPUs' state (with the KVM_SET_* above) and the
+                // VM's interrupt controllers, PIT and clock.
+                KVM_SET_XSAVE(),
+                KVM_SET_XCRS(),
+                KVM_SET_DEBUGREGS(),
+                KVM_SET_LAPIC(),
+                KVM_SET_MSRS(),
+                KVM_SET_VCPU_EVENTS(),
+                KVM_SET_IRQCHIP(),
+                KVM_SET_PIT2(),
+                KVM_SET_CLOCK(),
                 // Wiring devices: doorbells, interrupt lines and routes.
                 KVM_IOEVENTFD(),
                 KVM_IRQFD(),

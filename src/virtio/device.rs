@@ -313,3 +313,14 @@ pub enum Notification {
     /// The configuration (or the status: DEVICE_NEEDS_RESET) changed.
     Config,
 }
+
+/// Where the device is in a queue: the next available ring entry it will take and the next
+/// used ring entry it will fill (virtio 1.2 §2.7.6, §2.7.8). What a snapshot keeps of a live
+/// queue beside the driver's registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QueuePosition {
+    /// The device's next index into the available ring.
+    pub next_avail: u16,
+    /// The device's next index into the used ring.
+    pub next_used: u16,
+}

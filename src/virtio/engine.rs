@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 
-use super::device::{DeviceHealth, Notification, QueueHandler, QueueSet};
+use super::device::{DeviceHealth, Notification, QueueHandler, QueuePosition, QueueSet};
 use super::rings::BusRings;
 use super::split::ServedQueue;
 use crate::dma::DmaContext;
@@ -78,6 +78,16 @@ impl QueueEngine {
         if let Some(q) = self.live.as_mut().and_then(|l| l.queues.get_mut(index)) {
             q.queue_mut().set_ready(false);
         }
+    }
+
+    /// Where the device is in each queue, if it is live (a snapshot, [`super::worker`]).
+    pub fn positions(&self) -> Option<Vec<QueuePosition>> {
+        let live = self.live.as_ref()?;
+        let at = |q: &Queue| QueuePosition {
+            next_avail: q.next_avail(),
+            next_used: q.next_used(),
+        };
+        Some(live.queues.iter().map(|q| at(q.queue())).collect())
     }
 
     /// The device's log.

@@ -14,6 +14,8 @@ use crate::guest_error;
 use crate::irq::MsiVectors;
 use crate::logging::DeviceLog;
 
+pub mod persist;
+
 /// A level-triggered IOAPIC line driven through an irqfd with a resample eventfd: KVM keeps the
 /// line asserted until the guest's EOI, then signals `resample`, and the device re-asserts it
 /// if the status register is still non-zero.

@@ -33,6 +33,7 @@ pub mod regs {
 
 use std::sync::Arc;
 
+use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use crate::dma::{AccessPlatform, DmaContext};
@@ -174,18 +175,21 @@ fn write_status(
     }
     let change = st.write_status(value);
     if change == StatusChange::Activate {
-        let dma = if st.negotiated(VIRTIO_F_ACCESS_PLATFORM) {
-            dma.clone()
-        } else {
-            dma.untranslated()
-        };
-        worker.send(Command::Activate(
-            st.activation_queues(),
-            dma,
-            st.driver_features(),
-        ));
+        activate(st, worker, dma, st.activation_queues());
     }
     change
+}
+
+/// Hand `queues` to the device thread with the device's DMA context, translated only if the
+/// driver negotiated VIRTIO_F_ACCESS_PLATFORM (without it the driver gives guest-physical
+/// addresses, virtio 1.2 §6.1): at DRIVER_OK, or when a restored device resumes.
+fn activate(st: &VirtioState, worker: &WorkerHandle, dma: &DmaContext, queues: Vec<Queue>) {
+    let dma = if st.negotiated(VIRTIO_F_ACCESS_PLATFORM) {
+        dma.clone()
+    } else {
+        dma.untranslated()
+    };
+    worker.send(Command::Activate(queues, dma, st.driver_features()));
 }
 
 /// Complete a reset whose acknowledgement came late (see `write_status`): true if it did now,

@@ -21,6 +21,7 @@ use virtio_queue::Queue;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use super::device::QueuePosition;
 use super::engine::QueueEngine;
 use super::interrupt::Interrupts;
 use crate::dma::DmaContext;
@@ -51,6 +52,11 @@ pub enum Command {
     /// Acknowledge once no work is in flight (Bus Master Enable was cleared: nothing may
     /// touch guest memory after the guest's write completes).
     Sync(SyncSender<()>),
+    /// A snapshot: finish the work in flight, stop serving the queues (kicks wait) and answer
+    /// with each queue's position, none before DRIVER_OK (`crate::snapshot`).
+    Pause(SyncSender<Option<Vec<QueuePosition>>>),
+    /// Serve the queues again after [`Command::Pause`], looking at every one.
+    Resume,
 }
 
 /// An acknowledgement that did not come in time: the device thread is still working.
@@ -170,6 +176,8 @@ struct DeviceThread {
     tokens: Tokens,
     /// How many files the epoll set holds: the most events one wait returns.
     watched: usize,
+    /// Paused for a snapshot: kicks and backend files wait for [`Command::Resume`].
+    paused: bool,
 }
 
 impl DeviceThread {
@@ -222,6 +230,7 @@ impl DeviceThread {
             epoll,
             tokens,
             watched,
+            paused: false,
         })
     }
 
@@ -274,6 +283,10 @@ impl DeviceThread {
         let Some(e) = self.queue_events.get(q) else {
             return;
         };
+        if self.paused {
+            // Resume looks at every queue.
+            return;
+        }
         let work = self.engine.process(q);
         for n in work.notifications() {
             self.interrupts.notify(n);
@@ -308,6 +321,15 @@ impl DeviceThread {
                 Command::KickAll => kick(&self.queue_events),
                 Command::Sync(ack) => {
                     let _ = ack.send(());
+                }
+                Command::Pause(ack) => {
+                    // Work already signalled was done before this command (`Tokens::rank`).
+                    self.paused = true;
+                    let _ = ack.send(self.engine.positions());
+                }
+                Command::Resume => {
+                    self.paused = false;
+                    kick(&self.queue_events);
                 }
             }
         }
@@ -353,6 +375,19 @@ impl WorkerHandle {
     /// Returns once no work is in flight on the device thread.
     pub fn sync(&self) -> Result<(), PendingAck> {
         self.call(Command::Sync)
+    }
+
+    /// Pause the device thread for a snapshot ([`Command::Pause`]): each queue's position, or
+    /// None if the device is not live; the timeout it waited if the thread did not answer.
+    pub fn pause(&self) -> Result<Option<Vec<QueuePosition>>, Duration> {
+        let (ack, acked) = mpsc::sync_channel(1);
+        self.send(Command::Pause(ack));
+        match acked.recv_timeout(ACK_TIMEOUT) {
+            Ok(positions) => Ok(positions),
+            // A thread that has ended serves nothing: nothing to keep.
+            Err(mpsc::RecvTimeoutError::Disconnected) => Ok(None),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(ACK_TIMEOUT),
+        }
     }
 }
 

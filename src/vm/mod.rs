@@ -7,6 +7,7 @@ pub mod pause;
 pub mod run_control;
 pub mod shadow;
 pub mod sleep;
+pub mod state;
 pub mod vcpu;
 
 use std::fs::File;
@@ -67,6 +68,30 @@ pub enum VmError {
         size: usize,
         /// The host's reason, from the mmap failure.
         reason: String,
+    },
+    /// A snapshot's memory file could not be written or read.
+    #[error("cannot {what}: {source}")]
+    MemoryFile {
+        /// What failed, as the message names it.
+        what: &'static str,
+        /// The host's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A snapshot's state does not fit this VM (another vCPU count, another irqchip, another
+    /// RAM size), or holds a value no VM has.
+    #[error("the snapshot does not fit this VM: {0}")]
+    StateMismatch(String),
+    /// KVM no longer reads an MSR it read when the vCPU was created.
+    #[error("KVM did not read MSR {0:#x}, which it read when the vCPU was created")]
+    MsrUnreadable(u32),
+    /// KVM refused one of a snapshot's MSRs: the state is of another host or corrupt.
+    #[error("KVM did not take MSR {index:#x} (value {data:#x}) of the snapshot")]
+    MsrNotSet {
+        /// The MSR's index.
+        index: u32,
+        /// The value refused.
+        data: u64,
     },
 }
 
@@ -189,6 +214,8 @@ pub struct Vm {
     /// Read-only shadows; each deletes its own slots when the last holder drops it.
     shadows: Vec<Arc<ShadowRegion>>,
     next_slot: u32,
+    /// Where the interrupt controllers are: which a snapshot holds (`state`).
+    irqchip: Irqchip,
 }
 
 /// Where the interrupt controllers are.
@@ -219,6 +246,16 @@ impl Vm {
         irqchip: Irqchip,
         backing: RamBacking,
     ) -> Result<Self, VmError> {
+        Self::build(in_core_dumps, irqchip, || map_ram(ram, backing))
+    }
+
+    /// Open KVM, create the VM and its `irqchip`, then guest RAM (`memory`), one memslot per
+    /// region.
+    fn build(
+        in_core_dumps: bool,
+        irqchip: Irqchip,
+        memory: impl FnOnce() -> Result<GuestMemoryMmap, VmError>,
+    ) -> Result<Self, VmError> {
         let kvm = open_kvm(c"/dev/kvm")?;
         for (cap, name) in [
             (Cap::Irqchip, "an in-kernel irqchip"),
@@ -248,7 +285,7 @@ impl Vm {
                 fd.enable_cap(&cap).map_err(kvm_err("split the irqchip"))?;
             }
         }
-        let memory = map_ram(ram, backing)?;
+        let memory = memory()?;
         if !in_core_dumps {
             exclude_from_core_dumps(&memory)?;
         }
@@ -259,6 +296,7 @@ impl Vm {
             slots: Vec::new(),
             shadows: Vec::new(),
             next_slot: 0,
+            irqchip,
         };
         let regions: Vec<(u64, u64, u64)> = vm
             .memory

@@ -7,10 +7,17 @@
 //! thread kicking the vCPUs out of `KVM_RUN` until each has parked, the exit a vCPU was in
 //! completed first (`immediate_exit`). Only who asks, and what happens at the end, differ: a
 //! pause ends where it began, not at a waking vector.
+//!
+//! A snapshot reads each vCPU's state while paused ([`Pause::save_vcpus`]): KVM's vCPU ioctls
+//! belong on the vCPU's own thread (api.rst §1: "vcpu ioctls should be issued from the same
+//! thread that was used to create the vcpu"), so each parked thread is asked to take its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use crate::vm::VmError;
+use crate::vm::state::VcpuState;
 
 /// Why a pause or a resume was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -31,6 +38,14 @@ pub enum PauseError {
     /// The run is ending.
     #[error("the VM is shutting down")]
     Stopping,
+    /// A vCPU's state could not be read.
+    #[error("vCPU {vcpu}'s state could not be read: {why}")]
+    Capture {
+        /// Which vCPU.
+        vcpu: u8,
+        /// KVM's reason.
+        why: String,
+    },
 }
 
 struct State {
@@ -41,6 +56,10 @@ struct State {
     vcpus: u8,
     /// Counts the resumes, so a parked vCPU knows its pause ended.
     resumes: u64,
+    /// Counts the requests for the vCPUs' states, so a parked vCPU knows to take its own.
+    captures: u64,
+    /// Each vCPU's answer to the latest request, by index.
+    captured: Vec<Option<Result<VcpuState, String>>>,
 }
 
 /// The pause state shared by the control socket's thread (which asks), the vCPU threads
@@ -61,6 +80,8 @@ impl Default for Pause {
                 parked: 0,
                 vcpus: 1,
                 resumes: 0,
+                captures: 0,
+                captured: Vec::new(),
             }),
             changed: Condvar::new(),
         }
@@ -142,16 +163,39 @@ impl Pause {
         state.requested && state.parked >= state.vcpus
     }
 
-    /// Park the calling vCPU until the machine resumes or `stopping` says the run ends.
-    pub fn park(&self, stopping: impl Fn() -> bool) {
+    /// Park the calling vCPU, number `index`, until the machine resumes or `stopping` says the
+    /// run ends; meanwhile answer each [`Pause::save_vcpus`] with `capture`'s state, taken on
+    /// this thread.
+    pub fn park(
+        &self,
+        index: u8,
+        stopping: impl Fn() -> bool,
+        capture: impl Fn() -> Result<VcpuState, VmError>,
+    ) {
         let mut state = self.lock();
         if !state.requested {
             return;
         }
         let resumes = state.resumes;
+        let mut answered = state.captures;
         state.parked += 1;
         self.changed.notify_all();
         while state.resumes == resumes && !stopping() {
+            if state.captures != answered {
+                answered = state.captures;
+                // The ioctls run unlocked: the other vCPUs take theirs meanwhile.
+                drop(state);
+                let taken = capture().map_err(|e| e.to_string());
+                state = self.lock();
+                let current = state.captures == answered;
+                if let Some(slot) = state.captured.get_mut(usize::from(index))
+                    && current
+                {
+                    *slot = Some(taken);
+                    self.changed.notify_all();
+                }
+                continue;
+            }
             state = self
                 .changed
                 .wait_timeout(state, STOP_POLL)
@@ -159,6 +203,39 @@ impl Pause {
                 .0;
         }
         state.parked -= 1;
+    }
+
+    /// Every vCPU's state, in index order, each taken on its own thread: the machine must be
+    /// paused. Refused if a vCPU does not answer within `timeout` (the machine stays paused).
+    pub fn save_vcpus(&self, timeout: Duration) -> Result<Vec<VcpuState>, PauseError> {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lock();
+        if !state.requested || state.parked < state.vcpus {
+            return Err(PauseError::NotPaused);
+        }
+        state.captures += 1;
+        state.captured = (0..state.vcpus).map(|_| None).collect();
+        self.changed.notify_all();
+        while state.captured.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(PauseError::TimedOut(timeout));
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        std::mem::take(&mut state.captured)
+            .into_iter()
+            .zip(0..)
+            .map(|(answer, vcpu)| match answer {
+                Some(Ok(s)) => Ok(s),
+                Some(Err(why)) => Err(PauseError::Capture { vcpu, why }),
+                None => unreachable!("every vCPU answered"),
+            })
+            .collect()
     }
 
     /// Wake every parked vCPU and waiting requester so they see the run stopping.
@@ -171,7 +248,7 @@ impl Pause {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn pause_twice_and_resume_while_running_are_refused() {
@@ -194,7 +271,7 @@ mod tests {
         let parked: Vec<_> = (0..2)
             .map(|_| {
                 let pause = pause.clone();
-                std::thread::spawn(move || pause.park(|| false))
+                std::thread::spawn(move || pause.park(0, || false, || unreachable!()))
             })
             .collect();
         assert!(pause.wait_parked(Duration::from_secs(60), || false));
@@ -211,7 +288,50 @@ mod tests {
         let pause = Pause::default();
         pause.set_vcpus(2);
         pause.request().unwrap();
-        pause.park(|| true);
+        pause.park(0, || true, || unreachable!());
         assert!(!pause.wait_parked(Duration::from_secs(60), || true));
+    }
+
+    #[test]
+    fn a_vcpu_that_cannot_read_its_state_or_does_not_answer_fails_the_capture() {
+        let pause = Arc::new(Pause::default());
+        assert_eq!(
+            pause.save_vcpus(Duration::ZERO).unwrap_err(),
+            PauseError::NotPaused
+        );
+        pause.request().unwrap();
+        // The vCPU's first capture hangs until released, its second fails.
+        let (release, hang) = std::sync::mpsc::channel::<()>();
+        let hang = Mutex::new(Some(hang));
+        let vcpu = {
+            let pause = pause.clone();
+            std::thread::spawn(move || {
+                pause.park(
+                    0,
+                    || false,
+                    || {
+                        if let Some(hang) = hang.lock().unwrap().take() {
+                            let _ = hang.recv();
+                        }
+                        Err(VmError::MsrUnreadable(0x10))
+                    },
+                )
+            })
+        };
+        assert!(pause.wait_parked(Duration::from_secs(60), || false));
+        assert_eq!(
+            pause.save_vcpus(Duration::from_millis(20)).unwrap_err(),
+            PauseError::TimedOut(Duration::from_millis(20))
+        );
+        release.send(()).unwrap();
+        assert_eq!(
+            pause
+                .save_vcpus(Duration::from_secs(60))
+                .unwrap_err()
+                .to_string(),
+            "vCPU 0's state could not be read: KVM did not read MSR 0x10, which it read when the vCPU was created"
+        );
+        pause.resume().unwrap();
+        vcpu.join().unwrap();
     }
 }

@@ -283,7 +283,9 @@ mod tests {
                     std::thread::yield_now();
                 }
                 control.suspend(ENTRY);
-                control.pause().park(|| false);
+                control
+                    .pause()
+                    .park(0, || false, || unreachable!("no state is asked for"));
                 control.sleep().park(|| control.is_stopping())
             })
         };

@@ -35,7 +35,11 @@ fn vcpu_loop(control: Arc<RunControl>, done: Arc<AtomicBool>) -> thread::JoinHan
     thread::spawn(move || {
         while !done.load(Ordering::Acquire) && !control.is_stopping() {
             if control.pause().must_park() {
-                control.pause().park(|| control.is_stopping());
+                control.pause().park(
+                    0,
+                    || control.is_stopping(),
+                    || unreachable!("the API's tests take no vCPU state"),
+                );
             }
             thread::yield_now();
         }

@@ -5,6 +5,7 @@
 //! 0x600), which the FADT gives the guest.
 
 mod facs;
+mod persist;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -65,8 +66,9 @@ struct Regs {
 /// The power-management block: PM1a event and control registers and the PM timer.
 pub struct AcpiPm {
     regs: Mutex<Regs>,
-    /// When the timer read 0: it counts from the device's creation.
-    start: Instant,
+    /// When the timer read 0: it counts from the device's creation (or from where a snapshot
+    /// left it).
+    start: Mutex<Instant>,
     control: Arc<RunControl>,
     log: Arc<DeviceLog>,
     /// Guest memory and the FACS's address there, where S3 finds the waking vector.
@@ -78,7 +80,7 @@ impl AcpiPm {
     pub fn new(control: Arc<RunControl>, log: Arc<DeviceLog>) -> Self {
         AcpiPm {
             regs: Mutex::default(),
-            start: Instant::now(),
+            start: Mutex::new(Instant::now()),
             control,
             log,
             facs: None,
@@ -111,7 +113,8 @@ impl AcpiPm {
 
     /// TMR_VAL: ticks of the 3.579545 MHz clock since the device was made, in 24 bits.
     fn timer(&self) -> u32 {
-        let ticks = self.start.elapsed().as_nanos() * PM_TIMER_HZ / 1_000_000_000;
+        let start = *self.start.lock().unwrap_or_else(PoisonError::into_inner);
+        let ticks = start.elapsed().as_nanos() * PM_TIMER_HZ / 1_000_000_000;
         u32::try_from(ticks & u128::from(TMR_VAL_MASK)).expect("24 bits")
     }
 

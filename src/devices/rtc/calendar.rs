@@ -19,7 +19,7 @@ const PM: u8 = 0x80;
 
 /// The time registers, in register order: seconds, minutes, hours, day of week (1 = Sunday),
 /// day of month, month, year within the century; then the century (CMOS byte 0x32).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fields {
     /// Registers 0, 2, 4, 6, 7, 8, 9 in that order (the alarm bytes sit between them).
     pub time: [u8; 7],

@@ -11,7 +11,7 @@ use super::calendar::{Fields, HOUR, MIN, Mode, SEC};
 /// Register A (MC146818A "Register A"): UIP in bit 7 (read-only), the divider in bits 6..4,
 /// the periodic rate in bits 3..0. Its reset value: the 32.768 kHz divider, 1024 Hz rate.
 pub const REG_A: u8 = 0x0a;
-const UIP: u8 = 0x80;
+pub const UIP: u8 = 0x80;
 const RATE_MASK: u8 = 0x0f;
 const REG_A_RESET: u8 = 0x26;
 /// Register B: SET halts the update, then the interrupt enables (periodic, alarm, update
@@ -27,7 +27,7 @@ const REG_B_RESET: u8 = HOURS24;
 /// Register C: IRQF and the flags (periodic, alarm, update ended); read-only, cleared by a read.
 pub const REG_C: u8 = 0x0c;
 pub const IRQF: u8 = 0x80;
-const FLAGS: u8 = PIE | AIE | UIE;
+pub const FLAGS: u8 = PIE | AIE | UIE;
 /// Register D: VRT, the battery is good (read-only).
 pub const REG_D: u8 = 0x0d;
 const VRT: u8 = 0x80;
@@ -59,14 +59,14 @@ pub struct Raised {
 /// The chip: the CMOS bytes (which hold the alarm and registers A and B too), register C, and
 /// the clock.
 pub struct Cmos {
-    ram: [u8; CMOS_LEN],
-    reg_c: u8,
+    pub(super) ram: [u8; CMOS_LEN],
+    pub(super) reg_c: u8,
     /// The guest's time less the host's, in seconds.
-    offset: i64,
+    pub(super) offset: i64,
     /// The time registers while SET halts the updates.
-    held: Option<Fields>,
+    pub(super) held: Option<Fields>,
     /// Up to when the flags are worked out.
-    checked: Duration,
+    pub(super) checked: Duration,
 }
 
 impl Cmos {

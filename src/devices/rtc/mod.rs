@@ -10,6 +10,7 @@
 
 mod calendar;
 mod cmos;
+mod persist;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -90,6 +91,10 @@ struct Shared {
     /// Signalled when an access may have changed the next deadline, or at stop.
     changed: Condvar,
     stop: AtomicBool,
+    /// A snapshot is being taken: the timer raises nothing until it is over.
+    paused: AtomicBool,
+    /// Restored from a snapshot: IRQ 8 is pulsed again at resume while IRQF is set.
+    restored: AtomicBool,
     clock: Clock,
     irq: EventFd,
     events: Arc<dyn RtcEvents>,
@@ -135,6 +140,8 @@ impl Rtc {
             state: Mutex::new((0, cmos)),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            restored: AtomicBool::new(false),
             clock,
             irq,
             events,
@@ -174,6 +181,13 @@ const IDLE: Duration = Duration::from_secs(3600);
 fn run_timer(shared: &Shared) {
     let mut state = shared.lock();
     while !shared.stop.load(Ordering::Acquire) {
+        if shared.paused.load(Ordering::Acquire) {
+            state = shared
+                .changed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            continue;
+        }
         let now = (shared.clock)();
         shared.deliver(state.1.catch_up(now));
         let wait = state

@@ -209,3 +209,96 @@ fn the_timer_thread_raises_an_enabled_interrupt_on_its_own() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Every CMOS byte but the clock's as the guest reads them, then the clock.
+fn cmos_image(b: &Bench) -> Vec<u8> {
+    let mut image: Vec<u8> = (0..128).filter(|&i| i != REG_C).map(|i| b.get(i)).collect();
+    image.extend(b.time());
+    image
+}
+
+#[test]
+fn a_restored_rtc_keeps_its_bytes_its_flags_and_its_offset_from_the_host() {
+    use crate::snapshot::Persist;
+    let b = Bench::new();
+    b.set(0x40, 0x5a); // a CMOS byte of the guest's
+    b.set(REG_A, NO_PERIODIC);
+    b.set(9, 0x31); // the guest's clock: 2031
+    b.set(REG_B, B_24H | UIE);
+    b.advance(SECOND); // an update: UF and IRQF, unread
+    b.get(0x40);
+    assert_eq!(b.irqs(), 1);
+    let state = b.rtc.save().unwrap();
+
+    let restored = Bench::new();
+    restored.advance(3601 * SECOND); // restored an hour later
+    // Let its timer thread go to sleep with nothing enabled, as a fresh machine's has.
+    std::thread::sleep(Duration::from_millis(50));
+    restored.rtc.restore(state).unwrap();
+    assert_eq!(restored.irqs(), 0, "nothing before the resume");
+    restored.rtc.resume();
+    assert_eq!(restored.irqs(), 1, "IRQF was set: IRQ 8 pulsed again");
+    b.advance(3600 * SECOND);
+    assert_eq!(
+        cmos_image(&restored),
+        cmos_image(&b),
+        "the clock an hour on, as the host's"
+    );
+    assert_eq!(restored.time()[6], 0x31);
+    assert_eq!(restored.get(REG_C), IRQF | UIE, "the unread update flag");
+    // The timer thread was re-armed for the update interrupt the guest enabled.
+    restored.advance(SECOND);
+    let pulsed = (0..1000).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        restored.irqs() > 0
+    });
+    assert!(pulsed, "IRQ 8 at the next update");
+}
+
+#[test]
+fn a_corrupted_rtc_state_is_refused_naming_the_field() {
+    use crate::snapshot::Persist;
+    let b = Bench::new();
+    b.set(0x40, 0x5a);
+    let good = b.rtc.save().unwrap();
+    let corrupt = |field: &str, value: serde_json::Value| {
+        let mut state = good.clone();
+        state[field] = value;
+        b.rtc.restore(state).unwrap_err().what
+    };
+    assert_eq!(corrupt("index", serde_json::json!(128)), "rtc.index");
+    assert_eq!(corrupt("ram", serde_json::json!(vec![0; 4])), "rtc.ram");
+    assert_eq!(corrupt("reg_c", serde_json::json!(0x0f)), "rtc.reg_c");
+    assert_eq!(corrupt("offset", serde_json::json!(i64::MAX)), "rtc.offset");
+    let held = serde_json::json!({"time": vec![0; 7], "century": 0x20});
+    assert_eq!(corrupt("held", held), "rtc.held");
+    let mut set_and_uie = good["ram"].clone();
+    set_and_uie[usize::from(REG_B)] = (SET | UIE).into();
+    assert_eq!(corrupt("ram", set_and_uie), "rtc.ram");
+    assert_eq!(b.get(0x40), 0x5a, "a refused state changes nothing");
+}
+
+#[test]
+fn a_paused_rtc_raises_nothing_until_it_resumes() {
+    use crate::snapshot::Persist;
+    let b = Bench::new();
+    b.set(REG_B, B_24H | UIE);
+    b.rtc.pause().unwrap();
+    b.advance(SECOND);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(b.irqs(), 0, "the update came while paused");
+    assert_eq!(
+        b.rtc.save().unwrap()["reg_c"],
+        0,
+        "no flag taken while paused"
+    );
+    b.rtc.resume();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while b.irqs() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no interrupt after resume"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

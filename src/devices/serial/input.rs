@@ -16,9 +16,10 @@ use super::SerialConsole;
 use crate::seccomp::{self, ThreadKind};
 
 /// Signals the console input thread, once there is one, when the guest has read the last byte
-/// of the receive FIFO: there is room for more input.
-#[derive(Default)]
-pub struct InputRoom(OnceLock<Arc<EventFd>>);
+/// of the receive FIFO: there is room for more input. Clones share the thread's signal, so a
+/// UART restored from a snapshot keeps its input thread.
+#[derive(Clone, Default)]
+pub struct InputRoom(Arc<OnceLock<Arc<EventFd>>>);
 
 impl SerialEvents for InputRoom {
     fn buffer_read(&self) {}

@@ -19,8 +19,10 @@
 
 mod input;
 mod output;
+mod persist;
 
 use std::io::{self, Write};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use vm_superio::{Serial, Trigger};
@@ -62,6 +64,7 @@ pub enum ConsoleOutput {
 }
 
 /// The UART's writer: the in-memory log, or the console thread's queue.
+#[derive(Clone)]
 enum Sink {
     Buffer(Arc<Mutex<Vec<u8>>>),
     Queue(Arc<Queue>, Arc<DeviceLog>),
@@ -97,8 +100,10 @@ impl Write for Sink {
     }
 }
 
-/// Raises the UART's interrupt by signalling an eventfd bound to its GSI with an irqfd.
-pub struct IrqTrigger(pub EventFd);
+/// Raises the UART's interrupt by signalling an eventfd bound to its GSI with an irqfd
+/// (shared, so that a restored UART signals the same one).
+#[derive(Clone)]
+pub struct IrqTrigger(pub Arc<EventFd>);
 
 impl Trigger for IrqTrigger {
     type E = io::Error;
@@ -117,6 +122,8 @@ pub struct SerialConsole {
     /// The console thread, if output goes through it.
     output: Option<ConsoleThread>,
     log: Arc<DeviceLog>,
+    /// Restored from a snapshot: its pending interrupt is raised again at resume.
+    restored: AtomicBool,
 }
 
 impl SerialConsole {
@@ -148,11 +155,12 @@ impl SerialConsole {
     }
 
     fn build(irq: EventFd, sink: Sink, output: Option<ConsoleThread>, log: Arc<DeviceLog>) -> Self {
-        let uart = Serial::with_events(IrqTrigger(irq), InputRoom::default(), sink);
+        let uart = Serial::with_events(IrqTrigger(Arc::new(irq)), InputRoom::default(), sink);
         SerialConsole {
             uart: Arc::new(Mutex::new(uart)),
             output,
             log,
+            restored: AtomicBool::new(false),
         }
     }
 

@@ -41,7 +41,7 @@ use irte::{EntryFault, Irte, interrupt_index};
 
 /// The table as SIRTP latched it (§10.4.29).
 #[derive(Clone, Copy, Debug, Default)]
-struct Table {
+pub(super) struct Table {
     base: u64,
     /// 2^(S + 1) entries.
     entries: u32,
@@ -62,12 +62,32 @@ struct Blocked {
 pub(super) struct InterruptRemapping {
     /// IRTA as written.
     pub(super) address: u64,
-    table: Table,
-    enabled: bool,
-    compatibility: bool,
-    cache: EntryCache,
+    pub(super) table: Table,
+    /// GSTS.IRES.
+    pub(super) enabled: bool,
+    /// GSTS.CFIS.
+    pub(super) compatibility: bool,
+    pub(super) cache: EntryCache,
     remapped: u64,
     blocked: u64,
+}
+
+impl Table {
+    /// The table IRTA `irta` names: its base, 2^(S + 1) entries, EIME.
+    pub(super) fn latched(irta: u64) -> Table {
+        Table {
+            base: irta & !(PAGE_SIZE - 1),
+            entries: 2 << (irta & VTD_IRTA_S_MASK),
+            extended: irta & VTD_IRTA_EIME != 0,
+        }
+    }
+
+    /// The IRTA value it was latched from, none if SIRTP never latched one.
+    pub(super) fn irta(&self) -> Option<u64> {
+        let s = u64::from(self.entries.checked_ilog2()?.checked_sub(1)?);
+        let eime = if self.extended { VTD_IRTA_EIME } else { 0 };
+        Some(self.base | eime | s)
+    }
 }
 
 impl InterruptRemapping {
@@ -190,12 +210,7 @@ impl Iommu {
             let mut intr = self.intr.lock().unwrap();
             if value & VTD_GCMD_SIRTP != 0 {
                 // The cache keeps what it holds: software invalidates it after SIRTP (§6.5.2.7).
-                let irta = intr.address;
-                intr.table = Table {
-                    base: irta & !(PAGE_SIZE - 1),
-                    entries: 2 << (irta & VTD_IRTA_S_MASK),
-                    extended: irta & VTD_IRTA_EIME != 0,
-                };
+                intr.table = Table::latched(intr.address);
                 regs.status |= VTD_GCMD_SIRTP;
             }
             regs.status ^= changed;
@@ -214,7 +229,7 @@ impl Iommu {
     }
 
     /// Remap every device's routes and commit the ones that changed, once for all.
-    fn refresh_interrupt_routes(&self, regs: &mut Registers) {
+    pub(super) fn refresh_interrupt_routes(&self, regs: &mut Registers) {
         let live: Vec<Arc<RemappedRoutes>> = self
             .remapped
             .lock()

@@ -14,6 +14,7 @@
 //! condition holds (a line asserted while masked or awaiting EOI is kept, and delivered once
 //! it can be).
 
+mod persist;
 pub mod pins;
 pub mod rte;
 
@@ -173,16 +174,23 @@ impl Ioapic {
     /// that KVM reports the EOIs of its vector if level-triggered; otherwise remove the route,
     /// so that the unit does not judge (and fault) a message the pin cannot send.
     fn route(&self, pin: u8, rte: Rte) {
+        if let Err(e) = self
+            .stage_route(pin, rte)
+            .and_then(|()| self.routes.commit())
+        {
+            guest_error!(self.log, "cannot route redirection entry {pin}: {e}");
+        }
+    }
+
+    /// [`Ioapic::route`] without the commit.
+    fn stage_route(&self, pin: u8, rte: Rte) -> Result<(), super::IrqError> {
         let (address, data) = rte.message();
         let gsi = u32::from(pin);
         let live = !rte.masked() || rte.remote_irr();
-        let result = if live && self.routes.accepts(address, data) {
+        if live && self.routes.accepts(address, data) {
             self.routes.set_msi(gsi, address, data)
         } else {
             self.routes.clear(gsi)
-        };
-        if let Err(e) = result.and_then(|()| self.routes.commit()) {
-            guest_error!(self.log, "cannot route redirection entry {pin}: {e}");
         }
     }
 

@@ -157,3 +157,88 @@ fn a_masked_entry_keeps_its_route_only_until_its_eoi() {
     set_rte(&b.ioapic, 4, 0x1_0030, 0);
     assert_eq!(b.routes.route(4), None, "a masked edge entry has none");
 }
+
+/// Every register the guest reads: ID, version, the 48 redirection halves.
+fn registers(ioapic: &Ioapic) -> Vec<u32> {
+    (0..0x10 + 2 * PINS).map(|r| read_reg(ioapic, r)).collect()
+}
+
+#[test]
+fn a_restored_ioapic_reads_the_same_routes_its_entries_and_awaits_the_eoi() {
+    use crate::snapshot::Persist;
+    let b = bench();
+    write_reg(&b.ioapic, 0, 0x0300_0000);
+    set_rte(&b.ioapic, 4, 0x34, 0x0200_0000); // edge, unmasked
+    set_rte(&b.ioapic, 16, IOAPIC_REDIR_LEVEL | 0x41, 0);
+    b.ioapic.assert(16); // sent: remote IRR until the EOI of 0x41
+    b.ioapic.write(IOAPIC_REGSEL, &[0x12]);
+    let state = b.ioapic.save().unwrap();
+
+    let fresh = bench();
+    let commits = fresh.routes.commits();
+    fresh.ioapic.restore(state).unwrap();
+    assert_eq!(
+        fresh.routes.commits(),
+        commits + 1,
+        "one commit for all entries"
+    );
+    let mut sel = [0];
+    fresh.ioapic.read(IOAPIC_REGSEL, &mut sel);
+    assert_eq!(sel, [0x12], "IOREGSEL");
+    assert_eq!(registers(&fresh.ioapic), registers(&b.ioapic));
+    assert_eq!(fresh.routes.route(4), Some((0xfee0_2000, 0x34)));
+    assert_eq!(fresh.routes.route(16), Some((0xfee0_0000, 0x8041)));
+    assert!(
+        fresh.routes.injected().is_empty(),
+        "awaiting the EOI: nothing resent"
+    );
+    fresh.ioapic.eoi(0x41);
+    assert_eq!(
+        fresh.resample.read().unwrap(),
+        1,
+        "the EOI reaches the device"
+    );
+    assert_eq!(read_reg(&fresh.ioapic, 0x30) & 0x4000, 0);
+}
+
+#[test]
+fn a_restored_asserted_level_line_is_sent_once() {
+    use crate::snapshot::Persist;
+    let b = bench();
+    set_rte(&b.ioapic, 16, IOAPIC_REDIR_LEVEL | 0x1_0041, 0); // masked
+    b.ioapic.assert(16);
+    let mut state = b.ioapic.save().unwrap();
+    assert_eq!(state["asserted"], 1 << 16);
+    state["rtes"][16] = (IOAPIC_REDIR_LEVEL | 0x41).into(); // as if unmasked at snapshot
+    let fresh = bench();
+    fresh.ioapic.restore(state).unwrap();
+    assert_eq!(fresh.routes.injected(), vec![(0xfee0_0000, 0x8041)]);
+}
+
+#[test]
+fn a_corrupted_ioapic_state_is_refused_naming_the_field() {
+    use crate::snapshot::Persist;
+    let b = bench();
+    let good = b.ioapic.save().unwrap();
+    let corrupt = |field: &str, at: Option<usize>, value: serde_json::Value| {
+        let mut state = good.clone();
+        match at {
+            Some(i) => state[field][i] = value,
+            None => state[field] = value,
+        }
+        b.ioapic.restore(state).unwrap_err().what
+    };
+    assert_eq!(corrupt("id", None, 1.into()), "ioapic.id");
+    assert_eq!(corrupt("rtes", None, serde_json::json!([0])), "ioapic.rtes");
+    assert_eq!(corrupt("rtes", Some(3), 0x1000.into()), "ioapic.rtes[3]");
+    assert_eq!(corrupt("rtes", Some(5), 0x4000.into()), "ioapic.rtes[5]");
+    assert_eq!(
+        corrupt("asserted", None, (1u64 << 24).into()),
+        "ioapic.asserted"
+    );
+    assert_eq!(
+        read_reg(&b.ioapic, 0x10),
+        0x1_0000,
+        "a refused state changes nothing"
+    );
+}

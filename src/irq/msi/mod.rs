@@ -474,5 +474,8 @@ impl Drop for MsiVectors {
     }
 }
 
+mod persist;
 #[cfg(test)]
 mod tests;
+
+pub use persist::VectorState;

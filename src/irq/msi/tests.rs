@@ -4,7 +4,10 @@
 use super::*;
 use crate::irq::{CommitStrategy, GsiRouting};
 
-fn vectors(strategy: CommitStrategy, count: usize) -> (MsiVectors, Arc<GsiRouting>) {
+pub(in crate::irq::msi) fn vectors(
+    strategy: CommitStrategy,
+    count: usize,
+) -> (MsiVectors, Arc<GsiRouting>) {
     let vm = Arc::new(kvm_ioctls::Kvm::new().unwrap().create_vm().unwrap());
     vm.create_irq_chip().unwrap();
     let routing = Arc::new(GsiRouting::new(vm, strategy).unwrap());

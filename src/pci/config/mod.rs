@@ -11,6 +11,7 @@
 
 mod bar;
 mod capability;
+mod persist;
 #[cfg(test)]
 mod tests;
 mod window;

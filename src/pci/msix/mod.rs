@@ -29,7 +29,7 @@ pub const MAX_ENTRIES: usize = 2048;
 
 /// Words of one entry as the guest wrote them: address low, address high, data. The mask bit
 /// lives in the [`MsiVectors`].
-type Entry = [u32; 3];
+pub type Entry = [u32; 3];
 
 /// The MSI-X state of one function.
 pub struct Msix {
@@ -268,5 +268,8 @@ impl Msix {
     }
 }
 
+mod persist;
 #[cfg(test)]
 mod tests;
+
+pub use persist::MsixState;

@@ -557,5 +557,6 @@ impl PciRoot {
     }
 }
 
+mod persist;
 #[cfg(test)]
 mod tests;

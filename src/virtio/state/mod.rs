@@ -403,5 +403,8 @@ impl VirtioState {
     }
 }
 
+mod persist;
 #[cfg(test)]
 mod tests;
+
+pub use persist::{QueueRegs, RegisterState};

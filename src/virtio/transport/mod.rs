@@ -5,6 +5,7 @@
 
 pub mod mmio;
 pub mod pci;
+pub mod persist;
 
 use crate::virtio::Ring;
 

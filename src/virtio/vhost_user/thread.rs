@@ -22,6 +22,7 @@ use super::connection::{Connection, VHOST_USER_F_PROTOCOL_FEATURES};
 use super::{VhostUserSpec, VhostUserWork, memory};
 use crate::irq::VectorWatcher;
 use crate::seccomp::ThreadKind;
+use crate::virtio::device::QueuePosition;
 use crate::virtio::device::{DeviceHealth, Notification};
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::notify::QueueEvents;
@@ -263,23 +264,43 @@ impl VhostUserThread {
                     let _ = ack.send(());
                 }
                 Command::Sync(ack) => {
-                    let bases = self.stop_all();
-                    if let Some(r) = &mut self.rings {
-                        for (queue, base) in r.queues.iter_mut().zip(bases) {
-                            if let Some(b) = base {
-                                queue.set_next_avail(b);
-                            }
-                        }
-                    }
+                    self.stop_at_bases();
                     let _ = ack.send(());
                 }
-                Command::KickAll => {
+                Command::Pause(ack) => {
+                    // The backend has finished with what it took once GET_VRING_BASE answers:
+                    // every chain it took is used, so both positions are the base.
+                    self.stop_at_bases();
+                    let positions = self.rings.as_ref().map(|r| {
+                        r.queues
+                            .iter()
+                            .map(|q| QueuePosition {
+                                next_avail: q.next_avail(),
+                                next_used: q.next_avail(),
+                            })
+                            .collect()
+                    });
+                    let _ = ack.send(positions);
+                }
+                Command::KickAll | Command::Resume => {
                     if let Some(r) = self.rings.take() {
                         if !self.started.iter().any(|&s| s) {
                             self.start(&r);
                         }
                         self.rings = Some(r);
                     }
+                }
+            }
+        }
+    }
+
+    /// Stop every running ring, and restart them later at the bases they stopped at.
+    fn stop_at_bases(&mut self) {
+        let bases = self.stop_all();
+        if let Some(r) = &mut self.rings {
+            for (queue, base) in r.queues.iter_mut().zip(bases) {
+                if let Some(b) = base {
+                    queue.set_next_avail(b);
                 }
             }
         }

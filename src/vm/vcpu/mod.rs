@@ -153,6 +153,11 @@ pub struct Vcpu {
     index: u8,
     /// Guest RAM, read only to show the bytes of an instruction KVM cannot emulate.
     memory: GuestMemoryMmap,
+    /// The MSRs a snapshot holds: those of KVM's list this vCPU reads (`state`).
+    msrs: Vec<u32>,
+    /// Whether KVM gives the XSAVE area and the XCRs (`state::xsave_caps`).
+    has_xsave: bool,
+    has_xcrs: bool,
 }
 
 /// `cc 0f 0b`: bytes as a disassembler lists them.
@@ -193,11 +198,16 @@ impl Vcpu {
         fd.set_cpuid2(&cpuid::for_vcpu(cpuid.clone(), index))
             .map_err(err("set CPUID"))?;
         let run_page = RunPage::new(&fd)?;
+        let msrs = state::readable_msrs(vm, &fd, index == 0)?;
+        let (has_xsave, has_xcrs) = state::xsave_caps(vm, index == 0);
         Ok(Vcpu {
             fd,
             run_page,
             index,
             memory: vm.memory().clone(),
+            msrs,
+            has_xsave,
+            has_xcrs,
         })
     }
 
@@ -303,7 +313,9 @@ impl Vcpu {
     /// Park until the VMM's user resumes the machine, at an instruction boundary.
     fn pause(&mut self, control: &RunControl) {
         self.complete_exit();
-        control.pause().park(|| control.is_stopping());
+        control
+            .pause()
+            .park(self.index, || control.is_stopping(), || self.save_state());
     }
 
     /// Park for S3 until the machine wakes, then restart as firmware hands over after S3 (ACPI
@@ -369,6 +381,8 @@ impl Vcpu {
         }
     }
 }
+
+mod state;
 
 #[cfg(test)]
 mod tests;

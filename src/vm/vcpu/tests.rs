@@ -120,7 +120,7 @@ impl BusDevice for Done {
 
 /// A 16 MiB VM with `code` at the probe's load address and vCPU 0 about to run it in long
 /// mode at CPL 0 (the VM must outlive the vCPU's run).
-fn vcpu_running(code: &[u8]) -> (Vm, Vcpu) {
+pub(super) fn vcpu_running(code: &[u8]) -> (Vm, Vcpu) {
     use crate::contract::PROBE_LOAD_ADDR;
     use vm_memory::{Bytes, GuestAddress};
     let vm = Vm::new(&[(0, 16 << 20)], false).unwrap();

@@ -21,7 +21,7 @@ use crate::virtio::regs::{
 use crate::virtio::state::VirtioState;
 
 /// The MSI registers that stage a vector's message until the UPDATE command.
-#[derive(Default)]
+#[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(super) struct MsiStaging {
     /// MsiSel: the vector the other registers act on.
     select: u32,

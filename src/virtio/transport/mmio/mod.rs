@@ -8,6 +8,7 @@
 //! handler touches no device register.
 
 mod extension;
+mod persist;
 mod registers;
 #[cfg(test)]
 mod tests;
@@ -32,6 +33,7 @@ use crate::virtio::regs::{
     VIRTIO_MMIO_QUEUE_NOTIFY,
 };
 use crate::virtio::state::VirtioState;
+use crate::virtio::transport::persist::Phase;
 use crate::virtio::worker::{Worker, WorkerHandle};
 use crate::virtio::{DeviceParts, TransportEnv, VirtioError, spawn_worker};
 
@@ -49,6 +51,8 @@ pub struct MmioTransport {
     staging: Mutex<MsiStaging>,
     /// The extension's MsiControl register.
     msi_control: AtomicU32,
+    /// Where it is in a snapshot's life.
+    phase: Mutex<Phase>,
 }
 
 /// Where a virtio-mmio device sits and how its doorbells are wired.
@@ -155,6 +159,7 @@ impl MmioTransport {
                 events,
                 staging: Mutex::new(MsiStaging::default()),
                 msi_control: AtomicU32::new(0),
+                phase: Mutex::default(),
             },
             worker,
         ))

@@ -21,25 +21,25 @@ fn transport(notify: NotifyPath) -> (MmioTransport, Worker, Arc<FakeRoutes>) {
 
 /// Select vector `index` and give it the message (interrupt window, `data`), as a driver
 /// does: staging registers, then UPDATE.
-fn program_vector(t: &MmioTransport, index: u32, data: u32) {
+pub(super) fn program_vector(t: &MmioTransport, index: u32, data: u32) {
     write(t, VIRTIO_MMIO_MSI_SEL, index);
     write(t, VIRTIO_MMIO_MSI_ADDRESS_LOW, 0xfee0_0000);
     write(t, VIRTIO_MMIO_MSI_DATA, data);
     write(t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UPDATE);
 }
 
-fn read(t: &MmioTransport, reg: u32) -> u32 {
+pub(super) fn read(t: &MmioTransport, reg: u32) -> u32 {
     let mut b = [0u8; 4];
     t.read(u64::from(reg), &mut b);
     u32::from_le_bytes(b)
 }
 
-fn write(t: &MmioTransport, reg: u32, v: u32) {
+pub(super) fn write(t: &MmioTransport, reg: u32, v: u32) {
     t.write(u64::from(reg), &v.to_le_bytes());
 }
 
 /// Drive the device to FEATURES_OK with `extra` transport features.
-fn negotiate(t: &MmioTransport, extra: u64) {
+pub(super) fn negotiate(t: &MmioTransport, extra: u64) {
     write(
         t,
         VIRTIO_MMIO_STATUS,

@@ -12,6 +12,7 @@
 mod capabilities;
 mod cfg_access;
 mod common_cfg;
+mod persist;
 #[cfg(test)]
 mod tests;
 
@@ -27,6 +28,7 @@ use crate::pci::config::{ConfigSpace, FunctionLayout, touches};
 use crate::pci::function::PciFunction;
 use crate::pci::msix::Msix;
 use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER, PCI_MSIX_ENTRY_SIZE};
+use crate::snapshot::StateError;
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use crate::virtio::regs::{
@@ -35,6 +37,7 @@ use crate::virtio::regs::{
     VIRTIO_PCI_NOTIFY_MULTIPLIER,
 };
 use crate::virtio::state::VirtioState;
+use crate::virtio::transport::persist::Phase;
 use crate::virtio::worker::{Command, Worker, WorkerHandle};
 use crate::virtio::{DeviceParts, TransportEnv, VirtioError, spawn_worker};
 
@@ -56,6 +59,8 @@ pub struct VirtioPci {
     pci_cfg: PciCfgWindow,
     /// Where BAR 0 decodes and the doorbell ioeventfds are registered, if it does.
     doorbells_at: Option<u64>,
+    /// Where it is in a snapshot's life.
+    phase: Phase,
 }
 
 impl VirtioPci {
@@ -121,6 +126,7 @@ impl VirtioPci {
                 msix: Msix::new(msi),
                 pci_cfg: PciCfgWindow::default(),
                 doorbells_at: None,
+                phase: Phase::default(),
             },
             worker,
         ))
@@ -317,5 +323,26 @@ impl PciFunction for VirtioPci {
                 data.len()
             ),
         }
+    }
+
+    fn pause(&mut self) -> Result<(), StateError> {
+        self.snapshot_pause()
+    }
+
+    fn save(&self) -> Result<Option<serde_json::Value>, StateError> {
+        self.snapshot_save()
+    }
+
+    fn restore(
+        &mut self,
+        what: &str,
+        config: &ConfigSpace,
+        state: Option<serde_json::Value>,
+    ) -> Result<(), StateError> {
+        self.snapshot_restore(what, config, state)
+    }
+
+    fn resume(&mut self) {
+        self.snapshot_resume();
     }
 }

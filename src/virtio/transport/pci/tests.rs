@@ -15,13 +15,13 @@ use crate::pci::regs::*;
 use crate::pci::root::{BarBuses, BarWindows, PciRoot};
 use crate::virtio::regs::*;
 
-fn function(notify: NotifyPath) -> (VirtioPci, Worker, Arc<FakeIoEvents>) {
+pub(super) fn function(notify: NotifyPath) -> (VirtioPci, Worker, Arc<FakeIoEvents>) {
     let p = crate::virtio::test_parts();
     let (f, w) = VirtioPci::new(p.env, p.net, 0x18, 3, notify).unwrap();
     (f, w, p.ioevents)
 }
 
-fn config() -> ConfigSpace {
+pub(super) fn config() -> ConfigSpace {
     let window = Arc::new(ConfigWindow::new(1).unwrap());
     let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
     ConfigSpace::new(window, 0, &layout, &[0xc000_0000])
@@ -29,13 +29,13 @@ fn config() -> ConfigSpace {
         .0
 }
 
-fn bar_read(f: &mut VirtioPci, c: &ConfigSpace, offset: u32, len: usize) -> u32 {
+pub(super) fn bar_read(f: &mut VirtioPci, c: &ConfigSpace, offset: u32, len: usize) -> u32 {
     let mut b = [0u8; 4];
     f.bar_read(c, 0, u64::from(offset), &mut b[..len]);
     u32::from_le_bytes(b)
 }
 
-fn bar_write(f: &mut VirtioPci, c: &ConfigSpace, offset: u32, len: usize, v: u32) {
+pub(super) fn bar_write(f: &mut VirtioPci, c: &ConfigSpace, offset: u32, len: usize, v: u32) {
     f.bar_write(c, 0, u64::from(offset), &v.to_le_bytes()[..len]);
 }
 
@@ -455,7 +455,7 @@ fn doorbell_ioeventfds_follow_bar0_where_it_really_decodes() {
     assert_eq!(addresses().len(), 2, "inside again");
 }
 
-fn set_command(f: &mut VirtioPci, c: &ConfigSpace, command: u16) {
+pub(super) fn set_command(f: &mut VirtioPci, c: &ConfigSpace, command: u16) {
     c.set_u16(PCI_COMMAND, command);
     f.config_written(c, PCI_COMMAND, 2);
 }

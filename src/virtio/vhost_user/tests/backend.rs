@@ -34,6 +34,8 @@ pub struct Record {
     pub connections: usize,
     /// The end of the current connection, for the test to hang up.
     pub stream: Option<UnixStream>,
+    /// What GET_VRING_BASE answers: where the backend stopped each ring.
+    pub base: u32,
 }
 
 /// How the backend behaves.
@@ -152,7 +154,8 @@ impl VhostUserBackendReqHandlerMut for FakeBackend {
     }
     fn get_vring_base(&mut self, index: u32) -> Result<VhostUserVringState> {
         self.note(format!("GET_VRING_BASE {index}"));
-        Ok(VhostUserVringState::new(index, 0))
+        let base = self.record.lock().unwrap().base;
+        Ok(VhostUserVringState::new(index, base))
     }
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
         self.note(format!("SET_VRING_KICK {index}"));

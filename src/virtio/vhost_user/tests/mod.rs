@@ -5,6 +5,7 @@
 #![allow(clippy::cast_possible_truncation)] // fixtures
 
 mod backend;
+mod persist;
 
 use std::fs::File;
 use std::io::Write;

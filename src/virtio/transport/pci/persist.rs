@@ -1,0 +1,70 @@
+//! A virtio-pci function in a snapshot (`crate::snapshot`), beside its configuration space
+//! (which the root saves): the common registers, interrupt state and queue positions
+//! ([`crate::virtio::transport::persist`]) and the MSI-X table with its vectors. At restore the
+//! configuration space is back first, so Bus Master Enable and MSI-X Enable / Function Mask
+//! are read there; the doorbells follow BAR 0 when the root places it.
+
+use serde::{Deserialize, Serialize};
+
+use super::VirtioPci;
+use crate::pci::config::ConfigSpace;
+use crate::pci::msix::MsixState;
+use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER};
+use crate::snapshot::{StateError, from_state, to_state};
+use crate::virtio::transport::persist::CommonState;
+
+/// What a virtio-pci function saves.
+#[derive(Serialize, Deserialize)]
+struct PciState {
+    common: CommonState,
+    msix: MsixState,
+}
+
+impl VirtioPci {
+    /// The name errors about pause and save give: the function's log's.
+    fn what(&self) -> String {
+        self.log.name().to_owned()
+    }
+
+    pub(super) fn snapshot_pause(&mut self) -> Result<(), StateError> {
+        let what = self.what();
+        self.phase.pause(&what, &self.worker)
+    }
+
+    pub(super) fn snapshot_save(&self) -> Result<Option<serde_json::Value>, StateError> {
+        let what = self.what();
+        let st = self.state.lock().unwrap();
+        let state = PciState {
+            common: self.phase.save(&what, &st, &self.interrupts)?,
+            msix: self.msix.save(),
+        };
+        to_state(&what, &state).map(Some)
+    }
+
+    pub(super) fn snapshot_restore(
+        &mut self,
+        what: &str,
+        config: &ConfigSpace,
+        state: Option<serde_json::Value>,
+    ) -> Result<(), StateError> {
+        let state = state.ok_or_else(|| StateError::new(what, "no virtio-pci state"))?;
+        let saved: PciState = from_state(what, state)?;
+        let mut st = self.state.lock().unwrap();
+        self.phase
+            .restore(what, &mut st, &self.interrupts, &saved.common)?;
+        drop(st);
+        // Without Bus Master Enable the device thread leaves the rings alone (PCI 3.0 §6.2.2).
+        let master = config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0;
+        self.dma.bus_master().set(master);
+        self.msix
+            .restore(&format!("{what}.msix"), config, &saved.msix)
+    }
+
+    pub(super) fn snapshot_resume(&mut self) {
+        let st = self.state.lock().unwrap();
+        self.phase.resume(&st, &self.worker, &self.dma);
+    }
+}
+
+#[cfg(test)]
+mod tests;

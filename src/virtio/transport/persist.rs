@@ -1,0 +1,126 @@
+//! What both transports do for a snapshot (`crate::snapshot`), around their own registers: the
+//! device thread paused with each live queue's position, the common registers and interrupt
+//! state saved and checked back in, and the device thread restarted where it stopped: the same
+//! thread after a pause, or a fresh one handed the saved queues at their positions when a
+//! restored device's driver had set DRIVER_OK.
+
+use serde::{Deserialize, Serialize};
+use virtio_queue::{Queue, QueueT};
+
+use crate::dma::DmaContext;
+use crate::snapshot::StateError;
+use crate::virtio::device::QueuePosition;
+use crate::virtio::interrupt::Interrupts;
+use crate::virtio::interrupt::persist::InterruptState;
+use crate::virtio::state::{RegisterState, VirtioState};
+use crate::virtio::worker::{Command, WorkerHandle};
+
+/// Where a transport is in a snapshot's life.
+#[derive(Default)]
+pub enum Phase {
+    /// Not in a snapshot: the device thread serves the queues.
+    #[default]
+    Running,
+    /// Paused: the device thread waits; the positions it reported, if it was live.
+    Paused(Option<Vec<QueuePosition>>),
+    /// Restored, not yet resumed: the queues to hand the device thread, if it was live.
+    Restored(Option<Vec<Queue>>),
+}
+
+/// The state both transports keep alike.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommonState {
+    /// Features, status, selectors, queue registers.
+    pub registers: RegisterState,
+    /// ISR status and vector assignment.
+    pub interrupts: InterruptState,
+    /// Where the device thread is in each queue, if the device was live.
+    pub positions: Option<Vec<QueuePosition>>,
+}
+
+impl Phase {
+    /// Pause the device thread (once): it finishes what it was doing and reports its
+    /// positions. `what` names the device in an error.
+    pub fn pause(&mut self, what: &str, worker: &WorkerHandle) -> Result<(), StateError> {
+        if let Phase::Running = self {
+            let positions = worker.pause().map_err(|waited| {
+                StateError::new(
+                    what,
+                    format_args!("the device thread did not stop within {waited:?}"),
+                )
+            })?;
+            *self = Phase::Paused(positions);
+        }
+        Ok(())
+    }
+
+    /// The state, with `st` and `interrupts` as they are (the device paused or restored).
+    pub fn save(
+        &self,
+        what: &str,
+        st: &VirtioState,
+        interrupts: &Interrupts,
+    ) -> Result<CommonState, StateError> {
+        let positions = match self {
+            Phase::Running if st.is_live() => {
+                return Err(StateError::new(what, "saved while its device thread runs"));
+            }
+            Phase::Running => None,
+            Phase::Paused(positions) => positions.clone(),
+            Phase::Restored(queues) => queues.as_ref().map(|queues| {
+                queues
+                    .iter()
+                    .map(|q| QueuePosition {
+                        next_avail: q.next_avail(),
+                        next_used: q.next_used(),
+                    })
+                    .collect()
+            }),
+        };
+        Ok(CommonState {
+            registers: st.save(),
+            interrupts: interrupts.save(),
+            positions,
+        })
+    }
+
+    /// Take `saved` into the freshly built `st` and `interrupts`; a live device's queues are
+    /// kept for [`Phase::resume`]. Errors name `what`'s field.
+    pub fn restore(
+        &mut self,
+        what: &str,
+        st: &mut VirtioState,
+        interrupts: &Interrupts,
+        saved: &CommonState,
+    ) -> Result<(), StateError> {
+        st.restore(what, &saved.registers)?;
+        let queues = match (&saved.positions, st.is_live()) {
+            (Some(positions), true) => Some(st.queues_at(what, positions)?),
+            (None, false) => None,
+            (_, live) => {
+                return Err(StateError::new(
+                    format!("{what}.positions"),
+                    if live {
+                        "missing for a live device"
+                    } else {
+                        "given for a device that is not live"
+                    },
+                ));
+            }
+        };
+        interrupts.restore(&format!("{what}.interrupts"), &saved.interrupts)?;
+        *self = Phase::Restored(queues);
+        Ok(())
+    }
+
+    /// Serve the queues again: the paused thread resumes, or a restored live device's thread
+    /// is handed its queues at their positions through `dma`.
+    pub fn resume(&mut self, st: &VirtioState, worker: &WorkerHandle, dma: &DmaContext) {
+        match std::mem::take(self) {
+            Phase::Running => {}
+            Phase::Paused(_) => worker.send(Command::Resume),
+            Phase::Restored(Some(queues)) => crate::virtio::activate(st, worker, dma, queues),
+            Phase::Restored(None) => {}
+        }
+    }
+}
