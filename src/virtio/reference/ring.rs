@@ -292,85 +292,54 @@ impl RingScenario {
 
     /// A scenario made from arbitrary bytes (zeros past their end).
     pub fn from_bytes(data: &[u8]) -> Self {
-        let mut bytes = data.iter().copied().chain(std::iter::repeat(0));
-        let mut next = move || bytes.next().unwrap_or(0);
-        let word = |next: &mut dyn FnMut() -> u8| u16::from_le_bytes([next(), next()]);
-        let config = next();
+        let mut input = Input(data);
+        let config = input.byte();
         let size = 1u16 << (config % 9);
-        let mut s = RingScenario {
-            size,
-            event_idx: config & 0x10 != 0,
-            translated: config & 0x20 != 0,
-            next_avail: word(&mut next),
-            next_used: word(&mut next),
-            image: Vec::new(),
-            rounds: Vec::new(),
-            script: Vec::new(),
-        };
-        // The descriptor table: mostly buffers inside the first region after the rings,
-        // some anywhere in the first 0x2_0000 bytes (either region, the hole, past the end)
-        // and of any length (chains past 4 GiB);
-        // any flags (indirect ones rarer) and links, a few outside the table.
-        for _ in 0..size {
-            let [shape, bits] = [next(), next()];
-            let (addr, len) = if shape & 3 == 0 {
-                let len = u32::from(word(&mut next)) << 16 | u32::from(word(&mut next));
-                (u64::from(word(&mut next)) * 2, len)
-            } else {
-                let addr = RINGS + u64::from(word(&mut next)) % 0x4000;
-                (addr, u32::from(word(&mut next) % 0x800))
-            };
-            let indirect = if bits & 0x38 == 0 { 4 } else { 0 };
-            let flags = u16::from(bits & 3 | indirect);
-            let link = u16::from(next()) % (size + u16::from(shape >> 7));
-            s.image.extend(addr.to_le_bytes());
-            s.image.extend(len.to_le_bytes());
-            s.image.extend(flags.to_le_bytes());
-            s.image.extend(link.to_le_bytes());
-        }
-        s.image.resize(usize::try_from(RINGS).expect("small"), 0);
+        let (next_avail, next_used) = (input.word(), input.word());
+        let mut image = table(&mut input, size);
         // The driver's ring starts where the device is, the device's where it left it,
         // used_event near the used idx (where the decision turns) and avail_event anywhere.
-        let mut put = |at: u64, value: u16| {
-            let at = usize::try_from(at).expect("small");
-            s.image[at..at + 2].copy_from_slice(&value.to_le_bytes());
-        };
-        put(AVAIL + 2, s.next_avail);
-        put(USED + 2, s.next_used);
-        let near = s
-            .next_used
-            .wrapping_add(u16::from(next() % 8))
+        let near = next_used
+            .wrapping_add(u16::from(input.byte() % 8))
             .wrapping_sub(3);
-        put(AVAIL + 4 + 2 * u64::from(size), near);
-        put(USED + 4 + 8 * u64::from(size), word(&mut next));
-        for _ in 0..1 + next() % 6 {
-            let writes = (0..next() % 4)
-                .map(|_| {
-                    let w = word(&mut next);
-                    if w & 7 == 0 {
-                        DriverWrite::Store((u64::from(w) % RINGS) & !1, word(&mut next))
-                    } else {
-                        let n = (w >> 3) % (size + 1);
-                        let heads = (0..n.min(8)).map(|_| word(&mut next) % (size + 1));
-                        DriverWrite::Publish(heads.collect())
-                    }
-                })
-                .collect();
-            s.rounds.push(writes);
+        for (at, value) in [
+            (AVAIL + 2, next_avail),
+            (USED + 2, next_used),
+            (AVAIL + 4 + 2 * u64::from(size), near),
+            (USED + 4 + 8 * u64::from(size), input.word()),
+        ] {
+            let at = usize::try_from(at).expect("small");
+            image[at..at + 2].copy_from_slice(&value.to_le_bytes());
         }
-        s.script = (0..64)
+        let rounds = (0..1 + input.byte() % 6)
             .map(|_| {
-                let b = next();
+                (0..input.byte() % 4)
+                    .map(|_| driver_write(&mut input, size))
+                    .collect()
+            })
+            .collect();
+        let script = (0..64)
+            .map(|_| {
+                let b = input.byte();
                 let action = match b >> 5 {
                     0 => Action::Pause,
                     1 => Action::Fault,
                     2 => Action::Fatal,
-                    _ => Action::Used(u32::from(word(&mut next))),
+                    _ => Action::Used(u32::from(input.word())),
                 };
                 (b & 0x1f != 0, action)
             })
             .collect();
-        s
+        RingScenario {
+            size,
+            event_idx: config & 0x10 != 0,
+            translated: config & 0x20 != 0,
+            next_avail,
+            next_used,
+            image,
+            rounds,
+            script,
+        }
     }
 
     /// Serve the queue both ways and say how they differ, if they do.
@@ -395,5 +364,68 @@ impl RingScenario {
                 reference.positions
             ))
         }
+    }
+}
+
+/// Arbitrary bytes, read in order (zeros past their end).
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn byte(&mut self) -> u8 {
+        let (&b, rest) = self.0.split_first().unwrap_or((&0, &[]));
+        self.0 = rest;
+        b
+    }
+
+    fn word(&mut self) -> u16 {
+        u16::from_le_bytes([self.byte(), self.byte()])
+    }
+}
+
+/// The first `RINGS` bytes of guest memory, the descriptor table first: mostly buffers
+/// inside the first region after the rings, some anywhere in the first 0x2_0000 bytes (either
+/// region, the hole, past the end) and of any length (chains past 4 GiB); any flags (indirect
+/// ones rarer, their tables mostly in this one) and links, a few outside the table. The rings
+/// are zeros.
+fn table(input: &mut Input<'_>, size: u16) -> Vec<u8> {
+    let mut image = Vec::new();
+    for _ in 0..size {
+        let [shape, bits] = [input.byte(), input.byte()];
+        let indirect = if bits & 0x38 == 0 { 4 } else { 0 };
+        let (addr, len) = if indirect != 0 && shape & 3 != 0 {
+            // An indirect table inside this one (its entries may be indirect too), of a
+            // whole number of descriptors or not.
+            let first = u64::from(input.byte()) % u64::from(size);
+            (
+                DESC + 16 * first,
+                16 * u32::from(1 + shape % 4) + u32::from(shape >> 6 & 1),
+            )
+        } else if shape & 3 == 0 {
+            let len = u32::from(input.word()) << 16 | u32::from(input.word());
+            (u64::from(input.word()) * 2, len)
+        } else {
+            let addr = RINGS + u64::from(input.word()) % 0x4000;
+            (addr, u32::from(input.word() % 0x800))
+        };
+        let flags = u16::from(bits & 3 | indirect);
+        let link = u16::from(input.byte()) % (size + u16::from(shape >> 7));
+        image.extend(addr.to_le_bytes());
+        image.extend(len.to_le_bytes());
+        image.extend(flags.to_le_bytes());
+        image.extend(link.to_le_bytes());
+    }
+    image.resize(usize::try_from(RINGS).expect("small"), 0);
+    image
+}
+
+/// One driver write before a pass: mostly chains published (up to a ring's worth, heads
+/// sometimes past the table), sometimes a raw store anywhere in the rings.
+fn driver_write(input: &mut Input<'_>, size: u16) -> DriverWrite {
+    let w = input.word();
+    if w & 7 == 0 {
+        DriverWrite::Store((u64::from(w) % RINGS) & !1, input.word())
+    } else {
+        let n = ((w >> 3) % (size + 1)).min(8);
+        DriverWrite::Publish((0..n).map(|_| input.word() % (size + 1)).collect())
     }
 }

@@ -128,6 +128,14 @@ fn an_indirect_table_is_followed_only_where_allowed() {
     let lens: Vec<u32> = ring.descriptors(&mem, 0, true).map(|d| d.len()).collect();
     assert_eq!(lens, [4, 6]);
     assert_eq!(ring.descriptors(&mem, 0, false).count(), 0);
+    // An indirect descriptor inside an indirect table ends the walk (§2.7.5.3.1), as it
+    // ends virtio-queue's.
+    mem.write_obj(desc(0xc000, 32, 4 | NEXT, 1), GuestAddress(0xc000))
+        .unwrap();
+    assert_eq!(ring.descriptors(&mem, 0, true).count(), 0);
+    let mut reference: Queue = vq.create_queue().unwrap();
+    let chain = reference.pop_descriptor_chain(&mem).unwrap();
+    assert_eq!(chain.count(), 0);
 }
 
 #[test]
