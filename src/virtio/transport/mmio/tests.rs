@@ -287,6 +287,23 @@ fn live_recording(blocking: bool) -> (MmioTransport, Worker, Arc<FakeRoutes>, Pr
     )
 }
 
+/// The device thread never reads a doorbell's eventfd (it is watched edge-triggered): every
+/// kick still wakes it once, and a kick already handled does not wake it again.
+#[test]
+fn every_kick_wakes_the_device_thread_once() {
+    let (t, _w, _vm, (calls, entered, _)) = live_recording(false);
+    let wait = std::time::Duration::from_secs(5);
+    entered
+        .recv_timeout(wait)
+        .expect("activation looks at the queue");
+    for _ in 0..5 {
+        write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+        entered.recv_timeout(wait).expect("a kick wakes the thread");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(calls.lock().unwrap().len(), 6, "one call per kick, no more");
+}
+
 /// Defect: a notification computed before a reset was delivered after it (virtio 1.2
 /// §2.4): the device thread sent it after releasing the state lock.
 #[test]
