@@ -208,8 +208,15 @@ impl DeviceThread {
         let watch = |fd: RawFd, events: EventSet, token: u64| {
             epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(events, token))
         };
+        // Edge-triggered: a kick (every eventfd signal, KVM's ioeventfd or a write) makes its
+        // doorbell ready once, so the thread never reads the eventfd (a system call per kick)
+        // to clear it. The counter only grows; it would take 2^64 kicks to fill it.
         for (i, e) in queue_events.iter().enumerate() {
-            watch(e.as_raw_fd(), EventSet::IN, i as u64)?;
+            watch(
+                e.as_raw_fd(),
+                EventSet::IN | EventSet::EDGE_TRIGGERED,
+                i as u64,
+            )?;
         }
         // A backend's file (a tap) wakes the queue it feeds as its doorbell would; edge-
         // triggered, so frames left waiting for receive buffers do not wake the thread again
@@ -288,7 +295,6 @@ impl DeviceThread {
         let Some(e) = self.queue_events.get(q) else {
             return;
         };
-        let _ = e.read();
         if self.paused {
             // Resume looks at every queue.
             return;

@@ -7,13 +7,12 @@
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_OK,
 };
-use virtio_queue::Queue;
-
 use crate::dma::DmaContext;
 use crate::guest_error;
 use crate::logging::DeviceLog;
 use crate::virtio::chain::Chain;
 use crate::virtio::device::{ChainsServed, DeviceError, serve_chains};
+use crate::virtio::split::ServedQueue;
 
 /// Longest command read: class, command and a VQ_PAIRS_SET's 2 bytes fit many times over; a
 /// longer one is malformed, and is not copied out of guest memory.
@@ -47,7 +46,7 @@ impl ControlQueue {
     /// (VIRTIO_NET_ERR if not).
     pub fn serve(
         &mut self,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
         mut set_pairs: impl FnMut(usize) -> bool,

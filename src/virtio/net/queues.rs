@@ -4,7 +4,6 @@
 
 use std::os::fd::RawFd;
 
-use virtio_queue::{Queue, QueueT};
 
 use super::backend::NetBackend;
 use super::control::ControlQueue;
@@ -16,6 +15,7 @@ use crate::virtio::chain::Chain;
 use crate::virtio::device::{
     ChainServer, ChainsServed, DeviceError, Progress, QueueHandler, serve_chains,
 };
+use crate::virtio::split::ServedQueue;
 
 /// One receive/transmit queue pair and the backend queue behind it (a multiqueue tap has one
 /// file per pair in the same way), with each queue's scratch: the chain being served and its
@@ -71,7 +71,7 @@ impl NetQueues {
     /// header, in place in the driver's buffers.
     fn transmit(
         pair: &mut QueuePair,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
@@ -103,7 +103,7 @@ impl NetQueues {
     /// buffers, so notifications stay off until the ring runs dry with a frame waiting.
     fn receive(
         pair: &mut QueuePair,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
@@ -133,7 +133,7 @@ impl NetQueues {
     /// the only ones, so none reaches a pair between the acknowledgement and the change.
     fn control(
         &mut self,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
@@ -193,7 +193,7 @@ impl QueueHandler for NetQueues {
     fn process_queue(
         &mut self,
         index: usize,
-        queues: &mut [Queue],
+        queues: &mut [ServedQueue],
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<Progress, DeviceError> {

@@ -13,6 +13,8 @@
 
 use virtio_queue::{Queue, QueueT};
 
+use crate::virtio::split::ServedQueue;
+
 use crate::dma::DmaContext;
 use crate::virtio::device::{DeviceHealth, Notification, QueuePosition};
 use crate::virtio::interrupt::Interrupts;
@@ -22,7 +24,7 @@ use crate::virtio::net::ControlQueue;
 pub(super) struct NetControl {
     queue: ControlQueue,
     /// The ring and DMA context of the current activation, if the driver made it ready.
-    live: Option<(Queue, DmaContext)>,
+    live: Option<(ServedQueue, DmaContext)>,
     /// Active queue pairs: only the first until the driver sets more (§5.1.6.5.5).
     active: usize,
 }
@@ -50,8 +52,8 @@ impl NetControl {
     /// Where the device is in the queue, if it is live (a snapshot).
     pub fn position(&self) -> Option<QueuePosition> {
         self.live.as_ref().map(|(q, _)| QueuePosition {
-            next_avail: q.next_avail(),
-            next_used: q.next_used(),
+            next_avail: q.queue().next_avail(),
+            next_used: q.queue().next_used(),
         })
     }
 
@@ -77,7 +79,9 @@ impl NetControl {
 
     /// DRIVER_OK: serve `queue` through `dma`, if the driver made it ready.
     pub fn activate(&mut self, queue: Option<Queue>, dma: DmaContext) {
-        self.live = queue.filter(Queue::ready).map(|q| (q, dma));
+        self.live = queue
+            .filter(Queue::ready)
+            .map(|q| (ServedQueue::new(q), dma));
     }
 
     /// The driver disabled the queue.
