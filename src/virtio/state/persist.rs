@@ -52,6 +52,10 @@ pub struct RegisterState {
     pub queues: Vec<QueueRegs>,
     /// DEVICE_NEEDS_RESET.
     pub needs_reset: bool,
+    /// The driver wrote 0 to the status and the device thread had not let go of the queues
+    /// yet: the restored device completes the reset.
+    #[serde(default)]
+    pub reset_pending: bool,
     /// The device configuration space as the driver reads it.
     pub config: Vec<u8>,
 }
@@ -84,6 +88,7 @@ impl VirtioState {
                 })
                 .collect(),
             needs_reset: self.health.needs_reset(),
+            reset_pending: self.pending_reset.is_some(),
             config: self.config_bytes(),
         }
     }

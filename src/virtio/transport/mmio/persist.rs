@@ -14,7 +14,6 @@ use super::extension::MsiStaging;
 use crate::irq::MsiChange;
 use crate::irq::msi::VectorState;
 use crate::snapshot::{Persist, StateError, from_state, to_state};
-use crate::virtio::finish_late_reset;
 use crate::virtio::regs::{VIRTIO_F_MMIO_NOTIFY, VIRTIO_MMIO_MSI_CTRL_ENABLE};
 use crate::virtio::transport::persist::CommonState;
 
@@ -38,16 +37,7 @@ impl MmioTransport {
 
 impl Persist for MmioTransport {
     fn pause(&self) -> Result<(), StateError> {
-        self.phase
-            .lock()
-            .unwrap()
-            .pause(self.what(), &self.worker)?;
-        // A reset the device thread was late for is done now (it answered the pause after
-        // it): complete it, so the snapshot holds the reset device the driver waits for.
-        if finish_late_reset(&mut self.state.lock().unwrap()) {
-            self.after_reset();
-        }
-        Ok(())
+        self.phase.lock().unwrap().pause(self.what(), &self.worker)
     }
 
     fn save(&self) -> Result<serde_json::Value, StateError> {
@@ -94,6 +84,11 @@ impl Persist for MmioTransport {
         *self.staging.lock().unwrap() = saved.staging;
         if st.negotiated(VIRTIO_F_MMIO_NOTIFY) {
             self.place_address_doorbells(true);
+        }
+        // A reset the device thread was late for when the snapshot was taken: done now, as
+        // the driver, reading the status until it is 0, waits for it.
+        if saved.common.registers.reset_pending {
+            self.write_device_status(&mut st, 0);
         }
         Ok(())
     }

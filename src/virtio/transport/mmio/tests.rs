@@ -215,10 +215,10 @@ fn without_msi_a_notification_sets_the_status_register_until_acked() {
 
 /// A queue handler that records the queues it is asked to process and, if told to, blocks
 /// until released: a device thread caught in the middle of its work.
-struct Recording {
-    calls: Arc<Mutex<Vec<usize>>>,
-    gate: Option<std::sync::mpsc::Receiver<()>>,
-    entered: std::sync::mpsc::Sender<()>,
+pub(in crate::virtio::transport) struct Recording {
+    pub calls: Arc<Mutex<Vec<usize>>>,
+    pub gate: Option<std::sync::mpsc::Receiver<()>>,
+    pub entered: std::sync::mpsc::Sender<()>,
 }
 
 impl crate::virtio::device::QueueHandler for Recording {

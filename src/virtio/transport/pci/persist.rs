@@ -11,8 +11,9 @@ use crate::pci::config::ConfigSpace;
 use crate::pci::msix::MsixState;
 use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER};
 use crate::snapshot::{StateError, from_state, to_state};
-use crate::virtio::finish_late_reset;
+use crate::virtio::state::StatusChange;
 use crate::virtio::transport::persist::CommonState;
+use crate::virtio::write_status;
 
 /// What a virtio-pci function saves.
 #[derive(Serialize, Deserialize)]
@@ -29,13 +30,7 @@ impl VirtioPci {
 
     pub(super) fn snapshot_pause(&mut self) -> Result<(), StateError> {
         let what = self.what();
-        self.phase.pause(&what, &self.worker)?;
-        // A reset the device thread was late for is done now (it answered the pause after
-        // it): complete it, so the snapshot holds the reset device the driver waits for.
-        if finish_late_reset(&mut self.state.lock().unwrap()) {
-            self.after_reset();
-        }
-        Ok(())
+        self.phase.pause(&what, &self.worker)
     }
 
     pub(super) fn snapshot_save(&self) -> Result<Option<serde_json::Value>, StateError> {
@@ -64,7 +59,18 @@ impl VirtioPci {
         let master = config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0;
         self.dma.bus_master().set(master);
         self.msix
-            .restore(&format!("{what}.msix"), config, &saved.msix)
+            .restore(&format!("{what}.msix"), config, &saved.msix)?;
+        // A reset the device thread was late for when the snapshot was taken: done now, as
+        // the driver, reading the status until it is 0, waits for it.
+        if saved.common.registers.reset_pending {
+            let mut st = self.state.lock().unwrap();
+            if write_status(&mut st, &self.worker, &self.dma, &self.interrupts, 0)
+                == StatusChange::Reset
+            {
+                self.after_reset();
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn snapshot_resume(&mut self) {

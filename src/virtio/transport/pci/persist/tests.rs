@@ -13,7 +13,9 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::super::tests::{bar_read, bar_write, config, set_command};
+use super::super::testing::{
+    bar_read, bar_write, config, enable_queue, negotiate_version_1, set_command,
+};
 use super::*;
 use crate::fakes::FakeRoutes;
 use crate::irq::CommitStrategy;
@@ -363,4 +365,71 @@ fn a_response_held_for_a_receive_buffer_survives_the_restore() {
     wait_used(&q[0], 1);
     let response = mem.read_obj::<u8>(GuestAddress(BUFFERS + 12)).unwrap();
     assert_eq!(response, !9, "the held response");
+}
+
+/// A snapshot taken while a reset waits for the device thread: the reset is in it, and the
+/// restored function completes it (the driver reads the status until it is 0).
+#[test]
+fn a_snapshot_during_a_late_reset_holds_the_reset_function() {
+    use crate::virtio::transport::mmio::tests::Recording;
+    use std::sync::mpsc::channel;
+
+    let mut p = crate::virtio::test_parts();
+    let (entered_tx, entered) = channel();
+    let (release, gate) = channel();
+    let handler = Recording {
+        calls: Arc::default(),
+        gate: Some(gate),
+        entered: entered_tx,
+    };
+    let parts = crate::virtio::DeviceParts {
+        device: p.net.device,
+        work: crate::virtio::DeviceWork::InProcess(Box::new(handler)),
+    };
+    p.env.mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let (mut f, _w) = VirtioPci::new(p.env, parts, 0x18, 3, NotifyPath::Exit).unwrap();
+    let c = config();
+    f.attached(&c);
+    negotiate_version_1(&mut f, &c);
+    enable_queue(&mut f, &c, 0, [0x1000, 0x2000, 0x3000]);
+    set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+    bar_write(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1, 0xf);
+    entered.recv().unwrap(); // activation's look at the queues
+    release.send(()).unwrap();
+    bar_write(&mut f, &c, VIRTIO_PCI_BAR_NOTIFY, 2, 0);
+    entered.recv().unwrap(); // the device thread is inside its work
+    bar_write(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1, 0); // returns after the timeout
+    assert_ne!(
+        bar_read(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1),
+        0,
+        "not yet"
+    );
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        release.send(()).unwrap();
+    });
+    PciFunction::pause(&mut f).unwrap();
+    releaser.join().unwrap();
+    let state = PciFunction::save(&f).unwrap().unwrap();
+    assert_eq!(state["common"]["registers"]["reset_pending"], true);
+    assert!(
+        state["common"]["positions"].is_null(),
+        "the device thread let go"
+    );
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let (mut g, c2, _routes, _w2) = fresh(&mem);
+    c2.restore("pci.00:03.0", &c.save()).unwrap();
+    PciFunction::restore(&mut g, "pci.00:03.0", &c2, Some(state)).unwrap();
+    PciFunction::resume(&mut g);
+    assert_eq!(
+        bar_read(&mut g, &c2, VIRTIO_PCI_COMMON_STATUS, 1),
+        0,
+        "reset when restored"
+    );
+    PciFunction::resume(&mut f);
+    assert_eq!(
+        bar_read(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1),
+        0,
+        "reset at the next read"
+    );
 }
