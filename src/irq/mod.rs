@@ -58,8 +58,36 @@ pub trait InterruptRoutes: Send + Sync {
     fn set_msi(&self, gsi: u32, address: u64, data: u32) -> Result<(), IrqError>;
     /// Remove `gsi`'s route (its irqfd is then unbound and delivers nothing).
     fn clear(&self, gsi: u32) -> Result<(), IrqError>;
+    /// Route each GSI to its message, or remove its route (`None`): what [`set_msi`] and
+    /// [`clear`] do one at a time, which an owner may do in one go (one access's changes, such
+    /// as an MSI-X Enable's, all staged at once). The first error is returned, the others are
+    /// still tried.
+    ///
+    /// [`set_msi`]: InterruptRoutes::set_msi
+    /// [`clear`]: InterruptRoutes::clear
+    fn set_msis(&self, routes: &[(u32, Option<(u64, u32)>)]) -> Result<(), IrqError> {
+        set_msis_one_by_one(self, routes)
+    }
     /// Install the staged changes, if any, in one go.
     fn commit(&self) -> Result<(), IrqError>;
+}
+
+/// [`InterruptRoutes::set_msis`] as calls to `set_msi` and `clear`, one per route.
+pub(crate) fn set_msis_one_by_one<R: InterruptRoutes + ?Sized>(
+    routing: &R,
+    routes: &[(u32, Option<(u64, u32)>)],
+) -> Result<(), IrqError> {
+    let mut first_error = None;
+    for &(gsi, message) in routes {
+        let result = match message {
+            Some((address, data)) => routing.set_msi(gsi, address, data),
+            None => routing.clear(gsi),
+        };
+        if let Err(e) = result {
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 /// Errors setting up interrupt delivery.

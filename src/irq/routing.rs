@@ -115,9 +115,55 @@ pub struct MsiGsi {
     pub irqfd: Arc<EventFd>,
 }
 
+/// Routes by GSI, in a vector indexed by GSI: staging one is a store, not a map insertion
+/// that allocates (an MSI-X Enable stages every vector of its table while the guest waits),
+/// and a commit reads them in GSI order as KVM lists them. GSIs are dense: pins first, then
+/// MSI GSIs handed out from the next one up.
+#[derive(Default)]
+struct RouteTable {
+    by_gsi: Vec<Option<kvm_irq_routing_entry>>,
+    len: usize,
+}
+
+impl RouteTable {
+    /// Make room for a route of `gsi`, so staging it later does not allocate.
+    fn reserve(&mut self, gsi: u32) {
+        let at = gsi as usize;
+        if at >= self.by_gsi.len() {
+            self.by_gsi.resize(at + 1, None);
+        }
+    }
+
+    fn insert(&mut self, e: kvm_irq_routing_entry) {
+        self.reserve(e.gsi);
+        if self.by_gsi[e.gsi as usize].replace(e).is_none() {
+            self.len += 1;
+        }
+    }
+
+    /// Whether `gsi` had a route.
+    fn remove(&mut self, gsi: u32) -> bool {
+        let removed = self
+            .by_gsi
+            .get_mut(gsi as usize)
+            .and_then(Option::take)
+            .is_some();
+        self.len -= usize::from(removed);
+        removed
+    }
+
+    fn contains(&self, gsi: u32) -> bool {
+        self.by_gsi.get(gsi as usize).is_some_and(Option::is_some)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &kvm_irq_routing_entry> {
+        self.by_gsi.iter().flatten()
+    }
+}
+
 struct Table {
     /// The routes as staged: what the next commit installs.
-    routes: BTreeMap<u32, kvm_irq_routing_entry>,
+    routes: RouteTable,
     /// Whether `routes` differs from what KVM has.
     staged: bool,
     /// The irqfd of each allocated MSI GSI.
@@ -149,6 +195,18 @@ fn irqchip_route(gsi: u32, chip: u32, pin: u32) -> kvm_irq_routing_entry {
     e
 }
 
+fn msi_route(gsi: u32, address: u64, data: u32) -> kvm_irq_routing_entry {
+    let mut e = kvm_irq_routing_entry {
+        gsi,
+        type_: KVM_IRQ_ROUTING_MSI,
+        ..Default::default()
+    };
+    e.u.msi.address_lo = (address & 0xffff_ffff) as u32;
+    e.u.msi.address_hi = (address >> 32) as u32;
+    e.u.msi.data = data;
+    e
+}
+
 fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> IrqError {
     move |source| IrqError::Kvm { what, source }
 }
@@ -157,9 +215,10 @@ impl GsiRouting {
     /// The table KVM starts with for an in-kernel irqchip (GSI n → IOAPIC pin n, and for
     /// n < 16 also the PIC pin), committed at once; later changes follow `strategy`.
     pub fn new(vm: Arc<VmFd>, strategy: CommitStrategy) -> Result<Self, IrqError> {
-        let routes = (0..IOAPIC_PINS)
-            .map(|gsi| (gsi, irqchip_route(gsi, KVM_IRQCHIP_IOAPIC, gsi)))
-            .collect();
+        let mut routes = RouteTable::default();
+        for gsi in 0..IOAPIC_PINS {
+            routes.insert(irqchip_route(gsi, KVM_IRQCHIP_IOAPIC, gsi));
+        }
         Self::with_routes(vm, strategy, routes, None)
     }
 
@@ -171,13 +230,13 @@ impl GsiRouting {
         strategy: CommitStrategy,
         pins: Arc<PinInputs>,
     ) -> Result<Self, IrqError> {
-        Self::with_routes(vm, strategy, BTreeMap::new(), Some(pins))
+        Self::with_routes(vm, strategy, RouteTable::default(), Some(pins))
     }
 
     fn with_routes(
         vm: Arc<VmFd>,
         strategy: CommitStrategy,
-        routes: BTreeMap<u32, kvm_irq_routing_entry>,
+        routes: RouteTable,
         split: Option<Arc<PinInputs>>,
     ) -> Result<Self, IrqError> {
         let routing = GsiRouting {
@@ -210,7 +269,7 @@ impl GsiRouting {
 
     /// Routes KVM has or will have after the next commit (pins included).
     pub fn route_count(&self) -> usize {
-        self.table.lock().unwrap().routes.len()
+        self.table.lock().unwrap().routes.len
     }
 
     fn after_change(&self, t: &mut Table) -> Result<(), IrqError> {
@@ -255,7 +314,7 @@ impl GsiRouting {
     fn bind_irqfds(&self, t: &mut Table) -> Result<(), IrqError> {
         let mut first_error = None;
         for (&gsi, irqfd) in &t.irqfds {
-            let (routed, bound) = (t.routes.contains_key(&gsi), t.bound.contains(&gsi));
+            let (routed, bound) = (t.routes.contains(gsi), t.bound.contains(&gsi));
             let result = match (routed, bound) {
                 (true, false) => self
                     .vm
@@ -325,6 +384,7 @@ impl InterruptRoutes for GsiRouting {
             None => return Err(IrqError::GsisExhausted(MAX_MSI_ROUTES)),
         };
         t.irqfds.insert(gsi, irqfd.clone());
+        t.routes.reserve(gsi);
         Ok(MsiGsi { gsi, irqfd })
     }
 
@@ -334,9 +394,7 @@ impl InterruptRoutes for GsiRouting {
             return Ok(());
         };
         // The route goes whatever happens to the irqfd, so a reused GSI never inherits it.
-        if t.routes.remove(&gsi).is_some() {
-            t.staged = true;
-        }
+        t.staged |= t.routes.remove(gsi);
         t.free.push(gsi);
         if t.bound.remove(&gsi) {
             self.vm
@@ -347,24 +405,33 @@ impl InterruptRoutes for GsiRouting {
     }
 
     fn set_msi(&self, gsi: u32, address: u64, data: u32) -> Result<(), IrqError> {
-        let mut e = kvm_irq_routing_entry {
-            gsi,
-            type_: KVM_IRQ_ROUTING_MSI,
-            ..Default::default()
-        };
-        e.u.msi.address_lo = (address & 0xffff_ffff) as u32;
-        e.u.msi.address_hi = (address >> 32) as u32;
-        e.u.msi.data = data;
         let mut t = self.table.lock().unwrap();
-        t.routes.insert(gsi, e);
+        t.routes.insert(msi_route(gsi, address, data));
         t.staged = true;
         self.after_change(&mut t)
     }
 
     fn clear(&self, gsi: u32) -> Result<(), IrqError> {
         let mut t = self.table.lock().unwrap();
-        if t.routes.remove(&gsi).is_some() {
-            t.staged = true;
+        t.staged |= t.routes.remove(gsi);
+        self.after_change(&mut t)
+    }
+
+    /// Under one lock, staged together; per-vector still commits each change on its own (the
+    /// strategy the seed measures).
+    fn set_msis(&self, routes: &[(u32, Option<(u64, u32)>)]) -> Result<(), IrqError> {
+        if self.strategy == CommitStrategy::PerVector {
+            return super::set_msis_one_by_one(self, routes);
+        }
+        let mut t = self.table.lock().unwrap();
+        for &(gsi, message) in routes {
+            t.staged |= match message {
+                Some((address, data)) => {
+                    t.routes.insert(msi_route(gsi, address, data));
+                    true
+                }
+                None => t.routes.remove(gsi),
+            };
         }
         self.after_change(&mut t)
     }
@@ -401,6 +468,34 @@ mod tests {
             r.commit().unwrap(); // nothing staged: no call
             assert_eq!(r.stats().commits, after_three.max(2), "{strategy:?}");
             assert_eq!(r.route_count(), 24 + 3);
+        }
+    }
+
+    #[test]
+    fn routes_set_together_commit_as_each_strategy_says() {
+        for (strategy, commits) in [
+            (CommitStrategy::PerVector, 1 + 3 + 1),
+            (CommitStrategy::Batched, 1),
+            (CommitStrategy::FirstUse, 1),
+        ] {
+            let r = routing(strategy);
+            let g: Vec<_> = (0..3).map(|_| r.allocate_msi().unwrap()).collect();
+            let set: Vec<_> = (0x40..)
+                .zip(&g)
+                .map(|(data, g)| (g.gsi, Some((0xfee0_0000, data))))
+                .collect();
+            r.set_msis(&set).unwrap();
+            assert_eq!(r.route_count(), 24 + 3, "{strategy:?}: all three staged");
+            r.set_msis(&[(g[1].gsi, None)]).unwrap();
+            assert_eq!(r.stats().commits, commits, "{strategy:?}");
+            assert_eq!(r.route_count(), 24 + 2, "{strategy:?}: one removed");
+            r.commit().unwrap();
+            let bound = r.table.lock().unwrap().bound.clone();
+            assert_eq!(
+                bound.into_iter().collect::<Vec<_>>(),
+                vec![g[0].gsi, g[2].gsi],
+                "{strategy:?}: the committed routes' irqfds are bound"
+            );
         }
     }
 

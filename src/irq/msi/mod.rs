@@ -381,22 +381,24 @@ impl MsiVectors {
         if self.strategy == CommitStrategy::Direct {
             return;
         }
+        let mut changes = Vec::new();
         for (i, v) in st.vectors.iter_mut().enumerate() {
             let want = (st.enabled && self.routing.accepts(v.address, v.data))
                 .then_some((v.address, v.data));
             if want == v.routed {
                 continue;
             }
-            let gsi = self.gsis[i].gsi;
-            let result = match want {
-                Some((address, data)) => self.routing.set_msi(gsi, address, data),
-                None => self.routing.clear(gsi),
-            };
+            if changes.is_empty() {
+                // One allocation for the rest of the table (an Enable changes all of it).
+                changes.reserve(self.count - i);
+            }
+            changes.push((self.gsis[i].gsi, want));
             v.routed = want;
             v.staged = true;
-            if let Err(e) = result {
-                self.log.warn(format_args!("MSI vector {i}: {e}"));
-            }
+        }
+        // One call for the access's changes: an Enable stages the whole table at once.
+        if let Err(e) = self.routing.set_msis(&changes) {
+            self.log.warn(format_args!("MSI vectors: {e}"));
         }
         if self.strategy.commits_per_access() {
             self.commit(&mut st.vectors);
