@@ -163,9 +163,23 @@ struct Running {
 
 impl Running {
     fn start(dir: &Path, name: &str, args: &[&str]) -> Running {
+        Running::start_in(None, dir, name, args)
+    }
+
+    /// [`Running::start`] in the network namespace `netns`, if given.
+    fn start_in(netns: Option<&str>, dir: &Path, name: &str, args: &[&str]) -> Running {
         let socket = dir.join(format!("{name}.sock"));
         let console = dir.join(format!("{name}.console"));
-        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        let exitless = env!("CARGO_BIN_EXE_exitless");
+        let mut command = match netns {
+            Some(ns) => {
+                let mut ip = Command::new("ip");
+                ip.args(["netns", "exec", ns, exitless]);
+                ip
+            }
+            None => Command::new(exitless),
+        };
+        let child = command
             .arg("run")
             .args(args)
             .arg("--console")
@@ -383,7 +397,6 @@ enum Disk {
 fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str]) {
     const ROUNDS: u32 = 120;
     let dir = scratch(name);
-    let snap = dir.join("snap");
     let image = dir.join("disk.img");
     std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
     let elf = kernel("testkernel.elf");
@@ -403,36 +416,8 @@ fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str]) {
         }
     };
     let kernel_args = ["--kernel", elf.to_str().unwrap(), "--cmdline", &cmdline];
-    let mut first = Running::start(
-        &dir,
-        "first",
-        &[&kernel_args[..], &["--disk", &disk], args].concat(),
-    );
-    first.wait_for_lines("disk round ", 10);
-    assert_eq!(first.ctl(&["pause"])["state"], "paused");
-    first.ctl(&["snapshot", snap.to_str().unwrap()]);
-    first.ctl(&["shutdown"]);
-    let (status, stderr, before) = first.end();
-    assert_eq!(status, 0, "{stderr}");
-    let done = numbers(&before, "disk round ");
-    assert!(
-        done.len() < ROUNDS as usize,
-        "the snapshot caught it mid-work"
-    );
-
-    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
-    let (status, stderr, after) = second.end();
-    assert_eq!(status, PASSED, "{stderr}\n{after}");
-    let all = numbers(&(before + &after), "disk round ");
-    assert_eq!(
-        all,
-        (1..=ROUNDS).collect::<Vec<_>>(),
-        "every round once, in order"
-    );
-    assert!(
-        !after.contains("FAILED") && after.contains(" passed, 0 failed"),
-        "{after}"
-    );
+    let args = [&kernel_args[..], &["--disk", &disk], args].concat();
+    interrupted_and_restored(None, &dir, &args, "disk round ", ROUNDS);
     let file = std::fs::read(&image).unwrap();
     for n in 1..=ROUNDS {
         let at = n as usize * 512;
@@ -505,4 +490,89 @@ fn a_machine_snapshotted_and_restored_in_the_same_process_finishes_its_work() {
         "every line once, in order"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A network namespace of this test, deleted on drop, with the peer's address on its loopback
+/// interface: the host's kernel answers ARP requests for it on a tap the run creates.
+struct NetNamespace(String);
+
+impl Drop for NetNamespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
+    }
+}
+
+/// `ip ARGS`, which must succeed, or why not.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+    }
+}
+
+/// The test kernel asking the host's kernel for a MAC by ARP, again and again (`net_rounds`)
+/// on a tap in a namespace of its own, snapshotted mid-work and restored in a new process (the
+/// tap made again): every request answered, each round once.
+#[test]
+fn a_guest_snapshotted_while_receiving_frames_finishes_with_every_answer() {
+    const ROUNDS: u32 = 60;
+    let name = format!("exitless-snap-{}", std::process::id());
+    if let Err(why) = ip(&["netns", "add", &name]) {
+        println!("skipped: cannot make a network namespace here: {why}");
+        return;
+    }
+    let ns = NetNamespace(name);
+    ip(&["-n", &ns.0, "addr", "add", "10.0.2.2/32", "dev", "lo"]).unwrap();
+    ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
+    let dir = scratch("net");
+    let elf = kernel("testkernel.elf");
+    let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS}");
+    let args = ["--kernel", elf.to_str().unwrap(), "--cmdline", &cmdline];
+    let args = [&args[..], &["--net", "tap=xlsnap0"]].concat();
+    interrupted_and_restored(Some(&ns.0), &dir, &args, "net round ", ROUNDS);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Run `exitless run ARGS` (in `netns` if given) until the guest has printed a few of its
+/// `rounds` lines starting with `prefix`, pause, snapshot it into `dir/snap`, shut it down,
+/// and restore it in a new process: it passes, and the two consoles hold each round once, in
+/// order, none failed.
+fn interrupted_and_restored(
+    netns: Option<&str>,
+    dir: &Path,
+    args: &[&str],
+    prefix: &str,
+    rounds: u32,
+) {
+    let snap = dir.join("snap");
+    let mut first = Running::start_in(netns, dir, "first", args);
+    first.wait_for_lines(prefix, 5);
+    assert_eq!(first.ctl(&["pause"])["state"], "paused");
+    first.ctl(&["snapshot", snap.to_str().unwrap()]);
+    first.ctl(&["shutdown"]);
+    let (status, stderr, before) = first.end();
+    assert_eq!(status, 0, "{stderr}");
+    let done = numbers(&before, prefix).len();
+    assert!(done < rounds as usize, "the snapshot caught it mid-work");
+
+    let restore = ["--restore", snap.to_str().unwrap()];
+    let second = Running::start_in(netns, dir, "second", &restore);
+    let (status, stderr, after) = second.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    let all = numbers(&(before + &after), prefix);
+    assert_eq!(
+        all,
+        (1..=rounds).collect::<Vec<_>>(),
+        "every round once, in order"
+    );
+    assert!(
+        !after.contains("FAILED") && after.contains(" passed, 0 failed"),
+        "{after}"
+    );
 }

@@ -119,6 +119,7 @@ int vdev_reconnect(struct reconnect *r);
 void check_disk(int reconnect);
 int disk_round(uint32_t seed);
 void disk_rounds(uint32_t rounds);
+void net_rounds(uint32_t rounds);
 void check_net(int reconnect);
 /* vdev_reconnect's pause after a failed set-up or round. */
 #define RECONNECT_PAUSE (PM_TIMER_HZ / 5)
