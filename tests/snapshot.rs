@@ -116,6 +116,10 @@ fn a_truncated_memory_file_is_refused() {
     );
     std::fs::remove_file(dir.join(MEMORY_FILE)).unwrap();
     refused(&dir, "cannot open");
+    // A FIFO in its place is refused, not waited on.
+    let fifo = Command::new("mkfifo").arg(dir.join(MEMORY_FILE)).status();
+    assert!(fifo.unwrap().success());
+    refused(&dir, "memory: not a regular file");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -46,6 +46,23 @@ pub(crate) fn create(path: &Path) -> Result<File, SnapshotError> {
         .map_err(io_error("create", path))
 }
 
+/// Open the snapshot's file at `path` to read, refused unless it is a regular file. Opened
+/// with O_NONBLOCK: a FIFO put in a snapshot's place must not hang the open (the flag changes
+/// nothing for a regular file's reads).
+pub(crate) fn open_regular(path: &Path) -> Result<File, SnapshotError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io_error("open", path))?;
+    let meta = file.metadata().map_err(io_error("read", path))?;
+    if !meta.is_file() {
+        let source = std::io::Error::other("not a regular file");
+        return Err(io_error("use", path)(source));
+    }
+    Ok(file)
+}
+
 impl Snapshotter {
     /// Stop every device; if one cannot, those stopped go on and the error is returned.
     fn pause_devices(&self) -> Result<(), SnapshotError> {
