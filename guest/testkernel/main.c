@@ -22,6 +22,8 @@
  * the host on the first virtio-net device's network for peer's MAC by ARP, and check the answer;
  * net_rounds=N: then N more requests, each answered),
  * net=reconnect (ask again across a backend's restart, with a round on the disk beside it),
+ * net=mq (a card with several queue pairs: ARP answered on pair 1, and on pair 2 once
+ * VQ_PAIRS_SET 2 enabled it),
  * virtio_mmio=0xADDR[,0xADDR...] (virtio-mmio windows to look for those devices in before PCI),
  * exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
  * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
@@ -159,6 +161,8 @@ void kmain(uint32_t magic, const struct mb_info *mb)
         if (arg_number("net", 0) || arg_is("net", "reconnect"))
             check_net(arg_is("net", "reconnect"));
         net_rounds(arg_number("net_rounds", 0));
+        if (arg_is("net", "mq"))
+            check_net_mq();
         if (arg_number("cpuid", 0))
             check_cpuid();
         if (arg_number("ioapic", 0))

@@ -172,6 +172,7 @@ fn vcpu() -> Vec<Allowed> {
             KVM_GET_LAPIC(),
             KVM_GET_MSRS(),
             KVM_GET_VCPU_EVENTS(),
+            KVM_GET_TSC_KHZ(),
         ],
     )]
 }
@@ -378,6 +379,7 @@ fn building_machines() -> Vec<Allowed> {
                 KVM_SET_LAPIC(),
                 KVM_SET_MSRS(),
                 KVM_SET_VCPU_EVENTS(),
+                KVM_SET_TSC_KHZ(),
                 KVM_SET_IRQCHIP(),
                 KVM_SET_PIT2(),
                 KVM_SET_CLOCK(),
