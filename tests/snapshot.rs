@@ -399,7 +399,8 @@ enum Disk {
 /// `args`), paused and snapshotted mid-work in `name`, shut down and restored in a new
 /// process: every round once, every sector right in the image.
 fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str]) {
-    const ROUNDS: u32 = 120;
+    // Enough that a pause asked once a few are printed, on a loaded host, still finds it at work.
+    const ROUNDS: u32 = 500;
     let dir = scratch(name);
     let image = dir.join("disk.img");
     std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
@@ -525,7 +526,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
 /// tap made again): every request answered, each round once.
 #[test]
 fn a_guest_snapshotted_while_receiving_frames_finishes_with_every_answer() {
-    const ROUNDS: u32 = 60;
+    const ROUNDS: u32 = 300;
     let name = format!("exitless-snap-{}", std::process::id());
     if let Err(why) = ip(&["netns", "add", &name]) {
         println!("skipped: cannot make a network namespace here: {why}");

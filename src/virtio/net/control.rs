@@ -4,15 +4,15 @@
 //! backends) and the vhost-user frontend, which serves it itself and turns each count into
 //! the backend's ring enables, as QEMU does: a vhost-user backend never sees the control queue.
 
-use virtio_bindings::virtio_net::{
-    VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_OK,
-};
 use crate::dma::DmaContext;
 use crate::guest_error;
 use crate::logging::DeviceLog;
 use crate::virtio::chain::Chain;
 use crate::virtio::device::{ChainsServed, DeviceError, serve_chains};
 use crate::virtio::split::ServedQueue;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_OK,
+};
 
 /// Longest command read: class, command and a VQ_PAIRS_SET's 2 bytes fit many times over; a
 /// longer one is malformed, and is not copied out of guest memory.

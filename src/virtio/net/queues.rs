@@ -4,7 +4,6 @@
 
 use std::os::fd::RawFd;
 
-
 use super::backend::NetBackend;
 use super::control::ControlQueue;
 use super::{HDR, MAX_FRAME};
