@@ -581,3 +581,52 @@ fn interrupted_and_restored(
         "{after}"
     );
 }
+
+/// States that do not fit the machine the description's configuration builds are refused with
+/// one line naming what, status 2, before any vCPU runs.
+#[test]
+fn a_snapshot_whose_states_do_not_fit_the_machine_is_refused() {
+    let dir = scratch("states");
+    let snap = dir.join("snap");
+    let mut first = spamming(&dir, "first", 400);
+    first.wait_for_lines("spam ", 5);
+    first.ctl(&["snapshot", snap.to_str().unwrap()]);
+    first.ctl(&["shutdown"]);
+    let (status, stderr, _) = first.end();
+    assert_eq!(status, 0, "{stderr}");
+    let edits: [(&str, fn(&mut Description)); 4] = [
+        ("no state for `serial`", |d| {
+            d.devices.remove("serial");
+        }),
+        ("a state for `nosuch`, which the machine lacks", |d| {
+            d.devices.insert("nosuch".into(), serde_json::json!({}));
+        }),
+        ("device state: rtc", |d| {
+            d.devices.insert("rtc".into(), serde_json::json!("garbage"));
+        }),
+        ("device state: vcpus[1]", |d| {
+            d.vcpus[1] = serde_json::json!({})
+        }),
+    ];
+    let original = std::fs::read(snap.join("snapshot.json")).unwrap();
+    for (says, edit) in edits {
+        let mut description = Description::read(&snap).unwrap();
+        edit(&mut description);
+        description.write(&snap).unwrap();
+        let ran = exitless_run(
+            &[
+                "--restore",
+                snap.to_str().unwrap(),
+                "--console",
+                "/dev/null",
+            ],
+            b"",
+        );
+        assert_eq!(ran.status.code(), Some(ERROR), "{says}: {}", ran.stderr);
+        assert_eq!(ran.stderr.lines().count(), 1, "one line: {}", ran.stderr);
+        assert!(ran.stderr.contains(says), "{says:?} in {}", ran.stderr);
+        assert!(!ran.stdout.contains("spam"), "no vCPU ran");
+        std::fs::write(snap.join("snapshot.json"), &original).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
