@@ -582,6 +582,9 @@ fn interrupted_and_restored(
     );
 }
 
+/// A change made to a description.
+type Edit = fn(&mut Description);
+
 /// States that do not fit the machine the description's configuration builds are refused with
 /// one line naming what, status 2, before any vCPU runs.
 #[test]
@@ -594,7 +597,7 @@ fn a_snapshot_whose_states_do_not_fit_the_machine_is_refused() {
     first.ctl(&["shutdown"]);
     let (status, stderr, _) = first.end();
     assert_eq!(status, 0, "{stderr}");
-    let edits: [(&str, fn(&mut Description)); 4] = [
+    let edits: [(&str, Edit); 4] = [
         ("no state for `serial`", |d| {
             d.devices.remove("serial");
         }),
