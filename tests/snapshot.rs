@@ -352,7 +352,14 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
     assert_eq!(status, PASSED, "{stderr}");
     assert_eq!(numbers(&before, "spam "), (1..=LINES).collect::<Vec<_>>());
 
-    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
+    // The restored guest, snapshotted into the directory whose memory file it runs on (mapped
+    // MAP_PRIVATE: its untouched pages are read from that file), goes on all the same.
+    let mut second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
+    second.wait_for_lines("spam ", 20);
+    assert_eq!(
+        second.ctl(&["snapshot", snap.to_str().unwrap()])["state"],
+        "running"
+    );
     let (status, stderr, after) = second.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");
     // The restored guest goes on from the line it was at: the rest, in order.
@@ -360,6 +367,18 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
     let from = *rest.first().expect("lines after the restore");
     assert!(from > 20, "it went on, not from the start ({from})");
     assert_eq!(rest, (from..=LINES).collect::<Vec<_>>());
+
+    // And the snapshot of the restored guest restores in turn, further on.
+    let third = Running::start(&dir, "third", &["--restore", snap.to_str().unwrap()]);
+    let (status, stderr, last) = third.end();
+    assert_eq!(status, PASSED, "{stderr}\n{last}");
+    let rest = numbers(&last, "spam ");
+    let later = *rest.first().expect("lines after the second restore");
+    assert!(
+        later > from,
+        "from the second snapshot ({later} after {from})"
+    );
+    assert_eq!(rest, (later..=LINES).collect::<Vec<_>>());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

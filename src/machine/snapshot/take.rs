@@ -84,10 +84,15 @@ impl Snapshotter {
             .map(|(id, device)| Ok((id.clone(), device.save()?)))
             .collect::<Result<BTreeMap<_, _>, crate::snapshot::StateError>>()
             .map_err(SnapshotError::State)?;
+        // Written beside and renamed into place: a machine restored from this directory maps
+        // its memory file MAP_PRIVATE and reads the pages it has not touched from it, so that
+        // file must never change; renamed over, it lives on (unlinked) for that machine.
+        let temp = dir.join(format!(".{MEMORY_FILE}.tmp"));
+        let mut memory = create(&temp)?;
+        kvm::save_memory(&self.vm, &mut memory, &temp)?;
+        memory.sync_all().map_err(io_error("sync", &temp))?;
         let path = dir.join(MEMORY_FILE);
-        let mut memory = create(&path)?;
-        kvm::save_memory(&self.vm, &mut memory, &path)?;
-        memory.sync_all().map_err(io_error("sync", &path))?;
+        std::fs::rename(&temp, &path).map_err(io_error("rename into place", &path))?;
         Description {
             exitless_version: env!("CARGO_PKG_VERSION").into(),
             config: self.config.clone(),
