@@ -151,6 +151,29 @@ fn no_snapshot_or_a_machine_option_beside_restore_is_refused() {
         assert_eq!(ran.stderr.lines().count(), 1, "{}", ran.stderr);
         assert!(ran.stderr.contains("cannot be used with"), "{}", ran.stderr);
     }
+    // `exitless ctl`: the socket before or after the action, but given.
+    let ctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .arg("ctl")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let none = dir.join("none.sock");
+    let (status, stderr) = ctl(&["snapshot", "/tmp/x", "--api-socket", none.to_str().unwrap()]);
+    assert_eq!(status, Some(ERROR), "{stderr}");
+    assert!(stderr.contains("cannot connect to"), "{stderr}");
+    let (status, stderr) = ctl(&["snapshot", "/tmp/x"]);
+    assert_eq!(
+        (status, stderr.lines().count()),
+        (Some(ERROR), 1),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--api-socket PATH"), "{stderr}");
     let ran = exitless_run(&["--kernel", elf.to_str().unwrap(), "--paused"], b"");
     assert_eq!(ran.status.code(), Some(ERROR), "{}", ran.stderr);
     assert!(ran.stderr.contains("--restore"), "{}", ran.stderr);
