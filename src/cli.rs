@@ -189,9 +189,10 @@ pub struct RunArgs {
 /// `exitless ctl`'s arguments.
 #[derive(clap::Args)]
 pub struct CtlArgs {
-    /// The socket `exitless run --api-socket` serves.
-    #[arg(long, value_name = "PATH")]
-    pub api_socket: PathBuf,
+    /// The socket `exitless run --api-socket` serves (required; before or after the action:
+    /// an option of every action, which clap cannot also make required).
+    #[arg(long, value_name = "PATH", global = true)]
+    pub api_socket: Option<PathBuf>,
     /// What to ask.
     #[command(subcommand)]
     pub action: CtlAction,

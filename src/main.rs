@@ -125,7 +125,13 @@ fn probe(args: ProbeArgs) -> Result<(), String> {
 /// `exitless ctl`: connect, confine, ask, print the answer; a refusal's error on stderr and
 /// status 1, nothing listening status 2.
 fn ctl(args: CtlArgs, confine: impl FnOnce() -> Result<(), String>) -> Result<ExitCode, String> {
-    let stream = match client::connect(&args.api_socket) {
+    let Some(socket) = &args.api_socket else {
+        stderr_line(format_args!(
+            "exitless: error: ctl needs the VM's socket: --api-socket PATH (see --help)"
+        ));
+        return Ok(ExitCode::from(USAGE_ERROR_STATUS));
+    };
+    let stream = match client::connect(socket) {
         Ok(stream) => stream,
         Err(e) => {
             stderr_line(format_args!("exitless: error: {e}"));

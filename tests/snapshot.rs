@@ -116,6 +116,10 @@ fn a_truncated_memory_file_is_refused() {
     );
     std::fs::remove_file(dir.join(MEMORY_FILE)).unwrap();
     refused(&dir, "cannot open");
+    // A FIFO in its place is refused, not waited on.
+    let fifo = Command::new("mkfifo").arg(dir.join(MEMORY_FILE)).status();
+    assert!(fifo.unwrap().success());
+    refused(&dir, "memory: not a regular file");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -147,6 +151,29 @@ fn no_snapshot_or_a_machine_option_beside_restore_is_refused() {
         assert_eq!(ran.stderr.lines().count(), 1, "{}", ran.stderr);
         assert!(ran.stderr.contains("cannot be used with"), "{}", ran.stderr);
     }
+    // `exitless ctl`: the socket before or after the action, but given.
+    let ctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .arg("ctl")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let none = dir.join("none.sock");
+    let (status, stderr) = ctl(&["snapshot", "/tmp/x", "--api-socket", none.to_str().unwrap()]);
+    assert_eq!(status, Some(ERROR), "{stderr}");
+    assert!(stderr.contains("cannot connect to"), "{stderr}");
+    let (status, stderr) = ctl(&["snapshot", "/tmp/x"]);
+    assert_eq!(
+        (status, stderr.lines().count()),
+        (Some(ERROR), 1),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--api-socket PATH"), "{stderr}");
     let ran = exitless_run(&["--kernel", elf.to_str().unwrap(), "--paused"], b"");
     assert_eq!(ran.status.code(), Some(ERROR), "{}", ran.stderr);
     assert!(ran.stderr.contains("--restore"), "{}", ran.stderr);
@@ -163,9 +190,23 @@ struct Running {
 
 impl Running {
     fn start(dir: &Path, name: &str, args: &[&str]) -> Running {
+        Running::start_in(None, dir, name, args)
+    }
+
+    /// [`Running::start`] in the network namespace `netns`, if given.
+    fn start_in(netns: Option<&str>, dir: &Path, name: &str, args: &[&str]) -> Running {
         let socket = dir.join(format!("{name}.sock"));
         let console = dir.join(format!("{name}.console"));
-        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        let exitless = env!("CARGO_BIN_EXE_exitless");
+        let mut command = match netns {
+            Some(ns) => {
+                let mut ip = Command::new("ip");
+                ip.args(["netns", "exec", ns, exitless]);
+                ip
+            }
+            None => Command::new(exitless),
+        };
+        let child = command
             .arg("run")
             .args(args)
             .arg("--console")
@@ -334,7 +375,14 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
     assert_eq!(status, PASSED, "{stderr}");
     assert_eq!(numbers(&before, "spam "), (1..=LINES).collect::<Vec<_>>());
 
-    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
+    // The restored guest, snapshotted into the directory whose memory file it runs on (mapped
+    // MAP_PRIVATE: its untouched pages are read from that file), goes on all the same.
+    let mut second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
+    second.wait_for_lines("spam ", 20);
+    assert_eq!(
+        second.ctl(&["snapshot", snap.to_str().unwrap()])["state"],
+        "running"
+    );
     let (status, stderr, after) = second.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");
     // The restored guest goes on from the line it was at: the rest, in order.
@@ -342,6 +390,18 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
     let from = *rest.first().expect("lines after the restore");
     assert!(from > 20, "it went on, not from the start ({from})");
     assert_eq!(rest, (from..=LINES).collect::<Vec<_>>());
+
+    // And the snapshot of the restored guest restores in turn, further on.
+    let third = Running::start(&dir, "third", &["--restore", snap.to_str().unwrap()]);
+    let (status, stderr, last) = third.end();
+    assert_eq!(status, PASSED, "{stderr}\n{last}");
+    let rest = numbers(&last, "spam ");
+    let later = *rest.first().expect("lines after the second restore");
+    assert!(
+        later > from,
+        "from the second snapshot ({later} after {from})"
+    );
+    assert_eq!(rest, (later..=LINES).collect::<Vec<_>>());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -381,9 +441,9 @@ enum Disk {
 /// `args`), paused and snapshotted mid-work in `name`, shut down and restored in a new
 /// process: every round once, every sector right in the image.
 fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str]) {
-    const ROUNDS: u32 = 120;
+    // Enough that a pause asked once a few are printed, on a loaded host, still finds it at work.
+    const ROUNDS: u32 = 500;
     let dir = scratch(name);
-    let snap = dir.join("snap");
     let image = dir.join("disk.img");
     std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
     let elf = kernel("testkernel.elf");
@@ -403,36 +463,8 @@ fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str]) {
         }
     };
     let kernel_args = ["--kernel", elf.to_str().unwrap(), "--cmdline", &cmdline];
-    let mut first = Running::start(
-        &dir,
-        "first",
-        &[&kernel_args[..], &["--disk", &disk], args].concat(),
-    );
-    first.wait_for_lines("disk round ", 10);
-    assert_eq!(first.ctl(&["pause"])["state"], "paused");
-    first.ctl(&["snapshot", snap.to_str().unwrap()]);
-    first.ctl(&["shutdown"]);
-    let (status, stderr, before) = first.end();
-    assert_eq!(status, 0, "{stderr}");
-    let done = numbers(&before, "disk round ");
-    assert!(
-        done.len() < ROUNDS as usize,
-        "the snapshot caught it mid-work"
-    );
-
-    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
-    let (status, stderr, after) = second.end();
-    assert_eq!(status, PASSED, "{stderr}\n{after}");
-    let all = numbers(&(before + &after), "disk round ");
-    assert_eq!(
-        all,
-        (1..=ROUNDS).collect::<Vec<_>>(),
-        "every round once, in order"
-    );
-    assert!(
-        !after.contains("FAILED") && after.contains(" passed, 0 failed"),
-        "{after}"
-    );
+    let args = [&kernel_args[..], &["--disk", &disk], args].concat();
+    interrupted_and_restored(None, &dir, &args, "disk round ", ROUNDS);
     let file = std::fs::read(&image).unwrap();
     for n in 1..=ROUNDS {
         let at = n as usize * 512;
@@ -504,5 +536,142 @@ fn a_machine_snapshotted_and_restored_in_the_same_process_finishes_its_work() {
         (1..=LINES).collect::<Vec<_>>(),
         "every line once, in order"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A network namespace of this test, deleted on drop, with the peer's address on its loopback
+/// interface: the host's kernel answers ARP requests for it on a tap the run creates.
+struct NetNamespace(String);
+
+impl Drop for NetNamespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
+    }
+}
+
+/// `ip ARGS`, which must succeed, or why not.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+    }
+}
+
+/// The test kernel asking the host's kernel for a MAC by ARP, again and again (`net_rounds`)
+/// on a tap in a namespace of its own, snapshotted mid-work and restored in a new process (the
+/// tap made again): every request answered, each round once.
+#[test]
+fn a_guest_snapshotted_while_receiving_frames_finishes_with_every_answer() {
+    const ROUNDS: u32 = 300;
+    let name = format!("exitless-snap-{}", std::process::id());
+    if let Err(why) = ip(&["netns", "add", &name]) {
+        println!("skipped: cannot make a network namespace here: {why}");
+        return;
+    }
+    let ns = NetNamespace(name);
+    ip(&["-n", &ns.0, "addr", "add", "10.0.2.2/32", "dev", "lo"]).unwrap();
+    ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
+    let dir = scratch("net");
+    let elf = kernel("testkernel.elf");
+    let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS}");
+    let args = ["--kernel", elf.to_str().unwrap(), "--cmdline", &cmdline];
+    let args = [&args[..], &["--net", "tap=xlsnap0"]].concat();
+    interrupted_and_restored(Some(&ns.0), &dir, &args, "net round ", ROUNDS);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Run `exitless run ARGS` (in `netns` if given) until the guest has printed a few of its
+/// `rounds` lines starting with `prefix`, pause, snapshot it into `dir/snap`, shut it down,
+/// and restore it in a new process: it passes, and the two consoles hold each round once, in
+/// order, none failed.
+fn interrupted_and_restored(
+    netns: Option<&str>,
+    dir: &Path,
+    args: &[&str],
+    prefix: &str,
+    rounds: u32,
+) {
+    let snap = dir.join("snap");
+    let mut first = Running::start_in(netns, dir, "first", args);
+    first.wait_for_lines(prefix, 5);
+    assert_eq!(first.ctl(&["pause"])["state"], "paused");
+    first.ctl(&["snapshot", snap.to_str().unwrap()]);
+    first.ctl(&["shutdown"]);
+    let (status, stderr, before) = first.end();
+    assert_eq!(status, 0, "{stderr}");
+    let done = numbers(&before, prefix).len();
+    assert!(done < rounds as usize, "the snapshot caught it mid-work");
+
+    let restore = ["--restore", snap.to_str().unwrap()];
+    let second = Running::start_in(netns, dir, "second", &restore);
+    let (status, stderr, after) = second.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    let all = numbers(&(before + &after), prefix);
+    assert_eq!(
+        all,
+        (1..=rounds).collect::<Vec<_>>(),
+        "every round once, in order"
+    );
+    assert!(
+        !after.contains("FAILED") && after.contains(" passed, 0 failed"),
+        "{after}"
+    );
+}
+
+/// A change made to a description.
+type Edit = fn(&mut Description);
+
+/// States that do not fit the machine the description's configuration builds are refused with
+/// one line naming what, status 2, before any vCPU runs.
+#[test]
+fn a_snapshot_whose_states_do_not_fit_the_machine_is_refused() {
+    let dir = scratch("states");
+    let snap = dir.join("snap");
+    let mut first = spamming(&dir, "first", 400);
+    first.wait_for_lines("spam ", 5);
+    first.ctl(&["snapshot", snap.to_str().unwrap()]);
+    first.ctl(&["shutdown"]);
+    let (status, stderr, _) = first.end();
+    assert_eq!(status, 0, "{stderr}");
+    let edits: [(&str, Edit); 4] = [
+        ("no state for `serial`", |d| {
+            d.devices.remove("serial");
+        }),
+        ("a state for `nosuch`, which the machine lacks", |d| {
+            d.devices.insert("nosuch".into(), serde_json::json!({}));
+        }),
+        ("device state: rtc", |d| {
+            d.devices.insert("rtc".into(), serde_json::json!("garbage"));
+        }),
+        ("device state: vcpus[1]", |d| {
+            d.vcpus[1] = serde_json::json!({})
+        }),
+    ];
+    let original = std::fs::read(snap.join("snapshot.json")).unwrap();
+    for (says, edit) in edits {
+        let mut description = Description::read(&snap).unwrap();
+        edit(&mut description);
+        description.write(&snap).unwrap();
+        let ran = exitless_run(
+            &[
+                "--restore",
+                snap.to_str().unwrap(),
+                "--console",
+                "/dev/null",
+            ],
+            b"",
+        );
+        assert_eq!(ran.status.code(), Some(ERROR), "{says}: {}", ran.stderr);
+        assert_eq!(ran.stderr.lines().count(), 1, "one line: {}", ran.stderr);
+        assert!(ran.stderr.contains(says), "{says:?} in {}", ran.stderr);
+        assert!(!ran.stdout.contains("spam"), "no vCPU ran");
+        std::fs::write(snap.join("snapshot.json"), &original).unwrap();
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

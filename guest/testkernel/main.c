@@ -19,7 +19,8 @@
  * falls behind), disk=1 (drive the first virtio-blk disk; disk_rounds=N: then N write, flush
  * and read-back rounds on sectors 1 to N), disk=reconnect (drive it across a
  * backend's restart: DEVICE_NEEDS_RESET, reset, set up again), net=1 ip=A.B.C.D peer=A.B.C.D (ask
- * the host on the first virtio-net device's network for peer's MAC by ARP, and check the answer),
+ * the host on the first virtio-net device's network for peer's MAC by ARP, and check the answer;
+ * net_rounds=N: then N more requests, each answered),
  * net=reconnect (ask again across a backend's restart, with a round on the disk beside it),
  * net=mq (a card with several queue pairs: ARP answered on pair 1, and on pair 2 once
  * VQ_PAIRS_SET 2 enabled it),
@@ -159,6 +160,7 @@ void kmain(uint32_t magic, const struct mb_info *mb)
         disk_rounds(arg_number("disk_rounds", 0));
         if (arg_number("net", 0) || arg_is("net", "reconnect"))
             check_net(arg_is("net", "reconnect"));
+        net_rounds(arg_number("net_rounds", 0));
         if (arg_is("net", "mq"))
             check_net_mq();
         if (arg_number("cpuid", 0))

@@ -119,6 +119,7 @@ int vdev_reconnect(struct reconnect *r);
 void check_disk(int reconnect);
 int disk_round(uint32_t seed);
 void disk_rounds(uint32_t rounds);
+void net_rounds(uint32_t rounds);
 void check_net(int reconnect);
 /* virtio_net.c: a card with several queue pairs, both driven (net=mq). */
 void check_net_mq(void);

@@ -43,8 +43,10 @@ static struct net_pair net_pairs[2];
 /* net=mq: the control queue, a command and its ack byte. */
 static struct vq net_ctrl;
 static uint8_t net_command[4], net_ack;
-/* net=reconnect: the card's MAC and address, and the peer it asks for. */
+/* Once a request was answered (net=reconnect, net_rounds=N): the card's MAC and address, and
+ * the peer it asks for. */
 static uint8_t net_mac[6], net_ip[4], net_peer[4];
+static int net_answered;
 
 /* A dotted quad into `ip`; whether `s` held one. */
 static int parse_ip(const char *s, uint8_t ip[4])
@@ -219,15 +221,33 @@ void check_net(int reconnect)
     check(answered, "net: ARP reply: %u.%u.%u.%u is at %02x:%02x:%02x:%02x:%02x:%02x", peer[0],
           peer[1], peer[2], peer[3], peer_mac[0], peer_mac[1], peer_mac[2], peer_mac[3],
           peer_mac[4], peer_mac[5]);
-    if (reconnect && answered) {
+    if (answered) {
         memcpy(net_mac, mac, 6);
         memcpy(net_ip, ip, 4);
         memcpy(net_peer, peer, 4);
+        net_answered = 1;
+    }
+    if (reconnect && answered) {
         struct reconnect r = { .dev = &net_dev, .what = "net", .setup = net_setup,
                                .round = net_round, .first_reset = net_disk_beside };
         int back = vdev_reconnect(&r); /* before check's arguments read r */
         check(back, "net: ARP reply after %u resets (%u answered)", r.resets, r.good);
     }
+}
+
+/* net_rounds=N (with net=1): once the first request was answered, N more, each awaited and
+ * printed: a guest receiving frames for a while, for a snapshot to catch mid-work. */
+void net_rounds(uint32_t rounds)
+{
+    uint32_t good = 0;
+    if (!rounds || !net_answered)
+        return;
+    for (uint32_t i = 1; i <= rounds; i++) {
+        int ok = net_round(0);
+        print("net round %06u of %06u: %s\n", i, rounds, ok ? "answered" : "FAILED");
+        good += (uint32_t)ok;
+    }
+    check(good == rounds, "net: %u of %u requests answered", good, rounds);
 }
 
 /* VQ_PAIRS_SET `pairs` on the control queue (§5.1.6.5.5): the device's ack, or 0xff if it did

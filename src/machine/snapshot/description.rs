@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use crate::machine::config::{MAX_CPUS, MachineConfig};
 use crate::machine::layout::MAX_RAM_SIZE;
 use crate::machine::snapshot::SnapshotError;
-use crate::machine::snapshot::take::create;
+use crate::machine::snapshot::take::{create, open_regular};
 
 /// The description's format; a reader takes this one only.
 pub const FORMAT_VERSION: u32 = 1;
@@ -176,7 +176,7 @@ impl Description {
             path: path.clone(),
             source,
         };
-        let file = File::open(&path).map_err(io)?;
+        let file = open_regular(&path)?;
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_DESCRIPTION), &mut bytes)
             .map_err(io)?;

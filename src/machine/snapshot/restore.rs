@@ -1,6 +1,7 @@
-//! Opening a snapshot to restore: the description read and checked, guest memory's file open
-//! and of the right length, the host files the machine had still there. Everything a restore
-//! can be refused for is found here, before anything is built.
+//! Restoring a snapshot: opening it (the description read and checked, guest memory's file
+//! open and of the right length, the disk images the machine had still there: everything a
+//! restore can be refused for before anything is built), building the machine from it and
+//! setting its state in `crate::snapshot`'s order.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -8,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::machine::config::MachineConfig;
-use crate::machine::snapshot::take::io_error;
+use crate::machine::snapshot::take::{io_error, open_regular};
 use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
 use crate::machine::vcpus::Vcpus;
 use crate::machine::{Board, Machine, MachineError, Ran};
@@ -28,9 +29,9 @@ impl Restorable {
     pub fn open(dir: &Path) -> Result<Self, SnapshotError> {
         let description = Description::read(dir)?;
         let path = dir.join(&description.memory.file);
-        let memory = File::open(&path).map_err(io_error("open", &path))?;
+        let memory = open_regular(&path)?;
         let meta = memory.metadata().map_err(io_error("read", &path))?;
-        if !meta.is_file() || meta.len() != description.memory.length {
+        if meta.len() != description.memory.length {
             return Err(SnapshotError::MemoryLength {
                 path,
                 length: meta.len(),

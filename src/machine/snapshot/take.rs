@@ -46,6 +46,23 @@ pub(crate) fn create(path: &Path) -> Result<File, SnapshotError> {
         .map_err(io_error("create", path))
 }
 
+/// Open the snapshot's file at `path` to read, refused unless it is a regular file. Opened
+/// with O_NONBLOCK: a FIFO put in a snapshot's place must not hang the open (the flag changes
+/// nothing for a regular file's reads).
+pub(crate) fn open_regular(path: &Path) -> Result<File, SnapshotError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io_error("open", path))?;
+    let meta = file.metadata().map_err(io_error("read", path))?;
+    if !meta.is_file() {
+        let source = std::io::Error::other("not a regular file");
+        return Err(io_error("use", path)(source));
+    }
+    Ok(file)
+}
+
 impl Snapshotter {
     /// Stop every device; if one cannot, those stopped go on and the error is returned.
     fn pause_devices(&self) -> Result<(), SnapshotError> {
@@ -67,10 +84,15 @@ impl Snapshotter {
             .map(|(id, device)| Ok((id.clone(), device.save()?)))
             .collect::<Result<BTreeMap<_, _>, crate::snapshot::StateError>>()
             .map_err(SnapshotError::State)?;
+        // Written beside and renamed into place: a machine restored from this directory maps
+        // its memory file MAP_PRIVATE and reads the pages it has not touched from it, so that
+        // file must never change; renamed over, it lives on (unlinked) for that machine.
+        let temp = dir.join(format!(".{MEMORY_FILE}.tmp"));
+        let mut memory = create(&temp)?;
+        kvm::save_memory(&self.vm, &mut memory, &temp)?;
+        memory.sync_all().map_err(io_error("sync", &temp))?;
         let path = dir.join(MEMORY_FILE);
-        let mut memory = create(&path)?;
-        kvm::save_memory(&self.vm, &mut memory, &path)?;
-        memory.sync_all().map_err(io_error("sync", &path))?;
+        std::fs::rename(&temp, &path).map_err(io_error("rename into place", &path))?;
         Description {
             exitless_version: env!("CARGO_PKG_VERSION").into(),
             config: self.config.clone(),

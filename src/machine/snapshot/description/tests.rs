@@ -145,5 +145,5 @@ fn the_description_is_written_whole_and_read_back() {
     assert_eq!(read.unwrap().config.vcpus, 2);
     assert_eq!(left, [DESCRIPTION_FILE], "no temporary file left");
     let e = Description::read(&dir).unwrap_err();
-    assert!(e.to_string().starts_with("cannot read "), "{e}");
+    assert!(e.to_string().starts_with("cannot open "), "{e}");
 }
