@@ -10,6 +10,7 @@ use crate::bench::host_tap::TapLink;
 use crate::bench::iommu::IommuBench;
 use crate::bench::msix::MsixBench;
 use crate::bench::pci::PciBench;
+use crate::bench::restore::RestoreBench;
 use crate::bench::rr::RrBench;
 use crate::bench::soak::SoakBench;
 use crate::bench::vhost_net::VhostPorts;
@@ -36,6 +37,10 @@ pub enum Scenario {
     /// each followed by correct transactions on every device; reports accesses, resets,
     /// transactions, VMM memory before and after, panics. Not in the default run.
     Soak,
+    /// Restoring a snapshot whose virtio-net functions have every MSI-X vector live, traffic
+    /// in flight: once per strategy, the restore's phases, commits and first interrupts, the
+    /// seed's per-function table. Not in the default run.
+    Restore,
 }
 
 impl Scenario {
@@ -225,6 +230,18 @@ impl BenchOptions {
         };
         iommu.validate()?;
         Ok(iommu)
+    }
+
+    /// `restore`'s bench (`--devices`, `--queue-pairs` as `msix`'s), checked.
+    pub fn restore(&self) -> Result<RestoreBench, String> {
+        let restore = RestoreBench {
+            devices: self.devices,
+            queue_pairs: self.queue_pairs,
+            timeout: self.timeout(),
+            dir: None,
+        };
+        restore.validate()?;
+        Ok(restore)
     }
 
     /// `soak`'s bench, checked.

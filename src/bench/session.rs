@@ -108,6 +108,11 @@ impl Session {
         options.msix(None)?;
         options.iommu()?;
         options.soak()?;
+        // Restore takes a function for its traffic: its --devices limit is its own, checked
+        // only where it runs.
+        if options.scenarios().contains(&Scenario::Restore) {
+            options.restore()?;
+        }
         // Before anything is measured, the peer's boots included.
         let host_load = host::sample_load();
         if let Some(load) = host_load.as_ref().filter(|l| host::is_busy(l)) {
@@ -147,6 +152,10 @@ impl Session {
             if session.scenarios.contains(&Scenario::Soak) {
                 let why = "not measured under qemu: the soak counts failures, not time";
                 session.unpeered.push((Scenario::Soak, why.to_owned()));
+            }
+            if session.scenarios.contains(&Scenario::Restore) {
+                let why = "not measured under qemu yet: its migrate/-incoming boot is not built";
+                session.unpeered.push((Scenario::Restore, why.to_owned()));
             }
             match Qemu::find() {
                 Err(e) => crate::logging::stderr_line(format_args!(
@@ -189,7 +198,7 @@ impl Session {
                     }
                 }
                 Scenario::Iommu => self.options.iommu()?.peer_plan(),
-                Scenario::Soak => continue,
+                Scenario::Soak | Scenario::Restore => continue,
             };
             // QEMU's rr and msix boots hold vhost-user functions on testpmd's ports.
             let _polling = match scenario {
@@ -229,6 +238,10 @@ impl Session {
         let msix = options.msix(self.vhost_ports().as_ref())?;
         let iommu = options.iommu()?;
         let soak = options.soak()?;
+        let restore = match self.scenarios.contains(&Scenario::Restore) {
+            true => Some(options.restore()?),
+            false => None,
+        };
         let mut report = Report {
             host: host::describe(),
             host_busy: self.host_load.as_ref().is_some_and(host::is_busy),
@@ -244,6 +257,7 @@ impl Session {
                 Scenario::Msix => msix.run(),
                 Scenario::Iommu => iommu.run(),
                 Scenario::Soak => soak.run(),
+                Scenario::Restore => restore.as_ref().expect("checked: it is named").run(),
             };
             let mut scenario_report = result.map_err(|e| e.to_string())?;
             if let Some((_, peer)) = self.peers.iter().find(|(s, _)| *s == scenario) {
@@ -311,5 +325,6 @@ fn name(scenario: Scenario) -> &'static str {
         Scenario::Msix => "msix",
         Scenario::Iommu => "iommu",
         Scenario::Soak => "soak",
+        Scenario::Restore => "restore",
     }
 }

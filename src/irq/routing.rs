@@ -127,7 +127,32 @@ struct Table {
     next_gsi: u32,
     free: Vec<u32>,
     stats: CommitStats,
+    /// Each commit, once [`GsiRouting::keep_commit_log`] asked for it (benchmarks only).
+    log: Option<CommitLog>,
 }
+
+/// One `KVM_SET_GSI_ROUTING` call, as the commit log keeps it.
+#[derive(Clone, Debug)]
+pub struct CommitRecord {
+    /// When the call returned.
+    pub at: Instant,
+    /// Time inside the call.
+    pub time: Duration,
+    /// Time binding and unbinding irqfds after it (`KVM_IRQFD`).
+    pub bind: Duration,
+    /// MSI GSIs the call routed that the previous one did not.
+    pub added: Vec<u32>,
+}
+
+/// The commits since the log was asked for, and the MSI GSIs the last one left routed.
+#[derive(Default)]
+struct CommitLog {
+    records: Vec<CommitRecord>,
+    routed: BTreeSet<u32>,
+}
+
+/// Most commits the log keeps: a table's worth of vectors, each committed once.
+const MAX_LOGGED_COMMITS: usize = MAX_ROUTES as usize;
 
 /// The routing table, shared by every device that routes interrupts.
 pub struct GsiRouting {
@@ -192,6 +217,7 @@ impl GsiRouting {
                 next_gsi: IOAPIC_PINS,
                 free: Vec::new(),
                 stats: CommitStats::default(),
+                log: None,
             }),
         };
         routing.commit()?;
@@ -244,11 +270,61 @@ impl GsiRouting {
             .map_err(|_| IrqError::GsisExhausted(MAX_MSI_ROUTES))?;
         let start = Instant::now();
         let result = self.vm.set_gsi_routing(&table);
-        t.stats.time += start.elapsed();
+        let time = start.elapsed();
+        t.stats.time += time;
         t.stats.commits += 1;
         result.map_err(kvm_err("set the GSI routing table"))?;
         t.staged = false;
-        self.bind_irqfds(t)
+        let bound = Instant::now();
+        let result = self.bind_irqfds(t);
+        Self::log_commit(t, time, bound);
+        result
+    }
+
+    /// Keep a record of every commit from now on ([`GsiRouting::commit_log`]): what a
+    /// benchmark reads to tell which device's routes each commit carried.
+    pub fn keep_commit_log(&self) {
+        let mut t = self.table.lock().unwrap();
+        let routed = t.routes.keys().copied().filter(|&g| g >= IOAPIC_PINS);
+        let routed = if t.staged {
+            BTreeSet::new()
+        } else {
+            routed.collect()
+        };
+        t.log.get_or_insert(CommitLog {
+            records: Vec::new(),
+            routed,
+        });
+    }
+
+    /// The commits recorded since [`GsiRouting::keep_commit_log`] (none if it was not called).
+    pub fn commit_log(&self) -> Vec<CommitRecord> {
+        let t = self.table.lock().unwrap();
+        t.log.as_ref().map_or_else(Vec::new, |l| l.records.clone())
+    }
+
+    /// Add the commit that took `time` in KVM, its irqfds bound from `bound` on, to the log.
+    fn log_commit(t: &mut Table, time: Duration, bound: Instant) {
+        let at = Instant::now();
+        let Some(log) = t.log.as_mut() else {
+            return;
+        };
+        let routed: BTreeSet<u32> = t
+            .routes
+            .keys()
+            .copied()
+            .filter(|&g| g >= IOAPIC_PINS)
+            .collect();
+        let added = routed.difference(&log.routed).copied().collect();
+        log.routed = routed;
+        if log.records.len() < MAX_LOGGED_COMMITS {
+            log.records.push(CommitRecord {
+                at,
+                time,
+                bind: at - bound,
+                added,
+            });
+        }
     }
 
     /// Bind the irqfds of routed MSI GSIs and unbind the others.

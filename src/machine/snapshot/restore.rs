@@ -5,13 +5,24 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::machine::config::MachineConfig;
 use crate::machine::snapshot::take::io_error;
 use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
 use crate::machine::vcpus::Vcpus;
-use crate::machine::{Machine, MachineError, Ran};
+use crate::machine::{Board, Machine, MachineError, Ran};
+
+/// How long each step of [`Machine::run_restored_timed`] took.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RestoreTimes {
+    /// The VM's state read from the description and set (irqchip, PIT, clock).
+    pub vm: Duration,
+    /// The vCPUs created and their states set.
+    pub vcpus: Duration,
+    /// Every device's state set and every device resumed (routes and irqfds included).
+    pub devices: Duration,
+}
 
 /// A snapshot read and checked, its memory file open: what a machine is restored from.
 pub struct Restorable {
@@ -59,6 +70,15 @@ impl Machine {
         Self::build(cfg, None, Some(memory))
     }
 
+    /// [`Machine::restore`] with `board`'s devices (`exitless bench restore`: the probe's ports).
+    pub fn restore_on(
+        cfg: &MachineConfig,
+        board: &mut dyn Board,
+        memory: File,
+    ) -> Result<Self, MachineError> {
+        Self::build(cfg, Some(board), Some(memory))
+    }
+
     /// Set `saved`'s states on the machine [`Machine::restore`] built, in `crate::snapshot`'s
     /// order (the VM's interrupt controllers, PIT and clock; each vCPU; each device, then every
     /// device resumes), and run the vCPUs on from where the snapshot left them until the run
@@ -68,15 +88,34 @@ impl Machine {
         saved: &Description,
         timeout: Duration,
     ) -> Result<Ran, MachineError> {
+        self.run_restored_timed(saved, timeout, |_| ())
+    }
+
+    /// [`Machine::run_restored`], with `timed` told how long each step took just before the
+    /// vCPUs run (`exitless bench restore`).
+    pub fn run_restored_timed(
+        &self,
+        saved: &Description,
+        timeout: Duration,
+        timed: impl FnOnce(RestoreTimes),
+    ) -> Result<Ran, MachineError> {
+        let start = Instant::now();
         let (vcpu_states, vm_state) = kvm::read_states(&saved.vcpus, &saved.vm)?;
         self.vm
             .restore_state(&vm_state)
             .map_err(kvm::vm_error("vm"))?;
+        let vm = start.elapsed();
         let vcpus = Vcpus::create(&self.vm, self.vcpus, &self.cpu)?;
         vcpus
             .set_states(&vcpu_states)
             .map_err(kvm::vm_error("vcpus"))?;
+        let vcpus_done = start.elapsed();
         self.snapshotter.restore_devices(&saved.devices)?;
+        timed(RestoreTimes {
+            vm,
+            vcpus: vcpus_done - vm,
+            devices: start.elapsed() - vcpus_done,
+        });
         self.run_vcpus(vcpus, timeout)
     }
 }
