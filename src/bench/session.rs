@@ -17,6 +17,7 @@ use crate::bench::model::{HostLoad, Report};
 use crate::bench::options::{BenchOptions, PeerVmm, Scenario};
 use crate::bench::progress;
 use crate::bench::report;
+use crate::bench::restore::QemuRestore;
 use crate::bench::rr::TAP_VARIANT;
 use crate::bench::vhost_net::{VhostNet, VhostPorts};
 use crate::peer::Qemu;
@@ -36,6 +37,8 @@ pub struct Session {
     baseline: Option<(PathBuf, SavedReport)>,
     /// How busy the host was before the first measurement.
     host_load: Option<HostLoad>,
+    /// `restore`'s migration under QEMU, set beside its report.
+    restore_peer: Option<QemuRestore>,
 }
 
 /// What a finished run prints, and the charts it writes if asked.
@@ -127,6 +130,7 @@ impl Session {
             vhost_net: Err(String::new()),
             baseline: None,
             host_load,
+            restore_peer: None,
         };
         // The terminal check is an ioctl: before the filter. The peer's boots count as one step.
         let peer_step = usize::from(session.options.against.is_some());
@@ -152,10 +156,6 @@ impl Session {
             if session.scenarios.contains(&Scenario::Soak) {
                 let why = "not measured under qemu: the soak counts failures, not time";
                 session.unpeered.push((Scenario::Soak, why.to_owned()));
-            }
-            if session.scenarios.contains(&Scenario::Restore) {
-                let why = "not measured under qemu yet: its migrate/-incoming boot is not built";
-                session.unpeered.push((Scenario::Restore, why.to_owned()));
             }
             match Qemu::find() {
                 Err(e) => crate::logging::stderr_line(format_args!(
@@ -198,7 +198,11 @@ impl Session {
                     }
                 }
                 Scenario::Iommu => self.options.iommu()?.peer_plan(),
-                Scenario::Soak | Scenario::Restore => continue,
+                Scenario::Restore => {
+                    self.restore_peer = Some(self.options.restore()?.against_qemu(qemu));
+                    continue;
+                }
+                Scenario::Soak => continue,
             };
             // QEMU's rr and msix boots hold vhost-user functions on testpmd's ports.
             let _polling = match scenario {
@@ -261,6 +265,9 @@ impl Session {
             };
             let mut scenario_report = result.map_err(|e| e.to_string())?;
             if let Some((_, peer)) = self.peers.iter().find(|(s, _)| *s == scenario) {
+                peer.attach(&mut scenario_report);
+            }
+            if let (Scenario::Restore, Some(peer)) = (scenario, &self.restore_peer) {
                 peer.attach(&mut scenario_report);
             }
             scenario_report.notes.extend(

@@ -9,9 +9,12 @@
 //! each function's first interrupt, and the seed's per-function table.
 
 mod board;
+mod qemu;
 mod report;
 mod resume;
 mod source;
+
+pub use qemu::QemuRestore;
 
 use std::path::PathBuf;
 use std::time::Duration;

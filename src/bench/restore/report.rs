@@ -53,11 +53,6 @@ impl RestoreBench {
             self.devices,
             self.vectors()
         ));
-        notes.push(
-            "whole restore (process start to first interrupt) against QEMU's -incoming: not \
-             measured yet (`--against qemu` does not run restore)"
-                .into(),
-        );
         ScenarioReport {
             name: "restore".into(),
             title: format!(
