@@ -335,6 +335,49 @@ fn bench_restore_reports_each_strategy_per_function_after_checked_restores() {
     assert_eq!(scenario["targets"].as_array().unwrap().len(), 4);
 }
 
+/// `bench restore --against qemu`: QEMU migrates the same functions to a file and resumes
+/// them in a second process, whose probe passes its checks; its time is set beside ours.
+/// Skipped without QEMU.
+#[test]
+fn bench_restore_against_qemu_resumes_a_migrated_probe_beside_ours() {
+    if let Err(e) = exitless::peer::Qemu::find() {
+        println!("skipped: {e}");
+        return;
+    }
+    let args = [
+        "restore",
+        "--devices",
+        "2",
+        "--queue-pairs",
+        "2",
+        "--against",
+        "qemu",
+    ];
+    let report = bench_json(&args);
+    let scenario = &report["scenarios"][0];
+    let notes = scenario["notes"].as_array().unwrap();
+    let qemu = notes
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .find(|n| n.starts_with("QEMU"))
+        .unwrap_or_else(|| panic!("no QEMU note in {notes:?}"));
+    assert!(
+        qemu.contains("then every function's MSI-X check passed"),
+        "{qemu}"
+    );
+    assert!(
+        qemu.contains("migrated in the middle of the probe's ops"),
+        "{qemu}"
+    );
+    let targets = scenario["targets"].as_array().unwrap();
+    assert!(
+        targets
+            .iter()
+            .any(|t| t["target"] == "whole restore <= QEMU's"),
+        "{targets:?}"
+    );
+}
+
 #[test]
 fn restore_with_no_function_left_for_traffic_gets_one_clear_error() {
     let out = exitless(&["bench", "restore", "--devices", "29"]);

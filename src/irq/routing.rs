@@ -481,6 +481,27 @@ mod tests {
     }
 
     #[test]
+    fn the_commit_log_names_the_msi_gsis_each_commit_added_once_asked_for() {
+        let r = routing(CommitStrategy::Batched);
+        let a = r.allocate_msi().unwrap();
+        r.set_msi(a.gsi, 0xfee0_0000, 0x41).unwrap();
+        r.commit().unwrap();
+        assert!(r.commit_log().is_empty(), "not kept before it is asked for");
+        r.keep_commit_log();
+        let (b, c) = (r.allocate_msi().unwrap(), r.allocate_msi().unwrap());
+        r.set_msi(b.gsi, 0xfee0_0000, 0x42).unwrap();
+        r.set_msi(c.gsi, 0xfee0_0000, 0x43).unwrap();
+        r.commit().unwrap();
+        // A new message on a routed GSI adds none.
+        r.set_msi(a.gsi, 0xfee0_0000, 0x44).unwrap();
+        r.commit().unwrap();
+        let log = r.commit_log();
+        let added: Vec<&[u32]> = log.iter().map(|c| c.added.as_slice()).collect();
+        assert_eq!(added, [&[b.gsi, c.gsi][..], &[]]);
+        assert!(log[0].at <= log[1].at);
+    }
+
+    #[test]
     fn released_gsis_are_reused_and_their_routes_removed() {
         let r = routing(CommitStrategy::Batched);
         let a = r.allocate_msi().unwrap();

@@ -16,9 +16,9 @@ use crate::pci::regs::PCI_MSIX_FLAGS_ENABLE;
 use crate::peer::{PeerError, Qemu, QemuMachine, QemuResume};
 
 /// RAM reads the probe does while QEMU migrates it (a few seconds at CPL 3).
-const RAM_READS: u64 = 3_000_000_000;
+const RAM_READS: u64 = 6_000_000_000;
 /// How long after the probe starts its ops the migration begins: past the programming.
-const SETTLE: Duration = Duration::from_millis(1500);
+const SETTLE: Duration = Duration::from_millis(300);
 
 /// QEMU's migration and resume, or why there is none.
 pub struct QemuRestore {
@@ -87,11 +87,15 @@ impl QemuRestore {
         let qemu_ms = resumed.start_to_running.as_secs_f64() * 1e3;
         report.notes.push(format!(
             "{}: migrate to a file (exec:cat) {:.1} ms, {:.1} MiB; resume with -incoming: \
-             process start to guest running (QMP query-status) {qemu_ms:.1} ms; then every \
+             process start to guest running (QMP query-status) {qemu_ms:.1} ms; {}, then every \
              function's MSI-X check passed",
             self.version,
             resumed.migrate.as_secs_f64() * 1e3,
-            resumed.file_bytes as f64 / 1048576.0
+            resumed.file_bytes as f64 / 1048576.0,
+            match resumed.mid_ops {
+                true => "migrated in the middle of the probe's ops",
+                false => "NOT migrated in the middle of the probe's ops",
+            }
         ));
         let Some(batched) = (report.variants.iter())
             .find(|v| v.name == CommitStrategy::Batched.name())

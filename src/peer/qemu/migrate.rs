@@ -16,6 +16,8 @@ use zerocopy::IntoBytes;
 
 /// What the serial port shows once the probe runs its ops.
 const RUNNING: &str = "exitless probe: running";
+/// ... and once it has ended them.
+const DONE: &str = "exitless probe: done";
 
 /// A migration of the probe under QEMU and its resume.
 #[derive(Debug)]
@@ -26,6 +28,8 @@ pub struct QemuResume {
     pub migrate: Duration,
     /// The migration file's length.
     pub file_bytes: u64,
+    /// Whether the probe was running its ops when migrated: started them, not yet ended.
+    pub mid_ops: bool,
     /// What the probe reported at its end, under the second QEMU.
     pub run: PeerRun,
 }
@@ -144,6 +148,8 @@ impl Qemu {
         qmp.execute("migrate", json!({ "uri": uri }))?;
         qmp.until("query-migrate", "status", "completed", deadline)?;
         let migrate = migrating.elapsed();
+        let before = read_lossy(&files[0].serial);
+        let mid_ops = before.contains(RUNNING) && !before.contains(DONE);
         drop((qmp, first));
         let file_bytes = fs::metadata(&state)
             .map_err(io("read the migration file"))?
@@ -175,6 +181,7 @@ impl Qemu {
             start_to_running,
             migrate,
             file_bytes,
+            mid_ops,
             run,
         })
     }
