@@ -53,9 +53,9 @@ pub(super) struct RestoreBoard {
 }
 
 impl RestoreBoard {
-    /// Whether op `op` has ended.
-    pub fn ended(&self, op: usize) -> bool {
-        self.marks.lock().unwrap().ends.contains_key(&(op as u64))
+    /// Whether op `op` has begun.
+    pub fn began(&self, op: usize) -> bool {
+        self.marks.lock().unwrap().begins.contains_key(&(op as u64))
     }
 
     /// The routing commits since the board was installed.

@@ -53,9 +53,9 @@ pub struct RestoreBench {
 
 /// Op indexes the report reads.
 struct Steps {
-    /// The traffic op that ends before the snapshot is taken.
+    /// Traffic under way before the snapshot.
     before: usize,
-    /// The traffic op the snapshot lands in.
+    /// The traffic op the snapshot lands in: the machine is paused as it begins.
     across: usize,
     /// Each function's first interrupt after the restore.
     first: Vec<usize>,
@@ -137,7 +137,7 @@ impl RestoreBench {
         let dir = self.dir.clone().unwrap_or_else(|| {
             std::env::temp_dir().join(format!("exitless-bench-restore-{}", std::process::id()))
         });
-        let taken = source::snapshot(&self.probe(list.clone()), steps.before, &dir);
+        let taken = source::snapshot(&self.probe(list.clone()), steps.across, &dir);
         let runs = taken.and_then(|taken| {
             let runs = CommitStrategy::ALL
                 .iter()
@@ -179,7 +179,7 @@ impl RestoreBench {
                 r.results[i].status
             )));
         }
-        for &i in [steps.across, steps.after].iter() {
+        for &i in [steps.before, steps.across, steps.after].iter() {
             if r.results[i].value != list[i].count {
                 return Err(failed(format!(
                     "op {i} did {} of {} transactions",

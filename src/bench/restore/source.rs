@@ -22,9 +22,13 @@ pub(super) struct Taken {
     pub save: Duration,
 }
 
-/// Boot `cfg`, pause once op `after` has ended (the op after it, traffic, then runs), save
-/// the machine into `dir` and stop it.
-pub(super) fn snapshot(cfg: &ProbeConfig, after: usize, dir: &Path) -> Result<Taken, MachineError> {
+/// Boot `cfg`, pause once op `within` (traffic) has begun, save the machine into `dir` and
+/// stop it.
+pub(super) fn snapshot(
+    cfg: &ProbeConfig,
+    within: usize,
+    dir: &Path,
+) -> Result<Taken, MachineError> {
     loader::check_ram(cfg.ram_size)?;
     let mut board = RestoreBoard::default();
     let machine = Machine::new(&cfg.machine(), Some(&mut board))?;
@@ -32,10 +36,10 @@ pub(super) fn snapshot(cfg: &ProbeConfig, after: usize, dir: &Path) -> Result<Ta
     std::thread::scope(|s| {
         let run = s.spawn(|| machine.run(&ProbeLoader { ops: &cfg.ops }, cfg.timeout));
         let deadline = Instant::now() + cfg.timeout;
-        while !board.ended(after) && !run.is_finished() && Instant::now() < deadline {
+        while !board.began(within) && !run.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_micros(200));
         }
-        let taken = take(&machine, after, &board, dir);
+        let taken = take(&machine, within, &board, dir);
         control.stop(StopReason::Requested);
         let ran = run.join().expect("the run thread does not panic");
         let taken = taken?;
@@ -47,15 +51,15 @@ pub(super) fn snapshot(cfg: &ProbeConfig, after: usize, dir: &Path) -> Result<Ta
 /// Pause the running machine and save it into `dir`.
 fn take(
     machine: &Machine,
-    after: usize,
+    within: usize,
     board: &RestoreBoard,
     dir: &Path,
 ) -> Result<Taken, MachineError> {
     let failed =
         |why: String| MachineError::GuestFailed(StopReason::VcpuFailed(why), machine.console());
-    if !board.ended(after) {
+    if !board.began(within) {
         return Err(failed(format!(
-            "the probe never reached op {after}, where the snapshot is taken"
+            "the probe never reached op {within}, where the snapshot is taken"
         )));
     }
     let start = Instant::now();
