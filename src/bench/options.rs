@@ -84,10 +84,11 @@ pub struct BenchOptions {
     /// Response frame size of `rr` in bytes.
     #[arg(long, default_value_t = 1024)]
     pub response_size: u64,
-    /// virtio-net PCI functions in `msix`.
+    /// virtio-net PCI functions in `msix` and `restore` (whose traffic takes one more).
     #[arg(long, default_value_t = 8)]
     pub devices: usize,
-    /// Queue pairs per function in `msix` (2 × pairs + 1 MSI-X vectors; the seed had 65).
+    /// Queue pairs per function in `msix` and `restore` (2 × pairs + 1 MSI-X vectors; the seed
+    /// had 65).
     #[arg(long, default_value_t = 32)]
     pub queue_pairs: u16,
     /// Frames streamed per variant of `iommu`.
@@ -238,7 +239,6 @@ impl BenchOptions {
             devices: self.devices,
             queue_pairs: self.queue_pairs,
             timeout: self.timeout(),
-            dir: None,
         };
         restore.validate()?;
         Ok(restore)

@@ -16,7 +16,6 @@ mod source;
 
 pub use qemu::QemuRestore;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::bench::model::ScenarioReport;
@@ -47,8 +46,6 @@ pub struct RestoreBench {
     pub queue_pairs: u16,
     /// Longest each boot may take.
     pub timeout: Duration,
-    /// Where the snapshot goes; a folder of the system's temporary directory if none.
-    pub dir: Option<PathBuf>,
 }
 
 /// Op indexes the report reads.
@@ -134,9 +131,8 @@ impl RestoreBench {
     /// Snapshot once, restore once per strategy, and report.
     pub fn run(&self) -> Result<ScenarioReport, MachineError> {
         let (list, steps) = self.ops();
-        let dir = self.dir.clone().unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("exitless-bench-restore-{}", std::process::id()))
-        });
+        let dir =
+            std::env::temp_dir().join(format!("exitless-bench-restore-{}", std::process::id()));
         let taken = source::snapshot(&self.probe(list.clone()), steps.across, &dir);
         let runs = taken.and_then(|taken| {
             let runs = CommitStrategy::ALL
