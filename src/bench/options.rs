@@ -233,12 +233,14 @@ impl BenchOptions {
         Ok(iommu)
     }
 
-    /// `restore`'s bench (`--devices`, `--queue-pairs` as `msix`'s), checked.
-    pub fn restore(&self) -> Result<RestoreBench, String> {
+    /// `restore`'s bench (`--devices`, `--queue-pairs` as `msix`'s), with its vhost-user pass
+    /// on `vhost_user`'s sockets where there are; checked.
+    pub fn restore(&self, vhost_user: Option<&VhostPorts>) -> Result<RestoreBench, String> {
         let restore = RestoreBench {
             devices: self.devices,
             queue_pairs: self.queue_pairs,
             timeout: self.timeout(),
+            vhost_user: vhost_user.cloned(),
         };
         restore.validate()?;
         Ok(restore)

@@ -114,7 +114,7 @@ impl Session {
         // Restore takes a function for its traffic: its --devices limit is its own, checked
         // only where it runs.
         if options.scenarios().contains(&Scenario::Restore) {
-            options.restore()?;
+            options.restore(None)?;
         }
         // Before anything is measured, the peer's boots included.
         let host_load = host::sample_load();
@@ -145,7 +145,9 @@ impl Session {
                 )
             })?;
         }
-        let msix = session.scenarios.contains(&Scenario::Msix);
+        let msix = [Scenario::Msix, Scenario::Restore]
+            .iter()
+            .any(|s| session.scenarios.contains(s));
         if msix || session.scenarios.contains(&Scenario::Rr) {
             // Before the peer: QEMU's functions connect to the same ports.
             let devices = if msix { session.options.devices } else { 0 };
@@ -199,7 +201,7 @@ impl Session {
                 }
                 Scenario::Iommu => self.options.iommu()?.peer_plan(),
                 Scenario::Restore => {
-                    self.restore_peer = Some(self.options.restore()?.against_qemu(qemu));
+                    self.restore_peer = Some(self.options.restore(None)?.against_qemu(qemu));
                     continue;
                 }
                 Scenario::Soak => continue,
@@ -243,7 +245,7 @@ impl Session {
         let iommu = options.iommu()?;
         let soak = options.soak()?;
         let restore = match self.scenarios.contains(&Scenario::Restore) {
-            true => Some(options.restore()?),
+            true => Some(options.restore(self.vhost_ports().as_ref())?),
             false => None,
         };
         let mut report = Report {
@@ -276,7 +278,9 @@ impl Session {
                     .filter(|(s, _)| *s == scenario)
                     .map(|(_, why)| why.clone()),
             );
-            if let (Scenario::Rr | Scenario::Msix, Err(why)) = (scenario, &self.vhost_net) {
+            if let (Scenario::Rr | Scenario::Msix | Scenario::Restore, Err(why)) =
+                (scenario, &self.vhost_net)
+            {
                 scenario_report.notes.push(why.clone());
             }
             report.scenarios.push(scenario_report);

@@ -13,6 +13,7 @@ mod qemu;
 mod report;
 mod resume;
 mod source;
+mod vhost;
 
 pub use qemu::QemuRestore;
 
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use crate::bench::model::ScenarioReport;
 use crate::bench::msix::{FIRST_VECTOR, validate_sizes};
+use crate::bench::vhost_net::VhostPorts;
 use crate::contract::{Op, STATUS_OK, TRANSPORT_PCI};
 use crate::irq::CommitStrategy;
 use crate::machine::snapshot::{DESCRIPTION_FILE, MEMORY_FILE};
@@ -46,6 +48,9 @@ pub struct RestoreBench {
     pub queue_pairs: u16,
     /// Longest each boot may take.
     pub timeout: Duration,
+    /// testpmd and its sockets, `msix` one per function, for the vhost-user pass
+    /// (`vhost`); none: no such pass.
+    pub vhost_user: Option<VhostPorts>,
 }
 
 /// Op indexes the report reads.
@@ -146,13 +151,13 @@ impl RestoreBench {
             Ok((taken, runs))
         });
         let on_disk = report::disk_use(&dir);
-        // By name: the main thread, confined, may not list a folder.
-        for file in [MEMORY_FILE, DESCRIPTION_FILE] {
-            let _ = std::fs::remove_file(dir.join(file));
-        }
-        let _ = std::fs::remove_dir(&dir);
+        remove(&dir);
         let (taken, runs) = runs?;
-        Ok(self.report(taken, &runs, &steps, on_disk))
+        let mut report = self.report(taken, &runs, &steps, on_disk);
+        let vhost_dir = dir.with_extension("vhost-user");
+        self.add_vhost(&mut report, &vhost_dir);
+        remove(&vhost_dir);
+        Ok(report)
     }
 
     /// The guest's verdicts: every op OK, the traffic complete, every vector once per request.
@@ -194,4 +199,13 @@ impl RestoreBench {
         }
         Ok(())
     }
+}
+
+/// Remove the snapshot folder `dir` by its files' names: the main thread, confined, may not
+/// list a folder.
+fn remove(dir: &std::path::Path) {
+    for file in [MEMORY_FILE, DESCRIPTION_FILE] {
+        let _ = std::fs::remove_file(dir.join(file));
+    }
+    let _ = std::fs::remove_dir(dir);
 }

@@ -43,7 +43,11 @@ impl RestoreBench {
             &[(CommitStrategy::Batched.name(), seed_ratio)],
         );
         let mut notes = vec![snapshot_note(taken, runs, steps, on_disk)];
-        notes.extend(runs.iter().map(|(s, r)| phases_note(*s, r, self.devices)));
+        let functions = format!("{} functions and the traffic function", self.devices);
+        notes.extend(
+            runs.iter()
+                .map(|(s, r)| phases_note(s.name(), r, &functions)),
+        );
         notes.extend(runs.iter().map(|(s, r)| first_note(*s, r, steps)));
         notes.push(format!(
             "checked after every restore: the {RR_ACROSS} transactions in flight at the snapshot \
@@ -75,7 +79,7 @@ impl RestoreBench {
         }
     }
 
-    fn variant(&self, s: CommitStrategy, r: &Resumed) -> Variant {
+    pub(super) fn variant(&self, s: CommitStrategy, r: &Resumed) -> Variant {
         let total_ns = r.total().as_secs_f64() * 1e9;
         let vectors = u32::try_from(self.vectors()).expect("validated: at most 129");
         let costs = per_function(r.commits.iter(), self.devices, vectors);
@@ -205,15 +209,14 @@ fn snapshot_note(
     )
 }
 
-/// The restore's phases for strategy `s`.
-fn phases_note(s: CommitStrategy, r: &Resumed, devices: usize) -> String {
+/// The restore's phases of the variant `name`, whose machine had `functions`.
+pub(super) fn phases_note(name: &str, r: &Resumed, functions: &str) -> String {
     let routes: Duration = r.restore_commits().map(|c| c.time + c.bind).sum();
     let commits = r.restore_commits().count();
     format!(
-        "{}: restore {:.2} ms = build on the memory file (mapped, devices created) {:.2} ms + \
+        "{name}: restore {:.2} ms = build on the memory file (mapped, devices created) {:.2} ms + \
          VM state {:.2} ms + vCPUs {:.2} ms + devices {:.2} ms (of which routes+irqfds {:.2} ms \
-         in {commits} commits for {devices} functions and the traffic function)",
-        s.name(),
+         in {commits} commits for {functions})",
         ms(r.total()),
         ms(r.build),
         ms(r.steps.vm),
