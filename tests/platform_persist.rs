@@ -15,6 +15,7 @@ use exitless::irq::regs::{IOAPIC_BASE, IOAPIC_REGSEL, IOAPIC_WINDOW};
 use exitless::machine::layout::IOMMU_BASE;
 use exitless::machine::wiring::{self, names};
 use exitless::machine::{MachineConfig, MemoryLayout, Platform};
+use exitless::pci::regs::{PCI_CONFIG_ADDRESS_PORT, PCI_CONFIG_DATA_PORT};
 use exitless::vm::run_control::RunControl;
 use exitless::vm::{Irqchip, RamBacking, Vm};
 
@@ -65,6 +66,10 @@ fn every_platform_device_is_registered_and_a_fresh_machine_takes_its_state() {
     mmio.write(IOMMU_BASE + VTD_FEDATA_REG, &0x45u32.to_le_bytes());
     mmio.write(IOAPIC_BASE + IOAPIC_REGSEL, &[0x10]);
     mmio.write(IOAPIC_BASE + IOAPIC_WINDOW, &0x1_0041u32.to_le_bytes());
+    // Bus 0 ("pci"): 00:01.0's latency timer (offset 0x0d), through CF8/CFC.
+    let latency_timer = 0x8000_0000u32 | 1 << 11 | 0x0c;
+    pio.write(port(PCI_CONFIG_ADDRESS_PORT), &latency_timer.to_le_bytes());
+    pio.write(port(PCI_CONFIG_DATA_PORT + 1), &[0x40]);
     let ids: Vec<&str> = first.persist.iter().map(|(id, _)| id.as_str()).collect();
     for id in [
         names::SERIAL,

@@ -4,8 +4,10 @@
 //! icmpecho answers the guest's ARP request, each on virtio-pci and on virtio-mmio; killing
 //! either backend mid-traffic leaves the VM running and the device in DEVICE_NEEDS_RESET (and
 //! a disk beside the card working), and the driver's reset reconnects to the restarted
-//! backend; a socket nobody listens on, a backend without VERSION_1 and more queues than the
-//! backend serves (or, on the card, more than one pair) are one line on stderr and status 2.
+//! backend; a card with two queue pairs is answered by testpmd on both, once the driver
+//! enables the second on the control queue exitless serves; a socket nobody listens on, a
+//! backend without VERSION_1, more queues than the backend serves and two pairs from a
+//! backend without multiqueue are one line on stderr and status 2.
 //!
 //! A test skips, saying why, only where the backend's binary is missing (`.ci/run` installs
 //! both). testpmd busy-polls a core: the tests that start one run in turn (`testpmd_turn`).
@@ -250,8 +252,9 @@ fn a_vhost_user_disk_on_virtio_mmio_is_served_by_qemu_storage_daemon() {
 static TESTPMD: Mutex<()> = Mutex::new(());
 
 /// In testpmd's turn (even after another test holding it failed), a scratch directory `tag`
-/// and a testpmd with `ports` ports of `pairs` queue pairs on its `net-N.sock`; `None` after
-/// printing why the test skips. They go in that order: the backend, its directory, the turn.
+/// and a testpmd with `ports` ports of `pairs` queue pairs, all polled, on its `net-N.sock`;
+/// `None` after printing why the test skips. They go in that order: the backend, its
+/// directory, the turn.
 fn testpmd_in_turn(
     tag: &str,
     pairs: u16,
@@ -264,30 +267,49 @@ fn testpmd_in_turn(
     let sockets: Vec<PathBuf> = (0..ports)
         .map(|n| scratch.path(&format!("net-{n}.sock")))
         .collect();
-    let backend = started(Backend::testpmd(&sockets, pairs))?;
+    let backend = started(Backend::testpmd_multiqueue(&sockets, pairs))?;
     Some((backend, scratch, turn))
 }
 
-/// The test kernel's ARP request from a card with `queues` queue pairs on `transport`, served
-/// by `backend` on its first socket: testpmd's icmpecho answers it.
-fn card_answered(backend: &Backend, transport: &str, queues: u16) {
+/// The test kernel's `net=1` on a card of one queue pair on `transport`, served by `backend` on
+/// its first socket: testpmd's icmpecho answers its ARP request.
+fn card_answered(backend: &Backend, transport: &str) {
+    card_checked(
+        backend,
+        (transport, 1, "1"),
+        &["PASS net: FEATURES_OK, MAC 52:54:00:00:00:21"],
+        &["PASS net: ARP reply: 10.0.2.2 is at "],
+    );
+}
+
+/// The test kernel's `net=MODE` on a card of `pairs` queue pairs on `transport` (`card`),
+/// served by `backend` on its first socket: every check passed, `lines` among them, and a
+/// line starting with each of `answers` (testpmd's MAC follows).
+fn card_checked(
+    backend: &Backend,
+    (transport, pairs, mode): (&str, u16, &str),
+    lines: &[&str],
+    answers: &[&str],
+) {
     let (found, more) = found_on(transport, "net", "virtio-net");
     let net = format!(
-        "vhost-user={},mac=52:54:00:00:00:21,transport={transport},queues={queues}",
+        "vhost-user={},mac=52:54:00:00:00:21,transport={transport},queues={pairs}",
         backend.sockets()[0].display()
     );
-    let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 {more}");
+    let cmdline = format!("net={mode} ip=10.0.2.15 peer=10.0.2.2 {more}");
     let (status, console, stderr) = Run::start(&cmdline, &["--net", &net]).finish();
-    let reply = console
-        .lines()
-        .any(|l| l.starts_with("PASS net: ARP reply: 10.0.2.2 is at "));
+    let mut wanted = vec![found.as_str()];
+    wanted.extend_from_slice(lines);
     assert_passed(
         status,
         &console,
         &format!("{stderr}\ntestpmd:\n{}", backend.output()),
-        &[&found, "PASS net: FEATURES_OK, MAC 52:54:00:00:00:21"],
+        &wanted,
     );
-    assert!(reply, "{transport}: testpmd's answer in:\n{console}");
+    for answer in answers {
+        let seen = console.lines().any(|l| l.starts_with(answer));
+        assert!(seen, "{transport}: {answer:?} in:\n{console}");
+    }
 }
 
 /// One testpmd, the card on virtio-pci and then on virtio-mmio: the guest's ARP request
@@ -299,7 +321,7 @@ fn a_vhost_user_card_on_either_transport_is_answered_by_testpmd() {
         return;
     };
     for transport in ["pci", "mmio"] {
-        card_answered(&backend, transport, 1);
+        card_answered(&backend, transport);
     }
     the_probe_echoes_on_one_card_then_on_the_other(&backend);
     assert_gone_once_dropped(backend);
@@ -347,22 +369,51 @@ fn the_probe_echoes_on_one_card_then_on_the_other(backend: &Backend) {
     }
 }
 
-/// `queues=2` on a card, even where testpmd's port has two queue pairs: refused in one line
-/// (multiqueue needs VIRTIO_NET_F_CTRL_VQ's control queue, which exitless does not offer).
+/// `queues=2` on a card whose testpmd port has two queue pairs, on each transport: the test
+/// kernel's `net=mq` negotiates MQ, is answered on pair 1, finds pair 2 not served until its
+/// VQ_PAIRS_SET 2 on the control queue (which exitless serves, turning it into the backend's
+/// SET_VRING_ENABLE), has a count past the pairs refused, and is answered on pair 2.
 #[test]
-fn two_queue_pairs_on_a_vhost_user_card_are_one_line_and_status_2() {
-    let Some((backend, _scratch, _turn)) = testpmd_in_turn("net2", 2, 1) else {
+fn a_vhost_user_card_with_two_queue_pairs_is_answered_by_testpmd_on_both() {
+    let Some((backend, _scratch, _turn)) = testpmd_in_turn("net-mq", 2, 1) else {
         return;
     };
-    let socket = &backend.sockets()[0];
+    for transport in ["pci", "mmio"] {
+        card_checked(
+            &backend,
+            (transport, 2, "mq"),
+            &[
+                "PASS net: FEATURES_OK with MQ, 2 queue pairs",
+                "PASS net: transmitq2 not taken before VQ_PAIRS_SET",
+                "PASS net: VQ_PAIRS_SET 3 answered VIRTIO_NET_ERR (1)",
+                "PASS net: VQ_PAIRS_SET 2 answered VIRTIO_NET_OK (0)",
+            ],
+            &[
+                "PASS net: ARP reply on pair 1: 10.0.2.2 is at ",
+                "PASS net: ARP reply on pair 2: 10.0.2.2 is at ",
+            ],
+        );
+    }
+}
+
+/// `queues=2` on a card whose backend has no VHOST_USER_PROTOCOL_F_MQ: one line naming it,
+/// status 2.
+#[test]
+fn two_queue_pairs_from_a_backend_without_mq_are_one_line_and_status_2() {
+    let scratch = Scratch::new("nomq");
+    let socket = scratch.path("net.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let backend = thread::spawn(move || serve_offering(listener, ONE_QUEUE_PAIR));
     let line = refused(&[
         "--net",
         &format!("vhost-user={},queues=2", socket.display()),
     ]);
     assert!(
-        line.contains("--net vhost-user= takes queues=1 only"),
-        "says what to do: {line}"
+        line.contains("does not offer VHOST_USER_PROTOCOL_F_MQ"),
+        "says what is missing: {line}"
     );
+    let _ = UnixStream::connect(&socket);
+    backend.join().unwrap();
 }
 
 /// `queues=2` on a disk whose qemu-storage-daemon export has two (`num-queues=2`): the test
@@ -535,10 +586,14 @@ const GET_QUEUE_NUM: u32 = 17;
 const VERSION_REPLY: u32 = 0x1 | 0x4;
 const NEED_REPLY: u32 = 0x8;
 
-/// A backend that offers no feature at all (no VERSION_1): every GET answers 0 (1 queue),
-/// every request that wants an acknowledgement gets success. Written by hand because it must
-/// answer what no real backend answers.
-fn serve_without_features(listener: UnixListener) {
+/// VERSION_1, EVENT_IDX and the protocol features bit: a backend of one queue pair, with no
+/// protocol feature (VHOST_USER_PROTOCOL_F_MQ among them).
+const ONE_QUEUE_PAIR: u64 = 1 << 32 | 1 << 29 | 1 << 30;
+
+/// A backend that offers `features` and no protocol feature: GET_FEATURES answers them, every
+/// other GET 0 (1 queue), every request that wants an acknowledgement gets success. Written by
+/// hand because it must answer what no real backend answers.
+fn serve_offering(listener: UnixListener, features: u64) {
     let Ok((mut stream, _)) = listener.accept() else {
         return;
     };
@@ -552,7 +607,8 @@ fn serve_without_features(listener: UnixListener) {
         }
         let value: u64 = match request {
             GET_QUEUE_NUM => 1,
-            GET_FEATURES | GET_PROTOCOL_FEATURES => 0,
+            GET_FEATURES => features,
+            GET_PROTOCOL_FEATURES => 0,
             _ if flags & NEED_REPLY != 0 => 0,
             _ => continue,
         };
@@ -573,7 +629,7 @@ fn a_backend_without_version_1_is_one_line_and_status_2() {
     for option in ["--disk", "--net"] {
         let socket = scratch.path(&format!("{}.sock", &option[2..]));
         let listener = UnixListener::bind(&socket).unwrap();
-        let backend = thread::spawn(move || serve_without_features(listener));
+        let backend = thread::spawn(move || serve_offering(listener, 0));
         let line = refused(&[option, &format!("vhost-user={}", socket.display())]);
         assert!(line.contains("VERSION_1"), "says what is missing: {line}");
         // The backend thread ends when exitless closes the connection.

@@ -100,7 +100,7 @@ fuzz_target!(|data: &[u8]| {
         panic!("the available ring holds one entry");
     };
     let mut out = chain::Chain::default();
-    let checked = chain::check(desc, &dma, &mut out).map(|()| out);
+    let checked = chain::check(desc.head_index(), desc, &dma, &mut out).map(|()| out);
     if !master {
         assert!(
             checked.is_err(),

@@ -16,10 +16,13 @@
  * INTR_REMAP with the IOAPIC in the unit's scope), ioapic=1|2 (take the RTC's interrupts
  * through the IOAPIC; 2: also through the unit's interrupt remapping), echo=1 (read a line from the
  * console), spam=N (print N numbered lines before the checks end, for a console reader that
- * falls behind), disk=1 (drive the first virtio-blk disk), disk=reconnect (drive it across a
+ * falls behind), disk=1 (drive the first virtio-blk disk; disk_rounds=N: then N write, flush
+ * and read-back rounds on sectors 1 to N), disk=reconnect (drive it across a
  * backend's restart: DEVICE_NEEDS_RESET, reset, set up again), net=1 ip=A.B.C.D peer=A.B.C.D (ask
  * the host on the first virtio-net device's network for peer's MAC by ARP, and check the answer),
  * net=reconnect (ask again across a backend's restart, with a round on the disk beside it),
+ * net=mq (a card with several queue pairs: ARP answered on pair 1, and on pair 2 once
+ * VQ_PAIRS_SET 2 enabled it),
  * virtio_mmio=0xADDR[,0xADDR...] (virtio-mmio windows to look for those devices in before PCI),
  * exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
  * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
@@ -153,8 +156,11 @@ void kmain(uint32_t magic, const struct mb_info *mb)
             check_echo();
         if (arg_number("disk", 0) || arg_is("disk", "reconnect"))
             check_disk(arg_is("disk", "reconnect"));
+        disk_rounds(arg_number("disk_rounds", 0));
         if (arg_number("net", 0) || arg_is("net", "reconnect"))
             check_net(arg_is("net", "reconnect"));
+        if (arg_is("net", "mq"))
+            check_net_mq();
         if (arg_number("cpuid", 0))
             check_cpuid();
         if (arg_number("ioapic", 0))

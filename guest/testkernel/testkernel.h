@@ -118,7 +118,10 @@ int vdev_reconnect(struct reconnect *r);
  * and the same across a backend's restart (net=reconnect). */
 void check_disk(int reconnect);
 int disk_round(uint32_t seed);
+void disk_rounds(uint32_t rounds);
 void check_net(int reconnect);
+/* virtio_net.c: a card with several queue pairs, both driven (net=mq). */
+void check_net_mq(void);
 /* vdev_reconnect's pause after a failed set-up or round. */
 #define RECONNECT_PAUSE (PM_TIMER_HZ / 5)
 

@@ -54,17 +54,39 @@ static int blk_setup(void)
     return !(vdev_status(&blk_dev) & STATUS_NEEDS_RESET);
 }
 
-/* Write sector 1 with a pattern that `seed` varies, flush, read it back: whether all three
+/* Write `sector` with a pattern that `seed` varies, flush, read it back: whether all three
  * answered OK and the bytes match. */
-static int blk_round(uint32_t seed)
+static int blk_round_at(uint32_t sector, uint32_t seed)
 {
     for (uint32_t i = 0; i < 512; i++)
         blk_data[i] = (uint8_t)(i * 7 + seed);
     memset(blk_check, 0, 512);
-    return blk_request(BLK_T_OUT, 1, blk_data, 512, 0) == BLK_S_OK &&
+    return blk_request(BLK_T_OUT, sector, blk_data, 512, 0) == BLK_S_OK &&
            blk_request(BLK_T_FLUSH, 0, 0, 0, 0) == BLK_S_OK &&
-           blk_request(BLK_T_IN, 1, blk_check, 512, 1) == BLK_S_OK &&
+           blk_request(BLK_T_IN, sector, blk_check, 512, 1) == BLK_S_OK &&
            fw_equal(blk_check, blk_data, 512);
+}
+
+/* A round on sector 1. */
+static int blk_round(uint32_t seed)
+{
+    return blk_round_at(1, seed);
+}
+
+/* disk_rounds=N (with disk=1): N rounds after the disk check, round i writing sector i with
+ * seed i, flushing and reading it back, each printed: a guest busy on its disk for a while,
+ * for a snapshot to catch mid-work (tests/snapshot.rs then reads every sector of the file). */
+void disk_rounds(uint32_t rounds)
+{
+    uint32_t good = 0;
+    if (!rounds || !blk_q.dev)
+        return;
+    for (uint32_t i = 1; i <= rounds; i++) {
+        int ok = blk_round_at(i, i);
+        print("disk round %06u of %06u: %s\n", i, rounds, ok ? "ok" : "FAILED");
+        good += (uint32_t)ok;
+    }
+    check(good == rounds, "disk: %u of %u rounds read back", good, rounds);
 }
 
 /* A round with `seed` on the disk check_disk set up (none: 0), for another device's check to

@@ -4,8 +4,8 @@
 //! (`Signaller::Outside`, `irq/msi/mod.rs`).
 //!
 //! Each device is a virtio-net function whose queues testpmd serves: one queue pair
-//! ([`QUEUE_PAIRS`]: exitless's vhost-user NIC offers no control queue, which multiqueue
-//! needs), its MSI-X table sized apart from the queues to the in-process rows' vectors (the
+//! ([`QUEUE_PAIRS`]: the probe drives pair 0 only, and more pairs would only make testpmd poll
+//! more rings), its MSI-X table sized apart from the queues to the in-process rows' vectors (the
 //! seed's 65) as `--net vhost-user=SOCKET,vectors=65` does (QEMU's `virtio-net-pci,vectors=`).
 //! Every entry is programmed and enabled as the in-process rows' are, so Enable makes the same
 //! routes live; testpmd's call fds are on the two queue vectors.
@@ -191,7 +191,7 @@ pub fn note(vectors: u64) -> String {
         "`*-vhost-user` rows: the same Enable on vhost-user virtio-net functions served by \
          DPDK testpmd, whose vectors an outside signaller raises, so routes are kept under \
          every strategy; each has {vectors} vectors, all programmed and enabled (exitless's: \
-         {QUEUE_PAIRS} queue pair, its vhost-user NIC offering no control queue, the table \
+         {QUEUE_PAIRS} queue pair, the only one the probe drives, the table \
          sized apart as `vectors={vectors}` does; QEMU's: {} queue pairs); then DRIVER_OK, \
          one ICMP echo with testpmd (`first_interrupt`: the first backend-raised interrupt) \
          and the unmask burst on the running device (each unmask of a queue's vector a \

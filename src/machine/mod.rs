@@ -95,11 +95,6 @@ pub enum MachineError {
         "a vhost-user device behind --iommu is not supported: exitless does not implement the vhost-user IOTLB messages; leave one of them out"
     )]
     VhostUserBehindIommu,
-    /// A vhost-user NIC with more than one queue pair, which needs the control queue.
-    #[error(
-        "--net vhost-user= takes queues=1 only: exitless does not offer the control queue multiqueue needs"
-    )]
-    VhostUserNetQueues,
     /// More ops than the contract holds.
     #[error("{0} ops requested; the probe holds at most {max}", max = crate::contract::MAX_OPS)]
     TooManyOps(usize),
@@ -322,8 +317,9 @@ impl Machine {
         self.run_vcpus(vcpus, timeout)
     }
 
-    /// Run `vcpus` until the run stops or `timeout` passes, and stop them all.
-    fn run_vcpus(&self, vcpus: vcpus::Vcpus, timeout: Duration) -> Result<Ran, MachineError> {
+    /// Run `vcpus` (this machine's, their entry or restored state set) until the run stops or
+    /// `timeout` passes, and stop them all.
+    pub fn run_vcpus(&self, vcpus: vcpus::Vcpus, timeout: Duration) -> Result<Ran, MachineError> {
         let tsc_khz = vcpus.tsc_khz();
         let end = vcpus
             .run(&self.io, &self.counters, &self.control, timeout)
@@ -394,7 +390,7 @@ mod tests {
     }
 
     #[test]
-    fn a_vhost_user_nic_with_more_than_one_queue_pair_is_refused() {
+    fn a_vhost_user_nic_with_more_than_one_queue_pair_goes_to_its_backend() {
         let mut cfg = MachineConfig::default();
         let mut vu = config::VhostUserConfig::new("/nonexistent/tp.sock".into());
         vu.queues = 2;
@@ -404,8 +400,17 @@ mod tests {
         );
         nic.backend = config::NetBackendKind::VhostUser(vu);
         cfg.virtio.push(nic);
+        // Not refused for its pairs: the backend is asked (and is not there).
         let refused = Machine::new(&cfg, None).err();
-        assert!(matches!(refused, Some(MachineError::VhostUserNetQueues)));
+        assert!(
+            matches!(
+                refused,
+                Some(MachineError::VhostUser(
+                    crate::virtio::vhost_user::VhostUserError::Connect { .. }
+                ))
+            ),
+            "{refused:?}"
+        );
     }
 
     /// A config built in code, not through `--net`'s parser, gets `vectors=`'s check too.

@@ -495,17 +495,10 @@ fn vhost_user_spec(cfg: &VhostUserConfig, kind: VhostUserKind) -> VhostUserSpec 
 }
 
 /// Refuse, before anything is built, the vhost-user devices exitless cannot serve: any behind
-/// the IOMMU (no vhost-user IOTLB), a NIC with more than one queue pair (no control queue).
+/// the IOMMU (no vhost-user IOTLB).
 pub fn check_vhost_user(cfg: &MachineConfig) -> Result<(), MachineError> {
     if cfg.has_vhost_user() && cfg.iommu {
         return Err(MachineError::VhostUserBehindIommu);
-    }
-    let multiqueue = cfg.virtio.iter().any(|d| match &d.backend {
-        NetBackendKind::VhostUser(vu) => vu.queues > 1 || d.queue_pairs > 1,
-        _ => false,
-    });
-    if multiqueue {
-        return Err(MachineError::VhostUserNetQueues);
     }
     Ok(())
 }

@@ -103,8 +103,9 @@ fn storage_daemon_args(image: &Path, socket: &Path) -> Vec<OsString> {
 
 /// testpmd's arguments: EAL options (no hugepages, no PCI, `prefix` for its runtime files, a
 /// `net_vhostN` port per socket with `queues` queue pairs), then testpmd's (icmpecho, started
-/// at once, no periodic statistics).
-fn testpmd_args(sockets: &[PathBuf], queues: u16, prefix: &str) -> Vec<OsString> {
+/// at once, no periodic statistics; the first `polled` pairs of each port polled, testpmd's
+/// default being the first only).
+fn testpmd_args(sockets: &[PathBuf], queues: u16, polled: u16, prefix: &str) -> Vec<OsString> {
     let mut args: Vec<OsString> = ["--no-huge", "-m", "1024", "--no-pci"]
         .map(OsString::from)
         .into();
@@ -125,6 +126,12 @@ fn testpmd_args(sockets: &[PathBuf], queues: u16, prefix: &str) -> Vec<OsString>
         ]
         .map(OsString::from),
     );
+    if polled > 1 {
+        args.extend([
+            format!("--rxq={polled}").into(),
+            format!("--txq={polled}").into(),
+        ]);
+    }
     args
 }
 
@@ -174,14 +181,28 @@ impl Backend {
     }
 
     /// testpmd answering ARP and ICMP echo on one vhost-user port per socket, each with
-    /// `queues` queue pairs.
+    /// `queues` queue pairs of which it polls the first.
     pub fn testpmd(sockets: &[PathBuf], queues: u16) -> Result<Backend, BackendError> {
+        Backend::testpmd_polling(sockets, queues, 1)
+    }
+
+    /// The same, polling and answering on every one of the `pairs` queue pairs of each port
+    /// (a multiqueue card's; each polled pair holds receive buffers, so not for many ports).
+    pub fn testpmd_multiqueue(sockets: &[PathBuf], pairs: u16) -> Result<Backend, BackendError> {
+        Backend::testpmd_polling(sockets, pairs, pairs)
+    }
+
+    fn testpmd_polling(
+        sockets: &[PathBuf],
+        queues: u16,
+        polled: u16,
+    ) -> Result<Backend, BackendError> {
         static INSTANCE: AtomicU32 = AtomicU32::new(0);
         let binary = TESTPMD.find()?;
         let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("exitless-{}-{n}", std::process::id());
         let mut cmd = Command::new(binary);
-        cmd.args(testpmd_args(sockets, queues, &prefix));
+        cmd.args(testpmd_args(sockets, queues, polled, &prefix));
         let leftover = Some(dpdk_runtime_dir(&prefix));
         Backend::start(&TESTPMD, cmd, sockets.to_vec(), leftover)
     }
@@ -345,7 +366,7 @@ mod tests {
     #[test]
     fn testpmd_gets_a_vhost_port_per_socket_and_icmpecho_after_the_eal_options() {
         let sockets = [PathBuf::from("/s/a.sock"), PathBuf::from("/s/b.sock")];
-        let args = strings(testpmd_args(&sockets, 2, "exitless-7-0"));
+        let args = strings(testpmd_args(&sockets, 2, 2, "exitless-7-0"));
         assert_eq!(
             args,
             [
@@ -363,6 +384,8 @@ mod tests {
                 "--forward-mode=icmpecho",
                 "--auto-start",
                 "--stats-period=0",
+                "--rxq=2",
+                "--txq=2",
             ]
         );
     }

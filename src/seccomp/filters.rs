@@ -172,6 +172,7 @@ fn vcpu() -> Vec<Allowed> {
             KVM_GET_LAPIC(),
             KVM_GET_MSRS(),
             KVM_GET_VCPU_EVENTS(),
+            KVM_GET_TSC_KHZ(),
         ],
     )]
 }
@@ -271,8 +272,15 @@ fn api() -> Vec<Allowed> {
         sys!(SYS_openat),
         sys!(SYS_ftruncate),
         sys!(SYS_pwrite64),
+        // Where guest RAM is the shared memfd, only its data is read: lseek SEEK_DATA and
+        // SEEK_HOLE find it (vm::state::memory).
+        sys!(SYS_lseek),
         sys!(SYS_fsync),
         sys!(SYS_rename),
+        // A virtio-mmio transport's pause waits for its device thread's answer on an eventfd;
+        // the VT-d unit's drains the doorbells already rung (epoll_wait, no timeout).
+        sys!(SYS_read),
+        sys!(SYS_epoll_wait),
         // ... and the VM's own state, with every vCPU parked (each vCPU gives its own).
         sys!(SYS_ioctl).only(1, [KVM_GET_IRQCHIP(), KVM_GET_CLOCK(), KVM_GET_PIT2()]),
     ]
@@ -371,6 +379,7 @@ fn building_machines() -> Vec<Allowed> {
                 KVM_SET_LAPIC(),
                 KVM_SET_MSRS(),
                 KVM_SET_VCPU_EVENTS(),
+                KVM_SET_TSC_KHZ(),
                 KVM_SET_IRQCHIP(),
                 KVM_SET_PIT2(),
                 KVM_SET_CLOCK(),

@@ -4,11 +4,8 @@
 //! unreadable descriptor; a device must instead tell such a chain from a complete one, so this
 //! walks it and reports what is wrong.
 
-use std::ops::Deref;
-
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::{DescriptorChain, Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Address, GuestAddress};
 
 use crate::dma::{Access, DmaContext, DmaError, Segments};
 
@@ -58,46 +55,17 @@ pub enum ChainError {
     Indirect(u16),
 }
 
-/// Whether the chain from `head` in `q`'s descriptor table has an indirect descriptor.
-/// virtio-queue follows one to a table at the address it holds, read as guest-physical;
-/// behind an IOMMU that is memory the device was not given, so translated devices look
-/// first (the table is read through the device's translated rings; the walk is bounded by
-/// the queue size, as virtio-queue's).
-pub fn refers_to_indirect(mem: &GuestMemoryMmap, q: &Queue, head: u16) -> bool {
-    let mut index = head;
-    for _ in 0..q.size() {
-        if index >= q.size() {
-            return false;
-        }
-        let at = q
-            .desc_table()
-            .checked_add(u64::from(index) * 16)
-            .map(GuestAddress);
-        let Some(desc) = at.and_then(|at| mem.read_obj::<Descriptor>(at).ok()) else {
-            return false;
-        };
-        if desc.refers_to_indirect_table() {
-            return true;
-        }
-        if !desc.has_next() {
-            return false;
-        }
-        index = desc.next();
-    }
-    false
-}
-
-/// Walk `chain` into `out`, checking every descriptor, and every buffer against what the
-/// device may reach through `dma`.
-pub fn check<M>(
-    chain: DescriptorChain<M>,
+/// Walk the chain from `head`, whose descriptors `chain` yields (a queue's walk,
+/// `super::split::Descriptors`, or virtio-queue's `DescriptorChain`, the reference), into
+/// `out`, checking every descriptor, and every buffer against what the device may reach
+/// through `dma`. The walk ends early at a descriptor it cannot follow; the chain is then
+/// refused as unterminated.
+pub fn check(
+    head: u16,
+    chain: impl IntoIterator<Item = Descriptor>,
     dma: &DmaContext,
     out: &mut Chain,
-) -> Result<(), ChainError>
-where
-    M: Deref<Target = GuestMemoryMmap>,
-{
-    let head = chain.head_index();
+) -> Result<(), ChainError> {
     out.head = head;
     out.readable.clear();
     out.writable.clear();
@@ -243,6 +211,7 @@ mod tests {
     use virtio_queue::desc::split::Descriptor;
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueT};
+    use vm_memory::GuestMemoryMmap;
 
     const MEM_SIZE: usize = 0x1_0000;
     const QSIZE: u16 = 16;
@@ -267,7 +236,8 @@ mod tests {
             .pop_descriptor_chain(&mem)
             .expect("one chain is available");
         let mut out = Chain::default();
-        check(chain, &DmaContext::platform(mem.clone()), &mut out).map(|()| out)
+        let dma = DmaContext::platform(mem.clone());
+        check(chain.head_index(), chain, &dma, &mut out).map(|()| out)
     }
 
     #[test]
@@ -309,7 +279,7 @@ mod tests {
         let chain = q.pop_descriptor_chain(&mem).unwrap();
         let dma = DmaContext::platform(mem.clone());
         assert_eq!(
-            check(chain, &dma, &mut Chain::default()),
+            check(chain.head_index(), chain, &dma, &mut Chain::default()),
             Err(ChainError::BadHead(500))
         );
     }

@@ -11,9 +11,8 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-
 use super::chain::{self, Chain, ChainError};
+use super::split::ServedQueue;
 use crate::dma::{DmaContext, DmaError};
 use crate::guest_error;
 use crate::logging::DeviceLog;
@@ -145,7 +144,7 @@ pub trait QueueHandler: Send {
     fn process_queue(
         &mut self,
         index: usize,
-        queues: &mut [Queue],
+        queues: &mut [ServedQueue],
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<Progress, DeviceError>;
@@ -155,6 +154,16 @@ pub trait QueueHandler: Send {
     /// index). The device thread watches them edge-triggered, as it watches the doorbells.
     fn wake_sources(&self) -> Vec<(RawFd, usize)> {
         Vec::new()
+    }
+    /// What the handler holds that the driver would lose across a snapshot (`crate::snapshot`;
+    /// asked while the device thread is paused): None when it holds nothing.
+    fn save(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Take what [`QueueHandler::save`] wrote, into this freshly built handler before its
+    /// queues are handed over; the error says what is wrong with it.
+    fn restore(&mut self, _state: serde_json::Value) -> Result<(), String> {
+        Err("state for a device that keeps none".into())
     }
 }
 
@@ -197,9 +206,10 @@ pub struct ChainsServed {
 /// completes a chain already served is not gated again. A chain whose buffer the IOMMU
 /// refused is completed with used length 0 (the fault is the unit's to report); behind an
 /// IOMMU a chain with an indirect descriptor is refused outright (its table would be read
-/// untranslated). `chain` is the queue's scratch, refilled for each chain.
+/// untranslated). The rings are reached through their host mapping ([`super::split`]);
+/// `chain` is the queue's scratch, refilled for each chain.
 pub fn serve_chains(
-    q: &mut Queue,
+    q: &mut ServedQueue,
     dma: &DmaContext,
     chain: &mut Chain,
     mut server: impl ChainServer,
@@ -207,39 +217,42 @@ pub fn serve_chains(
     let Ok(mem) = dma.memory() else {
         return Ok(ChainsServed::default());
     };
+    let mut ring = q.ring(mem)?;
     let mut done = ChainsServed::default();
-    q.disable_notification(mem)?;
-    for _ in 0..usize::from(q.size()) {
+    ring.disable_notification();
+    for _ in 0..ring.size() {
         if !server.wants_chain() {
             return Ok(done);
         }
-        let Some(desc) = q.iter(mem)?.next() else {
-            if q.enable_notification(mem)? {
+        let Some(head) = ring.pop()? else {
+            if ring.enable_notification() {
                 // Buffers arrived meanwhile: take them, notifications off again.
-                q.disable_notification(mem)?;
+                ring.disable_notification();
                 continue;
             }
             return Ok(done);
         };
-        let head = desc.head_index();
-        let served = if dma.translated() && chain::refers_to_indirect(mem, q, head) {
-            Err(ChainError::Indirect(head).into())
-        } else {
-            chain::check(desc, dma, chain)
-                .map_err(DeviceError::from)
-                .and_then(|()| server.serve(chain))
-        };
-        match served {
+        let translated = dma.translated();
+        let mut checked = chain::check(head, ring.descriptors(mem, head, !translated), dma, chain);
+        // Translated, the walk stops at an indirect descriptor: such a chain is refused for
+        // that, whatever else is wrong with it.
+        if checked.is_err() && translated && ring.refers_to_indirect(head) {
+            checked = Err(ChainError::Indirect(head));
+        }
+        match checked
+            .map_err(DeviceError::from)
+            .and_then(|()| server.serve(chain))
+        {
             Ok(len) => {
-                q.add_used(mem, head, len)?;
+                ring.add_used(head, len)?;
                 done.used = true;
             }
             Err(e) if e.is_pause() => {
-                q.go_to_previous_position();
+                ring.go_to_previous_position();
                 return Ok(done);
             }
             Err(e) if e.is_fault() => {
-                q.add_used(mem, head, 0)?;
+                ring.add_used(head, 0)?;
                 done.used = true;
             }
             Err(e) => return Err(e),

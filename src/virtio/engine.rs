@@ -11,6 +11,7 @@ use virtio_queue::{Queue, QueueT};
 
 use super::device::{DeviceHealth, Notification, QueueHandler, QueuePosition, QueueSet};
 use super::rings::BusRings;
+use super::split::ServedQueue;
 use crate::dma::DmaContext;
 use crate::logging::DeviceLog;
 
@@ -24,7 +25,7 @@ pub struct QueueEngine {
 
 /// What a device works on between DRIVER_OK and reset.
 struct Live {
-    queues: Vec<Queue>,
+    queues: Vec<ServedQueue>,
     dma: DmaContext,
     /// The rings' bus addresses, when they are translated.
     rings: Option<BusRings>,
@@ -59,9 +60,10 @@ impl QueueEngine {
         }
     }
 
-    /// DRIVER_OK: start working on `queues` through `dma`.
+    /// DRIVER_OK: start working on `queues` through `dma`, from the positions they hold.
     pub fn activate(&mut self, queues: Vec<Queue>, dma: DmaContext) {
         let rings = dma.translated().then(|| BusRings::new(&queues));
+        let queues = queues.into_iter().map(ServedQueue::new).collect();
         self.live = Some(Live { queues, dma, rings });
     }
 
@@ -74,7 +76,7 @@ impl QueueEngine {
     /// Stop working on queue `index` (the driver disabled it).
     pub fn stop_queue(&mut self, index: usize) {
         if let Some(q) = self.live.as_mut().and_then(|l| l.queues.get_mut(index)) {
-            q.set_ready(false);
+            q.queue_mut().set_ready(false);
         }
     }
 
@@ -85,7 +87,17 @@ impl QueueEngine {
             next_avail: q.next_avail(),
             next_used: q.next_used(),
         };
-        Some(live.queues.iter().map(at).collect())
+        Some(live.queues.iter().map(|q| at(q.queue())).collect())
+    }
+
+    /// The handler's state, for a snapshot ([`QueueHandler::save`]).
+    pub fn handler_state(&self) -> Option<serde_json::Value> {
+        self.handler.save()
+    }
+
+    /// Give the handler its saved state ([`QueueHandler::restore`]).
+    pub fn restore_handler(&mut self, state: serde_json::Value) -> Result<(), String> {
+        self.handler.restore(state)
     }
 
     /// The device's log.

@@ -16,6 +16,7 @@ pub mod net;
 pub mod notify;
 pub mod reference;
 pub mod rings;
+pub mod split;
 pub mod state;
 #[cfg(test)]
 mod testing;

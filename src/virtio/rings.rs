@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use super::device::DeviceError;
+use super::split::ServedQueue;
 use crate::dma::{Access, DmaContext, RingArea, RingWatch};
 use virtio_queue::{Queue, QueueT};
 
@@ -47,7 +48,7 @@ impl BusRings {
     /// Point `queues` at their rings' guest-physical addresses, translating them through `dma`
     /// if the translation they have is stale. A fault is recorded by the unit and returned:
     /// the queues then wait for the driver's next notification.
-    pub fn map(&self, queues: &mut [Queue], dma: &DmaContext) -> Result<(), DeviceError> {
+    pub fn map(&self, queues: &mut [ServedQueue], dma: &DmaContext) -> Result<(), DeviceError> {
         if !self.watch.is_stale() {
             return Ok(());
         }
@@ -56,7 +57,7 @@ impl BusRings {
             let Some([desc, avail, used]) = *addresses else {
                 continue;
             };
-            let size = u64::from(q.size());
+            let size = u64::from(q.queue().size());
             let area = |address, len, access| RingArea {
                 address,
                 len,
@@ -80,7 +81,7 @@ impl BusRings {
         let enabled = queues
             .iter_mut()
             .zip(&self.addresses)
-            .filter_map(|(q, addresses)| addresses.map(|_| q));
+            .filter_map(|(q, addresses)| addresses.map(|_| q.queue_mut()));
         for (q, rings) in enabled.zip(found.chunks_exact(3)) {
             // Translation keeps the offset in the page, so the alignment holds.
             q.try_set_desc_table_address(rings[0])?;

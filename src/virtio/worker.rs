@@ -53,10 +53,22 @@ pub enum Command {
     /// touch guest memory after the guest's write completes).
     Sync(SyncSender<()>),
     /// A snapshot: finish the work in flight, stop serving the queues (kicks wait) and answer
-    /// with each queue's position, none before DRIVER_OK (`crate::snapshot`).
-    Pause(SyncSender<Option<Vec<QueuePosition>>>),
+    /// with each queue's position (none before DRIVER_OK) and the handler's state
+    /// (`crate::snapshot`).
+    Pause(SyncSender<Paused>),
+    /// A restored device: give the handler the state it saved, and answer how that went.
+    RestoreHandler(serde_json::Value, SyncSender<Result<(), String>>),
     /// Serve the queues again after [`Command::Pause`], looking at every one.
     Resume,
+}
+
+/// What a paused device thread reports.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Paused {
+    /// Each queue's position, if the device is live.
+    pub positions: Option<Vec<QueuePosition>>,
+    /// The queue handler's state ([`super::device::QueueHandler::save`]).
+    pub handler: Option<serde_json::Value>,
 }
 
 /// An acknowledgement that did not come in time: the device thread is still working.
@@ -196,8 +208,15 @@ impl DeviceThread {
         let watch = |fd: RawFd, events: EventSet, token: u64| {
             epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(events, token))
         };
+        // Edge-triggered: a kick (every eventfd signal, KVM's ioeventfd or a write) makes its
+        // doorbell ready once, so the thread never reads the eventfd (a system call per kick)
+        // to clear it. The counter only grows; it would take 2^64 kicks to fill it.
         for (i, e) in queue_events.iter().enumerate() {
-            watch(e.as_raw_fd(), EventSet::IN, i as u64)?;
+            watch(
+                e.as_raw_fd(),
+                EventSet::IN | EventSet::EDGE_TRIGGERED,
+                i as u64,
+            )?;
         }
         // A backend's file (a tap) wakes the queue it feeds as its doorbell would; edge-
         // triggered, so frames left waiting for receive buffers do not wake the thread again
@@ -276,7 +295,6 @@ impl DeviceThread {
         let Some(e) = self.queue_events.get(q) else {
             return;
         };
-        let _ = e.read();
         if self.paused {
             // Resume looks at every queue.
             return;
@@ -319,7 +337,13 @@ impl DeviceThread {
                 Command::Pause(ack) => {
                     // Work already signalled was done before this command (`Tokens::rank`).
                     self.paused = true;
-                    let _ = ack.send(self.engine.positions());
+                    let _ = ack.send(Paused {
+                        positions: self.engine.positions(),
+                        handler: self.engine.handler_state(),
+                    });
+                }
+                Command::RestoreHandler(state, ack) => {
+                    let _ = ack.send(self.engine.restore_handler(state));
                 }
                 Command::Resume => {
                     self.paused = false;
@@ -371,14 +395,31 @@ impl WorkerHandle {
         self.call(Command::Sync)
     }
 
-    /// Pause the device thread for a snapshot ([`Command::Pause`]): each queue's position, or
-    /// None if the device is not live; the timeout it waited if the thread did not answer.
-    pub fn pause(&self) -> Result<Option<Vec<QueuePosition>>, Duration> {
+    /// Pause the device thread for a snapshot ([`Command::Pause`]): what it reports; the
+    /// timeout it waited if the thread did not answer.
+    pub fn pause(&self) -> Result<Paused, Duration> {
+        self.ask(Command::Pause)
+            .map(|paused| paused.unwrap_or_default())
+    }
+
+    /// Give a restored device's handler its saved state ([`Command::RestoreHandler`]).
+    pub fn restore_handler(&self, state: serde_json::Value) -> Result<(), String> {
+        match self.ask(|ack| Command::RestoreHandler(state, ack)) {
+            Ok(Some(result)) => result,
+            Ok(None) => Err("the device thread has ended".into()),
+            Err(waited) => Err(format!(
+                "the device thread did not answer within {waited:?}"
+            )),
+        }
+    }
+
+    /// Send the command `make` builds around an answer channel and wait for the answer: None
+    /// if the thread has ended, the timeout it waited if it did not answer.
+    fn ask<T>(&self, make: impl FnOnce(SyncSender<T>) -> Command) -> Result<Option<T>, Duration> {
         let (ack, acked) = mpsc::sync_channel(1);
-        self.send(Command::Pause(ack));
+        self.send(make(ack));
         match acked.recv_timeout(ACK_TIMEOUT) {
-            Ok(positions) => Ok(positions),
-            // A thread that has ended serves nothing: nothing to keep.
+            Ok(answer) => Ok(Some(answer)),
             Err(mpsc::RecvTimeoutError::Disconnected) => Ok(None),
             Err(mpsc::RecvTimeoutError::Timeout) => Err(ACK_TIMEOUT),
         }

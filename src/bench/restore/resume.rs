@@ -69,19 +69,17 @@ pub(super) fn resume(
     let mut cfg = description.config.clone();
     cfg.gsi_commits = strategy;
     let mut board = RestoreBoard::default();
-    let machine = Machine::restore_on(&cfg, &mut board, memory)?;
+    let machine = Machine::restore(&cfg, Some(&mut board), memory)?;
     let build = start.elapsed();
-    let mut timed = None;
-    let ran = machine.run_restored_timed(&description, timeout, |steps| {
-        timed = Some((steps, Instant::now()));
-    })?;
+    let (vcpus, steps) = machine.restore_state_timed(&description)?;
+    let resumed = Instant::now();
+    let ran = machine.run_vcpus(vcpus, timeout)?;
     let console = machine.console();
     match ran.end {
         RunEnd::Stopped(StopReason::GuestDone(0)) => {}
         RunEnd::Stopped(r) => return Err(MachineError::GuestFailed(r, console)),
         RunEnd::TimedOut => return Err(MachineError::Timeout(timeout, console)),
     }
-    let (steps, resumed) = timed.expect("the vCPUs ran after the restore's steps");
     let results = read_blocks::<OpResult>(machine.memory(), RESULTS_ADDR, ops)?;
     let commits = board.commits();
     let marks = std::mem::take(&mut *board.marks.lock().unwrap());

@@ -39,7 +39,7 @@ impl RestoreConfig {
         } = Restorable::open(&self.dir)?;
         let mut cfg = description.config.clone();
         (cfg.console, cfg.console_overflow) = (self.console.clone(), self.console_overflow);
-        let machine = Machine::restore(&cfg, memory)?;
+        let machine = Machine::restore(&cfg, None, memory)?;
         let view = machine.view();
         if self.paused {
             // Asked before any vCPU runs: each parks before its first entry.

@@ -13,7 +13,7 @@ use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
 use crate::machine::vcpus::Vcpus;
 use crate::machine::{Board, Machine, MachineError, Ran};
 
-/// How long each step of [`Machine::run_restored_timed`] took.
+/// How long each step of [`Machine::restore_state_timed`] took.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RestoreTimes {
     /// The VM's state read from the description and set (irqchip, PIT, clock).
@@ -64,41 +64,30 @@ impl Restorable {
 }
 
 impl Machine {
-    /// Build the machine `cfg` describes (a snapshot's configuration), guest RAM loaded from
-    /// `memory`, the snapshot's memory file; [`Machine::run_restored`] sets its state.
-    pub fn restore(cfg: &MachineConfig, memory: File) -> Result<Self, MachineError> {
-        Self::build(cfg, None, Some(memory))
-    }
-
-    /// [`Machine::restore`] with `board`'s devices (`exitless bench restore`: the probe's ports).
-    pub fn restore_on(
+    /// Build the machine `cfg` describes (a snapshot's configuration), with `board`'s devices
+    /// if any (the same board as the snapshot's machine), guest RAM loaded from `memory`, the
+    /// snapshot's memory file; [`Machine::restore_state`] then sets its state.
+    pub fn restore(
         cfg: &MachineConfig,
-        board: &mut dyn Board,
+        board: Option<&mut dyn Board>,
         memory: File,
     ) -> Result<Self, MachineError> {
-        Self::build(cfg, Some(board), Some(memory))
+        Self::build(cfg, board, Some(memory))
     }
 
     /// Set `saved`'s states on the machine [`Machine::restore`] built, in `crate::snapshot`'s
-    /// order (the VM's interrupt controllers, PIT and clock; each vCPU; each device, then every
-    /// device resumes), and run the vCPUs on from where the snapshot left them until the run
-    /// stops or `timeout` passes. Once per machine.
-    pub fn run_restored(
-        &self,
-        saved: &Description,
-        timeout: Duration,
-    ) -> Result<Ran, MachineError> {
-        self.run_restored_timed(saved, timeout, |_| ())
+    /// order: the VM's interrupt controllers, PIT and clock; each vCPU (created here); each
+    /// device, then every device resumes. The vCPUs are returned for
+    /// [`Machine::run_vcpus`]. Once per machine.
+    pub fn restore_state(&self, saved: &Description) -> Result<Vcpus, MachineError> {
+        self.restore_state_timed(saved).map(|(vcpus, _)| vcpus)
     }
 
-    /// [`Machine::run_restored`], with `timed` told how long each step took just before the
-    /// vCPUs run (`exitless bench restore`).
-    pub fn run_restored_timed(
+    /// [`Machine::restore_state`], and how long each step took (`exitless bench restore`).
+    pub fn restore_state_timed(
         &self,
         saved: &Description,
-        timeout: Duration,
-        timed: impl FnOnce(RestoreTimes),
-    ) -> Result<Ran, MachineError> {
+    ) -> Result<(Vcpus, RestoreTimes), MachineError> {
         let start = Instant::now();
         let (vcpu_states, vm_state) = kvm::read_states(&saved.vcpus, &saved.vm)?;
         self.vm
@@ -111,11 +100,22 @@ impl Machine {
             .map_err(kvm::vm_error("vcpus"))?;
         let vcpus_done = start.elapsed();
         self.snapshotter.restore_devices(&saved.devices)?;
-        timed(RestoreTimes {
+        let times = RestoreTimes {
             vm,
             vcpus: vcpus_done - vm,
             devices: start.elapsed() - vcpus_done,
-        });
+        };
+        Ok((vcpus, times))
+    }
+
+    /// [`Machine::restore_state`], then run the vCPUs on from where the snapshot left them
+    /// until the run stops or `timeout` passes. Once per machine.
+    pub fn run_restored(
+        &self,
+        saved: &Description,
+        timeout: Duration,
+    ) -> Result<Ran, MachineError> {
+        let vcpus = self.restore_state(saved)?;
         self.run_vcpus(vcpus, timeout)
     }
 }

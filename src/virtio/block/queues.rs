@@ -10,7 +10,6 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
     VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, virtio_blk_outhdr,
 };
-use virtio_queue::Queue;
 
 use super::SECTOR_SIZE;
 use crate::dma::{Access, DmaContext, DmaError, Segments};
@@ -18,6 +17,7 @@ use crate::guest_error;
 use crate::logging::DeviceLog;
 use crate::virtio::chain::{Buffer, Chain, ranges};
 use crate::virtio::device::{DeviceError, Progress, QueueHandler, serve_chains};
+use crate::virtio::split::ServedQueue;
 
 /// The device ID string's length (§5.2.6: VIRTIO_BLK_T_GET_ID).
 const SERIAL_LEN: usize = VIRTIO_BLK_ID_BYTES as usize;
@@ -274,7 +274,7 @@ impl QueueHandler for BlockQueues {
     fn process_queue(
         &mut self,
         index: usize,
-        queues: &mut [Queue],
+        queues: &mut [ServedQueue],
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<Progress, DeviceError> {

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 
+use super::MAX_FRAME;
 use crate::dma::Segments;
 
 /// Where frames go and come from. A tap device ([`super::tap::Tap`]) is one backend; the benchmark's
@@ -37,6 +38,15 @@ pub trait NetBackend: Send {
     /// fed from outside (a multiqueue tap) must then stop taking frames for a disabled pair,
     /// or they are lost: no driver fills its receive queue. Others need do nothing.
     fn set_enabled(&mut self, _enabled: bool) {}
+    /// What it holds for the driver that a snapshot must keep (`crate::snapshot`): None when
+    /// it holds nothing of its own (a tap's frames wait in the kernel).
+    fn save(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Take what [`NetBackend::save`] wrote; the error says what is wrong with it.
+    fn restore(&mut self, _state: serde_json::Value) -> Result<(), String> {
+        Err("state for a backend that keeps none".into())
+    }
 }
 
 /// Answers every transmitted frame with one frame of `response_size` bytes, as netperf TCP_RR
@@ -134,6 +144,32 @@ impl NetBackend for RequestResponse {
         while let Some(request) = self.queued.pop_front() {
             self.recycle(request);
         }
+    }
+
+    /// The responses not yet delivered: each a complemented request.
+    fn save(&self) -> Option<serde_json::Value> {
+        Some(serde_json::json!({ "queued": self.queued }))
+    }
+
+    fn restore(&mut self, state: serde_json::Value) -> Result<(), String> {
+        #[derive(serde::Deserialize)]
+        struct Saved {
+            queued: VecDeque<Vec<u8>>,
+        }
+        let saved: Saved = serde_json::from_value(state).map_err(|e| e.to_string())?;
+        // As `transmit` queues them: at most MAX_QUEUED, none empty, none past a frame.
+        let bad = saved
+            .queued
+            .iter()
+            .any(|r| r.is_empty() || r.len() > MAX_FRAME);
+        if saved.queued.len() > MAX_QUEUED || bad {
+            return Err(format!(
+                "{} queued responses (at most {MAX_QUEUED}, each 1..={MAX_FRAME} bytes)",
+                saved.queued.len()
+            ));
+        }
+        self.queued = saved.queued;
+        Ok(())
     }
 }
 

@@ -5,10 +5,12 @@
 //! [`tap::Tap`] among them.
 
 mod backend;
+mod control;
 mod queues;
 pub mod tap;
 
 pub use backend::{NetBackend, RequestResponse, Sink};
+pub use control::ControlQueue;
 pub use queues::NetQueues;
 
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ};

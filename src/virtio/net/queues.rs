@@ -4,12 +4,8 @@
 
 use std::os::fd::RawFd;
 
-use virtio_bindings::virtio_net::{
-    VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_OK,
-};
-use virtio_queue::{Queue, QueueT};
-
 use super::backend::NetBackend;
+use super::control::ControlQueue;
 use super::{HDR, MAX_FRAME};
 use crate::dma::{DmaContext, Segments};
 use crate::guest_error;
@@ -18,6 +14,7 @@ use crate::virtio::chain::Chain;
 use crate::virtio::device::{
     ChainServer, ChainsServed, DeviceError, Progress, QueueHandler, serve_chains,
 };
+use crate::virtio::split::ServedQueue;
 
 /// One receive/transmit queue pair and the backend queue behind it (a multiqueue tap has one
 /// file per pair in the same way), with each queue's scratch: the chain being served and its
@@ -38,14 +35,17 @@ struct Scratch {
 /// The queue work of a [`super::VirtioNet`]: the backends of its pairs.
 pub struct NetQueues {
     pairs: Vec<QueuePair>,
-    /// The control queue's chain.
-    control: Chain,
+    /// The control queue (served with several pairs only).
+    control: ControlQueue,
+    /// How many pairs the driver enabled (VQ_PAIRS_SET).
+    enabled: usize,
 }
 
 impl NetQueues {
     /// One queue pair per backend, only the first enabled until a driver says otherwise
     /// (§5.1.6.5.5).
     pub(super) fn new(backends: Vec<Box<dyn NetBackend>>) -> Self {
+        let control = ControlQueue::new(backends.len());
         let mut queues = NetQueues {
             pairs: backends
                 .into_iter()
@@ -55,21 +55,22 @@ impl NetQueues {
                     tx: Scratch::default(),
                 })
                 .collect(),
-            control: Chain::default(),
+            control,
+            enabled: 1,
         };
         queues.enable_pairs(1);
         queues
     }
 
     fn control_queue(&self) -> Option<usize> {
-        (self.pairs.len() > 1).then(|| 2 * self.pairs.len())
+        (self.pairs.len() > 1).then(|| self.control.index())
     }
 
     /// Send what the driver put on the transmit queue `q` to the backend: the frame after its
     /// header, in place in the driver's buffers.
     fn transmit(
         pair: &mut QueuePair,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
@@ -101,7 +102,7 @@ impl NetQueues {
     /// buffers, so notifications stay off until the ring runs dry with a frame waiting.
     fn receive(
         pair: &mut QueuePair,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
@@ -117,6 +118,7 @@ impl NetQueues {
     /// Enable the first `enabled` pairs and disable the rest (§5.1.6.5.5); a frame held for a
     /// disabled pair has no receive queue to go to, and is dropped.
     pub(super) fn enable_pairs(&mut self, enabled: usize) {
+        self.enabled = enabled;
         for (k, pair) in self.pairs.iter_mut().enumerate() {
             pair.backend.set_enabled(k < enabled);
             if k >= enabled {
@@ -125,47 +127,19 @@ impl NetQueues {
         }
     }
 
-    /// Control commands (virtio 1.2 §5.1.6.5): class, command, data, then one writable ack
-    /// byte. Only VQ_PAIRS_SET is supported; anything else is answered VIRTIO_NET_ERR.
+    /// Control commands (virtio 1.2 §5.1.6.5, [`ControlQueue`]). The last count the driver
+    /// set in a round of commands is applied after it: the frames this thread delivers are
+    /// the only ones, so none reaches a pair between the acknowledgement and the change.
     fn control(
         &mut self,
-        q: &mut Queue,
+        q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<ChainsServed, DeviceError> {
-        let available = self.pairs.len();
-        // The last count the driver set in this round of commands, applied after it.
         let mut enabled = None;
-        let served = serve_chains(q, dma, &mut self.control, |c: &Chain| {
-            if c.writable_len() == 0 || c.readable_len() > 64 {
-                guest_error!(log, "virtio-net: malformed control command dropped");
-                return Ok(0);
-            }
-            let command = c.read_all(dma)?;
-            let ack = match command.as_slice() {
-                [class, cmd, lo, hi]
-                    if u32::from(*class) == VIRTIO_NET_CTRL_MQ
-                        && u32::from(*cmd) == VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET =>
-                {
-                    let pairs = usize::from(u16::from_le_bytes([*lo, *hi]));
-                    if (1..=available).contains(&pairs) {
-                        enabled = Some(pairs);
-                        VIRTIO_NET_OK
-                    } else {
-                        guest_error!(
-                            log,
-                            "virtio-net: driver asked for {pairs} queue pairs of {available}; refused"
-                        );
-                        VIRTIO_NET_ERR
-                    }
-                }
-                _ => VIRTIO_NET_ERR,
-            };
-            c.write_all(
-                dma,
-                &[u8::try_from(ack).expect("VIRTIO_NET_OK or VIRTIO_NET_ERR")],
-            )?;
-            Ok(1)
+        let served = self.control.serve(q, dma, log, |pairs| {
+            enabled = Some(pairs);
+            true
         });
         if let Some(pairs) = enabled {
             self.enable_pairs(pairs);
@@ -218,7 +192,7 @@ impl QueueHandler for NetQueues {
     fn process_queue(
         &mut self,
         index: usize,
-        queues: &mut [Queue],
+        queues: &mut [ServedQueue],
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<Progress, DeviceError> {
@@ -251,6 +225,39 @@ impl QueueHandler for NetQueues {
             pair.backend.reset();
         }
         self.enable_pairs(1);
+    }
+
+    fn save(&self) -> Option<serde_json::Value> {
+        let backends: Vec<_> = self.pairs.iter().map(|p| p.backend.save()).collect();
+        Some(serde_json::json!({ "enabled": self.enabled, "backends": backends }))
+    }
+
+    fn restore(&mut self, state: serde_json::Value) -> Result<(), String> {
+        #[derive(serde::Deserialize)]
+        struct Saved {
+            enabled: usize,
+            backends: Vec<Option<serde_json::Value>>,
+        }
+        let saved: Saved = serde_json::from_value(state).map_err(|e| e.to_string())?;
+        if !(1..=self.pairs.len()).contains(&saved.enabled)
+            || saved.backends.len() != self.pairs.len()
+        {
+            return Err(format!(
+                "{} pairs enabled of {} saved, for a device of {} pairs",
+                saved.enabled,
+                saved.backends.len(),
+                self.pairs.len()
+            ));
+        }
+        for (k, (pair, state)) in self.pairs.iter_mut().zip(saved.backends).enumerate() {
+            if let Some(state) = state {
+                pair.backend
+                    .restore(state)
+                    .map_err(|why| format!("pair {k}: {why}"))?;
+            }
+        }
+        self.enable_pairs(saved.enabled);
+        Ok(())
     }
 
     /// Each pair's backend file wakes its receive queue (2k, §5.1.2).

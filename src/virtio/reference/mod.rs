@@ -7,6 +7,8 @@
 //! both must give the same [`Outcome`]. The unit tests and the `zero_copy` fuzz target drive
 //! it; [`Scenario::from_bytes`] makes one from arbitrary bytes.
 
+pub mod ring;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 

@@ -10,7 +10,10 @@ use virtio_queue::{Queue, QueueState, QueueT};
 use super::VirtioState;
 use crate::snapshot::StateError;
 use crate::virtio::device::QueuePosition;
-use crate::virtio::regs::VIRTIO_STATUS_DRIVER_OK;
+use crate::virtio::regs::{
+    VIRTIO_F_ACCESS_PLATFORM, VIRTIO_STATUS_DEVICE_NEEDS_RESET, VIRTIO_STATUS_DRIVER_OK,
+    VIRTIO_STATUS_FEATURES_OK,
+};
 
 /// Bytes of device configuration space a snapshot compares: more than any device here has.
 const CONFIG_BYTES: usize = 256;
@@ -49,6 +52,10 @@ pub struct RegisterState {
     pub queues: Vec<QueueRegs>,
     /// DEVICE_NEEDS_RESET.
     pub needs_reset: bool,
+    /// The driver wrote 0 to the status and the device thread had not let go of the queues
+    /// yet: the restored device completes the reset.
+    #[serde(default)]
+    pub reset_pending: bool,
     /// The device configuration space as the driver reads it.
     pub config: Vec<u8>,
 }
@@ -81,6 +88,7 @@ impl VirtioState {
                 })
                 .collect(),
             needs_reset: self.health.needs_reset(),
+            reset_pending: self.pending_reset.is_some(),
             config: self.config_bytes(),
         }
     }
@@ -88,6 +96,45 @@ impl VirtioState {
     /// Take the registers of `saved` (this device is freshly built from the same
     /// configuration); errors name `what`'s field. Nothing changes unless all are valid.
     pub fn restore(&mut self, what: &str, saved: &RegisterState) -> Result<(), StateError> {
+        self.check_same_device(what, saved)?;
+        check_status(what, saved)?;
+        // With VIRTIO_F_ACCESS_PLATFORM the rings are bus addresses, checked when translated.
+        let bus_addresses = saved.status & VIRTIO_STATUS_FEATURES_OK != 0
+            && saved.acked & 1 << VIRTIO_F_ACCESS_PLATFORM != 0;
+        let queues = saved
+            .queues
+            .iter()
+            .zip(&self.queues)
+            .enumerate()
+            .map(|(i, (regs, q))| {
+                let what = format!("{what}.queue[{i}]");
+                let q = queue_from(&what, regs, q.max_size())?;
+                // As `set_queue_ready` refuses them from a driver.
+                if q.ready() && !bus_addresses && (!q.is_valid(&self.mem) || q.avail_ring() == 0) {
+                    return Err(StateError::new(
+                        format!("{what}.ready"),
+                        "enabled with rings outside guest memory or at address 0",
+                    ));
+                }
+                Ok(q)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.queues = queues;
+        self.acked = saved.acked;
+        self.device_features_select = saved.device_features_select;
+        self.driver_features_select = saved.driver_features_select;
+        self.status = saved.status;
+        self.queue_select = saved.queue_select;
+        if saved.needs_reset {
+            self.health
+                .fail(&"it needed a reset when the snapshot was taken");
+        }
+        Ok(())
+    }
+
+    /// Whether `saved` is of this device: the same features offered, configuration space and
+    /// number of queues.
+    fn check_same_device(&self, what: &str, saved: &RegisterState) -> Result<(), StateError> {
         let field = |name: &str| format!("{what}.{name}");
         if saved.offered != self.offered {
             return Err(StateError::new(
@@ -105,12 +152,6 @@ impl VirtioState {
                 "the device configuration differs from the snapshot's (another disk size or MAC?)",
             ));
         }
-        if saved.acked & !saved.offered != 0 {
-            return Err(StateError::new(field("acked"), "features never offered"));
-        }
-        if saved.status & !0xff != 0 {
-            return Err(StateError::new(field("status"), "more than 8 bits"));
-        }
         if saved.queues.len() != self.queues.len() {
             return Err(StateError::new(
                 field("queues"),
@@ -120,23 +161,6 @@ impl VirtioState {
                     self.queues.len()
                 ),
             ));
-        }
-        let queues = saved
-            .queues
-            .iter()
-            .zip(&self.queues)
-            .enumerate()
-            .map(|(i, (regs, q))| queue_from(&field(&format!("queue[{i}]")), regs, q.max_size()))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.queues = queues;
-        self.acked = saved.acked;
-        self.device_features_select = saved.device_features_select;
-        self.driver_features_select = saved.driver_features_select;
-        self.status = saved.status;
-        self.queue_select = saved.queue_select;
-        if saved.needs_reset {
-            self.health
-                .fail(&"it needed a reset when the snapshot was taken");
         }
         Ok(())
     }
@@ -182,6 +206,25 @@ impl VirtioState {
         }
         Ok(queues)
     }
+}
+
+/// Whether the status is one a driver could have reached (virtio 1.2 §3.1.1): 8 bits, no
+/// DEVICE_NEEDS_RESET (the device's, saved apart), and features past FEATURES_OK offered.
+fn check_status(what: &str, saved: &RegisterState) -> Result<(), StateError> {
+    if saved.status & !0xff != 0 || saved.status & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0 {
+        return Err(StateError::new(
+            format!("{what}.status"),
+            format_args!("{:#x} is not a status a driver sets", saved.status),
+        ));
+    }
+    // Before FEATURES_OK a driver may have written anything; the device refused it there.
+    if saved.status & VIRTIO_STATUS_FEATURES_OK != 0 && saved.acked & !saved.offered != 0 {
+        return Err(StateError::new(
+            format!("{what}.acked"),
+            "features never offered, accepted at FEATURES_OK",
+        ));
+    }
+    Ok(())
 }
 
 /// A queue of maximum size `max_size` with the registers `regs`, checked as virtio-queue

@@ -13,7 +13,7 @@ use crate::virtio::device::QueuePosition;
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::interrupt::persist::InterruptState;
 use crate::virtio::state::{RegisterState, VirtioState};
-use crate::virtio::worker::{Command, WorkerHandle};
+use crate::virtio::worker::{Command, Paused, WorkerHandle};
 
 /// Where a transport is in a snapshot's life.
 #[derive(Default)]
@@ -21,8 +21,8 @@ pub enum Phase {
     /// Not in a snapshot: the device thread serves the queues.
     #[default]
     Running,
-    /// Paused: the device thread waits; the positions it reported, if it was live.
-    Paused(Option<Vec<QueuePosition>>),
+    /// Paused: the device thread waits; what it reported.
+    Paused(Paused),
     /// Restored, not yet resumed: the queues to hand the device thread, if it was live.
     Restored(Option<Vec<Queue>>),
 }
@@ -36,6 +36,8 @@ pub struct CommonState {
     pub interrupts: InterruptState,
     /// Where the device thread is in each queue, if the device was live.
     pub positions: Option<Vec<QueuePosition>>,
+    /// What the device thread's queue handler holds, if anything (a responder's answers).
+    pub handler: Option<serde_json::Value>,
 }
 
 impl Phase {
@@ -61,42 +63,56 @@ impl Phase {
         st: &VirtioState,
         interrupts: &Interrupts,
     ) -> Result<CommonState, StateError> {
-        let positions = match self {
+        let (positions, handler) = match self {
             Phase::Running if st.is_live() => {
                 return Err(StateError::new(what, "saved while its device thread runs"));
             }
-            Phase::Running => None,
-            Phase::Paused(positions) => positions.clone(),
-            Phase::Restored(queues) => queues.as_ref().map(|queues| {
-                queues
-                    .iter()
-                    .map(|q| QueuePosition {
-                        next_avail: q.next_avail(),
-                        next_used: q.next_used(),
-                    })
-                    .collect()
-            }),
+            Phase::Running => (None, None),
+            Phase::Paused(paused) => (paused.positions.clone(), paused.handler.clone()),
+            Phase::Restored(queues) => (
+                queues.as_ref().map(|queues| {
+                    queues
+                        .iter()
+                        .map(|q| QueuePosition {
+                            next_avail: q.next_avail(),
+                            next_used: q.next_used(),
+                        })
+                        .collect()
+                }),
+                None,
+            ),
         };
         Ok(CommonState {
             registers: st.save(),
             interrupts: interrupts.save(),
             positions,
+            handler,
         })
     }
 
-    /// Take `saved` into the freshly built `st` and `interrupts`; a live device's queues are
-    /// kept for [`Phase::resume`]. Errors name `what`'s field.
+    /// Take `saved` into the freshly built `st`, `interrupts` and device thread (`worker`,
+    /// which gets the handler's state); a live device's queues are kept for
+    /// [`Phase::resume`]. Errors name `what`'s field.
     pub fn restore(
         &mut self,
         what: &str,
         st: &mut VirtioState,
+        worker: &WorkerHandle,
         interrupts: &Interrupts,
         saved: &CommonState,
     ) -> Result<(), StateError> {
         st.restore(what, &saved.registers)?;
+        if let Some(handler) = &saved.handler {
+            worker
+                .restore_handler(handler.clone())
+                .map_err(|why| StateError::new(format!("{what}.handler"), why))?;
+        }
         let queues = match (&saved.positions, st.is_live()) {
             (Some(positions), true) => Some(st.queues_at(what, positions)?),
             (None, false) => None,
+            // A device that broke (a vhost-user backend that hung up) holds no queues: its
+            // driver resets it before it works again.
+            (None, true) if saved.registers.needs_reset => None,
             (_, live) => {
                 return Err(StateError::new(
                     format!("{what}.positions"),

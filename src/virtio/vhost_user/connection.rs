@@ -93,18 +93,7 @@ impl Connection {
             });
         }
         if queues > 1 {
-            let has = if protocol.contains(VhostUserProtocolFeatures::MQ) {
-                frontend.get_queue_num().map_err(fail("GET_QUEUE_NUM"))?
-            } else {
-                1
-            };
-            if has < queues as u64 {
-                return Err(VhostUserError::Queues {
-                    socket: spec.socket.clone(),
-                    asked: queues,
-                    has,
-                });
-            }
+            check_queue_num(spec, &mut frontend, protocol)?;
         }
         if protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
             // Every message then waits for the backend's acknowledgement: a call fd swapped at
@@ -113,4 +102,37 @@ impl Connection {
         }
         Ok(Connection { frontend, features })
     }
+}
+
+/// More than one queue needs VHOST_USER_PROTOCOL_F_MQ and enough of them. GET_QUEUE_NUM is
+/// read as rings, as the `vhost` crate reads it (it refuses ring indexes past the answer),
+/// and as libvhost-user and Cloud Hypervisor do; DPDK answers its most queue pairs (128),
+/// which passes.
+fn check_queue_num(
+    spec: &VhostUserSpec,
+    frontend: &mut Frontend,
+    protocol: VhostUserProtocolFeatures,
+) -> Result<(), VhostUserError> {
+    if !protocol.contains(VhostUserProtocolFeatures::MQ) {
+        return Err(VhostUserError::Lacks {
+            socket: spec.socket.clone(),
+            feature: "VHOST_USER_PROTOCOL_F_MQ (for queues= above 1)",
+        });
+    }
+    let has = frontend
+        .get_queue_num()
+        .map_err(|source| VhostUserError::Protocol {
+            socket: spec.socket.clone(),
+            what: "GET_QUEUE_NUM",
+            source,
+        })?;
+    let asked = spec.queue_count();
+    if has < asked as u64 {
+        return Err(VhostUserError::Queues {
+            socket: spec.socket.clone(),
+            asked,
+            has,
+        });
+    }
+    Ok(())
 }

@@ -1,7 +1,7 @@
 //! The register side of a vhost-user device: the device type, the features offered to the
 //! driver (the backend's, less what exitless does not pass through) and the configuration
-//! space: virtio-net's built here (the MAC, the link up), virtio-blk's the backend's
-//! (VHOST_USER_GET_CONFIG).
+//! space: virtio-net's built here (the MAC, the link up, the queue pairs), virtio-blk's the
+//! backend's (VHOST_USER_GET_CONFIG).
 
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::vhost_user::message::VhostUserConfigFlags;
@@ -18,6 +18,7 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_HOST_UFO, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
     VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
+use virtio_bindings::virtio_net::{VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MQ};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
 use super::connection::Connection;
@@ -41,8 +42,8 @@ const COMMON: [u32; 3] = [
     VIRTIO_RING_F_EVENT_IDX,
     VIRTIO_RING_F_INDIRECT_DESC,
 ];
-/// virtio-net features whose work is the backend's. The control queue (and with it MQ) is not
-/// offered: queues=1 only (docs/vhost-user.md).
+/// virtio-net features whose work is the backend's. MQ and the control queue are offered
+/// apart, with several pairs only ([`multiqueue`]).
 const NET: [u32; 11] = [
     VIRTIO_NET_F_CSUM,
     VIRTIO_NET_F_GUEST_CSUM,
@@ -74,9 +75,27 @@ fn bits(list: &[u32]) -> u64 {
     list.iter().fold(0, |acc, &b| acc | 1 << b)
 }
 
+/// Features whose work is exitless's whatever the backend offers, never passed to it in
+/// SET_FEATURES: the control queue (as QEMU keeps VIRTIO_NET_F_CTRL_VQ out of its vhost-user
+/// feature list, hw/net/vhost_net.c).
+pub(super) const OWN_FEATURES: u64 = 1 << VIRTIO_NET_F_CTRL_VQ;
+
+/// A NIC with several pairs offers VIRTIO_NET_F_MQ and the control queue it needs
+/// (virtio 1.2 §5.1.3.1). The connection checked that the backend has
+/// VHOST_USER_PROTOCOL_F_MQ and the rings; VIRTIO_NET_F_MQ itself goes to a backend that
+/// offers it (DPDK does), as in QEMU.
+fn multiqueue(spec: &VhostUserSpec) -> u64 {
+    if spec.control_queue() {
+        1 << VIRTIO_NET_F_MQ | 1 << VIRTIO_NET_F_CTRL_VQ
+    } else {
+        0
+    }
+}
+
 /// A vhost-user device as the transport sees it.
 pub struct VhostUserDevice {
     kind: VhostUserKind,
+    /// The backend's queues and the control queue, if any.
     queues: usize,
     /// Offered to the driver: the backend's features within what passes through, and for
     /// net the MAC and status exitless provides itself.
@@ -98,10 +117,13 @@ impl VhostUserDevice {
         let mut features = connection.features & passed;
         let config = match spec.kind {
             VhostUserKind::Net { mac } => {
-                features |= 1 << VIRTIO_NET_F_MAC | 1 << VIRTIO_NET_F_STATUS;
-                // mac, status (virtio 1.2 §5.1.4).
+                features |= 1 << VIRTIO_NET_F_MAC | 1 << VIRTIO_NET_F_STATUS | multiqueue(spec);
+                // mac, status, and with MQ max_virtqueue_pairs (virtio 1.2 §5.1.4).
                 let mut c = mac.to_vec();
                 c.extend_from_slice(&LINK_UP.to_le_bytes());
+                if spec.control_queue() {
+                    c.extend_from_slice(&spec.queues.to_le_bytes());
+                }
                 c
             }
             VhostUserKind::Block => {
@@ -126,7 +148,7 @@ impl VhostUserDevice {
         };
         Ok(VhostUserDevice {
             kind: spec.kind,
-            queues: spec.queue_count(),
+            queues: spec.queue_count() + usize::from(spec.control_queue()),
             features,
             config,
         })

@@ -5,10 +5,12 @@
 //! kick (the one KVM's ioeventfd signals: nothing exits to exitless) and, as its call, the
 //! vector's KVM irqfd while the vector may deliver or a watch eventfd exitless polls while it
 //! may not ([`calls`]: QEMU's "masked notifier" swap). [`connection`] negotiates, [`device`] is
-//! the register side, [`thread`] the thread that talks to the backend.
+//! the register side, [`thread`] the thread that talks to the backend, which also serves a
+//! multiqueue NIC's control queue ([`control`]).
 
 mod calls;
 mod connection;
+mod control;
 mod device;
 mod memory;
 #[cfg(test)]
@@ -52,7 +54,14 @@ pub enum VhostUserKind {
 }
 
 impl VhostUserSpec {
-    /// The virtqueues the backend serves: a receive and a transmit queue per pair for net.
+    /// Whether the device has a control queue, served by exitless: a NIC with several queue
+    /// pairs (virtio 1.2 §5.1.6.5; VIRTIO_NET_F_MQ needs VIRTIO_NET_F_CTRL_VQ).
+    pub fn control_queue(&self) -> bool {
+        matches!(self.kind, VhostUserKind::Net { .. }) && self.queues > 1
+    }
+
+    /// The virtqueues the backend serves: a receive and a transmit queue per pair for net
+    /// (not the control queue).
     pub fn queue_count(&self) -> usize {
         match self.kind {
             VhostUserKind::Net { .. } => 2 * usize::from(self.queues),
@@ -106,7 +115,7 @@ pub enum VhostUserError {
     Queues {
         /// The socket.
         socket: PathBuf,
-        /// Queues asked for.
+        /// Queues asked for: a NIC's receive and transmit queues.
         asked: usize,
         /// Queues it has.
         has: u64,

@@ -3,8 +3,9 @@
 //! configures them at DRIVER_OK, stops them (VHOST_USER_GET_VRING_BASE, answered once the
 //! backend has stopped the ring) before a reset, queue stop or Bus Master clear is
 //! acknowledged, swaps the call fds when a vector's deliverability changes ([`super::calls`]),
-//! and turns a hangup or a nonsense answer into DEVICE_NEEDS_RESET, connecting again at the
-//! driver's reset (and meanwhile every 100 ms for `reconnect=`).
+//! serves a multiqueue NIC's control queue ([`super::control`]), and turns a hangup or a
+//! nonsense answer into DEVICE_NEEDS_RESET, connecting again at the driver's reset (and
+//! meanwhile every 100 ms for `reconnect=`).
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -19,6 +20,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::calls::{CallWatcher, Calls};
 use super::connection::{Connection, VHOST_USER_F_PROTOCOL_FEATURES};
+use super::control::NetControl;
+use super::device::OWN_FEATURES;
 use super::{VhostUserSpec, VhostUserWork, memory};
 use crate::irq::VectorWatcher;
 use crate::seccomp::ThreadKind;
@@ -27,7 +30,7 @@ use crate::virtio::device::{DeviceHealth, Notification};
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::notify::QueueEvents;
 use crate::virtio::state::VirtioState;
-use crate::virtio::worker::{Command, Worker};
+use crate::virtio::worker::{Command, Paused, Worker};
 use vm_memory::GuestMemoryMmap;
 
 /// How often `reconnect=` tries the socket again, in ms (epoll's timeout).
@@ -57,8 +60,10 @@ struct VhostUserThread {
     wake: Arc<EventFd>,
     epoll: Epoll,
     rings: Option<Rings>,
-    /// Rings the backend runs now.
+    /// Rings the backend runs now, one per backend queue.
     started: Vec<bool>,
+    /// A multiqueue NIC's control queue, served here.
+    control: Option<NetControl>,
     /// Keep trying to connect until then (`reconnect=`).
     retry_until: Option<Instant>,
 }
@@ -68,6 +73,7 @@ const COMMAND: u64 = 1 << 32;
 const STOP: u64 = COMMAND + 1;
 const RESYNC: u64 = COMMAND + 2;
 const SOCKET: u64 = COMMAND + 3;
+const CONTROL: u64 = COMMAND + 4;
 
 /// Start the vhost-user thread of a transport whose registers are `state`.
 pub(in crate::virtio) fn spawn(
@@ -78,7 +84,7 @@ pub(in crate::virtio) fn spawn(
     events: &QueueEvents,
 ) -> std::io::Result<Worker> {
     let kicks = events.clones()?;
-    let calls = Calls::new(kicks.len())?;
+    let calls = Calls::new(work.spec.queue_count())?;
     let (watcher, resyncs) = CallWatcher::new()?;
     if let Some(msi) = interrupts.msi() {
         let w: Arc<dyn VectorWatcher> = watcher.clone();
@@ -98,7 +104,10 @@ pub(in crate::virtio) fn spawn(
         health.log().clone(),
         |inbox, wake, stop| {
             let epoll = Epoll::new()?;
-            let started = vec![false; kicks.len()];
+            let started = vec![false; spec.queue_count()];
+            let control = spec
+                .control_queue()
+                .then(|| NetControl::new(spec.queues.into()));
             let t = VhostUserThread {
                 spec,
                 offered,
@@ -115,6 +124,7 @@ pub(in crate::virtio) fn spawn(
                 epoll,
                 rings: None,
                 started,
+                control,
                 retry_until: None,
             };
             t.watch_own_files(stop)?;
@@ -132,6 +142,9 @@ impl VhostUserThread {
         self.watch(self.wake.as_raw_fd(), EventSet::IN, COMMAND)?;
         self.watch(stop.as_raw_fd(), EventSet::IN, STOP)?;
         self.watch(self.watcher.wake_fd(), EventSet::IN, RESYNC)?;
+        if let Some(c) = &self.control {
+            self.watch(self.kicks[c.index()].as_raw_fd(), EventSet::IN, CONTROL)?;
+        }
         self.watch_socket()
     }
 
@@ -156,7 +169,7 @@ impl VhostUserThread {
     /// The loop: until the stop eventfd (or an epoll failure).
     fn run(mut self) {
         self.watcher.running_on_this_thread();
-        let mut events = vec![EpollEvent::default(); self.kicks.len() + 4];
+        let mut events = vec![EpollEvent::default(); self.kicks.len() + 5];
         loop {
             let timeout = if self.retry_until.is_some() {
                 RETRY_EVERY_MS
@@ -179,6 +192,7 @@ impl VhostUserThread {
                         self.run_commands();
                     }
                     RESYNC => self.resync(),
+                    CONTROL => self.serve_control(),
                     SOCKET => self.disconnect(&"the vhost-user backend hung up"),
                     q => {
                         if let Ok(q) = usize::try_from(q) {
@@ -211,7 +225,7 @@ impl VhostUserThread {
             return false;
         }
         self.connection = Some(c);
-        for q in 0..self.kicks.len() {
+        for q in 0..self.started.len() {
             self.calls.forget(q);
         }
         self.health
@@ -238,7 +252,12 @@ impl VhostUserThread {
     fn run_commands(&mut self) {
         while let Ok(command) = self.inbox.try_recv() {
             match command {
-                Command::Activate(queues, _, features) => {
+                Command::Activate(mut queues, dma, features) => {
+                    // The backend's queues, then the control queue (if any) for this thread.
+                    let own = queues.split_off(self.started.len().min(queues.len()));
+                    if let Some(c) = &mut self.control {
+                        c.activate(own.into_iter().next(), dma);
+                    }
                     let rings = Rings { queues, features };
                     if self.connection.is_none() {
                         // Hung up before DRIVER_OK: the device stays broken.
@@ -248,11 +267,15 @@ impl VhostUserThread {
                     } else {
                         self.start(&rings);
                         self.rings = Some(rings);
+                        self.serve_control();
                     }
                 }
                 Command::Reset(ack) => {
                     self.stop_all();
                     self.rings = None;
+                    if let Some(c) = &mut self.control {
+                        c.reset();
+                    }
                     self.interrupts.reset();
                     if self.connection.is_none() {
                         self.reconnect();
@@ -260,7 +283,12 @@ impl VhostUserThread {
                     let _ = ack.send(());
                 }
                 Command::StopQueue(q, ack) => {
-                    self.stop(q);
+                    match &mut self.control {
+                        Some(c) if q == c.index() => c.stop(),
+                        _ => {
+                            self.stop(q);
+                        }
+                    }
                     let _ = ack.send(());
                 }
                 Command::Sync(ack) => {
@@ -268,19 +296,15 @@ impl VhostUserThread {
                     let _ = ack.send(());
                 }
                 Command::Pause(ack) => {
-                    // The backend has finished with what it took once GET_VRING_BASE answers:
-                    // every chain it took is used, so both positions are the base.
                     self.stop_at_bases();
-                    let positions = self.rings.as_ref().map(|r| {
-                        r.queues
-                            .iter()
-                            .map(|q| QueuePosition {
-                                next_avail: q.next_avail(),
-                                next_used: q.next_avail(),
-                            })
-                            .collect()
-                    });
-                    let _ = ack.send(positions);
+                    let _ = ack.send(self.paused());
+                }
+                Command::RestoreHandler(state, ack) => {
+                    let restored = match &mut self.control {
+                        Some(c) => c.restore(state),
+                        None => Err("a vhost-user backend keeps its own state".into()),
+                    };
+                    let _ = ack.send(restored);
                 }
                 Command::KickAll | Command::Resume => {
                     if let Some(r) = self.rings.take() {
@@ -289,8 +313,33 @@ impl VhostUserThread {
                         }
                         self.rings = Some(r);
                     }
+                    self.serve_control();
                 }
             }
+        }
+    }
+
+    /// What a pause reports, the rings stopped: the backend has finished with what it took
+    /// once GET_VRING_BASE answers (every chain it took is used), so both positions of a ring
+    /// are its base; a multiqueue NIC's control queue, served here, comes last, and its state
+    /// is the active pair count.
+    fn paused(&self) -> Paused {
+        let positions = self.rings.as_ref().map(|r| {
+            let rings = r.queues.iter().map(|q| QueuePosition {
+                next_avail: q.next_avail(),
+                next_used: q.next_avail(),
+            });
+            let control = self.control.as_ref().map(|c| {
+                c.position().unwrap_or(QueuePosition {
+                    next_avail: 0,
+                    next_used: 0,
+                })
+            });
+            rings.chain(control).collect()
+        });
+        Paused {
+            positions,
+            handler: self.control.as_ref().map(NetControl::save),
         }
     }
 
@@ -308,7 +357,7 @@ impl VhostUserThread {
 
     /// Stop every running ring; the bases they stopped at.
     fn stop_all(&mut self) -> Vec<Option<u16>> {
-        (0..self.kicks.len()).map(|q| self.stop(q)).collect()
+        (0..self.started.len()).map(|q| self.stop(q)).collect()
     }
 
     /// Stop ring `q` if it runs: GET_VRING_BASE returns once the backend has stopped it.
@@ -350,7 +399,7 @@ impl VhostUserThread {
         };
         let protocol = c.features & VHOST_USER_F_PROTOCOL_FEATURES;
         c.frontend
-            .set_features(rings.features & c.features | protocol)
+            .set_features(rings.features & c.features & !OWN_FEATURES | protocol)
             .map_err(err("SET_FEATURES"))?;
         let regions = memory::regions(&self.mem).map_err(|e| e.to_string())?;
         c.frontend
@@ -373,7 +422,10 @@ impl VhostUserThread {
                 .map_err(err("SET_VRING_CALL"))?;
             f.set_vring_kick(q, &self.kicks[q])
                 .map_err(err("SET_VRING_KICK"))?;
-            if protocol != 0 {
+            // A multiqueue NIC's rings past its active pairs stay disabled (they start so
+            // with protocol features, which MQ needs) until the driver sets more.
+            let enabled = self.control.as_ref().is_none_or(|c| c.ring_enabled(q));
+            if protocol != 0 && enabled {
                 f.set_vring_enable(q, true)
                     .map_err(err("SET_VRING_ENABLE"))?;
             }
@@ -383,12 +435,16 @@ impl VhostUserThread {
     }
 
     /// A vector's deliverability changed (a vCPU waits on the requests): give each running
-    /// ring's backend the call fd it should hold, then acknowledge.
+    /// ring's backend the call fd it should hold, then acknowledge the requests taken before
+    /// the swap. One sent during or after it is left for the next round (its wake-up is still
+    /// to come or unread): acknowledged here, it would let its vCPU's write complete with the
+    /// backend still holding the fd of the change before.
     fn resync(&mut self) {
         self.watcher.woken();
+        let waiting: Vec<SyncSender<()>> = self.resyncs.try_iter().collect();
         let mut failed = None;
         if let Some(c) = self.connection.as_mut() {
-            for q in 0..self.kicks.len() {
+            for q in 0..self.started.len() {
                 if self.started[q]
                     && let Err(e) = self.calls.sync(&mut c.frontend, &self.interrupts, q)
                 {
@@ -402,8 +458,34 @@ impl VhostUserThread {
                 "the vhost-user backend: SET_VRING_CALL failed: {e}"
             ));
         }
-        while let Ok(ack) = self.resyncs.try_recv() {
+        for ack in waiting {
             let _ = ack.send(());
+        }
+    }
+
+    /// The control queue's doorbell rang (or its work may have become possible): serve its
+    /// commands, enabling and disabling the backend's running rings as the driver sets the
+    /// active pairs; a backend that fails an enable is dropped.
+    fn serve_control(&mut self) {
+        let Some(control) = self.control.as_mut() else {
+            return;
+        };
+        let kick = &self.kicks[control.index()];
+        let _ = kick.read();
+        let (connection, started) = (&mut self.connection, &self.started);
+        let served = control.serve(&self.interrupts, &self.health, |q, on| match connection {
+            Some(c) if started[q] => c.frontend.set_vring_enable(q, on),
+            _ => Ok(()),
+        });
+        match served {
+            // Commands left: come back after the other events.
+            Ok(true) => {
+                let _ = kick.write(1);
+            }
+            Ok(false) => {}
+            Err(e) => self.disconnect(&format_args!(
+                "the vhost-user backend: SET_VRING_ENABLE failed: {e}"
+            )),
         }
     }
 }

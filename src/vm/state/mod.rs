@@ -55,6 +55,9 @@ pub struct VcpuState {
     /// The local APIC's register page (Intel SDM Vol. 3A §11.4.1).
     #[serde(with = "bytes")]
     pub lapic: kvm_lapic_state,
+    /// The TSC frequency the guest saw, in kHz; `None` where KVM does not say (an unstable
+    /// host TSC).
+    pub tsc_khz: Option<u32>,
     /// The MSRs of `KVM_GET_MSR_INDEX_LIST` that this KVM reads, in its order.
     pub msrs: Vec<Msr>,
     /// Pending exceptions, interrupts and NMIs, interrupt shadows, SMM (api.rst §4.31).

@@ -153,11 +153,8 @@ pub struct Vcpu {
     index: u8,
     /// Guest RAM, read only to show the bytes of an instruction KVM cannot emulate.
     memory: GuestMemoryMmap,
-    /// The MSRs a snapshot holds: those of KVM's list this vCPU reads (`state`).
-    msrs: Vec<u32>,
-    /// Whether KVM gives the XSAVE area and the XCRs (`state::xsave_caps`).
-    has_xsave: bool,
-    has_xcrs: bool,
+    /// What of its state a snapshot can take on this KVM.
+    coverage: state::Coverage,
 }
 
 /// `cc 0f 0b`: bytes as a disassembler lists them.
@@ -198,16 +195,13 @@ impl Vcpu {
         fd.set_cpuid2(&cpuid::for_vcpu(cpuid.clone(), index))
             .map_err(err("set CPUID"))?;
         let run_page = RunPage::new(&fd)?;
-        let msrs = state::readable_msrs(vm, &fd, index == 0)?;
-        let (has_xsave, has_xcrs) = state::xsave_caps(vm, index == 0);
+        let coverage = state::Coverage::of(vm, &fd)?;
         Ok(Vcpu {
             fd,
             run_page,
             index,
             memory: vm.memory().clone(),
-            msrs,
-            has_xsave,
-            has_xcrs,
+            coverage,
         })
     }
 

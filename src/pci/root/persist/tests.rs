@@ -99,3 +99,34 @@ fn another_bus_or_a_bar_outside_the_windows_is_refused() {
     let err = Persist::restore(&fresh, missing).unwrap_err();
     assert_eq!(err.what, "pci.00:02.0", "{err}");
 }
+
+/// A snapshot taken while a BAR move waits for its range (00:01.0's BAR 0 programmed onto
+/// 00:02.0's): restored, the range is still 00:02.0's, and the waiting BAR decodes once
+/// 00:02.0 moves off, as on the machine the snapshot was taken of.
+#[test]
+fn a_bar_move_waiting_for_its_range_still_waits_after_a_restore() {
+    let mut io = IoBuses::default();
+    let taken = root(&mut io, 2);
+    let (one, two) = (bar0(&taken, 1), bar0(&taken, 2));
+    taken.config_write(at(1), PCI_BAR0, &two.to_le_bytes());
+    io.mmio.write(
+        u64::from(two) + test_regs::SCRATCH,
+        &0x2222u32.to_le_bytes(),
+    );
+    Persist::pause(&taken).unwrap();
+    let state = Persist::save(&taken).unwrap();
+
+    let mut io = IoBuses::default();
+    let fresh = root(&mut io, 2);
+    Persist::restore(&fresh, state).unwrap();
+    Persist::resume(&fresh);
+    assert_eq!(scratch(&io, two), 0x2222, "00:02.0 keeps its range");
+    assert_eq!(
+        scratch(&io, one),
+        u32::MAX,
+        "nothing decodes at 00:01.0's old place"
+    );
+    fresh.config_write(at(2), PCI_BAR0, &one.to_le_bytes());
+    assert_eq!(scratch(&io, one), 0x2222, "00:02.0 moved");
+    assert_eq!(scratch(&io, two), 0, "00:01.0's move completes");
+}

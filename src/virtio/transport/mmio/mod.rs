@@ -11,7 +11,7 @@ mod extension;
 mod persist;
 mod registers;
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

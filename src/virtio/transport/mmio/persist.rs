@@ -65,10 +65,13 @@ impl Persist for MmioTransport {
             ));
         }
         let mut st = self.state.lock().unwrap();
-        self.phase
-            .lock()
-            .unwrap()
-            .restore(what, &mut st, &self.interrupts, &saved.common)?;
+        self.phase.lock().unwrap().restore(
+            what,
+            &mut st,
+            &self.worker,
+            &self.interrupts,
+            &saved.common,
+        )?;
         // A platform device: always master of the bus, never function-masked.
         let bits = [
             MsiChange::BusMaster(true),
@@ -81,6 +84,11 @@ impl Persist for MmioTransport {
         *self.staging.lock().unwrap() = saved.staging;
         if st.negotiated(VIRTIO_F_MMIO_NOTIFY) {
             self.place_address_doorbells(true);
+        }
+        // A reset the device thread was late for when the snapshot was taken: done now, as
+        // the driver, reading the status until it is 0, waits for it.
+        if saved.common.registers.reset_pending {
+            self.write_device_status(&mut st, 0);
         }
         Ok(())
     }

@@ -132,7 +132,7 @@ impl MmioTransport {
 
     /// The Status register written (virtio 1.2 §2.1): the common status change, then what it
     /// means for this transport's doorbells and interrupts.
-    fn write_device_status(&self, st: &mut VirtioState, value: u32) {
+    pub(super) fn write_device_status(&self, st: &mut VirtioState, value: u32) {
         let had_features = st.negotiated(VIRTIO_F_MMIO_NOTIFY);
         let change = write_status(st, &self.worker, &self.dma, &self.interrupts, value);
         if !had_features && st.negotiated(VIRTIO_F_MMIO_NOTIFY) {

@@ -215,17 +215,17 @@ fn without_msi_a_notification_sets_the_status_register_until_acked() {
 
 /// A queue handler that records the queues it is asked to process and, if told to, blocks
 /// until released: a device thread caught in the middle of its work.
-struct Recording {
-    calls: Arc<Mutex<Vec<usize>>>,
-    gate: Option<std::sync::mpsc::Receiver<()>>,
-    entered: std::sync::mpsc::Sender<()>,
+pub(in crate::virtio::transport) struct Recording {
+    pub calls: Arc<Mutex<Vec<usize>>>,
+    pub gate: Option<std::sync::mpsc::Receiver<()>>,
+    pub entered: std::sync::mpsc::Sender<()>,
 }
 
 impl crate::virtio::device::QueueHandler for Recording {
     fn process_queue(
         &mut self,
         index: usize,
-        _queues: &mut [virtio_queue::Queue],
+        _queues: &mut [crate::virtio::split::ServedQueue],
         _dma: &DmaContext,
         _log: &DeviceLog,
     ) -> Result<crate::virtio::device::Progress, crate::virtio::device::DeviceError> {
@@ -250,7 +250,7 @@ type Probe = (
 
 /// A live virtio-mmio device (legacy line) whose queue work is a [`Recording`] handler,
 /// queue 0 enabled; `blocking` makes the handler wait for a release.
-fn live_recording(blocking: bool) -> (MmioTransport, Worker, Arc<FakeRoutes>, Probe) {
+pub(super) fn live_recording(blocking: bool) -> (MmioTransport, Worker, Arc<FakeRoutes>, Probe) {
     let p = crate::virtio::test_parts();
     let calls = Arc::new(Mutex::new(Vec::new()));
     let (entered_tx, entered) = std::sync::mpsc::channel();
@@ -285,6 +285,23 @@ fn live_recording(blocking: bool) -> (MmioTransport, Worker, Arc<FakeRoutes>, Pr
         p.routes,
         (calls, entered, blocking.then_some(release)),
     )
+}
+
+/// The device thread never reads a doorbell's eventfd (it is watched edge-triggered): every
+/// kick still wakes it once, and a kick already handled does not wake it again.
+#[test]
+fn every_kick_wakes_the_device_thread_once() {
+    let (t, _w, _vm, (calls, entered, _)) = live_recording(false);
+    let wait = std::time::Duration::from_secs(5);
+    entered
+        .recv_timeout(wait)
+        .expect("activation looks at the queue");
+    for _ in 0..5 {
+        write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+        entered.recv_timeout(wait).expect("a kick wakes the thread");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(calls.lock().unwrap().len(), 6, "one call per kick, no more");
 }
 
 /// Defect: a notification computed before a reset was delivered after it (virtio 1.2

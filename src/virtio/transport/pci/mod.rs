@@ -14,6 +14,8 @@ mod cfg_access;
 mod common_cfg;
 mod persist;
 #[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod tests;
 
 use std::sync::{Arc, Mutex};

@@ -11,7 +11,9 @@ use crate::pci::config::ConfigSpace;
 use crate::pci::msix::MsixState;
 use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER};
 use crate::snapshot::{StateError, from_state, to_state};
+use crate::virtio::state::StatusChange;
 use crate::virtio::transport::persist::CommonState;
+use crate::virtio::write_status;
 
 /// What a virtio-pci function saves.
 #[derive(Serialize, Deserialize)]
@@ -51,13 +53,24 @@ impl VirtioPci {
         let saved: PciState = from_state(what, state)?;
         let mut st = self.state.lock().unwrap();
         self.phase
-            .restore(what, &mut st, &self.interrupts, &saved.common)?;
+            .restore(what, &mut st, &self.worker, &self.interrupts, &saved.common)?;
         drop(st);
         // Without Bus Master Enable the device thread leaves the rings alone (PCI 3.0 §6.2.2).
         let master = config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0;
         self.dma.bus_master().set(master);
         self.msix
-            .restore(&format!("{what}.msix"), config, &saved.msix)
+            .restore(&format!("{what}.msix"), config, &saved.msix)?;
+        // A reset the device thread was late for when the snapshot was taken: done now, as
+        // the driver, reading the status until it is 0, waits for it.
+        if saved.common.registers.reset_pending {
+            let mut st = self.state.lock().unwrap();
+            if write_status(&mut st, &self.worker, &self.dma, &self.interrupts, 0)
+                == StatusChange::Reset
+            {
+                self.after_reset();
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn snapshot_resume(&mut self) {

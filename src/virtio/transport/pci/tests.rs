@@ -7,37 +7,13 @@
 use std::mem::{offset_of, size_of};
 
 use super::capabilities::{VirtioPciCap, VirtioPciCfgCap, VirtioPciNotifyCap};
+use super::testing::*;
 use super::*;
 use crate::fakes::FakeIoEvents;
 use crate::pci::PciAddress;
-use crate::pci::config::ConfigWindow;
 use crate::pci::regs::*;
 use crate::pci::root::{BarBuses, BarWindows, PciRoot};
 use crate::virtio::regs::*;
-
-pub(super) fn function(notify: NotifyPath) -> (VirtioPci, Worker, Arc<FakeIoEvents>) {
-    let p = crate::virtio::test_parts();
-    let (f, w) = VirtioPci::new(p.env, p.net, 0x18, 3, notify).unwrap();
-    (f, w, p.ioevents)
-}
-
-pub(super) fn config() -> ConfigSpace {
-    let window = Arc::new(ConfigWindow::new(1).unwrap());
-    let layout = VirtioPci::layout(VIRTIO_ID_NET, 0x02_00_00, 2, 3);
-    ConfigSpace::new(window, 0, &layout, &[0xc000_0000])
-        .unwrap()
-        .0
-}
-
-pub(super) fn bar_read(f: &mut VirtioPci, c: &ConfigSpace, offset: u32, len: usize) -> u32 {
-    let mut b = [0u8; 4];
-    f.bar_read(c, 0, u64::from(offset), &mut b[..len]);
-    u32::from_le_bytes(b)
-}
-
-pub(super) fn bar_write(f: &mut VirtioPci, c: &ConfigSpace, offset: u32, len: usize, v: u32) {
-    f.bar_write(c, 0, u64::from(offset), &v.to_le_bytes()[..len]);
-}
 
 /// `struct virtio_pci_common_cfg` as virtio 1.2 §4.1.4.3 gives it: the shared offsets are
 /// checked against its layout.
@@ -455,11 +431,6 @@ fn doorbell_ioeventfds_follow_bar0_where_it_really_decodes() {
     assert_eq!(addresses().len(), 2, "inside again");
 }
 
-pub(super) fn set_command(f: &mut VirtioPci, c: &ConfigSpace, command: u16) {
-    c.set_u16(PCI_COMMAND, command);
-    f.config_written(c, PCI_COMMAND, 2);
-}
-
 /// Defect: Bus Master Enable was ignored (PCI 3.0 §6.2.2): a function without it sent
 /// MSI-X messages.
 #[test]
@@ -671,28 +642,10 @@ fn a_virtio_blk_function_serves_a_read_from_its_file() {
         4,
         "capacity, in sectors"
     );
-    common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 3);
-    common(&mut f, VIRTIO_PCI_COMMON_GFSELECT, 4, 1);
-    common(
-        &mut f,
-        VIRTIO_PCI_COMMON_GF,
-        4,
-        1 << (VIRTIO_F_VERSION_1 - 32),
-    );
-    common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 0xb);
+    negotiate_version_1(&mut f, &c);
     let vq = MockSplitQueue::create(&mem, GuestAddress(0x4000), 16);
-    common(&mut f, VIRTIO_PCI_COMMON_Q_SELECT, 2, 0);
-    common(&mut f, VIRTIO_PCI_COMMON_Q_SIZE, 2, 16);
     let rings = [vq.desc_table_addr(), vq.avail_addr(), vq.used_addr()];
-    for (n, ring) in rings.into_iter().enumerate() {
-        common(
-            &mut f,
-            VIRTIO_PCI_COMMON_Q_DESCLO + 8 * n as u32,
-            4,
-            ring.0 as u32,
-        );
-    }
-    common(&mut f, VIRTIO_PCI_COMMON_Q_ENABLE, 2, 1);
+    enable_queue(&mut f, &c, 0, rings.map(|r| r.0));
     set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
     common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 0xf);
     assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1), 0xf);

@@ -47,6 +47,10 @@ pub struct Quirks {
     pub refuse_enable: bool,
     /// Offer no checksum offload (a backend with less than the first one offered).
     pub no_csum: bool,
+    /// Offer no VHOST_USER_PROTOCOL_F_MQ (one queue pair only).
+    pub no_mq: bool,
+    /// Refuse SET_VRING_ENABLE for the second pair's rings (2 and 3) only.
+    pub refuse_pair_2: bool,
 }
 
 struct FakeBackend {
@@ -101,8 +105,10 @@ impl VhostUserBackendReqHandlerMut for FakeBackend {
     }
     fn get_features(&mut self) -> Result<u64> {
         let version = u64::from(!self.quirks.no_version_1) << VIRTIO_F_VERSION_1;
-        // Protocol features, event index, and a virtio-net checksum offload (bit 0).
-        Ok(1 << 30 | 1 << VIRTIO_F_EVENT_IDX | version | u64::from(!self.quirks.no_csum))
+        // Protocol features, event index, a virtio-net checksum offload (bit 0), and MQ (22)
+        // and the control queue (17) as DPDK offers them.
+        let mq = 1 << 22 | 1 << 17;
+        Ok(1 << 30 | 1 << VIRTIO_F_EVENT_IDX | version | u64::from(!self.quirks.no_csum) | mq)
     }
     fn set_features(&mut self, features: u64) -> Result<()> {
         self.note(format!("SET_FEATURES {features:#x}"));
@@ -175,19 +181,23 @@ impl VhostUserBackendReqHandlerMut for FakeBackend {
         unsupported()
     }
     fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
-        Ok(VhostUserProtocolFeatures::REPLY_ACK
+        let mut offered = VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::CONFIG)
+            | VhostUserProtocolFeatures::CONFIG;
+        if self.quirks.no_mq {
+            offered.remove(VhostUserProtocolFeatures::MQ);
+        }
+        Ok(offered)
     }
     fn set_protocol_features(&mut self, features: u64) -> Result<()> {
         self.note(format!("SET_PROTOCOL_FEATURES {features:#x}"));
         Ok(())
     }
     fn get_queue_num(&mut self) -> Result<u64> {
-        Ok(2)
+        Ok(4)
     }
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {
-        if self.quirks.refuse_enable {
+        if self.quirks.refuse_enable || (self.quirks.refuse_pair_2 && index >= 2) {
             return unsupported();
         }
         self.note(format!("SET_VRING_ENABLE {index} {enable}"));

@@ -53,3 +53,77 @@ fn a_restored_function_gives_its_new_backend_the_saved_bases() {
         "both rings' addresses"
     );
 }
+
+/// A card with two pairs, both active: its control queue's position and the active pair
+/// count are in the snapshot, and a restored card starts both pairs' rings at their bases and
+/// takes the driver's next command at the next index.
+#[test]
+fn a_multiqueue_cards_active_pairs_and_control_queue_survive_a_restore() {
+    use super::multiqueue::two_pairs;
+    use virtio_bindings::virtio_net::VIRTIO_NET_OK;
+    use vm_memory::Bytes;
+
+    let mut old = two_pairs(Quirks::default());
+    old.start_driver();
+    assert_eq!(old.pairs_set(0, 2), VIRTIO_NET_OK as u8);
+    old.record.lock().unwrap().base = 5;
+    PciFunction::pause(&mut old.f).unwrap();
+    let state = PciFunction::save(&old.f).unwrap().unwrap();
+    let positions = &state["common"]["positions"];
+    assert_eq!(positions.as_array().unwrap().len(), 5, "{positions}");
+    assert_eq!(
+        positions[4]["next_used"], 1,
+        "the control queue's: {positions}"
+    );
+    assert_eq!(state["common"]["handler"]["active"], 2);
+
+    let mut r = two_pairs(Quirks::default());
+    let mut ram = vec![0u8; 1 << 20];
+    old.mem.read_slice(&mut ram, GuestAddress(0)).unwrap();
+    r.mem.write_slice(&ram, GuestAddress(0)).unwrap();
+    r.c.restore("pci.00:03.0", &old.c.save()).unwrap();
+    PciFunction::restore(&mut r.f, "pci.00:03.0", &r.c, Some(state)).unwrap();
+    PciFunction::resume(&mut r.f);
+    for q in 0..4 {
+        r.wait_for(&format!("SET_VRING_BASE {q} 5"));
+    }
+    r.wait_for("SET_VRING_ENABLE 3 true");
+    assert_eq!(r.pairs_set(1, 1), VIRTIO_NET_OK as u8, "the next command");
+    assert_eq!(
+        r.told_of("SET_VRING_ENABLE 3"),
+        ["SET_VRING_ENABLE 3 true", "SET_VRING_ENABLE 3 false"]
+    );
+}
+
+/// A card whose backend hung up is snapshotted broken, without rings; restored, it is still
+/// broken (DEVICE_NEEDS_RESET), and the driver's reset brings it back on the new backend.
+#[test]
+fn a_card_whose_backend_hung_up_is_restored_broken_and_recovers_at_reset() {
+    let mut old = rig(CommitStrategy::Batched, Quirks::default());
+    old.start_driver();
+    let stream = old.record.lock().unwrap().stream.take().unwrap();
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    eventually("DEVICE_NEEDS_RESET", || {
+        old.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+    PciFunction::pause(&mut old.f).unwrap();
+    let state = PciFunction::save(&old.f).unwrap().unwrap();
+    assert!(state["common"]["positions"].is_null(), "no rings");
+    let mut r = rig(CommitStrategy::Batched, Quirks::default());
+    r.c.restore("pci.00:03.0", &old.c.save()).unwrap();
+    PciFunction::restore(&mut r.f, "pci.00:03.0", &r.c, Some(state)).unwrap();
+    PciFunction::resume(&mut r.f);
+    assert_ne!(
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET,
+        0,
+        "still broken"
+    );
+    r.write(VIRTIO_PCI_COMMON_STATUS, 1, 0);
+    assert_eq!(r.status(), 0);
+    r.start_driver();
+    assert_eq!(
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET,
+        0,
+        "working again"
+    );
+}

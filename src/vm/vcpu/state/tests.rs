@@ -126,8 +126,12 @@ fn a_guest_taken_at_a_pause_goes_on_in_a_fresh_vm() {
     // Values the guest never set, to see that each part is set on the new vCPU, not left as
     // it was: XMM0's low word in the XSAVE area (Intel SDM Vol. 1 §13.4.1: XMM0 at byte 160),
     // with the SSE bit of XSTATE_BV (byte 512, §13.4.2) so that it is not the init state,
-    // and IA32_KERNEL_GS_BASE.
+    // IA32_KERNEL_GS_BASE, and the local APIC's task priority (TPR, offset 80H: Intel SDM
+    // Vol. 3A §11.8.3.1) with CR8, which mirrors its priority class (§11.8.6.1).
     const KERNEL_GS_BASE: u32 = 0xc000_0102;
+    const TPR: usize = 0x80;
+    state.lapic.regs[TPR] = 0x20;
+    state.sregs.cr8 = 2;
     if let Some(xsave) = state.xsave.as_mut() {
         xsave.region[160 / 4] = 0x5a5a_5a5a;
         xsave.region[512 / 4] |= 1 << 1;
@@ -171,6 +175,7 @@ fn a_guest_taken_at_a_pause_goes_on_in_a_fresh_vm() {
     ] {
         assert_eq!(json(&back)[part], json(&state)[part], "{part}");
     }
+    assert_eq!(back.lapic.regs[TPR], 0x20, "the local APIC's TPR");
     let msr = |s: &VcpuState| {
         s.msrs
             .iter()
@@ -214,6 +219,18 @@ fn a_state_this_vcpu_cannot_take_is_refused() {
     match vcpu.restore_state(&state) {
         Err(VmError::MsrNotSet { index, data }) => assert_eq!((index, data), (0xdead_beef, 1)),
         other => panic!("{other:?}"),
+    }
+    state.msrs.pop();
+    // A TSC within Firecracker's tolerance is left as it runs; one at twice the rate is set
+    // where KVM scales TSCs, and refused where it cannot.
+    let khz = vcpu.tsc_khz().expect("this host's KVM says its TSC rate");
+    state.tsc_khz = Some(khz + 1);
+    vcpu.restore_state(&state).unwrap();
+    assert_eq!(vcpu.tsc_khz(), Some(khz));
+    state.tsc_khz = Some(khz * 2);
+    match vcpu.restore_state(&state) {
+        Ok(()) => assert_eq!(vcpu.tsc_khz(), Some(khz * 2)),
+        Err(e) => assert!(e.to_string().contains("set the TSC frequency"), "{e}"),
     }
     let mut json = json(&state);
     json["regs"] = "00ff".into();

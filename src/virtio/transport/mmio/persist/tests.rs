@@ -116,3 +116,36 @@ fn a_corrupted_msi_control_or_vector_is_refused() {
         "test.interrupts.config_vector"
     );
 }
+
+/// A snapshot taken while a reset waits for the device thread holds the reset device: the
+/// reset is in it, and the restored device completes it (the driver reads the status until it
+/// is 0); the paused one completes it at the driver's next read, as without a snapshot.
+#[test]
+fn a_snapshot_during_a_late_reset_holds_the_reset_device() {
+    let (t, _w, _routes, (_calls, entered, release)) = super::super::tests::live_recording(true);
+    let release = release.unwrap();
+    entered.recv().unwrap();
+    release.send(()).unwrap();
+    write(&t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+    entered.recv().unwrap(); // the device thread is inside its work
+    write(&t, VIRTIO_MMIO_STATUS, 0); // returns after the acknowledgement timeout
+    assert_ne!(read(&t, VIRTIO_MMIO_STATUS), 0, "not reset yet");
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        release.send(()).unwrap();
+    });
+    Persist::pause(&t).unwrap();
+    releaser.join().unwrap();
+    let state = Persist::save(&t).unwrap();
+    assert_eq!(state["common"]["registers"]["reset_pending"], true);
+    assert!(
+        state["common"]["positions"].is_null(),
+        "the device thread let go"
+    );
+    let (fresh, _w2, _routes2, _io2) = transport();
+    Persist::restore(&fresh, state).unwrap();
+    Persist::resume(&fresh);
+    assert_eq!(read(&fresh, VIRTIO_MMIO_STATUS), 0, "reset when restored");
+    Persist::resume(&t);
+    assert_eq!(read(&t, VIRTIO_MMIO_STATUS), 0, "reset at the next read");
+}

@@ -13,7 +13,9 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::super::tests::{bar_read, bar_write, config, set_command};
+use super::super::testing::{
+    bar_read, bar_write, config, enable_queue, negotiate_version_1, set_command,
+};
 use super::*;
 use crate::fakes::FakeRoutes;
 use crate::irq::CommitStrategy;
@@ -308,5 +310,126 @@ fn corrupted_states_are_refused_naming_the_field() {
     assert_eq!(
         refused(&t, |s| common(s)["positions"] = serde_json::Value::Null),
         "pci.00:03.0.positions"
+    );
+    assert_eq!(
+        refused(&t, |s| common(s)["registers"]["queues"][0]["desc"] =
+            0x1000_0000.into()),
+        "pci.00:03.0.queue[0].ready"
+    );
+    assert_eq!(
+        refused(&t, |s| common(s)["registers"]["status"] = 0x4f.into()),
+        "pci.00:03.0.status"
+    );
+}
+
+/// Wait (up to 10 s) for `q`'s used index to reach `until`.
+fn wait_used(q: &MockSplitQueue<'_, GuestMemoryMmap>, until: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while q.used().idx().load() < until && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(q.used().idx().load(), until);
+}
+
+/// The responder's answer to a request sent while the driver had no receive buffer is held
+/// by the device: it is in the snapshot, and the restored device delivers it.
+#[test]
+fn a_response_held_for_a_receive_buffer_survives_the_restore() {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let (mut f, c, _routes, _w) = fresh(&mem);
+    let q = bring_up(&mut f, &c, &mem);
+    let req = [9u8; VIRTIO_NET_HDR_SIZE as usize + 4];
+    mem.write_slice(&req, GuestAddress(BUFFERS + 0x800))
+        .unwrap();
+    let desc = |addr, len, flags| RawDescriptor::from(Descriptor::new(addr, len, flags, 0));
+    q[1].add_desc_chains(&[desc(BUFFERS + 0x800, req.len() as u32, 0)], 0)
+        .unwrap();
+    bar_write(
+        &mut f,
+        &c,
+        VIRTIO_PCI_BAR_NOTIFY + VIRTIO_PCI_NOTIFY_MULTIPLIER,
+        2,
+        1,
+    );
+    wait_used(&q[1], 1);
+    PciFunction::pause(&mut f).unwrap();
+    let state = PciFunction::save(&f).unwrap().unwrap();
+    assert_eq!(state["common"]["handler"]["enabled"], 1);
+    let (mut g, c2, _routes2, _w2) = fresh(&mem);
+    c2.restore("pci.00:03.0", &c.save()).unwrap();
+    PciFunction::restore(&mut g, "pci.00:03.0", &c2, Some(state)).unwrap();
+    PciFunction::resume(&mut g);
+    q[0].add_desc_chains(&[desc(BUFFERS, 0x800, VIRTQ_DESC_F_WRITE as u16)], 0)
+        .unwrap();
+    bar_write(&mut g, &c2, VIRTIO_PCI_BAR_NOTIFY, 2, 0);
+    wait_used(&q[0], 1);
+    let response = mem.read_obj::<u8>(GuestAddress(BUFFERS + 12)).unwrap();
+    assert_eq!(response, !9, "the held response");
+}
+
+/// A snapshot taken while a reset waits for the device thread: the reset is in it, and the
+/// restored function completes it (the driver reads the status until it is 0).
+#[test]
+fn a_snapshot_during_a_late_reset_holds_the_reset_function() {
+    use crate::virtio::transport::mmio::tests::Recording;
+    use std::sync::mpsc::channel;
+
+    let mut p = crate::virtio::test_parts();
+    let (entered_tx, entered) = channel();
+    let (release, gate) = channel();
+    let handler = Recording {
+        calls: Arc::default(),
+        gate: Some(gate),
+        entered: entered_tx,
+    };
+    let parts = crate::virtio::DeviceParts {
+        device: p.net.device,
+        work: crate::virtio::DeviceWork::InProcess(Box::new(handler)),
+    };
+    p.env.mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let (mut f, _w) = VirtioPci::new(p.env, parts, 0x18, 3, NotifyPath::Exit).unwrap();
+    let c = config();
+    f.attached(&c);
+    negotiate_version_1(&mut f, &c);
+    enable_queue(&mut f, &c, 0, [0x1000, 0x2000, 0x3000]);
+    set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+    bar_write(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1, 0xf);
+    entered.recv().unwrap(); // activation's look at the queues
+    release.send(()).unwrap();
+    bar_write(&mut f, &c, VIRTIO_PCI_BAR_NOTIFY, 2, 0);
+    entered.recv().unwrap(); // the device thread is inside its work
+    bar_write(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1, 0); // returns after the timeout
+    assert_ne!(
+        bar_read(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1),
+        0,
+        "not yet"
+    );
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        release.send(()).unwrap();
+    });
+    PciFunction::pause(&mut f).unwrap();
+    releaser.join().unwrap();
+    let state = PciFunction::save(&f).unwrap().unwrap();
+    assert_eq!(state["common"]["registers"]["reset_pending"], true);
+    assert!(
+        state["common"]["positions"].is_null(),
+        "the device thread let go"
+    );
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let (mut g, c2, _routes, _w2) = fresh(&mem);
+    c2.restore("pci.00:03.0", &c.save()).unwrap();
+    PciFunction::restore(&mut g, "pci.00:03.0", &c2, Some(state)).unwrap();
+    PciFunction::resume(&mut g);
+    assert_eq!(
+        bar_read(&mut g, &c2, VIRTIO_PCI_COMMON_STATUS, 1),
+        0,
+        "reset when restored"
+    );
+    PciFunction::resume(&mut f);
+    assert_eq!(
+        bar_read(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1),
+        0,
+        "reset at the next read"
     );
 }
