@@ -292,6 +292,120 @@ fn bench_msix_reports_both_strategies_per_device() {
 }
 
 #[test]
+fn bench_restore_reports_each_strategy_per_function_after_checked_restores() {
+    // The run fails unless every restore finished the traffic byte-exact and delivered every
+    // vector once per request: a report at all is the guest's verdict.
+    let report = bench_json(&["restore", "--devices", "3", "--queue-pairs", "4"]);
+    let scenario = &report["scenarios"][0];
+    assert_eq!(scenario["name"], "restore");
+    let variants = scenario["variants"].as_array().unwrap();
+    let names: Vec<&str> = variants
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    // With testpmd, the vhost-user pass's four follow.
+    assert_eq!(names[..4], ["per-vector", "batched", "first-use", "direct"]);
+    // Commits carrying each function's 9 routes: one per vector, one per function, one for
+    // every staged route at the first message after the restore, none.
+    for (v, per_function, commits) in [
+        (&variants[0], 9, 27),
+        (&variants[1], 1, 3),
+        (&variants[2], 1, 1),
+        (&variants[3], 0, 0),
+    ] {
+        assert_eq!(
+            v["per_device_commits"],
+            serde_json::json!(vec![per_function; 3]),
+            "{v}"
+        );
+        assert_eq!(v["commits"], commits, "{v}");
+        assert!(v["ns_per_op"].as_f64().is_some_and(|t| t > 0.0), "{v}");
+    }
+    // The seed's column needs its configuration (8 × 65).
+    assert!(variants[0].get("seed_per_device_ms").is_none());
+    let notes = scenario["notes"].as_array().unwrap();
+    let note = |start: &str| notes.iter().any(|n| n.as_str().unwrap().starts_with(start));
+    for strategy in &names[..4] {
+        assert!(note(&format!("{strategy}: restore ")), "{notes:?}");
+        assert!(
+            note(&format!("{strategy}: first interrupt of each function")),
+            "{notes:?}"
+        );
+    }
+    assert!(note("snapshot: pause"), "{notes:?}");
+    let targets = scenario["targets"].as_array().unwrap().len();
+    if names.len() > 4 {
+        // vhost-user: routes for the outside signaller under every strategy but first-use
+        // (committed at its first signal), 9 vectors per function.
+        let vhost =
+            ["per-vector", "batched", "first-use", "direct"].map(|s| format!("{s}-vhost-user"));
+        assert_eq!(names[4..], vhost);
+        assert_eq!(variants[4]["commits"], 27, "{}", variants[4]);
+        assert_eq!(variants[5]["commits"], 3, "{}", variants[5]);
+        assert!(note("`*-vhost-user` rows:"), "{notes:?}");
+        assert_eq!(targets, 5);
+    } else {
+        assert_eq!(targets, 4);
+    }
+}
+
+/// `bench restore --against qemu`: QEMU migrates the same functions to a file and resumes
+/// them in a second process, whose probe passes its checks; its time is set beside ours.
+/// Skipped without QEMU.
+#[test]
+fn bench_restore_against_qemu_resumes_a_migrated_probe_beside_ours() {
+    if let Err(e) = exitless::peer::Qemu::find() {
+        println!("skipped: {e}");
+        return;
+    }
+    let args = [
+        "restore",
+        "--devices",
+        "2",
+        "--queue-pairs",
+        "2",
+        "--against",
+        "qemu",
+    ];
+    let report = bench_json(&args);
+    let scenario = &report["scenarios"][0];
+    let notes = scenario["notes"].as_array().unwrap();
+    let qemu = notes
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .find(|n| n.starts_with("QEMU"))
+        .unwrap_or_else(|| panic!("no QEMU note in {notes:?}"));
+    assert!(
+        qemu.contains("then every function's MSI-X check passed"),
+        "{qemu}"
+    );
+    assert!(
+        qemu.contains("migrated in the middle of the probe's ops"),
+        "{qemu}"
+    );
+    let targets = scenario["targets"].as_array().unwrap();
+    assert!(
+        targets
+            .iter()
+            .any(|t| t["target"] == "whole restore <= QEMU's"),
+        "{targets:?}"
+    );
+}
+
+#[test]
+fn restore_with_no_function_left_for_traffic_gets_one_clear_error() {
+    let out = exitless(&["bench", "restore", "--devices", "29"]);
+    // As every bench option error: status 1, one line.
+    assert_eq!(out.status.code(), Some(1));
+    let e = errors(&out.stderr);
+    assert!(
+        e.starts_with("exitless: error: --devices must be 1..=28 (got 29)"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
+}
+
+#[test]
 fn msix_configurations_beyond_the_limits_get_one_clear_error() {
     for (args, says) in [
         (

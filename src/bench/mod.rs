@@ -27,6 +27,7 @@ pub mod options;
 pub mod pci;
 pub mod progress;
 pub mod report;
+pub mod restore;
 pub mod rr;
 pub mod session;
 pub mod soak;

@@ -36,13 +36,13 @@ use crate::virtio::notify::NotifyPath;
 
 /// The seed's per-device `vfio_msix_enable` times for 8 VFs × 65 vectors, in ms: committing per
 /// vector, then once.
-const SEED_PER_VECTOR_MS: [f64; 8] = [8.0, 15.0, 22.0, 24.0, 36.0, 44.0, 51.0, 58.0];
-const SEED_BATCHED_MS: [f64; 8] = [2.0, 2.0, 2.0, 3.0, 2.0, 3.0, 3.0, 4.0];
+pub(crate) const SEED_PER_VECTOR_MS: [f64; 8] = [8.0, 15.0, 22.0, 24.0, 36.0, 44.0, 51.0, 58.0];
+pub(crate) const SEED_BATCHED_MS: [f64; 8] = [2.0, 2.0, 2.0, 3.0, 2.0, 3.0, 3.0, 4.0];
 /// The seed's totals (its table's sums differ by a few ms from these published ones).
-const SEED_PER_VECTOR_TOTAL_MS: f64 = 258.0;
-const SEED_BATCHED_TOTAL_MS: f64 = 21.0;
+pub(crate) const SEED_PER_VECTOR_TOTAL_MS: f64 = 258.0;
+pub(crate) const SEED_BATCHED_TOTAL_MS: f64 = 21.0;
 /// IDT vector of entry 0; entry i uses `FIRST_VECTOR + i`.
-const FIRST_VECTOR: u8 = 0x40;
+pub(crate) const FIRST_VECTOR: u8 = 0x40;
 /// Where the unmask burst moves them: each unmask then brings a new message, as when Linux
 /// writes a vector's message under its mask at request_irq time and then unmasks it.
 const BURST_FIRST_VECTOR: u8 = 0x90;
@@ -87,19 +87,7 @@ const STRATEGIES: [CommitStrategy; 4] = CommitStrategy::ALL;
 impl MsixBench {
     /// Check the sizes against what the probe machine holds.
     pub fn validate(&self) -> Result<(), String> {
-        if !(1..=MAX_VIRTIO_PCI).contains(&self.devices) {
-            return Err(format!(
-                "--devices must be 1..={MAX_VIRTIO_PCI} (got {})",
-                self.devices
-            ));
-        }
-        if !(1..=MAX_QUEUE_PAIRS).contains(&usize::from(self.queue_pairs)) {
-            return Err(format!(
-                "--queue-pairs must be 1..={MAX_QUEUE_PAIRS} (got {})",
-                self.queue_pairs
-            ));
-        }
-        Ok(())
+        validate_sizes(self.devices, MAX_VIRTIO_PCI, self.queue_pairs)
     }
 
     fn vectors(&self) -> u64 {
@@ -343,6 +331,19 @@ impl MsixBench {
         v.routing = Some(enable);
         v
     }
+}
+
+/// `--devices` (at most `most`) and `--queue-pairs` against what the probe machine holds.
+pub(crate) fn validate_sizes(devices: usize, most: usize, queue_pairs: u16) -> Result<(), String> {
+    if !(1..=most).contains(&devices) {
+        return Err(format!("--devices must be 1..={most} (got {devices})"));
+    }
+    if !(1..=MAX_QUEUE_PAIRS).contains(&usize::from(queue_pairs)) {
+        return Err(format!(
+            "--queue-pairs must be 1..={MAX_QUEUE_PAIRS} (got {queue_pairs})"
+        ));
+    }
+    Ok(())
 }
 
 /// Time and commits of ops `indexes` of `run`, one per device.

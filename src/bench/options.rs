@@ -10,6 +10,7 @@ use crate::bench::host_tap::TapLink;
 use crate::bench::iommu::IommuBench;
 use crate::bench::msix::MsixBench;
 use crate::bench::pci::PciBench;
+use crate::bench::restore::RestoreBench;
 use crate::bench::rr::RrBench;
 use crate::bench::soak::SoakBench;
 use crate::bench::vhost_net::VhostPorts;
@@ -36,6 +37,10 @@ pub enum Scenario {
     /// each followed by correct transactions on every device; reports accesses, resets,
     /// transactions, VMM memory before and after, panics. Not in the default run.
     Soak,
+    /// Restoring a snapshot whose virtio-net functions have every MSI-X vector live, traffic
+    /// in flight: once per strategy, the restore's phases, commits and first interrupts, the
+    /// seed's per-function table. Not in the default run.
+    Restore,
 }
 
 impl Scenario {
@@ -79,10 +84,11 @@ pub struct BenchOptions {
     /// Response frame size of `rr` in bytes.
     #[arg(long, default_value_t = 1024)]
     pub response_size: u64,
-    /// virtio-net PCI functions in `msix`.
+    /// virtio-net PCI functions in `msix` and `restore` (whose traffic takes one more).
     #[arg(long, default_value_t = 8)]
     pub devices: usize,
-    /// Queue pairs per function in `msix` (2 × pairs + 1 MSI-X vectors; the seed had 65).
+    /// Queue pairs per function in `msix` and `restore` (2 × pairs + 1 MSI-X vectors; the seed
+    /// had 65).
     #[arg(long, default_value_t = 32)]
     pub queue_pairs: u16,
     /// Frames streamed per variant of `iommu`.
@@ -225,6 +231,19 @@ impl BenchOptions {
         };
         iommu.validate()?;
         Ok(iommu)
+    }
+
+    /// `restore`'s bench (`--devices`, `--queue-pairs` as `msix`'s), with its vhost-user pass
+    /// on `vhost_user`'s sockets where there are; checked.
+    pub fn restore(&self, vhost_user: Option<&VhostPorts>) -> Result<RestoreBench, String> {
+        let restore = RestoreBench {
+            devices: self.devices,
+            queue_pairs: self.queue_pairs,
+            timeout: self.timeout(),
+            vhost_user: vhost_user.cloned(),
+        };
+        restore.validate()?;
+        Ok(restore)
     }
 
     /// `soak`'s bench, checked.

@@ -17,6 +17,7 @@ use crate::bench::model::{HostLoad, Report};
 use crate::bench::options::{BenchOptions, PeerVmm, Scenario};
 use crate::bench::progress;
 use crate::bench::report;
+use crate::bench::restore::QemuRestore;
 use crate::bench::rr::TAP_VARIANT;
 use crate::bench::vhost_net::{VhostNet, VhostPorts};
 use crate::peer::Qemu;
@@ -36,6 +37,8 @@ pub struct Session {
     baseline: Option<(PathBuf, SavedReport)>,
     /// How busy the host was before the first measurement.
     host_load: Option<HostLoad>,
+    /// `restore`'s migration under QEMU, set beside its report.
+    restore_peer: Option<QemuRestore>,
 }
 
 /// What a finished run prints, and the charts it writes if asked.
@@ -108,6 +111,11 @@ impl Session {
         options.msix(None)?;
         options.iommu()?;
         options.soak()?;
+        // Restore takes a function for its traffic: its --devices limit is its own, checked
+        // only where it runs.
+        if options.scenarios().contains(&Scenario::Restore) {
+            options.restore(None)?;
+        }
         // Before anything is measured, the peer's boots included.
         let host_load = host::sample_load();
         if let Some(load) = host_load.as_ref().filter(|l| host::is_busy(l)) {
@@ -122,6 +130,7 @@ impl Session {
             vhost_net: Err(String::new()),
             baseline: None,
             host_load,
+            restore_peer: None,
         };
         // The terminal check is an ioctl: before the filter. The peer's boots count as one step.
         let peer_step = usize::from(session.options.against.is_some());
@@ -136,7 +145,9 @@ impl Session {
                 )
             })?;
         }
-        let msix = session.scenarios.contains(&Scenario::Msix);
+        let msix = [Scenario::Msix, Scenario::Restore]
+            .iter()
+            .any(|s| session.scenarios.contains(s));
         if msix || session.scenarios.contains(&Scenario::Rr) {
             // Before the peer: QEMU's functions connect to the same ports.
             let devices = if msix { session.options.devices } else { 0 };
@@ -189,6 +200,10 @@ impl Session {
                     }
                 }
                 Scenario::Iommu => self.options.iommu()?.peer_plan(),
+                Scenario::Restore => {
+                    self.restore_peer = Some(self.options.restore(None)?.against_qemu(qemu));
+                    continue;
+                }
                 Scenario::Soak => continue,
             };
             // QEMU's rr and msix boots hold vhost-user functions on testpmd's ports.
@@ -229,6 +244,10 @@ impl Session {
         let msix = options.msix(self.vhost_ports().as_ref())?;
         let iommu = options.iommu()?;
         let soak = options.soak()?;
+        let restore = match self.scenarios.contains(&Scenario::Restore) {
+            true => Some(options.restore(self.vhost_ports().as_ref())?),
+            false => None,
+        };
         let mut report = Report {
             host: host::describe(),
             host_busy: self.host_load.as_ref().is_some_and(host::is_busy),
@@ -244,9 +263,13 @@ impl Session {
                 Scenario::Msix => msix.run(),
                 Scenario::Iommu => iommu.run(),
                 Scenario::Soak => soak.run(),
+                Scenario::Restore => restore.as_ref().expect("checked: it is named").run(),
             };
             let mut scenario_report = result.map_err(|e| e.to_string())?;
             if let Some((_, peer)) = self.peers.iter().find(|(s, _)| *s == scenario) {
+                peer.attach(&mut scenario_report);
+            }
+            if let (Scenario::Restore, Some(peer)) = (scenario, &self.restore_peer) {
                 peer.attach(&mut scenario_report);
             }
             scenario_report.notes.extend(
@@ -255,7 +278,9 @@ impl Session {
                     .filter(|(s, _)| *s == scenario)
                     .map(|(_, why)| why.clone()),
             );
-            if let (Scenario::Rr | Scenario::Msix, Err(why)) = (scenario, &self.vhost_net) {
+            if let (Scenario::Rr | Scenario::Msix | Scenario::Restore, Err(why)) =
+                (scenario, &self.vhost_net)
+            {
                 scenario_report.notes.push(why.clone());
             }
             report.scenarios.push(scenario_report);
@@ -311,5 +336,6 @@ fn name(scenario: Scenario) -> &'static str {
         Scenario::Msix => "msix",
         Scenario::Iommu => "iommu",
         Scenario::Soak => "soak",
+        Scenario::Restore => "restore",
     }
 }

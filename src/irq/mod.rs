@@ -15,7 +15,7 @@ pub mod regs {
 
 pub use msi::{MsiChange, MsiVectors, Signaller, VectorWatcher};
 pub use remap::{MessageRemapper, RemappedRoutes};
-pub use routing::{CommitStats, CommitStrategy, GsiRouting, MsiGsi};
+pub use routing::{CommitRecord, CommitStats, CommitStrategy, GsiRouting, MsiGsi};
 
 use vmm_sys_util::eventfd::EventFd;
 

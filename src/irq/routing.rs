@@ -159,6 +159,11 @@ impl RouteTable {
     fn values(&self) -> impl Iterator<Item = &kvm_irq_routing_entry> {
         self.by_gsi.iter().flatten()
     }
+
+    /// The GSIs with a route, in order.
+    fn gsis(&self) -> impl Iterator<Item = u32> + '_ {
+        self.values().map(|e| e.gsi)
+    }
 }
 
 struct Table {
@@ -173,7 +178,32 @@ struct Table {
     next_gsi: u32,
     free: Vec<u32>,
     stats: CommitStats,
+    /// Each commit, once [`GsiRouting::keep_commit_log`] asked for it (benchmarks only).
+    log: Option<CommitLog>,
 }
+
+/// One `KVM_SET_GSI_ROUTING` call, as the commit log keeps it.
+#[derive(Clone, Debug)]
+pub struct CommitRecord {
+    /// When the call returned.
+    pub at: Instant,
+    /// Time inside the call.
+    pub time: Duration,
+    /// Time binding and unbinding irqfds after it (`KVM_IRQFD`).
+    pub bind: Duration,
+    /// MSI GSIs the call routed that the previous one did not.
+    pub added: Vec<u32>,
+}
+
+/// The commits since the log was asked for, and the MSI GSIs the last one left routed.
+#[derive(Default)]
+struct CommitLog {
+    records: Vec<CommitRecord>,
+    routed: BTreeSet<u32>,
+}
+
+/// Most commits the log keeps: a table's worth of vectors, each committed once.
+const MAX_LOGGED_COMMITS: usize = MAX_ROUTES as usize;
 
 /// The routing table, shared by every device that routes interrupts.
 pub struct GsiRouting {
@@ -251,6 +281,7 @@ impl GsiRouting {
                 next_gsi: IOAPIC_PINS,
                 free: Vec::new(),
                 stats: CommitStats::default(),
+                log: None,
             }),
         };
         routing.commit()?;
@@ -303,11 +334,55 @@ impl GsiRouting {
             .map_err(|_| IrqError::GsisExhausted(MAX_MSI_ROUTES))?;
         let start = Instant::now();
         let result = self.vm.set_gsi_routing(&table);
-        t.stats.time += start.elapsed();
+        let time = start.elapsed();
+        t.stats.time += time;
         t.stats.commits += 1;
         result.map_err(kvm_err("set the GSI routing table"))?;
         t.staged = false;
-        self.bind_irqfds(t)
+        let bound = Instant::now();
+        let result = self.bind_irqfds(t);
+        Self::log_commit(t, time, bound);
+        result
+    }
+
+    /// Keep a record of every commit from now on ([`GsiRouting::commit_log`]): what a
+    /// benchmark reads to tell which device's routes each commit carried.
+    pub fn keep_commit_log(&self) {
+        let mut t = self.table.lock().unwrap();
+        let routed = if t.staged {
+            BTreeSet::new()
+        } else {
+            t.routes.gsis().filter(|&g| g >= IOAPIC_PINS).collect()
+        };
+        t.log.get_or_insert(CommitLog {
+            records: Vec::new(),
+            routed,
+        });
+    }
+
+    /// The commits recorded since [`GsiRouting::keep_commit_log`] (none if it was not called).
+    pub fn commit_log(&self) -> Vec<CommitRecord> {
+        let t = self.table.lock().unwrap();
+        t.log.as_ref().map_or_else(Vec::new, |l| l.records.clone())
+    }
+
+    /// Add the commit that took `time` in KVM, its irqfds bound from `bound` on, to the log.
+    fn log_commit(t: &mut Table, time: Duration, bound: Instant) {
+        let at = Instant::now();
+        let Some(log) = t.log.as_mut() else {
+            return;
+        };
+        let routed: BTreeSet<u32> = t.routes.gsis().filter(|&g| g >= IOAPIC_PINS).collect();
+        let added = routed.difference(&log.routed).copied().collect();
+        log.routed = routed;
+        if log.records.len() < MAX_LOGGED_COMMITS {
+            log.records.push(CommitRecord {
+                at,
+                time,
+                bind: at - bound,
+                added,
+            });
+        }
     }
 
     /// Bind the irqfds of routed MSI GSIs and unbind the others.
@@ -497,6 +572,27 @@ mod tests {
                 "{strategy:?}: the committed routes' irqfds are bound"
             );
         }
+    }
+
+    #[test]
+    fn the_commit_log_names_the_msi_gsis_each_commit_added_once_asked_for() {
+        let r = routing(CommitStrategy::Batched);
+        let a = r.allocate_msi().unwrap();
+        r.set_msi(a.gsi, 0xfee0_0000, 0x41).unwrap();
+        r.commit().unwrap();
+        assert!(r.commit_log().is_empty(), "not kept before it is asked for");
+        r.keep_commit_log();
+        let (b, c) = (r.allocate_msi().unwrap(), r.allocate_msi().unwrap());
+        r.set_msi(b.gsi, 0xfee0_0000, 0x42).unwrap();
+        r.set_msi(c.gsi, 0xfee0_0000, 0x43).unwrap();
+        r.commit().unwrap();
+        // A new message on a routed GSI adds none.
+        r.set_msi(a.gsi, 0xfee0_0000, 0x44).unwrap();
+        r.commit().unwrap();
+        let log = r.commit_log();
+        let added: Vec<&[u32]> = log.iter().map(|c| c.added.as_slice()).collect();
+        assert_eq!(added, [&[b.gsi, c.gsi][..], &[]]);
+        assert!(log[0].at <= log[1].at);
     }
 
     #[test]

@@ -37,6 +37,11 @@
 //! `iommu` scenario's stream through QEMU's intel-iommu (the probe finds the unit in the DMAR).
 //! Ops that need exitless's test port or built-in backends (`PORT_MSIX_SEND`, the built-in
 //! request/response, the hostile burst, the IOMMU report) end with `STATUS_UNSUPPORTED`.
+//!
+//! [`migrate`]: the probe migrated to a file by one QEMU and resumed by a second
+//! (`-qmp`, QMP `migrate` to `exec:cat > FILE`, `-incoming exec:cat FILE`).
+
+pub mod migrate;
 
 use std::fs;
 use std::io::Read;
@@ -318,10 +323,23 @@ impl Qemu {
         let status = wait(child, started + timeout).map_err(io("wait for QEMU"))?;
         let wall = started.elapsed();
         let serial = read_lossy(&files.serial);
+        self.ended(status, serial, &files, ops.len(), wall, timeout)
+    }
+
+    /// The results of a run that ended with `status` (`None`: killed at its deadline).
+    fn ended(
+        &self,
+        status: Option<std::process::ExitStatus>,
+        serial: String,
+        files: &RunFiles,
+        sent: usize,
+        wall: Duration,
+        limit: Duration,
+    ) -> Result<PeerRun, PeerError> {
         let Some(status) = status else {
             return Err(PeerError::Timeout {
                 vmm: self.version.clone(),
-                limit: timeout,
+                limit,
                 serial: tail(&serial),
             });
         };
@@ -334,7 +352,7 @@ impl Qemu {
                 serial: tail(&serial),
             });
         }
-        results(serial, ops.len(), wall)
+        results(serial, sent, wall)
     }
 
     /// QEMU's command line for `machine`, booting `files.image` with `files.ops` as its ops;

@@ -419,6 +419,9 @@ fn running_and_reporting() -> Vec<Allowed> {
         // The console file (`machine::console`): opened with O_NONBLOCK, which F_SETFL (above)
         // clears once it is known writable, and emptied once every other option is checked.
         sys!(SYS_ftruncate),
+        // `bench restore`'s snapshot folder removed once its restores are done (its two files
+        // by `unlink`, above).
+        sys!(SYS_rmdir),
         // `bench`'s testpmd stopped between the boots that use its ports and continued for
         // them (`bench::vhost_net`): those two signals only.
         sys!(SYS_kill).only(1, [value(libc::SIGSTOP), value(libc::SIGCONT)]),

@@ -186,23 +186,35 @@ impl Board for ProbeBoard {
     }
 
     fn install(&mut self, io: &mut IoBuses, parts: &BoardParts<'_>) -> Result<(), MachineError> {
-        let ports = Arc::new(ProbePorts::new(
-            parts.counters.clone(),
-            parts.control.clone(),
-            parts.routing.clone(),
-            parts.msix.clone(),
-        ));
-        let id = io.add_pio(
-            names::PROBE_PORTS,
-            PROBE_PORTS_BASE,
-            PROBE_PORTS_LEN,
-            ports.clone(),
-        )?;
-        ports.set_device_id(id);
-        parts.counters.attach_log(id, ports.log().clone());
-        self.ports = Some(ports);
+        self.ports = Some(install_ports(io, parts, |ports| ports)?);
         Ok(())
     }
+}
+
+/// Make the probe's ports for `parts` and put them on the port bus as `wrap` makes them into a
+/// bus device (themselves, or a device in front that sees each access first: `bench restore`
+/// notes the instant of each phase mark).
+pub fn install_ports(
+    io: &mut IoBuses,
+    parts: &BoardParts<'_>,
+    wrap: impl FnOnce(Arc<ProbePorts>) -> Arc<dyn BusDevice>,
+) -> Result<Arc<ProbePorts>, MachineError> {
+    let ports = Arc::new(ProbePorts::new(
+        parts.counters.clone(),
+        parts.control.clone(),
+        parts.routing.clone(),
+        parts.msix.clone(),
+    ));
+    let device = wrap(ports.clone());
+    let id = io.add_pio(
+        names::PROBE_PORTS,
+        PROBE_PORTS_BASE,
+        PROBE_PORTS_LEN,
+        device,
+    )?;
+    ports.set_device_id(id);
+    parts.counters.attach_log(id, ports.log().clone());
+    Ok(ports)
 }
 
 #[cfg(test)]

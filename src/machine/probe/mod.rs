@@ -202,7 +202,8 @@ pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
     })
 }
 
-fn read_blocks<T: FromBytes + Copy>(
+/// `count` blocks of `T` from guest memory at `addr` (the guest's results, records, ...).
+pub fn read_blocks<T: FromBytes + Copy>(
     mem: &GuestMemoryMmap,
     addr: u64,
     count: usize,

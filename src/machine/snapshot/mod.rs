@@ -13,7 +13,7 @@ pub mod take;
 use std::path::{Path, PathBuf};
 
 pub use description::{DESCRIPTION_FILE, Description, FORMAT_VERSION, MEMORY_FILE, MemoryFile};
-pub use restore::Restorable;
+pub use restore::{Restorable, RestoreTimes};
 pub use take::Snapshotter;
 
 /// Why a snapshot cannot be taken or restored. Each message is one line, naming what.

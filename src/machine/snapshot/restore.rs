@@ -6,13 +6,24 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::machine::config::MachineConfig;
 use crate::machine::snapshot::take::{io_error, open_regular};
 use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
 use crate::machine::vcpus::Vcpus;
 use crate::machine::{Board, Machine, MachineError, Ran};
+
+/// How long each step of [`Machine::restore_state_timed`] took.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RestoreTimes {
+    /// The VM's state read from the description and set (irqchip, PIT, clock).
+    pub vm: Duration,
+    /// The vCPUs created and their states set.
+    pub vcpus: Duration,
+    /// Every device's state set and every device resumed (routes and irqfds included).
+    pub devices: Duration,
+}
 
 /// A snapshot read and checked, its memory file open: what a machine is restored from.
 pub struct Restorable {
@@ -70,16 +81,32 @@ impl Machine {
     /// device, then every device resumes. The vCPUs are returned for
     /// [`Machine::run_vcpus`]. Once per machine.
     pub fn restore_state(&self, saved: &Description) -> Result<Vcpus, MachineError> {
+        self.restore_state_timed(saved).map(|(vcpus, _)| vcpus)
+    }
+
+    /// [`Machine::restore_state`], and how long each step took (`exitless bench restore`).
+    pub fn restore_state_timed(
+        &self,
+        saved: &Description,
+    ) -> Result<(Vcpus, RestoreTimes), MachineError> {
+        let start = Instant::now();
         let (vcpu_states, vm_state) = kvm::read_states(&saved.vcpus, &saved.vm)?;
         self.vm
             .restore_state(&vm_state)
             .map_err(kvm::vm_error("vm"))?;
+        let vm = start.elapsed();
         let vcpus = Vcpus::create(&self.vm, self.vcpus, &self.cpu)?;
         vcpus
             .set_states(&vcpu_states)
             .map_err(kvm::vm_error("vcpus"))?;
+        let vcpus_done = start.elapsed();
         self.snapshotter.restore_devices(&saved.devices)?;
-        Ok(vcpus)
+        let times = RestoreTimes {
+            vm,
+            vcpus: vcpus_done - vm,
+            devices: start.elapsed() - vcpus_done,
+        };
+        Ok((vcpus, times))
     }
 
     /// [`Machine::restore_state`], then run the vCPUs on from where the snapshot left them
