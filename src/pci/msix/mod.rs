@@ -35,6 +35,10 @@ pub type Entry = [u32; 3];
 pub struct Msix {
     vectors: Arc<MsiVectors>,
     table: Vec<Entry>,
+    /// Entries whose address or data the guest changed since their message last reached the
+    /// vectors: what an Enable or a Function Mask clear must still hand over (the others'
+    /// messages are there already, and an Enable of a large table must not pay for them).
+    stale: Vec<bool>,
     /// Offset of the MSI-X capability in configuration space, once the function is placed.
     cap: Option<u16>,
     enabled: bool,
@@ -78,6 +82,7 @@ impl Msix {
     pub fn new(vectors: Arc<MsiVectors>) -> Self {
         Msix {
             table: vec![[0; 3]; vectors.len()],
+            stale: vec![false; vectors.len()],
             vectors,
             cap: None,
             enabled: false,
@@ -118,11 +123,11 @@ impl Msix {
         // Entries software changed while the function was disabled or masked take effect
         // now, all in this one access: one routing commit when batched.
         if self.enabled && !function_masked {
-            changes.extend(
-                (0..self.table.len())
-                    .filter(|&i| !self.vectors.is_masked(i))
-                    .map(|i| self.entry_message(i)),
-            );
+            for i in 0..self.table.len() {
+                if self.stale[i] && !self.vectors.is_masked(i) {
+                    changes.push(self.entry_message(i));
+                }
+            }
         }
         self.vectors.update(&changes);
         true
@@ -220,6 +225,7 @@ impl Msix {
             return;
         }
         self.table[entry][field as usize / 4] = value;
+        self.stale[entry] = true;
         // The data write of an effectively unmasked entry completes the pair (module comment).
         // In a QWORD access the data dword comes before vector control, so the mask is the
         // one from before the access.
@@ -232,8 +238,10 @@ impl Msix {
         }
     }
 
-    /// The message of entry `entry` as the guest wrote it.
-    fn entry_message(&self, entry: usize) -> MsiChange {
+    /// The message of entry `entry` as the guest wrote it, to hand to the vectors (which then
+    /// hold it: the entry is no longer stale).
+    fn entry_message(&mut self, entry: usize) -> MsiChange {
+        self.stale[entry] = false;
         let [lo, hi, data] = self.table[entry];
         MsiChange::Program {
             index: entry,

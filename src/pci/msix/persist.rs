@@ -65,6 +65,9 @@ impl Msix {
         self.vectors
             .restore(&format!("{what}.vectors"), &saved.vectors, bits)?;
         self.table.clone_from(&saved.table);
+        // The saved vectors may hold other messages than the table: the next Enable hands
+        // every unmasked entry over, as before the snapshot.
+        self.stale.fill(true);
         self.enabled = enabled;
         Ok(())
     }

@@ -96,6 +96,29 @@ fn enable_takes_every_unmasked_entry_in_one_commit() {
 }
 
 #[test]
+fn enable_hands_over_what_changed_while_disabled_and_nothing_else() {
+    let (mut msix, config, routes) = parts(2);
+    for i in 0..2 {
+        msix.table_write(
+            entry(i, PCI_MSIX_ENTRY_LOWER_ADDR),
+            &0xfee0_0000u32.to_le_bytes(),
+        );
+        msix.table_write(entry(i, PCI_MSIX_ENTRY_DATA), &0x40u32.to_le_bytes());
+        msix.table_write(entry(i, PCI_MSIX_ENTRY_VECTOR_CTRL), &0u32.to_le_bytes());
+    }
+    write_control(&mut msix, &config, PCI_MSIX_FLAGS_ENABLE);
+    write_control(&mut msix, &config, 0);
+    // Disabled, entry 1 unmasked: the new data only lands in the table...
+    msix.table_write(entry(1, PCI_MSIX_ENTRY_DATA), &0x51u32.to_le_bytes());
+    assert_eq!(msix.vectors().message(1), Some((0xfee0_0000, 0x40)));
+    // ...and takes effect at the next Enable, beside entry 0's unchanged message.
+    write_control(&mut msix, &config, PCI_MSIX_FLAGS_ENABLE);
+    assert_eq!(msix.vectors().message(0), Some((0xfee0_0000, 0x40)));
+    assert_eq!(msix.vectors().message(1), Some((0xfee0_0000, 0x51)));
+    assert_eq!(routes.route(25), Some((0xfee0_0000, 0x51)));
+}
+
+#[test]
 fn qword_accesses_are_two_fields_and_one_update() {
     let (mut msix, config, routes) = parts(2);
     write_control(&mut msix, &config, PCI_MSIX_FLAGS_ENABLE);
