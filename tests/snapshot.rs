@@ -6,24 +6,16 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::running::*;
 use common::testkernel::*;
 use exitless::machine::snapshot::{Description, MEMORY_FILE, MemoryFile};
 use exitless::machine::{DiskConfig, MachineConfig};
-use exitless::peer::PeerError;
-use exitless::peer::backends::{Backend, BackendError};
-
-/// A fresh folder for one test.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("exitless-snap-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use exitless::peer::backends::Backend;
 
 /// A snapshot as exitless writes one, in `dir`, of a 16 MiB machine with `disks`: its
 /// description and a memory file of the RAM's length, all zero (sparse).
@@ -180,106 +172,6 @@ fn no_snapshot_or_a_machine_option_beside_restore_is_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// An `exitless run` in the background with its console in `DIR/NAME.console` and its API on
-/// `DIR/NAME.sock`.
-struct Running {
-    child: Child,
-    socket: PathBuf,
-    console: PathBuf,
-}
-
-impl Running {
-    fn start(dir: &Path, name: &str, args: &[&str]) -> Running {
-        Running::start_in(None, dir, name, args)
-    }
-
-    /// [`Running::start`] in the network namespace `netns`, if given.
-    fn start_in(netns: Option<&str>, dir: &Path, name: &str, args: &[&str]) -> Running {
-        let socket = dir.join(format!("{name}.sock"));
-        let console = dir.join(format!("{name}.console"));
-        let exitless = env!("CARGO_BIN_EXE_exitless");
-        let mut command = match netns {
-            Some(ns) => {
-                let mut ip = Command::new("ip");
-                ip.args(["netns", "exec", ns, exitless]);
-                ip
-            }
-            None => Command::new(exitless),
-        };
-        let child = command
-            .arg("run")
-            .args(args)
-            .arg("--console")
-            .arg(&console)
-            .arg("--api-socket")
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("exitless starts");
-        Running {
-            child,
-            socket,
-            console,
-        }
-    }
-
-    /// Wait until the console holds `lines` lines starting with `prefix` and a number.
-    fn wait_for_lines(&mut self, prefix: &str, lines: usize) {
-        let deadline = Instant::now() + LIMIT;
-        let text = |path| std::fs::read_to_string(path).unwrap_or_default();
-        while numbers(&text(&self.console), prefix).len() < lines {
-            assert!(
-                self.child.try_wait().unwrap().is_none(),
-                "exitless ended early"
-            );
-            assert!(
-                Instant::now() < deadline,
-                "fewer than {lines} lines in {LIMIT:?}"
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// `exitless ctl` with `args`, which must succeed: its JSON answer.
-    fn ctl(&self, args: &[&str]) -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
-            .arg("ctl")
-            .arg("--api-socket")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "ctl {args:?}: {out:?}");
-        serde_json::from_slice(&out.stdout).expect("the answer is JSON")
-    }
-
-    /// Wait for the run to end: its status, stderr and console.
-    fn end(mut self) -> (i32, String, String) {
-        let deadline = Instant::now() + LIMIT;
-        while self.child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("exitless still ran after {LIMIT:?}");
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        let out = self.child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        let console = std::fs::read_to_string(&self.console).unwrap_or_default();
-        (out.status.code().expect("an exit"), stderr, console)
-    }
-}
-
-/// The numbers of the lines in `text` that start with `prefix` and a six-digit number (the
-/// test kernel's `spam 000001 of ...`, `disk round 000001 of ...`).
-fn numbers(text: &str, prefix: &str) -> Vec<u32> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(prefix)?.get(..6)?.parse().ok())
-        .collect()
-}
-
 /// The test kernel printing `lines` numbered lines on two vCPUs.
 fn spamming(dir: &Path, name: &str, lines: u32) -> Running {
     let elf = kernel("testkernel.elf");
@@ -407,26 +299,54 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
 
 #[test]
 fn a_guest_snapshotted_while_writing_its_disk_finishes_with_every_sector_right() {
-    writes_its_disk("writing-pci", Disk::Image(""), "", &[]);
+    writes_its_disk("writing-pci", Disk::Image(""), "", &[], WRITES);
 }
 
 #[test]
 fn the_same_on_virtio_mmio() {
     let mmio = Disk::Image(",transport=mmio");
-    writes_its_disk("writing-mmio", mmio, FIRST_MMIO_WINDOW, &[]);
+    writes_its_disk("writing-mmio", mmio, FIRST_MMIO_WINDOW, &[], WRITES);
 }
 
 #[test]
 fn the_same_behind_the_iommu_with_the_split_irqchip() {
-    writes_its_disk("writing-iommu", Disk::Image(""), "iommu=1", &["--iommu"]);
+    writes_its_disk(
+        "writing-iommu",
+        Disk::Image(""),
+        "iommu=1",
+        &["--iommu"],
+        WRITES,
+    );
 }
 
 /// The restored machine connects to qemu-storage-daemon again and gives it the rings'
 /// positions the snapshot holds.
 #[test]
 fn the_same_on_a_vhost_user_disk() {
-    writes_its_disk("writing-vu", Disk::VhostUser, "", &[]);
+    writes_its_disk("writing-vu", Disk::VhostUser, "", &[], WRITES);
 }
+
+/// Snapshotted while the driver resets the disk and moves its BAR 0 (`disk_resets`): the
+/// restored function decodes at the BAR the snapshot caught, away or home, its queue as set up
+/// again or not yet, and the driver's next reset and set-up work on it.
+#[test]
+fn a_guest_snapshotted_while_resetting_its_disk_and_moving_its_bar_finishes_every_round() {
+    writes_its_disk("resets-pci", Disk::Image(""), "", &[], RESETS);
+}
+
+/// The same with the disk on virtio-mmio (a reset in a loop; nothing to move).
+#[test]
+fn the_same_resets_on_virtio_mmio() {
+    let mmio = Disk::Image(",transport=mmio");
+    writes_its_disk("resets-mmio", mmio, FIRST_MMIO_WINDOW, &[], RESETS);
+}
+
+/// The test kernel's rounds on its disk: the option that asks for them and their lines' prefix.
+type DiskRounds = (&'static str, &'static str);
+/// Write, flush and read back sector i in round i.
+const WRITES: DiskRounds = ("disk_rounds", "disk round ");
+/// The same after resetting the disk (and moving its virtio-pci BAR 0) and setting it up again.
+const RESETS: DiskRounds = ("disk_resets", "disk reset round ");
 
 /// How the guest's disk is served.
 #[derive(Clone, Copy)]
@@ -437,34 +357,31 @@ enum Disk {
     VhostUser,
 }
 
-/// The test kernel writing `disk_rounds` on a disk served as `served` (and `cmdline`,
-/// `args`), paused and snapshotted mid-work in `name`, shut down and restored in a new
-/// process: every round once, every sector right in the image.
-fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str]) {
+/// The test kernel doing `rounds` on a disk served as `served` (and `cmdline`, `args`), paused
+/// and snapshotted mid-work in `name`, shut down and restored in a new process: every round
+/// once, every sector right in the image.
+fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str], rounds: DiskRounds) {
     // Enough that a pause asked once a few are printed, on a loaded host, still finds it at work.
     const ROUNDS: u32 = 500;
     let dir = scratch(name);
     let image = dir.join("disk.img");
     std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
     let elf = kernel("testkernel.elf");
-    let cmdline = format!("disk=1 disk_rounds={ROUNDS} {cmdline}");
+    let (option, prefix) = rounds;
+    let cmdline = format!("disk=1 {option}={ROUNDS} {cmdline}");
     let (disk, _backend) = match served {
         Disk::Image(options) => (format!("{}{options}", image.display()), None),
         Disk::VhostUser => {
             let socket = dir.join("blk.sock");
-            match Backend::storage_daemon_queues(&image, &socket, 1) {
-                Ok(backend) => (format!("vhost-user={}", socket.display()), Some(backend)),
-                Err(BackendError::Start(why @ PeerError::NotFound { .. })) => {
-                    println!("skipped: {why}");
-                    return;
-                }
-                Err(e) => panic!("qemu-storage-daemon did not start: {e}"),
-            }
+            let Some(backend) = started(Backend::storage_daemon_queues(&image, &socket, 1)) else {
+                return;
+            };
+            (format!("vhost-user={}", socket.display()), Some(backend))
         }
     };
     let kernel_args = ["--kernel", elf.to_str().unwrap(), "--cmdline", &cmdline];
     let args = [&kernel_args[..], &["--disk", &disk], args].concat();
-    interrupted_and_restored(None, &dir, &args, "disk round ", ROUNDS);
+    interrupted_and_restored(None, &dir, &args, prefix, ROUNDS);
     let file = std::fs::read(&image).unwrap();
     for n in 1..=ROUNDS {
         let at = n as usize * 512;
@@ -586,42 +503,45 @@ fn a_guest_snapshotted_while_receiving_frames_finishes_with_every_answer() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Run `exitless run ARGS` (in `netns` if given) until the guest has printed a few of its
-/// `rounds` lines starting with `prefix`, pause, snapshot it into `dir/snap`, shut it down,
-/// and restore it in a new process: it passes, and the two consoles hold each round once, in
-/// order, none failed.
-fn interrupted_and_restored(
-    netns: Option<&str>,
-    dir: &Path,
-    args: &[&str],
-    prefix: &str,
-    rounds: u32,
-) {
-    let snap = dir.join("snap");
-    let mut first = Running::start_in(netns, dir, "first", args);
-    first.wait_for_lines(prefix, 5);
-    assert_eq!(first.ctl(&["pause"])["state"], "paused");
-    first.ctl(&["snapshot", snap.to_str().unwrap()]);
-    first.ctl(&["shutdown"]);
-    let (status, stderr, before) = first.end();
-    assert_eq!(status, 0, "{stderr}");
-    let done = numbers(&before, prefix).len();
-    assert!(done < rounds as usize, "the snapshot caught it mid-work");
-
-    let restore = ["--restore", snap.to_str().unwrap()];
-    let second = Running::start_in(netns, dir, "second", &restore);
-    let (status, stderr, after) = second.end();
-    assert_eq!(status, PASSED, "{stderr}\n{after}");
-    let all = numbers(&(before + &after), prefix);
-    assert_eq!(
-        all,
-        (1..=rounds).collect::<Vec<_>>(),
-        "every round once, in order"
-    );
-    assert!(
-        !after.contains("FAILED") && after.contains(" passed, 0 failed"),
-        "{after}"
-    );
+/// The test kernel asking testpmd's icmpecho for a MAC by ARP, again and again (`net_rounds`),
+/// on a vhost-user card on virtio-pci and then on virtio-mmio, each snapshotted mid-traffic and
+/// restored in a new process that connects to the same testpmd again and gives it the rings'
+/// positions: every request answered, each round once. testpmd busy-polls a core: one
+/// testpmd, two ports, the transports in turn.
+#[test]
+fn a_guest_snapshotted_while_exchanging_frames_with_testpmd_finishes_every_round() {
+    const ROUNDS: u32 = 200;
+    let dir = scratch("testpmd");
+    let sockets = [dir.join("net-0.sock"), dir.join("net-1.sock")];
+    let Some(backend) = started(Backend::testpmd(&sockets, 1)) else {
+        return;
+    };
+    let elf = kernel("testkernel.elf");
+    let cards = [
+        ("pci", "", &sockets[0]),
+        ("mmio", FIRST_MMIO_WINDOW, &sockets[1]),
+    ];
+    for (transport, more, socket) in cards {
+        let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS} {more}");
+        let card = format!("vhost-user={},transport={transport}", socket.display());
+        let args = ["--kernel", elf.to_str().unwrap(), "--cmdline", &cmdline];
+        let run = dir.join(transport);
+        std::fs::create_dir(&run).unwrap();
+        interrupted_and_restored(
+            None,
+            &run,
+            &[&args[..], &["--net", &card]].concat(),
+            "net round ",
+            ROUNDS,
+        );
+        assert!(
+            backend.sockets()[0].exists(),
+            "testpmd: {}",
+            backend.output()
+        );
+    }
+    drop(backend);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A change made to a description.

@@ -17,7 +17,9 @@
  * through the IOAPIC; 2: also through the unit's interrupt remapping), echo=1 (read a line from the
  * console), spam=N (print N numbered lines before the checks end, for a console reader that
  * falls behind), disk=1 (drive the first virtio-blk disk; disk_rounds=N: then N write, flush
- * and read-back rounds on sectors 1 to N), disk=reconnect (drive it across a
+ * and read-back rounds on sectors 1 to N; disk_resets=N: N rounds that each reset the disk, move
+ * its virtio-pci BAR 0 away or back, set it up again and write, flush and read back sector i),
+ * disk=reconnect (drive it across a
  * backend's restart: DEVICE_NEEDS_RESET, reset, set up again), net=1 ip=A.B.C.D peer=A.B.C.D (ask
  * the host on the first virtio-net device's network for peer's MAC by ARP, and check the answer;
  * net_rounds=N: then N more requests, each answered),
@@ -158,6 +160,7 @@ void kmain(uint32_t magic, const struct mb_info *mb)
         if (arg_number("disk", 0) || arg_is("disk", "reconnect"))
             check_disk(arg_is("disk", "reconnect"));
         disk_rounds(arg_number("disk_rounds", 0));
+        disk_resets(arg_number("disk_resets", 0));
         if (arg_number("net", 0) || arg_is("net", "reconnect"))
             check_net(arg_is("net", "reconnect"));
         net_rounds(arg_number("net_rounds", 0));

@@ -95,6 +95,7 @@ struct vq {
 int vdev_find(struct vdev *v, uint32_t id, const char *what, const char *name);
 uint8_t vdev_status(const struct vdev *v);
 int vdev_reset(const struct vdev *v);
+int vdev_move_bar(struct vdev *v, int32_t delta);
 int vdev_negotiate(const struct vdev *v, uint32_t wanted);
 int vdev_queue(const struct vdev *v, uint16_t index, struct vq *q);
 void vdev_driver_ok(const struct vdev *v);
@@ -119,6 +120,7 @@ int vdev_reconnect(struct reconnect *r);
 void check_disk(int reconnect);
 int disk_round(uint32_t seed);
 void disk_rounds(uint32_t rounds);
+void disk_resets(uint32_t rounds);
 void net_rounds(uint32_t rounds);
 void check_net(int reconnect);
 /* virtio_net.c: a card with several queue pairs, both driven (net=mq). */

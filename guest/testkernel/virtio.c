@@ -144,6 +144,24 @@ int vdev_find(struct vdev *v, uint32_t id, const char *what, const char *name)
     return vpci_find(v, id, what, name);
 }
 
+/* Move BAR 0 of a virtio-pci function (where exitless puts every virtio structure) by `delta`
+ * bytes, memory decoding off while its address changes (PCI 3.0 §6.2.5.1), and the structures'
+ * addresses with it. Whether the BAR decodes at its new address; 0 on virtio-mmio. */
+int vdev_move_bar(struct vdev *v, int32_t delta)
+{
+    uint32_t low = v->mmio ? 0 : pci_read32(v->dev, 0x10);
+    uint32_t base = low & ~0xfu;
+    if (v->mmio || !base)
+        return 0;
+    pci_write32(v->dev, 0x04, 0x4);
+    pci_write32(v->dev, 0x10, (base + (uint32_t)delta) | (low & 0xf));
+    pci_write32(v->dev, 0x04, 0x6);
+    v->common += (uint32_t)delta;
+    v->notify += (uint32_t)delta;
+    v->device += (uint32_t)delta;
+    return pci_bar(v->dev, 0) == base + (uint32_t)delta;
+}
+
 uint8_t vdev_status(const struct vdev *v)
 {
     return v->mmio ? (uint8_t)mmio32(v->common + MMIO_STATUS) : mmio8(v->common + PCI_STATUS);

@@ -89,6 +89,30 @@ void disk_rounds(uint32_t rounds)
     check(good == rounds, "disk: %u of %u rounds read back", good, rounds);
 }
 
+/* How far disk_resets moves a virtio-pci disk's BAR 0 and back: 256 MiB, within the PCI memory
+ * window 0xC0000000-0xDFFFFFFF from where exitless places it, clear of the other functions'. */
+#define BAR_MOVE 0x10000000
+
+/* disk_resets=N (with disk=1): N rounds, round i resetting the disk, moving its BAR 0 (on
+ * virtio-pci: away in odd rounds, back in even ones), setting it up again, then writing sector
+ * i with seed i, flushing and reading it back, each printed: a driver that resets and moves
+ * the device again and again, for a snapshot to catch in the middle (tests/snapshot.rs). */
+void disk_resets(uint32_t rounds)
+{
+    uint32_t good = 0;
+    if (!rounds || !blk_q.dev)
+        return;
+    for (uint32_t i = 1; i <= rounds; i++) {
+        int ok = vdev_reset(&blk_dev);
+        if (!blk_dev.mmio)
+            ok = ok && vdev_move_bar(&blk_dev, i & 1 ? BAR_MOVE : -BAR_MOVE);
+        ok = ok && blk_setup() && blk_round_at(i, i);
+        print("disk reset round %06u of %06u: %s\n", i, rounds, ok ? "ok" : "FAILED");
+        good += (uint32_t)ok;
+    }
+    check(good == rounds, "disk: %u of %u rounds after a reset read back", good, rounds);
+}
+
 /* A round with `seed` on the disk check_disk set up (none: 0), for another device's check to
  * show that the disk works on beside it. */
 int disk_round(uint32_t seed)

@@ -2,6 +2,7 @@
 //! ([`testkernel`]).
 #![allow(dead_code)]
 
+pub mod running;
 pub mod testkernel;
 
 use std::time::Duration;

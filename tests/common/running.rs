@@ -1,0 +1,170 @@
+//! Running `exitless run` in the background and driving it through `exitless ctl`, as the
+//! snapshot tests do: a guest interrupted mid-work, snapshotted, and restored in a new process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use exitless::peer::PeerError;
+use exitless::peer::backends::{Backend, BackendError};
+
+use super::testkernel::{LIMIT, PASSED};
+
+/// A fresh folder for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("exitless-snap-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// An `exitless run` in the background with its console in `DIR/NAME.console` and its API on
+/// `DIR/NAME.sock`.
+pub struct Running {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub console: PathBuf,
+}
+
+impl Running {
+    pub fn start(dir: &Path, name: &str, args: &[&str]) -> Running {
+        Running::start_in(None, dir, name, args)
+    }
+
+    /// [`Running::start`] in the network namespace `netns`, if given.
+    pub fn start_in(netns: Option<&str>, dir: &Path, name: &str, args: &[&str]) -> Running {
+        let socket = dir.join(format!("{name}.sock"));
+        let console = dir.join(format!("{name}.console"));
+        let exitless = env!("CARGO_BIN_EXE_exitless");
+        let mut command = match netns {
+            Some(ns) => {
+                let mut ip = Command::new("ip");
+                ip.args(["netns", "exec", ns, exitless]);
+                ip
+            }
+            None => Command::new(exitless),
+        };
+        let child = command
+            .arg("run")
+            .args(args)
+            .arg("--console")
+            .arg(&console)
+            .arg("--api-socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("exitless starts");
+        Running {
+            child,
+            socket,
+            console,
+        }
+    }
+
+    /// Wait until the console holds `lines` lines starting with `prefix` and a number.
+    pub fn wait_for_lines(&mut self, prefix: &str, lines: usize) {
+        let deadline = Instant::now() + LIMIT;
+        let text = |path| std::fs::read_to_string(path).unwrap_or_default();
+        while numbers(&text(&self.console), prefix).len() < lines {
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "exitless ended early"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {lines} lines in {LIMIT:?}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `exitless ctl` with `args`, which must succeed: its JSON answer.
+    pub fn ctl(&self, args: &[&str]) -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .arg("ctl")
+            .arg("--api-socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ctl {args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).expect("the answer is JSON")
+    }
+
+    /// Wait for the run to end: its status, stderr and console.
+    pub fn end(mut self) -> (i32, String, String) {
+        let deadline = Instant::now() + LIMIT;
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("exitless still ran after {LIMIT:?}");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let out = self.child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let console = std::fs::read_to_string(&self.console).unwrap_or_default();
+        (out.status.code().expect("an exit"), stderr, console)
+    }
+}
+
+/// The numbers of the lines in `text` that start with `prefix` and a six-digit number (the
+/// test kernel's `spam 000001 of ...`, `disk round 000001 of ...`).
+pub fn numbers(text: &str, prefix: &str) -> Vec<u32> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix)?.get(..6)?.parse().ok())
+        .collect()
+}
+
+/// The backend, or `None` after printing why the test skips: only a missing binary does.
+pub fn started(backend: Result<Backend, BackendError>) -> Option<Backend> {
+    match backend {
+        Ok(b) => Some(b),
+        Err(BackendError::Start(why @ PeerError::NotFound { .. })) => {
+            println!("skipped: {why}");
+            None
+        }
+        Err(e) => panic!("the backend did not start: {e}"),
+    }
+}
+
+/// Run `exitless run ARGS` (in `netns` if given) until the guest has printed a few of its
+/// `rounds` lines starting with `prefix`, pause, snapshot it into `dir/snap`, shut it down,
+/// and restore it in a new process: it passes, and the two consoles hold each round once, in
+/// order, none failed.
+pub fn interrupted_and_restored(
+    netns: Option<&str>,
+    dir: &Path,
+    args: &[&str],
+    prefix: &str,
+    rounds: u32,
+) {
+    let snap = dir.join("snap");
+    let mut first = Running::start_in(netns, dir, "first", args);
+    first.wait_for_lines(prefix, 5);
+    assert_eq!(first.ctl(&["pause"])["state"], "paused");
+    first.ctl(&["snapshot", snap.to_str().unwrap()]);
+    first.ctl(&["shutdown"]);
+    let (status, stderr, before) = first.end();
+    assert_eq!(status, 0, "{stderr}");
+    let done = numbers(&before, prefix).len();
+    assert!(done < rounds as usize, "the snapshot caught it mid-work");
+
+    let restore = ["--restore", snap.to_str().unwrap()];
+    let second = Running::start_in(netns, dir, "second", &restore);
+    let (status, stderr, after) = second.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    let all = numbers(&(before + &after), prefix);
+    assert_eq!(
+        all,
+        (1..=rounds).collect::<Vec<_>>(),
+        "every round once, in order"
+    );
+    assert!(
+        !after.contains("FAILED") && after.contains(" passed, 0 failed"),
+        "{after}"
+    );
+}
