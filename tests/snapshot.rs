@@ -341,12 +341,14 @@ fn the_same_resets_on_virtio_mmio() {
     writes_its_disk("resets-mmio", mmio, FIRST_MMIO_WINDOW, &[], RESETS);
 }
 
-/// The test kernel's rounds on its disk: the option that asks for them and their lines' prefix.
-type DiskRounds = (&'static str, &'static str);
+/// The test kernel's rounds on its disk: the option that asks for them, their lines' prefix,
+/// and how many snapshots in turn interrupt them.
+type DiskRounds = (&'static str, &'static str, usize);
 /// Write, flush and read back sector i in round i.
-const WRITES: DiskRounds = ("disk_rounds", "disk round ");
-/// The same after resetting the disk (and moving its virtio-pci BAR 0) and setting it up again.
-const RESETS: DiskRounds = ("disk_resets", "disk reset round ");
+const WRITES: DiskRounds = ("disk_rounds", "disk round ", 1);
+/// The same after resetting the disk (and moving its virtio-pci BAR 0) and setting it up
+/// again; three snapshots in turn, each catching the loop at another moment.
+const RESETS: DiskRounds = ("disk_resets", "disk reset round ", 3);
 
 /// How the guest's disk is served.
 #[derive(Clone, Copy)]
@@ -361,13 +363,13 @@ enum Disk {
 /// and snapshotted mid-work in `name`, shut down and restored in a new process: every round
 /// once, every sector right in the image.
 fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str], rounds: DiskRounds) {
+    let (option, prefix, snapshots) = rounds;
     // Enough that a pause asked once a few are printed, on a loaded host, still finds it at work.
     const ROUNDS: u32 = 500;
     let dir = scratch(name);
     let image = dir.join("disk.img");
     std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
     let elf = kernel("testkernel.elf");
-    let (option, prefix) = rounds;
     let cmdline = format!("disk=1 {option}={ROUNDS} {cmdline}");
     let (disk, _backend) = match served {
         Disk::Image(options) => (format!("{}{options}", image.display()), None),
@@ -381,7 +383,7 @@ fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str], round
     };
     let kernel_args = ["--kernel", elf.to_str().unwrap(), "--cmdline", &cmdline];
     let args = [&kernel_args[..], &["--disk", &disk], args].concat();
-    interrupted_and_restored(None, &dir, &args, prefix, ROUNDS);
+    interrupted_times(None, &dir, (&args, prefix, ROUNDS), snapshots);
     let file = std::fs::read(&image).unwrap();
     for n in 1..=ROUNDS {
         let at = n as usize * 512;
@@ -506,7 +508,7 @@ fn a_guest_snapshotted_while_receiving_frames_finishes_with_every_answer() {
 /// The test kernel asking testpmd's icmpecho for a MAC by ARP, again and again (`net_rounds`),
 /// on a vhost-user card on virtio-pci and then on virtio-mmio, each snapshotted mid-traffic and
 /// restored in a new process that connects to the same testpmd again and gives it the rings'
-/// positions: every request answered, each round once. testpmd busy-polls a core: one
+/// positions, twice in turn: every request answered, each round once. testpmd busy-polls a core: one
 /// testpmd, two ports, the transports in turn.
 #[test]
 fn a_guest_snapshotted_while_exchanging_frames_with_testpmd_finishes_every_round() {

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use common::running::started;
 use common::testkernel::{ERROR, FIRST_MMIO_WINDOW, PASSED, kernel, pattern};
 
 use exitless::bench::vhost_net::{BACKEND_IP, BACKEND_MAC, GUEST_IP};
@@ -32,8 +33,7 @@ use exitless::contract::{
 use exitless::machine::{
     NetBackendKind, ProbeConfig, Transport, VhostUserConfig, VirtioNetConfig, ops, run_probe,
 };
-use exitless::peer::PeerError;
-use exitless::peer::backends::{Backend, BackendError};
+use exitless::peer::backends::Backend;
 use exitless::virtio::notify::NotifyPath;
 
 /// Longest a run may take (a vhost-user request crosses two processes on a busy host).
@@ -77,18 +77,6 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The backend, or `None` after printing why the test skips: only a missing binary does.
-fn started(backend: Result<Backend, BackendError>) -> Option<Backend> {
-    match backend {
-        Ok(b) => Some(b),
-        Err(BackendError::Start(why @ PeerError::NotFound { .. })) => {
-            println!("skipped: {why}");
-            None
-        }
-        Err(e) => panic!("the backend did not start: {e}"),
     }
 }
 

@@ -89,23 +89,27 @@ void disk_rounds(uint32_t rounds)
     check(good == rounds, "disk: %u of %u rounds read back", good, rounds);
 }
 
-/* How far disk_resets moves a virtio-pci disk's BAR 0 and back: 256 MiB, within the PCI memory
- * window 0xC0000000-0xDFFFFFFF from where exitless places it, clear of the other functions'. */
-#define BAR_MOVE 0x10000000
+/* Where disk_resets moves a virtio-pci disk's BAR 0: 256 MiB and 128 MiB above where exitless
+ * placed it, within the PCI memory window 0xC0000000-0xDFFFFFFF and clear of the other
+ * functions' BARs. Once moved, it never goes home: a snapshot always finds it away. */
+#define BAR_FAR 0x10000000
+#define BAR_NEAR 0x08000000
 
 /* disk_resets=N (with disk=1): N rounds, round i resetting the disk, moving its BAR 0 (on
- * virtio-pci: away in odd rounds, back in even ones), setting it up again, then writing sector
- * i with seed i, flushing and reading it back, each printed: a driver that resets and moves
- * the device again and again, for a snapshot to catch in the middle (tests/snapshot.rs). */
+ * virtio-pci: to BAR_FAR in odd rounds, BAR_NEAR in even ones), setting it up again, then
+ * writing sector i with seed i, flushing and reading it back, each printed: a driver that
+ * resets and moves the device again and again, for a snapshot to catch in the middle
+ * (tests/snapshot.rs). */
 void disk_resets(uint32_t rounds)
 {
     uint32_t good = 0;
     if (!rounds || !blk_q.dev)
         return;
     for (uint32_t i = 1; i <= rounds; i++) {
+        int32_t delta = i == 1 ? BAR_FAR : i & 1 ? BAR_FAR - BAR_NEAR : BAR_NEAR - BAR_FAR;
         int ok = vdev_reset(&blk_dev);
         if (!blk_dev.mmio)
-            ok = ok && vdev_move_bar(&blk_dev, i & 1 ? BAR_MOVE : -BAR_MOVE);
+            ok = ok && vdev_move_bar(&blk_dev, delta);
         ok = ok && blk_setup() && blk_round_at(i, i);
         print("disk reset round %06u of %06u: %s\n", i, rounds, ok ? "ok" : "FAILED");
         good += (uint32_t)ok;

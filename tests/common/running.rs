@@ -132,7 +132,7 @@ pub fn started(backend: Result<Backend, BackendError>) -> Option<Backend> {
 }
 
 /// Run `exitless run ARGS` (in `netns` if given) until the guest has printed a few of its
-/// `rounds` lines starting with `prefix`, pause, snapshot it into `dir/snap`, shut it down,
+/// `rounds` lines starting with `prefix`, pause, snapshot it into `dir/snap0`, shut it down,
 /// and restore it in a new process: it passes, and the two consoles hold each round once, in
 /// order, none failed.
 pub fn interrupted_and_restored(
@@ -142,29 +142,55 @@ pub fn interrupted_and_restored(
     prefix: &str,
     rounds: u32,
 ) {
-    let snap = dir.join("snap");
-    let mut first = Running::start_in(netns, dir, "first", args);
-    first.wait_for_lines(prefix, 5);
-    assert_eq!(first.ctl(&["pause"])["state"], "paused");
-    first.ctl(&["snapshot", snap.to_str().unwrap()]);
-    first.ctl(&["shutdown"]);
-    let (status, stderr, before) = first.end();
-    assert_eq!(status, 0, "{stderr}");
-    let done = numbers(&before, prefix).len();
-    assert!(done < rounds as usize, "the snapshot caught it mid-work");
+    interrupted_times(netns, dir, (args, prefix, rounds), 1);
+}
 
-    let restore = ["--restore", snap.to_str().unwrap()];
-    let second = Running::start_in(netns, dir, "second", &restore);
-    let (status, stderr, after) = second.end();
-    assert_eq!(status, PASSED, "{stderr}\n{after}");
-    let all = numbers(&(before + &after), prefix);
+/// The same `times` over: each process restored is in turn snapshotted a few lines on (into
+/// `dir/snapN`) and shut down, the last one runs to the end; every console together holds
+/// each round once, in order. More snapshots, more moments of the guest's work caught.
+pub fn interrupted_times(
+    netns: Option<&str>,
+    dir: &Path,
+    (args, prefix, rounds): (&[&str], &str, u32),
+    times: usize,
+) {
+    let mut consoles = String::new();
+    let mut from: Option<PathBuf> = None;
+    for n in 0..=times {
+        let restore;
+        let args = match &from {
+            None => args,
+            Some(snap) => {
+                restore = ["--restore", snap.to_str().unwrap()];
+                &restore[..]
+            }
+        };
+        let mut run = Running::start_in(netns, dir, &format!("run{n}"), args);
+        if n == times {
+            let (status, stderr, last) = run.end();
+            assert_eq!(status, PASSED, "{stderr}\n{last}");
+            assert!(
+                !last.contains("FAILED") && last.contains(" passed, 0 failed"),
+                "{last}"
+            );
+            consoles += &last;
+            break;
+        }
+        run.wait_for_lines(prefix, 5);
+        let snap = dir.join(format!("snap{n}"));
+        assert_eq!(run.ctl(&["pause"])["state"], "paused");
+        run.ctl(&["snapshot", snap.to_str().unwrap()]);
+        run.ctl(&["shutdown"]);
+        let (status, stderr, console) = run.end();
+        assert_eq!(status, 0, "{stderr}");
+        consoles += &console;
+        let done = numbers(&consoles, prefix).len();
+        assert!(done < rounds as usize, "snapshot {n} caught it mid-work");
+        from = Some(snap);
+    }
     assert_eq!(
-        all,
+        numbers(&consoles, prefix),
         (1..=rounds).collect::<Vec<_>>(),
         "every round once, in order"
-    );
-    assert!(
-        !after.contains("FAILED") && after.contains(" passed, 0 failed"),
-        "{after}"
     );
 }
