@@ -2,127 +2,35 @@
 //! printing numbered lines (`spam=N`), and `exitless ctl` (or raw HTTP) pausing, resuming,
 //! reading and shutting it down; bad requests and bad sockets.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// The test kernel's `exit=debug` status when every check passed: (0x10 << 1) | 1.
-const PASSED: i32 = 0x21;
-/// Longest anything here may take (a run of the test kernel takes seconds).
-const LIMIT: Duration = Duration::from_secs(120);
+use common::running::{Running, scratch, spamming};
+use common::testkernel::{LIMIT, PASSED};
 
 fn exitless() -> Command {
     Command::new(env!("CARGO_BIN_EXE_exitless"))
 }
 
-/// A fresh folder for one test's socket and console.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("exitless-api-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A run of the test kernel on two vCPUs printing `lines` numbered lines, serving its API
+/// socket, once it has printed a few. (The second vCPU waits in the guest's idle loop or for
+/// SIPI: parked all the same by a pause.)
+fn start(dir: &Path, lines: u32) -> Running {
+    let mut vm = spamming(dir, "api", lines);
+    vm.wait_for_lines("spam ", 20);
+    vm
 }
 
-/// A run of the test kernel on two vCPUs printing `lines` numbered lines to `dir/console`,
-/// serving `dir/api.sock`.
-struct Vm {
-    child: Child,
-    socket: PathBuf,
-    console: PathBuf,
-}
-
-impl Vm {
-    fn start(dir: &Path, lines: u32) -> Vm {
-        let socket = dir.join("api.sock");
-        let console = dir.join("console");
-        let kernel = Path::new(env!("CARGO_BIN_EXE_exitless")).with_file_name("testkernel.elf");
-        let child = exitless()
-            .arg("run")
-            .arg("--kernel")
-            .arg(kernel)
-            .args(["--cmdline", &format!("spam={lines} cpus=2")])
-            // The second waits in the guest's idle loop or for SIPI: parked all the same.
-            .args(["--cpus", "2"])
-            .arg("--console")
-            .arg(&console)
-            .arg("--api-socket")
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("exitless starts");
-        let vm = Vm {
-            child,
-            socket,
-            console,
-        };
-        vm.wait_for(|vm| vm.spam_lines().len() >= 20, "the guest printing");
-        vm
-    }
-
-    /// Wait until `done`, failing after [`LIMIT`].
-    fn wait_for(&self, done: impl Fn(&Vm) -> bool, what: &str) {
-        let deadline = Instant::now() + LIMIT;
-        while !done(self) {
-            assert!(Instant::now() < deadline, "no {what} after {LIMIT:?}");
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The numbers of the guest's spam lines so far.
-    fn spam_lines(&self) -> Vec<u32> {
-        spam_numbers(&self.console)
-    }
-
-    /// `exitless ctl --api-socket SOCKET ACTION`.
-    fn ctl(&self, action: &str) -> Output {
-        exitless()
-            .arg("ctl")
-            .arg("--api-socket")
-            .arg(&self.socket)
-            .arg(action)
-            .output()
-            .unwrap()
-    }
-
-    /// `ctl ACTION`, which must succeed: its JSON answer.
-    fn ctl_ok(&self, action: &str) -> serde_json::Value {
-        let out = self.ctl(action);
-        assert!(out.status.success(), "ctl {action}: {out:?}");
-        serde_json::from_slice(&out.stdout).expect("the answer is JSON")
-    }
-
-    fn total_exits(&self) -> u64 {
-        self.ctl_ok("counters")["total"].as_u64().unwrap()
-    }
-
-    /// Wait for the run to end: its status and stderr.
-    fn end(mut self) -> (i32, String) {
-        let deadline = Instant::now() + LIMIT;
-        while self.child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("exitless still ran after {LIMIT:?}");
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        let out = self.child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        (out.status.code().expect("an exit, not a signal"), stderr)
-    }
-}
-
-/// The numbers of the spam lines in the console file at `path`.
-fn spam_numbers(path: &Path) -> Vec<u32> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("spam ")?.get(..6)?.parse().ok())
-        .collect()
+/// The exits counted so far.
+fn total_exits(vm: &Running) -> u64 {
+    vm.ctl(&["counters"])["total"].as_u64().unwrap()
 }
 
 /// Send `request` on a fresh connection and read the answer: its status and body.
@@ -148,32 +56,34 @@ fn read_answer(mut stream: UnixStream) -> (u16, String) {
 #[test]
 fn a_paused_guest_makes_no_progress_and_once_resumed_passes() {
     let dir = scratch("pause");
-    let vm = Vm::start(&dir, 2000);
+    let vm = start(&dir, 2000);
     let mode = std::fs::metadata(&vm.socket).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "owner-only");
-    assert_eq!(vm.ctl_ok("info")["state"], "running");
-    assert_eq!(vm.ctl_ok("pause")["state"], "paused");
-    assert_eq!(vm.ctl_ok("info")["state"], "paused");
+    assert_eq!(vm.ctl(&["info"])["state"], "running");
+    assert_eq!(vm.ctl(&["pause"])["state"], "paused");
+    assert_eq!(vm.ctl(&["info"])["state"], "paused");
     // Every vCPU is parked: not one exit, however long it stays paused.
-    let before = vm.total_exits();
+    let before = total_exits(&vm);
     thread::sleep(Duration::from_millis(500));
-    assert_eq!(vm.total_exits(), before, "exits while paused");
-    let twice = vm.ctl("pause");
+    assert_eq!(total_exits(&vm), before, "exits while paused");
+    let twice = vm.ctl_output(&["pause"]);
     assert_eq!(twice.status.code(), Some(1));
     assert_eq!(
         String::from_utf8_lossy(&twice.stderr),
         "exitless: error: the VM is already paused (HTTP 400)\n"
     );
-    assert_eq!(vm.ctl_ok("resume")["state"], "running");
-    let again = vm.ctl("resume");
+    assert_eq!(vm.ctl(&["resume"])["state"], "running");
+    let again = vm.ctl_output(&["resume"]);
     assert_eq!(again.status.code(), Some(1), "resume while running");
     let socket = vm.socket.clone();
-    let lines = vm.spam_lines();
-    let console = vm.console.clone();
-    let (status, stderr) = vm.end();
+    let lines = vm.lines("spam ");
+    let (status, stderr, _) = vm.end();
     assert_eq!((status, stderr.as_str()), (PASSED, ""));
     assert_eq!(
-        spam_numbers(&console),
+        common::running::numbers(
+            &std::fs::read_to_string(dir.join("api.console")).unwrap(),
+            "spam "
+        ),
         (1..=2000).collect::<Vec<_>>(),
         "every line, once, in order"
     );
@@ -185,11 +95,11 @@ fn a_paused_guest_makes_no_progress_and_once_resumed_passes() {
 #[test]
 fn shutdown_ends_a_run_with_status_0_even_while_paused() {
     let dir = scratch("shutdown");
-    let vm = Vm::start(&dir, 1_000_000);
-    vm.ctl_ok("pause");
-    assert_eq!(vm.ctl_ok("shutdown")["state"], "shutting down");
+    let vm = start(&dir, 1_000_000);
+    vm.ctl(&["pause"]);
+    assert_eq!(vm.ctl(&["shutdown"])["state"], "shutting down");
     let socket = vm.socket.clone();
-    let (status, stderr) = vm.end();
+    let (status, stderr, _) = vm.end();
     assert_eq!((status, stderr.as_str()), (0, ""));
     assert!(!socket.exists());
     let _ = std::fs::remove_dir_all(dir);
@@ -198,7 +108,7 @@ fn shutdown_ends_a_run_with_status_0_even_while_paused() {
 #[test]
 fn bad_requests_and_bad_clients_never_disturb_the_vm() {
     let dir = scratch("bad");
-    let vm = Vm::start(&dir, 1_000_000);
+    let vm = start(&dir, 1_000_000);
     let s = &vm.socket;
     let (status, body) = raw(s, b"\x16\x03\x01 not http at all\r\n\r\n");
     assert_eq!(status, 400, "{body}");
@@ -230,12 +140,17 @@ fn bad_requests_and_bad_clients_never_disturb_the_vm() {
     );
     assert_eq!(read_answer(silent).0, 408);
     // The guest ran on all along, and still does.
-    let before = vm.total_exits();
-    vm.wait_for(|vm| vm.total_exits() > before, "progress");
-    let lines = vm.spam_lines();
+    let before = total_exits(&vm);
+    let deadline = Instant::now() + LIMIT;
+    while total_exits(&vm) <= before {
+        assert!(Instant::now() < deadline, "no progress after {LIMIT:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let lines = vm.lines("spam ");
     assert_eq!(lines, (1..).take(lines.len()).collect::<Vec<u32>>());
-    vm.ctl_ok("shutdown");
-    assert_eq!(vm.end(), (0, String::new()));
+    vm.ctl(&["shutdown"]);
+    let (status, stderr, _) = vm.end();
+    assert_eq!((status, stderr.as_str()), (0, ""));
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -172,21 +172,6 @@ fn no_snapshot_or_a_machine_option_beside_restore_is_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The test kernel printing `lines` numbered lines on two vCPUs.
-fn spamming(dir: &Path, name: &str, lines: u32) -> Running {
-    let elf = kernel("testkernel.elf");
-    let cmdline = format!("spam={lines} cpus=2");
-    let args = [
-        "--kernel",
-        elf.to_str().unwrap(),
-        "--cmdline",
-        &cmdline,
-        "--cpus",
-        "2",
-    ];
-    Running::start(dir, name, &args)
-}
-
 #[test]
 fn a_guest_snapshotted_mid_work_finishes_in_a_new_process_with_every_line() {
     const LINES: u32 = 600;
@@ -327,8 +312,9 @@ fn the_same_on_a_vhost_user_disk() {
 }
 
 /// Snapshotted while the driver resets the disk and moves its BAR 0 (`disk_resets`): the
-/// restored function decodes at the BAR the snapshot caught, away or home, its queue as set up
-/// again or not yet, and the driver's next reset and set-up work on it.
+/// restored function decodes where the snapshot caught its BAR (away from home: once moved it
+/// never goes back), its queue set up again or not yet, and the driver's next reset, move and
+/// set-up work on it.
 #[test]
 fn a_guest_snapshotted_while_resetting_its_disk_and_moving_its_bar_finishes_every_round() {
     writes_its_disk("resets-pci", Disk::Image(""), "", &[], RESETS);

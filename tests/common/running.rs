@@ -2,18 +2,18 @@
 //! snapshot tests do: a guest interrupted mid-work, snapshotted, and restored in a new process.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use exitless::peer::PeerError;
 use exitless::peer::backends::{Backend, BackendError};
 
-use super::testkernel::{LIMIT, PASSED};
+use super::testkernel::{LIMIT, PASSED, kernel};
 
 /// A fresh folder for one test.
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("exitless-snap-{}-{name}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("exitless-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -64,11 +64,18 @@ impl Running {
         }
     }
 
+    /// The numbers of the console's lines so far that start with `prefix` (see [`numbers`]).
+    pub fn lines(&self, prefix: &str) -> Vec<u32> {
+        numbers(
+            &std::fs::read_to_string(&self.console).unwrap_or_default(),
+            prefix,
+        )
+    }
+
     /// Wait until the console holds `lines` lines starting with `prefix` and a number.
     pub fn wait_for_lines(&mut self, prefix: &str, lines: usize) {
         let deadline = Instant::now() + LIMIT;
-        let text = |path| std::fs::read_to_string(path).unwrap_or_default();
-        while numbers(&text(&self.console), prefix).len() < lines {
+        while self.lines(prefix).len() < lines {
             assert!(
                 self.child.try_wait().unwrap().is_none(),
                 "exitless ended early"
@@ -81,15 +88,20 @@ impl Running {
         }
     }
 
-    /// `exitless ctl` with `args`, which must succeed: its JSON answer.
-    pub fn ctl(&self, args: &[&str]) -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
+    /// `exitless ctl --api-socket SOCKET ARGS`, as it ended.
+    pub fn ctl_output(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_exitless"))
             .arg("ctl")
             .arg("--api-socket")
             .arg(&self.socket)
             .args(args)
             .output()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// `exitless ctl` with `args`, which must succeed: its JSON answer.
+    pub fn ctl(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.ctl_output(args);
         assert!(out.status.success(), "ctl {args:?}: {out:?}");
         serde_json::from_slice(&out.stdout).expect("the answer is JSON")
     }
@@ -117,6 +129,21 @@ pub fn numbers(text: &str, prefix: &str) -> Vec<u32> {
     text.lines()
         .filter_map(|l| l.strip_prefix(prefix)?.get(..6)?.parse().ok())
         .collect()
+}
+
+/// The test kernel printing `lines` numbered lines on two vCPUs.
+pub fn spamming(dir: &Path, name: &str, lines: u32) -> Running {
+    let elf = kernel("testkernel.elf");
+    let cmdline = format!("spam={lines} cpus=2");
+    let args = [
+        "--kernel",
+        elf.to_str().unwrap(),
+        "--cmdline",
+        &cmdline,
+        "--cpus",
+        "2",
+    ];
+    Running::start(dir, name, &args)
 }
 
 /// The backend, or `None` after printing why the test skips: only a missing binary does.
