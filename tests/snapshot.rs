@@ -327,6 +327,13 @@ fn the_same_resets_on_virtio_mmio() {
     writes_its_disk("resets-mmio", mmio, FIRST_MMIO_WINDOW, &[], RESETS);
 }
 
+/// The same with qemu-storage-daemon serving the disk: each reset stops its rings, each set-up
+/// starts them again with the notify address moved, before the snapshot and after the restore.
+#[test]
+fn the_same_resets_on_a_vhost_user_disk() {
+    writes_its_disk("resets-vu", Disk::VhostUser, "", &[], RESETS);
+}
+
 /// The test kernel's rounds on its disk: the option that asks for them, their lines' prefix,
 /// and how many snapshots in turn interrupt them.
 type DiskRounds = (&'static str, &'static str, usize);
