@@ -537,3 +537,6 @@ impl Drop for Worker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
