@@ -185,10 +185,14 @@ impl QueueEngine {
     /// reach now keeps its notifications off until the ring next runs dry (after the kick that
     /// Bus Master Enable or a new translation brings).
     pub fn release(&mut self, index: usize) -> bool {
-        if let Some(q) = self.live.as_mut().and_then(|l| l.queues.get_mut(index)) {
-            q.release();
-        }
-        self.on_ring(index, ServedQueue::rearm)
+        let held = self
+            .live
+            .as_mut()
+            .and_then(|l| l.queues.get_mut(index))
+            .is_some_and(ServedQueue::release);
+        // Not left off: nothing to reach the ring for (the common case, a pass that did not
+        // hold its queue).
+        held && self.on_ring(index, ServedQueue::rearm)
     }
 
     /// `f` on queue `index` and guest memory, as one round of DMA with the rings translated;

@@ -109,9 +109,10 @@ impl ServedQueue {
     }
 
     /// Stop holding: notifications are turned on again at the next [`ServedQueue::rearm`] or
-    /// the next time the ring runs dry.
-    pub fn release(&mut self) {
+    /// the next time the ring runs dry. Says whether the hold left them off.
+    pub fn release(&mut self) -> bool {
         self.hold = false;
+        self.held
     }
 
     /// If the hold left notifications off, turn them on and say whether chains were made

@@ -266,7 +266,7 @@ fn a_held_queue_keeps_notifications_off_until_rearmed() {
     // The driver publishes the second chain and, told not to, does not notify.
     vq.avail().idx().store(2);
     assert!(q.avail_moved(&mem).unwrap(), "the poll sees it");
-    q.release();
+    assert!(q.release(), "the hold left them off");
     assert!(q.rearm(&mem).unwrap(), "a chain came while held");
     assert_eq!(field(&mem, USED, 0), 0, "notifications on again");
     assert!(!q.rearm(&mem).unwrap(), "rearmed once");
@@ -286,7 +286,7 @@ fn a_held_queue_leaves_avail_event_behind() {
     ring.add_used(head, 0).unwrap();
     assert!(!ring.enable_notification());
     assert_eq!(field(&mem, USED, event(8)), 0, "avail_event left behind");
-    q.release();
+    assert!(q.release());
     assert!(!q.rearm(&mem).unwrap(), "nothing new");
     assert_eq!(field(&mem, USED, event(8)), 1, "avail_event at next avail");
     // Unheld, running dry turns notifications on as before.
