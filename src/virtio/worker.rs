@@ -46,6 +46,9 @@ const ACK_TIMEOUT: Duration = if cfg!(test) {
 /// little: the poll only follows work, so an idle device never polls.
 const POLL: Duration = Duration::from_micros(30);
 
+/// The shortest poll worth starting: a window halved below it closes, and reopens at it.
+const POLL_MIN: Duration = Duration::from_micros(2);
+
 /// Longest one stretch of polling goes without looking at the epoll set (without sleeping):
 /// commands, the line's resample and the stop wait at most this long behind a busy stream.
 const POLL_STRETCH: Duration = Duration::from_micros(50);
@@ -206,6 +209,11 @@ struct DeviceThread {
     held: Vec<bool>,
     /// While polling: when it ends unless a queue has chains again.
     poll: Option<Instant>,
+    /// How long a poll waits for chains now, up to `POLL`: halved each time one waits in
+    /// vain, doubled each time the thread, asleep, was kicked sooner than `POLL` (QEMU's
+    /// `poll-shrink` and `poll-grow`). On a host whose cores are all busy the guest may not
+    /// run while the thread polls, and polling then only takes its core: the window closes.
+    window: Duration,
 }
 
 impl DeviceThread {
@@ -262,6 +270,7 @@ impl DeviceThread {
             paused: false,
             held,
             poll: None,
+            window: POLL,
         })
     }
 
@@ -279,6 +288,7 @@ impl DeviceThread {
             cpu = now;
             // While polling, the set is only looked at, not slept on.
             let timeout = if self.poll.is_some() { 0 } else { -1 };
+            let slept = Instant::now();
             let n = match self.epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -288,6 +298,13 @@ impl DeviceThread {
                 }
             };
             let ready = &mut events[..n];
+            if timeout < 0
+                && slept.elapsed() < POLL
+                && ready.iter().any(|ev| ev.data() < self.tokens.resample)
+            {
+                // Kicked soon after it slept: a longer poll would have caught it.
+                self.window = (self.window * 2).clamp(POLL_MIN, POLL);
+            }
             ready.sort_by_key(|ev| self.tokens.rank(ev.data()));
             for ev in ready.iter() {
                 if self.handle(ev.data()).is_break() {
@@ -311,13 +328,18 @@ impl DeviceThread {
             }
             let now = Instant::now();
             if self.poll.is_some_and(|deadline| now >= deadline) {
+                // Waited in vain.
+                self.window /= 2;
+                if self.window < POLL_MIN {
+                    self.window = Duration::ZERO;
+                }
                 self.release_all();
             } else if now.duration_since(start) >= POLL_STRETCH {
                 return;
             }
-            // Nothing yet: give the core away if another thread wants it (on a host with
-            // fewer cores than busy threads, the guest's vCPU that is to add the chains).
-            thread::yield_now();
+            // Nothing yet. Not `yield_now`: on a host with fewer cores than busy threads it
+            // put the thread behind every other one (2 runs each here, 3-10x slower streams).
+            std::hint::spin_loop();
         }
     }
 
@@ -376,9 +398,9 @@ impl DeviceThread {
         // would only spin and take its kick away. One that did not is streaming: poll the
         // queue for a while, its notifications off.
         let notified = work.notifications().next().is_some();
-        if work.used && !notified {
+        if work.used && !notified && !self.window.is_zero() {
             self.held[q] = true;
-            self.poll = Some(Instant::now() + POLL);
+            self.poll = Some(Instant::now() + self.window);
         } else if work.used || !self.held[q] {
             self.release(q);
         }
