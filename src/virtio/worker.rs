@@ -38,9 +38,9 @@ const ACK_TIMEOUT: Duration = if cfg!(test) {
     Duration::from_secs(5)
 };
 
-/// How long the device thread polls a queue's available ring after a pass that used chains,
-/// notifications left off (virtio 1.2 §2.7.10, QEMU's `poll-max-ns`), before it turns them on
-/// and sleeps. A kick costs the guest a trip through KVM's ioeventfd and the thread a wake-up
+/// The longest the device thread polls a queue's available ring after a pass that used
+/// chains, notifications left off (virtio 1.2 §2.7.10, QEMU's `poll-max-ns`), before it turns
+/// them on and sleeps (the window adapts below it: `DeviceThread::window`). A kick costs the guest a trip through KVM's ioeventfd and the thread a wake-up
 /// (`epoll_wait`, the scheduler: about a third of its time per streamed frame); a stream's next
 /// chain comes within a few µs. Short enough that a thread whose driver went quiet spends
 /// little: the poll only follows work, so an idle device never polls.
