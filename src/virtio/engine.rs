@@ -8,6 +8,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
 
 use super::device::{DeviceHealth, Notification, QueueHandler, QueuePosition, QueueSet};
 use super::rings::BusRings;
@@ -40,6 +41,8 @@ pub struct Work {
     config: bool,
     /// The queue has work left beyond the handler's budget.
     pub more: bool,
+    /// Chains were used: the device thread polls the queue for a while ([`QueueEngine::hold`]).
+    pub used: bool,
 }
 
 impl Work {
@@ -151,6 +154,7 @@ impl QueueEngine {
                     queues: due,
                     config: false,
                     more: progress.more,
+                    used: progress.used != QueueSet::default(),
                 }
             }
             Err(e) if e.is_fault() => Work::default(),
@@ -158,7 +162,62 @@ impl QueueEngine {
                 queues: QueueSet::default(),
                 config: self.health.fail(&e),
                 more: false,
+                used: false,
             },
         }
+    }
+
+    /// Leave queue `index`'s notifications off when its ring runs dry: the device thread
+    /// polls it ([`ServedQueue::hold`]).
+    pub fn hold(&mut self, index: usize) {
+        if let Some(q) = self.live.as_mut().and_then(|l| l.queues.get_mut(index)) {
+            q.hold();
+        }
+    }
+
+    /// Whether the driver made chains available on held queue `index` (a poll).
+    pub fn polled(&mut self, index: usize) -> bool {
+        self.on_ring(index, ServedQueue::avail_moved)
+    }
+
+    /// Stop holding queue `index`: its notifications on again; true if chains came meanwhile,
+    /// which the device must look at itself ([`ServedQueue::rearm`]). A ring the device cannot
+    /// reach now keeps its notifications off until the ring next runs dry (after the kick that
+    /// Bus Master Enable or a new translation brings).
+    pub fn release(&mut self, index: usize) -> bool {
+        let held = self
+            .live
+            .as_mut()
+            .and_then(|l| l.queues.get_mut(index))
+            .is_some_and(ServedQueue::release);
+        // Not left off: nothing to reach the ring for (the common case, a pass that did not
+        // hold its queue).
+        held && self.on_ring(index, ServedQueue::rearm)
+    }
+
+    /// `f` on queue `index` and guest memory, as one round of DMA with the rings translated;
+    /// false if the device may not reach the ring now (not live, broken, not mastering, the
+    /// translation refused: then nothing is read or written through a stale one).
+    fn on_ring(
+        &mut self,
+        index: usize,
+        f: impl FnOnce(&mut ServedQueue, &GuestMemoryMmap) -> Result<bool, virtio_queue::Error>,
+    ) -> bool {
+        let Some(Live { queues, dma, rings }) = self.live.as_mut() else {
+            return false;
+        };
+        if self.health.needs_reset() {
+            return false;
+        }
+        let Ok(mem) = dma.memory() else {
+            return false;
+        };
+        let _round = dma.round();
+        if rings.as_ref().is_some_and(|r| r.map(queues, dma).is_err()) {
+            return false;
+        }
+        queues
+            .get_mut(index)
+            .is_some_and(|q| f(q, mem).unwrap_or(false))
     }
 }

@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use virtio_queue::Queue;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -37,6 +37,21 @@ const ACK_TIMEOUT: Duration = if cfg!(test) {
 } else {
     Duration::from_secs(5)
 };
+
+/// The longest the device thread polls a queue's available ring after a pass that used
+/// chains, notifications left off (virtio 1.2 §2.7.10, QEMU's `poll-max-ns`), before it turns
+/// them on and sleeps (the window adapts below it: `DeviceThread::window`). A kick costs the guest a trip through KVM's ioeventfd and the thread a wake-up
+/// (`epoll_wait`, the scheduler: about a third of its time per streamed frame); a stream's next
+/// chain comes within a few µs. Short enough that a thread whose driver went quiet spends
+/// little: the poll only follows work, so an idle device never polls.
+const POLL: Duration = Duration::from_micros(30);
+
+/// The shortest poll worth starting: a window halved below it closes, and reopens at it.
+const POLL_MIN: Duration = Duration::from_micros(2);
+
+/// Longest one stretch of polling goes without looking at the epoll set (without sleeping):
+/// commands, the line's resample and the stop wait at most this long behind a busy stream.
+const POLL_STRETCH: Duration = Duration::from_micros(50);
 
 /// What a transport asks of the device thread.
 pub enum Command {
@@ -190,6 +205,15 @@ struct DeviceThread {
     watched: usize,
     /// Paused for a snapshot: kicks and backend files wait for [`Command::Resume`].
     paused: bool,
+    /// Queues whose notifications are held off while the thread polls them (by index).
+    held: Vec<bool>,
+    /// While polling: when it ends unless a queue has chains again.
+    poll: Option<Instant>,
+    /// How long a poll waits for chains now, up to `POLL`: halved each time one waits in
+    /// vain, doubled each time the thread, asleep, was kicked sooner than `POLL` (QEMU's
+    /// `poll-shrink` and `poll-grow`). On a host whose cores are all busy the guest may not
+    /// run while the thread polls, and polling then only takes its core: the window closes.
+    window: Duration,
 }
 
 impl DeviceThread {
@@ -233,6 +257,7 @@ impl DeviceThread {
             watch(fd.as_raw_fd(), EventSet::IN, token)?;
         }
         let watched = queue_events.len() + 3 + sources.len();
+        let held = vec![false; queue_events.len()];
         Ok(DeviceThread {
             engine,
             interrupts,
@@ -243,20 +268,28 @@ impl DeviceThread {
             tokens,
             watched,
             paused: false,
+            held,
+            poll: None,
+            window: POLL,
         })
     }
 
-    /// The thread's body: wait, handle what is ready, until the stop eventfd (or an epoll
-    /// failure) ends it.
+    /// The thread's body: wait, handle what is ready, poll the queues that had work, until the
+    /// stop eventfd (or an epoll failure) ends it.
     fn run(mut self) {
         let mut events = vec![EpollEvent::default(); self.watched];
         let mut cpu = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
         loop {
-            // The device's work is what its thread spent between waits.
+            // The device's work is what its thread spent between looks at the epoll set: one
+            // clock read per sleep, or per `POLL_STRETCH` of polling, not per pass. A stream
+            // polled without sleeping is still counted as it goes, at most a stretch late.
             let now = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
             self.engine.log().add_thread_cpu(now.saturating_sub(cpu));
             cpu = now;
-            let n = match self.epoll.wait(-1, &mut events) {
+            // While polling, the set is only looked at, not slept on.
+            let timeout = if self.poll.is_some() { 0 } else { -1 };
+            let slept = Instant::now();
+            let n = match self.epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -265,12 +298,68 @@ impl DeviceThread {
                 }
             };
             let ready = &mut events[..n];
+            if timeout < 0
+                && slept.elapsed() < POLL
+                && ready.iter().any(|ev| ev.data() < self.tokens.resample)
+            {
+                // Kicked soon after it slept: a longer poll would have caught it.
+                self.window = (self.window * 2).clamp(POLL_MIN, POLL);
+            }
             ready.sort_by_key(|ev| self.tokens.rank(ev.data()));
             for ev in ready.iter() {
                 if self.handle(ev.data()).is_break() {
                     return;
                 }
             }
+            self.poll_rings();
+        }
+    }
+
+    /// While polling: look at the held queues' available rings, serving those that have
+    /// chains, until `POLL` passes without any (then turn their notifications on again) or
+    /// `POLL_STRETCH` passes (then look at the epoll set, without sleeping, and come back).
+    fn poll_rings(&mut self) {
+        let start = Instant::now();
+        while self.poll.is_some() {
+            for q in 0..self.held.len() {
+                if self.held[q] && self.engine.polled(q) {
+                    self.serve_queue(q);
+                }
+            }
+            let now = Instant::now();
+            if self.poll.is_some_and(|deadline| now >= deadline) {
+                // Waited in vain.
+                self.window /= 2;
+                if self.window < POLL_MIN {
+                    self.window = Duration::ZERO;
+                }
+                self.release_all();
+            } else if now.duration_since(start) >= POLL_STRETCH {
+                return;
+            }
+            // Nothing yet. Not `yield_now`: on a host with fewer cores than busy threads it
+            // put the thread behind every other one (2 runs each here, 3-10x slower streams).
+            std::hint::spin_loop();
+        }
+    }
+
+    /// End the poll: every held queue's notifications on again, and a queue whose driver made
+    /// chains available meanwhile (without notifying) looked at as if it had.
+    fn release_all(&mut self) {
+        self.poll = None;
+        for q in 0..self.held.len() {
+            self.release(q);
+        }
+    }
+
+    /// Stop holding queue `q`'s notifications off; if chains came meanwhile, come back to it
+    /// through its doorbell, as the kick the driver did not send would have.
+    fn release(&mut self, q: usize) {
+        self.held[q] = false;
+        if self.engine.release(q)
+            && let Some(e) = self.queue_events.get(q)
+        {
+            let _ = e.write(1);
         }
     }
 
@@ -282,6 +371,9 @@ impl DeviceThread {
             self.interrupts.resample();
         } else if token == self.tokens.command {
             let _ = self.wake.read();
+            // A command may take the queues or the device's mastering away: no ring is held
+            // off (or read by a poll) once it is acknowledged.
+            self.release_all();
             self.run_commands();
         } else if let Ok(q) = usize::try_from(token) {
             self.serve_queue(q);
@@ -292,21 +384,30 @@ impl DeviceThread {
     /// Queue `q` was kicked (or its backend has frames): let the engine work on it and send
     /// the notifications due.
     fn serve_queue(&mut self, q: usize) {
-        let Some(e) = self.queue_events.get(q) else {
-            return;
-        };
-        if self.paused {
+        if q >= self.queue_events.len() || self.paused {
             // Resume looks at every queue.
             return;
         }
+        self.engine.hold(q);
         let work = self.engine.process(q);
         for n in work.notifications() {
             self.interrupts.notify(n);
         }
+        // A driver that asked for an interrupt waits for it: its next chains follow its
+        // handling of the interrupt (an exit at least), not a stream, and polling for them
+        // would only spin and take its kick away. One that did not is streaming: poll the
+        // queue for a while, its notifications off.
+        let notified = work.notifications().next().is_some();
+        if work.used && !notified && !self.window.is_zero() {
+            self.held[q] = true;
+            self.poll = Some(Instant::now() + self.window);
+        } else if work.used || !self.held[q] {
+            self.release(q);
+        }
         if work.more {
             // Come back after the other events: a driver that keeps the queue full cannot
             // starve a reset or another queue.
-            let _ = e.write(1);
+            let _ = self.queue_events[q].write(1);
         }
     }
 
@@ -458,3 +559,6 @@ impl Drop for Worker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -40,6 +40,11 @@ pub struct ServedQueue {
     host: Option<HostRing>,
     /// Used entries added since the driver was last considered for a notification.
     num_added: Wrapping<u16>,
+    /// The device thread polls the available ring ([`ServedQueue::hold`]): notifications
+    /// stay off when it runs dry.
+    hold: bool,
+    /// Notifications were left off by the hold and are still off.
+    held: bool,
 }
 
 impl ServedQueue {
@@ -50,6 +55,8 @@ impl ServedQueue {
             queue,
             host: None,
             num_added: Wrapping(0),
+            hold: false,
+            held: false,
         }
     }
 
@@ -89,7 +96,40 @@ impl ServedQueue {
             queue: &mut self.queue,
             host: self.host.insert(host),
             num_added: &mut self.num_added,
+            hold: self.hold,
+            held: &mut self.held,
         })
+    }
+
+    /// Leave notifications off when the ring runs dry: the device thread polls the available
+    /// idx instead ([`ServedQueue::avail_moved`]) until [`ServedQueue::release`]. While the
+    /// device polls it may leave notifications disabled (§2.7.10), so the driver does not kick.
+    pub fn hold(&mut self) {
+        self.hold = true;
+    }
+
+    /// Stop holding: notifications are turned on again at the next [`ServedQueue::rearm`] or
+    /// the next time the ring runs dry. Says whether the hold left them off.
+    pub fn release(&mut self) -> bool {
+        self.hold = false;
+        self.held
+    }
+
+    /// If the hold left notifications off, turn them on and say whether chains were made
+    /// available meanwhile (the driver did not notify those: the device must look at them
+    /// itself, §2.7.10).
+    pub fn rearm(&mut self, mem: &GuestMemoryMmap) -> Result<bool, Error> {
+        if !self.held || self.hold {
+            return Ok(false);
+        }
+        Ok(self.ring(mem)?.enable_notification())
+    }
+
+    /// Whether the driver made chains available past next avail: what the device polls while
+    /// it holds notifications off (one load from the ring's host mapping).
+    pub fn avail_moved(&mut self, mem: &GuestMemoryMmap) -> Result<bool, Error> {
+        let ring = self.ring(mem)?;
+        Ok(ring.host.avail_idx(Ordering::Relaxed) != ring.queue.next_avail())
     }
 
     /// Whether the driver wants a notification for the used entries added since the last
@@ -115,6 +155,8 @@ pub struct Ring<'a> {
     queue: &'a mut Queue,
     host: &'a HostRing,
     num_added: &'a mut Wrapping<u16>,
+    hold: bool,
+    held: &'a mut bool,
 }
 
 impl Ring<'_> {
@@ -189,7 +231,13 @@ impl Ring<'_> {
 
     /// Ask the driver to notify again (avail_event at next avail, or the flag cleared) and
     /// say whether chains were made available meanwhile, which the driver would not notify.
+    /// A held queue ([`ServedQueue::hold`]) keeps them off: the device polls it instead.
     pub fn enable_notification(&mut self) -> bool {
+        if self.hold {
+            *self.held = true;
+            return false;
+        }
+        *self.held = false;
         let next = self.queue.next_avail();
         if self.queue.event_idx_enabled() {
             self.host.set_avail_event(next, Ordering::Relaxed);

@@ -241,3 +241,57 @@ fn random_rings_are_served_as_virtio_queue_serves_them() {
         }
     }
 }
+
+/// A queue the device thread polls (`ServedQueue::hold`): running dry leaves the driver's
+/// notifications off (§2.7.10), the poll sees chains the driver adds without notifying, and
+/// rearming turns notifications on again and says that chains came meanwhile, so none is lost.
+#[test]
+fn a_held_queue_keeps_notifications_off_until_rearmed() {
+    let mem = memory();
+    let vq = MockSplitQueue::new(&mem, QSIZE);
+    let mut q = served(&vq, &[desc(0x8000, 8, 0, 0), desc(0x9000, 8, 0, 0)]);
+    // The driver has published the first chain only.
+    vq.avail().idx().store(1);
+    q.hold();
+    let mut ring = q.ring(&mem).unwrap();
+    ring.disable_notification();
+    let head = ring.pop().unwrap().unwrap();
+    ring.add_used(head, 0).unwrap();
+    assert_eq!(ring.pop().unwrap(), None);
+    assert!(!ring.enable_notification(), "held: nothing looked at");
+    assert_eq!(field(&mem, USED, 0), 1, "NO_NOTIFY stays set");
+    assert!(!q.avail_moved(&mem).unwrap());
+    assert!(!q.rearm(&mem).unwrap(), "still held: nothing rearmed");
+    assert_eq!(field(&mem, USED, 0), 1);
+    // The driver publishes the second chain and, told not to, does not notify.
+    vq.avail().idx().store(2);
+    assert!(q.avail_moved(&mem).unwrap(), "the poll sees it");
+    assert!(q.release(), "the hold left them off");
+    assert!(q.rearm(&mem).unwrap(), "a chain came while held");
+    assert_eq!(field(&mem, USED, 0), 0, "notifications on again");
+    assert!(!q.rearm(&mem).unwrap(), "rearmed once");
+}
+
+/// With VIRTIO_F_EVENT_IDX a held queue's avail_event is not moved on when its ring runs dry,
+/// so the driver, past it, does not notify; rearming moves it to next avail.
+#[test]
+fn a_held_queue_leaves_avail_event_behind() {
+    let mem = memory();
+    let vq = MockSplitQueue::new(&mem, QSIZE);
+    let mut q = served(&vq, &[desc(0x8000, 8, 0, 0)]);
+    q.queue_mut().set_event_idx(true);
+    q.hold();
+    let mut ring = q.ring(&mem).unwrap();
+    let head = ring.pop().unwrap().unwrap();
+    ring.add_used(head, 0).unwrap();
+    assert!(!ring.enable_notification());
+    assert_eq!(field(&mem, USED, event(8)), 0, "avail_event left behind");
+    assert!(q.release());
+    assert!(!q.rearm(&mem).unwrap(), "nothing new");
+    assert_eq!(field(&mem, USED, event(8)), 1, "avail_event at next avail");
+    // Unheld, running dry turns notifications on as before.
+    let mut ring = q.ring(&mem).unwrap();
+    assert_eq!(ring.pop().unwrap(), None);
+    assert!(!ring.enable_notification());
+    assert!(!q.rearm(&mem).unwrap(), "not held: nothing to rearm");
+}
