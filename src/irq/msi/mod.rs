@@ -397,7 +397,9 @@ impl MsiVectors {
             v.staged = true;
         }
         // One call for the access's changes: an Enable stages the whole table at once.
-        if let Err(e) = self.routing.set_msis(&changes) {
+        if !changes.is_empty()
+            && let Err(e) = self.routing.set_msis(&changes)
+        {
             self.log.warn(format_args!("MSI vectors: {e}"));
         }
         if self.strategy.commits_per_access() {
