@@ -167,6 +167,19 @@ uint8_t vdev_status(const struct vdev *v)
     return v->mmio ? (uint8_t)mmio32(v->common + MMIO_STATUS) : mmio8(v->common + PCI_STATUS);
 }
 
+/* How long a reset may take: a vhost-user device's completes once its backend has stopped its
+ * rings (GET_VRING_BASE), which on a busy host can outlast any fixed number of status reads. */
+#define RESET_TICKS (PM_TIMER_HZ * 5)
+
+/* Add the PM timer's ticks since *last to *waited: whether `ticks` have passed now. */
+static int timed_out(uint32_t *waited, uint32_t *last, uint32_t ticks)
+{
+    uint32_t now = pm_timer();
+    *waited += (now - *last) & pm_timer_mask;
+    *last = now;
+    return *waited >= ticks;
+}
+
 static void vdev_set_status(const struct vdev *v, uint8_t status)
 {
     if (v->mmio)
@@ -180,10 +193,11 @@ static void vdev_set_status(const struct vdev *v, uint8_t status)
 int vdev_reset(const struct vdev *v)
 {
     vdev_set_status(v, 0);
-    for (uint32_t spin = 0; spin < 1000; spin++)
-        if (vdev_status(v) == 0)
-            return 1;
-    return 0;
+    uint32_t waited = 0, last = pm_timer();
+    while (vdev_status(v) != 0)
+        if (timed_out(&waited, &last, RESET_TICKS))
+            return 0;
+    return 1;
 }
 
 /* Half `sel` (0: bits 0-31) of the features the device offers. */
@@ -288,15 +302,9 @@ uint16_t vq_used_idx(const struct vq *q)
 int vq_wait(const struct vq *q, uint32_t ticks)
 {
     uint32_t waited = 0, last = pm_timer();
-    while (vq_used_idx(q) != q->next_avail) {
-        if (vdev_status(q->dev) & STATUS_NEEDS_RESET)
+    while (vq_used_idx(q) != q->next_avail)
+        if ((vdev_status(q->dev) & STATUS_NEEDS_RESET) || timed_out(&waited, &last, ticks))
             return 0;
-        uint32_t now = pm_timer();
-        waited += (now - last) & pm_timer_mask;
-        last = now;
-        if (waited >= ticks)
-            return 0;
-    }
     return 1;
 }
 
