@@ -11,6 +11,7 @@ use clap::Parser;
 
 use exitless::api::{ApiSocket, client};
 use exitless::bench::options::BenchOptions;
+use exitless::bench::restore;
 use exitless::bench::session::{self, Session};
 use exitless::contract::STATUS_OK;
 use exitless::inspect;
@@ -21,7 +22,7 @@ use exitless::machine::{Console, Overflow, ProbeConfig};
 use exitless::seccomp::{self, ThreadKind};
 use exitless::vm::run_control;
 
-use crate::cli::{Cli, Command, CtlArgs, ProbeArgs, RunArgs};
+use crate::cli::{Cli, Command, CtlArgs, ProbeArgs, RestoreChildArgs, RunArgs};
 
 /// `exitless run`'s status for an error of its own: even, so never a guest's isa-debug-exit
 /// status (always odd), nor a clean exit.
@@ -191,6 +192,16 @@ fn bench(
     })
 }
 
+/// `exitless bench-restore-child`: the restore, confined, and its figures on stdout; `entered`
+/// is when `main` began (CLOCK_MONOTONIC).
+fn restore_child(args: RestoreChildArgs, entered: Duration) -> Result<(), String> {
+    let timeout = Duration::from_secs(args.timeout);
+    let ops = args.ops;
+    let report = restore::restore_child(&args.dir, args.strategy, ops, timeout, entered)
+        .map_err(|e| e.to_string())?;
+    emit(&report)
+}
+
 /// `exitless run --api-socket`'s socket, bound.
 fn api_socket(args: &RunArgs) -> Result<Option<ApiSocket>, String> {
     let bind = |path: &PathBuf| ApiSocket::bind(path).map_err(|e| e.to_string());
@@ -239,13 +250,16 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
 }
 
 fn main() -> ExitCode {
+    // `bench restore` times a restore in a new exitless from its start: here, past exec.
+    let entered = restore::monotonic();
     let cli = match parse_command_line() {
         Ok(cli) => cli,
         Err(status) => return status,
     };
     // `exitless run` exits with the guest's status, and its own errors with an even one.
     let error_status = match cli.command {
-        Command::Run(_) => ExitCode::from(RUN_ERROR_STATUS),
+        // A restore as `run --restore` is: its errors get `run`'s status.
+        Command::Run(_) | Command::BenchRestoreChild(_) => ExitCode::from(RUN_ERROR_STATUS),
         // Its only errors are a template this host cannot give, or no KVM: bad input.
         Command::Probe(ProbeArgs { cpuid: true, .. }) => ExitCode::from(USAGE_ERROR_STATUS),
         _ => ExitCode::FAILURE,
@@ -281,6 +295,12 @@ fn main() -> ExitCode {
             .and_then(|api| confine().and_then(|()| run(args, api)))
             .map(ExitCode::from),
         Command::Ctl(args) => ctl(args, confine),
+        Command::BenchRestoreChild(args) => confine()
+            .and_then(|()| restore_child(args, entered))
+            .map(|()| ExitCode::SUCCESS),
+        // Unconfined: it starts programs, as `bench` does before its filter (see
+        // `exitless::bench::restore::Launcher`).
+        Command::BenchRestoreLauncher => restore::serve_launcher().map(|()| ExitCode::SUCCESS),
     };
     // Log lines still queued come before the error, and are not lost at exit.
     exitless::logging::flush();

@@ -22,7 +22,7 @@ pub(super) fn disk_use(dir: &Path) -> Option<(u64, u64)> {
     Some((meta.len(), meta.blocks() * 512))
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
@@ -211,10 +211,15 @@ fn snapshot_note(
 
 /// The restore's phases of the variant `name`, whose machine had `functions`.
 pub(super) fn phases_note(name: &str, r: &Resumed, functions: &str) -> String {
+    format!("{name}: {}", phases(r, functions))
+}
+
+/// The restore's phases, its machine having `functions`.
+pub(super) fn phases(r: &Resumed, functions: &str) -> String {
     let routes: Duration = r.restore_commits().map(|c| c.time + c.bind).sum();
     let commits = r.restore_commits().count();
     format!(
-        "{name}: restore {:.2} ms = build on the memory file (mapped, devices created) {:.2} ms + \
+        "restore {:.2} ms = build on the memory file (mapped, devices created) {:.2} ms + \
          VM state {:.2} ms + vCPUs {:.2} ms + devices {:.2} ms (of which routes+irqfds {:.2} ms \
          in {commits} commits for {functions})",
         ms(r.total()),
