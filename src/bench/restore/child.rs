@@ -138,7 +138,7 @@ impl ChildReport {
         };
         let words = self.results.as_bytes();
         let size = std::mem::size_of::<OpResult>();
-        if words.len() % size != 0 {
+        if !words.len().is_multiple_of(size) {
             return None;
         }
         let results = (words.chunks_exact(size))

@@ -35,7 +35,10 @@ pub(super) struct Launched {
 impl Launched {
     /// Why the child failed: the last line of its stderr, else its status.
     pub fn why(&self) -> String {
-        match (self.stderr.lines().rev().find(|l| !l.trim().is_empty()), self.status) {
+        match (
+            self.stderr.lines().rev().find(|l| !l.trim().is_empty()),
+            self.status,
+        ) {
             (Some(line), _) => line.trim().to_owned(),
             (None, Some(status)) => format!("it exited with status {status} and said nothing"),
             (None, None) => "a signal ended it".into(),
@@ -88,8 +91,8 @@ impl Launcher {
 /// The launcher's work (`exitless bench-restore-launcher`): for each request line on stdin,
 /// run this exitless with its arguments, and answer with a [`Launched`] line on stdout.
 pub fn serve_launcher() -> Result<(), String> {
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find this exitless's binary: {e}"))?;
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find this exitless's binary: {e}"))?;
     let mut out = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {
         let line = line.map_err(|e| format!("cannot read a request: {e}"))?;
@@ -99,11 +102,7 @@ pub fn serve_launcher() -> Result<(), String> {
             return Err(format!("{LAUNCHER_COMMAND} starts `{CHILD_COMMAND}` only"));
         }
         let spawned = nanos(monotonic());
-        let launched = match Command::new(&exe)
-            .args(&args)
-            .stdin(Stdio::null())
-            .output()
-        {
+        let launched = match Command::new(&exe).args(&args).stdin(Stdio::null()).output() {
             Ok(o) => Launched {
                 spawned,
                 status: o.status.code(),

@@ -13,7 +13,7 @@ use super::launcher::Launcher;
 use super::report::{ms, phases};
 use super::resume::Resumed;
 use super::{RestoreBench, Steps};
-use crate::bench::measure::set_twin;
+use crate::bench::measure::set_baseline;
 use crate::bench::model::{ScenarioReport, TargetCheck, Variant};
 use crate::irq::CommitStrategy;
 use crate::machine::MachineError;
@@ -61,7 +61,9 @@ impl RestoreBench {
             let why = format!("the {} restore in a new process: {why}", s.name());
             MachineError::GuestFailed(StopReason::VcpuFailed(why), String::new())
         };
-        let dir = dir.to_str().ok_or_else(|| failed("a folder not in UTF-8".into()))?;
+        let dir = dir
+            .to_str()
+            .ok_or_else(|| failed("a folder not in UTF-8".into()))?;
         let mut args: Vec<String> = [CHILD_COMMAND, dir, "--strategy", s.name(), "--ops"]
             .map(String::from)
             .into();
@@ -87,7 +89,7 @@ impl RestoreBench {
     }
 
     /// The new-process restores `fresh` added to `report`: a variant each (time/op: process
-    /// start to vCPUs running; baseline: the in-process restore of its strategy), its phases
+    /// start to vCPUs running; baseline: per-vector's in a new process), its phases
     /// and first interrupts, and the whole restore's line; or why there are none.
     pub(super) fn add_new_process(
         &self,
@@ -103,23 +105,24 @@ impl RestoreBench {
             }
         };
         let functions = format!("{} functions and the traffic function", self.devices);
-        for (s, p) in &fresh {
-            let ns = p.to_vcpus().as_secs_f64() * 1e9;
-            let mut v = Variant {
-                name: format!("{}{NEW_PROCESS}", s.name()),
-                ns_per_op: ns,
-                rounds: 1,
-                ci95: [ns, ns],
-                ops: 1,
-                host_ns_per_op: ns,
-                ..Default::default()
-            };
-            if let Some(twin) = report.variants.iter().find(|t| t.name == s.name()) {
-                set_twin(&mut v, twin);
-            }
-            report.variants.push(v);
-            report.notes.push(process_note(*s, p, steps, &functions));
-        }
+        let mut variants: Vec<Variant> = (fresh.iter())
+            .map(|(s, p)| {
+                let ns = p.to_vcpus().as_secs_f64() * 1e9;
+                Variant {
+                    name: format!("{}{NEW_PROCESS}", s.name()),
+                    ns_per_op: ns,
+                    rounds: 1,
+                    ci95: [ns, ns],
+                    ops: 1,
+                    host_ns_per_op: ns,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let base = format!("{}{NEW_PROCESS}", CommitStrategy::PerVector.name());
+        set_baseline(&mut variants, &base, &[]);
+        report.variants.extend(variants);
+        (report.notes).extend((fresh.iter()).map(|(s, p)| process_note(*s, p, steps, &functions)));
         if let Some((_, p)) = fresh.iter().find(|(s, _)| *s == CommitStrategy::Batched) {
             report.notes.push(whole_restore_note(p, steps));
         }
@@ -151,7 +154,10 @@ impl RestoreBench {
 fn process_note(s: CommitStrategy, p: &InNewProcess, steps: &Steps, functions: &str) -> String {
     let r = &p.resumed;
     let firsts: Vec<String> = (steps.first.iter())
-        .map(|&op| p.to_end_of(op).map_or("-".into(), |d| format!("{:.2}", ms(d))))
+        .map(|&op| {
+            p.to_end_of(op)
+                .map_or("-".into(), |d| format!("{:.2}", ms(d)))
+        })
         .collect();
     format!(
         "{}{NEW_PROCESS}: process start to vCPUs running {:.2} ms = exec to main {:.2} ms + \

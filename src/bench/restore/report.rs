@@ -62,11 +62,15 @@ impl RestoreBench {
             title: format!(
                 "Resuming a snapshot with every MSI-X vector live (issue 25, seed 002): {} \
                  virtio-net functions × {} vectors and a function carrying traffic, restored once \
-                 per strategy; time/op is the whole restore (snapshot opened to vCPUs started)",
+                 per strategy in this process and in a new one; time/op is the whole restore \
+                 (snapshot opened to vCPUs started; `*-new-process`: a new exitless, from the \
+                 moment before its process was spawned to its vCPUs started)",
                 self.devices,
                 self.vectors()
             ),
-            timing: "host wall time (Instant); per-function cost is host time inside \
+            timing: "host wall time (Instant; a new process's instants on CLOCK_MONOTONIC, the \
+                     same clock, read by the launcher just before the spawn and by the child); \
+                     per-function cost is host time inside \
                      KVM_SET_GSI_ROUTING and binding irqfds for the commits carrying that \
                      function's routes (first-use: at the first message after the restore, which \
                      commits every staged route at once); \
