@@ -271,6 +271,7 @@ impl Machine {
             control: control.clone(),
             persist: std::mem::take(&mut devices.persist),
             config: cfg.clone(),
+            routing: devices.routing.clone(),
         });
         Ok(Machine {
             vm,

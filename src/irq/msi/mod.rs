@@ -376,7 +376,7 @@ impl MsiVectors {
     /// Stage the route each vector should have: one while the table is enabled and its
     /// message valid. Under per-vector and batched commits, commit now; under first-use, the
     /// vector's next signal does; direct messages have no routes. Called with the state
-    /// locked, as [`MsiVectors::send`] is (the rule in `routing.rs`).
+    /// locked, as [`MsiVectors::send`] is (the rule in `routing/`).
     fn sync_routes(&self, st: &mut State) {
         if self.strategy == CommitStrategy::Direct {
             return;

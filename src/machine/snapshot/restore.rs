@@ -8,11 +8,13 @@ use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::irq::IrqError;
 use crate::machine::config::MachineConfig;
 use crate::machine::snapshot::take::{io_error, open_regular};
 use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
 use crate::machine::vcpus::Vcpus;
 use crate::machine::{Board, Machine, MachineError, Ran};
+use crate::snapshot::StateError;
 
 /// How long each step of [`Machine::restore_state_timed`] took.
 #[derive(Clone, Copy, Debug, Default)]
@@ -138,11 +140,17 @@ impl Snapshotter {
         if let Some((id, _)) = self.persist.iter().find(|(id, _)| !saved.contains_key(id)) {
             return Err(field(format!("no state for `{id}`")));
         }
-        for (id, device) in &self.persist {
-            device
-                .restore(saved[id].clone())
-                .map_err(SnapshotError::State)?;
-        }
+        // Every vector table's routes in one commit (`GsiRouting::commit_once`).
+        let restored = self.routing.commit_once(|| {
+            self.persist
+                .iter()
+                .try_for_each(|(id, device)| device.restore(saved[id].clone()))
+        });
+        let routing = |e: IrqError| StateError::new("gsi-routing", format_args!("{e}"));
+        restored
+            .map_err(routing)
+            .and_then(|r| r)
+            .map_err(SnapshotError::State)?;
         self.persist.iter().for_each(|(_, device)| device.resume());
         Ok(())
     }

@@ -8,6 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::irq::GsiRouting;
 use crate::machine::config::MachineConfig;
 use crate::machine::snapshot::{
     DESCRIPTION_FILE, Description, MEMORY_FILE, MemoryFile, SnapshotError, TakeSnapshot, kvm,
@@ -23,6 +24,8 @@ pub struct Snapshotter {
     pub(crate) control: Arc<RunControl>,
     pub(crate) persist: Vec<(String, Arc<dyn Persist>)>,
     pub(crate) config: MachineConfig,
+    /// The machine's GSI routing, whose commits a restore makes once for every device.
+    pub(crate) routing: Arc<GsiRouting>,
 }
 
 /// The error of the file operation `what` on `path`.
