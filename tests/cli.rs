@@ -610,3 +610,43 @@ fn bench_rr_against_qemu_compares_the_tap_variant_or_says_why_not() {
         "{refused}"
     );
 }
+
+/// Before its first thread starts, exitless grows its descriptor table to what a machine of
+/// 8 × 65 vectors needs (each growth once threads share it waits for an RCU grace period, some
+/// milliseconds in a restore): /proc's FDSize shows its length once the log writer runs.
+#[test]
+fn the_descriptor_table_is_grown_before_the_first_thread() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct passed.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    let want = limit.rlim_max.min(4096);
+    // The launcher waits on stdin: a process to look at.
+    let mut process = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .arg("bench-restore-launcher")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let status = format!("/proc/{}/status", process.id());
+    let field = |text: &str, name: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+        line[name.len()..].trim().parse().unwrap()
+    };
+    let mut text = String::new();
+    for _ in 0..500 {
+        text = std::fs::read_to_string(&status).unwrap();
+        if field(&text, "Threads:") > 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(process.stdin.take());
+    process.wait().unwrap();
+    assert!(field(&text, "Threads:") > 1, "{text}");
+    assert!(field(&text, "FDSize:") >= want, "{text}");
+}
