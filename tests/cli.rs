@@ -621,10 +621,8 @@ fn the_descriptor_table_is_grown_before_the_first_thread() {
         rlim_max: 0,
     };
     // SAFETY: getrlimit only writes the struct passed.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-        0
-    );
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(got, 0);
     let want = limit.rlim_max.min(4096);
     // The launcher waits on stdin: a process to look at.
     let mut process = Command::new(env!("CARGO_BIN_EXE_exitless"))
