@@ -122,3 +122,23 @@ pub fn serve_launcher() -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_child_is_named_by_its_last_line_else_its_status() {
+        let launched = |status, stderr: &str| Launched {
+            spawned: 1,
+            status,
+            stdout: String::new(),
+            stderr: stderr.into(),
+        };
+        let why = launched(Some(2), "a log line\nexitless: error: cannot open x\n\n").why();
+        assert_eq!(why, "exitless: error: cannot open x");
+        let why = launched(Some(1), "").why();
+        assert_eq!(why, "it exited with status 1 and said nothing");
+        assert_eq!(launched(None, " \n").why(), "a signal ended it");
+    }
+}
