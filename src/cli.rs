@@ -9,7 +9,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use exitless::api::routes::{Endpoint, SnapshotRequest};
 use exitless::bench::options::BenchOptions;
+use exitless::bench::restore;
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO};
+use exitless::irq::CommitStrategy;
 use exitless::machine::{CpuTemplate, DiskConfig, VirtioNetConfig};
 use exitless::pci::EcamMode;
 
@@ -45,6 +47,37 @@ pub enum Command {
     /// its VM, or for its state or exit counters; prints the JSON answer.
     #[command(after_help = CTL_STATUS)]
     Ctl(CtlArgs),
+    /// `exitless bench restore`'s restore in a new process (not for users): restore the
+    /// snapshot in DIR, run the probe to its end, print what was measured as JSON.
+    #[command(name = restore::CHILD_COMMAND, hide = true)]
+    BenchRestoreChild(RestoreChildArgs),
+    /// `exitless bench restore`'s launcher of those processes (not for users): one per JSON
+    /// line on stdin, answered with one on stdout.
+    #[command(name = restore::LAUNCHER_COMMAND, hide = true)]
+    BenchRestoreLauncher,
+}
+
+/// `exitless bench-restore-child`'s arguments (given by `exitless bench restore`).
+#[derive(clap::Args)]
+pub struct RestoreChildArgs {
+    /// The snapshot's folder.
+    pub dir: PathBuf,
+    /// The commit strategy in force (`per-vector`, `batched`, `first-use`, `direct`).
+    #[arg(long, value_parser = strategy)]
+    pub strategy: CommitStrategy,
+    /// The probe's ops, whose results are read at its end.
+    #[arg(long)]
+    pub ops: usize,
+    /// Longest the restored probe may run, in seconds.
+    #[arg(long)]
+    pub timeout: u64,
+}
+
+/// A commit strategy by its name.
+fn strategy(name: &str) -> Result<CommitStrategy, String> {
+    (CommitStrategy::ALL.into_iter())
+        .find(|s| s.name() == name)
+        .ok_or_else(|| format!("no strategy `{name}`"))
 }
 
 /// How `exitless ctl` exits, for its --help.

@@ -11,6 +11,7 @@ use clap::Parser;
 
 use exitless::api::{ApiSocket, client};
 use exitless::bench::options::BenchOptions;
+use exitless::bench::restore;
 use exitless::bench::session::{self, Session};
 use exitless::contract::STATUS_OK;
 use exitless::inspect;
@@ -21,7 +22,7 @@ use exitless::machine::{Console, Overflow, ProbeConfig};
 use exitless::seccomp::{self, ThreadKind};
 use exitless::vm::run_control;
 
-use crate::cli::{Cli, Command, CtlArgs, ProbeArgs, RunArgs};
+use crate::cli::{Cli, Command, CtlArgs, ProbeArgs, RestoreChildArgs, RunArgs};
 
 /// `exitless run`'s status for an error of its own: even, so never a guest's isa-debug-exit
 /// status (always odd), nor a clean exit.
@@ -32,6 +33,9 @@ const USAGE_ERROR_STATUS: u8 = RUN_ERROR_STATUS;
 /// `exitless bench`'s status for a `--baseline` file it cannot read or make sense of: the
 /// usage error's, apart from a regression's (1).
 const BASELINE_ERROR_STATUS: u8 = USAGE_ERROR_STATUS;
+/// Descriptors the table is made ready for at start: a machine of 8 virtio-net functions × 65
+/// vectors holds some 1,600 (an eventfd per vector and doorbell, and their duplicates).
+const RESERVED_DESCRIPTORS: libc::rlim_t = 4096;
 /// `exitless run`'s status when the guest runs past --timeout: timeout(1)'s, and even.
 const RUN_TIMEOUT_STATUS: u8 = 124;
 
@@ -191,6 +195,16 @@ fn bench(
     })
 }
 
+/// `exitless bench-restore-child`: the restore, confined, and its figures on stdout; `entered`
+/// is when `main` began (CLOCK_MONOTONIC).
+fn restore_child(args: RestoreChildArgs, entered: Duration) -> Result<(), String> {
+    let timeout = Duration::from_secs(args.timeout);
+    let ops = args.ops;
+    let report = restore::restore_child(&args.dir, args.strategy, ops, timeout, entered)
+        .map_err(|e| e.to_string())?;
+    emit(&report)
+}
+
 /// `exitless run --api-socket`'s socket, bound.
 fn api_socket(args: &RunArgs) -> Result<Option<ApiSocket>, String> {
     let bind = |path: &PathBuf| ApiSocket::bind(path).map_err(|e| e.to_string());
@@ -198,18 +212,40 @@ fn api_socket(args: &RunArgs) -> Result<Option<ApiSocket>, String> {
 }
 
 /// Raise the soft open-file limit to the hard one: every MSI vector and doorbell holds an
-/// eventfd, and 8 devices × 65 vectors alone pass the usual soft limit of 1024.
+/// eventfd, and 8 devices × 65 vectors alone pass the usual soft limit of 1024. Then grow the
+/// descriptor table to that many (at most [`RESERVED_DESCRIPTORS`]) while this is the only
+/// thread: Linux grows it by doubling as descriptors are made, and while threads share it each
+/// growth waits for an RCU grace period (fs/file.c, `expand_fdtable`: `synchronize_rcu`), some
+/// milliseconds each on a busy host: five growths, 30 ms, in a new process restoring 8 × 65
+/// vectors (`bench restore`'s new-process rows).
 fn raise_open_file_limit() {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed; fcntl(F_DUPFD_CLOEXEC)
+    // makes a new descriptor of stderr's file (failing if stderr is closed), which close then
+    // closes: no descriptor of anyone else's is touched.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
-        {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                ..limit
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+        let Ok(reserve) = libc::c_int::try_from(limit.rlim_cur.min(RESERVED_DESCRIPTORS)) else {
+            return;
+        };
+        // A descriptor numbered at least reserve - 1 makes the table that long.
+        let fd = libc::fcntl(libc::STDERR_FILENO, libc::F_DUPFD_CLOEXEC, reserve - 1);
+        if fd >= 0 {
+            libc::close(fd);
         }
     }
 }
@@ -239,13 +275,16 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
 }
 
 fn main() -> ExitCode {
+    // `bench restore` times a restore in a new exitless from its start: here, past exec.
+    let entered = restore::monotonic();
     let cli = match parse_command_line() {
         Ok(cli) => cli,
         Err(status) => return status,
     };
     // `exitless run` exits with the guest's status, and its own errors with an even one.
     let error_status = match cli.command {
-        Command::Run(_) => ExitCode::from(RUN_ERROR_STATUS),
+        // A restore as `run --restore` is: its errors get `run`'s status.
+        Command::Run(_) | Command::BenchRestoreChild(_) => ExitCode::from(RUN_ERROR_STATUS),
         // Its only errors are a template this host cannot give, or no KVM: bad input.
         Command::Probe(ProbeArgs { cpuid: true, .. }) => ExitCode::from(USAGE_ERROR_STATUS),
         _ => ExitCode::FAILURE,
@@ -266,8 +305,9 @@ fn main() -> ExitCode {
         ));
         return error_status;
     }
-    exitless::logging::init();
+    // Before the log writer, the first thread (see raise_open_file_limit).
     raise_open_file_limit();
+    exitless::logging::init();
     // The main thread's own filter, before it builds any machine.
     let confine = || seccomp::confine(ThreadKind::Main).map_err(|e| e.to_string());
     let result = match cli.command {
@@ -281,6 +321,12 @@ fn main() -> ExitCode {
             .and_then(|api| confine().and_then(|()| run(args, api)))
             .map(ExitCode::from),
         Command::Ctl(args) => ctl(args, confine),
+        Command::BenchRestoreChild(args) => confine()
+            .and_then(|()| restore_child(args, entered))
+            .map(|()| ExitCode::SUCCESS),
+        // Unconfined: it starts programs, as `bench` does before its filter (see
+        // `exitless::bench::restore::Launcher`).
+        Command::BenchRestoreLauncher => restore::serve_launcher().map(|()| ExitCode::SUCCESS),
     };
     // Log lines still queued come before the error, and are not lost at exit.
     exitless::logging::flush();

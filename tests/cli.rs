@@ -303,8 +303,10 @@ fn bench_restore_reports_each_strategy_per_function_after_checked_restores() {
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    // With testpmd, the vhost-user pass's four follow.
-    assert_eq!(names[..4], ["per-vector", "batched", "first-use", "direct"]);
+    // Then each restored again in a new exitless; with testpmd, the vhost-user pass's four.
+    let strategies = ["per-vector", "batched", "first-use", "direct"];
+    assert_eq!(names[..4], strategies);
+    assert_eq!(names[4..8], strategies.map(|s| format!("{s}-new-process")));
     // Commits carrying each function's 9 routes: one per vector, one for the whole restore,
     // one for every staged route at the first message after the restore, none.
     for (v, per_function, commits) in [
@@ -333,15 +335,35 @@ fn bench_restore_reports_each_strategy_per_function_after_checked_restores() {
         );
     }
     assert!(note("snapshot: pause"), "{notes:?}");
+    // A new process's restore is checked as an in-process one (a failed check fails the run),
+    // and timed from the process's start: past the restore, to each function's interrupt.
+    for (s, v) in strategies.iter().zip(&variants[4..8]) {
+        assert!(v["ns_per_op"].as_f64().is_some_and(|t| t > 0.0), "{v}");
+        let line = format!("{s}-new-process: process start to vCPUs running ");
+        let found = notes.iter().map(|n| n.as_str().unwrap());
+        let found = found.filter(|n| n.starts_with(&line)).collect::<Vec<_>>();
+        assert_eq!(found.len(), 1, "{notes:?}");
+        let firsts = found[0].rsplit(": ").next().unwrap();
+        assert_eq!(firsts.split(", ").count(), 3, "{}", found[0]);
+        assert!(
+            !firsts.contains('-'),
+            "every function interrupted: {}",
+            found[0]
+        );
+    }
+    assert!(
+        note("whole restore, batched in a new exitless (process start to first interrupt)"),
+        "{notes:?}"
+    );
     let targets = scenario["targets"].as_array().unwrap().len();
-    if names.len() > 4 {
+    if names.len() > 8 {
         // vhost-user: routes for the outside signaller under every strategy but first-use
         // (committed at its first signal), 9 vectors per function.
         let vhost =
             ["per-vector", "batched", "first-use", "direct"].map(|s| format!("{s}-vhost-user"));
-        assert_eq!(names[4..], vhost);
-        assert_eq!(variants[4]["commits"], 27, "{}", variants[4]);
-        assert_eq!(variants[5]["commits"], 1, "{}", variants[5]);
+        assert_eq!(names[8..], vhost);
+        assert_eq!(variants[8]["commits"], 27, "{}", variants[8]);
+        assert_eq!(variants[9]["commits"], 1, "{}", variants[9]);
         assert!(note("`*-vhost-user` rows:"), "{notes:?}");
         assert_eq!(targets, 5);
     } else {
@@ -390,6 +412,57 @@ fn bench_restore_against_qemu_resumes_a_migrated_probe_beside_ours() {
             .any(|t| t["target"] == "whole restore <= QEMU's"),
         "{targets:?}"
     );
+}
+
+/// `exitless bench-restore-launcher` given `requests` on stdin, to its end.
+fn launch(requests: &str) -> std::process::Output {
+    use std::process::Stdio;
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .arg("bench-restore-launcher")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let mut stdin = launcher.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, requests.as_bytes()).unwrap();
+    drop(stdin);
+    launcher.wait_with_output().unwrap()
+}
+
+/// `bench restore`'s child (hidden) refuses a folder that holds no snapshot as `run
+/// --restore` does: status 2, one line naming the file; through the launcher too, whose answer
+/// carries that line for the bench's error.
+#[test]
+fn a_restore_child_given_no_snapshot_exits_2_with_one_line() {
+    let args = ["/nonexistent/snap", "--strategy", "batched", "--ops", "3"];
+    let args = [&["bench-restore-child"], &args[..], &["--timeout", "5"]].concat();
+    let out = exitless(&args);
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("cannot open /nonexistent/snap/"), "{e}");
+    assert!(out.stdout.is_empty());
+    let request = serde_json::to_string(&args).unwrap() + "\n";
+    let answer = launch(&request);
+    assert!(answer.status.success());
+    let answer: serde_json::Value = serde_json::from_slice(&answer.stdout).unwrap();
+    assert_eq!(answer["status"], 2, "{answer}");
+    assert_eq!(answer["stderr"].as_str(), Some(&*e), "{answer}");
+    assert!(
+        answer["spawned"].as_u64().is_some_and(|t| t > 0),
+        "{answer}"
+    );
+}
+
+/// The launcher starts nothing but the restore child.
+#[test]
+fn the_restore_launcher_starts_nothing_else() {
+    let out = launch("[\"run\",\"--kernel\",\"/bin/true\"]\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("starts `bench-restore-child` only"), "{e}");
 }
 
 #[test]
@@ -536,4 +609,42 @@ fn bench_rr_against_qemu_compares_the_tap_variant_or_says_why_not() {
             .contains("not measured under qemu: interface exitless-rr0 exists already")),
         "{refused}"
     );
+}
+
+/// Before its first thread starts, exitless grows its descriptor table to what a machine of
+/// 8 × 65 vectors needs (each growth once threads share it waits for an RCU grace period, some
+/// milliseconds in a restore): /proc's FDSize shows its length once the log writer runs.
+#[test]
+fn the_descriptor_table_is_grown_before_the_first_thread() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct passed.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(got, 0);
+    let want = limit.rlim_max.min(4096);
+    // The launcher waits on stdin: a process to look at.
+    let mut process = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .arg("bench-restore-launcher")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let status = format!("/proc/{}/status", process.id());
+    let field = |text: &str, name: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+        line[name.len()..].trim().parse().unwrap()
+    };
+    let mut text = String::new();
+    for _ in 0..500 {
+        text = std::fs::read_to_string(&status).unwrap();
+        if field(&text, "Threads:") > 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(process.stdin.take());
+    process.wait().unwrap();
+    assert!(field(&text, "Threads:") > 1, "{text}");
+    assert!(field(&text, "FDSize:") >= want, "{text}");
 }

@@ -39,7 +39,9 @@ pub enum Scenario {
     Soak,
     /// Restoring a snapshot whose virtio-net functions have every MSI-X vector live, traffic
     /// in flight: once per strategy, the restore's phases, commits and first interrupts, the
-    /// seed's per-function table. Not in the default run.
+    /// seed's per-function table; each strategy's restore again in a new exitless process, timed
+    /// from the process's start to its vCPUs running and to each function's first interrupt
+    /// (the figure set against QEMU's resume). Not in the default run.
     Restore,
 }
 

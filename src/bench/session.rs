@@ -17,7 +17,7 @@ use crate::bench::model::{HostLoad, Report};
 use crate::bench::options::{BenchOptions, PeerVmm, Scenario};
 use crate::bench::progress;
 use crate::bench::report;
-use crate::bench::restore::QemuRestore;
+use crate::bench::restore::{Launcher, QemuRestore};
 use crate::bench::rr::TAP_VARIANT;
 use crate::bench::vhost_net::{VhostNet, VhostPorts};
 use crate::peer::Qemu;
@@ -39,6 +39,9 @@ pub struct Session {
     host_load: Option<HostLoad>,
     /// `restore`'s migration under QEMU, set beside its report.
     restore_peer: Option<QemuRestore>,
+    /// `restore`'s launcher of new exitless processes, started before the main thread's
+    /// filter (a confined process starts no program), or why there is none.
+    restore_launcher: Result<Launcher, String>,
 }
 
 /// What a finished run prints, and the charts it writes if asked.
@@ -131,6 +134,7 @@ impl Session {
             baseline: None,
             host_load,
             restore_peer: None,
+            restore_launcher: Err("the restore scenario was not asked for".into()),
         };
         // The terminal check is an ioctl: before the filter. The peer's boots count as one step.
         let peer_step = usize::from(session.options.against.is_some());
@@ -153,6 +157,9 @@ impl Session {
             let devices = if msix { session.options.devices } else { 0 };
             session.vhost_net = VhostNet::start(devices)
                 .map_err(|why| format!("the vhost-user variants did not run: {why}"));
+        }
+        if session.scenarios.contains(&Scenario::Restore) {
+            session.restore_launcher = Launcher::start();
         }
         if session.options.against == Some(PeerVmm::Qemu) {
             if session.scenarios.contains(&Scenario::Soak) {
@@ -263,7 +270,8 @@ impl Session {
                 Scenario::Msix => msix.run(),
                 Scenario::Iommu => iommu.run(),
                 Scenario::Soak => soak.run(),
-                Scenario::Restore => restore.as_ref().expect("checked: it is named").run(),
+                Scenario::Restore => (restore.as_ref().expect("checked: it is named"))
+                    .run(self.restore_launcher.as_ref().map_err(String::as_str)),
             };
             let mut scenario_report = result.map_err(|e| e.to_string())?;
             if let Some((_, peer)) = self.peers.iter().find(|(s, _)| *s == scenario) {

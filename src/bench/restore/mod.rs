@@ -6,15 +6,22 @@
 //! machine built from the snapshot, and run on: the traffic finishes byte-exact (the guest
 //! checks every response) and every vector of every function is asked for once and must
 //! arrive exactly once. Reported per strategy: the restore's phases, the commits, the time to
-//! each function's first interrupt, and the seed's per-function table.
+//! each function's first interrupt, and the seed's per-function table. Each strategy's restore
+//! is then done again in a new exitless process (`newproc`), checked the same way and timed
+//! from the process's start, as QEMU's resume is.
 
 mod board;
+mod child;
+mod launcher;
+mod newproc;
 mod qemu;
 mod report;
 mod resume;
 mod source;
 mod vhost;
 
+pub use child::{CHILD_COMMAND, monotonic, restore_child};
+pub use launcher::{LAUNCHER_COMMAND, Launcher, serve_launcher};
 pub use qemu::QemuRestore;
 
 use std::time::Duration;
@@ -30,6 +37,7 @@ use crate::pci::regs::PCI_MSIX_FLAGS_ENABLE;
 use crate::virtio::notify::NotifyPath;
 use crate::vm::run_control::StopReason;
 
+use newproc::InNewProcess;
 use resume::{Resumed, resume};
 
 /// Transactions before the snapshot (traffic under way), in flight across it, and after.
@@ -133,8 +141,9 @@ impl RestoreBench {
         }
     }
 
-    /// Snapshot once, restore once per strategy, and report.
-    pub fn run(&self) -> Result<ScenarioReport, MachineError> {
+    /// Snapshot once, restore once per strategy in this process and once in a new one
+    /// started by `launcher` (or why there is none), and report.
+    pub fn run(&self, launcher: Result<&Launcher, &str>) -> Result<ScenarioReport, MachineError> {
         let (list, steps) = self.ops();
         let dir =
             std::env::temp_dir().join(format!("exitless-bench-restore-{}", std::process::id()));
@@ -144,33 +153,56 @@ impl RestoreBench {
                 .iter()
                 .map(|&s| {
                     let r = resume(&dir, s, list.len(), self.timeout)?;
-                    self.check(s, &r, &list, &steps)?;
+                    self.check(&format!("the {} restore", s.name()), &r, &list, &steps)?;
                     Ok((s, r))
                 })
                 .collect::<Result<Vec<_>, MachineError>>()?;
-            Ok((taken, runs))
+            let fresh = match launcher {
+                Ok(launcher) => Ok(self.new_processes(launcher, &dir, &list, &steps)?),
+                Err(why) => Err(why.to_owned()),
+            };
+            Ok((taken, runs, fresh))
         });
         let on_disk = report::disk_use(&dir);
         remove(&dir);
-        let (taken, runs) = runs?;
+        let (taken, runs, fresh) = runs?;
         let mut report = self.report(taken, &runs, &steps, on_disk);
+        self.add_new_process(&mut report, fresh, &steps);
         let vhost_dir = dir.with_extension("vhost-user");
         self.add_vhost(&mut report, &vhost_dir);
         remove(&vhost_dir);
         Ok(report)
     }
 
+    /// Restore the snapshot in `dir` once per strategy in a new process, each checked.
+    fn new_processes(
+        &self,
+        launcher: &Launcher,
+        dir: &std::path::Path,
+        list: &[Op],
+        steps: &Steps,
+    ) -> Result<Vec<(CommitStrategy, InNewProcess)>, MachineError> {
+        (CommitStrategy::ALL.iter())
+            .map(|&s| {
+                let p = self.resume_in_new_process(launcher, dir, s, list.len())?;
+                let what = format!("the {} restore in a new process", s.name());
+                self.check(&what, &p.resumed, list, steps)?;
+                Ok((s, p))
+            })
+            .collect()
+    }
+
     /// The guest's verdicts: every op OK, the traffic complete, every vector once per request.
     fn check(
         &self,
-        s: CommitStrategy,
+        what: &str,
         r: &Resumed,
         list: &[Op],
         steps: &Steps,
     ) -> Result<(), MachineError> {
         let failed = |why: String| {
             MachineError::GuestFailed(
-                StopReason::VcpuFailed(format!("after the {} restore: {why}", s.name())),
+                StopReason::VcpuFailed(format!("after {what}: {why}")),
                 String::new(),
             )
         };

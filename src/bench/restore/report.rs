@@ -22,7 +22,7 @@ pub(super) fn disk_use(dir: &Path) -> Option<(u64, u64)> {
     Some((meta.len(), meta.blocks() * 512))
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
@@ -62,11 +62,15 @@ impl RestoreBench {
             title: format!(
                 "Resuming a snapshot with every MSI-X vector live (issue 25, seed 002): {} \
                  virtio-net functions × {} vectors and a function carrying traffic, restored once \
-                 per strategy; time/op is the whole restore (snapshot opened to vCPUs started)",
+                 per strategy in this process and in a new one; time/op is the whole restore \
+                 (snapshot opened to vCPUs started; `*-new-process`: a new exitless, from the \
+                 moment before its process was spawned to its vCPUs started)",
                 self.devices,
                 self.vectors()
             ),
-            timing: "host wall time (Instant); per-function cost is host time inside \
+            timing: "host wall time (Instant; a new process's instants on CLOCK_MONOTONIC, the \
+                     same clock, read by the launcher just before the spawn and by the child); \
+                     per-function cost is host time inside \
                      KVM_SET_GSI_ROUTING and binding irqfds for the commits carrying that \
                      function's routes (first-use: at the first message after the restore, which \
                      commits every staged route at once); \
@@ -211,10 +215,15 @@ fn snapshot_note(
 
 /// The restore's phases of the variant `name`, whose machine had `functions`.
 pub(super) fn phases_note(name: &str, r: &Resumed, functions: &str) -> String {
+    format!("{name}: {}", phases(r, functions))
+}
+
+/// The restore's phases, its machine having `functions`.
+pub(super) fn phases(r: &Resumed, functions: &str) -> String {
     let routes: Duration = r.restore_commits().map(|c| c.time + c.bind).sum();
     let commits = r.restore_commits().count();
     format!(
-        "{name}: restore {:.2} ms = build on the memory file (mapped, devices created) {:.2} ms + \
+        "restore {:.2} ms = build on the memory file (mapped, devices created) {:.2} ms + \
          VM state {:.2} ms + vCPUs {:.2} ms + devices {:.2} ms (of which routes+irqfds {:.2} ms \
          in {commits} commits for {functions})",
         ms(r.total()),
