@@ -241,7 +241,10 @@ contract_consts! {
     /// `Op::kind`: `count` frames of `size` payload bytes on the transmit queue of the device
     /// of the last `OP_VIRTIO_INIT`, at most `value` in flight (its queue size if 0): each
     /// buffer is mapped before it is posted and unmapped when the device returns it, when the
-    /// device is behind the IOMMU. `OpResult::value`: frames the device returned.
+    /// device is behind the IOMMU. The guest writes each frame's payload before posting it:
+    /// byte `i` of the `n`th frame of the op is `(n + i) mod 256` (the stream's pattern, which
+    /// the sink backend checks). `size` is 1..=`NET_STREAM_FRAME_SIZE` less the virtio-net
+    /// header. `OpResult::value`: frames the device returned.
     OP_NET_STREAM: u64 = 20;
     /// `Op::kind`: copy the IOMMU driver's counters since the last `OP_IOMMU_REPORT` into
     /// `IommuReport` slot `address` at `IOMMU_REPORT_ADDR` (up to `MAX_IOMMU_REPORTS`) and
@@ -301,9 +304,16 @@ contract_consts! {
     /// virtio-pci only. The probe sets the unit up at the first such device. A device
     /// brought up without it is not behind the IOMMU: nothing is mapped (the `none` variant).
     RR_FLAG_IOMMU: u64 = 4;
-    /// Bytes of each `OP_NET_STREAM` frame buffer: the payload is at most this less the
-    /// virtio-net header.
-    NET_STREAM_FRAME_SIZE: u64 = 0x100;
+    /// Bytes of the largest `OP_NET_STREAM` frame, virtio-net header included: a jumbo
+    /// frame and more (the payload is at most this less the header). The probe lays its 16
+    /// frame buffers `NET_STREAM_ALIGN`-aligned, each `frame` rounded up to it apart, so a
+    /// buffer starts at most 0xf00 into a page and spans at most 8 pages: one VT-d mapping
+    /// slot (guest/probe/vtd.c's `VTD_SLOT_PAGES`). Taken from the DMA area at the first
+    /// stream after each device is brought up.
+    NET_STREAM_FRAME_SIZE: u64 = 0x7000;
+    /// Alignment of the probe's stream frame buffers: a 32-byte frame's buffers lie 0x100
+    /// apart, 16 to a page.
+    NET_STREAM_ALIGN: u64 = 0x100;
     /// IDT vector of the IOMMU's fault event interrupt.
     IOMMU_FAULT_VECTOR: u64 = 0xf0;
     /// Guest RAM for the probe's VT-d structures: root and context tables, the invalidation

@@ -445,7 +445,7 @@ fn a_frame_from_outside_wakes_the_device_thread_for_its_pairs_receive_queue() {
         wake: EventFd::new(EFD_NONBLOCK).unwrap(),
     };
     let wake = outside.wake.try_clone().unwrap();
-    let backends: Vec<Box<dyn NetBackend>> = vec![Box::new(Sink), Box::new(outside)];
+    let backends: Vec<Box<dyn NetBackend>> = vec![Box::new(Sink::default()), Box::new(outside)];
     let (engine, _) = engine_with(backends, &[(2, &rx)], DmaContext::platform(mem.clone()));
     let line = LegacyLine {
         irqfd: EventFd::new(EFD_NONBLOCK).unwrap(),
