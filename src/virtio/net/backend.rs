@@ -209,7 +209,8 @@ impl Sink {
                     .subslice(off, n)
                     .map_or(0, |s| s.copy_to(&mut chunk[..n]));
                 let base = *first.get_or_insert(chunk[0]);
-                let expected = |k: usize| base.wrapping_add((at + k) as u8);
+                // The pattern is mod 256: the low byte of the offset.
+                let expected = |k: usize| base.wrapping_add((at + k).to_le_bytes()[0]);
                 if got < n
                     || chunk[..n]
                         .iter()
@@ -294,7 +295,7 @@ mod tests {
         .unwrap();
         let at = GuestAddress(0xa00);
         // Frame 7 of a stream: byte i is 7 + i.
-        let frame: Vec<u8> = (0..1500usize).map(|i| (7 + i) as u8).collect();
+        let frame: Vec<u8> = (0..1500usize).map(|i| (7 + i).to_le_bytes()[0]).collect();
         mem.write_slice(&frame, at).unwrap();
         let dma = DmaContext::platform(mem.clone());
         let mut io = Segments::default();
@@ -309,8 +310,7 @@ mod tests {
         mem.write_obj(0u8, at.unchecked_add(1200)).unwrap();
         assert_eq!(send(&mut sink), 1, "a wrong byte is counted");
         assert_eq!(sink.take_bad_frames(), 0, "and taken once");
-        mem.write_obj((7 + 1200usize) as u8, at.unchecked_add(1200))
-            .unwrap();
+        mem.write_obj(frame[1200], at.unchecked_add(1200)).unwrap();
         mem.write_obj(0u8, at).unwrap();
         assert_eq!(send(&mut sink), 1, "a wrong first byte too");
     }

@@ -1,25 +1,24 @@
 //! `exitless bench iommu`: what an IOMMU's unmaps cost the guest, strict against deferred and
 //! batched invalidation.
 //!
-//! The seed's workload: a stream of small frames (32-byte payload) on a virtio-pci net
-//! transmit queue into a sink, every buffer mapped before it is posted and unmapped when the
-//! device returns it, several in flight; and the `rr` transaction with both buffers mapped per
-//! transaction. Each variant is one boot of the probe, so the unit's own counters (IOTLB hits,
-//! misses, invalidations) are the variant's alone.
+//! The seed's workload: a stream of frames on a virtio-pci net transmit queue into a sink,
+//! every buffer mapped before it is posted and unmapped when the device returns it, several
+//! in flight, at the seed's 32-byte payload and at realistic sizes ([`plans`]); and the `rr`
+//! transaction with both buffers mapped per transaction. The sink reads and checks every byte
+//! of every frame, as a NIC's DMA read would. Each variant is one boot of the probe, so the
+//! unit's own counters (IOTLB hits, misses, invalidations) are the variant's alone.
+
+mod plans;
+mod targets;
 
 use std::time::Duration;
 
 use crate::bench::against::{Counterpart, PeerPlan};
 use crate::bench::measure::{
-    Clock, combine_rounds, in_rounds, ratio_target, rounds_line, run_ok, set_baseline, variant,
+    Clock, combine_rounds, in_rounds, rounds_line, run_ok, set_baseline, set_twin, variant,
 };
-use crate::bench::model::{IommuFigures, ScenarioReport, TargetCheck, Variant};
-use crate::bench::stats::Verdict;
-use crate::contract::{
-    IOMMU_MODE_DEFERRED_ARRAY, IOMMU_MODE_DEFERRED_LIST, IOMMU_MODE_LINUX_FQ,
-    IOMMU_MODE_PER_DOMAIN, IOMMU_MODE_STRICT, IommuReport, NET_STREAM_FRAME_SIZE, Op,
-    RR_FLAG_IOMMU, TRANSPORT_PCI,
-};
+use crate::bench::model::{IommuFigures, ScenarioReport, Variant};
+use crate::contract::{IommuReport, NET_STREAM_FRAME_SIZE, Op, RR_FLAG_IOMMU, TRANSPORT_PCI};
 use crate::machine::wiring::names;
 use crate::machine::{
     MachineError, NetBackendKind, ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops,
@@ -27,28 +26,22 @@ use crate::machine::{
 use crate::peer::QemuMachine;
 use crate::virtio::notify::NotifyPath;
 use crate::virtio::regs::VIRTIO_NET_HDR_SIZE;
+use crate::vm::run_control::StopReason;
+pub(crate) use plans::DEFAULT_HWM;
+use plans::{Plan, SEED_PAYLOAD, at_default_hwm, plans, sized};
 
-/// Payload bytes of each streamed frame (netperf UDP_STREAM -m 32, the seed's).
-const PAYLOAD: u64 = 32;
+/// The frame sizes streamed by default: the seed's, an MTU's, a jumbo frame's.
+pub const DEFAULT_FRAME_SIZES: [u64; 3] = [SEED_PAYLOAD, 1500, 9000];
+/// The largest payload a streamed frame may carry: the probe's frame buffer less the header.
+pub const MAX_FRAME_PAYLOAD: u64 = NET_STREAM_FRAME_SIZE - VIRTIO_NET_HDR_SIZE as u64;
+/// Most frame sizes one run streams.
+const MAX_FRAME_SIZES: usize = 8;
 /// Request size of the request/response transactions.
 const RR_REQUEST: u64 = 32;
-/// The high-water mark of the deferred modes outside the sweep (the seed's default).
-pub(crate) const DEFAULT_HWM: u64 = 250;
-/// The seed's high-water-mark sweep.
-const HWM_SWEEP: [u64; 7] = [1, 16, 32, 64, 128, 250, 1000];
-/// The seed's figures, as ratios of packets/s to `none`: the list run (strict 58, none 71,
-/// batched 66) and the array run (strict 73, none 74, batched 72).
-const SEED_LIST_STRICT: f64 = 58.0 / 71.0;
-const SEED_LIST_BATCHED: f64 = 66.0 / 71.0;
-const SEED_ARRAY_BATCHED: f64 = 72.0 / 74.0;
 /// Streams of each variant under QEMU (`--against qemu`), whose median is its figure: one
 /// boot holds them all, and on a shared 2-core host one stream can catch another process's
 /// burst.
 const PEER_STREAMS: usize = 3;
-/// deferred-array must reach this share of `none`'s packets/s (the issue's target).
-const TARGET_ARRAY_RATIO: f64 = 0.95;
-// A streamed frame fits the probe's frame buffers.
-const _: () = assert!(PAYLOAD + VIRTIO_NET_HDR_SIZE as u64 <= NET_STREAM_FRAME_SIZE);
 
 /// What `exitless bench iommu` runs.
 #[derive(Clone, Debug)]
@@ -59,67 +52,12 @@ pub struct IommuBench {
     pub in_flight: u64,
     /// Request/response transactions per variant.
     pub transactions: u64,
+    /// Payload bytes of the streamed frames: one set of variants per size.
+    pub frame_sizes: Vec<u64>,
     /// Rounds: every variant boots once per round, the variants' order rotated round by round.
     pub rounds: usize,
     /// Longest one boot may take.
     pub timeout: Duration,
-}
-
-/// One variant: how unmaps are invalidated, if the device is behind the IOMMU at all.
-struct Plan {
-    name: String,
-    /// `IOMMU_MODE_*` and high-water mark; `None`: not behind the IOMMU.
-    unmap: Option<(u64, u64)>,
-    /// The seed's packets/s ratio to `none` for this kind of variant.
-    seed: Option<f64>,
-}
-
-/// The variants at the default high-water mark: name, `IOMMU_MODE_*` and high-water mark
-/// (`None`: not behind the IOMMU), the seed's packets/s ratio to `none`.
-type Unmap = Option<(u64, u64)>;
-const VARIANTS: [(&str, Unmap, Option<f64>); 6] = [
-    ("none", None, Some(1.0)),
-    (
-        "strict",
-        Some((IOMMU_MODE_STRICT, 0)),
-        Some(SEED_LIST_STRICT),
-    ),
-    (
-        "deferred-list",
-        Some((IOMMU_MODE_DEFERRED_LIST, DEFAULT_HWM)),
-        Some(SEED_LIST_BATCHED),
-    ),
-    (
-        "deferred-array",
-        Some((IOMMU_MODE_DEFERRED_ARRAY, DEFAULT_HWM)),
-        Some(SEED_ARRAY_BATCHED),
-    ),
-    (
-        "per-domain",
-        Some((IOMMU_MODE_PER_DOMAIN, DEFAULT_HWM)),
-        None,
-    ),
-    ("linux-fq", Some((IOMMU_MODE_LINUX_FQ, 0)), None),
-];
-
-fn plans() -> Vec<Plan> {
-    let plan = |name: &str, unmap, seed| Plan {
-        name: name.into(),
-        unmap,
-        seed,
-    };
-    let mut plans: Vec<Plan> = VARIANTS
-        .iter()
-        .map(|&(name, unmap, seed)| plan(name, unmap, seed))
-        .collect();
-    plans.extend(HWM_SWEEP.iter().filter(|&&h| h != DEFAULT_HWM).map(|&hwm| {
-        plan(
-            &format!("deferred-array-hwm{hwm}"),
-            Some((IOMMU_MODE_DEFERRED_ARRAY, hwm)),
-            None,
-        )
-    }));
-    plans
 }
 
 /// The stream device (a sink) and the request/response device, both virtio-pci with
@@ -164,7 +102,19 @@ impl IommuBench {
                 self.in_flight
             ));
         }
-        Ok(())
+        let sizes = &self.frame_sizes;
+        let repeated = (1..sizes.len()).any(|i| sizes[..i].contains(&sizes[i]));
+        if sizes.is_empty() || sizes.len() > MAX_FRAME_SIZES || repeated {
+            return Err(format!(
+                "--frame-sizes takes 1 to {MAX_FRAME_SIZES} different sizes, such as 32,1500,9000"
+            ));
+        }
+        match sizes.iter().find(|s| !(1..=MAX_FRAME_PAYLOAD).contains(s)) {
+            Some(s) => Err(format!(
+                "--frame-sizes: {s} bytes; a streamed frame carries 1 to {MAX_FRAME_PAYLOAD}"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// One variant's ops: the mode, the stream device up, the stream, its report; the
@@ -180,7 +130,7 @@ impl IommuBench {
         list.push(ops::virtio_init(TRANSPORT_PCI, function(0), flags));
         list.extend(mode);
         let stream = list.len();
-        list.push(ops::net_stream(PAYLOAD, self.packets, self.in_flight));
+        list.push(ops::net_stream(plan.payload, self.packets, self.in_flight));
         list.push(ops::iommu_report(0));
         list.push(ops::virtio_init(TRANSPORT_PCI, function(1), flags));
         let rr = list.len();
@@ -189,11 +139,12 @@ impl IommuBench {
         (list, stream, rr)
     }
 
-    /// The stream under QEMU's intel-iommu (`--against qemu`), in one boot: each variant at
-    /// the default high-water mark brings its device up and streams as on exitless, `none` on
-    /// a virtio-net-pci outside the unit, the others on one behind it (the probe's same VT-d
-    /// driver, on the unit QEMU's DMAR describes), three times (`PEER_STREAMS`); the median
-    /// counts. The transactions are left out: they need exitless's responder.
+    /// The stream under QEMU's intel-iommu (`--against qemu`), in one boot: at each frame size
+    /// each variant at the default high-water mark brings its device up and streams as on
+    /// exitless, `none` on a virtio-net-pci outside the unit, the others on one behind it (the
+    /// probe's same VT-d driver, on the unit QEMU's DMAR describes), three times
+    /// (`PEER_STREAMS`); the median counts. The transactions are left out: they need
+    /// exitless's responder.
     pub fn peer_plan(&self) -> PeerPlan {
         let machine = QemuMachine {
             virtio_net: 2,
@@ -202,33 +153,35 @@ impl IommuBench {
         };
         let mut list = Vec::new();
         let mut counterparts = Vec::new();
-        for (variant, unmap, _) in VARIANTS {
-            let (function, flags) = match unmap {
-                Some(_) => (machine.virtio_net_function(1), RR_FLAG_IOMMU),
-                None => (machine.virtio_net_function(0), 0),
-            };
-            list.push(ops::virtio_init(
-                TRANSPORT_PCI,
-                function.ecam_offset(),
-                flags,
-            ));
-            list.extend(unmap.map(|(mode, hwm)| ops::iommu_mode(mode, hwm)));
-            let streams = list.len()..list.len() + PEER_STREAMS;
-            list.extend(
-                streams
-                    .clone()
-                    .map(|_| ops::net_stream(PAYLOAD, self.packets, self.in_flight)),
-            );
-            counterparts.push(Counterpart {
-                variant,
-                ops: streams.collect(),
-                per_op: self.packets,
-                path: match unmap {
-                    Some(_) => "intel-iommu, the same invalidations",
-                    None => "virtio-net-pci, no IOMMU",
-                },
-                control: false,
-            });
+        for &payload in &self.frame_sizes {
+            for (variant, unmap, _) in at_default_hwm(payload) {
+                let (function, flags) = match unmap {
+                    Some(_) => (machine.virtio_net_function(1), RR_FLAG_IOMMU),
+                    None => (machine.virtio_net_function(0), 0),
+                };
+                list.push(ops::virtio_init(
+                    TRANSPORT_PCI,
+                    function.ecam_offset(),
+                    flags,
+                ));
+                list.extend(unmap.map(|(mode, hwm)| ops::iommu_mode(mode, hwm)));
+                let streams = list.len()..list.len() + PEER_STREAMS;
+                list.extend(
+                    streams
+                        .clone()
+                        .map(|_| ops::net_stream(payload, self.packets, self.in_flight)),
+                );
+                counterparts.push(Counterpart {
+                    variant: sized(variant, payload).into(),
+                    ops: streams.collect(),
+                    per_op: self.packets,
+                    path: match unmap {
+                        Some(_) => "intel-iommu, the same invalidations",
+                        None => "virtio-net-pci, no IOMMU",
+                    },
+                    control: false,
+                });
+            }
         }
         PeerPlan {
             machine,
@@ -261,6 +214,18 @@ impl IommuBench {
         let stream_device = names::virtio_pci(ProbeConfig::virtio_pci_address(0));
         let (mut v, run, stream, rr) = self.boot(plan)?;
         let clock = Clock::of(&run);
+        let bad_frames = run.bad_frames_at(stream, &stream_device);
+        if bad_frames > 0 {
+            // The device read other bytes than the guest wrote: no figure of it counts.
+            let why = format!(
+                "{}: the sink found {bad_frames} of {} streamed frames with a wrong payload",
+                plan.name, run.results[stream].value
+            );
+            return Err(MachineError::GuestFailed(
+                StopReason::VcpuFailed(why),
+                run.console,
+            ));
+        }
         let packets = run.results[stream].value.max(1) as f64;
         let pps = 1e9 / v.ns_per_op;
         let report = &run.iommu_reports[0];
@@ -269,6 +234,8 @@ impl IommuBench {
         let phase = run.phases[stream].clone().unwrap_or_default();
         v.trans_per_s = Some(pps);
         v.iommu = Some(IommuFigures {
+            payload_bytes: plan.payload,
+            bad_frames,
             packets_per_s: pps,
             packets_ratio: 1.0,
             seed_packets_ratio: plan.seed,
@@ -290,38 +257,48 @@ impl IommuBench {
         Ok((v, clock.describe()))
     }
 
-    /// Set one round's packets/s and transactions/s ratios against that round's `none`.
-    fn against_none(round: &mut [Variant]) {
-        let rate = |v: &Variant| {
-            v.iommu
-                .as_ref()
+    /// Set one round's packets/s and transactions/s ratios against that round's `none` of
+    /// the same frame size (`round` holds one variant per plan, in `plans`' order).
+    fn against_none(round: &mut [Variant], plans: &[Plan]) {
+        let rate = |name: String| {
+            round
+                .iter()
+                .find(|v| v.name == name)
+                .and_then(|v| v.iommu.as_ref())
                 .map(|f| (f.packets_per_s, f.rr_trans_per_s))
         };
-        let Some((none_pps, none_tps)) = round.iter().find(|v| v.name == "none").and_then(rate)
-        else {
-            return;
-        };
-        for f in round.iter_mut().filter_map(|v| v.iommu.as_mut()) {
-            f.packets_ratio = f.packets_per_s / none_pps;
-            f.rr_ratio = f.rr_trans_per_s / none_tps;
+        let nones: Vec<Option<(f64, f64)>> = plans.iter().map(|p| rate(p.none())).collect();
+        for (v, none) in round.iter_mut().zip(nones) {
+            if let (Some(f), Some((none_pps, none_tps))) = (v.iommu.as_mut(), none) {
+                f.packets_ratio = f.packets_per_s / none_pps;
+                f.rr_ratio = f.rr_trans_per_s / none_tps;
+            }
         }
     }
 
     /// `rounds` rounds of one boot per variant, and the report.
     pub fn run(&self) -> Result<ScenarioReport, MachineError> {
-        let plans = plans();
+        let plans = plans(&self.frame_sizes);
         let rounds = self.rounds.max(1);
         let boots = in_rounds(rounds, plans.len(), |i| self.measure(&plans[i]))?;
         let timing = boots[0][0].1.clone();
         let per_round: Vec<Vec<Variant>> = (0..rounds)
             .map(|r| {
                 let mut round: Vec<Variant> = boots.iter().map(|b| b[r].0.clone()).collect();
-                Self::against_none(&mut round);
+                Self::against_none(&mut round, &plans);
                 round
             })
             .collect();
         let mut variants = combine_rounds(per_round);
         set_baseline(&mut variants, "none", &[]);
+        // Each size's time ratios against its own none.
+        for plan in plans.iter().filter(|p| p.payload != SEED_PAYLOAD) {
+            let none = variants.iter().find(|v| v.name == plan.none()).cloned();
+            let v = variants.iter_mut().find(|v| v.name == plan.name);
+            if let (Some(v), Some(none)) = (v, none) {
+                set_twin(v, &none);
+            }
+        }
         for v in &mut variants {
             v.seed_time_ratio = v
                 .iommu
@@ -329,14 +306,19 @@ impl IommuBench {
                 .and_then(|f| f.seed_packets_ratio)
                 .map(|r| 1.0 / r);
         }
-        let targets = targets(&variants);
+        let targets = targets::targets(&variants, &self.frame_sizes);
+        let sizes: Vec<String> = self.frame_sizes.iter().map(u64::to_string).collect();
         Ok(ScenarioReport {
             name: "iommu".into(),
             title: format!(
-                "virtio-pci net behind a virtual VT-d: {} frames of {PAYLOAD} bytes streamed \
-                 ({} in flight) and {} request/response transactions per variant, every \
-                 buffer mapped before the device sees it and unmapped when it comes back",
-                self.packets, self.in_flight, self.transactions
+                "virtio-pci net behind a virtual VT-d: {} frames of {} bytes streamed ({} in \
+                 flight; variants named -SIZE stream SIZE bytes, the others {SEED_PAYLOAD}) and \
+                 {} request/response transactions per variant, every buffer mapped before the \
+                 device sees it and unmapped when it comes back",
+                self.packets,
+                sizes.join(", "),
+                self.in_flight,
+                self.transactions
             ),
             timing: format!(
                 "{timing}; {}; time/op is per streamed frame; the IOMMU's figures are the median \
@@ -346,8 +328,14 @@ impl IommuBench {
             variants,
             targets,
             notes: vec![
-                "strict is reported, not targeted: one IQT write per unmap, an ioeventfd \
-                 doorbell (~4 us here, docs/host-kvm.md), the queue run on the unit's thread"
+                "strict's one target is to be the slowest: one IQT write per unmap, an \
+                 ioeventfd doorbell (~4 us here, docs/host-kvm.md), the queue run on the unit's \
+                 thread"
+                    .into(),
+                "the sink reads and checks every byte of every frame (a variant fails if one \
+                 is wrong); the sizes' ratios are against the same size's none. With --against \
+                 qemu, QEMU's function has no netdev: QEMU drops each frame without reading \
+                 its payload (a sender with no peer, net/net.c)"
                     .into(),
                 "exposure: per unmapped page, the time a stale IOTLB entry could still reach \
                  it; strict's is the invalidation itself"
@@ -356,58 +344,4 @@ impl IommuBench {
             soak: None,
         })
     }
-}
-
-fn targets(variants: &[Variant]) -> Vec<TargetCheck> {
-    let fig = |name: &str| {
-        variants
-            .iter()
-            .find(|v| v.name == name)
-            .and_then(|v| v.iommu.clone())
-            .unwrap_or_default()
-    };
-    let (none, strict, array) = (fig("none"), fig("strict"), fig("deferred-array"));
-    // Each round's packets/s, for the ratio's interval (paired by round).
-    let packets_per_s = |name: &str| {
-        variants
-            .iter()
-            .find(|v| v.name == name)
-            .map(|v| v.each_round(|r| r.iommu.as_ref().map_or(0.0, |f| f.packets_per_s)))
-            .unwrap_or_default()
-    };
-    let mut array_target = ratio_target(
-        format!(
-            "deferred-array ≥ {TARGET_ARRAY_RATIO}× none's packets/s (seed {SEED_ARRAY_BATCHED:.2}×) \
-             with ≤ 1/{DEFAULT_HWM} IOMMU exits per packet"
-        ),
-        format!(
-            "{:.3}× with {:.4} IOMMU exits per packet",
-            array.packets_ratio, array.iommu_exits_per_packet
-        ),
-        (&packets_per_s("deferred-array"), &packets_per_s("none")),
-        TARGET_ARRAY_RATIO,
-        false,
-    );
-    // The exits are a count, not a sample: too many is a miss whatever the time.
-    if array.iommu_exits_per_packet > 1.0 / DEFAULT_HWM as f64 {
-        array_target.met = false;
-        array_target.verdict = Some(Verdict::Missed);
-    }
-    vec![
-        array_target,
-        TargetCheck {
-            target: "device-thread CPU per packet ordered strict > deferred-array > none (the \
-                     seed's service demand)"
-                .into(),
-            measured: format!(
-                "strict {:.0} ns, deferred-array {:.0} ns, none {:.0} ns",
-                strict.device_cpu_ns_per_packet,
-                array.device_cpu_ns_per_packet,
-                none.device_cpu_ns_per_packet
-            ),
-            met: strict.device_cpu_ns_per_packet > array.device_cpu_ns_per_packet
-                && array.device_cpu_ns_per_packet > none.device_cpu_ns_per_packet,
-            ..Default::default()
-        },
-    ]
 }
