@@ -30,8 +30,6 @@ use crate::vm::run_control::StopReason;
 pub(crate) use plans::DEFAULT_HWM;
 use plans::{Plan, SEED_PAYLOAD, at_default_hwm, plans, sized};
 
-/// The frame sizes streamed by default: the seed's, an MTU's, a jumbo frame's.
-pub const DEFAULT_FRAME_SIZES: [u64; 3] = [SEED_PAYLOAD, 1500, 9000];
 /// The largest payload a streamed frame may carry: the probe's frame buffer less the header.
 pub const MAX_FRAME_PAYLOAD: u64 = NET_STREAM_FRAME_SIZE - VIRTIO_NET_HDR_SIZE as u64;
 /// Most frame sizes one run streams.
