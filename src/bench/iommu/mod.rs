@@ -125,7 +125,12 @@ impl IommuBench {
         };
         let function = |n| ProbeConfig::virtio_pci_address(n).ecam_offset();
         let mut list: Vec<Op> = Vec::new();
-        list.push(ops::virtio_init(TRANSPORT_PCI, function(0), flags));
+        list.push(ops::virtio_init_streaming(
+            TRANSPORT_PCI,
+            function(0),
+            flags,
+            plan.payload,
+        ));
         list.extend(mode);
         let stream = list.len();
         list.push(ops::net_stream(plan.payload, self.packets, self.in_flight));
@@ -157,10 +162,11 @@ impl IommuBench {
                     Some(_) => (machine.virtio_net_function(1), RR_FLAG_IOMMU),
                     None => (machine.virtio_net_function(0), 0),
                 };
-                list.push(ops::virtio_init(
+                list.push(ops::virtio_init_streaming(
                     TRANSPORT_PCI,
                     function.ecam_offset(),
                     flags,
+                    payload,
                 ));
                 list.extend(unmap.map(|(mode, hwm)| ops::iommu_mode(mode, hwm)));
                 let streams = list.len()..list.len() + PEER_STREAMS;
