@@ -185,38 +185,43 @@ impl NetBackend for RequestResponse {
 /// (`OP_NET_STREAM` in `crate::contract`: byte `i` is byte 0 plus `i`, mod 256), counting
 /// the frames that break it. A guest that sends other data (`exitless run` with this backend)
 /// sees nothing of this: the count is a figure for the bench, not a guest error.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Sink {
     /// Frames found with a wrong payload and not yet taken.
     bad: u64,
+    /// Where a frame's bytes are read to, a chunk at a time (kept: no allocation, nor a
+    /// fresh zeroed buffer, per frame).
+    chunk: Vec<u8>,
 }
 
-/// Bytes of a frame read from guest memory at a time: copied onto the stack (no allocation)
-/// so the check runs on plain memory (guest memory is volatile: the driver may write it).
+/// Bytes of a frame read from guest memory at a time: copied out so the check runs on plain
+/// memory (guest memory is volatile: the driver may write it meanwhile).
 const SINK_CHUNK: usize = 512;
+
+impl Default for Sink {
+    fn default() -> Self {
+        Sink {
+            bad: 0,
+            chunk: vec![0; SINK_CHUNK],
+        }
+    }
+}
 
 impl Sink {
     /// Whether `frame` carries the stream's pattern (an empty frame does).
-    pub fn intact(frame: &Segments) -> bool {
-        let mut chunk = [0u8; SINK_CHUNK];
+    fn intact(&mut self, frame: &Segments) -> bool {
         let mut first = None;
         let mut at = 0usize;
         for piece in frame.slices() {
             let mut off = 0;
             while off < piece.len() {
                 let n = SINK_CHUNK.min(piece.len() - off);
-                let got = piece
-                    .subslice(off, n)
-                    .map_or(0, |s| s.copy_to(&mut chunk[..n]));
+                let chunk = &mut self.chunk[..n];
+                let got = piece.subslice(off, n).map_or(0, |s| s.copy_to(chunk));
                 let base = *first.get_or_insert(chunk[0]);
                 // The pattern is mod 256: the low byte of the offset.
                 let expected = |k: usize| base.wrapping_add((at + k).to_le_bytes()[0]);
-                if got < n
-                    || chunk[..n]
-                        .iter()
-                        .enumerate()
-                        .any(|(k, &b)| b != expected(k))
-                {
+                if got < n || chunk.iter().enumerate().any(|(k, &b)| b != expected(k)) {
                     return false;
                 }
                 off += n;
@@ -229,7 +234,7 @@ impl Sink {
 
 impl NetBackend for Sink {
     fn transmit(&mut self, frame: &Segments) -> bool {
-        if !Self::intact(frame) {
+        if !self.intact(frame) {
             self.bad += 1;
         }
         true
