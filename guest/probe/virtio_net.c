@@ -94,7 +94,7 @@ static u64 virtio_init(u64 transport, u64 address, u64 flags, u64 stream_payload
 {
     const struct transport_ops *ops = transport_ops(transport, flags);
     u64 stream_frame = VIRTIO_NET_HDR_SIZE + stream_payload;
-    if (!ops || stream_frame > NET_STREAM_FRAME_SIZE)
+    if (!ops || stream_payload > NET_STREAM_FRAME_SIZE - VIRTIO_NET_HDR_SIZE)
         return STATUS_UNSUPPORTED;
     virtio_release(transport, address);
     dev.ops = ops;
