@@ -166,7 +166,10 @@ contract_consts! {
     OP_MMIO_WRITE: u64 = 7;
     /// `Op::kind`: bring up the virtio-net device at `address` (`method`: `TRANSPORT_*`; MMIO:
     /// index in `BootInfo::virtio_mmio_base`, PCI: ECAM-style function address) with the
-    /// `RR_FLAG_*` in `value`. Later `OP_VIRTIO_RR` ops drive it.
+    /// `RR_FLAG_*` in `value`. Later `OP_VIRTIO_RR` ops drive it. `size`: payload bytes of
+    /// the largest frame `OP_NET_STREAM` will stream on it (0 to `NET_STREAM_FRAME_SIZE` less
+    /// the virtio-net header; up to 32 lays the buffers out as for 32): its stream buffers are
+    /// laid out (and touched) here, not in the timed stream.
     OP_VIRTIO_INIT: u64 = 8;
     /// `Op::kind`: `count` request/response transactions on the device of the last
     /// `OP_VIRTIO_INIT`: send a `size`-byte frame, kick, wait for the receive interrupt, check the
@@ -241,7 +244,10 @@ contract_consts! {
     /// `Op::kind`: `count` frames of `size` payload bytes on the transmit queue of the device
     /// of the last `OP_VIRTIO_INIT`, at most `value` in flight (its queue size if 0): each
     /// buffer is mapped before it is posted and unmapped when the device returns it, when the
-    /// device is behind the IOMMU. `OpResult::value`: frames the device returned.
+    /// device is behind the IOMMU. The guest writes each frame's payload before posting it:
+    /// byte `i` of the `n`th frame of the op is `(n + i) mod 256` (the stream's pattern, which
+    /// the sink backend checks). `size` is 1..=`NET_STREAM_FRAME_SIZE` less the virtio-net
+    /// header. `OpResult::value`: frames the device returned.
     OP_NET_STREAM: u64 = 20;
     /// `Op::kind`: copy the IOMMU driver's counters since the last `OP_IOMMU_REPORT` into
     /// `IommuReport` slot `address` at `IOMMU_REPORT_ADDR` (up to `MAX_IOMMU_REPORTS`) and
@@ -301,9 +307,15 @@ contract_consts! {
     /// virtio-pci only. The probe sets the unit up at the first such device. A device
     /// brought up without it is not behind the IOMMU: nothing is mapped (the `none` variant).
     RR_FLAG_IOMMU: u64 = 4;
-    /// Bytes of each `OP_NET_STREAM` frame buffer: the payload is at most this less the
-    /// virtio-net header.
-    NET_STREAM_FRAME_SIZE: u64 = 0x100;
+    /// Bytes of the largest `OP_NET_STREAM` frame, virtio-net header included: a jumbo
+    /// frame and more (the payload is at most this less the header). The probe lays its 16
+    /// frame buffers `NET_STREAM_ALIGN`-aligned, the largest frame its `OP_VIRTIO_INIT` named
+    /// rounded up to it apart, so a buffer starts at most 0xf00 into a page and spans at most
+    /// 8 pages: one VT-d mapping slot (guest/probe/vtd.c's `VTD_SLOT_PAGES`).
+    NET_STREAM_FRAME_SIZE: u64 = 0x7000;
+    /// Alignment of the probe's stream frame buffers: frames of up to 32 bytes lie 0x100
+    /// apart, 16 to a page.
+    NET_STREAM_ALIGN: u64 = 0x100;
     /// IDT vector of the IOMMU's fault event interrupt.
     IOMMU_FAULT_VECTOR: u64 = 0xf0;
     /// Guest RAM for the probe's VT-d structures: root and context tables, the invalidation

@@ -67,6 +67,8 @@ pub struct ExitSnapshot {
     pub guest_errors: Vec<u64>,
     /// CPU time of each device's own thread (virtio devices), in nanoseconds, as `by_device`.
     pub thread_cpu_ns: Vec<u64>,
+    /// Frames each device's backend found with a wrong payload (the sink), as `by_device`.
+    pub bad_frames: Vec<u64>,
 }
 
 impl ExitCounters {
@@ -126,6 +128,11 @@ impl ExitCounters {
                 .iter()
                 .map(|l| l.get().map_or(0, |l| l.thread_cpu_ns()))
                 .collect(),
+            bad_frames: self
+                .logs
+                .iter()
+                .map(|l| l.get().map_or(0, |l| l.bad_frames()))
+                .collect(),
         }
     }
 }
@@ -168,7 +175,13 @@ impl ExitSnapshot {
                 .collect(),
             guest_errors: since(&self.guest_errors, &earlier.guest_errors),
             thread_cpu_ns: since(&self.thread_cpu_ns, &earlier.thread_cpu_ns),
+            bad_frames: since(&self.bad_frames, &earlier.bad_frames),
         }
+    }
+
+    /// Frames with a wrong payload device `id`'s backend counted.
+    pub fn bad_frames_of(&self, id: DeviceId) -> u64 {
+        self.bad_frames.get(id).copied().unwrap_or(0)
     }
 
     /// CPU time device `id`'s own thread spent, in nanoseconds.

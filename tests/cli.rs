@@ -214,6 +214,106 @@ fn bench_rr_reports_every_transport_and_doorbell_path() {
 }
 
 #[test]
+fn bench_iommu_streams_every_frame_size_and_the_sink_checks_every_byte() {
+    let report = bench_json(&[
+        "iommu",
+        "--packets",
+        "300",
+        "--transactions",
+        "20",
+        "--rounds",
+        "1",
+        "--frame-sizes",
+        "32,1500,9000",
+    ]);
+    let scenario = &report["scenarios"][0];
+    let variants = scenario["variants"].as_array().unwrap();
+    let names: Vec<&str> = variants
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    // The seed's 32-byte rows keep their names; each other size has its four.
+    for name in ["none", "linux-fq", "deferred-array-hwm1000"] {
+        assert!(names.contains(&name), "{names:?}");
+    }
+    for size in ["1500", "9000"] {
+        for base in ["none", "strict", "deferred-list", "deferred-array"] {
+            assert!(
+                names.contains(&format!("{base}-{size}").as_str()),
+                "{names:?}"
+            );
+        }
+    }
+    assert_eq!(names.len(), 20, "{names:?}");
+    for v in variants {
+        let name = v["name"].as_str().unwrap();
+        let size = name.rsplit('-').next().and_then(|s| s.parse().ok());
+        let size = size.filter(|&s: &u64| s >= 1500).unwrap_or(32);
+        // The IOMMU's figures are flattened into the variant.
+        assert_eq!(v["payload_bytes"], size, "{name}");
+        assert_eq!(
+            v["bad_frames"], 0,
+            "{name}: every byte the guest wrote arrived"
+        );
+        assert_eq!(v["ops"], 300, "{name}: every frame came back");
+        assert_eq!(
+            v["baseline"],
+            if size == 32 {
+                "none".to_owned()
+            } else {
+                format!("none-{size}")
+            }
+        );
+    }
+    let targets: Vec<&str> = scenario["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["target"].as_str().unwrap())
+        .collect();
+    assert!(
+        targets.contains(&"deferred-array ≥ 0.95× none's packets/s (seed 0.97×) with ≤ 1/250 IOMMU exits per packet"),
+        "the seed size's target keeps its words: {targets:?}"
+    );
+    for size in ["1500", "9000"] {
+        for target in [
+            "deferred-array ≥ 0.95×",
+            "deferred-list ≥ 0.9×",
+            "deferred-array's device-thread CPU per packet ≤ 1.1×",
+            "strict the slowest",
+        ] {
+            let want = format!("{size}-byte frames: {target}");
+            assert!(
+                targets.iter().any(|t| t.starts_with(&want)),
+                "{want}: {targets:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_frame_sizes_are_refused_before_booting() {
+    for args in [
+        &["bench", "iommu", "--frame-sizes", "0"][..],
+        &["bench", "iommu", "--frame-sizes", "32,30000"],
+        &["bench", "iommu", "--frame-sizes", "32,jumbo"],
+    ] {
+        let out = exitless(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?} is a usage error");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.starts_with("exitless: error: ") && err.lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+    let out = exitless(&["bench", "iommu", "--frame-sizes", "1500,1500"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("exitless: error: --frame-sizes"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
 fn bad_request_or_response_sizes_are_refused_before_booting() {
     for args in [
         &["bench", "rr", "--response-size", "0"][..],

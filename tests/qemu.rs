@@ -211,6 +211,8 @@ fn the_iommu_streams_run_through_qemus_intel_iommu_strict_and_deferred() {
         packets: frames,
         in_flight: 8,
         transactions: 1,
+        // The seed's frames, and jumbo frames over three pages of each mapping.
+        frame_sizes: vec![32, 9000],
         rounds: 1,
         timeout: LIMIT,
     };
@@ -225,7 +227,7 @@ fn the_iommu_streams_run_through_qemus_intel_iommu_strict_and_deferred() {
     for i in 0..plan.ops.len() {
         ok(&run, i);
     }
-    let names: Vec<&str> = plan.counterparts.iter().map(|c| c.variant).collect();
+    let names: Vec<&str> = plan.counterparts.iter().map(|c| &*c.variant).collect();
     assert_eq!(
         names,
         [
@@ -234,7 +236,11 @@ fn the_iommu_streams_run_through_qemus_intel_iommu_strict_and_deferred() {
             "deferred-list",
             "deferred-array",
             "per-domain",
-            "linux-fq"
+            "linux-fq",
+            "none-9000",
+            "strict-9000",
+            "deferred-list-9000",
+            "deferred-array-9000"
         ]
     );
     for c in &plan.counterparts {

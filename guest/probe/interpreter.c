@@ -87,7 +87,7 @@ static void run_op(const struct op *op, struct op_result *res)
             mem_write(op->address, op->size, op->value);
         break;
     case OP_VIRTIO_INIT:
-        res->status = virtio_init(op->method, op->address, op->value);
+        res->status = virtio_init(op->method, op->address, op->value, op->size);
         break;
     case OP_VIRTIO_RR:
         virtio_rr(op, res);
@@ -101,7 +101,7 @@ static void run_op(const struct op *op, struct op_result *res)
             break;
         }
         send_request(32, 0); /* in flight when the reset comes */
-        res->status = virtio_init(dev.transport, dev.address, dev.flags);
+        res->status = virtio_init(dev.transport, dev.address, dev.flags, dev.stream_payload);
         break;
     case OP_VIRTIO_MASK_PENDING:
         virtio_mask_pending(op, res);

@@ -47,7 +47,8 @@ struct vdev {
     u64 notify_mult, msix_table, msix_pba;
     struct vq rx, tx;
     u8 *rx_buf, *tx_buf;
-    u8 *stream_buf;                         /* OP_NET_STREAM: one frame per descriptor */
+    u8 *stream_buf;                         /* OP_NET_STREAM: one frame per descriptor, */
+    u64 stream_payload, stream_stride;      /* `stream_stride` apart, as virtio_init laid them */
     u32 rx_vector;                          /* IDT vector that signals a receive */
     u8 mac[6];                              /* from its config space; all zero if none */
     u64 rx_irqs;                            /* receive interrupts before the posted buffer's */

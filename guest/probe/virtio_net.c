@@ -87,17 +87,22 @@ static void virtio_release(u64 transport, u64 address)
         ;
 }
 
-/* Bring the device up as virtio 1.2 §3.1.1 orders it. */
-static u64 virtio_init(u64 transport, u64 address, u64 flags)
+/* Bring the device up as virtio 1.2 §3.1.1 orders it, its stream buffers laid out for frames
+ * of up to `stream_payload` bytes (OP_VIRTIO_INIT's `size`): NET_STREAM_ALIGN apart for the
+ * seed's 32 bytes or less, as they always were, one VT-d slot each at most. */
+static u64 virtio_init(u64 transport, u64 address, u64 flags, u64 stream_payload)
 {
     const struct transport_ops *ops = transport_ops(transport, flags);
-    if (!ops)
+    u64 stream_frame = VIRTIO_NET_HDR_SIZE + stream_payload;
+    if (!ops || stream_payload > NET_STREAM_FRAME_SIZE - VIRTIO_NET_HDR_SIZE)
         return STATUS_UNSUPPORTED;
     virtio_release(transport, address);
     dev.ops = ops;
     dev.transport = transport;
     dev.address = address;
     dev.flags = flags;
+    dev.stream_payload = stream_payload;
+    dev.stream_stride = (stream_frame + NET_STREAM_ALIGN - 1) & ~(NET_STREAM_ALIGN - 1);
     dev.ready = 0;
     dev.iommu = 0;
     dma_next = DMA_ADDR;
@@ -140,7 +145,10 @@ static u64 virtio_init(u64 transport, u64 address, u64 flags)
         return STATUS_DEVICE_ERROR;
     dev.rx_buf = dma_alloc(RR_RX_BUFFER_SIZE);
     dev.tx_buf = dma_alloc(VIRTIO_NET_HDR_SIZE + RR_MAX_REQUEST);
-    dev.stream_buf = dma_alloc(QSIZE * NET_STREAM_FRAME_SIZE);
+    /* Zeroed here, so that no stream touches a page for the first time. */
+    dev.stream_buf = dma_alloc(QSIZE * dev.stream_stride);
+    if (!dev.stream_buf)
+        return STATUS_DEVICE_ERROR;
     for (u64 i = 0; i < QSIZE; i++)
         dev.rx.iova_slot[i] = dev.tx.iova_slot[i] = 0;
     ops->set_status(s | VIRTIO_STATUS_DRIVER_OK);
@@ -273,12 +281,14 @@ static void virtio_mask_pending(const struct op *op, struct op_result *res)
     res->value = res->status == STATUS_OK;
 }
 
-/* A stream of small frames into the transmit queue, `value` in flight (UDP_STREAM-like, the
- * IOMMU streams' workload): each buffer mapped when posted, unmapped when returned. */
+/* A stream of frames into the transmit queue, `value` in flight (UDP_STREAM-like, the IOMMU
+ * streams' workload): each payload written as a sender produces its data, each buffer mapped
+ * when posted, unmapped when returned. The buffers are those virtio_init laid out: a frame
+ * larger than they hold is refused. */
 static void net_stream(const struct op *op, struct op_result *res)
 {
     u64 frame = VIRTIO_NET_HDR_SIZE + op->size, limit = op->value ? op->value : QSIZE;
-    if (!dev.ready || op->size == 0 || frame > NET_STREAM_FRAME_SIZE || limit > QSIZE) {
+    if (!dev.ready || op->size == 0 || frame > dev.stream_stride || limit > QSIZE) {
         res->status = STATUS_UNSUPPORTED;
         return;
     }
@@ -288,7 +298,7 @@ static void net_stream(const struct op *op, struct op_result *res)
     u64 deadline = tsc_timeout();
     while (res->value < op->count) {
         if (posted < op->count && in_flight < limit) {
-            u8 *buf = dev.stream_buf + (dev.tx.avail_idx % QSIZE) * NET_STREAM_FRAME_SIZE;
+            u8 *buf = dev.stream_buf + (dev.tx.avail_idx % QSIZE) * dev.stream_stride;
             for (u64 i = 0; i < VIRTIO_NET_HDR_SIZE; i++)
                 buf[i] = 0;
             for (u64 i = 0; i < op->size; i++)

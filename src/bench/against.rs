@@ -8,6 +8,7 @@
 //! ([`crate::peer`]). QEMU's exits cannot be counted from outside it, so the peer has none in
 //! the report.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use crate::bench::format::human_ns;
@@ -33,8 +34,8 @@ pub struct PeerPlan {
 
 /// Which peer ops answer one exitless variant.
 pub struct Counterpart {
-    /// The exitless variant's name.
-    pub variant: &'static str,
+    /// The exitless variant's name (made up for some: `none-1500`).
+    pub variant: Cow<'static, str>,
     /// Indexes of the peer's ops that measure it (one per repetition or device).
     pub ops: Vec<usize>,
     /// Timed operations per op.

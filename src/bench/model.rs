@@ -263,6 +263,10 @@ impl From<TargetCheck> for TargetJson {
 /// The IOMMU figures of one variant.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct IommuFigures {
+    /// Payload bytes of each streamed frame.
+    pub payload_bytes: u64,
+    /// Streamed frames the sink found with a wrong payload: 0, or the variant fails.
+    pub bad_frames: u64,
     /// Streamed frames per second.
     pub packets_per_s: f64,
     /// `packets_per_s` over `none`'s.

@@ -175,14 +175,14 @@ impl MsixBench {
         let counterparts = STRATEGIES
             .iter()
             .map(|s| Counterpart {
-                variant: s.name(),
+                variant: s.name().into(),
                 ops: enables.clone(),
                 per_op: 1,
                 path: "MSI-X Enable on its virtio-net-pci",
                 control: false,
             })
             .chain([Counterpart {
-                variant: UNMASK_BURST,
+                variant: UNMASK_BURST.into(),
                 ops: bursts,
                 per_op: 1,
                 path: "unmasking every vector, one by one",

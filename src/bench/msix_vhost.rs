@@ -168,14 +168,14 @@ pub(crate) fn counterparts(steps: &[VhostSteps]) -> Vec<Counterpart> {
     NAMES
         .iter()
         .map(|&variant| Counterpart {
-            variant,
+            variant: variant.into(),
             ops: steps.iter().map(|s| s.enable).collect(),
             per_op: 1,
             path: "MSI-X Enable on its vhost-user virtio-net-pci (vhost's irqfds)",
             control: false,
         })
         .chain([Counterpart {
-            variant: "vhost-user first interrupt after enable (median device)",
+            variant: "vhost-user first interrupt after enable (median device)".into(),
             ops: steps.iter().map(|s| s.first_interrupt).collect(),
             per_op: 1,
             path: "one ICMP echo with testpmd right after Enable",

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 
 use crate::bench::host_tap::TapLink;
-use crate::bench::iommu::IommuBench;
+use crate::bench::iommu::{IommuBench, MAX_FRAME_PAYLOAD};
 use crate::bench::msix::MsixBench;
 use crate::bench::pci::PciBench;
 use crate::bench::restore::RestoreBench;
@@ -99,6 +99,19 @@ pub struct BenchOptions {
     /// Frames in flight at most in `iommu` (the transmit queue holds 16).
     #[arg(long, default_value_t = 8)]
     pub in_flight: u64,
+    /// Payload bytes of the frames `iommu` streams, comma-separated, 1 to 28660 each (the
+    /// seed's, an MTU's and a jumbo frame's by default): each size gets its own none, strict,
+    /// deferred-list and deferred-array (named `none-1500` and so on), each against its size's
+    /// none; 32, the seed's size, keeps the plain names and every variant, the
+    /// high-water-mark sweep included.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        value_delimiter = ',',
+        default_value = "32,1500,9000",
+        value_parser = clap::value_parser!(u64).range(1..=MAX_FRAME_PAYLOAD)
+    )]
+    pub frame_sizes: Vec<u64>,
     /// Hostile bursts in `soak` (50 per boot of the probe).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub bursts: u64,
@@ -228,6 +241,7 @@ impl BenchOptions {
             packets: self.packets,
             in_flight: self.in_flight,
             transactions: self.transactions,
+            frame_sizes: self.frame_sizes.clone(),
             rounds: usize::from(self.rounds),
             timeout: self.timeout(),
         };

@@ -76,8 +76,8 @@ impl PciBench {
         let (n, reps) = (self.reads.max(1), usize::from(self.enumerations.max(1)));
         let list = trap_ops(machine.virtio_net_function(0), n, reps);
         let enums = |start: usize| (start..start + reps).collect::<Vec<_>>();
-        let pair = |variant, ops, per_op, path| Counterpart {
-            variant,
+        let pair = |variant: &'static str, ops, per_op, path| Counterpart {
+            variant: variant.into(),
             ops,
             per_op,
             path,

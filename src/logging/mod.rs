@@ -78,6 +78,8 @@ pub struct DeviceLog {
     guest_errors: AtomicU64,
     /// CPU time the device's own thread has spent, in nanoseconds.
     thread_cpu_ns: AtomicU64,
+    /// Frames a checking backend (the sink) found with a wrong payload.
+    bad_frames: AtomicU64,
 }
 
 impl DeviceLog {
@@ -92,6 +94,7 @@ impl DeviceLog {
             }),
             guest_errors: AtomicU64::new(0),
             thread_cpu_ns: AtomicU64::new(0),
+            bad_frames: AtomicU64::new(0),
         })
     }
 
@@ -136,6 +139,17 @@ impl DeviceLog {
     /// CPU time the device's thread has spent so far, in nanoseconds.
     pub fn thread_cpu_ns(&self) -> u64 {
         self.thread_cpu_ns.load(Ordering::Relaxed)
+    }
+
+    /// Count `n` frames whose payload a checking backend found wrong (not a guest error: the
+    /// data, not the device's interface, is what is wrong).
+    pub fn add_bad_frames(&self, n: u64) {
+        self.bad_frames.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Frames with a wrong payload counted so far.
+    pub fn bad_frames(&self) -> u64 {
+        self.bad_frames.load(Ordering::Relaxed)
     }
 }
 

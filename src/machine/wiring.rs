@@ -454,7 +454,9 @@ fn add_virtio_net(
                     .map(|_| Box::new(RequestResponse::new(cfg.response_size)) as _)
                     .collect(),
             ),
-            NetBackendKind::Sink => in_process((0..pairs).map(|_| Box::new(Sink) as _).collect()),
+            NetBackendKind::Sink => {
+                in_process((0..pairs).map(|_| Box::new(Sink::default()) as _).collect())
+            }
             NetBackendKind::Tap(name) => in_process(
                 Tap::open_queues(name, pairs)?
                     .into_iter()

@@ -219,11 +219,11 @@ impl RrBench {
         let n = self.transactions.max(1);
         let mut ops = Vec::new();
         let mut counterparts = Vec::new();
-        let mut add = |list: Vec<Op>, variant, path| {
+        let mut add = |list: Vec<Op>, variant: &'static str, path| {
             let first = ops.len() + 1;
             ops.extend(list);
             counterparts.push(Counterpart {
-                variant,
+                variant: variant.into(),
                 ops: (first..first + TAP_REPEATS).collect(),
                 per_op: n,
                 path,

@@ -74,7 +74,7 @@ fn qemu_echoes_with_testpmd_on_a_vhost_user_function_after_the_tap_one() {
         panic!("two counterparts")
     };
     assert_eq!(
-        (tap.variant, vhost.variant),
+        (&*tap.variant, &*vhost.variant),
         (TAP_VARIANT, VHOST_PCI_VARIANT)
     );
     let f = plan.machine.virtio_net_function(1);

@@ -156,6 +156,13 @@ impl ProbeRun {
             .map_or(0, |id| self.exits(i).thread_cpu_ns_of(id))
     }
 
+    /// Frames with a wrong payload the backend of the device called `name` counted during
+    /// op `i` (the sink checks the stream's pattern).
+    pub fn bad_frames_at(&self, i: usize, name: &str) -> u64 {
+        self.device_id(name)
+            .map_or(0, |id| self.exits(i).bad_frames_of(id))
+    }
+
     fn device_id(&self, name: &str) -> Option<usize> {
         self.devices.iter().position(|n| n == name)
     }

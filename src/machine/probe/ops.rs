@@ -83,6 +83,15 @@ pub fn virtio_init(transport: u64, address: u64, flags: u64) -> Op {
     }
 }
 
+/// [`virtio_init`], with the stream buffers laid out for frames of up to `stream_payload`
+/// bytes (`OP_VIRTIO_INIT`'s `size`).
+pub fn virtio_init_streaming(transport: u64, address: u64, flags: u64, stream_payload: u64) -> Op {
+    Op {
+        size: stream_payload,
+        ..virtio_init(transport, address, flags)
+    }
+}
+
 /// `count` request/response transactions of `request_size`-byte requests.
 pub fn virtio_rr(request_size: u64, count: u64) -> Op {
     Op {

@@ -92,6 +92,7 @@ impl NetQueues {
                         "virtio-net: the backend dropped a transmitted frame (full, no link, or too short for it)"
                     ));
                 }
+                log.add_bad_frames(backend.take_bad_frames());
             }
             Ok(0)
         })

@@ -227,6 +227,36 @@ fn a_too_small_receive_buffer_drops_the_frame_not_the_device() {
     assert_eq!(used_len(&rx, 0), 0);
 }
 
+/// A sink counts, in the device's log, each transmitted frame whose payload breaks the
+/// stream's pattern: a figure, not a guest error; every frame is used all the same.
+#[test]
+fn the_sink_counts_bad_frames_in_the_devices_log() {
+    let mem = memory();
+    let (rx, tx) = (driver_queue(&mem, 0), driver_queue(&mem, 1));
+    let sink: Vec<Box<dyn NetBackend>> = vec![Box::new(Sink::default())];
+    let dma = DmaContext::platform(mem.clone());
+    let (mut engine, health) = engine_with(sink, &[(0, &rx), (1, &tx)], dma);
+    // Frame n of a stream (byte i of its payload is n + i), with one byte flipped or not.
+    let frame = |n: u64, wrong: Option<usize>| {
+        let at = BUFFERS + n * 0x1000;
+        let mut bytes = vec![0u8; HDR + 1500];
+        for (i, b) in bytes[HDR..].iter_mut().enumerate() {
+            *b = (n as usize + i) as u8;
+        }
+        if let Some(k) = wrong {
+            bytes[HDR + k] ^= 0xff;
+        }
+        mem.write_slice(&bytes, GuestAddress(at)).unwrap();
+        desc(at, bytes.len() as u32, 0)
+    };
+    let frames = [frame(0, None), frame(1, Some(1499)), frame(2, None)];
+    tx.add_desc_chains(&frames, 0).unwrap();
+    engine.process(1);
+    assert_eq!(tx.used().idx().load(), 3, "every frame is used");
+    assert_eq!(health.log().bad_frames(), 1);
+    assert_eq!(health.log().guest_errors(), 0);
+}
+
 #[test]
 fn several_pairs_offer_multiqueue_with_a_control_queue() {
     let (one, _) = VirtioNet::new([0; 6], vec![Box::new(RequestResponse::new(8))]);
@@ -445,7 +475,7 @@ fn a_frame_from_outside_wakes_the_device_thread_for_its_pairs_receive_queue() {
         wake: EventFd::new(EFD_NONBLOCK).unwrap(),
     };
     let wake = outside.wake.try_clone().unwrap();
-    let backends: Vec<Box<dyn NetBackend>> = vec![Box::new(Sink), Box::new(outside)];
+    let backends: Vec<Box<dyn NetBackend>> = vec![Box::new(Sink::default()), Box::new(outside)];
     let (engine, _) = engine_with(backends, &[(2, &rx)], DmaContext::platform(mem.clone()));
     let line = LegacyLine {
         irqfd: EventFd::new(EFD_NONBLOCK).unwrap(),

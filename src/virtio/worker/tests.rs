@@ -34,7 +34,7 @@ fn a_stream_is_served_whatever_phase_its_kicks_meet() {
     let tx = MockSplitQueue::create(&mem, GuestAddress(0x8000), QSIZE);
     let (net, handler) = VirtioNet::new(
         [2, 0, 0, 0, 0, 1],
-        vec![Box::new(Sink) as Box<dyn NetBackend>],
+        vec![Box::new(Sink::default()) as Box<dyn NetBackend>],
     );
     let mut queues: Vec<Queue> = (net.queue_max_sizes().into_iter())
         .map(|max| Queue::new(max).unwrap())
