@@ -21,7 +21,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{checked, resume_failed};
+use super::check::{checked, resume_failed};
 use crate::bench::msix_vhost;
 use crate::bench::restore::RestoreBench;
 use crate::bench::vhost_net::{BACKEND_IP, BACKEND_MAC, GUEST_IP};
@@ -112,7 +112,8 @@ fn vhost_plan(functions: &[PciAddress]) -> VhostPlan {
     let mut list = Vec::new();
     msix_vhost::ops(&mut list, functions, false);
     let last = *functions.last().expect("at least one function");
-    let rounds = (MAX_OPS as usize).saturating_sub(list.len() + functions.len() + 1) / 3;
+    let max = usize::try_from(MAX_OPS).expect("the op array's 512 entries");
+    let rounds = max.saturating_sub(list.len() + functions.len() + 1) / 3;
     let mut echoes = Vec::new();
     for _ in 0..rounds {
         list.push(ops::ram_read_loop(WINDOW_READS));
