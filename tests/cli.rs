@@ -401,7 +401,7 @@ fn bench_restore_against_qemu_resumes_a_migrated_probe_beside_ours() {
         "2 vhost-user-net functions on DPDK testpmd",
         "reconnecting to testpmd: process start to guest running",
         "to the guest's first config read after its first interrupt",
-        "migrated in the middle of the probe's ops, then every echo answered but the ",
+        "migrated in the middle of the probe's ops, then every echo answered",
         "and every function's MSI-X check passed",
     ] {
         assert!(vhost.contains(part), "{part}: {vhost}");
