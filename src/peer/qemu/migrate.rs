@@ -182,6 +182,8 @@ impl Qemu {
         )?;
         let start_to_running = started.elapsed();
         let status = wait(second, deadline).map_err(io("wait for QEMU"))?;
+        // Before the caller may stop the backend or connect anything else to its sockets.
+        await_closed(&machine.vhost_user, deadline)?;
         let serial = read_lossy(&files[1].serial);
         let run = self.ended(
             status,
@@ -240,9 +242,10 @@ impl Qemu {
         let migrate = migrating.elapsed();
         let before = read_lossy(&files.serial);
         let mid_ops = before.contains(RUNNING) && !before.contains(DONE);
-        // Killed and reaped: its vhost-user connections are closed before the second QEMU
-        // connects to the same sockets.
+        // Killed and reaped: its ends of the vhost-user connections are closed; the second
+        // QEMU connects to the same sockets once the backend has closed its ends too.
         drop((qmp, first));
+        await_closed(&machine.vhost_user, deadline)?;
         Ok(Outgoing {
             migrate,
             mid_ops,
@@ -346,6 +349,45 @@ impl MarkerTrace {
     }
 }
 
+/// Wait until the vhost-user backend listening on `sockets` has closed every connection a
+/// QEMU made to them (`/proc/net/unix`: an accepted socket is listed with its listener's
+/// path, not listening, until the server closes it). A server that takes a new frontend
+/// before it has seen the old one go (DPDK's vhost library handles both on its own thread)
+/// may tear the new device down with the old one.
+fn await_closed(sockets: &[std::path::PathBuf], deadline: Instant) -> Result<(), PeerError> {
+    let paths: Vec<String> = sockets.iter().map(|p| p.display().to_string()).collect();
+    loop {
+        let table = fs::read_to_string("/proc/net/unix").map_err(io("read /proc/net/unix"))?;
+        match connected(&table, &paths) {
+            0 => return Ok(()),
+            n if Instant::now() >= deadline => {
+                let why = format!("the backend still holds {n} connections on its sockets");
+                return Err(io("hand the vhost-user sockets over")(
+                    std::io::Error::other(why),
+                ));
+            }
+            _ => thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// Sockets of `/proc/net/unix` (`table`: `Num RefCount Protocol Flags Type St Inode Path`)
+/// bound to one of `paths` and not listening: a server's ends of its connections.
+fn connected(table: &str, paths: &[String]) -> usize {
+    /// `__SO_ACCEPTCON` in the `Flags` column: a listening socket.
+    const LISTENING: u32 = 1 << 16;
+    let not_listening = |cols: &[&str]| {
+        (cols.get(3).and_then(|f| u32::from_str_radix(f, 16).ok()))
+            .is_some_and(|f| f & LISTENING == 0)
+    };
+    (table.lines().skip(1))
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|cols| {
+            not_listening(cols) && cols.get(7).is_some_and(|p| paths.contains(&p.to_string()))
+        })
+        .count()
+}
+
 /// A trace line's `SECONDS.MICROSECONDS` (gettimeofday) as a time.
 fn wall_clock(stamp: &str) -> Option<SystemTime> {
     let (secs, micros) = stamp.split_once('.')?;
@@ -375,5 +417,17 @@ mod tests {
         assert_eq!((t.routes, t.commits), (2, 1));
         assert_eq!(t.running, Some(at(1_700_000_000_600)));
         assert_eq!(MarkerTrace::read(log, 0x3c).reads, []);
+    }
+    #[test]
+    fn a_backend_holds_a_connection_while_an_accepted_socket_has_its_path() {
+        let table = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+                     00000000e25bf402: 00000003 00000000 00000000 0001 03 4878264 /s/a.sock\n\
+                     00000000370b1a3c: 00000002 00000000 00010000 0001 01 4878262 /s/a.sock\n\
+                     00000000370b1a3d: 00000002 00000000 00010000 0001 01 4878263 /s/b.sock\n\
+                     00000000370b1a3e: 00000003 00000000 00000000 0001 03 4878265\n\
+                     00000000370b1a3f: 00000003 00000000 00000000 0001 03 4878266 /s/c.sock\n";
+        let paths = ["/s/a.sock".to_string(), "/s/b.sock".to_string()];
+        assert_eq!(connected(table, &paths), 1);
+        assert_eq!(connected(table, &paths[1..]), 0, "b only listens");
     }
 }
