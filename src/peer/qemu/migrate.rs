@@ -5,13 +5,18 @@
 //! time is the second process's start to QMP `query-status` answering `running` (QEMU starts
 //! the guest itself once the incoming migration completes).
 //!
-//! With a [`Migration::marker`], both QEMUs log the guest's config reads with wall-clock
-//! timestamps (`-trace enable=pci_cfg_read,file=...` and `-msg timestamp=on`, QEMU's `log`
-//! trace backend: `PID@SECONDS.MICROSECONDS:pci_cfg_read ...`): the migration starts once the
-//! first QEMU's guest has read the marker register (it is in the window its ops leave for the
-//! migration), and the second QEMU's first read of it times the guest's work after the resume
-//! from the second process's start: a config read is the one step of the probe that QEMU sees
-//! when its devices' rings and interrupts go through a vhost-user backend and KVM.
+//! With a [`Migration::marker`], both QEMUs log, with wall-clock timestamps, the guest's
+//! config reads, their run state and their KVM MSI routes (`-trace pci_cfg_read -trace
+//! runstate_set -trace kvm_irqchip_add_msi_route -trace kvm_irqchip_commit_routes -D FILE -msg
+//! timestamp=on`, QEMU's `log` trace backend: `PID@SECONDS.MICROSECONDS:EVENT ...`): the
+//! migration starts once the first QEMU's guest has read the marker register (it is in the
+//! window its ops leave for the migration), and each QEMU's reads of it place the guest's
+//! steps on either side of the migration, timed from the second process's start: a config
+//! read is the one step of the probe that QEMU sees when its devices' rings and interrupts go
+//! through a vhost-user backend and KVM.
+//!
+//! With vhost-user functions, each QEMU hands the backend's sockets on only once the backend
+//! has closed its connections (`await_closed`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
