@@ -208,7 +208,8 @@ impl Session {
                 }
                 Scenario::Iommu => self.options.iommu()?.peer_plan(),
                 Scenario::Restore => {
-                    self.restore_peer = Some(self.options.restore(None)?.against_qemu(qemu));
+                    let restore = self.options.restore(self.vhost_ports().as_ref())?;
+                    self.restore_peer = Some(restore.against_qemu(qemu));
                     continue;
                 }
                 Scenario::Soak => continue,

@@ -30,7 +30,7 @@ pub mod qemu;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-pub use qemu::migrate::QemuResume;
+pub use qemu::migrate::{MarkerTrace, MarkerTraces, Migration, QemuResume};
 pub use qemu::{Qemu, QemuMachine, QemuTap};
 
 use crate::contract::{EnumRecord, OpResult};

@@ -392,6 +392,8 @@ struct RunFiles {
     serial: PathBuf,
     /// What QEMU prints on stderr.
     stderr: PathBuf,
+    /// QEMU's trace log, where a run asks for one (`migrate`'s marker).
+    trace: PathBuf,
 }
 
 impl RunFiles {
@@ -401,6 +403,7 @@ impl RunFiles {
             ops: dir.join("ops.bin"),
             serial: dir.join("serial.txt"),
             stderr: dir.join("stderr.txt"),
+            trace: dir.join("trace.txt"),
         }
     }
 }
