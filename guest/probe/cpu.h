@@ -73,6 +73,30 @@ static u64 tsc_timeout(void)
 /* TSC cycles per millisecond: its frequency in kHz, 3 GHz if unknown. */
 static u64 tsc_per_ms(void) { return boot->tsc_khz ? boot->tsc_khz : 3000000; }
 
+/* A one-second deadline that the VM's being stopped does not use up: a wait the VMM pauses,
+ * snapshots and restores later goes on with the time it had left. The TSC cannot always tell
+ * (a host that cannot restore a guest's TSC, docs/snapshot.md, shows the gap as time run), so
+ * a gap of more than 100 ms between two looks, which no spinning loop here takes, is counted
+ * as the VM stopped, not as waiting. */
+struct deadline {
+    u64 at, last;
+};
+
+static struct deadline deadline_in_a_second(void)
+{
+    u64 now = rdtsc();
+    return (struct deadline){now + tsc_per_ms() * 1000, now};
+}
+
+static int deadline_passed(struct deadline *d)
+{
+    u64 now = rdtsc();
+    if (now - d->last > tsc_per_ms() * 100)
+        d->at += now - d->last;
+    d->last = now;
+    return now > d->at;
+}
+
 /* Spin for about `us` microseconds. */
 static void spin_us(u64 us)
 {

@@ -214,11 +214,11 @@ static u64 take_response(u64 size, struct op_result *res)
  * receive vector fired. */
 static int wait_rx(u64 irqs_before)
 {
-    u64 deadline = tsc_timeout();
+    struct deadline deadline = deadline_in_a_second(); /* a snapshot may stop the VM here */
     while (used_idx(&dev.rx) == dev.rx.last_used ||
            (irqs_before != ~0ull && irq_counts[dev.rx_vector] == irqs_before)) {
         vtd_tick();
-        if (rdtsc() > deadline)
+        if (deadline_passed(&deadline))
             return 0;
     }
     return 1;

@@ -73,8 +73,10 @@ pub enum Command {
     Pause(SyncSender<Paused>),
     /// A restored device: give the handler the state it saved, and answer how that went.
     RestoreHandler(serde_json::Value, SyncSender<Result<(), String>>),
-    /// Serve the queues again after [`Command::Pause`], looking at every one.
-    Resume,
+    /// Serve the queues again after [`Command::Pause`] or a restore's [`Command::Activate`]:
+    /// serve every one once, then acknowledge. A restore waits for it before any vCPU runs,
+    /// so work the driver made available before the snapshot is done by then.
+    Resume(SyncSender<()>),
 }
 
 /// What a paused device thread reports.
@@ -446,9 +448,12 @@ impl DeviceThread {
                 Command::RestoreHandler(state, ack) => {
                     let _ = ack.send(self.engine.restore_handler(state));
                 }
-                Command::Resume => {
+                Command::Resume(ack) => {
                     self.paused = false;
-                    kick(&self.queue_events);
+                    for q in 0..self.queue_events.len() {
+                        self.serve_queue(q);
+                    }
+                    let _ = ack.send(());
                 }
             }
         }
@@ -494,6 +499,11 @@ impl WorkerHandle {
     /// Returns once no work is in flight on the device thread.
     pub fn sync(&self) -> Result<(), PendingAck> {
         self.call(Command::Sync)
+    }
+
+    /// Serve the queues again ([`Command::Resume`]); returns once each was served once.
+    pub fn resume(&self) -> Result<(), PendingAck> {
+        self.call(Command::Resume)
     }
 
     /// Pause the device thread for a snapshot ([`Command::Pause`]): what it reports; the

@@ -13,7 +13,7 @@ use crate::virtio::device::QueuePosition;
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::interrupt::persist::InterruptState;
 use crate::virtio::state::{RegisterState, VirtioState};
-use crate::virtio::worker::{Command, Paused, WorkerHandle};
+use crate::virtio::worker::{Paused, WorkerHandle};
 
 /// Where a transport is in a snapshot's life.
 #[derive(Default)]
@@ -130,13 +130,16 @@ impl Phase {
     }
 
     /// Serve the queues again: the paused thread resumes, or a restored live device's thread
-    /// is handed its queues at their positions through `dma`.
+    /// is handed its queues at their positions through `dma`; either has served each queue
+    /// once when this returns ([`Command::Resume`]), or has been warned about.
     pub fn resume(&mut self, st: &VirtioState, worker: &WorkerHandle, dma: &DmaContext) {
         match std::mem::take(self) {
-            Phase::Running => {}
-            Phase::Paused(_) => worker.send(Command::Resume),
+            Phase::Running | Phase::Restored(None) => return,
+            Phase::Paused(_) => {}
             Phase::Restored(Some(queues)) => crate::virtio::activate(st, worker, dma, queues),
-            Phase::Restored(None) => {}
         }
+        // A thread that does not answer in time was warned about by `call`; it serves the
+        // queues when it gets to the command.
+        let _ = worker.resume();
     }
 }

@@ -306,14 +306,11 @@ impl VhostUserThread {
                     };
                     let _ = ack.send(restored);
                 }
-                Command::KickAll | Command::Resume => {
-                    if let Some(r) = self.rings.take() {
-                        if !self.started.iter().any(|&s| s) {
-                            self.start(&r);
-                        }
-                        self.rings = Some(r);
-                    }
-                    self.serve_control();
+                Command::KickAll => self.restart(),
+                // The backend serves the rings; the control queue is served here.
+                Command::Resume(ack) => {
+                    self.restart();
+                    let _ = ack.send(());
                 }
             }
         }
@@ -461,6 +458,18 @@ impl VhostUserThread {
         for ack in waiting {
             let _ = ack.send(());
         }
+    }
+
+    /// Work may have become possible again (Bus Master set, or a resume): start the rings if
+    /// none runs, and serve the control queue.
+    fn restart(&mut self) {
+        if let Some(r) = self.rings.take() {
+            if !self.started.iter().any(|&s| s) {
+                self.start(&r);
+            }
+            self.rings = Some(r);
+        }
+        self.serve_control();
     }
 
     /// The control queue's doorbell rang (or its work may have become possible): serve its
