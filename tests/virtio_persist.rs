@@ -308,6 +308,26 @@ fn request(devices: &wiring::Devices, mem: &GuestMemoryMmap, bar0: u64, n: u8) {
     assert!(answered(mem, n), "request {n} answered");
 }
 
+/// `first` (on `vm`) paused and saved, and a fresh machine of `cfg` with its memory: the
+/// states are for the fresh machine's devices to restore.
+fn moved(
+    cfg: &MachineConfig,
+    vm: &Vm,
+    first: &wiring::Devices,
+) -> (Vm, wiring::Devices, Vec<serde_json::Value>) {
+    let states = (first.persist.iter())
+        .map(|(_, p)| {
+            p.pause().unwrap();
+            p.save().unwrap()
+        })
+        .collect();
+    let (vm2, second, _) = wired(cfg);
+    let mut bytes = vec![0u8; 0x30_0000];
+    vm.memory().read_slice(&mut bytes, GuestAddress(0)).unwrap();
+    vm2.memory().write_slice(&bytes, GuestAddress(0)).unwrap();
+    (vm2, second, states)
+}
+
 /// A live device's thread is paused and its queues saved at their positions; a second
 /// machine, given the first's memory and states, answers the next request at the next index
 /// and answers none of the earlier ones again.
@@ -323,18 +343,7 @@ fn a_live_device_goes_on_in_a_fresh_machine_where_it_stopped() {
     for n in 0..2 {
         request(&first, vm.memory(), bar0, n);
     }
-    let states: Vec<serde_json::Value> = first
-        .persist
-        .iter()
-        .map(|(_, p)| {
-            p.pause().unwrap();
-            p.save().unwrap()
-        })
-        .collect();
-    let (vm2, second, _) = wired(&cfg);
-    let mut bytes = vec![0u8; 0x30_0000];
-    vm.memory().read_slice(&mut bytes, GuestAddress(0)).unwrap();
-    vm2.memory().write_slice(&bytes, GuestAddress(0)).unwrap();
+    let (vm2, second, states) = moved(&cfg, &vm, &first);
     for n in 0..2u64 {
         vm2.memory()
             .write_obj(0u8, GuestAddress(BUFFERS + n * 0x1000 + 12))
@@ -369,16 +378,7 @@ fn work_made_available_before_the_snapshot_is_done_when_resume_returns() {
     let (vm, first, _) = wired(&cfg);
     let bar0 = start_driver(&first);
     request(&first, vm.memory(), bar0, 0);
-    let states: Vec<serde_json::Value> = (first.persist.iter())
-        .map(|(_, p)| {
-            p.pause().unwrap();
-            p.save().unwrap()
-        })
-        .collect();
-    let (vm2, second, _) = wired(&cfg);
-    let mut bytes = vec![0u8; 0x30_0000];
-    vm.memory().read_slice(&mut bytes, GuestAddress(0)).unwrap();
-    vm2.memory().write_slice(&bytes, GuestAddress(0)).unwrap();
+    let (vm2, second, states) = moved(&cfg, &vm, &first);
     offer(vm2.memory(), 1);
     for ((_, fresh), state) in second.persist.iter().zip(states) {
         fresh.restore(state).unwrap();
