@@ -42,8 +42,8 @@ pub struct Counterpart {
     pub per_op: u64,
     /// QEMU's path, in a few words.
     pub path: &'static str,
-    /// A floor both VMMs share (guest RAM reads): a check on the timing, left out of the
-    /// exitless-against-peer target.
+    /// Left out of the exitless-against-peer target: a floor both VMMs share (guest RAM
+    /// reads: a check on the timing), or work the peer does not do alike.
     pub control: bool,
 }
 
