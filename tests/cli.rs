@@ -30,6 +30,14 @@ fn bench_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("valid JSON")
 }
 
+/// The names of a scenario's `variants`, in report order.
+fn variant_names(variants: &[serde_json::Value]) -> Vec<&str> {
+    variants
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect()
+}
+
 #[test]
 fn bench_pci_json_has_every_variant_with_exit_counts() {
     let report = bench_json(&[
@@ -45,10 +53,7 @@ fn bench_pci_json_has_every_variant_with_exit_counts() {
     let scenario = &report["scenarios"][0];
     assert_eq!(scenario["name"], "pci");
     let variants = scenario["variants"].as_array().unwrap();
-    let names: Vec<&str> = variants
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
+    let names = variant_names(variants);
     assert_eq!(
         names,
         [
@@ -175,10 +180,7 @@ fn bench_rr_reports_every_transport_and_doorbell_path() {
     let scenario = &report["scenarios"][0];
     assert_eq!(scenario["name"], "rr");
     let variants = scenario["variants"].as_array().unwrap();
-    let names: Vec<&str> = variants
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
+    let names = variant_names(variants);
     for mode in ["pci-msix", "mmio-legacy", "mmio-msi"] {
         for path in ["exit", "datamatch", "addr"] {
             assert!(
@@ -228,10 +230,7 @@ fn bench_iommu_streams_every_frame_size_and_the_sink_checks_every_byte() {
     ]);
     let scenario = &report["scenarios"][0];
     let variants = scenario["variants"].as_array().unwrap();
-    let names: Vec<&str> = variants
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
+    let names = variant_names(variants);
     // The seed's 32-byte rows keep their names; each other size has its four.
     for name in ["none", "linux-fq", "deferred-array-hwm1000"] {
         assert!(names.contains(&name), "{names:?}");
@@ -298,19 +297,19 @@ fn bad_frame_sizes_are_refused_before_booting() {
         &["bench", "iommu", "--frame-sizes", "32,30000"],
         &["bench", "iommu", "--frame-sizes", "32,jumbo"],
     ] {
-        let out = exitless(args);
-        assert_eq!(out.status.code(), Some(2), "{args:?} is a usage error");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.starts_with("exitless: error: ") && err.lines().count() == 1,
-            "{args:?}: {err}"
-        );
+        refused(args, 2, "exitless: error: ");
     }
-    let out = exitless(&["bench", "iommu", "--frame-sizes", "1500,1500"]);
-    assert_eq!(out.status.code(), Some(1));
+    let args = ["bench", "iommu", "--frame-sizes", "1500,1500"];
+    refused(&args, 1, "exitless: error: --frame-sizes");
+}
+
+/// `exitless ARGS` exits with `status` and one line on stderr that starts with `start`.
+fn refused(args: &[&str], status: i32, start: &str) {
+    let out = exitless(args);
+    assert_eq!(out.status.code(), Some(status), "{args:?}");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.starts_with("exitless: error: --frame-sizes"), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with(start), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
 }
 
 #[test]
@@ -321,11 +320,7 @@ fn bad_request_or_response_sizes_are_refused_before_booting() {
         &["bench", "rr", "--request-size", "0"],
         &["bench", "rr", "--request-size", "5000"],
     ] {
-        let out = exitless(args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.starts_with("exitless: error: --"), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
+        refused(args, 1, "exitless: error: --");
     }
 }
 
@@ -399,10 +394,7 @@ fn bench_restore_reports_each_strategy_per_function_after_checked_restores() {
     let scenario = &report["scenarios"][0];
     assert_eq!(scenario["name"], "restore");
     let variants = scenario["variants"].as_array().unwrap();
-    let names: Vec<&str> = variants
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
+    let names = variant_names(variants);
     // Then each restored again in a new exitless; with testpmd, the vhost-user pass's four.
     let strategies = ["per-vector", "batched", "first-use", "direct"];
     assert_eq!(names[..4], strategies);
