@@ -1,0 +1,202 @@
+//! The control socket as a user drives it: `exitless run --api-socket` with the test kernel
+//! printing numbered lines (`spam=N`), and `exitless ctl` (or raw HTTP) pausing, resuming,
+//! reading and shutting it down; bad requests and bad sockets.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::common::running::{Running, scratch, spamming};
+use crate::common::testkernel::{LIMIT, PASSED};
+
+fn exitless() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_exitless"))
+}
+
+/// A run of the test kernel on two vCPUs printing `lines` numbered lines, serving its API
+/// socket, once it has printed a few. (The second vCPU waits in the guest's idle loop or for
+/// SIPI: parked all the same by a pause.)
+fn start(dir: &Path, lines: u32) -> Running {
+    let mut vm = spamming(dir, "api", lines);
+    vm.wait_for_lines("spam ", 20);
+    vm
+}
+
+/// The exits counted so far.
+fn total_exits(vm: &Running) -> u64 {
+    vm.ctl(&["counters"])["total"].as_u64().unwrap()
+}
+
+/// Send `request` on a fresh connection and read the answer: its status and body.
+fn raw(socket: &Path, request: &[u8]) -> (u16, String) {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    stream.write_all(request).unwrap();
+    read_answer(stream)
+}
+
+fn read_answer(mut stream: UnixStream) -> (u16, String) {
+    let mut bytes = Vec::new();
+    // The server may close with part of a huge request unread: a reset after the answer.
+    let _ = stream.read_to_end(&mut bytes);
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+#[test]
+fn a_paused_guest_makes_no_progress_and_once_resumed_passes() {
+    let dir = scratch("pause");
+    let vm = start(&dir, 2000);
+    let mode = std::fs::metadata(&vm.socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "owner-only");
+    assert_eq!(vm.ctl(&["info"])["state"], "running");
+    assert_eq!(vm.ctl(&["pause"])["state"], "paused");
+    assert_eq!(vm.ctl(&["info"])["state"], "paused");
+    // Every vCPU is parked: not one exit, however long it stays paused.
+    let before = total_exits(&vm);
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(total_exits(&vm), before, "exits while paused");
+    let twice = vm.ctl_output(&["pause"]);
+    assert_eq!(twice.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&twice.stderr),
+        "exitless: error: the VM is already paused (HTTP 400)\n"
+    );
+    assert_eq!(vm.ctl(&["resume"])["state"], "running");
+    let again = vm.ctl_output(&["resume"]);
+    assert_eq!(again.status.code(), Some(1), "resume while running");
+    let socket = vm.socket.clone();
+    let lines = vm.lines("spam ");
+    let (status, stderr, _) = vm.end();
+    assert_eq!((status, stderr.as_str()), (PASSED, ""));
+    assert_eq!(
+        crate::common::running::numbers(
+            &std::fs::read_to_string(dir.join("api.console")).unwrap(),
+            "spam "
+        ),
+        (1..=2000).collect::<Vec<_>>(),
+        "every line, once, in order"
+    );
+    assert!(lines.len() < 2000, "paused mid-way");
+    assert!(!socket.exists(), "the socket is removed at exit");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn shutdown_ends_a_run_with_status_0_even_while_paused() {
+    let dir = scratch("shutdown");
+    let vm = start(&dir, 1_000_000);
+    vm.ctl(&["pause"]);
+    assert_eq!(vm.ctl(&["shutdown"])["state"], "shutting down");
+    let socket = vm.socket.clone();
+    let (status, stderr, _) = vm.end();
+    assert_eq!((status, stderr.as_str()), (0, ""));
+    assert!(!socket.exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_requests_and_bad_clients_never_disturb_the_vm() {
+    let dir = scratch("bad");
+    let vm = start(&dir, 1_000_000);
+    let s = &vm.socket;
+    let (status, body) = raw(s, b"\x16\x03\x01 not http at all\r\n\r\n");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("\"error\""), "{body}");
+    let huge = format!(
+        "GET /api/v1/vm.info HTTP/1.1\r\nX: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let mut stream = UnixStream::connect(s).unwrap();
+    let writer = thread::spawn(move || {
+        let _ = stream.write_all(huge.as_bytes());
+        stream
+    });
+    let stream = writer.join().unwrap();
+    assert_eq!(read_answer(stream).0, 413);
+    assert_eq!(raw(s, b"GET /api/v1/vm.reboot HTTP/1.1\r\n\r\n").0, 404);
+    assert_eq!(raw(s, b"POST /api/v1/vm.pause HTTP/1.1\r\n\r\n").0, 405);
+    // Half a request, then gone.
+    UnixStream::connect(s)
+        .unwrap()
+        .write_all(b"PUT /api/v1/vm.pa")
+        .unwrap();
+    // A client that connects and says nothing is given up on; the next one is answered.
+    let silent = UnixStream::connect(s).unwrap();
+    assert_eq!(
+        raw(s, b"GET /api/v1/vm.info HTTP/1.1\r\n\r\n").0,
+        200,
+        "answered after the silent client's deadline"
+    );
+    assert_eq!(read_answer(silent).0, 408);
+    // The guest ran on all along, and still does.
+    let before = total_exits(&vm);
+    let deadline = Instant::now() + LIMIT;
+    while total_exits(&vm) <= before {
+        assert!(Instant::now() < deadline, "no progress after {LIMIT:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let lines = vm.lines("spam ");
+    assert_eq!(lines, (1..).take(lines.len()).collect::<Vec<u32>>());
+    vm.ctl(&["shutdown"]);
+    let (status, stderr, _) = vm.end();
+    assert_eq!((status, stderr.as_str()), (0, ""));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_path_in_use_or_not_a_socket_is_refused_in_one_line_and_a_stale_socket_replaced() {
+    let dir = scratch("paths");
+    let kernel = Path::new(env!("CARGO_BIN_EXE_exitless")).with_file_name("testkernel.elf");
+    let run = |socket: &Path| {
+        exitless()
+            .arg("run")
+            .arg("--kernel")
+            .arg(&kernel)
+            .arg("--api-socket")
+            .arg(socket)
+            .output()
+            .unwrap()
+    };
+    let file = dir.join("file");
+    std::fs::write(&file, "keep").unwrap();
+    let out = run(&file);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not a socket") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+    let live = dir.join("live.sock");
+    let _listener = UnixListener::bind(&live).unwrap();
+    let out = run(&live);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("another process listens"), "{stderr}");
+    // A socket nobody listens on (a VMM killed): replaced, and the run passes.
+    let stale = dir.join("stale.sock");
+    drop(UnixListener::bind(&stale).unwrap());
+    assert!(std::fs::metadata(&stale).unwrap().file_type().is_socket());
+    assert_eq!(run(&stale).status.code(), Some(PASSED));
+    assert!(!stale.exists());
+    // ctl with nothing listening: one line, status 2.
+    let out = exitless()
+        .args(["ctl", "--api-socket"])
+        .arg(dir.join("none.sock"))
+        .arg("info")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}

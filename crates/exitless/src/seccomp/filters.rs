@@ -1,0 +1,569 @@
+//! What each kind of thread may call, and how the lists become BPF.
+//!
+//! The lists were taken from what the threads do (`strace -ff` of `exitless bench` and
+//! `exitless probe --console`) and from the code paths that a short run may miss: error and
+//! teardown paths, logging, panics (the message goes to stderr with `write`), `abort`. Each
+//! entry says why it is there. The targets are x86-64 Linux and glibc (`x86_64-unknown-linux-gnu`):
+//! another libc makes other calls for the same work.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+use super::ThreadKind;
+use super::kvm::*;
+
+/// The signal that kicks a vCPU thread out of `KVM_RUN` (its handler does nothing; the
+/// interrupted ioctl returns EINTR). Defined here, below the vCPU code, because the main
+/// thread's filter pins it: the only signal whose handler it may install.
+pub fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+/// The size of a block device in bytes (linux/fs.h: `_IOR(0x12, 114, size_t)`, a `size_t`
+/// being 8 bytes on x86-64), which libc lacks: a disk image on a block device is sized with
+/// it (`virtio::block::image`).
+pub const BLKGETSIZE64: libc::c_ulong =
+    vmm_sys_util::ioctl::ioctl_expr(vmm_sys_util::ioctl::_IOC_READ, 0x12, 114, 8);
+
+/// A system call a kind of thread may make, and with which arguments.
+#[derive(Clone, Debug)]
+pub(crate) struct Allowed {
+    /// Its number (`SYS_*`).
+    pub(crate) nr: libc::c_long,
+    /// The arguments it may take.
+    pub(crate) args: Args,
+}
+
+/// The arguments a system call may take.
+#[derive(Clone, Debug)]
+pub(crate) enum Args {
+    /// Any arguments: the call itself is what is allowed.
+    Any,
+    /// Argument `arg` is one of `values`. Compared as 32 bits: every argument checked so is an
+    /// `int` or `unsigned int` to the kernel (an ioctl's request, `prctl`'s option, a signal, a
+    /// pid, an `fcntl` command), which ignores the upper half.
+    OneOf {
+        /// Which argument, from 0.
+        arg: u8,
+        /// The values it may have.
+        values: Vec<u64>,
+    },
+    /// Argument `arg` has none of the bits of `mask`.
+    Without {
+        /// Which argument, from 0.
+        arg: u8,
+        /// The bits it must not have.
+        mask: u64,
+    },
+}
+
+impl Allowed {
+    fn only(self, arg: u8, values: impl IntoIterator<Item = u64>) -> Self {
+        Allowed {
+            args: Args::OneOf {
+                arg,
+                values: values.into_iter().collect(),
+            },
+            ..self
+        }
+    }
+
+    fn without(self, arg: u8, mask: u64) -> Self {
+        Allowed {
+            args: Args::Without { arg, mask },
+            ..self
+        }
+    }
+}
+
+/// `sys!(SYS_futex)`: the system call, with any arguments.
+macro_rules! sys {
+    ($nr:ident) => {
+        Allowed {
+            nr: libc::$nr,
+            args: Args::Any,
+        }
+    };
+}
+
+/// A non-negative C constant as a filter value.
+fn value(v: libc::c_int) -> u64 {
+    u64::try_from(v).expect("a non-negative constant")
+}
+
+/// What any thread does, whatever its work: the Rust standard library and glibc under it.
+fn runtime() -> Vec<Allowed> {
+    vec![
+        // Mutexes, condition variables, channels, once-cells and joins.
+        sys!(SYS_futex),
+        // std's channels back off by yielding when contended.
+        sys!(SYS_sched_yield),
+        // The allocator: glibc's thread arenas are mapped heaps, grown with mprotect and
+        // trimmed with madvise or munmap; big blocks are mapped alone (and grown with mremap);
+        // a thread that shares the main arena moves the break. Nothing here maps code.
+        sys!(SYS_mmap).without(2, value(libc::PROT_EXEC)),
+        sys!(SYS_mprotect).without(2, value(libc::PROT_EXEC)),
+        sys!(SYS_munmap),
+        sys!(SYS_madvise),
+        sys!(SYS_mremap),
+        sys!(SYS_brk),
+        // `Instant::now` and timed waits, on clock sources the vDSO cannot read.
+        sys!(SYS_clock_gettime),
+        // Output: log lines, console bytes, eventfd signals, a panic's message (which names the
+        // thread's id: gettid), the report of a forbidden call.
+        sys!(SYS_write),
+        sys!(SYS_gettid),
+        // Dropping a file descriptor; with debug assertions std first checks that it is open
+        // (fcntl F_GETFD), to catch a descriptor closed twice.
+        sys!(SYS_close),
+        sys!(SYS_fcntl).only(1, [value(libc::F_GETFD)]),
+        // Back from a signal handler (the vCPU kick).
+        sys!(SYS_rt_sigreturn),
+        // The end of a thread: glibc blocks signals and releases the stack (madvise, above);
+        // std takes down the alternate signal stack it reports stack overflows on.
+        sys!(SYS_rt_sigprocmask),
+        sys!(SYS_sigaltstack),
+        sys!(SYS_exit),
+        // The end of the process from any thread: exit(), and the violation report's _exit.
+        sys!(SYS_exit_group),
+        // abort() (a failed allocation, a panic while panicking) raises SIGABRT with
+        // tgkill(getpid(), tid, SIGABRT), so the process ends as it would without seccomp.
+        // Signals go to this process's threads only (the main thread's kicks too).
+        sys!(SYS_getpid),
+        sys!(SYS_tgkill).only(0, [u64::from(std::process::id())]),
+    ]
+}
+
+/// A vCPU thread: runs the guest and, on an exit, the device model code the access reaches.
+fn vcpu() -> Vec<Allowed> {
+    vec![sys!(SYS_ioctl).only(
+        1,
+        [
+            KVM_RUN(),
+            // The guest's register writes reach devices that place and remove doorbells
+            // (ioeventfds), bind and unbind MSI irqfds and commit their routes, send MSIs
+            // directly, and start or stop trapping a function's page of the ECAM shadow (a
+            // memslot change).
+            KVM_IOEVENTFD(),
+            KVM_IRQFD(),
+            KVM_SET_GSI_ROUTING(),
+            KVM_SIGNAL_MSI(),
+            KVM_SET_USER_MEMORY_REGION(),
+            // Read once to report an instruction KVM cannot emulate: the guest's rip and code
+            // segment, and where that address lies in guest RAM (to show the bytes there).
+            KVM_GET_REGS(),
+            KVM_GET_SREGS(),
+            KVM_TRANSLATE(),
+            // Waking from S3 (`vm::sleep`): the boot vCPU restarts at the waking vector, the
+            // others wait for INIT/SIPI.
+            KVM_SET_REGS(),
+            KVM_SET_SREGS(),
+            KVM_SET_MP_STATE(),
+            // A snapshot's vCPU state, taken by the parked vCPU itself (`Pause::save_vcpus`),
+            // with KVM_GET_REGS and KVM_GET_SREGS above.
+            KVM_GET_MP_STATE(),
+            KVM_GET_XSAVE(),
+            KVM_GET_XCRS(),
+            KVM_GET_DEBUGREGS(),
+            KVM_GET_LAPIC(),
+            KVM_GET_MSRS(),
+            KVM_GET_VCPU_EVENTS(),
+            KVM_GET_TSC_KHZ(),
+        ],
+    )]
+}
+
+/// A device thread: sleeps on its eventfds, works on the queues in guest memory (plain memory
+/// accesses) and sends interrupts; a virtio-blk device's thread also reads and writes its disk
+/// file, a tap-backed virtio-net device's its tap.
+fn device() -> Vec<Allowed> {
+    vec![
+        // Wait for queue, resample, command and stop events, then consume them; wait for a
+        // tap's frames and read them; send a frame from the guest's buffers in place.
+        sys!(SYS_epoll_wait),
+        sys!(SYS_read),
+        sys!(SYS_writev),
+        // virtio-blk requests (`virtio::block`): reads and writes at offsets of the disk file
+        // opened by the main thread (never moving its position), straight into and out of
+        // the guest's buffers, and VIRTIO_BLK_T_FLUSH's fsync. The thread opens nothing: it
+        // reaches only the file it was given.
+        sys!(SYS_preadv),
+        sys!(SYS_pwritev),
+        sys!(SYS_fsync),
+        sys!(SYS_ioctl).only(
+            1,
+            [
+                // MSIs sent directly; a first-use route commit and the irqfd binds after it; a
+                // function's vectors released when the thread drops the last reference to
+                // them as the machine is torn down.
+                KVM_SIGNAL_MSI(),
+                KVM_SET_GSI_ROUTING(),
+                KVM_IRQFD(),
+                // A multiqueue tap's queues attached and detached as the driver enables its
+                // pairs (VQ_PAIRS_SET, reset); the main thread detaches all but the first as
+                // it builds the device.
+                libc::TUNSETQUEUE,
+            ],
+        ),
+    ]
+}
+
+/// A vhost-user device's thread (`virtio::vhost_user`): it sends the backend its messages on
+/// the socket and reads the replies, watches the call fds of masked vectors, and connects
+/// again after the backend went away.
+fn vhost_user() -> Vec<Allowed> {
+    vec![
+        // Wait for commands, the watch fds and the socket's hangup, and consume them; a
+        // socket connected again joins the epoll set.
+        sys!(SYS_epoll_wait),
+        sys!(SYS_epoll_ctl),
+        sys!(SYS_read),
+        // vhost-user messages, with the fds they carry (SCM_RIGHTS).
+        sys!(SYS_sendmsg),
+        sys!(SYS_recvmsg),
+        // Connecting again after a hangup: a new socket (AF_UNIX only), its connect, and the
+        // read and write timeouts that keep a hung backend from holding a vCPU.
+        sys!(SYS_socket).only(0, [value(libc::AF_UNIX)]),
+        sys!(SYS_connect),
+        sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET)]),
+        // A watch fd's signal sent as the vector's message (a first-use commit first).
+        sys!(SYS_ioctl).only(1, [KVM_SIGNAL_MSI(), KVM_SET_GSI_ROUTING(), KVM_IRQFD()]),
+    ]
+}
+
+/// The console input thread: waits for stdin or its stop event, reads stdin, puts bytes into
+/// the UART (plain memory, and an eventfd write for the receive interrupt, in runtime()).
+fn console_input() -> Vec<Allowed> {
+    vec![
+        // Wait for input, room in the receive FIFO, or the stop event.
+        sys!(SYS_poll),
+        // Read stdin, and consume the room event.
+        sys!(SYS_read),
+    ]
+}
+
+/// The control socket's thread (`api`): waits for a client or its stop event, takes one
+/// connection at a time with a deadline on each, and removes the socket's file at the end.
+fn api() -> Vec<Allowed> {
+    vec![
+        // Wait for a client on the listening socket, or the stop eventfd.
+        sys!(SYS_poll),
+        // std's UnixListener::accept (SOCK_CLOEXEC).
+        sys!(SYS_accept4),
+        // A request's deadline and the answer's (SO_RCVTIMEO, SO_SNDTIMEO).
+        sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET)]),
+        // std's UnixStream reads with recv(2) (recvfrom) and writes with send(2) (sendto,
+        // MSG_NOSIGNAL: a client gone before its answer is an error, not a SIGPIPE).
+        sys!(SYS_recvfrom),
+        sys!(SYS_sendto),
+        // The socket's file, when the run ends; an older snapshot's description
+        // (`vm.snapshot`, machine::snapshot::take).
+        sys!(SYS_unlink),
+        // `vm.snapshot`: the directory, guest memory's file (emptied, its pages written where
+        // they are not zero, then sized), the description's temporary file renamed into place,
+        // each synced, and the directory opened to sync it.
+        sys!(SYS_mkdir),
+        // DirBuilder::recursive's look at what is there when mkdir fails (statx).
+        sys!(SYS_statx),
+        sys!(SYS_openat),
+        sys!(SYS_ftruncate),
+        sys!(SYS_pwrite64),
+        // Where guest RAM is the shared memfd, only its data is read: lseek SEEK_DATA and
+        // SEEK_HOLE find it (vm::state::memory).
+        sys!(SYS_lseek),
+        sys!(SYS_fsync),
+        sys!(SYS_rename),
+        // A virtio-mmio transport's pause waits for its device thread's answer on an eventfd;
+        // the VT-d unit's drains the doorbells already rung (epoll_wait, no timeout).
+        sys!(SYS_read),
+        sys!(SYS_epoll_wait),
+        // ... and the VM's own state, with every vCPU parked (each vCPU gives its own).
+        sys!(SYS_ioctl).only(1, [KVM_GET_IRQCHIP(), KVM_GET_CLOCK(), KVM_GET_PIT2()]),
+    ]
+}
+
+/// What the main thread does itself. Its filter also holds every other kind's list: the
+/// threads it starts inherit its filter.
+fn main_thread() -> Vec<Allowed> {
+    [
+        starting_threads(),
+        building_machines(),
+        running_and_reporting(),
+    ]
+    .concat()
+}
+
+/// Starting the other threads, and what each does before its own filter is installed.
+fn starting_threads() -> Vec<Allowed> {
+    vec![
+        // Starting threads. glibc's pthread_create uses clone3, whose flags are in a struct a
+        // filter cannot read.
+        sys!(SYS_clone3),
+        // What a new thread does before it installs its own filter, under the one it inherits:
+        // glibc registers rseq and its robust futex list; std names the thread, finds its stack
+        // (pthread_getattr_np reads the affinity) and maps its alternate signal stack (in
+        // runtime()); then the thread sets no_new_privs and installs its filter.
+        sys!(SYS_rseq),
+        sys!(SYS_set_robust_list),
+        sys!(SYS_sched_getaffinity),
+        sys!(SYS_prctl).only(
+            0,
+            [value(libc::PR_SET_NAME), value(libc::PR_SET_NO_NEW_PRIVS)],
+        ),
+        sys!(SYS_seccomp).only(0, [u64::from(libc::SECCOMP_SET_MODE_FILTER)]),
+    ]
+}
+
+/// Building a machine: KVM, its devices' files and the wiring between them.
+fn building_machines() -> Vec<Allowed> {
+    vec![
+        // Building machines: /dev/kvm (and /dev/net/tun for a tap); eventfds for interrupts, doorbells and device wake-ups
+        // (and duplicates of them, of the vCPU file for its kvm_run page, and of stdout for the
+        // console); the device threads' epoll sets.
+        sys!(SYS_openat),
+        sys!(SYS_eventfd2),
+        // Kernel and initrd files read at offsets (`machine::loader::file`).
+        sys!(SYS_pread64),
+        // Disk images (`virtio::block::image`) and the console file (`machine::console`):
+        // opened with O_NONBLOCK, which is then cleared; images locked as QEMU locks them.
+        sys!(SYS_fcntl).only(
+            1,
+            [
+                value(libc::F_DUPFD_CLOEXEC),
+                value(libc::F_GETFL),
+                value(libc::F_SETFL),
+                value(libc::F_OFD_SETLK),
+                value(libc::F_OFD_GETLK),
+            ],
+        ),
+        sys!(SYS_epoll_create1),
+        sys!(SYS_epoll_ctl),
+        // Guest RAM a vhost-user backend can map (`vm::RamBacking::SharedMemfd`): one memfd,
+        // close-on-exec, sized with ftruncate (below) and mapped shared.
+        sys!(SYS_memfd_create).only(1, [u64::from(libc::MFD_CLOEXEC)]),
+        // A socket to name a tap to the kernel by (netdevice(7)): whether it exists, and
+        // bringing up one the run created (`virtio::net::tap`).
+        sys!(SYS_socket).only(0, [value(libc::AF_UNIX)]),
+        sys!(SYS_ioctl).only(
+            1,
+            [
+                // That /dev/kvm is KVM (`vm::open_kvm`), then what it offers.
+                KVM_GET_API_VERSION(),
+                KVM_CHECK_EXTENSION(),
+                KVM_CREATE_VM(),
+                KVM_GET_VCPU_MMAP_SIZE(),
+                KVM_GET_SUPPORTED_CPUID(),
+                KVM_CREATE_IRQCHIP(),
+                // A split irqchip instead, on machines with the VT-d unit (`irq::ioapic`).
+                KVM_ENABLE_CAP(),
+                KVM_SET_USER_MEMORY_REGION(),
+                KVM_CREATE_VCPU(),
+                KVM_SET_CPUID2(),
+                KVM_GET_SREGS(),
+                KVM_SET_SREGS(),
+                KVM_SET_REGS(),
+                KVM_SET_MP_STATE(),
+                KVM_GET_TSC_KHZ(),
+                // The MSRs a snapshot holds: KVM's list, and which of it each vCPU reads.
+                KVM_GET_MSR_INDEX_LIST(),
+                KVM_GET_MSRS(),
+                // A restore (`--restore`): the vCPUs' state (with the KVM_SET_* above) and the
+                // VM's interrupt controllers, PIT and clock.
+                KVM_SET_XSAVE(),
+                KVM_SET_XCRS(),
+                KVM_SET_DEBUGREGS(),
+                KVM_SET_LAPIC(),
+                KVM_SET_MSRS(),
+                KVM_SET_VCPU_EVENTS(),
+                KVM_SET_TSC_KHZ(),
+                KVM_SET_IRQCHIP(),
+                KVM_SET_PIT2(),
+                KVM_SET_CLOCK(),
+                // Wiring devices: doorbells, interrupt lines and routes.
+                KVM_IOEVENTFD(),
+                KVM_IRQFD(),
+                KVM_SET_GSI_ROUTING(),
+                // A virtio-net device's tap (`virtio::net::tap`), on the /dev/net/tun file it
+                // opens: attach to the interface, the vnet header's size, no offloads. Its
+                // device thread then only reads and writes the file.
+                libc::TUNSETIFF,
+                libc::TUNSETVNETHDRSZ,
+                libc::TUNSETOFFLOAD,
+                // The tap's flags, on that socket: whether it exists, and IFF_UP for one the
+                // run created.
+                libc::SIOCGIFFLAGS,
+                libc::SIOCSIFFLAGS,
+                // A disk image's size, if it is a block device.
+                BLKGETSIZE64,
+            ],
+        ),
+    ]
+}
+
+/// Running a machine, and the report after it.
+fn running_and_reporting() -> Vec<Allowed> {
+    vec![
+        // Running: the vCPU kick's handler, installed at the first run (the kicks themselves
+        // are tgkill, in runtime()), and the short sleeps while threads stop.
+        sys!(SYS_rt_sigaction).only(0, [value(kick_signal())]),
+        sys!(SYS_clock_nanosleep),
+        // The report: the host's description (/proc, /sys/module, the CPU count from the
+        // affinity and cgroup files) and the --svg charts (their folder made before confinement).
+        sys!(SYS_read),
+        sys!(SYS_lseek),
+        sys!(SYS_statx),
+        // The console file (`machine::console`): opened with O_NONBLOCK, which F_SETFL (above)
+        // clears once it is known writable, and emptied once every other option is checked.
+        sys!(SYS_ftruncate),
+        // `bench restore`'s snapshot folder removed once its restores are done (its two files
+        // by `unlink`, above).
+        sys!(SYS_rmdir),
+        // `bench`'s testpmd stopped between the boots that use its ports and continued for
+        // them (`bench::vhost_net`): those two signals only.
+        sys!(SYS_kill).only(1, [value(libc::SIGSTOP), value(libc::SIGCONT)]),
+    ]
+}
+
+/// Everything a thread of `kind` may call.
+pub(crate) fn allowed(kind: ThreadKind) -> Vec<Allowed> {
+    let own = match kind {
+        // The children's entries first: a call's argument checks run in list order, and theirs
+        // are the hot ones (KVM_RUN at every exit).
+        ThreadKind::Main => ThreadKind::ALL
+            .into_iter()
+            .filter(|&k| k != ThreadKind::Main)
+            .flat_map(allowed)
+            .chain(main_thread())
+            .collect(),
+        ThreadKind::Vcpu => vcpu(),
+        ThreadKind::Device => device(),
+        ThreadKind::VhostUser => vhost_user(),
+        // Writing to stderr or stdout, waiting for more; the RTC's timed waits on a condition
+        // variable and its IRQ eventfd's write: runtime() is all they do.
+        ThreadKind::LogWriter | ThreadKind::Console | ThreadKind::Rtc => Vec::new(),
+        ThreadKind::ConsoleInput => console_input(),
+        ThreadKind::Api => api(),
+    };
+    runtime().into_iter().chain(own).collect()
+}
+
+/// The rules of one entry: none for any arguments (seccompiler's "match on the number alone").
+fn rules(args: &Args) -> Result<Vec<SeccompRule>, seccompiler::Error> {
+    let rule = |arg, op, value| {
+        let condition = SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)?;
+        Ok(SeccompRule::new(vec![condition])?)
+    };
+    match args {
+        Args::Any => Ok(Vec::new()),
+        Args::OneOf { arg, values } => values
+            .iter()
+            .map(|&v| rule(*arg, SeccompCmpOp::Eq, v))
+            .collect(),
+        Args::Without { arg, mask } => Ok(vec![rule(*arg, SeccompCmpOp::MaskedEq(*mask), 0)?]),
+    }
+}
+
+/// Compile `list` into a filter that allows its calls and traps every other. A call listed
+/// more than once may take the arguments of any of its entries.
+pub(crate) fn compile(list: &[Allowed]) -> Result<BpfProgram, seccompiler::Error> {
+    // `None`: any arguments.
+    let mut by_nr: BTreeMap<i64, Option<Vec<SeccompRule>>> = BTreeMap::new();
+    for a in list {
+        let new = match a.args {
+            Args::Any => None,
+            ref args => Some(rules(args)?),
+        };
+        let merged = match (by_nr.remove(&a.nr), new) {
+            (None, new) => new,
+            (Some(None), _) | (Some(_), None) => None,
+            (Some(Some(mut old)), Some(new)) => {
+                for rule in new {
+                    if !old.contains(&rule) {
+                        old.push(rule);
+                    }
+                }
+                Some(old)
+            }
+        };
+        by_nr.insert(a.nr, merged);
+    }
+    let rules = by_nr
+        .into_iter()
+        .map(|(nr, rules)| (nr, rules.unwrap_or_default()))
+        .collect();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Trap,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )?;
+    Ok(filter.try_into()?)
+}
+
+/// Make glibc's allocator need nothing a filter forbids. When a process passes 8 arenas, glibc
+/// counts the CPUs (reading /sys/devices/system/cpu/online) to cap them at 8 per CPU: a file
+/// open that would trap in whichever thread got there first. Setting that same cap now, before
+/// any thread is confined, skips the count.
+pub(crate) fn prepare_allocator() {
+    // SAFETY: sysconf and mallopt only read and set the C library's own settings.
+    unsafe {
+        let cpus = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).max(1);
+        // NARENAS_FROM_NCORES in glibc's malloc/arena.c, for 64-bit.
+        let arenas = libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX);
+        libc::mallopt(libc::M_ARENA_MAX, arenas);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// Distinct system calls, and ioctl requests, of `list`.
+    fn counts(list: &[Allowed]) -> (usize, usize) {
+        let calls: BTreeSet<_> = list.iter().map(|a| a.nr).collect();
+        let ioctls: BTreeSet<u64> = list
+            .iter()
+            .filter(|a| a.nr == libc::SYS_ioctl)
+            .flat_map(|a| match &a.args {
+                Args::OneOf { values, .. } => values.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        (calls.len(), ioctls.len())
+    }
+
+    #[test]
+    fn the_documented_table_counts_what_each_kind_may_call() {
+        let doc = include_str!("../../../../docs/hardening.md");
+        let kinds = ThreadKind::ALL.map(|k| (k.name(), counts(&allowed(k))));
+        let runtime = ("every thread (runtime)", counts(&runtime()));
+        for (name, (calls, ioctls)) in kinds.into_iter().chain([runtime]) {
+            let row = format!("| {name} | {calls} | {ioctls} |");
+            assert!(
+                doc.contains(&row),
+                "docs/hardening.md's seccomp table lacks the row {row}"
+            );
+        }
+    }
+
+    #[test]
+    fn main_allows_every_call_of_the_threads_it_starts() {
+        let main = allowed(ThreadKind::Main);
+        for kind in ThreadKind::ALL {
+            for a in allowed(kind) {
+                assert!(
+                    main.iter().any(|m| m.nr == a.nr),
+                    "system call {} of the {} thread",
+                    a.nr,
+                    kind.name()
+                );
+            }
+        }
+    }
+}
