@@ -10,7 +10,7 @@
 //! Input: see [`linux_boot::split`].
 
 use exitless::machine::CpuMode;
-use exitless::machine::run::bzimage::BzImage;
+use exitless::machine::pc::bzimage::BzImage;
 use libfuzzer_sys::fuzz_target;
 
 mod linux_boot;

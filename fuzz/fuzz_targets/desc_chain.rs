@@ -9,7 +9,7 @@
 //! Indirect tables, which exitless does not offer, are walked by virtio-queue but not modelled.
 
 use exitless::dma::DmaContext;
-use exitless::virtio::chain::{self, Buffer};
+use exitless::virtio::queue::chain::{self, Buffer};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};

@@ -5,7 +5,7 @@
 //! that fits the machine loads into guest memory without an error, entered inside RAM, in
 //! 32-bit protected mode, with the multiboot magic in EAX.
 
-use exitless::machine::run::multiboot::{BOOTLOADER_MAGIC, MultibootKernel};
+use exitless::machine::pc::multiboot::{BOOTLOADER_MAGIC, MultibootKernel};
 use exitless::machine::{CpuMode, Loader, MachineInfo, MemoryLayout};
 use libfuzzer_sys::fuzz_target;
 use vm_memory::{GuestAddress, GuestMemoryMmap};

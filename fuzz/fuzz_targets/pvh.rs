@@ -9,7 +9,7 @@
 //! Input: see [`linux_boot::split`].
 
 use exitless::machine::CpuMode;
-use exitless::machine::run::pvh::{PvhKernel, pvh_entry};
+use exitless::machine::pc::pvh::{PvhKernel, pvh_entry};
 use libfuzzer_sys::fuzz_target;
 
 mod linux_boot;

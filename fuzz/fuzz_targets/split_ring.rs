@@ -5,9 +5,9 @@
 //! driver writes (raw stores into the rings, or chains published), by a server that takes or
 //! declines chains and completes them, pauses, faults or breaks. Every pass's result, the
 //! chains served, the positions, the notification decisions and guest memory after must
-//! agree (`exitless::virtio::reference::ring`).
+//! agree (`exitless::virtio::queue::reference::ring`).
 
-use exitless::virtio::reference::ring::RingScenario;
+use exitless::virtio::queue::reference::ring::RingScenario;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -6,9 +6,9 @@
 //! is read and written through `Chain::read_all`/`write_all` (copies) and through
 //! `Chain::resolve` (host segments, used in place): the bytes read, the outcome of the write,
 //! guest memory after a write that went through and the faults recorded must all agree
-//! (`exitless::virtio::reference`).
+//! (`exitless::virtio::queue::reference`).
 
-use exitless::virtio::reference::Scenario;
+use exitless::virtio::queue::reference::Scenario;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use crate::model::{RoutingFigures, TargetCheck, Variant};
 use crate::stats::{Verdict, median, median_ci, ratio_ci, rotation};
 use exitless::contract::STATUS_OK;
-use exitless::machine::{MachineError, ProbeConfig, ProbeRun, run_probe};
-use exitless::stats::ExitKind;
+use exitless::exits::ExitKind;
+use exitless::machine::{ProbeConfig, ProbeError, ProbeRun, run_probe};
 
 /// How op times are turned into nanoseconds.
 pub(crate) struct Clock {
@@ -115,10 +115,10 @@ pub(crate) fn variant(
 }
 
 /// Boot the probe with `cfg`; an error if the run or any of its ops failed.
-pub(crate) fn run_ok(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
+pub(crate) fn run_ok(cfg: &ProbeConfig) -> Result<ProbeRun, ProbeError> {
     let run = run_probe(cfg)?;
     match run.results.iter().position(|r| r.status != STATUS_OK) {
-        Some(i) => Err(MachineError::GuestFailed(
+        Some(i) => Err(ProbeError::GuestFailed(
             exitless::vm::run_control::StopReason::VcpuFailed(format!(
                 "probe op {i} returned status {}",
                 run.results[i].status

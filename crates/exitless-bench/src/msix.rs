@@ -26,8 +26,8 @@ use crate::vhost_net::VhostPorts;
 use exitless::contract::Op;
 use exitless::irq::CommitStrategy;
 use exitless::machine::{
-    MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineError, ProbeConfig, ProbeRun, Transport,
-    VirtioNetConfig, ops,
+    MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, ProbeConfig, ProbeError, ProbeRun, Transport, VirtioNetConfig,
+    ops,
 };
 use exitless::pci::PciAddress;
 use exitless::pci::regs::PCI_MSIX_FLAGS_ENABLE;
@@ -205,7 +205,7 @@ impl MsixBench {
     }
 
     /// Boot once per strategy, run every device's bursts, and report.
-    pub fn run(&self) -> Result<ScenarioReport, MachineError> {
+    pub fn run(&self) -> Result<ScenarioReport, ProbeError> {
         let (list, steps) = self.ops();
         let device = VirtioNetConfig {
             queue_pairs: self.queue_pairs,
@@ -222,7 +222,7 @@ impl MsixBench {
                 ..Default::default()
             })?;
             let clock = Clock::of(&run);
-            Ok::<_, MachineError>((
+            Ok::<_, ProbeError>((
                 self.variant(strategy, &run, &clock, &steps),
                 clock.describe(),
             ))
@@ -278,7 +278,7 @@ impl MsixBench {
 
     /// The vhost-user boots (one per strategy per round) where testpmd runs, against
     /// per-vector's.
-    fn vhost_variants(&self, rounds: usize) -> Result<Vec<Variant>, MachineError> {
+    fn vhost_variants(&self, rounds: usize) -> Result<Vec<Variant>, ProbeError> {
         let Some(ports) = self.vhost_user.as_ref().filter(|p| !p.msix.is_empty()) else {
             return Ok(Vec::new());
         };

@@ -28,8 +28,8 @@ use crate::vhost_net::{BACKEND_IP, BACKEND_MAC, GUEST_IP};
 use exitless::contract::{Op, TRANSPORT_PCI};
 use exitless::irq::CommitStrategy;
 use exitless::machine::{
-    MachineError, NetBackendKind, ProbeConfig, ProbeRun, Transport, VhostUserConfig,
-    VirtioNetConfig, ops,
+    NetBackendKind, ProbeConfig, ProbeError, ProbeRun, Transport, VhostUserConfig, VirtioNetConfig,
+    ops,
 };
 use exitless::pci::PciAddress;
 use exitless::pci::regs::PCI_MSIX_FLAGS_ENABLE;
@@ -132,7 +132,7 @@ pub(crate) fn boot(
     vectors: u16,
     timeout: std::time::Duration,
     figures: fn(&ProbeRun, &Clock, &[usize]) -> RoutingFigures,
-) -> Result<Variant, MachineError> {
+) -> Result<Variant, ProbeError> {
     let functions: Vec<PciAddress> = (0..sockets.len())
         .map(ProbeConfig::virtio_pci_address)
         .collect();

@@ -10,7 +10,7 @@ use crate::measure::{
 };
 use crate::model::{ScenarioReport, TargetCheck, Variant};
 use exitless::contract::{METHOD_ECAM, METHOD_PIO, Op};
-use exitless::machine::{MachineError, ProbeConfig, ProbeRun, ops};
+use exitless::machine::{ProbeConfig, ProbeError, ProbeRun, ops};
 use exitless::pci::{EcamMode, PciAddress};
 use exitless_peer::QemuMachine;
 
@@ -56,7 +56,7 @@ fn trap_ops(target: PciAddress, n: u64, reps: usize) -> Vec<Op> {
 
 impl PciBench {
     /// One boot of the probe with ECAM served as `ecam`; every op must succeed.
-    fn boot(&self, ecam: EcamMode, ops: Vec<Op>) -> Result<ProbeRun, MachineError> {
+    fn boot(&self, ecam: EcamMode, ops: Vec<Op>) -> Result<ProbeRun, ProbeError> {
         run_ok(&ProbeConfig {
             ops,
             ecam: Some(ecam),
@@ -110,7 +110,7 @@ impl PciBench {
         &self,
         which: usize,
         target: PciAddress,
-    ) -> Result<(Vec<Variant>, Clock), MachineError> {
+    ) -> Result<(Vec<Variant>, Clock), ProbeError> {
         let n = self.reads.max(1);
         let reps = usize::from(self.enumerations.max(1));
         let enum_range = |start: usize| (start..start + reps).collect::<Vec<_>>();
@@ -141,7 +141,7 @@ impl PciBench {
     }
 
     /// `rounds` rounds of two boots (ECAM trapped, ECAM shadowed), and the report.
-    pub fn run(&self) -> Result<ScenarioReport, MachineError> {
+    pub fn run(&self) -> Result<ScenarioReport, ProbeError> {
         let n = self.reads.max(1);
         let reps = usize::from(self.enumerations.max(1));
         let target = read_target();

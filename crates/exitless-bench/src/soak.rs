@@ -22,7 +22,7 @@ use exitless::contract::{
 use exitless::machine::layout::RAM_ALIGN;
 use exitless::machine::probe::PROBE_MIN_RAM;
 use exitless::machine::{
-    MachineError, ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops, run_probe,
+    ProbeConfig, ProbeError, ProbeRun, Transport, VirtioNetConfig, ops, run_probe,
 };
 use exitless::virtio::notify::NotifyPath;
 
@@ -182,7 +182,7 @@ impl SoakBench {
     }
 
     /// Run every boot and report.
-    pub fn run(&self) -> Result<ScenarioReport, MachineError> {
+    pub fn run(&self) -> Result<ScenarioReport, ProbeError> {
         let devices = devices();
         let per_boot = Self::bursts_per_boot(devices.len());
         let mut figures = SoakFigures {

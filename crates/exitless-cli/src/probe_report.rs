@@ -4,9 +4,9 @@
 use std::fmt::Write as _;
 
 use exitless::contract::{ENUM_FLAG_CAPS_TRUNCATED, ENUM_FLAG_NOT_TYPE0, EnumRecord, METHOD_ECAM};
-use exitless::machine::{MachineError, ProbeConfig, ProbeRun, ops, run_probe};
+use exitless::exits::ExitKind;
+use exitless::machine::{ProbeConfig, ProbeError, ProbeRun, ops, run_probe};
 use exitless::pci::{EcamMode, PciAddress};
-use exitless::stats::ExitKind;
 use exitless::vm::VmError;
 use exitless::vm::cpuid::CpuTemplate;
 use exitless::vm::cpuid::features::FEATURES;
@@ -14,7 +14,7 @@ use exitless_bench::format::human_ns;
 
 /// Boot the probe with ECAM served as `cfg.ecam` (`None`: not described) and have it
 /// enumerate by `method` (a `METHOD_*`); `cfg.ops` is replaced.
-pub fn enumerate(mut cfg: ProbeConfig, method: u64) -> Result<ProbeRun, MachineError> {
+pub fn enumerate(mut cfg: ProbeConfig, method: u64) -> Result<ProbeRun, ProbeError> {
     cfg.ops = vec![ops::enumerate(method)];
     run_probe(&cfg)
 }

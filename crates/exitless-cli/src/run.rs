@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use exitless::api::ApiSocket;
 use exitless::logging::stderr_line;
-use exitless::machine::run::restore::RestoreConfig;
-use exitless::machine::run::{RunConfig, RunError};
+use exitless::machine::pc::restore::RestoreConfig;
+use exitless::machine::pc::{RunConfig, RunError};
 use exitless::machine::{Console, Overflow};
 use exitless::vm::run_control;
 

@@ -18,6 +18,7 @@ pub mod api;
 pub mod bus;
 pub mod devices;
 pub mod dma;
+pub mod exits;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod fakes;
 pub mod host_file;
@@ -26,8 +27,7 @@ pub mod irq;
 pub mod logging;
 pub mod machine;
 pub mod pci;
+pub mod persist;
 pub mod seccomp;
-pub mod snapshot;
-pub mod stats;
 pub mod virtio;
 pub mod vm;

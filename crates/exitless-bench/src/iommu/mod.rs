@@ -21,7 +21,7 @@ use crate::model::{IommuFigures, ScenarioReport, Variant};
 use exitless::contract::{IommuReport, NET_STREAM_FRAME_SIZE, Op, RR_FLAG_IOMMU, TRANSPORT_PCI};
 use exitless::machine::wiring::names;
 use exitless::machine::{
-    MachineError, NetBackendKind, ProbeConfig, ProbeRun, Transport, VirtioNetConfig, ops,
+    NetBackendKind, ProbeConfig, ProbeError, ProbeRun, Transport, VirtioNetConfig, ops,
 };
 use exitless::virtio::notify::NotifyPath;
 use exitless::virtio::regs::VIRTIO_NET_HDR_SIZE;
@@ -201,7 +201,7 @@ impl IommuBench {
         }
     }
 
-    fn boot(&self, plan: &Plan) -> Result<(Variant, ProbeRun, usize, usize), MachineError> {
+    fn boot(&self, plan: &Plan) -> Result<(Variant, ProbeRun, usize, usize), ProbeError> {
         let (list, stream, rr) = self.ops(plan);
         let run = run_ok(&ProbeConfig {
             ops: list,
@@ -219,7 +219,7 @@ impl IommuBench {
 
     /// One boot of `plan`: its variant, with the IOMMU's figures but the ratios to `none`,
     /// which [`Self::against_none`] sets from the same round's `none`.
-    fn measure(&self, plan: &Plan) -> Result<(Variant, String), MachineError> {
+    fn measure(&self, plan: &Plan) -> Result<(Variant, String), ProbeError> {
         let stream_device = names::virtio_pci(ProbeConfig::virtio_pci_address(0));
         let (mut v, run, stream, rr) = self.boot(plan)?;
         let clock = Clock::of(&run);
@@ -230,7 +230,7 @@ impl IommuBench {
                 "{}: the sink found {bad_frames} of {} streamed frames with a wrong payload",
                 plan.name, run.results[stream].value
             );
-            return Err(MachineError::GuestFailed(
+            return Err(ProbeError::GuestFailed(
                 StopReason::VcpuFailed(why),
                 run.console,
             ));
@@ -286,7 +286,7 @@ impl IommuBench {
     }
 
     /// `rounds` rounds of one boot per variant, and the report.
-    pub fn run(&self) -> Result<ScenarioReport, MachineError> {
+    pub fn run(&self) -> Result<ScenarioReport, ProbeError> {
         let plans = plans(&self.frame_sizes);
         let rounds = self.rounds.max(1);
         let boots = in_rounds(rounds, plans.len(), |i| self.measure(&plans[i]))?;

@@ -17,7 +17,7 @@ use super::board::Marks;
 use super::resume::{Resumed, resume};
 use exitless::contract::OpResult;
 use exitless::irq::{CommitRecord, CommitStrategy};
-use exitless::machine::MachineError;
+use exitless::machine::ProbeError;
 use exitless::machine::snapshot::RestoreTimes;
 
 /// The hidden subcommand's name.
@@ -26,7 +26,7 @@ pub const CHILD_COMMAND: &str = "bench-restore-child";
 /// CLOCK_MONOTONIC now, as time since boot.
 pub fn monotonic() -> Duration {
     // `cpu_time` reads any clock; this one is not a CPU clock but the system's monotonic one.
-    exitless::stats::cpu_time(libc::CLOCK_MONOTONIC)
+    exitless::exits::cpu_time(libc::CLOCK_MONOTONIC)
 }
 
 /// One moment read on both clocks: converts this process's `Instant`s to CLOCK_MONOTONIC
@@ -178,7 +178,7 @@ pub fn restore_child(
     ops: usize,
     timeout: Duration,
     entered: Duration,
-) -> Result<String, MachineError> {
+) -> Result<String, ProbeError> {
     let r = resume(dir, strategy, ops, timeout)?;
     let report = ChildReport::new(&r, entered, &Clock::now());
     Ok(serde_json::to_string(&report).expect("plain numbers encode") + "\n")

@@ -32,9 +32,7 @@ use crate::vhost_net::VhostPorts;
 use exitless::contract::{Op, STATUS_OK, TRANSPORT_PCI};
 use exitless::irq::CommitStrategy;
 use exitless::machine::snapshot::{DESCRIPTION_FILE, MEMORY_FILE};
-use exitless::machine::{
-    MAX_VIRTIO_PCI, MachineError, ProbeConfig, Transport, VirtioNetConfig, ops,
-};
+use exitless::machine::{MAX_VIRTIO_PCI, ProbeConfig, ProbeError, Transport, VirtioNetConfig, ops};
 use exitless::pci::regs::PCI_MSIX_FLAGS_ENABLE;
 use exitless::virtio::notify::NotifyPath;
 use exitless::vm::run_control::StopReason;
@@ -145,7 +143,7 @@ impl RestoreBench {
 
     /// Snapshot once, restore once per strategy in this process and once in a new one
     /// started by `launcher` (or why there is none), and report.
-    pub fn run(&self, launcher: Result<&Launcher, &str>) -> Result<ScenarioReport, MachineError> {
+    pub fn run(&self, launcher: Result<&Launcher, &str>) -> Result<ScenarioReport, ProbeError> {
         let (list, steps) = self.ops();
         let dir =
             std::env::temp_dir().join(format!("exitless-bench-restore-{}", std::process::id()));
@@ -158,7 +156,7 @@ impl RestoreBench {
                     self.check(&format!("the {} restore", s.name()), &r, &list, &steps)?;
                     Ok((s, r))
                 })
-                .collect::<Result<Vec<_>, MachineError>>()?;
+                .collect::<Result<Vec<_>, ProbeError>>()?;
             let fresh = match launcher {
                 Ok(launcher) => Ok(self.new_processes(launcher, &dir, &list, &steps)?),
                 Err(why) => Err(why.to_owned()),
@@ -183,7 +181,7 @@ impl RestoreBench {
         dir: &std::path::Path,
         list: &[Op],
         steps: &Steps,
-    ) -> Result<Vec<(CommitStrategy, InNewProcess)>, MachineError> {
+    ) -> Result<Vec<(CommitStrategy, InNewProcess)>, ProbeError> {
         (CommitStrategy::ALL.iter())
             .map(|&s| {
                 let p = self.resume_in_new_process(launcher, dir, s, list.len())?;
@@ -195,15 +193,9 @@ impl RestoreBench {
     }
 
     /// The guest's verdicts: every op OK, the traffic complete, every vector once per request.
-    fn check(
-        &self,
-        what: &str,
-        r: &Resumed,
-        list: &[Op],
-        steps: &Steps,
-    ) -> Result<(), MachineError> {
+    fn check(&self, what: &str, r: &Resumed, list: &[Op], steps: &Steps) -> Result<(), ProbeError> {
         let failed = |why: String| {
-            MachineError::GuestFailed(
+            ProbeError::GuestFailed(
                 StopReason::VcpuFailed(format!("after {what}: {why}")),
                 String::new(),
             )

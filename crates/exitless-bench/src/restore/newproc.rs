@@ -16,7 +16,7 @@ use super::{RestoreBench, Steps};
 use crate::measure::set_baseline;
 use crate::model::{ScenarioReport, TargetCheck, Variant};
 use exitless::irq::CommitStrategy;
-use exitless::machine::MachineError;
+use exitless::machine::ProbeError;
 use exitless::seccomp;
 use exitless::vm::run_control::StopReason;
 
@@ -56,10 +56,10 @@ impl RestoreBench {
         dir: &Path,
         s: CommitStrategy,
         ops: usize,
-    ) -> Result<InNewProcess, MachineError> {
+    ) -> Result<InNewProcess, ProbeError> {
         let failed = |why: String| {
             let why = format!("the {} restore in a new process: {why}", s.name());
-            MachineError::GuestFailed(StopReason::VcpuFailed(why), String::new())
+            ProbeError::GuestFailed(StopReason::VcpuFailed(why), String::new())
         };
         let dir = dir
             .to_str()

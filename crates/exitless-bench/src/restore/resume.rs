@@ -11,7 +11,7 @@ use exitless::irq::{CommitRecord, CommitStrategy};
 use exitless::machine::probe::read_blocks;
 use exitless::machine::snapshot::{Restorable, RestoreTimes};
 use exitless::machine::vcpus::RunEnd;
-use exitless::machine::{Machine, MachineError};
+use exitless::machine::{Machine, MachineError, ProbeError};
 use exitless::vm::run_control::StopReason;
 
 use super::board::{Marks, RestoreBoard};
@@ -60,12 +60,12 @@ pub(super) fn resume(
     strategy: CommitStrategy,
     ops: usize,
     timeout: Duration,
-) -> Result<Resumed, MachineError> {
+) -> Result<Resumed, ProbeError> {
     let start = Instant::now();
     let Restorable {
         description,
         memory,
-    } = Restorable::open(dir)?;
+    } = Restorable::open(dir).map_err(MachineError::from)?;
     let mut cfg = description.config.clone();
     cfg.gsi_commits = strategy;
     let mut board = RestoreBoard::default();
@@ -77,8 +77,8 @@ pub(super) fn resume(
     let console = machine.console();
     match ran.end {
         RunEnd::Stopped(StopReason::GuestDone(0)) => {}
-        RunEnd::Stopped(r) => return Err(MachineError::GuestFailed(r, console)),
-        RunEnd::TimedOut => return Err(MachineError::Timeout(timeout, console)),
+        RunEnd::Stopped(r) => return Err(ProbeError::GuestFailed(r, console)),
+        RunEnd::TimedOut => return Err(ProbeError::Timeout(timeout, console)),
     }
     let results = read_blocks::<OpResult>(machine.memory(), RESULTS_ADDR, ops)?;
     let commits = board.commits();

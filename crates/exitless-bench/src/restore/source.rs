@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use exitless::machine::probe::{ProbeConfig, ProbeLoader, loader};
-use exitless::machine::{Machine, MachineError};
+use exitless::machine::{Machine, MachineError, ProbeError};
 use exitless::vm::run_control::StopReason;
 
 use super::board::RestoreBoard;
@@ -24,12 +24,8 @@ pub(super) struct Taken {
 
 /// Boot `cfg`, pause once op `within` (traffic) has begun, save the machine into `dir` and
 /// stop it.
-pub(super) fn snapshot(
-    cfg: &ProbeConfig,
-    within: usize,
-    dir: &Path,
-) -> Result<Taken, MachineError> {
-    loader::check_ram(cfg.ram_size)?;
+pub(super) fn snapshot(cfg: &ProbeConfig, within: usize, dir: &Path) -> Result<Taken, ProbeError> {
+    loader::check_ram(cfg.ram_size).map_err(MachineError::from)?;
     let mut board = RestoreBoard::default();
     let machine = Machine::new(&cfg.machine(), Some(&mut board))?;
     let control = machine.view().control;
@@ -54,9 +50,9 @@ fn take(
     within: usize,
     board: &RestoreBoard,
     dir: &Path,
-) -> Result<Taken, MachineError> {
+) -> Result<Taken, ProbeError> {
     let failed =
-        |why: String| MachineError::GuestFailed(StopReason::VcpuFailed(why), machine.console());
+        |why: String| ProbeError::GuestFailed(StopReason::VcpuFailed(why), machine.console());
     if !board.began(within) {
         return Err(failed(format!(
             "the probe never reached op {within}, where the snapshot is taken"
@@ -68,7 +64,7 @@ fn take(
         .pause_vcpus(PAUSE_TIMEOUT)
         .map_err(|e| failed(format!("cannot pause for the snapshot: {e}")))?;
     let paused = Instant::now();
-    machine.snapshot(dir)?;
+    machine.snapshot(dir).map_err(MachineError::from)?;
     Ok(Taken {
         pause: paused - start,
         save: paused.elapsed(),

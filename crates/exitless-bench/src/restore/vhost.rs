@@ -19,7 +19,7 @@ use crate::msix_vhost;
 use crate::vhost_net::{BACKEND_IP, BACKEND_MAC, GUEST_IP, VhostPorts};
 use exitless::contract::{Op, STATUS_OK, TRANSPORT_PCI};
 use exitless::irq::CommitStrategy;
-use exitless::machine::{MachineError, ProbeConfig, ops};
+use exitless::machine::{ProbeConfig, ProbeError, ops};
 use exitless::pci::regs::PCI_MSIX_FLAGS_ENABLE;
 use exitless::vm::run_control::StopReason;
 
@@ -73,7 +73,7 @@ fn plan(functions: &[exitless::pci::PciAddress], vectors: u64) -> (Vec<Op>, Vhos
 
 impl RestoreBench {
     /// Snapshot the vhost-user functions on `ports` once and restore them once per strategy.
-    pub(super) fn vhost_runs(&self, ports: &VhostPorts, dir: &Path) -> Result<Pass, MachineError> {
+    pub(super) fn vhost_runs(&self, ports: &VhostPorts, dir: &Path) -> Result<Pass, ProbeError> {
         let _polling = ports.polling();
         let sockets = &ports.msix;
         let vectors = u16::try_from(self.vectors()).expect("validated: at most 129");
@@ -96,7 +96,7 @@ impl RestoreBench {
                 check(s, &r, &list, &steps)?;
                 Ok((s, r))
             })
-            .collect::<Result<Vec<_>, MachineError>>()?;
+            .collect::<Result<Vec<_>, ProbeError>>()?;
         Ok((taken, runs, steps))
     }
 
@@ -165,10 +165,10 @@ fn check(
     r: &Resumed,
     list: &[Op],
     steps: &VhostSteps,
-) -> Result<(), MachineError> {
+) -> Result<(), ProbeError> {
     let failed = |why: String| {
         let why = format!("after the {} vhost-user restore: {why}", s.name());
-        MachineError::GuestFailed(StopReason::VcpuFailed(why), String::new())
+        ProbeError::GuestFailed(StopReason::VcpuFailed(why), String::new())
     };
     if let Some(i) = r.results.iter().position(|x| x.status != STATUS_OK) {
         return Err(failed(format!(

@@ -30,12 +30,12 @@ use exitless::contract::{
     ICMP_MAX_PAYLOAD, Op, RR_FLAG_DOORBELLS, RR_FLAG_MSI, RR_MAX_REQUEST, RR_RX_BUFFER_SIZE,
     TRANSPORT_MMIO, TRANSPORT_PCI,
 };
+use exitless::exits::ExitKind;
 use exitless::irq::CommitStrategy;
 use exitless::machine::{
-    MachineError, NetBackendKind, ProbeConfig, Transport, VhostUserConfig, VirtioNetConfig, ops,
+    NetBackendKind, ProbeConfig, ProbeError, Transport, VhostUserConfig, VirtioNetConfig, ops,
 };
 use exitless::pci::PciAddress;
-use exitless::stats::ExitKind;
 use exitless::virtio::notify::NotifyPath;
 use exitless::virtio::regs::VIRTIO_NET_HDR_SIZE;
 use exitless_peer::host_tap::TapLink;
@@ -266,7 +266,7 @@ impl RrBench {
     }
 
     /// Boot with one virtio-pci device on the host tap and run [`TAP_VARIANT`].
-    fn tap_variant(&self, link: &TapLink) -> Result<Variant, MachineError> {
+    fn tap_variant(&self, link: &TapLink) -> Result<Variant, ProbeError> {
         let n = self.transactions.max(1);
         let device = VirtioNetConfig {
             backend: NetBackendKind::Tap(link.name.clone()),
@@ -290,7 +290,7 @@ impl RrBench {
 
     /// Boot with a virtio-pci and a virtio-mmio device served by testpmd on `ports` and run
     /// [`VHOST_PCI_VARIANT`] and [`VHOST_MMIO_VARIANT`].
-    fn vhost_variants(&self, ports: &VhostPorts) -> Result<Vec<Variant>, MachineError> {
+    fn vhost_variants(&self, ports: &VhostPorts) -> Result<Vec<Variant>, ProbeError> {
         let n = self.transactions.max(1);
         let device = |transport, socket: &std::path::PathBuf| VirtioNetConfig {
             backend: NetBackendKind::VhostUser(VhostUserConfig {
@@ -369,7 +369,7 @@ impl RrBench {
         &self,
         delivery: CommitStrategy,
         modes: &[Mode],
-    ) -> Result<(Vec<Variant>, Clock), MachineError> {
+    ) -> Result<(Vec<Variant>, Clock), ProbeError> {
         let n = self.transactions.max(1);
         let (ops, timed) = self.ops(modes);
         let run = run_ok(&ProbeConfig {
@@ -404,7 +404,7 @@ impl RrBench {
 
     /// One boot of a round: `0` MSI routes and irqfds (every mode), `1` direct MSI (the MSI
     /// modes), `2` the host tap's variant, `3` the vhost-user variants.
-    fn round_boot(&self, which: usize) -> Result<(Vec<Variant>, Option<String>), MachineError> {
+    fn round_boot(&self, which: usize) -> Result<(Vec<Variant>, Option<String>), ProbeError> {
         match (which, &self.tap, &self.vhost_user) {
             (0, ..) => self
                 .boot(CommitStrategy::Batched, &Mode::ALL)
@@ -433,7 +433,7 @@ impl RrBench {
 
     /// `rounds` rounds, each booting once with MSI routes and irqfds (every mode), once with
     /// direct MSI (the MSI modes) and, with a tap, once on it; then the report.
-    pub fn run(&self) -> Result<ScenarioReport, MachineError> {
+    pub fn run(&self) -> Result<ScenarioReport, ProbeError> {
         let n = self.transactions.max(1);
         let rounds = self.rounds.max(1);
         let (boots, boot_names) = self.boots();

@@ -9,6 +9,7 @@ mod common;
 mod api;
 mod bench_baseline;
 mod bench_host;
+mod bench_scenarios;
 mod cli;
 mod console;
 mod cpu;

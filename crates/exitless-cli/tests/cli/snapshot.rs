@@ -389,8 +389,8 @@ fn writes_its_disk(name: &str, served: Disk, cmdline: &str, args: &[&str], round
 /// snapshot runs on to the end with every console byte once.
 #[test]
 fn a_machine_snapshotted_and_restored_in_the_same_process_finishes_its_work() {
-    use exitless::machine::run::FW_CFG_CMDLINE;
-    use exitless::machine::run::multiboot::MultibootKernel;
+    use exitless::machine::pc::FW_CFG_CMDLINE;
+    use exitless::machine::pc::multiboot::MultibootKernel;
     use exitless::machine::snapshot::Restorable;
     use exitless::machine::{Machine, Platform, RunEnd};
     use exitless::vm::run_control::StopReason;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::api::http::{Request, Response};
+use crate::exits::ExitKind;
 use crate::machine::MachineView;
 use crate::machine::snapshot::SnapshotError;
-use crate::stats::ExitKind;
 use crate::vm::pause::PauseError;
 use crate::vm::run_control::StopReason;
 

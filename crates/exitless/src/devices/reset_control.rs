@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::bus::BusDevice;
-use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::persist::{Persist, StateError, from_state, to_state};
 use crate::vm::run_control::{RunControl, StopReason};
 
 /// The port RST_CNT sits at.

@@ -17,7 +17,7 @@
 //! (`DeviceLog::new("serial")`), keeps the `Arc` and reports guest misbehaviour with
 //! [`guest_error!`](crate::guest_error) (`guest_error!(self.log, "bad offset {offset:#x}")`).
 //! The machine that wires the device passes the same `Arc` to
-//! [`ExitCounters::attach_log`](crate::stats::ExitCounters::attach_log) with the device's bus id,
+//! [`ExitCounters::attach_log`](crate::exits::ExitCounters::attach_log) with the device's bus id,
 //! so the device's guest-error count appears in every exit snapshot beside its exits. Tests need
 //! no logger: without one the `log` macros do nothing, and the counts are kept all the same.
 

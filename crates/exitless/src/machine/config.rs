@@ -62,6 +62,10 @@ pub struct MachineConfig {
     pub split_irqchip: bool,
     /// Keep guest RAM in the VMM's core dumps (by default it is left out: MADV_DONTDUMP).
     pub dump_guest_memory: bool,
+    /// The probe's test endpoints on bus 0 (00:01.0, 00:02.0 and 00:02.1), whose registers
+    /// its config-space ops time; no other guest is shown them.
+    #[serde(default)]
+    pub pci_test_endpoints: bool,
     /// The vCPUs' CPU template (`--cpu`), kept as given so that a snapshot can record it.
     #[serde(with = "cpu_template")]
     pub cpu: CpuTemplate,
@@ -83,6 +87,7 @@ impl Default for MachineConfig {
             iommu: false,
             split_irqchip: false,
             dump_guest_memory: false,
+            pci_test_endpoints: false,
             cpu: CpuTemplate::default(),
         }
     }

@@ -7,14 +7,14 @@
 //!   image format the kernel loaders read;
 //! - [`vcpus`]: vCPU threads, from creation to join;
 //! - [`probe`]: the probe machine: its board (ports), loader and ops;
-//! - [`run`]: `exitless run`'s machine: the PC platform, ACPI, memory map, kernel loaders.
+//! - [`pc`]: `exitless run`'s machine: the PC platform, ACPI, memory map, kernel loaders.
 
 pub mod config;
 pub mod console;
 pub mod layout;
 pub mod loader;
+pub mod pc;
 pub mod probe;
-pub mod run;
 pub mod snapshot;
 pub mod vcpus;
 pub mod wiring;
@@ -25,15 +25,15 @@ use std::time::Duration;
 
 use crate::bus::{BusError, IoBuses};
 use crate::devices::serial::ConsoleInput;
+use crate::exits::ExitCounters;
 use crate::iommu::Iommu;
 use crate::iommu::dmar::{IoapicScope, dmar_table};
 use crate::irq::ioapic::{IOAPIC_ID, IOAPIC_SOURCE_ID, PINS, PinWatcher};
 use crate::irq::{GsiRouting, IrqError, MsiVectors};
 use crate::pci::root::PciError;
-use crate::stats::ExitCounters;
 use crate::virtio::VirtioError;
 use crate::virtio::worker::Worker;
-use crate::vm::run_control::{RunControl, StopReason};
+use crate::vm::run_control::RunControl;
 use crate::vm::{self, Vm, VmError};
 
 pub use config::{
@@ -43,9 +43,9 @@ pub use config::{
 pub use layout::{LayoutError, MemoryLayout};
 pub use loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
 // The probe machine's API, where its callers have always found it.
-pub use probe::{PROBE_IMAGE, ProbeConfig, ProbeRun, ops, run_probe};
+pub use probe::{PROBE_IMAGE, ProbeConfig, ProbeError, ProbeRun, ops, run_probe};
 pub use vcpus::RunEnd;
-pub use wiring::{names, populate_bus0};
+pub use wiring::names;
 
 /// Errors building or running a machine.
 #[derive(Debug, thiserror::Error)]
@@ -95,9 +95,6 @@ pub enum MachineError {
         "a vhost-user device behind --iommu is not supported: exitless does not implement the vhost-user IOTLB messages; leave one of them out"
     )]
     VhostUserBehindIommu,
-    /// More ops than the contract holds.
-    #[error("{0} ops requested; the probe holds at most {max}", max = crate::contract::MAX_OPS)]
-    TooManyOps(usize),
     /// Writing or reading guest memory.
     #[error("guest memory access failed: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
@@ -126,12 +123,6 @@ pub enum MachineError {
     /// A snapshot that cannot be taken or restored.
     #[error(transparent)]
     Snapshot(#[from] snapshot::SnapshotError),
-    /// The guest did not finish.
-    #[error("the probe guest did not finish within {0:?}; its console said:\n{1}")]
-    Timeout(Duration, String),
-    /// The guest stopped abnormally.
-    #[error("the probe guest stopped abnormally ({0:?}); its console said:\n{1}")]
-    GuestFailed(StopReason, String),
 }
 
 /// Guest RAM a vhost-user backend can map where one serves a device; elsewhere private

@@ -102,7 +102,7 @@ impl BusDevice for PciConfigIo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::populate_bus0;
+    use crate::pci::function::HostBridge;
     use crate::pci::root::{BarBuses, BarWindows};
 
     fn ports() -> PciConfigIo {
@@ -111,7 +111,10 @@ mod tests {
             io: (0xc000, 0x1_0000),
         };
         let root = PciRoot::new(windows, BarBuses::detached()).unwrap();
-        populate_bus0(&root).unwrap();
+        let host_bridge = PciAddress::new(0, 0, 0).unwrap();
+        root.add(host_bridge, &HostBridge::layout(), Box::new(HostBridge))
+            .unwrap();
+        root.add_test_endpoints().unwrap();
         PciConfigIo::new(Arc::new(root))
     }
 

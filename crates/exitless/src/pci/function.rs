@@ -9,7 +9,7 @@ use crate::pci::regs::{
     PCI_CAP_ID_EXP, PCI_CAP_ID_MSI, PCI_CAP_ID_PM, PCI_CAP_ID_VNDR, PCI_EXP_CAP_V2_SIZE,
     PCI_EXP_FLAGS_VERSION_2, PCI_EXP_TYPE_ENDPOINT, PCI_STATUS, PCI_STATUS_SIG_TARGET_ABORT,
 };
-use crate::snapshot::{StateError, from_state, to_state};
+use crate::persist::{StateError, from_state, to_state};
 
 /// Vendor ID used by exitless's own functions. It is not a PCI-SIG assignment; guests other
 /// than the probe should not bind drivers to it.
@@ -42,7 +42,7 @@ pub trait PciFunction: Send {
     }
     /// A guest wrote `data` at `offset` of BAR slot `bar`.
     fn bar_write(&mut self, _config: &ConfigSpace, _bar: usize, _offset: u64, _data: &[u8]) {}
-    /// A snapshot is about to be taken (`crate::snapshot::Persist::pause`): finish the work in
+    /// A snapshot is about to be taken (`crate::persist::Persist::pause`): finish the work in
     /// flight and stop touching guest memory and raising interrupts until
     /// [`PciFunction::resume`]. A function without threads has nothing to stop.
     fn pause(&mut self) -> Result<(), StateError> {

@@ -11,8 +11,8 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use super::chain::{self, Chain, ChainError};
-use super::split::ServedQueue;
+use super::queue::chain::{self, Chain, ChainError};
+use super::queue::split::ServedQueue;
 use crate::dma::{DmaContext, DmaError};
 use crate::guest_error;
 use crate::logging::DeviceLog;
@@ -155,7 +155,7 @@ pub trait QueueHandler: Send {
     fn wake_sources(&self) -> Vec<(RawFd, usize)> {
         Vec::new()
     }
-    /// What the handler holds that the driver would lose across a snapshot (`crate::snapshot`;
+    /// What the handler holds that the driver would lose across a snapshot (`crate::persist`;
     /// asked while the device thread is paused): None when it holds nothing.
     fn save(&self) -> Option<serde_json::Value> {
         None
@@ -206,7 +206,7 @@ pub struct ChainsServed {
 /// completes a chain already served is not gated again. A chain whose buffer the IOMMU
 /// refused is completed with used length 0 (the fault is the unit's to report); behind an
 /// IOMMU a chain with an indirect descriptor is refused outright (its table would be read
-/// untranslated). The rings are reached through their host mapping ([`super::split`]);
+/// untranslated). The rings are reached through their host mapping ([`super::queue::split`]);
 /// `chain` is the queue's scratch, refilled for each chain.
 pub fn serve_chains(
     q: &mut ServedQueue,

@@ -1,6 +1,6 @@
 //! The device-thread side of a virtio device: between DRIVER_OK and reset, a [`QueueEngine`]
 //! runs the device type's [`QueueHandler`] over the live queues through the device's
-//! [`DmaContext`] (translating the rings first behind an IOMMU, [`super::rings`]) and says
+//! [`DmaContext`] (translating the rings first behind an IOMMU, [`super::queue::rings`]) and says
 //! which notifications are due. The device thread ([`super::worker`]) owns it; the register
 //! side ([`super::state`]) shares only the [`DeviceHealth`] with it.
 
@@ -11,8 +11,8 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use super::device::{DeviceHealth, Notification, QueueHandler, QueuePosition, QueueSet};
-use super::rings::BusRings;
-use super::split::ServedQueue;
+use super::queue::rings::BusRings;
+use super::queue::split::ServedQueue;
 use crate::dma::DmaContext;
 use crate::logging::DeviceLog;
 

@@ -6,7 +6,6 @@
 //! ([`notify`]); virtio-net ([`net`]); virtio-blk on a raw file ([`block`]).
 
 pub mod block;
-pub mod chain;
 pub mod device;
 pub mod engine;
 #[cfg(test)]
@@ -14,10 +13,7 @@ mod hostile;
 pub mod interrupt;
 pub mod net;
 pub mod notify;
-#[cfg(any(test, feature = "test-utils"))]
-pub mod reference;
-pub mod rings;
-pub mod split;
+pub mod queue;
 pub mod state;
 #[cfg(test)]
 mod testing;

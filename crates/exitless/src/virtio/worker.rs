@@ -25,9 +25,9 @@ use super::device::QueuePosition;
 use super::engine::QueueEngine;
 use super::interrupt::Interrupts;
 use crate::dma::DmaContext;
+use crate::exits::cpu_time;
 use crate::logging::DeviceLog;
 use crate::seccomp::{self, ThreadKind};
-use crate::stats::cpu_time;
 
 /// Longest a vCPU waits for the device thread to acknowledge a command. The thread's loops are
 /// bounded, so this is only reached if the host stalls it; the vCPU then goes on and the
@@ -69,7 +69,7 @@ pub enum Command {
     Sync(SyncSender<()>),
     /// A snapshot: finish the work in flight, stop serving the queues (kicks wait) and answer
     /// with each queue's position (none before DRIVER_OK) and the handler's state
-    /// (`crate::snapshot`).
+    /// (`crate::persist`).
     Pause(SyncSender<Paused>),
     /// A restored device: give the handler the state it saved, and answer how that went.
     RestoreHandler(serde_json::Value, SyncSender<Result<(), String>>),

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
+use exitless::exits::ExitKind;
 use exitless::machine::probe::PROBE_MIN_RAM;
 use exitless::machine::{
     CpuMode, EntryState, LoadError, Loader, Machine, MachineConfig, MachineInfo, ProbeConfig,
     RunEnd, names, run_probe,
 };
-use exitless::stats::ExitKind;
 use exitless::vm::boot;
 use exitless::vm::run_control::StopReason;
 use kvm_bindings::kvm_regs;

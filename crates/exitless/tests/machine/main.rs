@@ -13,3 +13,4 @@ mod pci_methods;
 mod platform_persist;
 mod virtio;
 mod virtio_persist;
+mod wiring;

@@ -47,6 +47,8 @@ fn every_platform_device_is_registered_and_a_fresh_machine_takes_its_state() {
         }),
         iommu: true,
         split_irqchip: true,
+        // 00:01.0 below.
+        pci_test_endpoints: true,
         ..MachineConfig::default()
     };
     let (_vm, first) = wired(&cfg);

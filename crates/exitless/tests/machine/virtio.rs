@@ -119,16 +119,17 @@ fn doorbells_that_exit_still_reach_the_device() {
     for op in [1, 3, 5] {
         assert_transactions(&run, op, N);
     }
-    assert_eq!(
-        run.exits_at(1, "virtio-mmio.0"),
-        N,
-        "one QueueNotify exit per request"
-    );
-    assert_eq!(
-        run.exits_at(3, "pci-bars"),
-        N,
-        "one notify exit per request"
-    );
+    // At most one notify exit per request: the driver skips a kick while the device, still
+    // in the loop that served the last request, has notifications off (VRING_USED_F_NO_NOTIFY,
+    // virtio 1.2 §2.7.10); the response can reach the driver before the device turns them back
+    // on, so a busy host sees fewer. Every request completed above, kicked or not.
+    for (op, device) in [(1, "virtio-mmio.0"), (3, "pci-bars")] {
+        let kicks = run.exits_at(op, device);
+        assert!(
+            (1..=N).contains(&kicks),
+            "{kicks} notify exits at {device} for {N} requests"
+        );
+    }
     assert_eq!(
         run.exits(5).total(),
         0,

@@ -4,8 +4,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 
 use super::*;
+use crate::exits::{ExitCounters, ExitKind};
 use crate::machine::snapshot::TakeSnapshot;
-use crate::stats::{ExitCounters, ExitKind};
 use crate::vm::run_control::RunControl;
 
 /// A machine's snapshotter as the API sees it: it records where it saved, and whether the

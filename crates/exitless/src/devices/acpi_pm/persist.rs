@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::{AcpiPm, PM_TIMER_HZ, RTC_STS, SCI_EN, SLP_EN, TMR_VAL_MASK, WAK_STS};
-use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::persist::{Persist, StateError, from_state, to_state};
 
 const ID: &str = "acpi-pm";
 

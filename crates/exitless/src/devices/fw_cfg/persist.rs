@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Cursor, FwCfg, KEY_MASK};
-use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::persist::{Persist, StateError, from_state, to_state};
 
 const ID: &str = "fw-cfg";
 

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::Rtc;
 use super::calendar::Fields;
 use super::cmos::{CMOS_LEN, FLAGS, IRQF, REG_A, REG_B, Raised, SET, UIE, UIP};
-use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::persist::{Persist, StateError, from_state, to_state};
 
 const ID: &str = "rtc";
 /// The largest offset kept, in seconds (about 139,000 years): any date a guest can write is

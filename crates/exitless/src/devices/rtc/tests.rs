@@ -219,7 +219,7 @@ fn cmos_image(b: &Bench) -> Vec<u8> {
 
 #[test]
 fn a_restored_rtc_keeps_its_bytes_its_flags_and_its_offset_from_the_host() {
-    use crate::snapshot::Persist;
+    use crate::persist::Persist;
     let b = Bench::new();
     b.set(0x40, 0x5a); // a CMOS byte of the guest's
     b.set(REG_A, NO_PERIODIC);
@@ -257,7 +257,7 @@ fn a_restored_rtc_keeps_its_bytes_its_flags_and_its_offset_from_the_host() {
 
 #[test]
 fn a_corrupted_rtc_state_is_refused_naming_the_field() {
-    use crate::snapshot::Persist;
+    use crate::persist::Persist;
     let b = Bench::new();
     b.set(0x40, 0x5a);
     let good = b.rtc.save().unwrap();
@@ -280,7 +280,7 @@ fn a_corrupted_rtc_state_is_refused_naming_the_field() {
 
 #[test]
 fn a_paused_rtc_raises_nothing_until_it_resumes() {
-    use crate::snapshot::Persist;
+    use crate::persist::Persist;
     let b = Bench::new();
     b.set(REG_B, B_24H | UIE);
     b.rtc.pause().unwrap();

@@ -12,7 +12,7 @@ use vm_superio::serial::SerialState;
 use vm_superio::{Serial, Trigger};
 
 use super::{LSR_TEMT, LSR_THRE, SerialConsole};
-use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::persist::{Persist, StateError, from_state, to_state};
 
 /// The receive FIFO's depth in vm-superio's 16550A.
 const RX_FIFO_LEN: usize = 64;

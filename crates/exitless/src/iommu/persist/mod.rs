@@ -20,7 +20,7 @@ use super::register_file::Registers;
 use super::regs::*;
 use super::tables::PAGE_SIZE;
 use crate::dma::Access;
-use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::persist::{Persist, StateError, from_state, to_state};
 
 const ID: &str = "iommu";
 /// GSTS bits the unit sets (§10.4.5): TES, RTPS, QIES, IRES, IRTPS, CFIS.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::rte::{READ_ONLY, REMOTE_IRR, Rte};
 use super::{ENTRIES, ID_MASK, Ioapic, PINS, State};
-use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::persist::{Persist, StateError, from_state, to_state};
 
 const ID: &str = "ioapic";
 /// Delivery status (bit 12): this IOAPIC sends at once and never shows a message pending.

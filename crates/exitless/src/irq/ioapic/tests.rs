@@ -165,7 +165,7 @@ fn registers(ioapic: &Ioapic) -> Vec<u32> {
 
 #[test]
 fn a_restored_ioapic_reads_the_same_routes_its_entries_and_awaits_the_eoi() {
-    use crate::snapshot::Persist;
+    use crate::persist::Persist;
     let b = bench();
     write_reg(&b.ioapic, 0, 0x0300_0000);
     set_rte(&b.ioapic, 4, 0x34, 0x0200_0000); // edge, unmasked
@@ -203,7 +203,7 @@ fn a_restored_ioapic_reads_the_same_routes_its_entries_and_awaits_the_eoi() {
 
 #[test]
 fn a_restored_asserted_level_line_is_sent_once() {
-    use crate::snapshot::Persist;
+    use crate::persist::Persist;
     let b = bench();
     set_rte(&b.ioapic, 16, IOAPIC_REDIR_LEVEL | 0x1_0041, 0); // masked
     b.ioapic.assert(16);
@@ -217,7 +217,7 @@ fn a_restored_asserted_level_line_is_sent_once() {
 
 #[test]
 fn a_corrupted_ioapic_state_is_refused_naming_the_field() {
-    use crate::snapshot::Persist;
+    use crate::persist::Persist;
     let b = bench();
     let good = b.ioapic.save().unwrap();
     let corrupt = |field: &str, at: Option<usize>, value: serde_json::Value| {

@@ -1,4 +1,4 @@
-//! A vector table's state in a snapshot (`crate::snapshot`), and its restore: each vector's
+//! A vector table's state in a snapshot (`crate::persist`), and its restore: each vector's
 //! message, mask and pending bit, put back in one [`MsiVectors::update`] so that the routes of
 //! every live vector are committed as the strategy in force says (per-vector: one commit per
 //! vector; batched: one for the table; first use: staged, committed at each vector's first
@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{MsiChange, MsiVectors};
-use crate::snapshot::StateError;
+use crate::persist::StateError;
 
 /// One vector as a snapshot keeps it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

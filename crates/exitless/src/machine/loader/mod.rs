@@ -1,7 +1,7 @@
 //! What a guest starts from: a loader fills guest memory and says how the boot vCPU enters it.
 //!
 //! The trait is the machine's side of loading; it knows no loader. Two kinds fit it: the probe
-//! (`machine::probe::loader`) and the kernels of `exitless run` (`machine::run`: bzImage,
+//! (`machine::probe::loader`) and the kernels of `exitless run` (`machine::pc`: bzImage,
 //! PVH, multiboot), which write the kernel, its boot protocol's data and ACPI tables from the
 //! [`MachineInfo`], and return the protocol's entry registers. As in rust-vmm's linux-loader,
 //! image formats are apart from boot protocols: [`elf`] reads an ELF kernel into

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use crate::bus::{BusDevice, DeviceId, IoBuses};
 use crate::contract::{MAX_OPS, PORT_DONE, PORT_MSIX_SEND, PORT_PHASE_BEGIN, PORT_PHASE_END};
+use crate::exits::{ExitCounters, ExitKind, ExitSnapshot, cpu_time};
 use crate::guest_error;
 use crate::irq::{CommitStats, GsiRouting, MsiVectors};
 use crate::logging::DeviceLog;
 use crate::machine::wiring::names;
 use crate::machine::{Board, BoardParts, MachineError};
-use crate::stats::{ExitCounters, ExitKind, ExitSnapshot, cpu_time};
 use crate::vm::run_control::{RunControl, StopReason};
 
 /// First port of the range; the others follow at 4-byte steps.

@@ -15,6 +15,7 @@ use crate::contract::{
     ENUM_ADDR, EnumRecord, IOMMU_REPORT_ADDR, IommuReport, MAX_ENUM_RECORDS, MAX_IOMMU_REPORTS,
     MAX_OPS, OP_ENUMERATE, Op, OpResult, RESULTS_ADDR,
 };
+use crate::exits::ExitSnapshot;
 use crate::iommu::IommuStats;
 use crate::irq::CommitStrategy;
 use crate::machine::config::{Console, MachineConfig, VirtioNetConfig};
@@ -23,11 +24,27 @@ use crate::machine::vcpus::RunEnd;
 use crate::machine::wiring::virtio_pci_address;
 use crate::machine::{Machine, MachineError};
 use crate::pci::{EcamMode, PciAddress};
-use crate::stats::ExitSnapshot;
 use crate::vm::run_control::StopReason;
 
 pub use board::{PhaseRecord, ProbeBoard};
 pub use loader::{PROBE_IMAGE, PROBE_MIN_RAM, ProbeLoader};
+
+/// Errors of a probe run: building or running its machine, or what the guest did.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The machine.
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+    /// More ops than the contract holds.
+    #[error("{0} ops requested; the probe holds at most {MAX_OPS}")]
+    TooManyOps(usize),
+    /// The guest did not finish.
+    #[error("the probe guest did not finish within {0:?}; its console said:\n{1}")]
+    Timeout(Duration, String),
+    /// The guest stopped abnormally.
+    #[error("the probe guest stopped abnormally ({0:?}); its console said:\n{1}")]
+    GuestFailed(StopReason, String),
+}
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -86,6 +103,7 @@ impl ProbeConfig {
             iommu: self.iommu,
             split_irqchip: self.split_irqchip,
             dump_guest_memory: false,
+            pci_test_endpoints: true,
             cpu: Default::default(),
         }
     }
@@ -169,20 +187,20 @@ impl ProbeRun {
 }
 
 /// Boot the probe guest with `cfg` and return what it measured.
-pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, MachineError> {
+pub fn run_probe(cfg: &ProbeConfig) -> Result<ProbeRun, ProbeError> {
     // Refuse what the guest cannot hold before creating anything.
     if cfg.ops.len() as u64 > MAX_OPS {
-        return Err(MachineError::TooManyOps(cfg.ops.len()));
+        return Err(ProbeError::TooManyOps(cfg.ops.len()));
     }
-    loader::check_ram(cfg.ram_size)?;
+    loader::check_ram(cfg.ram_size).map_err(MachineError::from)?;
     let mut board = ProbeBoard::default();
     let machine = Machine::new(&cfg.machine(), Some(&mut board))?;
     let ran = machine.run(&ProbeLoader { ops: &cfg.ops }, cfg.timeout)?;
     let console = machine.console();
     match ran.end {
         RunEnd::Stopped(StopReason::GuestDone(0)) => {}
-        RunEnd::Stopped(r) => return Err(MachineError::GuestFailed(r, console)),
-        RunEnd::TimedOut => return Err(MachineError::Timeout(cfg.timeout, console)),
+        RunEnd::Stopped(r) => return Err(ProbeError::GuestFailed(r, console)),
+        RunEnd::TimedOut => return Err(ProbeError::Timeout(cfg.timeout, console)),
     }
     let mem = machine.memory();
     let results = read_blocks::<OpResult>(mem, RESULTS_ADDR, cfg.ops.len())?;

@@ -45,7 +45,7 @@ pub struct Description {
     pub vcpus: Vec<serde_json::Value>,
     /// The VM's own state (`vm::VmState`): in-kernel irqchip, PIT, KVM clock.
     pub vm: serde_json::Value,
-    /// Every [`crate::snapshot::Persist`]'s state, by its id.
+    /// Every [`crate::persist::Persist`]'s state, by its id.
     pub devices: BTreeMap<String, serde_json::Value>,
     /// Guest memory's file.
     pub memory: MemoryFile,

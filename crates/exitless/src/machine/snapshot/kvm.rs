@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::machine::snapshot::SnapshotError;
-use crate::snapshot::{StateError, from_state, to_state};
+use crate::persist::{StateError, from_state, to_state};
 use crate::vm::run_control::RunControl;
 use crate::vm::state::{VcpuState, VmState};
 use crate::vm::{Vm, VmError};

@@ -2,7 +2,7 @@
 //!
 //! A snapshot is a directory: guest memory's file ([`description::MEMORY_FILE`]) and the
 //! description ([`description::DESCRIPTION_FILE`]: the configuration, the vCPUs', the VM's and
-//! every device's state), written last. The order of operations is `crate::snapshot`'s; the
+//! every device's state), written last. The order of operations is `crate::persist`'s; the
 //! format and its checks are [`description`]'s. Described for users in docs/snapshot.md.
 
 pub mod description;
@@ -83,7 +83,7 @@ pub enum SnapshotError {
     },
     /// A device's state that cannot be saved or restored.
     #[error("device state: {0}")]
-    State(crate::snapshot::StateError),
+    State(crate::persist::StateError),
     /// A snapshot of a machine that is not paused.
     #[error("the VM must be paused for a snapshot")]
     NotPaused,

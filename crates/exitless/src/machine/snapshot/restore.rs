@@ -1,7 +1,7 @@
 //! Restoring a snapshot: opening it (the description read and checked, guest memory's file
 //! open and of the right length, the disk images the machine had still there: everything a
 //! restore can be refused for before anything is built), building the machine from it and
-//! setting its state in `crate::snapshot`'s order.
+//! setting its state in `crate::persist`'s order.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -14,7 +14,7 @@ use crate::machine::snapshot::take::{io_error, open_regular};
 use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
 use crate::machine::vcpus::Vcpus;
 use crate::machine::{Board, Machine, MachineError, Ran};
-use crate::snapshot::StateError;
+use crate::persist::StateError;
 
 /// How long each step of [`Machine::restore_state_timed`] took.
 #[derive(Clone, Copy, Debug, Default)]
@@ -78,7 +78,7 @@ impl Machine {
         Self::build(cfg, board, Some(memory))
     }
 
-    /// Set `saved`'s states on the machine [`Machine::restore`] built, in `crate::snapshot`'s
+    /// Set `saved`'s states on the machine [`Machine::restore`] built, in `crate::persist`'s
     /// order: the VM's interrupt controllers, PIT and clock; each vCPU (created here); each
     /// device, then every device resumes. The vCPUs are returned for
     /// [`Machine::run_vcpus`]. Once per machine.

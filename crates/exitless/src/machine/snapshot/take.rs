@@ -1,4 +1,4 @@
-//! Taking a snapshot of a paused machine, in `crate::snapshot`'s order: every device stops
+//! Taking a snapshot of a paused machine, in `crate::persist`'s order: every device stops
 //! (its work in flight done), the vCPUs', the VM's and the devices' states are read, guest
 //! memory is written, the description last; then every device goes on.
 
@@ -13,7 +13,7 @@ use crate::machine::config::MachineConfig;
 use crate::machine::snapshot::{
     DESCRIPTION_FILE, Description, MEMORY_FILE, MemoryFile, SnapshotError, TakeSnapshot, kvm,
 };
-use crate::snapshot::Persist;
+use crate::persist::Persist;
 use crate::vm::Vm;
 use crate::vm::run_control::RunControl;
 
@@ -85,7 +85,7 @@ impl Snapshotter {
             .persist
             .iter()
             .map(|(id, device)| Ok((id.clone(), device.save()?)))
-            .collect::<Result<BTreeMap<_, _>, crate::snapshot::StateError>>()
+            .collect::<Result<BTreeMap<_, _>, crate::persist::StateError>>()
             .map_err(SnapshotError::State)?;
         // Written beside and renamed into place: a machine restored from this directory maps
         // its memory file MAP_PRIVATE and reads the pages it has not touched from it, so that

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::signal::Killable;
 
 use crate::bus::IoBuses;
+use crate::exits::ExitCounters;
 use crate::machine::loader::{EntryState, Loader};
 use crate::seccomp::{self, ThreadKind};
-use crate::stats::ExitCounters;
 use crate::vm::cpuid::CpuTemplate;
 use crate::vm::run_control::{RunControl, RunEvent, StopReason};
 use crate::vm::state::VcpuState;

@@ -1,4 +1,4 @@
-//! A function's configuration space in a snapshot (`crate::snapshot`): its 4 KiB as the guest
+//! A function's configuration space in a snapshot (`crate::persist`): its 4 KiB as the guest
 //! and the device left them. At restore only what the guest or the device could have changed
 //! is taken (the bits of the write and RW1C masks); the rest is the freshly built function's,
 //! and identity registers that differ mean the snapshot is of another function.
@@ -8,7 +8,7 @@ use crate::pci::regs::{
     PCI_CLASS_REVISION, PCI_DEVICE_ID, PCI_HEADER_TYPE, PCI_SUBSYSTEM_ID, PCI_SUBSYSTEM_VENDOR_ID,
     PCI_VENDOR_ID,
 };
-use crate::snapshot::StateError;
+use crate::persist::StateError;
 
 /// Registers that say which function this is (PCI 3.0 §6.2.1, §6.2.4): (name, offset, size).
 const IDENTITY: [(&str, u16, usize); 6] = [

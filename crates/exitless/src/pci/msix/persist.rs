@@ -1,4 +1,4 @@
-//! A function's MSI-X state in a snapshot (`crate::snapshot`): the table as the guest wrote
+//! A function's MSI-X state in a snapshot (`crate::persist`): the table as the guest wrote
 //! it, and the vectors behind it (message in effect, mask, pending bit). Message Control
 //! (Enable, Function Mask) and Bus Master Enable are configuration-space bytes, restored
 //! before this; [`Msix::restore`] reads them there, so the vectors and the registers the guest
@@ -13,7 +13,7 @@ use crate::pci::config::ConfigSpace;
 use crate::pci::regs::{
     PCI_COMMAND, PCI_COMMAND_MASTER, PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE, PCI_MSIX_FLAGS_MASKALL,
 };
-use crate::snapshot::StateError;
+use crate::persist::StateError;
 
 /// What [`Msix`] and its vectors hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

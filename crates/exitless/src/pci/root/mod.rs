@@ -32,7 +32,7 @@ use crate::pci::config::{
     Bar, BarSlots, ConfigError, ConfigSpace, ConfigWindow, FUNCTIONS_PER_BUS, FunctionLayout,
     touches,
 };
-use crate::pci::function::PciFunction;
+use crate::pci::function::{PciFunction, TestDevice};
 use crate::pci::regs::{
     PCI_BAR_COUNT, PCI_BAR0, PCI_CFG_SPACE_EXP_SIZE, PCI_COMMAND, PCI_COMMAND_IO,
     PCI_COMMAND_MEMORY, PCI_HEADER_TYPE, PCI_HEADER_TYPE_MULTIFUNCTION,
@@ -320,6 +320,16 @@ impl PciRoot {
                 if trap { "trap" } else { "stop trapping" }
             ));
         }
+    }
+
+    /// The probe's test endpoints: a function at 00:01.0 and a two-function device at 00:02.0
+    /// and 00:02.1, whose registers its config-space ops read and write.
+    pub fn add_test_endpoints(&self) -> Result<(), PciError> {
+        for (device, function, id) in [(1, 0, 0x0001), (2, 0, 0x0002), (2, 1, 0x0003)] {
+            let at = PciAddress::new(0, device, function).expect("a valid address");
+            self.add(at, &TestDevice::layout(id), Box::<TestDevice>::default())?;
+        }
+        Ok(())
     }
 
     /// Add a function, assign its BARs as firmware would and enable their decoding.

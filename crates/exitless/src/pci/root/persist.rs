@@ -1,4 +1,4 @@
-//! Bus 0 in a snapshot (`crate::snapshot`): every function's configuration space and its own
+//! Bus 0 in a snapshot (`crate::persist`): every function's configuration space and its own
 //! state, under its address. At restore the functions were built by the same configuration
 //! (same addresses, same layouts); each takes its configuration space, then its state (MSI-X,
 //! a virtio transport's registers), and only then are the BARs placed where the guest had
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Function, FunctionState, PciRoot};
 use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_IO, PCI_COMMAND_MEMORY};
-use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::persist::{Persist, StateError, from_state, to_state};
 
 /// The snapshot's id and the first part of every error's field name.
 const ID: &str = "pci";

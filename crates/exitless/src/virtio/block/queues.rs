@@ -15,9 +15,9 @@ use super::SECTOR_SIZE;
 use crate::dma::{Access, DmaContext, DmaError, Segments};
 use crate::guest_error;
 use crate::logging::DeviceLog;
-use crate::virtio::chain::{Buffer, Chain, ranges};
 use crate::virtio::device::{DeviceError, Progress, QueueHandler, serve_chains};
-use crate::virtio::split::ServedQueue;
+use crate::virtio::queue::chain::{Buffer, Chain, ranges};
+use crate::virtio::queue::split::ServedQueue;
 
 /// The device ID string's length (§5.2.6: VIRTIO_BLK_T_GET_ID).
 const SERIAL_LEN: usize = VIRTIO_BLK_ID_BYTES as usize;

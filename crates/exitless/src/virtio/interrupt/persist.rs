@@ -1,4 +1,4 @@
-//! A device's interrupt state in a snapshot (`crate::snapshot`): the status bits the driver has
+//! A device's interrupt state in a snapshot (`crate::persist`): the status bits the driver has
 //! not acknowledged and the MSI vector of each queue and of configuration changes (virtio 1.2
 //! §4.1.4.3, §4.1.4.5). The vectors' own messages, masks and pending bits are the vector
 //! table's (`crate::pci::msix`, the virtio-mmio MSI extension).
@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::{Interrupts, NO_VECTOR};
-use crate::snapshot::StateError;
+use crate::persist::StateError;
 
 /// What [`Interrupts`] holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

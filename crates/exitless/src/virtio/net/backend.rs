@@ -44,7 +44,7 @@ pub trait NetBackend: Send {
     /// fed from outside (a multiqueue tap) must then stop taking frames for a disabled pair,
     /// or they are lost: no driver fills its receive queue. Others need do nothing.
     fn set_enabled(&mut self, _enabled: bool) {}
-    /// What it holds for the driver that a snapshot must keep (`crate::snapshot`): None when
+    /// What it holds for the driver that a snapshot must keep (`crate::persist`): None when
     /// it holds nothing of its own (a tap's frames wait in the kernel).
     fn save(&self) -> Option<serde_json::Value> {
         None

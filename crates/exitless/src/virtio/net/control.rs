@@ -7,9 +7,9 @@
 use crate::dma::DmaContext;
 use crate::guest_error;
 use crate::logging::DeviceLog;
-use crate::virtio::chain::Chain;
 use crate::virtio::device::{ChainsServed, DeviceError, serve_chains};
-use crate::virtio::split::ServedQueue;
+use crate::virtio::queue::chain::Chain;
+use crate::virtio::queue::split::ServedQueue;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_OK,
 };

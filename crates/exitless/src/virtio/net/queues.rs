@@ -10,11 +10,11 @@ use super::{HDR, MAX_FRAME};
 use crate::dma::{DmaContext, Segments};
 use crate::guest_error;
 use crate::logging::DeviceLog;
-use crate::virtio::chain::Chain;
 use crate::virtio::device::{
     ChainServer, ChainsServed, DeviceError, Progress, QueueHandler, serve_chains,
 };
-use crate::virtio::split::ServedQueue;
+use crate::virtio::queue::chain::Chain;
+use crate::virtio::queue::split::ServedQueue;
 
 /// One receive/transmit queue pair and the backend queue behind it (a multiqueue tap has one
 /// file per pair in the same way), with each queue's scratch: the chain being served and its

@@ -350,7 +350,7 @@ impl VirtioState {
     /// breaks the device, and so does an available ring at guest-physical 0, which
     /// virtio-queue takes for "not set up" (its iterator then refuses the queue). With
     /// VIRTIO_F_ACCESS_PLATFORM the ring addresses are bus addresses: the device thread
-    /// translates and checks them (`super::rings`).
+    /// translates and checks them (`super::queue::rings`).
     pub fn set_queue_ready(&mut self) {
         let mem = self.mem.clone();
         let bus_addresses = self.negotiated(VIRTIO_F_ACCESS_PLATFORM);

@@ -1,4 +1,4 @@
-//! The register side of a virtio device in a snapshot (`crate::snapshot`): features, status,
+//! The register side of a virtio device in a snapshot (`crate::persist`): features, status,
 //! selectors, each queue's configuration as the driver wrote it (virtio 1.2 §4.1.4.3,
 //! §4.2.2), whether the device broke, and its configuration space, which exitless's devices
 //! derive from the machine's configuration (so it is compared, not written back). Every value
@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState, QueueT};
 
 use super::VirtioState;
-use crate::snapshot::StateError;
+use crate::persist::StateError;
 use crate::virtio::device::QueuePosition;
 use crate::virtio::regs::{
     VIRTIO_F_ACCESS_PLATFORM, VIRTIO_STATUS_DEVICE_NEEDS_RESET, VIRTIO_STATUS_DRIVER_OK,

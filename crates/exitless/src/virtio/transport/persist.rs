@@ -1,4 +1,4 @@
-//! What both transports do for a snapshot (`crate::snapshot`), around their own registers: the
+//! What both transports do for a snapshot (`crate::persist`), around their own registers: the
 //! device thread paused with each live queue's position, the common registers and interrupt
 //! state saved and checked back in, and the device thread restarted where it stopped: the same
 //! thread after a pause, or a fresh one handed the saved queues at their positions when a
@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
 
 use crate::dma::DmaContext;
-use crate::snapshot::StateError;
+use crate::persist::StateError;
 use crate::virtio::device::QueuePosition;
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::interrupt::persist::InterruptState;

@@ -13,7 +13,7 @@
 
 use virtio_queue::{Queue, QueueT};
 
-use crate::virtio::split::ServedQueue;
+use crate::virtio::queue::split::ServedQueue;
 
 use crate::dma::DmaContext;
 use crate::virtio::device::{DeviceHealth, Notification, QueuePosition};

@@ -12,9 +12,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::signal::register_signal_handler;
 
 use crate::bus::{DeviceId, IoBuses};
+use crate::exits::{ExitCounters, ExitKind};
 use crate::irq::regs::{IOAPIC_BASE, IOAPIC_EOI};
 use crate::seccomp::kick_signal;
-use crate::stats::{ExitCounters, ExitKind};
 use crate::vm::boot::{RFLAGS_BOOT, protected_mode_sregs, real_mode_sregs};
 use crate::vm::cpuid::{self, CpuTemplate};
 use crate::vm::kvm_run::{MAX_INSTRUCTION_BYTES, RunPage};

@@ -1,4 +1,4 @@
-//! A virtio-mmio transport in a snapshot (`crate::snapshot`): the common registers, interrupt
+//! A virtio-mmio transport in a snapshot (`crate::persist`): the common registers, interrupt
 //! state and queue positions ([`crate::virtio::transport::persist`]), and the MSI extension
 //! (docs/virtio-mmio-msi.md): MsiControl, the staging registers, each vector's message, mask
 //! and pending bit. At restore the vectors' routes are committed as the strategy in force
@@ -13,7 +13,7 @@ use super::MmioTransport;
 use super::extension::MsiStaging;
 use crate::irq::MsiChange;
 use crate::irq::msi::VectorState;
-use crate::snapshot::{Persist, StateError, from_state, to_state};
+use crate::persist::{Persist, StateError, from_state, to_state};
 use crate::virtio::regs::{VIRTIO_F_MMIO_NOTIFY, VIRTIO_MMIO_MSI_CTRL_ENABLE};
 use crate::virtio::transport::persist::CommonState;
 

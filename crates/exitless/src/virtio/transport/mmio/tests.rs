@@ -225,7 +225,7 @@ impl crate::virtio::device::QueueHandler for Recording {
     fn process_queue(
         &mut self,
         index: usize,
-        _queues: &mut [crate::virtio::split::ServedQueue],
+        _queues: &mut [crate::virtio::queue::split::ServedQueue],
         _dma: &DmaContext,
         _log: &DeviceLog,
     ) -> Result<crate::virtio::device::Progress, crate::virtio::device::DeviceError> {

@@ -30,7 +30,7 @@ use crate::pci::config::{ConfigSpace, FunctionLayout, touches};
 use crate::pci::function::PciFunction;
 use crate::pci::msix::Msix;
 use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER, PCI_MSIX_ENTRY_SIZE};
-use crate::snapshot::StateError;
+use crate::persist::StateError;
 use crate::virtio::interrupt::Interrupts;
 use crate::virtio::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use crate::virtio::regs::{

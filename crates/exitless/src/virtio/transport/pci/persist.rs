@@ -1,4 +1,4 @@
-//! A virtio-pci function in a snapshot (`crate::snapshot`), beside its configuration space
+//! A virtio-pci function in a snapshot (`crate::persist`), beside its configuration space
 //! (which the root saves): the common registers, interrupt state and queue positions
 //! ([`crate::virtio::transport::persist`]) and the MSI-X table with its vectors. At restore the
 //! configuration space is back first, so Bus Master Enable and MSI-X Enable / Function Mask
@@ -10,7 +10,7 @@ use super::VirtioPci;
 use crate::pci::config::ConfigSpace;
 use crate::pci::msix::MsixState;
 use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER};
-use crate::snapshot::{StateError, from_state, to_state};
+use crate::persist::{StateError, from_state, to_state};
 use crate::virtio::state::StatusChange;
 use crate::virtio::transport::persist::CommonState;
 use crate::virtio::write_status;

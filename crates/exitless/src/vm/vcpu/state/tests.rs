@@ -11,7 +11,7 @@ use super::super::tests::vcpu_running;
 use super::*;
 use crate::bus::{BusDevice, IoBuses};
 use crate::contract::PROBE_LOAD_ADDR;
-use crate::stats::ExitCounters;
+use crate::exits::ExitCounters;
 use crate::vm::run_control::{RunControl, StopReason};
 use crate::vm::state::tests::TempFile;
 use crate::vm::{Irqchip, RamBacking};

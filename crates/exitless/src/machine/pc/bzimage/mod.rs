@@ -22,8 +22,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::machine::loader::file::{ImageFile, ReadError};
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
-use crate::machine::run::boot::{place_initrd, write_acpi};
-use crate::machine::run::memmap::{HIGH_RAM_START, e820};
+use crate::machine::pc::boot::{place_initrd, write_acpi};
+use crate::machine::pc::memmap::{HIGH_RAM_START, e820};
 use crate::vm::boot;
 
 // Offsets in the file's first sector and in `struct boot_params`: the setup header is at the

@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use super::device::DeviceError;
 use super::split::ServedQueue;
 use crate::dma::{Access, DmaContext, RingArea, RingWatch};
+use crate::virtio::device::DeviceError;
 use virtio_queue::{Queue, QueueT};
 
 /// Bytes of a descriptor table entry (virtio 1.2 §2.7.5).

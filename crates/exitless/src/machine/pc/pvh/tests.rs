@@ -5,8 +5,8 @@ use linux_loader::elf::{Elf64_Ehdr, PT_NOTE};
 use super::*;
 use crate::machine::layout::MemoryLayout;
 use crate::machine::loader::CpuMode;
-use crate::machine::run::boot::MAX_CMDLINE;
-use crate::machine::run::memmap::BOOT_DATA;
+use crate::machine::pc::boot::MAX_CMDLINE;
+use crate::machine::pc::memmap::BOOT_DATA;
 
 // The ELF64 header fields the note search reads, from linux-loader's elf.h (not the loader's
 // own structs, so the file built here is an independent reading).

@@ -8,8 +8,8 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::machine::loader::segment::Segment;
 use crate::machine::loader::{CpuMode, EntryState, LoadError, MachineInfo};
-use crate::machine::run::acpi::AcpiTables;
-use crate::machine::run::memmap::{BOOT_DATA, FIRMWARE_RANGES, Range};
+use crate::machine::pc::acpi::AcpiTables;
+use crate::machine::pc::memmap::{BOOT_DATA, FIRMWARE_RANGES, Range};
 use crate::vm::boot::RFLAGS_BOOT;
 
 /// The boot data's first page holds the protocol's information (multiboot's, PVH's start

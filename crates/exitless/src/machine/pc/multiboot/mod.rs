@@ -18,11 +18,11 @@ use crate::machine::loader::elf::{self, ElfError, read_at};
 use crate::machine::loader::file::{ImageFile, ReadError};
 use crate::machine::loader::segment::{Segment, contents, contents_of, write_segments};
 use crate::machine::loader::{EntryState, LoadError, Loader, MachineInfo};
-use crate::machine::run::boot::{
+use crate::machine::pc::boot::{
     CMDLINE_OFFSET, CmdlineError, PlacementError, boot_data_cmdline, check_segments_fit,
     place_boot_data, protected32_entry, segment_ranges, write_acpi,
 };
-use crate::machine::run::memmap::{E820Entry, HIGH_RAM_START, LOW_RAM_END, MIN_RAM, e820};
+use crate::machine::pc::memmap::{E820Entry, HIGH_RAM_START, LOW_RAM_END, MIN_RAM, e820};
 
 /// The header's magic (§3.1.1).
 const HEADER_MAGIC: u32 = 0x1bad_b002;

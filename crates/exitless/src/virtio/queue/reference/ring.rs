@@ -1,4 +1,4 @@
-//! virtio-queue's ring reader as the reference for the host-mapped one ([`crate::virtio::split`],
+//! virtio-queue's ring reader as the reference for the host-mapped one ([`crate::virtio::queue::split`],
 //! issue 20): a [`RingScenario`] is a queue (size, EVENT_IDX, positions, translated or not)
 //! over guest memory with a hole, and rounds of driver writes (raw stores anywhere in the
 //! rings and tables, or chains published the way a driver does) each followed by one
@@ -14,9 +14,9 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::dma::{Access, AccessPlatform, DmaContext, DmaError, RingArea, RingWatch, Translation};
-use crate::virtio::chain::{self, Chain, ChainError};
 use crate::virtio::device::{ChainServer, ChainsServed, DeviceError, serve_chains};
-use crate::virtio::split::{ServedQueue, refers_to_indirect};
+use crate::virtio::queue::chain::{self, Chain, ChainError};
+use crate::virtio::queue::split::{ServedQueue, refers_to_indirect};
 
 /// Two 32 KiB regions with a 32 KiB hole between them: buffers and indirect tables may lie
 /// in either, across the hole or outside memory.

@@ -1,6 +1,6 @@
 use super::*;
 use crate::machine::layout::MemoryLayout;
-use crate::machine::run::memmap::E820Kind;
+use crate::machine::pc::memmap::E820Kind;
 
 /// Setup sectors of the synthetic image, and its protected-mode kernel's size.
 const SECTS: u8 = 3;

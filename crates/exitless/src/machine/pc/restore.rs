@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::machine::config::{Console, Overflow};
-use crate::machine::run::{RunError, RunOutcome, outcome};
+use crate::machine::pc::{RunError, RunOutcome, outcome};
 use crate::machine::snapshot::Restorable;
 use crate::machine::{Machine, MachineError, MachineView};
 

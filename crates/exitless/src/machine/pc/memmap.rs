@@ -6,7 +6,7 @@
 //! conventional memory (639 KiB, then the 1 KiB extended BIOS data area), the VGA window and
 //! the BIOS area are not. The ACPI tables live in the BIOS area (where the RSDP must be, ACPI
 //! 6.5 §5.2.5.1); kernels may load anywhere else in RAM, and the loaders put their boot
-//! information where the kernel is not ([`crate::machine::run::boot::place_boot_data`]).
+//! information where the kernel is not ([`crate::machine::pc::boot::place_boot_data`]).
 
 use crate::machine::layout::{ECAM_SIZE, MemoryLayout};
 

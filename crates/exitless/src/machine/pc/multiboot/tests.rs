@@ -5,8 +5,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
 use crate::machine::loader::CpuMode;
-use crate::machine::run::boot::MAX_CMDLINE;
-use crate::machine::run::memmap::BIOS_AREA;
+use crate::machine::pc::boot::MAX_CMDLINE;
+use crate::machine::pc::memmap::BIOS_AREA;
 
 const HEADER_AT: usize = 0x100;
 const CODE_AT: usize = 0x1000;

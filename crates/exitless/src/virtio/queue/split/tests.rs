@@ -2,7 +2,7 @@
 //! and by virtio-queue's reader (`virtio::reference::ring`), which must agree.
 
 use super::*;
-use crate::virtio::reference::ring::RingScenario;
+use crate::virtio::queue::reference::ring::RingScenario;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::desc::split::Descriptor;

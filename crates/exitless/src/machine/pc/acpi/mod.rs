@@ -42,7 +42,7 @@ use crate::irq::regs::{IOAPIC_BASE, LAPIC_BASE};
 use crate::machine::layout::{
     ECAM_LAST_BUS, ECAM_SIZE, MemoryLayout, PCI_IO_BASE, PCI_IO_LEN, PCI_MMIO_WINDOW, SERIAL_GSI,
 };
-use crate::machine::run::memmap::BIOS_AREA;
+use crate::machine::pc::memmap::BIOS_AREA;
 use crate::pci::cf8::PCI_CONFIG_IO_LEN;
 use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
 

@@ -17,11 +17,11 @@ use crate::machine::loader::elf::{self, ElfError};
 use crate::machine::loader::file::{ImageFile, ReadError};
 use crate::machine::loader::segment::{Segment, contents, contents_of, kernel_end, write_segments};
 use crate::machine::loader::{EntryState, LoadError, Loader, MachineInfo};
-use crate::machine::run::boot::{
+use crate::machine::pc::boot::{
     CMDLINE_OFFSET, CmdlineError, PlacementError, boot_data_cmdline, check_segments_fit,
     place_boot_data, place_initrd, protected32_entry, segment_ranges, write_acpi,
 };
-use crate::machine::run::memmap::{Range, e820};
+use crate::machine::pc::memmap::{Range, e820};
 
 /// `XEN_ELFNOTE_PHYS32_ENTRY` (xen include/public/elfnote.h): the physical 32-bit entry.
 const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;

@@ -1,0 +1,38 @@
+//! Device names used on the buses, in exit reports and as snapshot ids.
+
+use crate::pci::PciAddress;
+
+/// Ports 0xCF8..=0xCFF.
+pub const PCI_PIO: &str = "pci-cf8";
+/// The ECAM window.
+pub const PCI_ECAM: &str = "pci-ecam";
+/// Every decoded BAR (each its own bus range).
+pub const PCI_BARS: &str = "pci-bars";
+/// Bus 0 in a snapshot: every function's configuration space and state, by address.
+pub const PCI_ROOT: &str = "pci";
+/// The console.
+pub const SERIAL: &str = "serial";
+/// The probe's phase ports.
+pub const PROBE_PORTS: &str = "probe-ports";
+/// The VT-d remapping unit's register page.
+pub const IOMMU: &str = "iommu";
+/// The userspace IOAPIC, under a split irqchip.
+pub const IOAPIC: &str = "ioapic";
+
+/// A virtio-pci function: its guest errors and its thread's CPU time are counted under
+/// this name (its registers are reached through `PCI_BARS`).
+pub fn virtio_pci(at: PciAddress) -> String {
+    format!("virtio-pci.{at}")
+}
+/// QEMU's test exit.
+pub const DEBUG_EXIT: &str = "debug-exit";
+/// QEMU's firmware configuration ports.
+pub const FW_CFG: &str = "fw-cfg";
+/// The ACPI power-management block.
+pub const ACPI_PM: &str = "acpi-pm";
+/// The RTC and CMOS at ports 0x70 and 0x71.
+pub const RTC: &str = "rtc";
+/// The keyboard controller's command port.
+pub const I8042: &str = "i8042";
+/// The Reset Control Register at 0xCF9 (its state in a snapshot).
+pub const RESET_CONTROL: &str = "reset-control";
