@@ -15,7 +15,7 @@ use exitless::pci::PciAddress;
 use exitless::pci::cf8::PciConfigIo;
 use exitless::pci::ecam::PciConfigMmio;
 use exitless::pci::root::{BarBuses, BarWindows, PciRoot};
-use exitless::virtio::TransportEnv;
+use exitless::virtio::transport::TransportEnv;
 use exitless::virtio::net::{RequestResponse, VirtioNet};
 use exitless::virtio::notify::NotifyPath;
 use exitless::virtio::transport::pci::VirtioPci;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use exitless::bus::BusDevice;
 use exitless::fakes::{FakeIoEvents, FakeRoutes};
 use exitless::logging::DeviceLog;
-use exitless::virtio::TransportEnv;
+use exitless::virtio::transport::TransportEnv;
 use exitless::virtio::transport::mmio::{MmioPlacement, MmioTransport};
 use exitless::virtio::net::{RequestResponse, VirtioNet};
 use exitless::virtio::notify::NotifyPath;

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use vm_memory::GuestMemoryMmap;
 
-use super::{DeviceParts, TransportEnv, net};
+use super::transport::TransportEnv;
+use super::{DeviceParts, net};
 use crate::logging::DeviceLog;
 
 /// What the transport tests share: in-memory KVM stand-ins (no /dev/kvm needed), the

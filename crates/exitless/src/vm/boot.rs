@@ -1,29 +1,12 @@
-//! Puts a vCPU straight into the mode a guest starts in.
+//! Puts a vCPU straight into the mode a guest starts in, knowing no guest.
 //!
-//! - 64-bit long mode (the probe): identity-mapped page tables, a GDT with ring-0 and ring-3
-//!   segments, and a 64-bit TSS whose I/O permission bitmap lets ring-3 code use port I/O (Intel
-//!   SDM vol. 1 §19.5.2). `RFLAGS.IOPL` is not honoured on this host, so the bitmap is the only
-//!   way to give CPL-3 code the ports (see docs/host-kvm.md).
+//! - segment descriptors, as the GDT and KVM both describe them, and the control-register
+//!   bits of long mode, for the machine's long-mode tables (`machine::loader::long_mode`);
 //! - 32-bit protected mode with paging off and flat segments (multiboot kernels, Multiboot
-//!   0.6.96 §3.2): no tables in guest memory at all.
+//!   0.6.96 §3.2): no tables in guest memory at all;
+//! - real mode at a segment, as after a reset (an S3 waking vector).
 
-use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-
-use crate::contract::{
-    BOOT_GDT_ADDR, BOOT_PD_ADDR, BOOT_PD_COUNT, BOOT_PDPT_ADDR, BOOT_PML4_ADDR, BOOT_TSS_ADDR,
-    INTERRUPT_STACK_TOP, KERNEL_CS, KERNEL_DS, PROBE_LOAD_ADDR, PROBE_STACK_TOP, PTE_HUGE,
-    PTE_PRESENT, PTE_USER, PTE_WRITABLE, TSS_IOMAP_BASE, TSS_IOMAP_LEN, TSS_SELECTOR, USER_CS,
-    USER_DS,
-};
-
-// The tables' places are in the contract: the probe's multiboot entry (crates/exitless-guest/probe/entry.S) builds
-// the same tables at the same places when QEMU boots it.
-
-/// TSS limit: covers the bitmap and its terminating byte.
-const TSS_LIMIT: u32 = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as u32;
-/// Bytes of the TSS with its bitmap, terminating byte excluded.
-const TSS_SIZE: usize = (TSS_IOMAP_BASE + TSS_IOMAP_LEN) as usize;
+use kvm_bindings::{kvm_segment, kvm_sregs};
 
 /// Selectors of the flat 32-bit segments: those of QEMU's multiboot option ROM, whose GDT a
 /// kernel must not rely on either (Multiboot 0.6.96 §3.2: "GDTR may be invalid").
@@ -35,42 +18,28 @@ const FLAT32_DS: u16 = 0x10;
 /// interrupts off, the state every boot protocol enters with.
 pub const RFLAGS_BOOT: u64 = 0x2;
 
-const CR0_PE: u64 = 1 << 0;
-const CR0_MP: u64 = 1 << 1;
-const CR0_ET: u64 = 1 << 4;
-const CR0_NE: u64 = 1 << 5;
-const CR0_WP: u64 = 1 << 16;
-const CR0_PG: u64 = 1 << 31;
-const CR4_PAE: u64 = 1 << 5;
-const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
+pub(crate) const CR0_PE: u64 = 1 << 0;
+pub(crate) const CR0_MP: u64 = 1 << 1;
+pub(crate) const CR0_ET: u64 = 1 << 4;
+pub(crate) const CR0_NE: u64 = 1 << 5;
+pub(crate) const CR0_WP: u64 = 1 << 16;
+pub(crate) const CR0_PG: u64 = 1 << 31;
+pub(crate) const CR4_PAE: u64 = 1 << 5;
+pub(crate) const EFER_LME: u64 = 1 << 8;
+pub(crate) const EFER_LMA: u64 = 1 << 10;
 
 /// A segment as the GDT and `kvm_segment` both describe it.
 #[derive(Clone, Copy)]
-struct Segment {
-    selector: u16,
-    type_: u8,
-    dpl: u8,
-    code_or_data: bool,
-    long: bool,
-    big: bool,
+pub(crate) struct Segment {
+    pub(crate) selector: u16,
+    pub(crate) type_: u8,
+    pub(crate) dpl: u8,
+    pub(crate) code_or_data: bool,
+    pub(crate) long: bool,
+    pub(crate) big: bool,
 }
 
 impl Segment {
-    const KERNEL_CODE: Segment = Segment::code(KERNEL_CS, 0);
-    const KERNEL_DATA: Segment = Segment::data(KERNEL_DS, 0);
-    const USER_CODE: Segment = Segment::code(USER_CS & !3, 3);
-    const USER_DATA: Segment = Segment::data(USER_DS & !3, 3);
-    /// 64-bit TSS, busy (type 0xB), as the CPU holds it once loaded in TR.
-    const TSS: Segment = Segment {
-        selector: TSS_SELECTOR,
-        type_: 0xb,
-        dpl: 0,
-        code_or_data: false,
-        long: false,
-        big: false,
-    };
-
     /// 32-bit flat code and data at CPL 0.
     const FLAT32_CODE: Segment = Segment {
         long: false,
@@ -89,7 +58,7 @@ impl Segment {
         big: false,
     };
 
-    const fn code(selector: u16, dpl: u8) -> Segment {
+    pub(crate) const fn code(selector: u16, dpl: u8) -> Segment {
         // Execute/read, accessed.
         Segment {
             selector,
@@ -101,7 +70,7 @@ impl Segment {
         }
     }
 
-    const fn data(selector: u16, dpl: u8) -> Segment {
+    pub(crate) const fn data(selector: u16, dpl: u8) -> Segment {
         // Read/write, accessed.
         Segment {
             selector,
@@ -114,7 +83,7 @@ impl Segment {
     }
 
     /// The low 8 bytes of the descriptor (Intel SDM vol. 3 §3.4.5).
-    fn descriptor(&self, base: u64, limit: u32) -> u64 {
+    pub(crate) fn descriptor(&self, base: u64, limit: u32) -> u64 {
         let access = u64::from(self.type_)
             | (u64::from(self.code_or_data) << 4)
             | (u64::from(self.dpl) << 5)
@@ -130,7 +99,7 @@ impl Segment {
             | (((base >> 24) & 0xff) << 56)
     }
 
-    fn kvm(&self, base: u64, limit: u32) -> kvm_segment {
+    pub(crate) fn kvm(&self, base: u64, limit: u32) -> kvm_segment {
         kvm_segment {
             base,
             limit: if self.code_or_data {
@@ -151,63 +120,6 @@ impl Segment {
             padding: 0,
         }
     }
-}
-
-/// Write the GDT, TSS and page tables into guest memory. Done once per VM.
-pub fn write_tables(mem: &GuestMemoryMmap) -> Result<(), vm_memory::GuestMemoryError> {
-    let code_limit = 0xf_ffff; // 4 GiB with 4 KiB granularity; ignored in long mode
-    let gdt = [
-        0,
-        Segment::KERNEL_CODE.descriptor(0, code_limit),
-        Segment::KERNEL_DATA.descriptor(0, code_limit),
-        Segment::USER_CODE.descriptor(0, code_limit),
-        Segment::USER_DATA.descriptor(0, code_limit),
-        Segment::TSS.descriptor(BOOT_TSS_ADDR, TSS_LIMIT),
-        BOOT_TSS_ADDR >> 32, // high half of the 16-byte system descriptor
-    ];
-    for (i, d) in gdt.iter().enumerate() {
-        mem.write_obj(*d, GuestAddress(BOOT_GDT_ADDR + 8 * i as u64))?;
-    }
-
-    // TSS: RSP0 (the stack an interrupt at CPL 3 switches to), the bitmap offset, a zero bitmap
-    // (every port allowed) and the terminating 0xFF byte (Intel SDM vol. 3A §8.7).
-    mem.write_slice(&[0u8; TSS_SIZE], GuestAddress(BOOT_TSS_ADDR))?;
-    mem.write_obj(INTERRUPT_STACK_TOP, GuestAddress(BOOT_TSS_ADDR + 4))?;
-    mem.write_obj(TSS_IOMAP_BASE, GuestAddress(BOOT_TSS_ADDR + 0x66))?;
-    mem.write_obj(
-        0xffu8,
-        GuestAddress(BOOT_TSS_ADDR + u64::from(TSS_IOMAP_BASE + TSS_IOMAP_LEN)),
-    )?;
-
-    let table = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
-    mem.write_obj(BOOT_PDPT_ADDR | table, GuestAddress(BOOT_PML4_ADDR))?;
-    for pd in 0..BOOT_PD_COUNT {
-        let pd_addr = BOOT_PD_ADDR + pd * 0x1000;
-        mem.write_obj(pd_addr | table, GuestAddress(BOOT_PDPT_ADDR + pd * 8))?;
-        for i in 0..512u64 {
-            let page = ((pd << 30) + (i << 21)) | table | PTE_HUGE;
-            mem.write_obj(page, GuestAddress(pd_addr + i * 8))?;
-        }
-    }
-    Ok(())
-}
-
-/// Special registers for 64-bit mode at CPL 0 with the tables of [`write_tables`].
-pub fn long_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
-    let code = Segment::KERNEL_CODE.kvm(0, 0);
-    let data = Segment::KERNEL_DATA.kvm(0, 0);
-    sregs.cs = code;
-    (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
-    sregs.tr = Segment::TSS.kvm(BOOT_TSS_ADDR, TSS_LIMIT);
-    sregs.gdt.base = BOOT_GDT_ADDR;
-    sregs.gdt.limit = 7 * 8 - 1;
-    sregs.idt.base = 0;
-    sregs.idt.limit = 0;
-    sregs.cr0 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP | CR0_PG;
-    sregs.cr3 = BOOT_PML4_ADDR;
-    sregs.cr4 = CR4_PAE;
-    sregs.efer = EFER_LME | EFER_LMA;
-    sregs
 }
 
 /// Special registers for 32-bit protected mode at CPL 0 with paging off, as Multiboot 0.6.96
@@ -267,25 +179,20 @@ pub fn real_mode_sregs(mut sregs: kvm_sregs, cs: u16) -> kvm_sregs {
     sregs
 }
 
-/// General registers at the probe's entry: `rdi` = vCPU index, the ring-0 stack below the
-/// ring-3 one (the entry code only uses it for the `iretq` frame).
-pub fn entry_regs(vcpu_index: u64) -> kvm_regs {
-    kvm_regs {
-        rip: PROBE_LOAD_ADDR,
-        rsp: PROBE_STACK_TOP - 0x1000 * (vcpu_index + 1),
-        rdi: vcpu_index,
-        rflags: RFLAGS_BOOT,
-        ..Default::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn real_mode_at_a_waking_vector_is_the_reset_state_with_cs_at_its_segment() {
-        let sregs = real_mode_sregs(long_mode_sregs(kvm_sregs::default()), 0x700);
+        let long_mode = kvm_sregs {
+            cr0: CR0_PE | CR0_PG,
+            cr3: 0x1000,
+            cr4: CR4_PAE,
+            efer: EFER_LME | EFER_LMA,
+            ..Default::default()
+        };
+        let sregs = real_mode_sregs(long_mode, 0x700);
         assert_eq!((sregs.cs.selector, sregs.cs.base), (0x700, 0x7000));
         assert_eq!((sregs.ds.base, sregs.ss.limit), (0, 0xffff));
         assert_eq!(sregs.cr0, 0x6000_0010, "PE and PG clear");
@@ -294,26 +201,6 @@ mod tests {
             (0, 0, 0),
             "long mode left"
         );
-    }
-
-    #[test]
-    fn descriptors_match_the_sdm_encoding() {
-        // Well-known flat 64-bit code and data descriptors, and our TSS.
-        let expected = [
-            (Segment::KERNEL_CODE, 0, 0xf_ffff, 0x00af_9b00_0000_ffff),
-            (Segment::KERNEL_DATA, 0, 0xf_ffff, 0x00cf_9300_0000_ffff),
-            (Segment::USER_CODE, 0, 0xf_ffff, 0x00af_fb00_0000_ffff),
-            (Segment::USER_DATA, 0, 0xf_ffff, 0x00cf_f300_0000_ffff),
-            (Segment::TSS, 0x2000, 0x2068, 0x0000_8b00_2000_2068),
-        ];
-        for (segment, base, limit, descriptor) in expected {
-            assert_eq!(
-                segment.descriptor(base, limit),
-                descriptor,
-                "{:#x}",
-                segment.selector
-            );
-        }
     }
 
     #[test]
@@ -327,11 +214,5 @@ mod tests {
         assert_eq!(s.ds.type_, 0x3, "read/write");
         assert_eq!(s.cr0 & (CR0_PE | CR0_PG), CR0_PE);
         assert_eq!((s.cr4, s.efer), (0, 0));
-    }
-
-    #[test]
-    fn user_selectors_carry_rpl_3() {
-        assert_eq!(Segment::USER_CODE.kvm(0, 0).selector, USER_CS);
-        assert_eq!(Segment::USER_DATA.kvm(0, 0).selector, USER_DS);
     }
 }

@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use exitless::exits::ExitKind;
+use exitless::machine::loader::long_mode;
 use exitless::machine::probe::PROBE_MIN_RAM;
 use exitless::machine::{
     CpuMode, EntryState, LoadError, Loader, Machine, MachineConfig, MachineInfo, ProbeConfig,
     RunEnd, names, run_probe,
 };
-use exitless::vm::boot;
 use exitless::vm::run_control::StopReason;
 use kvm_bindings::kvm_regs;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -26,7 +26,7 @@ impl Loader for Code {
         machine: &MachineInfo<'_>,
     ) -> Result<EntryState, LoadError> {
         assert_eq!(machine.layout.ram_size(), 4 << 20);
-        boot::write_tables(mem)?;
+        long_mode::write_tables(mem)?;
         mem.write_slice(self.0, GuestAddress(ENTRY))?;
         Ok(EntryState {
             mode: CpuMode::LongMode,

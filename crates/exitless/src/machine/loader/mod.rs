@@ -9,6 +9,7 @@
 
 pub mod elf;
 pub mod file;
+pub mod long_mode;
 pub mod segment;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
@@ -52,7 +53,7 @@ impl<'a> MachineInfo<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CpuMode {
     /// 64-bit long mode at CPL 0 on the identity-mapping page tables, GDT and TSS that
-    /// `vm::boot::write_tables` wrote (the loader must have called it).
+    /// [`long_mode::write_tables`] wrote (the loader must have called it).
     LongMode,
     /// 32-bit protected mode at CPL 0, paging off, flat segments: multiboot's entry state.
     Protected32,
@@ -63,7 +64,7 @@ impl CpuMode {
     /// state; a mode must set every field it depends on).
     pub fn sregs(self, current: kvm_sregs) -> kvm_sregs {
         match self {
-            CpuMode::LongMode => boot::long_mode_sregs(current),
+            CpuMode::LongMode => long_mode::long_mode_sregs(current),
             CpuMode::Protected32 => boot::protected_mode_sregs(current),
         }
     }

@@ -1,6 +1,7 @@
 //! The probe as a [`Loader`]: long-mode tables, the embedded image, the boot-info block and
 //! the ops, entered at CPL 0 in long mode (the image drops to CPL 3 at once).
 
+use kvm_bindings::kvm_regs;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zerocopy::IntoBytes;
 
@@ -9,11 +10,12 @@ use crate::contract::{
     EXPOSURE_BUCKETS, EnumRecord, HIGH_PD_ADDR, HIGH_PD_COUNT, IOMMU_REPORT_ADDR,
     IOMMU_TABLES_ADDR, IOMMU_TABLES_SIZE, IommuReport, MAX_ENUM_RECORDS, MAX_IOMMU_REPORTS,
     MAX_OPS, MAX_VIRTIO_MMIO, OPS_ADDR, Op, OpResult, PROBE_LOAD_ADDR, PROBE_MAX_SIZE,
-    RAM_SCRATCH_ADDR, RAM_SCRATCH_SIZE, RESULTS_ADDR,
+    PROBE_STACK_TOP, RAM_SCRATCH_ADDR, RAM_SCRATCH_SIZE, RESULTS_ADDR,
 };
 use crate::machine::layout::VIRTIO_MMIO_SLOTS;
+use crate::machine::loader::long_mode;
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
-use crate::vm::boot;
+use crate::vm::boot::RFLAGS_BOOT;
 
 pub use exitless_guest::PROBE_IMAGE;
 
@@ -44,6 +46,18 @@ pub use crate::contract::PROBE_MIN_RAM;
 
 // Every virtio-mmio slot the layout can give out has a place in the boot info.
 const _: () = assert!(VIRTIO_MMIO_SLOTS as u64 <= MAX_VIRTIO_MMIO);
+
+/// General registers at the probe's entry: `rdi` = vCPU index, the ring-0 stack below the
+/// ring-3 one (the entry code only uses it for the `iretq` frame).
+pub fn entry_regs(vcpu_index: u64) -> kvm_regs {
+    kvm_regs {
+        rip: PROBE_LOAD_ADDR,
+        rsp: PROBE_STACK_TOP - 0x1000 * (vcpu_index + 1),
+        rdi: vcpu_index,
+        rflags: RFLAGS_BOOT,
+        ..Default::default()
+    }
+}
 
 /// Check that `ram_size` bytes of RAM hold the probe.
 pub fn check_ram(ram_size: usize) -> Result<(), LoadError> {
@@ -85,7 +99,7 @@ impl Loader for ProbeLoader<'_> {
                 max: PROBE_MAX_SIZE,
             });
         }
-        boot::write_tables(mem)?;
+        long_mode::write_tables(mem)?;
         mem.write_slice(PROBE_IMAGE, GuestAddress(PROBE_LOAD_ADDR))?;
         mem.write_slice(
             boot_info(machine, self.ops.len()).as_bytes(),
@@ -94,7 +108,7 @@ impl Loader for ProbeLoader<'_> {
         mem.write_slice(self.ops.as_bytes(), GuestAddress(OPS_ADDR))?;
         Ok(EntryState {
             mode: CpuMode::LongMode,
-            regs: boot::entry_regs(0),
+            regs: entry_regs(0),
         })
     }
 
@@ -102,7 +116,7 @@ impl Loader for ProbeLoader<'_> {
     fn secondary_entry(&self, index: u8) -> Option<EntryState> {
         Some(EntryState {
             mode: CpuMode::LongMode,
-            regs: boot::entry_regs(index.into()),
+            regs: entry_regs(index.into()),
         })
     }
 }

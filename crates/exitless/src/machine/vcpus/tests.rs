@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::contract::PROBE_LOAD_ADDR;
-use crate::vm::boot;
+use crate::machine::loader::long_mode;
+use crate::machine::probe::loader::entry_regs;
 use crate::vm::state::tests::TempFile;
 use crate::vm::{Irqchip, RamBacking};
 use vm_memory::{Bytes, GuestAddress};
@@ -25,13 +26,13 @@ const RAM: [(u64, usize); 1] = [(0, 16 << 20)];
 /// Two vCPUs about to run `COUNTING` in a VM of its own (RAM made of `backing`).
 fn counting_vcpus(backing: RamBacking) -> (Vm, Vcpus) {
     let vm = Vm::with_irqchip(&RAM, false, Irqchip::InKernel, backing).unwrap();
-    boot::write_tables(vm.memory()).unwrap();
+    long_mode::write_tables(vm.memory()).unwrap();
     vm.memory()
         .write_slice(COUNTING, GuestAddress(PROBE_LOAD_ADDR))
         .unwrap();
     let vcpus = Vcpus::create(&vm, 2, &CpuTemplate::default()).unwrap();
     for (i, vcpu) in (0..).zip(&vcpus.0) {
-        vcpu.set_entry(&boot::entry_regs(i), boot::long_mode_sregs)
+        vcpu.set_entry(&entry_regs(i), long_mode::long_mode_sregs)
             .unwrap();
     }
     (vm, vcpus)

@@ -13,15 +13,16 @@ use crate::machine::config::{
 };
 use crate::machine::layout::{self, MemoryLayout};
 use crate::pci::PciRoot;
+use crate::virtio::DeviceParts;
 use crate::virtio::block::VirtioBlock;
 use crate::virtio::block::image::Images;
 use crate::virtio::net::tap::Tap;
 use crate::virtio::net::{NetBackend, RequestResponse, Sink, VirtioNet};
 use crate::virtio::notify::NotifyPath;
+use crate::virtio::transport::TransportEnv;
 use crate::virtio::transport::mmio::{MmioPlacement, MmioTransport};
 use crate::virtio::transport::pci::VirtioPci;
 use crate::virtio::vhost_user::{self, VhostUserKind, VhostUserSpec};
-use crate::virtio::{DeviceParts, TransportEnv};
 use crate::vm::Vm;
 
 /// Refuse, before anything is built, the vhost-user devices exitless cannot serve: any behind

@@ -1,11 +1,14 @@
 //! The two ways exitless presents a virtio device to its driver (virtio 1.2 §4): [`mmio`], a
 //! register window on the MMIO bus with exitless's MSI and per-queue doorbell extension, and
-//! [`pci`], a modern virtio-pci function with MSI-X. Both keep the common registers in a
-//! `VirtioState` and hand the queue work to the device thread.
+//! [`pci`], a modern virtio-pci function with MSI-X. Both are built on a [`TransportCore`]: the
+//! common registers in a `VirtioState`, the queue work handed to the device thread.
 
 pub mod mmio;
 pub mod pci;
 pub mod persist;
+pub mod shared;
+
+pub use shared::{TransportCore, TransportEnv};
 
 use crate::virtio::Ring;
 

@@ -136,7 +136,9 @@ impl Phase {
         match std::mem::take(self) {
             Phase::Running | Phase::Restored(None) => return,
             Phase::Paused(_) => {}
-            Phase::Restored(Some(queues)) => crate::virtio::activate(st, worker, dma, queues),
+            Phase::Restored(Some(queues)) => {
+                crate::virtio::transport::shared::activate(st, worker, dma, queues)
+            }
         }
         // A thread that does not answer in time was warned about by `call`; it serves the
         // queues when it gets to the command.

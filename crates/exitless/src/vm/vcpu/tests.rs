@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::bus::BusDevice;
-use crate::vm::boot;
+use crate::machine::loader::long_mode;
+use crate::machine::probe::loader::entry_regs;
 use std::sync::{Arc, Mutex};
 
 #[derive(Default)]
@@ -124,14 +125,14 @@ pub(super) fn vcpu_running(code: &[u8]) -> (Vm, Vcpu) {
     use crate::contract::PROBE_LOAD_ADDR;
     use vm_memory::{Bytes, GuestAddress};
     let vm = Vm::new(&[(0, 16 << 20)], false).unwrap();
-    boot::write_tables(vm.memory()).unwrap();
+    long_mode::write_tables(vm.memory()).unwrap();
     vm.memory()
         .write_slice(code, GuestAddress(PROBE_LOAD_ADDR))
         .unwrap();
     install_kick_handler().unwrap();
     let cpuid = Vcpu::machine_cpuid(&vm, &Default::default()).unwrap();
     let vcpu = Vcpu::new(&vm, 0, &cpuid).unwrap();
-    vcpu.set_entry(&boot::entry_regs(0), boot::long_mode_sregs)
+    vcpu.set_entry(&entry_regs(0), long_mode::long_mode_sregs)
         .unwrap();
     (vm, vcpu)
 }

@@ -21,6 +21,7 @@ use linux_loader::bootparam::{
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::machine::loader::file::{ImageFile, ReadError};
+use crate::machine::loader::long_mode;
 use crate::machine::loader::{CpuMode, EntryState, LoadError, Loader, MachineInfo};
 use crate::machine::pc::boot::{place_initrd, write_acpi};
 use crate::machine::pc::memmap::{HIGH_RAM_START, e820};
@@ -103,7 +104,7 @@ const ENTRY_64_OFFSET: u64 = 0x200;
 /// Where the protected-mode kernel goes (LOADED_HIGH).
 const KERNEL_ADDR: u64 = HIGH_RAM_START;
 /// The zero page: between the identity page tables' PDPT (0x6000) and page directories
-/// (0x8000) that `vm::boot::write_tables` writes.
+/// (0x8000) that `machine::loader::long_mode::write_tables` writes.
 const BOOT_PARAMS_ADDR: u64 = 0x7000;
 /// The command line, in conventional memory clear of the page tables.
 const CMDLINE_ADDR: u64 = 0x2_0000;
@@ -412,7 +413,7 @@ impl Loader for BzImage {
         let rsdp = write_acpi(mem, machine)?;
         let params = self.boot_params(machine, initrd, rsdp);
         mem.write_slice(&params, GuestAddress(BOOT_PARAMS_ADDR))?;
-        boot::write_tables(mem)?;
+        long_mode::write_tables(mem)?;
         Ok(EntryState {
             mode: CpuMode::LongMode,
             regs: kvm_bindings::kvm_regs {

@@ -59,8 +59,8 @@ impl MmioTransport {
             VIRTIO_MMIO_MSI_ADDRESS_HIGH => self.staging.lock().unwrap().address_high,
             VIRTIO_MMIO_MSI_DATA => self.staging.lock().unwrap().data,
             VIRTIO_MMIO_MSI_STATE => self.msi_state(),
-            VIRTIO_MMIO_QUEUE_MSI_VEC => u32::from(self.interrupts.queue_vector(queue)),
-            VIRTIO_MMIO_CONFIG_MSI_VEC => u32::from(self.interrupts.config_vector()),
+            VIRTIO_MMIO_QUEUE_MSI_VEC => u32::from(self.core.interrupts.queue_vector(queue)),
+            VIRTIO_MMIO_CONFIG_MSI_VEC => u32::from(self.core.interrupts.config_vector()),
             VIRTIO_MMIO_MSI_CONTROL => self.msi_control.load(Ordering::SeqCst),
             VIRTIO_MMIO_QUEUE_NOTIFY_OFF if queue < st.queue_count() => {
                 doorbell_offset(st.queue_select)
@@ -79,12 +79,13 @@ impl MmioTransport {
             VIRTIO_MMIO_MSI_COMMAND => self.msi_command(value),
             VIRTIO_MMIO_QUEUE_MSI_VEC => {
                 let vector = u16::try_from(value).unwrap_or(VIRTIO_MSI_NO_VECTOR);
-                self.interrupts
+                self.core
+                    .interrupts
                     .set_queue_vector(st.queue_select as usize, vector);
             }
             VIRTIO_MMIO_CONFIG_MSI_VEC => {
                 let vector = u16::try_from(value).unwrap_or(VIRTIO_MSI_NO_VECTOR);
-                self.interrupts.set_config_vector(vector);
+                self.core.interrupts.set_config_vector(vector);
             }
             VIRTIO_MMIO_MSI_CONTROL => {
                 let enable = value & VIRTIO_MMIO_MSI_CTRL_ENABLE != 0;
@@ -118,7 +119,7 @@ impl MmioTransport {
         let index = staging.select as usize;
         if index >= self.msi().len() {
             guest_error!(
-                self.log,
+                self.core.log,
                 "MSI command {command} for vector {index}, which does not exist; ignored"
             );
             return;
@@ -139,7 +140,7 @@ impl MmioTransport {
                     masked: command == VIRTIO_MMIO_MSI_CMD_MASK,
                 }]);
             }
-            _ => guest_error!(self.log, "unknown MSI command {command}; ignored"),
+            _ => guest_error!(self.core.log, "unknown MSI command {command}; ignored"),
         }
     }
 
@@ -149,12 +150,13 @@ impl MmioTransport {
             return;
         }
         if !on {
-            self.events.unregister_all();
-        } else if let Err(e) = self.events.register(&self.address_doorbells) {
+            self.core.events.unregister_all();
+        } else if let Err(e) = self.core.events.register(&self.address_doorbells) {
             // The doorbells still work, through exits; none may stay half-registered.
-            self.log
+            self.core
+                .log
                 .warn(format_args!("cannot register doorbell ioeventfds: {e}"));
-            self.events.unregister_all();
+            self.core.events.unregister_all();
         }
     }
 
@@ -166,13 +168,19 @@ impl MmioTransport {
                 / u64::from(VIRTIO_MMIO_DOORBELL_STRIDE),
         )
         .unwrap_or(usize::MAX);
-        if !self.state.lock().unwrap().negotiated(VIRTIO_F_MMIO_NOTIFY) {
+        if !self
+            .core
+            .state
+            .lock()
+            .unwrap()
+            .negotiated(VIRTIO_F_MMIO_NOTIFY)
+        {
             guest_error!(
-                self.log,
+                self.core.log,
                 "doorbell written without the notify feature; ignored"
             );
             return;
         }
-        self.events.notify(queue);
+        self.core.events.notify(queue);
     }
 }

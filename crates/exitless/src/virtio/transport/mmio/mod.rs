@@ -25,7 +25,7 @@ use crate::bus::BusDevice;
 use crate::dma::DmaContext;
 use crate::guest_error;
 use crate::irq::MsiVectors;
-use crate::logging::DeviceLog;
+
 use crate::virtio::interrupt::{Interrupts, LegacyLine};
 use crate::virtio::notify::{Datamatch, Doorbell, NotifyPath, QueueEvents};
 use crate::virtio::regs::{
@@ -34,19 +34,16 @@ use crate::virtio::regs::{
 };
 use crate::virtio::state::VirtioState;
 use crate::virtio::transport::persist::Phase;
-use crate::virtio::worker::{Worker, WorkerHandle};
-use crate::virtio::{DeviceParts, TransportEnv, VirtioError, spawn_worker};
+use crate::virtio::transport::{TransportCore, TransportEnv};
+use crate::virtio::worker::Worker;
+use crate::virtio::{DeviceParts, VirtioError};
 
 /// A virtio-mmio device on the MMIO bus.
 pub struct MmioTransport {
-    log: Arc<DeviceLog>,
+    /// The registers, the device thread, DMA, interrupts and doorbells.
+    core: TransportCore,
     /// The per-queue doorbells to register when the notify feature is negotiated.
     address_doorbells: Vec<Doorbell>,
-    state: Mutex<VirtioState>,
-    worker: WorkerHandle,
-    dma: DmaContext,
-    interrupts: Arc<Interrupts>,
-    events: QueueEvents,
     /// The extension's staged message of the selected vector.
     staging: Mutex<MsiStaging>,
     /// The extension's MsiControl register.
@@ -140,23 +137,20 @@ impl MmioTransport {
         events.register(&now).map_err(VirtioError::kvm(
             "register a virtio-mmio doorbell ioeventfd",
         ))?;
-        let worker = spawn_worker(
+        let (core, worker) = TransportCore::start(
             format!("virtio-mmio@{:#x}", at.base),
-            &state,
+            state,
             device.work,
-            &interrupts,
-            &events,
+            interrupts,
+            events,
+            // A platform device: no Bus Master Enable gates it.
+            DmaContext::platform(mem),
+            log,
         )?;
         Ok((
             MmioTransport {
-                state: Mutex::new(state),
-                worker: worker.handle(),
-                // A platform device: no Bus Master Enable gates it.
-                dma: DmaContext::platform(mem),
-                log,
+                core,
                 address_doorbells,
-                interrupts,
-                events,
                 staging: Mutex::new(MsiStaging::default()),
                 msi_control: AtomicU32::new(0),
                 phase: Mutex::default(),
@@ -166,7 +160,8 @@ impl MmioTransport {
     }
 
     fn msi(&self) -> &MsiVectors {
-        self.interrupts
+        self.core
+            .interrupts
             .msi()
             .expect("virtio-mmio always has MSI vectors")
     }
@@ -175,7 +170,7 @@ impl MmioTransport {
     /// doorbells, the interrupt state.
     fn after_reset(&self) {
         self.place_address_doorbells(false);
-        self.interrupts.reset();
+        self.core.interrupts.reset();
         self.msi().reset();
         self.msi_control.store(0, Ordering::SeqCst);
         *self.staging.lock().unwrap() = MsiStaging::default();
@@ -212,11 +207,11 @@ impl BusDevice for MmioTransport {
     fn read(&self, offset: u64, data: &mut [u8]) {
         match window(offset, data.len()) {
             Window::Register(reg) => data.copy_from_slice(&self.read_register(reg).to_le_bytes()),
-            Window::Config(at) => self.state.lock().unwrap().read_config(at, data),
+            Window::Config(at) => self.core.state.lock().unwrap().read_config(at, data),
             Window::Doorbell(_) => data.fill(0),
             Window::BadAccess => {
                 guest_error!(
-                    self.log,
+                    self.core.log,
                     "virtio-mmio: {}-byte read at {offset:#x}: registers are 32-bit aligned; reads zero",
                     data.len()
                 );
@@ -231,10 +226,10 @@ impl BusDevice for MmioTransport {
                 let value = u32::from_le_bytes(data.try_into().expect("checked: 4 bytes"));
                 self.write_register(reg, value);
             }
-            Window::Config(at) => self.state.lock().unwrap().write_config(at, data),
+            Window::Config(at) => self.core.state.lock().unwrap().write_config(at, data),
             Window::Doorbell(at) => self.doorbell(at),
             Window::BadAccess => guest_error!(
-                self.log,
+                self.core.log,
                 "{}-byte write at {offset:#x}: registers are 32-bit aligned; ignored",
                 data.len()
             ),

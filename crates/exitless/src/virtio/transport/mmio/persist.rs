@@ -31,23 +31,26 @@ struct MmioState {
 
 impl MmioTransport {
     fn what(&self) -> &str {
-        self.log.name()
+        self.core.log.name()
     }
 }
 
 impl Persist for MmioTransport {
     fn pause(&self) -> Result<(), StateError> {
-        self.phase.lock().unwrap().pause(self.what(), &self.worker)
+        self.phase
+            .lock()
+            .unwrap()
+            .pause(self.what(), &self.core.worker)
     }
 
     fn save(&self) -> Result<serde_json::Value, StateError> {
-        let st = self.state.lock().unwrap();
+        let st = self.core.state.lock().unwrap();
         let state = MmioState {
             common: self
                 .phase
                 .lock()
                 .unwrap()
-                .save(self.what(), &st, &self.interrupts)?,
+                .save(self.what(), &st, &self.core.interrupts)?,
             msi_control: self.msi_control.load(Ordering::SeqCst),
             staging: self.staging.lock().unwrap().clone(),
             vectors: self.msi().save(),
@@ -64,12 +67,12 @@ impl Persist for MmioTransport {
                 format_args!("{:#x} has undefined bits", saved.msi_control),
             ));
         }
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.core.state.lock().unwrap();
         self.phase.lock().unwrap().restore(
             what,
             &mut st,
-            &self.worker,
-            &self.interrupts,
+            &self.core.worker,
+            &self.core.interrupts,
             &saved.common,
         )?;
         // A platform device: always master of the bus, never function-masked.
@@ -94,13 +97,13 @@ impl Persist for MmioTransport {
     }
 
     fn resume(&self) {
-        let st = self.state.lock().unwrap();
+        let st = self.core.state.lock().unwrap();
         self.phase
             .lock()
             .unwrap()
-            .resume(&st, &self.worker, &self.dma);
+            .resume(&st, &self.core.worker, &self.core.dma);
         // A line whose status was not acknowledged is asserted again (level-triggered).
-        self.interrupts.resample();
+        self.core.interrupts.resample();
     }
 }
 

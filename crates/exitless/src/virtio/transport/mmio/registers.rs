@@ -9,6 +9,7 @@ use super::MmioTransport;
 use super::extension::extension_feature;
 use crate::guest_error;
 use crate::pci::function::EXITLESS_VENDOR_ID;
+use crate::virtio::Ring;
 use crate::virtio::device::Notification;
 use crate::virtio::regs::{
     VIRTIO_F_MMIO_MSI, VIRTIO_F_MMIO_NOTIFY, VIRTIO_MMIO_CONFIG_GENERATION,
@@ -22,7 +23,7 @@ use crate::virtio::regs::{
 };
 use crate::virtio::state::{StatusChange, VirtioState};
 use crate::virtio::transport::ring_dword;
-use crate::virtio::{Ring, finish_late_reset, write_status};
+use crate::virtio::transport::shared::finish_late_reset;
 
 /// The Version register of a non-legacy device (virtio 1.2 §4.2.2; legacy devices read 1).
 const VERSION: u32 = 2;
@@ -43,7 +44,7 @@ fn ring_address(reg: u32) -> Option<(Ring, bool)> {
 impl MmioTransport {
     /// A read of register `reg`.
     pub(super) fn read_register(&self, reg: u32) -> u32 {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.core.state.lock().unwrap();
         if finish_late_reset(&mut st) {
             self.after_reset();
         }
@@ -61,7 +62,7 @@ impl MmioTransport {
             VIRTIO_MMIO_DEVICE_FEATURES => st.device_features_word(),
             VIRTIO_MMIO_QUEUE_NUM_MAX => st.selected_queue().map_or(0, |q| u32::from(q.max_size())),
             VIRTIO_MMIO_QUEUE_READY => st.selected_queue().map_or(0, |q| u32::from(q.ready())),
-            VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupts.status(),
+            VIRTIO_MMIO_INTERRUPT_STATUS => self.core.interrupts.status(),
             VIRTIO_MMIO_STATUS => st.status(),
             VIRTIO_MMIO_CONFIG_GENERATION => st.config_generation(),
             _ => 0, // write-only and reserved registers read zero
@@ -70,14 +71,14 @@ impl MmioTransport {
 
     /// A write of `value` to register `reg`.
     pub(super) fn write_register(&self, reg: u32, value: u32) {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.core.state.lock().unwrap();
         if finish_late_reset(&mut st) {
             self.after_reset();
         }
         if let Some(f) = extension_feature(reg) {
             if !st.negotiated(f) {
                 guest_error!(
-                    self.log,
+                    self.core.log,
                     "register {reg:#x} written without its feature {f} negotiated; ignored"
                 );
                 return;
@@ -97,8 +98,8 @@ impl MmioTransport {
             VIRTIO_MMIO_QUEUE_NUM => st.set_queue_size(value),
             VIRTIO_MMIO_QUEUE_READY if value != 0 => st.set_queue_ready(),
             VIRTIO_MMIO_QUEUE_READY => self.stop_queue(&mut st),
-            VIRTIO_MMIO_QUEUE_NOTIFY => self.events.notify(value as usize),
-            VIRTIO_MMIO_INTERRUPT_ACK => self.interrupts.ack(value),
+            VIRTIO_MMIO_QUEUE_NOTIFY => self.core.events.notify(value as usize),
+            VIRTIO_MMIO_INTERRUPT_ACK => self.core.interrupts.ack(value),
             VIRTIO_MMIO_STATUS => self.write_device_status(&mut st, value),
             _ => self.not_writable(reg, value),
         }
@@ -107,7 +108,7 @@ impl MmioTransport {
     /// A write to a register the driver may only read, or to a reserved offset.
     pub(super) fn not_writable(&self, reg: u32, value: u32) {
         guest_error!(
-            self.log,
+            self.core.log,
             "write of {value:#x} to register {reg:#x}, which is read-only or reserved; ignored"
         );
     }
@@ -119,12 +120,12 @@ impl MmioTransport {
         let Some(index) = st.stop_queue() else {
             return;
         };
-        match self.worker.stop_queue(index) {
+        match self.core.worker.stop_queue(index) {
             Ok(()) => st.queue_stopped(index),
             Err(_) => {
                 let why = format_args!("the device thread did not stop queue {index}");
                 if st.fail(&why) {
-                    self.interrupts.notify(Notification::Config);
+                    self.core.interrupts.notify(Notification::Config);
                 }
             }
         }
@@ -134,7 +135,7 @@ impl MmioTransport {
     /// means for this transport's doorbells and interrupts.
     pub(super) fn write_device_status(&self, st: &mut VirtioState, value: u32) {
         let had_features = st.negotiated(VIRTIO_F_MMIO_NOTIFY);
-        let change = write_status(st, &self.worker, &self.dma, &self.interrupts, value);
+        let change = self.core.write_status(st, value);
         if !had_features && st.negotiated(VIRTIO_F_MMIO_NOTIFY) {
             self.place_address_doorbells(true);
         }
@@ -144,7 +145,8 @@ impl MmioTransport {
         // With the MSI feature negotiated, notifications go to the vectors, which hold them
         // pending until MsiControl enables them (docs/virtio-mmio-msi.md); without it, to the
         // line.
-        self.interrupts
+        self.core
+            .interrupts
             .set_msi_active(st.negotiated(VIRTIO_F_MMIO_MSI));
     }
 }

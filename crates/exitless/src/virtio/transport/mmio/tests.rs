@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::fakes::FakeRoutes;
+use crate::logging::DeviceLog;
 use crate::virtio::device::Notification;
 use crate::virtio::regs::*;
 
@@ -186,7 +187,7 @@ fn a_masked_vector_keeps_its_message_pending_until_unmasked() {
     write(&t, VIRTIO_MMIO_MSI_CONTROL, VIRTIO_MMIO_MSI_CTRL_ENABLE);
     write(&t, VIRTIO_MMIO_QUEUE_SEL, 1);
     write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 1);
-    t.interrupts.notify(Notification::Queue(1));
+    t.core.interrupts.notify(Notification::Queue(1));
     assert_eq!(
         read(&t, VIRTIO_MMIO_MSI_STATE),
         VIRTIO_MMIO_MSI_STATE_MASKED | VIRTIO_MMIO_MSI_STATE_PENDING
@@ -204,7 +205,7 @@ fn a_masked_vector_keeps_its_message_pending_until_unmasked() {
 fn without_msi_a_notification_sets_the_status_register_until_acked() {
     let (t, _w, _routes) = transport(NotifyPath::Exit);
     negotiate(&t, 0);
-    t.interrupts.notify(Notification::Queue(0));
+    t.core.interrupts.notify(Notification::Queue(0));
     assert_eq!(
         read(&t, VIRTIO_MMIO_INTERRUPT_STATUS),
         VIRTIO_MMIO_INT_VRING
@@ -475,7 +476,7 @@ fn with_msi_negotiated_a_message_before_enable_pends_on_its_vector() {
     write(&t, VIRTIO_MMIO_MSI_COMMAND, VIRTIO_MMIO_MSI_CMD_UNMASK);
     write(&t, VIRTIO_MMIO_QUEUE_SEL, 0);
     write(&t, VIRTIO_MMIO_QUEUE_MSI_VEC, 0);
-    t.interrupts.notify(Notification::Queue(0));
+    t.core.interrupts.notify(Notification::Queue(0));
     assert_eq!(read(&t, VIRTIO_MMIO_INTERRUPT_STATUS), 0, "not on the line");
     assert_eq!(
         read(&t, VIRTIO_MMIO_MSI_STATE),

@@ -22,7 +22,7 @@ use crate::virtio::regs::{
 };
 use crate::virtio::state::StatusChange;
 use crate::virtio::transport::ring_dword;
-use crate::virtio::{finish_late_reset, write_status};
+use crate::virtio::transport::shared::finish_late_reset;
 
 /// Distance between two rings' address fields: queue_desc, queue_driver, queue_device are
 /// 64 bits each.
@@ -43,7 +43,7 @@ impl VirtioPci {
     /// A read of `len` bytes at `offset` of the structure: the field's value, or None if the
     /// access is no field.
     pub(super) fn common_read(&self, offset: u32, len: usize) -> Option<u32> {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.core.state.lock().unwrap();
         if finish_late_reset(&mut st) {
             self.after_reset();
         }
@@ -67,13 +67,13 @@ impl VirtioPci {
             (VIRTIO_PCI_COMMON_DF, 4) => st.device_features_word(),
             (VIRTIO_PCI_COMMON_GFSELECT, 4) => st.driver_features_select,
             (VIRTIO_PCI_COMMON_GF, 4) => st.driver_features_word(),
-            (VIRTIO_PCI_COMMON_MSIX, 2) => u32::from(self.interrupts.config_vector()),
+            (VIRTIO_PCI_COMMON_MSIX, 2) => u32::from(self.core.interrupts.config_vector()),
             (VIRTIO_PCI_COMMON_NUMQ, 2) => st.queue_count() as u32,
             (VIRTIO_PCI_COMMON_STATUS, 1) => st.status(),
             (VIRTIO_PCI_COMMON_CFGGENERATION, 1) => u32::from(st.config_generation() as u8),
             (VIRTIO_PCI_COMMON_Q_SELECT, 2) => st.queue_select,
             (VIRTIO_PCI_COMMON_Q_SIZE, 2) => queue.map_or(0, |q| u32::from(q.size())),
-            (VIRTIO_PCI_COMMON_Q_MSIX, 2) => u32::from(self.interrupts.queue_vector(sel)),
+            (VIRTIO_PCI_COMMON_Q_MSIX, 2) => u32::from(self.core.interrupts.queue_vector(sel)),
             (VIRTIO_PCI_COMMON_Q_ENABLE, 2) => queue.map_or(0, |q| u32::from(q.ready())),
             // Each queue's doorbell is its own: queue_notify_off is the queue's index.
             (VIRTIO_PCI_COMMON_Q_NOFF, 2) => queue.map_or(0, |_| st.queue_select),
@@ -84,7 +84,7 @@ impl VirtioPci {
     /// A write of `value` (`len` bytes) at `offset` of the structure: false if the access is no
     /// writable field.
     pub(super) fn common_write(&mut self, offset: u32, len: usize, value: u32) -> bool {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.core.state.lock().unwrap();
         if finish_late_reset(&mut st) {
             self.after_reset();
         }
@@ -97,11 +97,10 @@ impl VirtioPci {
             (VIRTIO_PCI_COMMON_GFSELECT, 4) => st.driver_features_select = value,
             (VIRTIO_PCI_COMMON_GF, 4) => st.write_driver_features(value),
             (VIRTIO_PCI_COMMON_MSIX, 2) => {
-                self.interrupts.set_config_vector(value as u16);
+                self.core.interrupts.set_config_vector(value as u16);
             }
             (VIRTIO_PCI_COMMON_STATUS, 1) => {
-                let change =
-                    write_status(&mut st, &self.worker, &self.dma, &self.interrupts, value);
+                let change = self.core.write_status(&mut st, value);
                 if change == StatusChange::Reset {
                     self.after_reset();
                 }
@@ -109,12 +108,13 @@ impl VirtioPci {
             (VIRTIO_PCI_COMMON_Q_SELECT, 2) => st.queue_select = value,
             (VIRTIO_PCI_COMMON_Q_SIZE, 2) => st.set_queue_size(value),
             (VIRTIO_PCI_COMMON_Q_MSIX, 2) => {
-                self.interrupts
+                self.core
+                    .interrupts
                     .set_queue_vector(st.queue_select as usize, value as u16);
             }
             (VIRTIO_PCI_COMMON_Q_ENABLE, 2) if value == QUEUE_ENABLE => st.set_queue_ready(),
             (VIRTIO_PCI_COMMON_Q_ENABLE, 2) => guest_error!(
-                self.log,
+                self.core.log,
                 "queue_enable written with {value} (only 1 is allowed); ignored"
             ),
             _ => return false,

@@ -18,14 +18,14 @@ mod testing;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cfg_access::PciCfgWindow;
 
 use crate::dma::DmaContext;
 use crate::guest_error;
 use crate::irq::{MsiChange, MsiVectors};
-use crate::logging::DeviceLog;
+
 use crate::pci::config::{ConfigSpace, FunctionLayout, touches};
 use crate::pci::function::PciFunction;
 use crate::pci::msix::Msix;
@@ -40,8 +40,9 @@ use crate::virtio::regs::{
 };
 use crate::virtio::state::VirtioState;
 use crate::virtio::transport::persist::Phase;
-use crate::virtio::worker::{Command, Worker, WorkerHandle};
-use crate::virtio::{DeviceParts, TransportEnv, VirtioError, spawn_worker};
+use crate::virtio::transport::{TransportCore, TransportEnv};
+use crate::virtio::worker::{Command, Worker};
+use crate::virtio::{DeviceParts, VirtioError};
 
 /// Largest MSI-X table that fits between the table and PBA offsets of BAR 0.
 pub const MAX_VECTORS: usize =
@@ -49,12 +50,8 @@ pub const MAX_VECTORS: usize =
 
 /// A virtio device behind a PCI function.
 pub struct VirtioPci {
-    log: Arc<DeviceLog>,
-    state: Mutex<VirtioState>,
-    worker: WorkerHandle,
-    dma: DmaContext,
-    interrupts: Arc<Interrupts>,
-    events: QueueEvents,
+    /// The registers, the device thread, DMA, interrupts and doorbells.
+    core: TransportCore,
     notify: NotifyPath,
     msix: Msix,
     /// The PCI configuration access capability's window into BAR 0.
@@ -109,21 +106,18 @@ impl VirtioPci {
         // hold them pending while MSI-X is disabled and send them at Enable.
         interrupts.set_msi_active(true);
         let events = QueueEvents::new(ioevents, queues, log.clone()).map_err(VirtioError::Io)?;
-        let worker = spawn_worker(
+        let (core, worker) = TransportCore::start(
             "virtio-pci".into(),
-            &state,
+            state,
             device.work,
-            &interrupts,
-            &events,
+            interrupts,
+            events,
+            dma,
+            log,
         )?;
         Ok((
             VirtioPci {
-                state: Mutex::new(state),
-                worker: worker.handle(),
-                dma,
-                log,
-                interrupts,
-                events,
+                core,
                 notify,
                 msix: Msix::new(msi),
                 pci_cfg: PciCfgWindow::default(),
@@ -137,7 +131,7 @@ impl VirtioPci {
     /// Its configuration layout, with class code `class_code`: the one [`VirtioPci::layout`]
     /// gives for its device type, queues and MSI-X vectors.
     pub fn config_layout(&self, class_code: u32) -> FunctionLayout {
-        let st = self.state.lock().unwrap();
+        let st = self.core.state.lock().unwrap();
         Self::layout(
             st.device_type(),
             class_code,
@@ -158,7 +152,7 @@ impl VirtioPci {
             return;
         }
         self.doorbells_at = at;
-        let queues = self.state.lock().unwrap().queue_count();
+        let queues = self.core.state.lock().unwrap().queue_count();
         let doorbells: Vec<Doorbell> = match at {
             None => Vec::new(),
             Some(base) => (0..queues)
@@ -174,11 +168,12 @@ impl VirtioPci {
                 })
                 .collect(),
         };
-        if let Err(e) = self.events.register(&doorbells) {
+        if let Err(e) = self.core.events.register(&doorbells) {
             // The doorbells still work, through exits; none may stay half-registered.
-            self.log
+            self.core
+                .log
                 .warn(format_args!("cannot register doorbell ioeventfds: {e}"));
-            self.events.unregister_all();
+            self.core.events.unregister_all();
             self.doorbells_at = None;
         }
     }
@@ -187,17 +182,17 @@ impl VirtioPci {
     /// does no DMA (the device thread leaves the rings alone) and sends no MSI-X message (held
     /// pending); when it is set again the queues are looked at and pending messages sent.
     fn set_bus_master(&mut self, enabled: bool) {
-        if self.dma.bus_master().enabled() == enabled {
+        if self.core.dma.bus_master().enabled() == enabled {
             return;
         }
-        self.dma.bus_master().set(enabled);
+        self.core.dma.bus_master().set(enabled);
         self.msi().update(&[MsiChange::BusMaster(enabled)]);
         if enabled {
-            self.worker.send(Command::KickAll);
+            self.core.worker.send(Command::KickAll);
         } else {
             // The device thread may be past the gate in a ring walk: the guest's write
             // completes only once that work is done (the call logs if it takes too long).
-            let _ = self.worker.sync();
+            let _ = self.core.worker.sync();
         }
     }
 
@@ -205,9 +200,9 @@ impl VirtioPci {
     /// MSI-X table, masks and enable alone, but no message the device raised before it may
     /// arrive after it (virtio 1.2 §2.4), on whatever the vector is used for next.
     fn after_reset(&self) {
-        self.interrupts.reset();
+        self.core.interrupts.reset();
         self.msi().clear_pending();
-        self.interrupts.set_msi_active(true);
+        self.core.interrupts.set_msi_active(true);
     }
 }
 
@@ -253,7 +248,7 @@ impl PciFunction for VirtioPci {
 
     fn config_read(&mut self, config: &ConfigSpace, _offset: u16, _len: usize) {
         // The root calls this only for reads touching pci_cfg_data.
-        if let Some((access, data_at)) = self.pci_cfg.access(config, &self.log) {
+        if let Some((access, data_at)) = self.pci_cfg.access(config, &self.core.log) {
             let mut bytes = [0u8; 4];
             let bytes = &mut bytes[..access.len];
             self.bar_read(config, access.bar, access.offset, bytes);
@@ -265,7 +260,7 @@ impl PciFunction for VirtioPci {
         if touches(offset, len, PCI_COMMAND, 2) {
             self.set_bus_master(config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0);
         }
-        if let Some((access, data)) = self.pci_cfg.written(config, offset, len, &self.log) {
+        if let Some((access, data)) = self.pci_cfg.written(config, offset, len, &self.core.log) {
             self.bar_write(config, access.bar, access.offset, &data[..access.len]);
         }
         self.msix.config_written(config, offset, len);
@@ -280,15 +275,20 @@ impl PciFunction for VirtioPci {
             VIRTIO_PCI_BAR_COMMON => match self.common_read(rel, data.len()) {
                 Some(v) => data.copy_from_slice(&v.to_le_bytes()[..data.len()]),
                 None => guest_error!(
-                    self.log,
+                    self.core.log,
                     "{}-byte read at common config {rel:#x} is not a field; reads zero",
                     data.len()
                 ),
             },
             // The ISR status is one byte (virtio 1.2 §4.1.4.5).
             #[allow(clippy::cast_possible_truncation)]
-            VIRTIO_PCI_BAR_ISR if rel == 0 => data[0] = self.interrupts.take_status() as u8,
-            VIRTIO_PCI_BAR_DEVICE => self.state.lock().unwrap().read_config(u64::from(rel), data),
+            VIRTIO_PCI_BAR_ISR if rel == 0 => data[0] = self.core.interrupts.take_status() as u8,
+            VIRTIO_PCI_BAR_DEVICE => self
+                .core
+                .state
+                .lock()
+                .unwrap()
+                .read_config(u64::from(rel), data),
             VIRTIO_PCI_BAR_MSIX_TABLE => self.msix.table_read(u64::from(rel), data),
             VIRTIO_PCI_BAR_MSIX_PBA => self.msix.pba_read(u64::from(rel), data),
             _ => {}
@@ -303,24 +303,26 @@ impl PciFunction for VirtioPci {
             VIRTIO_PCI_BAR_COMMON => {
                 if !self.common_write(rel, data.len(), le_value(data)) {
                     guest_error!(
-                        self.log,
+                        self.core.log,
                         "{}-byte write at common config {rel:#x} is not a writable field; ignored",
                         data.len()
                     );
                 }
             }
             VIRTIO_PCI_BAR_DEVICE => self
+                .core
                 .state
                 .lock()
                 .unwrap()
                 .write_config(u64::from(rel), data),
             VIRTIO_PCI_BAR_NOTIFY => self
+                .core
                 .events
                 .notify((rel / VIRTIO_PCI_NOTIFY_MULTIPLIER) as usize),
             VIRTIO_PCI_BAR_MSIX_TABLE => self.msix.table_write(u64::from(rel), data),
             VIRTIO_PCI_BAR_MSIX_PBA => self.msix.pba_write(u64::from(rel), data),
             _ => guest_error!(
-                self.log,
+                self.core.log,
                 "{}-byte write at BAR 0 offset {offset:#x} ignored",
                 data.len()
             ),

@@ -13,7 +13,6 @@ use crate::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER};
 use crate::persist::{StateError, from_state, to_state};
 use crate::virtio::state::StatusChange;
 use crate::virtio::transport::persist::CommonState;
-use crate::virtio::write_status;
 
 /// What a virtio-pci function saves.
 #[derive(Serialize, Deserialize)]
@@ -25,19 +24,19 @@ struct PciState {
 impl VirtioPci {
     /// The name errors about pause and save give: the function's log's.
     fn what(&self) -> String {
-        self.log.name().to_owned()
+        self.core.log.name().to_owned()
     }
 
     pub(super) fn snapshot_pause(&mut self) -> Result<(), StateError> {
         let what = self.what();
-        self.phase.pause(&what, &self.worker)
+        self.phase.pause(&what, &self.core.worker)
     }
 
     pub(super) fn snapshot_save(&self) -> Result<Option<serde_json::Value>, StateError> {
         let what = self.what();
-        let st = self.state.lock().unwrap();
+        let st = self.core.state.lock().unwrap();
         let state = PciState {
-            common: self.phase.save(&what, &st, &self.interrupts)?,
+            common: self.phase.save(&what, &st, &self.core.interrupts)?,
             msix: self.msix.save(),
         };
         to_state(&what, &state).map(Some)
@@ -51,22 +50,25 @@ impl VirtioPci {
     ) -> Result<(), StateError> {
         let state = state.ok_or_else(|| StateError::new(what, "no virtio-pci state"))?;
         let saved: PciState = from_state(what, state)?;
-        let mut st = self.state.lock().unwrap();
-        self.phase
-            .restore(what, &mut st, &self.worker, &self.interrupts, &saved.common)?;
+        let mut st = self.core.state.lock().unwrap();
+        self.phase.restore(
+            what,
+            &mut st,
+            &self.core.worker,
+            &self.core.interrupts,
+            &saved.common,
+        )?;
         drop(st);
         // Without Bus Master Enable the device thread leaves the rings alone (PCI 3.0 §6.2.2).
         let master = config.get_u16(PCI_COMMAND) & PCI_COMMAND_MASTER != 0;
-        self.dma.bus_master().set(master);
+        self.core.dma.bus_master().set(master);
         self.msix
             .restore(&format!("{what}.msix"), config, &saved.msix)?;
         // A reset the device thread was late for when the snapshot was taken: done now, as
         // the driver, reading the status until it is 0, waits for it.
         if saved.common.registers.reset_pending {
-            let mut st = self.state.lock().unwrap();
-            if write_status(&mut st, &self.worker, &self.dma, &self.interrupts, 0)
-                == StatusChange::Reset
-            {
+            let mut st = self.core.state.lock().unwrap();
+            if self.core.write_status(&mut st, 0) == StatusChange::Reset {
                 self.after_reset();
             }
         }
@@ -74,8 +76,8 @@ impl VirtioPci {
     }
 
     pub(super) fn snapshot_resume(&mut self) {
-        let st = self.state.lock().unwrap();
-        self.phase.resume(&st, &self.worker, &self.dma);
+        let st = self.core.state.lock().unwrap();
+        self.phase.resume(&st, &self.core.worker, &self.core.dma);
     }
 }
 

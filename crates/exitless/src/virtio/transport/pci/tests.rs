@@ -451,9 +451,9 @@ fn without_bus_master_enable_no_message_is_sent_until_it_is_set() {
     );
     set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
     assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4), 0, "sent");
-    assert!(f.dma.bus_master().enabled());
+    assert!(f.core.dma.bus_master().enabled());
     set_command(&mut f, &c, PCI_COMMAND_MEMORY);
-    assert!(!f.dma.bus_master().enabled(), "DMA is gated too");
+    assert!(!f.core.dma.bus_master().enabled(), "DMA is gated too");
 }
 
 /// Defect: a message held pending (masked) before a virtio reset was delivered after it,
@@ -498,7 +498,8 @@ fn a_notification_before_msix_enable_pends_and_is_sent_at_enable() {
     bar_write(&mut f, &c, entry(PCI_MSIX_ENTRY_VECTOR_CTRL), 4, 0);
     bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_SELECT, 2, 0);
     bar_write(&mut f, &c, VIRTIO_PCI_COMMON_Q_MSIX, 2, 0);
-    f.interrupts
+    f.core
+        .interrupts
         .notify(crate::virtio::device::Notification::Queue(0));
     assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_BAR_MSIX_PBA, 4), 1, "held");
     f.attached(&c);

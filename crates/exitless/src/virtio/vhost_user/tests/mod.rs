@@ -26,9 +26,9 @@ use crate::logging::DeviceLog;
 use crate::pci::config::{ConfigSpace, ConfigWindow};
 use crate::pci::function::PciFunction;
 use crate::pci::regs::*;
-use crate::virtio::TransportEnv;
 use crate::virtio::notify::NotifyPath;
 use crate::virtio::regs::*;
+use crate::virtio::transport::TransportEnv;
 use crate::virtio::transport::pci::VirtioPci;
 use backend::{Quirks, Record};
 
