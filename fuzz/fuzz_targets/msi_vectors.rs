@@ -158,7 +158,13 @@ fuzz_target!(|data: &[u8]| {
     let strategy = STRATEGIES[usize::from(strategy) % STRATEGIES.len()];
     let count = 1 + usize::from(count) % 16;
     let routes = Arc::new(FakeRoutes::with_strategy(strategy));
-    let table = MsiVectors::new(routes.clone(), count, DeviceLog::new("fuzz"), Signaller::Vmm).unwrap();
+    let table = MsiVectors::new(
+        routes.clone(),
+        count,
+        DeviceLog::new("fuzz"),
+        Signaller::Vmm,
+    )
+    .unwrap();
     let mut model = Model::new(count);
     for _ in 0..256 {
         if input.0.is_empty() {

@@ -10,14 +10,13 @@ use std::sync::Arc;
 use exitless::bus::{BusDevice, IoBuses};
 use exitless::fakes::{FakeIoEvents, FakeRoutes};
 use exitless::logging::DeviceLog;
-use exitless::machine::populate_bus0;
 use exitless::pci::PciAddress;
 use exitless::pci::cf8::PciConfigIo;
 use exitless::pci::ecam::PciConfigMmio;
 use exitless::pci::root::{BarBuses, BarWindows, PciRoot};
-use exitless::virtio::transport::TransportEnv;
 use exitless::virtio::net::{RequestResponse, VirtioNet};
 use exitless::virtio::notify::NotifyPath;
+use exitless::virtio::transport::TransportEnv;
 use exitless::virtio::transport::pci::VirtioPci;
 use libfuzzer_sys::fuzz_target;
 
@@ -49,7 +48,8 @@ fuzz_target!(|data: &[u8]| {
         io: (0xc000, 0x1_0000),
     };
     let root = Arc::new(PciRoot::new(windows, buses).unwrap());
-    populate_bus0(&root).unwrap();
+    root.add_host_bridge().unwrap();
+    root.add_test_endpoints().unwrap();
     let env = TransportEnv {
         ioevents: Arc::new(FakeIoEvents::default()),
         routes: Arc::new(FakeRoutes::default()),

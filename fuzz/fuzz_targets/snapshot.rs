@@ -11,7 +11,9 @@ fuzz_target!(|data: &[u8]| {
     match Description::from_bytes(data) {
         Err(e) => assert!(!e.to_string().contains('\n'), "one line: {e}"),
         Ok(description) => {
-            let bytes = description.to_bytes().expect("a description read writes back");
+            let bytes = description
+                .to_bytes()
+                .expect("a description read writes back");
             let again = Description::from_bytes(&bytes).expect("and reads back");
             assert_eq!(again.to_bytes().expect("writes back"), bytes);
         }

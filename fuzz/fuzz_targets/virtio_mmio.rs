@@ -9,11 +9,11 @@ use std::sync::Arc;
 use exitless::bus::BusDevice;
 use exitless::fakes::{FakeIoEvents, FakeRoutes};
 use exitless::logging::DeviceLog;
-use exitless::virtio::transport::TransportEnv;
-use exitless::virtio::transport::mmio::{MmioPlacement, MmioTransport};
 use exitless::virtio::net::{RequestResponse, VirtioNet};
 use exitless::virtio::notify::NotifyPath;
 use exitless::virtio::regs::*;
+use exitless::virtio::transport::TransportEnv;
+use exitless::virtio::transport::mmio::{MmioPlacement, MmioTransport};
 use libfuzzer_sys::fuzz_target;
 
 mod common;

@@ -102,7 +102,6 @@ impl BusDevice for PciConfigIo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pci::function::HostBridge;
     use crate::pci::root::{BarBuses, BarWindows};
 
     fn ports() -> PciConfigIo {
@@ -111,9 +110,7 @@ mod tests {
             io: (0xc000, 0x1_0000),
         };
         let root = PciRoot::new(windows, BarBuses::detached()).unwrap();
-        let host_bridge = PciAddress::new(0, 0, 0).unwrap();
-        root.add(host_bridge, &HostBridge::layout(), Box::new(HostBridge))
-            .unwrap();
+        root.add_host_bridge().unwrap();
         root.add_test_endpoints().unwrap();
         PciConfigIo::new(Arc::new(root))
     }

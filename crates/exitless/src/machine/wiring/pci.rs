@@ -10,7 +10,6 @@ use crate::machine::MachineError;
 use crate::machine::layout::{self, MemoryLayout};
 use crate::pci::cf8::{PCI_CONFIG_IO_LEN, PciConfigIo};
 use crate::pci::ecam::PciConfigMmio;
-use crate::pci::function::HostBridge;
 use crate::pci::regs::PCI_CONFIG_ADDRESS_PORT;
 use crate::pci::root::{BarBuses, BarWindows};
 use crate::pci::{EcamMode, PciAddress, PciRoot};
@@ -33,8 +32,7 @@ pub fn add_root(
         ),
     };
     let root = Arc::new(PciRoot::new(windows, bar_buses)?.with_mmio64(layout.mmio64_window()));
-    let host_bridge = PciAddress::new(0, 0, 0).expect("00:00.0");
-    root.add(host_bridge, &HostBridge::layout(), Box::new(HostBridge))?;
+    root.add_host_bridge()?;
     if test_endpoints {
         root.add_test_endpoints()?;
     }

@@ -32,7 +32,7 @@ use crate::pci::config::{
     Bar, BarSlots, ConfigError, ConfigSpace, ConfigWindow, FUNCTIONS_PER_BUS, FunctionLayout,
     touches,
 };
-use crate::pci::function::{PciFunction, TestDevice};
+use crate::pci::function::{HostBridge, PciFunction, TestDevice};
 use crate::pci::regs::{
     PCI_BAR_COUNT, PCI_BAR0, PCI_CFG_SPACE_EXP_SIZE, PCI_COMMAND, PCI_COMMAND_IO,
     PCI_COMMAND_MEMORY, PCI_HEADER_TYPE, PCI_HEADER_TYPE_MULTIFUNCTION,
@@ -320,6 +320,12 @@ impl PciRoot {
                 if trap { "trap" } else { "stop trapping" }
             ));
         }
+    }
+
+    /// The host bridge at 00:00.0, which every bus 0 has.
+    pub fn add_host_bridge(&self) -> Result<(), PciError> {
+        let at = PciAddress::new(0, 0, 0).expect("00:00.0");
+        self.add(at, &HostBridge::layout(), Box::new(HostBridge))
     }
 
     /// The probe's test endpoints: a function at 00:01.0 and a two-function device at 00:02.0
