@@ -17,7 +17,7 @@ use exitless_bench::restore;
 
 /// exitless: a KVM VMM whose device I/O avoids VM exits, and the benchmarks that prove it.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(name = "exitless", version, about)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
