@@ -125,6 +125,35 @@ fn stop_signals_end_a_run_even_when_inherited_ignored() {
     }
 }
 
+/// Ctrl-Z and `fg`, or a debugger attaching: SIGSTOP then SIGCONT. The kernel resumes each
+/// thread's interrupted sleep with restart_syscall(2), which every thread's filter allows, so
+/// the run goes on and the guest still reads its line.
+#[test]
+fn a_stopped_and_continued_run_goes_on() {
+    let mut child = spawn_run("echo=1", &[], None);
+    let console = read_until(&mut child, WAITING);
+    let pid = child.id() as libc::pid_t;
+    for signal in [libc::SIGSTOP, libc::SIGCONT] {
+        // SAFETY: kill only sends a signal to the child started here.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    // A run that died with the signal has closed its end: the status below says so.
+    let _ = stdin.write_all(b"after fg\n");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut console.into_inner(), &mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(PASSED),
+        "{:?}, stderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(rest.contains("PASS echo: read 'after fg'"), "{rest}");
+}
+
 #[test]
 fn timeout_0_is_no_limit() {
     let out = exitless()

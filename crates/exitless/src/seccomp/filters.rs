@@ -123,6 +123,9 @@ fn runtime() -> Vec<Allowed> {
         sys!(SYS_fcntl).only(1, [value(libc::F_GETFD)]),
         // Back from a signal handler (the vCPU kick).
         sys!(SYS_rt_sigreturn),
+        // A sleep interrupted by SIGSTOP (Ctrl-Z) or a debugger attaching is resumed on
+        // SIGCONT by the kernel's restart_syscall(2), in whichever thread was sleeping.
+        sys!(SYS_restart_syscall),
         // The end of a thread: glibc blocks signals and releases the stack (madvise, above);
         // std takes down the alternate signal stack it reports stack overflows on.
         sys!(SYS_rt_sigprocmask),
