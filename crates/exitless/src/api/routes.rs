@@ -206,6 +206,14 @@ fn snapshot(request: &Request, view: &MachineView) -> Response {
             return Response::error(400, &why);
         }
     };
+    // A relative path would be the VMM's working directory's, which the client cannot know.
+    if !asked.destination.is_absolute() {
+        let why = format!(
+            "vm.snapshot takes {{\"destination\": DIR}} with DIR an absolute path, not {:?}",
+            asked.destination
+        );
+        return Response::error(400, &why);
+    }
     let control = &view.control;
     let running = !control.pause().paused();
     if running && let Err(e) = control.pause_vcpus(PAUSE_DEADLINE) {

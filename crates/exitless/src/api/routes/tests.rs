@@ -224,6 +224,15 @@ fn an_unwritable_destination_or_a_bad_body_is_an_error_and_the_vm_goes_on() {
                 .starts_with("vm.snapshot takes")
         );
     }
+    // Nothing but an absolute path: an empty or relative one would land in the VMM's working
+    // directory.
+    for relative in ["", "snap", "./snap", "../snap"] {
+        let body = format!("{{\"destination\": {relative:?}}}");
+        let (status, answer) = ask_with(&view, "PUT", "vm.snapshot", body.as_bytes());
+        assert_eq!(status, 400, "{relative:?}");
+        let error = answer["error"].as_str().unwrap();
+        assert!(error.contains("an absolute path"), "{error}");
+    }
     assert_eq!(ask(&view, "GET", "vm.snapshot").0, 405);
     assert_eq!(
         recorder.taken.lock().unwrap().len(),
