@@ -223,6 +223,64 @@ fn a_guest_snapshotted_mid_work_finishes_in_a_new_process_with_every_line() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A destination someone prepared: a FIFO and symlinks where the snapshot's temporary files
+/// used to be named. Nothing there is opened or followed (the FIFO once hung the API thread,
+/// the links once had guest RAM and the description written where they pointed): the snapshot
+/// is whole, the link's target untouched, and the restore finishes the guest's work.
+#[test]
+fn a_prepared_destination_is_neither_followed_nor_waited_on() {
+    const LINES: u32 = 200;
+    let dir = scratch("prepared");
+    let snap = dir.join("snap");
+    std::fs::create_dir(&snap).unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"not the guest's").unwrap();
+    let fifo = std::ffi::CString::new(
+        snap.join(".memory.tmp")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path it is given.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+    for name in [".snapshot.json.tmp", ".memory.file.tmp"] {
+        std::os::unix::fs::symlink(&victim, snap.join(name)).unwrap();
+    }
+    let mut first = spamming(&dir, "first", LINES);
+    first.wait_for_lines("spam ", 20);
+    assert_eq!(first.ctl(&["pause"])["state"], "paused");
+    let taken = first.ctl(&["snapshot", snap.to_str().unwrap()]);
+    assert_eq!(taken["state"], "paused", "{taken}");
+    first.ctl(&["shutdown"]);
+    let (status, stderr, before) = first.end();
+    assert_eq!(status, 0, "{stderr}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not the guest's");
+    // The snapshot's two files beside what was prepared, and no temporary file left.
+    let mut names: Vec<String> = std::fs::read_dir(&snap)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let expected = [
+        ".memory.file.tmp",
+        ".memory.tmp",
+        ".snapshot.json.tmp",
+        MEMORY_FILE,
+        "snapshot.json",
+    ];
+    assert_eq!(names, expected, "what the directory holds");
+    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
+    let (status, stderr, after) = second.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    let all = numbers(&(before + &after), "spam ");
+    assert_eq!(
+        all,
+        (1..=LINES).collect::<Vec<_>>(),
+        "every line once, in order"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
     const LINES: u32 = 400;

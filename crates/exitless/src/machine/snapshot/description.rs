@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use crate::machine::config::{MAX_CPUS, MachineConfig};
 use crate::machine::layout::MAX_RAM_SIZE;
 use crate::machine::snapshot::SnapshotError;
-use crate::machine::snapshot::take::{create, open_regular};
+use crate::machine::snapshot::take::{create_new, open_regular, temporary};
 
 /// The description's format; a reader takes this one only.
 pub const FORMAT_VERSION: u32 = 1;
@@ -153,14 +153,20 @@ impl Description {
     /// a directory with a description holds a whole snapshot.
     pub fn write(&self, dir: &Path) -> Result<(), SnapshotError> {
         let bytes = self.to_bytes()?;
-        let temp = dir.join(format!(".{DESCRIPTION_FILE}.tmp"));
+        let temp = temporary(dir, DESCRIPTION_FILE);
         let io = |what: &'static str, path: &Path| {
             let path = path.to_owned();
             move |source| SnapshotError::Io { what, path, source }
         };
-        let mut file = create(&temp)?;
-        file.write_all(&bytes).map_err(io("write", &temp))?;
-        file.sync_all().map_err(io("sync", &temp))?;
+        let mut file = create_new(&temp)?;
+        let written = file
+            .write_all(&bytes)
+            .map_err(io("write", &temp))
+            .and_then(|()| file.sync_all().map_err(io("sync", &temp)));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&temp);
+            return Err(e);
+        }
         let target = dir.join(DESCRIPTION_FILE);
         std::fs::rename(&temp, &target).map_err(io("rename into place", &target))?;
         File::open(dir)

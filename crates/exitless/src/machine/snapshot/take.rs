@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::irq::GsiRouting;
@@ -37,13 +37,25 @@ pub(crate) fn io_error(
     move |source| SnapshotError::Io { what, path, source }
 }
 
-/// Create (or empty) the snapshot's file at `path`, owner-only (0600): it holds the guest's
-/// memory or state, as private as the guest's RAM.
-pub(crate) fn create(path: &Path) -> Result<File, SnapshotError> {
+/// A temporary name in `dir` for the file `name` while it is written, then renamed into place:
+/// this process's and this moment's, so two snapshots into one directory never write the same
+/// file, and a name someone else prepared there is not one [`create_new`] will open.
+pub(crate) fn temporary(dir: &Path, name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    dir.join(format!(".{name}.{}-{nanos}.tmp", std::process::id()))
+}
+
+/// Create the snapshot's file at `path`, which must not exist, owner-only (0600): it holds the
+/// guest's memory or state, as private as the guest's RAM. Nothing already there is followed
+/// or opened: a symlink, a FIFO or a file of someone else's at that name is an error (O_EXCL,
+/// O_NOFOLLOW; O_NONBLOCK so that no open can wait).
+pub(crate) fn create_new(path: &Path) -> Result<File, SnapshotError> {
     std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .mode(0o600)
         .open(path)
         .map_err(io_error("create", path))
@@ -90,10 +102,15 @@ impl Snapshotter {
         // Written beside and renamed into place: a machine restored from this directory maps
         // its memory file MAP_PRIVATE and reads the pages it has not touched from it, so that
         // file must never change; renamed over, it lives on (unlinked) for that machine.
-        let temp = dir.join(format!(".{MEMORY_FILE}.tmp"));
-        let mut memory = create(&temp)?;
-        kvm::save_memory(&self.vm, &mut memory, &temp)?;
-        memory.sync_all().map_err(io_error("sync", &temp))?;
+        let temp = temporary(dir, MEMORY_FILE);
+        let mut memory = create_new(&temp)?;
+        let written = kvm::save_memory(&self.vm, &mut memory, &temp)
+            .and_then(|()| memory.sync_all().map_err(io_error("sync", &temp)));
+        if let Err(e) = written {
+            // A partial memory file is no use to anyone: it goes.
+            let _ = std::fs::remove_file(&temp);
+            return Err(e);
+        }
         let path = dir.join(MEMORY_FILE);
         std::fs::rename(&temp, &path).map_err(io_error("rename into place", &path))?;
         Description {
