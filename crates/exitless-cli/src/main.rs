@@ -182,9 +182,10 @@ fn main() -> ExitCode {
     // Before any thread starts, so that every thread inherits the unblocked signal mask.
     if let Command::Run(_) = cli.command
         && let Err(e) = run_control::stop_on_signals()
+            .and_then(|()| run_control::write_past_file_size_limit_fails())
     {
         stderr_line(format_args!(
-            "exitless: error: cannot handle SIGINT, SIGTERM and SIGHUP: {e}"
+            "exitless: error: cannot handle SIGINT, SIGTERM, SIGHUP and SIGXFSZ: {e}"
         ));
         return error_status;
     }

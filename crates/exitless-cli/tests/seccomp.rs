@@ -215,6 +215,56 @@ fn a_confined_thread_panics_and_aborts_as_it_would_unconfined() {
     }
 }
 
+/// A page mapped from a file that was then cut short: reading it raises SIGBUS (mmap(2)).
+fn cut_short_page() -> *const u8 {
+    // SAFETY: memfd_create reads the name; ftruncate and mmap act on the new descriptor only,
+    // and the mapping is left for the process's life.
+    unsafe {
+        let fd = libc::memfd_create(c"cut".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(fd >= 0);
+        assert_eq!(libc::ftruncate(fd, 4096), 0);
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert_ne!(page, libc::MAP_FAILED);
+        assert_eq!(libc::ftruncate(fd, 0), 0);
+        page.cast()
+    }
+}
+
+/// A fault in a confined thread (a bad pointer, a file cut short under its mapping) ends the
+/// process by its signal, as it would unconfined: std's handler puts the default action back
+/// (rt_sigaction), which the filters allow for these two signals, and the fault is taken again.
+/// Once it ended as a seccomp violation (status 159), hiding the crash.
+#[test]
+fn a_confined_thread_that_faults_ends_by_its_signal_not_as_a_violation() {
+    // Mapped before the child confines itself: no kind may create a memfd.
+    let cut = std::env::var_os(CHILD).map(|_| cut_short_page());
+    if let Some((kind, act)) = child() {
+        // SAFETY: neither is safe, on purpose: each faults, which is the test.
+        unsafe {
+            match act.as_str() {
+                "segv" => std::ptr::write_volatile(std::ptr::dangling_mut::<u8>(), 1),
+                _ => drop(std::ptr::read_volatile(cut.unwrap())),
+            }
+        }
+        panic!("no fault in the {} thread", kind.name());
+    }
+    let test = "a_confined_thread_that_faults_ends_by_its_signal_not_as_a_violation";
+    for (act, signal) in [("segv", libc::SIGSEGV), ("bus", libc::SIGBUS)] {
+        for (kind, out, stderr) in as_each_kind(test, act) {
+            let name = kind.name();
+            assert_eq!(out.status.signal(), Some(signal), "{name} {act}: {stderr}");
+            assert!(!stderr.contains("seccomp"), "{name} {act}: {stderr}");
+        }
+    }
+}
+
 /// Set with `device:disk` in the child of the test below: the disk file it opens before it
 /// confines itself, as the main thread opens a disk before the device thread starts.
 const DISK: &str = "EXITLESS_TEST_SECCOMP_DISK";

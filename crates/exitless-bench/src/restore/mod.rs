@@ -31,7 +31,7 @@ use crate::msix::{FIRST_VECTOR, validate_sizes};
 use crate::vhost_net::VhostPorts;
 use exitless::contract::{Op, STATUS_OK, TRANSPORT_PCI};
 use exitless::irq::CommitStrategy;
-use exitless::machine::snapshot::{DESCRIPTION_FILE, MEMORY_FILE};
+use exitless::machine::snapshot::{DESCRIPTION_FILE, memory_path};
 use exitless::machine::{MAX_VIRTIO_PCI, ProbeConfig, ProbeError, Transport, VirtioNetConfig, ops};
 use exitless::pci::regs::PCI_MSIX_FLAGS_ENABLE;
 use exitless::virtio::notify::NotifyPath;
@@ -227,11 +227,12 @@ impl RestoreBench {
     }
 }
 
-/// Remove the snapshot folder `dir` by its files' names: the main thread, confined, may not
-/// list a folder.
+/// Remove the snapshot folder `dir` by its files' names (the memory file's as the description
+/// names it): the main thread, confined, may not list a folder.
 fn remove(dir: &std::path::Path) {
-    for file in [MEMORY_FILE, DESCRIPTION_FILE] {
-        let _ = std::fs::remove_file(dir.join(file));
+    if let Ok(memory) = memory_path(dir) {
+        let _ = std::fs::remove_file(memory);
     }
+    let _ = std::fs::remove_file(dir.join(DESCRIPTION_FILE));
     let _ = std::fs::remove_dir(dir);
 }

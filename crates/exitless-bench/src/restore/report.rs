@@ -14,11 +14,11 @@ use crate::msix::{
     SEED_BATCHED_MS, SEED_BATCHED_TOTAL_MS, SEED_PER_VECTOR_MS, SEED_PER_VECTOR_TOTAL_MS,
 };
 use exitless::irq::CommitStrategy;
-use exitless::machine::snapshot::MEMORY_FILE;
+use exitless::machine::snapshot::memory_path;
 
 /// The memory file's length and the bytes it takes on disk (it is sparse).
 pub(super) fn disk_use(dir: &Path) -> Option<(u64, u64)> {
-    let meta = std::fs::metadata(dir.join(MEMORY_FILE)).ok()?;
+    let meta = std::fs::metadata(memory_path(dir).ok()?).ok()?;
     Some((meta.len(), meta.blocks() * 512))
 }
 

@@ -450,7 +450,10 @@ fn a_restore_child_given_no_snapshot_exits_2_with_one_line() {
     assert_eq!(out.status.code(), Some(2));
     let e = String::from_utf8_lossy(&out.stderr);
     assert_eq!(e.lines().count(), 1, "{e}");
-    assert!(e.contains("cannot open /nonexistent/snap/"), "{e}");
+    assert!(
+        e.contains("cannot open the directory /nonexistent/snap:"),
+        "{e}"
+    );
     assert!(out.stdout.is_empty());
     let request = serde_json::to_string(&args).unwrap() + "\n";
     let answer = launch(&request);

@@ -23,3 +23,4 @@ mod run;
 mod run_devices;
 mod sleep;
 mod snapshot;
+mod snapshot_dir;

@@ -11,13 +11,17 @@ use std::time::{Duration, Instant};
 
 use crate::common::running::*;
 use crate::common::testkernel::*;
-use exitless::machine::snapshot::{Description, MEMORY_FILE, MemoryFile};
+use exitless::machine::snapshot::{Description, MEMORY_FILE_PREFIX, MemoryFile, memory_path};
 use exitless::machine::{DiskConfig, MachineConfig};
+use exitless::vm::state::memory::MemoryChecksum;
 use exitless_peer::backends::Backend;
+
+/// The memory file's name in the snapshots [`written`] makes.
+const MEMORY_FILE: &str = "memory-written";
 
 /// A snapshot as exitless writes one, in `dir`, of a 16 MiB machine with `disks`: its
 /// description and a memory file of the RAM's length, all zero (sparse).
-fn written(dir: &Path, disks: Vec<DiskConfig>) {
+pub(crate) fn written(dir: &Path, disks: Vec<DiskConfig>) {
     let config = MachineConfig {
         ram_size: 16 << 20,
         disks,
@@ -34,6 +38,8 @@ fn written(dir: &Path, disks: Vec<DiskConfig>) {
         memory: MemoryFile {
             file: MEMORY_FILE.into(),
             length: 16 << 20,
+            // No page that is not all zero.
+            crc32: MemoryChecksum::default().value(),
         },
     }
     .write(dir)
@@ -42,7 +48,7 @@ fn written(dir: &Path, disks: Vec<DiskConfig>) {
 
 /// `exitless run --restore dir` with its console to a file: its one line of error, which
 /// must say `says`, status 2, and no console file made (nothing started).
-fn refused(dir: &Path, says: &str) {
+pub(crate) fn refused(dir: &Path, says: &str) {
     let console = dir.join("console");
     let ran = exitless_run(
         &[
@@ -67,12 +73,12 @@ fn a_snapshot_of_another_format_version_is_refused() {
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(
         &path,
-        text.replacen("\"format_version\":1", "\"format_version\":7", 1),
+        text.replacen("\"format_version\":2", "\"format_version\":7", 1),
     )
     .unwrap();
     refused(
         &dir,
-        "the snapshot's format is version 7; this exitless reads version 1",
+        "the snapshot's format is version 7; this exitless reads version 2",
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -109,7 +115,7 @@ fn a_truncated_memory_file_is_refused() {
     // A FIFO in its place is refused, not waited on.
     let fifo = Command::new("mkfifo").arg(dir.join(MEMORY_FILE)).status();
     assert!(fifo.unwrap().success());
-    refused(&dir, "memory: not a regular file");
+    refused(&dir, "memory-written: not a regular file");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -177,22 +183,18 @@ fn a_guest_snapshotted_mid_work_finishes_in_a_new_process_with_every_line() {
     let snap = dir.join("snap");
     let mut first = spamming(&dir, "first", LINES);
     first.wait_for_lines("spam ", 20);
-    assert_eq!(first.ctl(&["pause"])["state"], "paused");
-    let taken = first.ctl(&["snapshot", snap.to_str().unwrap()]);
-    assert_eq!(taken["state"], "paused", "a paused VM stays paused");
-    first.ctl(&["shutdown"]);
-    let (status, stderr, before) = first.end();
-    assert_eq!(status, 0, "{stderr}");
+    let before = snapshotted_and_shut_down(first, &snap);
     // Guest memory is sparse: far fewer blocks than its 128 MiB hold data.
-    let memory = std::fs::metadata(snap.join(MEMORY_FILE)).unwrap();
+    let memory = std::fs::metadata(memory_path(&snap).unwrap()).unwrap();
     assert_eq!(memory.len(), 128 << 20);
     assert!(
         memory.blocks() * 512 < memory.len() / 4,
         "{} blocks",
         memory.blocks()
     );
-    for file in [MEMORY_FILE, "snapshot.json"] {
-        let mode = std::fs::metadata(snap.join(file)).unwrap().mode() & 0o777;
+    for file in [memory_path(&snap).unwrap(), snap.join("snapshot.json")] {
+        let mode = std::fs::metadata(&file).unwrap().mode() & 0o777;
+        let file = file.display();
         assert_eq!(mode, 0o600, "{file} is the guest's, owner-only");
     }
 
@@ -211,14 +213,7 @@ fn a_guest_snapshotted_mid_work_finishes_in_a_new_process_with_every_line() {
     assert_eq!(second.ctl(&["resume"])["state"], "running");
     let (status, stderr, after) = second.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");
-    // The console's bytes: the first run's, then the restored one's (a line the snapshot cut
-    // is ended by the second).
-    let all = numbers(&(before + &after), "spam ");
-    assert_eq!(
-        all,
-        (1..=LINES).collect::<Vec<_>>(),
-        "every line once, in order"
-    );
+    every_line(&before, &after, LINES);
     assert!(after.contains(" passed, 0 failed"), "{after}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -248,36 +243,21 @@ fn a_prepared_destination_is_neither_followed_nor_waited_on() {
     }
     let mut first = spamming(&dir, "first", LINES);
     first.wait_for_lines("spam ", 20);
-    assert_eq!(first.ctl(&["pause"])["state"], "paused");
-    let taken = first.ctl(&["snapshot", snap.to_str().unwrap()]);
-    assert_eq!(taken["state"], "paused", "{taken}");
-    first.ctl(&["shutdown"]);
-    let (status, stderr, before) = first.end();
-    assert_eq!(status, 0, "{stderr}");
+    let before = snapshotted_and_shut_down(first, &snap);
     assert_eq!(std::fs::read(&victim).unwrap(), b"not the guest's");
     // The snapshot's two files beside what was prepared, and no temporary file left.
-    let mut names: Vec<String> = std::fs::read_dir(&snap)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
+    let memory = memory_path(&snap).unwrap();
+    let memory = memory.file_name().unwrap().to_str().unwrap();
+    assert!(memory.starts_with(MEMORY_FILE_PREFIX), "{memory}");
     let expected = [
         ".memory.file.tmp",
         ".memory.tmp",
         ".snapshot.json.tmp",
-        MEMORY_FILE,
+        memory,
         "snapshot.json",
     ];
-    assert_eq!(names, expected, "what the directory holds");
-    let second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
-    let (status, stderr, after) = second.end();
-    assert_eq!(status, PASSED, "{stderr}\n{after}");
-    let all = numbers(&(before + &after), "spam ");
-    assert_eq!(
-        all,
-        (1..=LINES).collect::<Vec<_>>(),
-        "every line once, in order"
-    );
+    assert_eq!(names(&snap), expected, "what the directory holds");
+    restored_with_every_line(&dir, "second", &snap, &before, LINES);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -308,13 +288,20 @@ fn a_running_guest_snapshotted_goes_on_and_so_does_its_restore() {
     assert_eq!(status, PASSED, "{stderr}");
     assert_eq!(numbers(&before, "spam "), (1..=LINES).collect::<Vec<_>>());
 
-    // The restored guest, snapshotted into the directory whose memory file it runs on (mapped
-    // MAP_PRIVATE: its untouched pages are read from that file), goes on all the same.
+    // The restored guest, snapshotted into the directory it was restored from, goes on; the
+    // directory then holds the new snapshot alone, its older memory file gone.
     let mut second = Running::start(&dir, "second", &["--restore", snap.to_str().unwrap()]);
     second.wait_for_lines("spam ", 20);
     assert_eq!(
         second.ctl(&["snapshot", snap.to_str().unwrap()])["state"],
         "running"
+    );
+    let memory = memory_path(&snap).unwrap();
+    let memory = memory.file_name().unwrap().to_str().unwrap();
+    assert_eq!(
+        names(&snap),
+        [memory, "snapshot.json"],
+        "the new snapshot alone"
     );
     let (status, stderr, after) = second.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");

@@ -131,6 +131,52 @@ pub fn numbers(text: &str, prefix: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The names in `dir`, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `vm` (the test kernel printing numbered lines) paused, snapshotted into `snap` and shut
+/// down: its console up to then.
+pub fn snapshotted_and_shut_down(vm: Running, snap: &Path) -> String {
+    assert_eq!(vm.ctl(&["pause"])["state"], "paused");
+    let taken = vm.ctl(&["snapshot", snap.to_str().unwrap()]);
+    assert_eq!(
+        taken["state"], "paused",
+        "a paused VM stays paused: {taken}"
+    );
+    vm.ctl(&["shutdown"]);
+    let (status, stderr, before) = vm.end();
+    assert_eq!(status, 0, "{stderr}");
+    before
+}
+
+/// Restore `snap` in a new process (console and socket named `NAME` in `dir`) and let it end:
+/// it passes, and with `before` (the console before the snapshot) the console holds each of
+/// the `lines` numbered lines once, in order.
+pub fn restored_with_every_line(dir: &Path, name: &str, snap: &Path, before: &str, lines: u32) {
+    let restored = Running::start(dir, name, &["--restore", snap.to_str().unwrap()]);
+    let (status, stderr, after) = restored.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    every_line(before, &after, lines);
+}
+
+/// The consoles `before` a snapshot and `after` its restore hold each of the `lines` numbered
+/// lines once, in order (a line the snapshot cut is ended by the restored run).
+pub fn every_line(before: &str, after: &str, lines: u32) {
+    let all = numbers(&(before.to_owned() + after), "spam ");
+    assert_eq!(
+        all,
+        (1..=lines).collect::<Vec<_>>(),
+        "every line once, in order"
+    );
+}
+
 /// The test kernel printing `lines` numbered lines on two vCPUs.
 pub fn spamming(dir: &Path, name: &str, lines: u32) -> Running {
     let elf = kernel("testkernel.elf");

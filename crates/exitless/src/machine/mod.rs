@@ -221,7 +221,7 @@ impl Machine {
     fn build(
         cfg: &MachineConfig,
         board: Option<&mut dyn Board>,
-        memory: Option<std::fs::File>,
+        memory: Option<crate::vm::state::memory::SavedMemory>,
     ) -> Result<Self, MachineError> {
         wiring::check_vhost_user(cfg)?;
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
@@ -236,7 +236,7 @@ impl Machine {
             ram_backing(cfg),
         );
         let mut vm = match memory {
-            Some(file) => Vm::restored(&ram, dump, irqchip, backing, file)?,
+            Some(saved) => Vm::restored(&ram, dump, irqchip, backing, saved)?,
             None => Vm::with_irqchip(&ram, dump, irqchip, backing)?,
         };
         let control = Arc::new(RunControl::default());

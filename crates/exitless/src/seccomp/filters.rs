@@ -130,6 +130,10 @@ fn runtime() -> Vec<Allowed> {
         // std takes down the alternate signal stack it reports stack overflows on.
         sys!(SYS_rt_sigprocmask),
         sys!(SYS_sigaltstack),
+        // A crash (SIGSEGV, SIGBUS): std's handler, finding no stack overflow, puts the
+        // default action back and returns, so the fault ends the process as a crash, by its
+        // signal, and not as a violation of the filter.
+        sys!(SYS_rt_sigaction).only(0, [value(libc::SIGSEGV), value(libc::SIGBUS)]),
         sys!(SYS_exit),
         // The end of the process from any thread: exit(), and the violation report's _exit.
         sys!(SYS_exit_group),
@@ -263,23 +267,27 @@ fn api() -> Vec<Allowed> {
         // MSG_NOSIGNAL: a client gone before its answer is an error, not a SIGPIPE).
         sys!(SYS_recvfrom),
         sys!(SYS_sendto),
-        // The socket's file, when the run ends; an older snapshot's description
-        // (`vm.snapshot`, machine::snapshot::take).
+        // The socket's file, when the run ends.
         sys!(SYS_unlink),
-        // `vm.snapshot`: the directory, guest memory's file (emptied, its pages written where
-        // they are not zero, then sized), the description's temporary file renamed into place,
-        // each synced, and the directory opened to sync it.
+        // `vm.snapshot` (machine::snapshot): the directory, made if absent, opened, its owner
+        // and mode checked against this user (statx, geteuid) and locked (flock); guest
+        // memory's file (emptied, its pages written where they are not zero, then sized), the
+        // description's temporary file renamed into place, each synced, the older snapshot's
+        // memory file removed, each relative to the directory (openat, renameat, unlinkat).
         sys!(SYS_mkdir),
         // DirBuilder::recursive's look at what is there when mkdir fails (statx).
         sys!(SYS_statx),
+        sys!(SYS_geteuid),
+        sys!(SYS_flock),
         sys!(SYS_openat),
+        sys!(SYS_renameat),
+        sys!(SYS_unlinkat),
         sys!(SYS_ftruncate),
         sys!(SYS_pwrite64),
         // Where guest RAM is the shared memfd, only its data is read: lseek SEEK_DATA and
         // SEEK_HOLE find it (vm::state::memory).
         sys!(SYS_lseek),
         sys!(SYS_fsync),
-        sys!(SYS_rename),
         // A virtio-mmio transport's pause waits for its device thread's answer on an eventfd;
         // the VT-d unit's drains the doorbells already rung (epoll_wait, no timeout).
         sys!(SYS_read),
@@ -329,8 +337,13 @@ fn building_machines() -> Vec<Allowed> {
         // console); the device threads' epoll sets.
         sys!(SYS_openat),
         sys!(SYS_eventfd2),
-        // Kernel and initrd files read at offsets (`machine::loader::file`).
+        // Kernel and initrd files read at offsets (`machine::loader::file`), and a snapshot's
+        // memory file (`vm::state::memory`).
         sys!(SYS_pread64),
+        // A restore's snapshot directory: its owner checked against this user, and locked
+        // shared while its description is read and its memory file opened (machine::snapshot).
+        sys!(SYS_geteuid),
+        sys!(SYS_flock),
         // Disk images (`virtio::block::image`) and the console file (`machine::console`):
         // opened with O_NONBLOCK, which is then cleared; images locked as QEMU locks them.
         sys!(SYS_fcntl).only(

@@ -78,6 +78,12 @@ pub enum VmError {
         #[source]
         source: std::io::Error,
     },
+    /// A snapshot's memory file is not the one its description names.
+    #[error(
+        "the snapshot's memory file does not match its description's checksum (changed since \
+         the snapshot was taken, or another snapshot's)"
+    )]
+    MemoryChecksum,
     /// A snapshot's state does not fit this VM (another vCPU count, another irqchip, another
     /// RAM size), or holds a value no VM has.
     #[error("the snapshot does not fit this VM: {0}")]

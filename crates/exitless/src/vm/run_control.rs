@@ -218,6 +218,21 @@ pub fn stop_on_signals() -> io::Result<()> {
     }
 }
 
+/// Ignore SIGXFSZ, so that a write past the file size limit (`ulimit -f`, RLIMIT_FSIZE) fails
+/// with EFBIG, which the disk reports to the guest or the snapshot to its client, instead of
+/// killing the VM (the signal's default action).
+pub fn write_past_file_size_limit_fails() -> io::Result<()> {
+    // SAFETY: a zeroed sigaction with SIG_IGN installs no handler.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = libc::SIG_IGN;
+        if libc::sigaction(libc::SIGXFSZ, &action, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 extern "C" fn on_stop_signal(signal: libc::c_int) {
     let first = STOP_SIGNAL
         .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)

@@ -9,7 +9,6 @@
 //! anyone may have edited.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
@@ -19,14 +18,17 @@ use serde_json::value::RawValue;
 use crate::machine::config::{MAX_CPUS, MachineConfig};
 use crate::machine::layout::MAX_RAM_SIZE;
 use crate::machine::snapshot::SnapshotError;
-use crate::machine::snapshot::take::{create_new, open_regular, temporary};
+use crate::machine::snapshot::directory::{SnapshotDir, temporary};
 
-/// The description's format; a reader takes this one only.
-pub const FORMAT_VERSION: u32 = 1;
+/// The description's format; a reader takes this one only. Version 2: guest memory's file is
+/// named per snapshot and checksummed.
+pub const FORMAT_VERSION: u32 = 2;
 /// The description's file in a snapshot's directory.
 pub const DESCRIPTION_FILE: &str = "snapshot.json";
-/// Guest memory's file in a snapshot's directory.
-pub const MEMORY_FILE: &str = "memory";
+/// How the name of guest memory's file in a snapshot's directory begins; the rest is the
+/// snapshot's own (`memory-PID-NANOS`), so a new snapshot's memory is written beside the one
+/// the directory's description names, never over it.
+pub const MEMORY_FILE_PREFIX: &str = "memory-";
 /// Largest description read: the states of 64 vCPUs (a few KiB of MSRs and XSAVE each) and of
 /// every device are well under a megabyte; past this it is not one exitless wrote.
 pub const MAX_DESCRIPTION: u64 = 64 << 20;
@@ -60,6 +62,9 @@ pub struct MemoryFile {
     pub file: String,
     /// Its length: the machine's RAM.
     pub length: u64,
+    /// Its pages' checksum (`vm::state::memory::MemoryChecksum`): a restore refuses a file
+    /// that does not match, another snapshot's of the same size or one changed since.
+    pub crc32: u32,
 }
 
 /// The file as written: the format version, the content and its checksum.
@@ -151,41 +156,48 @@ impl Description {
     /// [`DESCRIPTION_FILE`] (rename(2) replaces it whole), and the directory synced, so a
     /// crash leaves the old description or the new one, never half of one. Written last:
     /// a directory with a description holds a whole snapshot.
-    pub fn write(&self, dir: &Path) -> Result<(), SnapshotError> {
+    pub(crate) fn write_to(&self, dir: &SnapshotDir) -> Result<(), SnapshotError> {
         let bytes = self.to_bytes()?;
-        let temp = temporary(dir, DESCRIPTION_FILE);
-        let io = |what: &'static str, path: &Path| {
-            let path = path.to_owned();
+        let temp = temporary(DESCRIPTION_FILE);
+        let mut file = dir.create(&temp)?;
+        let io = |what: &'static str| {
+            let path = dir.join(&temp);
             move |source| SnapshotError::Io { what, path, source }
         };
-        let mut file = create_new(&temp)?;
         let written = file
             .write_all(&bytes)
-            .map_err(io("write", &temp))
-            .and_then(|()| file.sync_all().map_err(io("sync", &temp)));
+            .map_err(io("write"))
+            .and_then(|()| file.sync_all().map_err(io("sync")))
+            .and_then(|()| dir.rename(&temp, DESCRIPTION_FILE));
         if let Err(e) = written {
-            let _ = std::fs::remove_file(&temp);
+            let _ = dir.remove(&temp);
             return Err(e);
         }
-        let target = dir.join(DESCRIPTION_FILE);
-        std::fs::rename(&temp, &target).map_err(io("rename into place", &target))?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("sync", dir))
+        dir.sync()
+    }
+
+    /// [`Description::write_to`] the directory at `dir`, made if absent, checked and locked
+    /// as a snapshot's destination is.
+    pub fn write(&self, dir: &Path) -> Result<(), SnapshotError> {
+        self.write_to(&SnapshotDir::for_snapshot(dir)?)
+    }
+
+    /// Read and check the description in the directory at `dir`, checked and locked as a
+    /// restore's is.
+    pub fn read(dir: &Path) -> Result<Self, SnapshotError> {
+        Self::read_from(&SnapshotDir::for_restore(dir)?)
     }
 
     /// Read and check the description in `dir`.
-    pub fn read(dir: &Path) -> Result<Self, SnapshotError> {
-        let path = dir.join(DESCRIPTION_FILE);
-        let io = |source| SnapshotError::Io {
-            what: "read",
-            path: path.clone(),
-            source,
-        };
-        let file = open_regular(&path)?;
+    pub(crate) fn read_from(dir: &SnapshotDir) -> Result<Self, SnapshotError> {
+        let file = dir.open_regular(DESCRIPTION_FILE)?;
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_DESCRIPTION), &mut bytes)
-            .map_err(io)?;
+            .map_err(|source| SnapshotError::Io {
+                what: "read",
+                path: dir.join(DESCRIPTION_FILE),
+                source,
+            })?;
         Description::from_bytes(&bytes)
     }
 }

@@ -35,8 +35,8 @@ pub fn save_states(
     Ok((vcpus, state))
 }
 
-/// Guest memory into `file` (at `path`).
-pub fn save_memory(vm: &Vm, file: &mut File, path: &Path) -> Result<(), SnapshotError> {
+/// Guest memory into `file` (at `path`); its checksum.
+pub fn save_memory(vm: &Vm, file: &mut File, path: &Path) -> Result<u32, SnapshotError> {
     vm.save_memory(file).map_err(|e| match e {
         VmError::MemoryFile { what, source } => SnapshotError::Io {
             what,

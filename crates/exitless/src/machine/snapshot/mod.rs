@@ -1,18 +1,21 @@
 //! A machine's snapshot on disk, and the errors taking or restoring one gives.
 //!
-//! A snapshot is a directory: guest memory's file ([`description::MEMORY_FILE`]) and the
+//! A snapshot is a directory: guest memory's file (`memory-ID`, [`MEMORY_FILE_PREFIX`]) and the
 //! description ([`description::DESCRIPTION_FILE`]: the configuration, the vCPUs', the VM's and
 //! every device's state), written last. The order of operations is `crate::persist`'s; the
 //! format and its checks are [`description`]'s. Described for users in docs/snapshot.md.
 
 pub mod description;
+mod directory;
 mod kvm;
 pub mod restore;
 pub mod take;
 
 use std::path::{Path, PathBuf};
 
-pub use description::{DESCRIPTION_FILE, Description, FORMAT_VERSION, MEMORY_FILE, MemoryFile};
+pub use description::{
+    DESCRIPTION_FILE, Description, FORMAT_VERSION, MEMORY_FILE_PREFIX, MemoryFile,
+};
 pub use restore::{Restorable, RestoreTimes};
 pub use take::Snapshotter;
 
@@ -29,6 +32,14 @@ pub enum SnapshotError {
         /// The host's error.
         #[source]
         source: std::io::Error,
+    },
+    /// A snapshot's directory that is not this user's alone, or that another snapshot holds.
+    #[error("cannot use {path} for a snapshot: {why}", path = .path.display())]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// Why not, and what to do.
+        why: String,
     },
     /// The description is not JSON with a format version, a checksum and a content.
     #[error("the snapshot's description is not one exitless wrote: {0}")]
@@ -90,6 +101,20 @@ pub enum SnapshotError {
     /// The description could not be encoded (a host path that is not UTF-8, say).
     #[error("cannot write the snapshot's description: {0}")]
     Encode(serde_json::Error),
+}
+
+/// The path of the memory file of the snapshot in `dir`, as its description names it.
+pub fn memory_path(dir: &Path) -> Result<PathBuf, SnapshotError> {
+    Ok(dir.join(Description::read(dir)?.memory.file))
+}
+
+/// The error of the file operation `what` on `path`.
+pub(crate) fn io_error(
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> SnapshotError {
+    let path = path.to_owned();
+    move |source| SnapshotError::Io { what, path, source }
 }
 
 /// What saves a running machine into a directory: the machine's own, or a test's stand-in.

@@ -4,17 +4,18 @@
 //! setting its state in `crate::persist`'s order.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::irq::IrqError;
 use crate::machine::config::MachineConfig;
-use crate::machine::snapshot::take::{io_error, open_regular};
+use crate::machine::snapshot::directory::SnapshotDir;
+use crate::machine::snapshot::io_error;
 use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
 use crate::machine::vcpus::Vcpus;
 use crate::machine::{Board, Machine, MachineError, Ran};
 use crate::persist::StateError;
+use crate::vm::state::memory::SavedMemory;
 
 /// How long each step of [`Machine::restore_state_timed`] took.
 #[derive(Clone, Copy, Debug, Default)]
@@ -31,18 +32,21 @@ pub struct RestoreTimes {
 pub struct Restorable {
     /// What the snapshot holds.
     pub description: Description,
-    /// Guest memory's file, of the description's length.
-    pub memory: File,
+    /// Guest memory's file, of the description's length, and its checksum.
+    pub memory: SavedMemory,
 }
 
 impl Restorable {
-    /// Read the snapshot in `dir`, refusing it (one line naming what) if its description is of
-    /// another version or corrupt, its memory file missing or not of the machine's RAM, or a
-    /// disk image of the machine's gone.
+    /// Read the snapshot in `dir`, refusing it (one line naming what) if the directory is not
+    /// this user's alone or a snapshot is being taken into it, its description is of another
+    /// version or corrupt, its memory file missing or not of the machine's RAM, or a disk image
+    /// of the machine's gone. The memory file, once open, is this restore's whatever is done
+    /// to the directory after; its pages are checked against the checksum as they are copied.
     pub fn open(dir: &Path) -> Result<Self, SnapshotError> {
-        let description = Description::read(dir)?;
+        let dir = SnapshotDir::for_restore(dir)?;
+        let description = Description::read_from(&dir)?;
         let path = dir.join(&description.memory.file);
-        let memory = open_regular(&path)?;
+        let memory = dir.open_regular(&description.memory.file)?;
         let meta = memory.metadata().map_err(io_error("read", &path))?;
         if meta.len() != description.memory.length {
             return Err(SnapshotError::MemoryLength {
@@ -59,21 +63,25 @@ impl Restorable {
                 source,
             })?;
         }
+        let checksum = description.memory.crc32;
         Ok(Restorable {
             description,
-            memory,
+            memory: SavedMemory {
+                file: memory,
+                checksum,
+            },
         })
     }
 }
 
 impl Machine {
     /// Build the machine `cfg` describes (a snapshot's configuration), with `board`'s devices
-    /// if any (the same board as the snapshot's machine), guest RAM loaded from `memory`, the
+    /// if any (the same board as the snapshot's machine), guest RAM copied from `memory`, the
     /// snapshot's memory file; [`Machine::restore_state`] then sets its state.
     pub fn restore(
         cfg: &MachineConfig,
         board: Option<&mut dyn Board>,
-        memory: File,
+        memory: SavedMemory,
     ) -> Result<Self, MachineError> {
         Self::build(cfg, board, Some(memory))
     }

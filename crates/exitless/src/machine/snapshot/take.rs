@@ -3,15 +3,14 @@
 //! memory is written, the description last; then every device goes on.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::irq::GsiRouting;
 use crate::machine::config::MachineConfig;
+use crate::machine::snapshot::directory::{SnapshotDir, unique};
 use crate::machine::snapshot::{
-    DESCRIPTION_FILE, Description, MEMORY_FILE, MemoryFile, SnapshotError, TakeSnapshot, kvm,
+    Description, MEMORY_FILE_PREFIX, MemoryFile, SnapshotError, TakeSnapshot, io_error, kvm,
 };
 use crate::persist::Persist;
 use crate::vm::Vm;
@@ -28,56 +27,6 @@ pub struct Snapshotter {
     pub(crate) routing: Arc<GsiRouting>,
 }
 
-/// The error of the file operation `what` on `path`.
-pub(crate) fn io_error(
-    what: &'static str,
-    path: &Path,
-) -> impl FnOnce(std::io::Error) -> SnapshotError {
-    let path = path.to_owned();
-    move |source| SnapshotError::Io { what, path, source }
-}
-
-/// A temporary name in `dir` for the file `name` while it is written, then renamed into place:
-/// this process's and this moment's, so two snapshots into one directory never write the same
-/// file, and a name someone else prepared there is not one [`create_new`] will open.
-pub(crate) fn temporary(dir: &Path, name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    dir.join(format!(".{name}.{}-{nanos}.tmp", std::process::id()))
-}
-
-/// Create the snapshot's file at `path`, which must not exist, owner-only (0600): it holds the
-/// guest's memory or state, as private as the guest's RAM. Nothing already there is followed
-/// or opened: a symlink, a FIFO or a file of someone else's at that name is an error (O_EXCL,
-/// O_NOFOLLOW; O_NONBLOCK so that no open can wait).
-pub(crate) fn create_new(path: &Path) -> Result<File, SnapshotError> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .mode(0o600)
-        .open(path)
-        .map_err(io_error("create", path))
-}
-
-/// Open the snapshot's file at `path` to read, refused unless it is a regular file. Opened
-/// with O_NONBLOCK: a FIFO put in a snapshot's place must not hang the open (the flag changes
-/// nothing for a regular file's reads).
-pub(crate) fn open_regular(path: &Path) -> Result<File, SnapshotError> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io_error("open", path))?;
-    let meta = file.metadata().map_err(io_error("read", path))?;
-    if !meta.is_file() {
-        let source = std::io::Error::other("not a regular file");
-        return Err(io_error("use", path)(source));
-    }
-    Ok(file)
-}
-
 impl Snapshotter {
     /// Stop every device; if one cannot, those stopped go on and the error is returned.
     fn pause_devices(&self) -> Result<(), SnapshotError> {
@@ -90,8 +39,11 @@ impl Snapshotter {
         Ok(())
     }
 
-    /// Every state, memory, then the description, into `dir`.
-    fn save(&self, dir: &Path) -> Result<(), SnapshotError> {
+    /// Every state, memory, then the description, into `dir`. The memory goes to a file of
+    /// this snapshot's own name, which nothing names until the new description is renamed
+    /// into place: until then the directory's older snapshot, if any, is whole and restores.
+    /// Then the older snapshot's memory file goes. On failure, what was written goes.
+    fn save(&self, dir: &SnapshotDir) -> Result<(), SnapshotError> {
         let (vcpus, vm) = kvm::save_states(&self.vm, &self.control)?;
         let devices = self
             .persist
@@ -99,32 +51,40 @@ impl Snapshotter {
             .map(|(id, device)| Ok((id.clone(), device.save()?)))
             .collect::<Result<BTreeMap<_, _>, crate::persist::StateError>>()
             .map_err(SnapshotError::State)?;
-        // Written beside and renamed into place: a machine restored from this directory maps
-        // its memory file MAP_PRIVATE and reads the pages it has not touched from it, so that
-        // file must never change; renamed over, it lives on (unlinked) for that machine.
-        let temp = temporary(dir, MEMORY_FILE);
-        let mut memory = create_new(&temp)?;
-        let written = kvm::save_memory(&self.vm, &mut memory, &temp)
-            .and_then(|()| memory.sync_all().map_err(io_error("sync", &temp)));
+        // What the directory held: the memory file to remove once the new snapshot is whole
+        // (a description of another version, or none, names nothing exitless removes).
+        let older = Description::read_from(dir).ok().map(|d| d.memory.file);
+        let name = format!("{MEMORY_FILE_PREFIX}{}", unique());
+        let mut memory = dir.create(&name)?;
+        let path = dir.join(&name);
+        let written = kvm::save_memory(&self.vm, &mut memory, &path).and_then(|crc32| {
+            memory.sync_all().map_err(io_error("sync", &path))?;
+            Description {
+                exitless_version: env!("CARGO_PKG_VERSION").into(),
+                config: self.config.clone(),
+                vcpus,
+                vm,
+                devices,
+                memory: MemoryFile {
+                    file: name.clone(),
+                    length: self.config.ram_size as u64,
+                    crc32,
+                },
+            }
+            .write_to(dir)
+        });
         if let Err(e) = written {
             // A partial memory file is no use to anyone: it goes.
-            let _ = std::fs::remove_file(&temp);
+            let _ = dir.remove(&name);
             return Err(e);
         }
-        let path = dir.join(MEMORY_FILE);
-        std::fs::rename(&temp, &path).map_err(io_error("rename into place", &path))?;
-        Description {
-            exitless_version: env!("CARGO_PKG_VERSION").into(),
-            config: self.config.clone(),
-            vcpus,
-            vm,
-            devices,
-            memory: MemoryFile {
-                file: MEMORY_FILE.into(),
-                length: self.config.ram_size as u64,
-            },
+        if let Some(older) = older.filter(|o| *o != name) {
+            // The snapshot is whole: failing to tidy the older one's file changes nothing.
+            if let Err(e) = dir.remove(&older).and_then(|()| dir.sync()) {
+                log::warn!("snapshot: {e}");
+            }
         }
-        .write(dir)
+        Ok(())
     }
 }
 
@@ -133,22 +93,9 @@ impl TakeSnapshot for Snapshotter {
         if !self.control.pause().paused() {
             return Err(SnapshotError::NotPaused);
         }
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(io_error("make the directory", dir))?;
-        // An older snapshot's description goes first: from here until the new one is
-        // written, the directory holds no description that its memory file would belie.
-        let old = dir.join(DESCRIPTION_FILE);
-        match std::fs::remove_file(&old) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(io_error("remove the older", &old)(e));
-            }
-            _ => {}
-        }
+        let dir = SnapshotDir::for_snapshot(dir)?;
         self.pause_devices()?;
-        let saved = self.save(dir);
+        let saved = self.save(&dir);
         self.persist.iter().for_each(|(_, device)| device.resume());
         saved
     }

@@ -102,7 +102,8 @@ fn a_paused_machine_gives_every_vcpu_state_and_a_fresh_one_goes_on_from_them() {
     let states = control.pause().save_vcpus(Duration::from_secs(60)).unwrap();
     let vm_state = vm.save_state().unwrap();
     let file = TempFile::new("two-vcpus");
-    vm.save_memory(&mut std::fs::File::create(&file.0).unwrap())
+    let checksum = vm
+        .save_memory(&mut std::fs::File::create(&file.0).unwrap())
         .unwrap();
     let saved = counts(&vm);
     assert_eq!(
@@ -120,7 +121,10 @@ fn a_paused_machine_gives_every_vcpu_state_and_a_fresh_one_goes_on_from_them() {
     );
     stop(&control, run);
 
-    let memory = std::fs::File::open(&file.0).unwrap();
+    let memory = crate::vm::state::memory::SavedMemory {
+        file: std::fs::File::open(&file.0).unwrap(),
+        checksum,
+    };
     let vm = Vm::restored(
         &RAM,
         false,

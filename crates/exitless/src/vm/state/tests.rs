@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::vm::state::memory::SavedMemory;
 use crate::vm::{Irqchip, RamBacking, Vm, VmError};
 
 /// RAM below 4 GiB and above it, as a machine with a PCI hole has.
@@ -27,8 +28,9 @@ impl Drop for TempFile {
 }
 
 /// A VM whose RAM is made of `backing`, where the guest wrote a word at the start of RAM, one
-/// at the end of the low region and one in the high region, saved to `file`.
-fn saved(file: &TempFile, backing: RamBacking) -> Vm {
+/// at the end of the low region and one in the high region, saved to `file`; and the file's
+/// checksum.
+fn saved(file: &TempFile, backing: RamBacking) -> (Vm, u32) {
     let vm = Vm::with_irqchip(&RAM, false, Irqchip::InKernel, backing).unwrap();
     let mem = vm.memory();
     mem.write_obj(0x1122_3344u32, GuestAddress(0x10)).unwrap();
@@ -37,8 +39,16 @@ fn saved(file: &TempFile, backing: RamBacking) -> Vm {
     mem.write_obj(0x7788_99aau32, GuestAddress((1 << 32) + 0x30_0000))
         .unwrap();
     let mut out = std::fs::File::create(&file.0).unwrap();
-    vm.save_memory(&mut out).unwrap();
-    vm
+    let checksum = vm.save_memory(&mut out).unwrap();
+    (vm, checksum)
+}
+
+/// The file at `file`, as a restore takes it with `checksum`.
+fn saved_memory(file: &TempFile, checksum: u32) -> SavedMemory {
+    SavedMemory {
+        file: std::fs::File::open(&file.0).unwrap(),
+        checksum,
+    }
 }
 
 fn words(vm: &Vm) -> (u32, u16, u32) {
@@ -53,7 +63,7 @@ fn words(vm: &Vm) -> (u32, u16, u32) {
 #[test]
 fn a_mostly_empty_guest_leaves_a_sparse_file_that_both_backings_load() {
     let file = TempFile::new("sparse");
-    drop(saved(&file, RamBacking::Private));
+    let (_, checksum) = saved(&file, RamBacking::Private);
     let meta = std::fs::metadata(&file.0).unwrap();
     assert_eq!(meta.len(), 24 << 20, "as long as the RAM");
     // Three pages written (a filesystem may allocate a little more around them).
@@ -63,7 +73,7 @@ fn a_mostly_empty_guest_leaves_a_sparse_file_that_both_backings_load() {
         meta.blocks() * 512
     );
 
-    let open = || std::fs::File::open(&file.0).unwrap();
+    let open = || saved_memory(&file, checksum);
     let private =
         Vm::restored(&RAM, false, Irqchip::InKernel, RamBacking::Private, open()).unwrap();
     assert_eq!(words(&private), (0x1122_3344, 0x5566, 0x7788_99aa));
@@ -101,12 +111,16 @@ fn a_mostly_empty_guest_leaves_a_sparse_file_that_both_backings_load() {
 #[test]
 fn a_memory_file_of_another_size_is_refused() {
     let file = TempFile::new("truncated");
-    drop(saved(&file, RamBacking::Private));
+    let (_, checksum) = saved(&file, RamBacking::Private);
     let short = std::fs::OpenOptions::new()
         .write(true)
         .open(&file.0)
         .unwrap();
     short.set_len((24 << 20) - 4096).unwrap();
+    let short = SavedMemory {
+        file: short,
+        checksum,
+    };
     let e = Vm::restored(&RAM, false, Irqchip::InKernel, RamBacking::Private, short)
         .err()
         .expect("refused");
@@ -154,7 +168,7 @@ fn a_vm_state_of_another_irqchip_or_with_a_swapped_chip_is_refused() {
 #[test]
 fn saving_shared_ram_reads_only_the_pages_the_guest_wrote() {
     let file = TempFile::new("shared");
-    let vm = saved(&file, RamBacking::SharedMemfd);
+    let (vm, checksum) = saved(&file, RamBacking::SharedMemfd);
     let memfd = vm.memory().iter().next().unwrap().file_offset().unwrap();
     let allocated = memfd.file().metadata().unwrap().blocks() * 512;
     // Reading a memfd's hole through its mapping would allocate the page: all 24 MiB.
@@ -162,7 +176,42 @@ fn saving_shared_ram_reads_only_the_pages_the_guest_wrote() {
         allocated <= 64 << 10,
         "{allocated} bytes of the memfd allocated"
     );
-    let open = std::fs::File::open(&file.0).unwrap();
+    // The memfd's allocated zero pages and the file's holes sum the same.
+    let open = saved_memory(&file, checksum);
     let back = Vm::restored(&RAM, false, Irqchip::InKernel, RamBacking::Private, open).unwrap();
     assert_eq!(words(&back), (0x1122_3344, 0x5566, 0x7788_99aa));
+}
+
+#[test]
+fn a_memory_file_changed_since_it_was_saved_is_refused() {
+    let file = TempFile::new("changed");
+    let (_, checksum) = saved(&file, RamBacking::Private);
+    // Restored with each backing: whether the file still matches its checksum.
+    let matches = || {
+        [RamBacking::Private, RamBacking::SharedMemfd].map(|backing| {
+            let memory = saved_memory(&file, checksum);
+            match Vm::restored(&RAM, false, Irqchip::InKernel, backing, memory) {
+                Ok(_) => true,
+                Err(VmError::MemoryChecksum) => false,
+                Err(e) => panic!("{e}"),
+            }
+        })
+    };
+    let write = |bytes: &[u8], at: u64| {
+        let out = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file.0)
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&out, bytes, at).unwrap();
+    };
+    // A byte of a page the guest wrote, then a page it never wrote.
+    write(&[0x45], 0x10);
+    assert_eq!(matches(), [false; 2], "a byte changed");
+    write(&[0x44], 0x10);
+    assert_eq!(matches(), [true; 2], "as saved again");
+    write(&[1], 8 << 20);
+    assert_eq!(matches(), [false; 2], "a page added");
+    // A zero page written where a hole was counts for nothing.
+    write(&[0], 8 << 20);
+    assert_eq!(matches(), [true; 2], "zeros are holes");
 }

@@ -19,8 +19,9 @@ fn description() -> Description {
         vm: serde_json::json!({"clock": 12}),
         devices: [("serial".to_string(), serde_json::json!({"ier": 1}))].into(),
         memory: MemoryFile {
-            file: MEMORY_FILE.into(),
+            file: "memory-1-2".into(),
             length: 64 << 20,
+            crc32: 0x1234_5678,
         },
     }
 }
@@ -61,10 +62,10 @@ fn a_description_reads_back_as_written() {
 fn another_format_version_is_named_before_the_checksum() {
     let bytes = description().to_bytes().unwrap();
     let text = String::from_utf8(bytes).unwrap();
-    let other = text.replacen("\"format_version\":1", "\"format_version\":2", 1);
+    let other = text.replacen("\"format_version\":2", "\"format_version\":1", 1);
     let e = Description::from_bytes(other.as_bytes()).unwrap_err();
-    assert!(matches!(e, SnapshotError::FormatVersion(2)), "{e}");
-    assert!(e.to_string().contains("version 2"), "{e}");
+    assert!(matches!(e, SnapshotError::FormatVersion(1)), "{e}");
+    assert!(e.to_string().contains("version 1"), "{e}");
 }
 
 #[test]
@@ -94,7 +95,7 @@ fn a_cut_or_foreign_file_is_not_a_description() {
         let e = Description::from_bytes(&bytes[..cut]).unwrap_err();
         assert!(matches!(e, SnapshotError::NotOne(_)), "cut at {cut}: {e}");
     }
-    let e = Description::from_bytes(b"{\"format_version\": 1}").unwrap_err();
+    let e = Description::from_bytes(b"{\"format_version\": 2}").unwrap_err();
     assert!(matches!(e, SnapshotError::NotOne(_)), "{e}");
 }
 

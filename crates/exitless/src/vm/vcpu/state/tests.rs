@@ -68,8 +68,8 @@ fn counting_buses(
 }
 
 /// Run the counting guest until it has written five counts and parked; take its vCPU (on the
-/// vCPU's thread, `Pause::save_vcpus`), the VM's state and its memory.
-fn counted_to_five(memory: &TempFile) -> (VcpuState, crate::vm::state::VmState, u8) {
+/// vCPU's thread, `Pause::save_vcpus`), the VM's state and its memory (and its checksum).
+fn counted_to_five(memory: &TempFile) -> (VcpuState, crate::vm::state::VmState, u8, u32) {
     let (vm, vcpu) = vcpu_running(COUNTING);
     // Something of the IOAPIC's own, for the VM state to carry: pin 3's redirection entry.
     let mut ioapic = kvm_irqchip {
@@ -94,13 +94,13 @@ fn counted_to_five(memory: &TempFile) -> (VcpuState, crate::vm::state::VmState, 
     let mut states = control.pause().save_vcpus(Duration::from_secs(60)).unwrap();
     let vm_state = vm.save_state().unwrap();
     let mut file = std::fs::File::create(&memory.0).unwrap();
-    vm.save_memory(&mut file).unwrap();
+    let checksum = vm.save_memory(&mut file).unwrap();
     control.stop(StopReason::GuestDone(0));
     control.pause().notify_stop();
     running.join().unwrap();
     let last = *counts.seen.lock().unwrap().last().unwrap();
     assert_eq!(states.len(), 1);
-    (states.remove(0), vm_state, last)
+    (states.remove(0), vm_state, last, checksum)
 }
 
 fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
@@ -110,7 +110,7 @@ fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
 #[test]
 fn a_guest_taken_at_a_pause_goes_on_in_a_fresh_vm() {
     let memory = TempFile::new("vcpu-round-trip");
-    let (mut state, vm_state, last) = counted_to_five(&memory);
+    let (mut state, vm_state, last, checksum) = counted_to_five(&memory);
     assert_eq!(last, 5);
     assert_eq!(state.regs.rax, 5, "the count in rax");
     assert_eq!(
@@ -145,7 +145,10 @@ fn a_guest_taken_at_a_pause_goes_on_in_a_fresh_vm() {
     // The state through its JSON, as a snapshot keeps it.
     let state: VcpuState = serde_json::from_value(json(&state)).unwrap();
     let vm_state: crate::vm::state::VmState = serde_json::from_value(json(&vm_state)).unwrap();
-    let file = std::fs::File::open(&memory.0).unwrap();
+    let file = crate::vm::state::memory::SavedMemory {
+        file: std::fs::File::open(&memory.0).unwrap(),
+        checksum,
+    };
     let vm = crate::vm::Vm::restored(
         &[(0, 16 << 20)],
         false,
@@ -210,7 +213,7 @@ fn a_guest_taken_at_a_pause_goes_on_in_a_fresh_vm() {
 #[test]
 fn a_state_this_vcpu_cannot_take_is_refused() {
     let memory = TempFile::new("vcpu-refused");
-    let (mut state, _, _) = counted_to_five(&memory);
+    let (mut state, _, _, _) = counted_to_five(&memory);
     let (_vm, vcpu) = vcpu_running(COUNTING);
     state.msrs.push(Msr {
         index: 0xdead_beef,
