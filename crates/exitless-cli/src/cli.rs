@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Parser, Subcommand, ValueEnum};
 
+use exitless::api::client;
 use exitless::api::routes::{Endpoint, SnapshotRequest};
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO};
 use exitless::irq::CommitStrategy;
@@ -81,7 +82,7 @@ fn strategy(name: &str) -> Result<CommitStrategy, String> {
 }
 
 /// How `exitless ctl` exits, for its --help.
-const CTL_STATUS: &str = "Exit status: 0 when the VM did what was asked (the answer on stdout); 1 when it refused (its error on stderr); 2 when nothing answers at PATH.";
+const CTL_STATUS: &str = "Exit status: 0 when the VM did what was asked (the answer on stdout); 1 when it refused (its error on stderr); 2 when nothing listens at PATH, or no answer comes within --timeout.";
 
 /// How `exitless run` exits, for its --help.
 const RUN_STATUS: &str = "Exit status: (v << 1) | 1 when the guest writes v to isa-debug-exit \
@@ -226,6 +227,10 @@ pub struct CtlArgs {
     /// an option of every action, which clap cannot also make required).
     #[arg(long, value_name = "PATH", global = true)]
     pub api_socket: Option<PathBuf>,
+    /// Give up on an answer that has not come after SECONDS (a hung VMM); a snapshot of a
+    /// large guest may want more.
+    #[arg(long, value_name = "SECONDS", global = true, default_value_t = client::DEFAULT_ANSWER_WAIT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
     /// What to ask.
     #[command(subcommand)]
     pub action: CtlAction,

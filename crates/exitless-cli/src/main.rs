@@ -55,7 +55,7 @@ fn probe(args: ProbeArgs) -> Result<(), String> {
 }
 
 /// `exitless ctl`: connect, confine, ask, print the answer; a refusal's error on stderr and
-/// status 1, nothing listening status 2.
+/// status 1, nothing listening or no answer in time (`--timeout`) status 2.
 fn ctl(args: CtlArgs, confine: impl FnOnce() -> Result<(), String>) -> Result<ExitCode, String> {
     let Some(socket) = &args.api_socket else {
         stderr_line(format_args!(
@@ -72,8 +72,15 @@ fn ctl(args: CtlArgs, confine: impl FnOnce() -> Result<(), String>) -> Result<Ex
     };
     let body = args.action.body()?;
     confine()?;
-    let answer =
-        client::request(stream, args.action.endpoint(), &body).map_err(|e| e.to_string())?;
+    let wait = Duration::from_secs(args.timeout);
+    let answer = match client::request(stream, args.action.endpoint(), &body, wait) {
+        Ok(answer) => answer,
+        Err(e @ client::ClientError::NoAnswer(_)) => {
+            stderr_line(format_args!("exitless: error: {e}"));
+            return Ok(ExitCode::from(USAGE_ERROR_STATUS));
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     if !answer.ok() {
         return Err(format!("{} (HTTP {})", answer.error(), answer.status));
     }

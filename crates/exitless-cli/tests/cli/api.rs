@@ -200,3 +200,95 @@ fn a_path_in_use_or_not_a_socket_is_refused_in_one_line_and_a_stale_socket_repla
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Clients that connect and say nothing each hold a place for their own deadline, and hold up
+/// no one: a request sent behind a hundred of them is answered at once (once, each held the
+/// single API thread 2 s in turn: 200 s), and each of them is then given up on with 408.
+#[test]
+fn idle_clients_hold_up_no_one() {
+    let dir = scratch("idle");
+    let vm = start(&dir, 1_000_000);
+    let idle: Vec<UnixStream> = (0..100)
+        .map(|_| UnixStream::connect(&vm.socket).unwrap())
+        .collect();
+    let (status, body) = raw(&vm.socket, b"GET /api/v1/vm.info HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 200, "{body}");
+    // Answered before the first idle client's deadline, whose 408 is still to come.
+    idle[0].set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let first = (&idle[0]).read(&mut byte).map_err(|e| e.kind());
+    assert_eq!(
+        first,
+        Err(std::io::ErrorKind::WouldBlock),
+        "answered already"
+    );
+    idle[0].set_nonblocking(false).unwrap();
+    for stream in idle {
+        assert_eq!(read_answer(stream).0, 408);
+    }
+    vm.ctl(&["shutdown"]);
+    let (status, stderr, _) = vm.end();
+    assert_eq!((status, stderr.as_str()), (0, ""));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A VMM that ends removes its socket's file only if it is still its own: a newer VMM bound at
+/// the same path meanwhile (the old file removed by hand) keeps its socket.
+#[test]
+fn an_ending_vmm_leaves_a_newer_vmms_socket_alone() {
+    let dir = scratch("newer");
+    let old = start(&dir, 1_000_000);
+    std::fs::remove_file(&old.socket).unwrap();
+    // The same console file as the old one's: wait for the socket, not for lines.
+    let newer = spamming(&dir, "api", 1_000_000);
+    let deadline = Instant::now() + LIMIT;
+    while !newer.socket.exists() {
+        assert!(Instant::now() < deadline, "no socket after {LIMIT:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // The old VMM can only be stopped by signal now: its socket's path is the newer one's.
+    // SAFETY: kill sends SIGTERM to the child this test started.
+    let sent = unsafe { libc::kill(old.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(sent, 0);
+    let mut old = old;
+    let ended = old.child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&ended),
+        Some(libc::SIGTERM)
+    );
+    assert!(
+        newer.socket.exists(),
+        "the newer VMM's socket is still there"
+    );
+    assert_eq!(newer.ctl(&["info"])["state"], "running");
+    newer.ctl(&["shutdown"]);
+    let socket = newer.socket.clone();
+    let (status, stderr, _) = newer.end();
+    assert_eq!((status, stderr.as_str()), (0, ""));
+    assert!(!socket.exists(), "removed by its own VMM");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `exitless ctl` on a server that takes the connection and never answers gives up after
+/// `--timeout` with one line and status 2 (once, it waited 300 s).
+#[test]
+fn ctl_gives_up_on_a_server_that_never_answers() {
+    let dir = scratch("silent");
+    let socket = dir.join("silent.sock");
+    // Listening, never accepting: the connection waits in the backlog, as with a hung VMM.
+    let _listener = UnixListener::bind(&socket).unwrap();
+    let out = exitless()
+        .args(["ctl", "--timeout", "1", "--api-socket"])
+        .arg(&socket)
+        .arg("info")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("no answer from the API socket within 1 s"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -205,6 +205,16 @@ fn a_refused_run_leaves_the_last_console_log() {
         std::fs::read_to_string(&log).unwrap(),
         "the last run's log\n"
     );
+    // And where there was none, a refused run leaves none (once, an empty file).
+    let new = dir.join("new.log");
+    let (status, _, err) = run(&[
+        "--console",
+        new.to_str().unwrap(),
+        "--disk",
+        missing.to_str().unwrap(),
+    ]);
+    assert_refused(status, &err, "missing.img");
+    assert!(!new.exists(), "no console file made");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

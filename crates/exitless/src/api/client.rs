@@ -3,17 +3,19 @@
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::api::routes::{Endpoint, PAUSE_DEADLINE, PREFIX};
 
-/// Longest the client waits for an answer: a pause may take [`PAUSE_DEADLINE`], a request
-/// may wait its turn behind another client's, and a snapshot writes all of guest memory.
-const ANSWER_WAIT: Duration = Duration::from_secs(300);
+/// How long `exitless ctl` waits for an answer unless told (`--timeout`): a pause may take
+/// [`PAUSE_DEADLINE`], a request may wait its turn behind another client's, and a snapshot
+/// writes all of guest memory (a few seconds per GiB on a slow disk); a server that never
+/// answers is given up on then.
+pub const DEFAULT_ANSWER_WAIT: Duration = Duration::from_secs(30);
 /// Largest answer read (vm.counters on a machine with many devices is a few KiB).
 const MAX_ANSWER: u64 = 1 << 20;
 
-const _: () = assert!(PAUSE_DEADLINE.as_secs() < ANSWER_WAIT.as_secs());
+const _: () = assert!(PAUSE_DEADLINE.as_secs() < DEFAULT_ANSWER_WAIT.as_secs());
 
 /// What went wrong, before any answer.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +38,13 @@ pub enum ClientError {
     /// The answer is not HTTP.
     #[error("the API socket answered with something that is not HTTP/1.1")]
     NotHttp,
+    /// No whole answer came in time.
+    #[error(
+        "no answer from the API socket within {} s (the VMM is hung, or busy with a long \
+         snapshot: --timeout SECONDS waits longer)",
+        .0.as_secs()
+    )]
+    NoAnswer(Duration),
 }
 
 /// An answer: its status, and its JSON body.
@@ -71,11 +80,13 @@ pub fn connect(path: &Path) -> Result<UnixStream, ClientError> {
     })
 }
 
-/// Ask `endpoint` on `stream` with `body` (JSON, or empty), and read the whole answer.
+/// Ask `endpoint` on `stream` with `body` (JSON, or empty), and read the whole answer, all of
+/// it within `wait`.
 pub fn request(
     mut stream: UnixStream,
     endpoint: Endpoint,
     body: &[u8],
+    wait: Duration,
 ) -> Result<Answer, ClientError> {
     let head = format!(
         "{} {PREFIX}{} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
@@ -84,11 +95,32 @@ pub fn request(
         endpoint.name(),
         body.len()
     );
-    stream.set_write_timeout(Some(ANSWER_WAIT))?;
-    stream.write_all(&[head.as_bytes(), body].concat())?;
-    stream.set_read_timeout(Some(ANSWER_WAIT))?;
+    let late = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::NoAnswer(wait),
+        _ => ClientError::Io(e),
+    };
+    let end = Instant::now() + wait;
+    stream.set_write_timeout(Some(wait))?;
+    stream
+        .write_all(&[head.as_bytes(), body].concat())
+        .map_err(late)?;
+    // Each read under what is left of `wait`: a server that trickles bytes is given up on too.
     let mut bytes = Vec::new();
-    stream.take(MAX_ANSWER).read_to_end(&mut bytes)?;
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ClientError::NoAnswer(wait));
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) if bytes.len() as u64 + n as u64 > MAX_ANSWER => break,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(late(e)),
+        }
+    }
     parse_answer(&bytes)
 }
 

@@ -1,5 +1,5 @@
 //! HTTP/1.1 on the control socket, as far as its API needs it: one request per connection,
-//! read under a size limit and a deadline, and one JSON answer, after which the server closes
+//! read as it arrives under a size limit (the deadline is the server's), and one JSON answer, after which the server closes
 //! the connection (`Connection: close`).
 //!
 //! Parsing is httparse's (the parser hyper uses). micro_http, the server Firecracker and Cloud
@@ -8,9 +8,10 @@
 //! own that the seccomp filters would have to allow. What is left by hand is small: reading
 //! until the head and its body are in, and writing a status line and three headers.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -108,40 +109,49 @@ fn parse(buf: &[u8]) -> Result<Option<Request>, RequestError> {
     }))
 }
 
-/// Read one request from `stream`, all of it within `deadline` of now: a client that says
-/// nothing, or too little too slowly, is given up on then.
-pub fn read_request(stream: &mut UnixStream, deadline: Duration) -> Result<Request, RequestError> {
-    let end = Instant::now() + deadline;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    loop {
-        let left = end.saturating_duration_since(Instant::now());
-        let room = (MAX_REQUEST - buf.len()).min(chunk.len());
-        if left.is_zero() {
-            return Err(RequestError::TimedOut(deadline));
-        }
-        if room == 0 {
-            return Err(RequestError::TooLarge);
-        }
-        stream
-            .set_read_timeout(Some(left))
-            .map_err(RequestError::Io)?;
-        match stream.read(&mut chunk[..room]) {
-            Ok(0) => return Err(RequestError::Closed),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(RequestError::TimedOut(deadline));
+/// A request arriving on a connection, read as its bytes come, so that one server thread can
+/// wait on many clients at once and a slow one holds up none of the others.
+#[derive(Default)]
+pub struct Incoming {
+    buf: Vec<u8>,
+}
+
+impl Incoming {
+    /// Read what `stream` holds now, without waiting (recv(2) with MSG_DONTWAIT: the socket
+    /// itself stays blocking, for the answer), and return the request once all of it is in.
+    /// `Ok(None)`: more is to come.
+    pub fn receive(&mut self, stream: &UnixStream) -> Result<Option<Request>, RequestError> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let room = (MAX_REQUEST - self.buf.len()).min(chunk.len());
+            if room == 0 {
+                return Err(RequestError::TooLarge);
             }
-            Err(e) => return Err(RequestError::Io(e)),
-        }
-        if let Some(request) = parse(&buf)? {
-            return Ok(request);
+            // SAFETY: recv writes at most `room` bytes into `chunk`, which holds more; the
+            // descriptor is the stream's, open for the call.
+            let got = unsafe {
+                libc::recv(
+                    stream.as_raw_fd(),
+                    chunk.as_mut_ptr().cast(),
+                    room,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            match usize::try_from(got) {
+                Ok(0) => return Err(RequestError::Closed),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(_) => {
+                    let e = io::Error::last_os_error();
+                    return match e.kind() {
+                        io::ErrorKind::Interrupted => continue,
+                        io::ErrorKind::WouldBlock => Ok(None),
+                        _ => Err(RequestError::Io(e)),
+                    };
+                }
+            }
+            if let Some(request) = parse(&self.buf)? {
+                return Ok(Some(request));
+            }
         }
     }
 }

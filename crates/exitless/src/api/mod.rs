@@ -2,10 +2,11 @@
 //! socket, in Cloud Hypervisor's style, that reads a running machine's state and counters and
 //! pauses, resumes and shuts it down; and its client (`exitless ctl`).
 //!
-//! One thread of its own ([`ThreadKind::Api`]) serves one connection at a time: a request is
-//! read under a size limit ([`http::MAX_REQUEST`]) and a deadline ([`REQUEST_DEADLINE`]), so a
-//! client that says nothing, too much or half a request costs the API that long and never the
-//! VM, whose vCPU and device threads never wait on it. Placed above `machine`: it sees the
+//! One thread of its own ([`ThreadKind::Api`]) reads up to [`MAX_CLIENTS`] connections at once
+//! and answers each request as soon as all of it is in, one at a time: a request is read under
+//! a size limit ([`http::MAX_REQUEST`]) and a deadline of its own ([`REQUEST_DEADLINE`]), so a
+//! client that says nothing, too much or half a request holds one place that long, never the
+//! other clients and never the VM, whose vCPU and device threads never wait on it. Placed above `machine`: it sees the
 //! machine only through its [`MachineView`]. Described for users in docs/api.md.
 
 pub mod client;
@@ -15,12 +16,12 @@ pub mod routes;
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
@@ -34,6 +35,9 @@ pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
 /// How long the server waits before it tries again to take a client it could not.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+/// Most clients whose requests are read at once: each connection that says nothing holds one
+/// place for [`REQUEST_DEADLINE`], and the rest wait in the listener's backlog meanwhile.
+const MAX_CLIENTS: usize = 256;
 
 /// Why the socket cannot be made.
 #[derive(Debug, thiserror::Error)]
@@ -55,11 +59,15 @@ pub enum SocketError {
     },
 }
 
-/// The listening socket, bound; its file is removed when it is dropped.
+/// The listening socket, bound; its file is removed when it is dropped, if it is still this
+/// socket's.
 #[derive(Debug)]
 pub struct ApiSocket {
     listener: UnixListener,
     path: PathBuf,
+    /// The socket file's device and inode once bound: what is at the path at the end is
+    /// removed only if it is that file, not one a newer VMM bound there since.
+    file: (u64, u64),
 }
 
 /// Remove a socket nobody listens on any more (a VMM that was killed leaves it behind); refuse
@@ -95,13 +103,16 @@ impl ApiSocket {
         let bound = UnixListener::bind(path);
         // SAFETY: as above, putting the mask back.
         unsafe { libc::umask(old) };
-        let listener = bound.map_err(|source| SocketError::Host {
+        let host = |source| SocketError::Host {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let listener = bound.map_err(host)?;
+        let meta = fs::symlink_metadata(path).map_err(host)?;
         Ok(ApiSocket {
             listener,
             path: path.to_owned(),
+            file: (meta.dev(), meta.ino()),
         })
     }
 
@@ -121,68 +132,119 @@ impl ApiSocket {
         })
     }
 
-    /// Take clients one at a time until `stop` is signalled.
+    /// Serve clients until `stop` is signalled: up to [`MAX_CLIENTS`] read from at once,
+    /// each request answered as soon as all of it is in, each client given up on at its own
+    /// deadline; more clients wait in the listener's backlog.
     fn accept_until(&self, stop: &EventFd, view: &MachineView) {
-        let mut fds = [
-            libc::pollfd {
-                fd: self.listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
+        let mut clients: Vec<Client> = Vec::new();
+        // When to try the listener again after an accept failed (out of descriptors, say).
+        let mut listen_at = Instant::now();
         loop {
-            // SAFETY: `fds` is an array of two initialised pollfds that poll only writes the
-            // revents of; both descriptors stay open for the call.
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-            if ready < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            let now = Instant::now();
+            let listening = clients.len() < MAX_CLIENTS && now >= listen_at;
+            let mut fds = vec![pollfd(stop.as_raw_fd())];
+            if listening {
+                fds.push(pollfd(self.listener.as_raw_fd()));
+            }
+            fds.extend(clients.iter().map(|c| pollfd(c.stream.as_raw_fd())));
+            let wake = clients.iter().map(|c| c.deadline);
+            let wake = wake.chain((!listening && clients.len() < MAX_CLIENTS).then_some(listen_at));
+            let timeout = wake.min().map(|at| at.saturating_duration_since(now));
+            if !wait(&mut fds, timeout) {
                 continue;
             }
-            if ready < 0 || fds[1].revents != 0 {
+            if fds[0].revents != 0 {
                 return;
             }
-            if fds[0].revents == 0 {
-                continue;
-            }
-            match self.listener.accept() {
-                Ok((stream, _)) => serve_client(stream, view),
-                // Out of descriptors, say: the client waits in the backlog; try again later
-                // rather than spin on a listener that stays readable.
-                Err(_) => wait_readable(&mut fds[1..], ACCEPT_RETRY),
+            let first_client = if listening { 2 } else { 1 };
+            let ready: Vec<bool> = fds[first_client..].iter().map(|f| f.revents != 0).collect();
+            let now = Instant::now();
+            let mut i = 0;
+            clients.retain_mut(|client| {
+                let readable = ready[i];
+                i += 1;
+                client.go_on(readable, now, view)
+            });
+            if listening && fds[1].revents != 0 {
+                match self.listener.accept() {
+                    Ok((stream, _)) => clients.push(Client {
+                        stream,
+                        incoming: http::Incoming::default(),
+                        deadline: Instant::now() + REQUEST_DEADLINE,
+                    }),
+                    // The client waits in the backlog; try again later rather than spin on a
+                    // listener that stays readable.
+                    Err(_) => listen_at = Instant::now() + ACCEPT_RETRY,
+                }
             }
         }
     }
 }
 
-/// Wait up to `timeout` for one of `fds` to be readable.
-fn wait_readable(fds: &mut [libc::pollfd], timeout: Duration) {
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    let count = libc::nfds_t::try_from(fds.len()).expect("a few descriptors");
-    // SAFETY: `fds` holds `count` initialised pollfds that poll only writes the revents of.
-    unsafe { libc::poll(fds.as_mut_ptr(), count, ms) };
+/// A client whose request is still arriving, and when all of it must be in.
+struct Client {
+    stream: UnixStream,
+    incoming: http::Incoming,
+    deadline: Instant,
+}
+
+impl Client {
+    /// Read what the client sent if `readable`, and answer once its request is whole, bad, or
+    /// late at `now` (408); whether to wait for more.
+    fn go_on(&mut self, readable: bool, now: Instant, view: &MachineView) -> bool {
+        let received = if readable {
+            self.incoming.receive(&self.stream)
+        } else {
+            Ok(None)
+        };
+        let response = match received {
+            Ok(Some(request)) => routes::answer(&request, view),
+            Ok(None) if now < self.deadline => return true,
+            Ok(None) => http::Response::error(
+                408,
+                &format!("the request did not arrive within {REQUEST_DEADLINE:?}"),
+            ),
+            Err(e) => match e.status() {
+                Some(status) => http::Response::error(status, &e.to_string()),
+                // Gone: nobody to answer.
+                None => return false,
+            },
+        };
+        let _ = response.send(&mut self.stream, ANSWER_DEADLINE);
+        false
+    }
+}
+
+/// A pollfd waiting for `fd` to be readable.
+fn pollfd(fd: libc::c_int) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// Wait until one of `fds` is readable or `timeout` passes (`None`: no limit); false if
+/// interrupted by a signal, to be tried again.
+fn wait(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> bool {
+    // Rounded up: a deadline a fraction of a millisecond away is not a busy loop.
+    let ms = timeout.map_or(-1, |t| {
+        libc::c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX)
+    });
+    let count = libc::nfds_t::try_from(fds.len()).expect("at most MAX_CLIENTS + 2");
+    // SAFETY: `fds` holds `count` initialised pollfds that poll only writes the revents of;
+    // every descriptor stays open for the call.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), count, ms) };
+    ready >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted
 }
 
 impl Drop for ApiSocket {
     fn drop(&mut self) {
-        let _ = fs::remove_file(&self.path);
+        let ours = fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file);
+        if ours {
+            let _ = fs::remove_file(&self.path);
+        }
     }
-}
-
-/// Read one request from `stream` and answer it. A client that went away gets nothing; one
-/// that sent a bad request gets its error.
-fn serve_client(mut stream: UnixStream, view: &MachineView) {
-    let response = match http::read_request(&mut stream, REQUEST_DEADLINE) {
-        Ok(request) => routes::answer(&request, view),
-        Err(e) => match e.status() {
-            Some(status) => http::Response::error(status, &e.to_string()),
-            None => return,
-        },
-    };
-    let _ = response.send(&mut stream, ANSWER_DEADLINE);
 }
 
 /// The control socket's thread; dropping it stops the thread (after the request it is

@@ -75,21 +75,33 @@ pub enum ConsoleError {
     },
 }
 
-/// A console file to empty once the machine is wired.
+/// A console file to empty once the machine is wired. Dropped before that (the start was
+/// refused), a file this run created is removed again: a refused start leaves nothing behind.
 pub struct Truncate {
     file: File,
     path: PathBuf,
+    /// Whether this run created the file (it was not there before).
+    created: bool,
 }
 
 impl Truncate {
     /// Empty the file: every option has been checked.
-    pub fn now(self) -> Result<(), ConsoleError> {
+    pub fn now(mut self) -> Result<(), ConsoleError> {
+        self.created = false;
         self.file
             .set_len(0)
             .map_err(|source| ConsoleError::Truncate {
-                path: self.path,
+                path: self.path.clone(),
                 source,
             })
+    }
+}
+
+impl Drop for Truncate {
+    fn drop(&mut self) {
+        if self.created {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -124,20 +136,26 @@ fn stdout() -> Result<File, ConsoleError> {
     Ok(file)
 }
 
-/// `path`, opened for writing without emptying it, and checked.
+/// `path`, opened for writing without emptying it (created if absent), and checked.
 fn open_file(path: &Path, disks: &[DiskConfig]) -> Result<(File, Option<Truncate>), ConsoleError> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|source| match source.raw_os_error() {
-            Some(libc::ENXIO) => ConsoleError::NoReader { path: path.into() },
-            _ => ConsoleError::Open {
-                path: path.into(),
-                source,
-            },
-        })?;
+    let open = |create: bool| {
+        OpenOptions::new()
+            .write(true)
+            .create_new(create)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+    };
+    let (file, created) = match open(false) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => (open(true), true),
+        file => (file, false),
+    };
+    let file = file.map_err(|source| match source.raw_os_error() {
+        Some(libc::ENXIO) => ConsoleError::NoReader { path: path.into() },
+        _ => ConsoleError::Open {
+            path: path.into(),
+            source,
+        },
+    })?;
     let opened = |source| ConsoleError::Open {
         path: path.into(),
         source,
@@ -160,6 +178,7 @@ fn open_file(path: &Path, disks: &[DiskConfig]) -> Result<(File, Option<Truncate
         Some(Truncate {
             file,
             path: path.into(),
+            created,
         })
     } else {
         None
