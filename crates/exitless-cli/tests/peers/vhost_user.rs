@@ -609,6 +609,110 @@ fn serve_offering(listener: UnixListener, features: u64) {
     }
 }
 
+/// A backend that takes the connection and never answers (the connection waits in its
+/// backlog, as with a backend serving another VMM) is one line naming the message and status
+/// 2, after the exchange's deadline; so is one that sends half a reply. Once, the vhost crate
+/// retried the socket's timeout for ever and exitless hung at start.
+#[test]
+fn a_backend_that_never_answers_or_half_answers_is_one_line_and_status_2() {
+    let scratch = Scratch::new("silent");
+    for option in ["--disk", "--net"] {
+        let socket = scratch.path(&format!("silent-{}.sock", &option[2..]));
+        let _listening = UnixListener::bind(&socket).unwrap();
+        let line = refused(&[option, &format!("vhost-user={}", socket.display())]);
+        assert!(
+            line.contains("did not answer GET_FEATURES within 5 s"),
+            "{line}"
+        );
+    }
+    let socket = scratch.path("half.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let backend = thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else {
+            return;
+        };
+        // SET_OWNER, then GET_FEATURES: its reply's header says 8 bytes, 4 come.
+        let mut message = [0u8; HEADER];
+        for _ in 0..2 {
+            stream.read_exact(&mut message).unwrap();
+        }
+        let mut reply = Vec::new();
+        for w in [GET_FEATURES, VERSION_REPLY, 8, 0] {
+            reply.extend_from_slice(&w.to_le_bytes());
+        }
+        stream.write_all(&reply).unwrap();
+        // Until exitless gives up on the rest.
+        let _ = stream.read(&mut message);
+    });
+    let line = refused(&["--disk", &format!("vhost-user={}", socket.display())]);
+    assert!(
+        line.contains("did not answer GET_FEATURES within 5 s"),
+        "{line}"
+    );
+    backend.join().unwrap();
+}
+
+/// qemu-storage-daemon serves one client per export: the same socket given twice (or a second
+/// VM on an export in use) leaves the second connection unanswered, one line and status 2.
+#[test]
+fn the_same_export_twice_is_one_line_and_status_2() {
+    let scratch = Scratch::new("twice");
+    let Some((backend, _image)) = scratch.storage_daemon(1) else {
+        return;
+    };
+    let disk = format!("vhost-user={}", backend.sockets()[0].display());
+    let line = refused(&["--disk", &disk, "--disk", &disk]);
+    assert!(
+        line.contains("did not answer") && line.contains("within 5 s"),
+        "{line}"
+    );
+}
+
+/// A backend gone silent mid-run (qemu-storage-daemon stopped with SIGSTOP): the snapshot that
+/// stops its rings is answered after the exchange's deadline, the device needs a reset (one
+/// line on stderr saying so) and the VM runs on to its shutdown. Once, the vhost-user thread,
+/// the API thread and the snapshot's client waited for good.
+#[test]
+fn a_disk_backend_gone_silent_mid_run_needs_a_reset_and_the_vm_goes_on() {
+    let scratch = Scratch::new("gone-silent");
+    let Some((backend, _image)) = scratch.storage_daemon(1) else {
+        return;
+    };
+    let api = scratch.path("api.sock");
+    let disk = format!("vhost-user={}", backend.sockets()[0].display());
+    let api_arg = api.to_str().unwrap();
+    let mut run = Run::start(
+        "disk=1 disk_rounds=100000",
+        &["--disk", &disk, "--api-socket", api_arg],
+    );
+    assert!(run.await_line("disk round ", LIMIT), "{}", run.console);
+    let signal = |s| {
+        // SAFETY: kill sends `s` to the backend this test started.
+        let sent = unsafe { libc::kill(backend.pid() as i32, s) };
+        assert_eq!(sent, 0);
+    };
+    signal(libc::SIGSTOP);
+    let ctl = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .args(["ctl", "--timeout", "60", "--api-socket", api_arg])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let snapshot = ctl(&["snapshot", scratch.path("snap").to_str().unwrap()]);
+    signal(libc::SIGCONT);
+    let answered = String::from_utf8_lossy(&snapshot.stderr);
+    assert_ne!(snapshot.status.code(), Some(2), "answered: {answered}");
+    assert!(ctl(&["shutdown"]).status.success());
+    let (status, console, stderr) = run.finish();
+    assert_eq!(status.code(), Some(0), "{console}\n{stderr}");
+    assert!(
+        stderr.contains("the vhost-user backend did not answer within 5 s"),
+        "{stderr}"
+    );
+    drop(backend);
+}
+
 #[test]
 fn a_backend_without_version_1_is_one_line_and_status_2() {
     let scratch = Scratch::new("noversion1");

@@ -221,7 +221,7 @@ fn device() -> Vec<Allowed> {
 
 /// A vhost-user device's thread (`virtio::vhost_user`): it sends the backend its messages on
 /// the socket and reads the replies, watches the call fds of masked vectors, and connects
-/// again after the backend went away.
+/// again after the backend went away; and its deadline's watchdog thread.
 fn vhost_user() -> Vec<Allowed> {
     vec![
         // Wait for commands, the watch fds and the socket's hangup, and consume them; a
@@ -237,6 +237,8 @@ fn vhost_user() -> Vec<Allowed> {
         sys!(SYS_socket).only(0, [value(libc::AF_UNIX)]),
         sys!(SYS_connect),
         sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET)]),
+        // The watchdog's end of an exchange past its deadline (`virtio::vhost_user::deadline`).
+        sys!(SYS_shutdown),
         // A watch fd's signal sent as the vector's message (a first-use commit first).
         sys!(SYS_ioctl).only(1, [KVM_SIGNAL_MSI(), KVM_SET_GSI_ROUTING(), KVM_IRQFD()]),
     ]

@@ -15,7 +15,7 @@ use vhost::VhostBackend;
 use vhost::vhost_user::Frontend;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::connection::SOCKET_TIMEOUT;
+use super::deadline::EXCHANGE_DEADLINE;
 use crate::irq::VectorWatcher;
 use crate::virtio::device::Notification;
 use crate::virtio::interrupt::Interrupts;
@@ -167,8 +167,8 @@ impl VectorWatcher for CallWatcher {
             return;
         }
         let _ = self.wake.write(1);
-        // A backend that does not answer costs at most the socket's timeout per message.
-        if acked.recv_timeout(4 * SOCKET_TIMEOUT).is_err() {
+        // A backend that does not answer costs at most one exchange's deadline.
+        if acked.recv_timeout(4 * EXCHANGE_DEADLINE).is_err() {
             log::warn!("the vhost-user thread did not swap the call fds in time");
         }
     }

@@ -2,23 +2,16 @@
 //! protocol, "Session start"): SET_OWNER, the backend's virtio features, the protocol features
 //! exitless uses (REPLY_ACK, MQ, CONFIG for virtio-blk, RESET_DEVICE), and its queue count.
 
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
 
 use vhost::VhostBackend;
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 
+use super::deadline::{EXCHANGE_DEADLINE, Watchdog};
 use super::{VhostUserError, VhostUserKind, VhostUserSpec};
 use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
-
-/// How long one message may wait for the backend: a hung backend cannot hold a vCPU (which
-/// waits for the vhost-user thread at a reset or a mask) longer than this.
-pub(super) const SOCKET_TIMEOUT: Duration = if cfg!(test) {
-    Duration::from_secs(1)
-} else {
-    Duration::from_secs(5)
-};
 
 /// VHOST_USER_F_PROTOCOL_FEATURES: the backend has protocol features (vhost-user protocol,
 /// "Protocol features"); it is a vhost-user bit, never offered to the driver.
@@ -33,20 +26,30 @@ pub(super) struct Connection {
 }
 
 impl Connection {
-    /// Connect to `spec`'s socket and start a session.
-    pub fn open(spec: &VhostUserSpec) -> Result<Self, VhostUserError> {
+    /// Connect to `spec`'s socket and start a session, all of it within one deadline of
+    /// `watchdog`'s: a backend that does not answer is an error naming the message it did not
+    /// answer.
+    pub fn open(spec: &VhostUserSpec, watchdog: &Watchdog) -> Result<Self, VhostUserError> {
         let socket =
             UnixStream::connect(&spec.socket).map_err(|source| VhostUserError::Connect {
                 socket: spec.socket.clone(),
                 source,
             })?;
+        // The socket's own timeouts only make the crate's waits wake up now and then; the
+        // watchdog's deadline is what ends them.
         let timeouts = socket
-            .set_read_timeout(Some(SOCKET_TIMEOUT))
-            .and_then(|()| socket.set_write_timeout(Some(SOCKET_TIMEOUT)));
+            .set_read_timeout(Some(EXCHANGE_DEADLINE))
+            .and_then(|()| socket.set_write_timeout(Some(EXCHANGE_DEADLINE)));
         timeouts.map_err(|source| VhostUserError::Connect {
             socket: spec.socket.clone(),
             source,
         })?;
+        let _exchange = watchdog.arm(socket.as_raw_fd());
+        Self::negotiate(spec, socket).map_err(|e| e.late(watchdog.fired()))
+    }
+
+    /// The session's start, on `socket`.
+    fn negotiate(spec: &VhostUserSpec, socket: UnixStream) -> Result<Self, VhostUserError> {
         let queues = spec.queue_count();
         let mut frontend = Frontend::from_stream(socket, queues as u64);
         let fail = |what| {

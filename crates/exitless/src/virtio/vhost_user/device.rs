@@ -3,6 +3,8 @@
 //! space: virtio-net's built here (the MAC, the link up, the queue pairs), virtio-blk's the
 //! backend's (VHOST_USER_GET_CONFIG).
 
+use std::os::fd::AsRawFd;
+
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::vhost_user::message::VhostUserConfigFlags;
 use virtio_bindings::virtio_blk::{
@@ -22,6 +24,7 @@ use virtio_bindings::virtio_net::{VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MQ};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
 use super::connection::Connection;
+use super::deadline::Watchdog;
 use super::{VhostUserError, VhostUserKind, VhostUserSpec};
 use crate::virtio::device::{VirtioDevice, read_config_bytes};
 
@@ -108,6 +111,7 @@ impl VhostUserDevice {
     pub(super) fn new(
         spec: &VhostUserSpec,
         connection: &mut Connection,
+        watchdog: &Watchdog,
     ) -> Result<Self, VhostUserError> {
         let passed = bits(&COMMON)
             | match spec.kind {
@@ -127,6 +131,7 @@ impl VhostUserDevice {
                 c
             }
             VhostUserKind::Block => {
+                let _exchange = watchdog.arm(connection.frontend.as_raw_fd());
                 let (_, mut c) = connection
                     .frontend
                     .get_config(
@@ -135,10 +140,13 @@ impl VhostUserDevice {
                         VhostUserConfigFlags::empty(),
                         &[0; BLK_CONFIG_LEN as usize],
                     )
-                    .map_err(|source| VhostUserError::Protocol {
-                        socket: spec.socket.clone(),
-                        what: "GET_CONFIG",
-                        source,
+                    .map_err(|source| {
+                        let e = VhostUserError::Protocol {
+                            socket: spec.socket.clone(),
+                            what: "GET_CONFIG",
+                            source,
+                        };
+                        e.late(watchdog.fired())
                     })?;
                 if let Some(n) = c.get_mut(BLK_NUM_QUEUES..BLK_NUM_QUEUES + 2) {
                     n.copy_from_slice(&spec.queues.to_le_bytes());

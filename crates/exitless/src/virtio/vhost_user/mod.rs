@@ -11,6 +11,7 @@
 mod calls;
 mod connection;
 mod control;
+mod deadline;
 mod device;
 mod memory;
 #[cfg(test)]
@@ -24,6 +25,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::DeviceParts;
 use connection::Connection;
+use deadline::{EXCHANGE_DEADLINE, Watchdog};
 pub use device::VhostUserDevice;
 pub(super) use thread::spawn;
 
@@ -120,15 +122,47 @@ pub enum VhostUserError {
         /// Queues it has.
         has: u64,
     },
+    /// The backend took the connection but did not answer in time (it serves another VMM,
+    /// sent half a reply, or is stuck).
+    #[error(
+        "the vhost-user backend at {} did not answer {what} within {} s; is it serving \
+         another VMM, or stuck? (restart it)",
+        socket.display(),
+        EXCHANGE_DEADLINE.as_secs()
+    )]
+    Silent {
+        /// The socket.
+        socket: PathBuf,
+        /// The message it did not answer.
+        what: &'static str,
+    },
+    /// The watchdog thread that puts a deadline on the backend's answers could not start.
+    #[error("cannot start the vhost-user deadline thread: {0}")]
+    Watchdog(#[source] std::io::Error),
     /// Guest RAM is not in shareable memory.
     #[error("guest RAM is not shareable with a vhost-user backend (not a memfd mapping)")]
     RamNotShared,
+}
+
+impl VhostUserError {
+    /// This error, said as the backend's silence if the exchange's deadline passed (`late`):
+    /// the crate's own error is then only the socket shut down.
+    fn late(self, late: bool) -> Self {
+        match self {
+            VhostUserError::Protocol { socket, what, .. } if late => {
+                VhostUserError::Silent { socket, what }
+            }
+            e => e,
+        }
+    }
 }
 
 /// What a vhost-user device's thread is started with.
 pub struct VhostUserWork {
     spec: VhostUserSpec,
     connection: Connection,
+    /// The deadline on every exchange with the backend.
+    watchdog: Watchdog,
     /// The features offered to the driver: a backend connected again must offer them all.
     offered: u64,
     mem: GuestMemoryMmap,
@@ -138,8 +172,9 @@ pub struct VhostUserWork {
 /// guest RAM in a memfd (`vm::RamBacking::SharedMemfd`).
 pub fn connect(spec: &VhostUserSpec, mem: &GuestMemoryMmap) -> Result<DeviceParts, VhostUserError> {
     memory::regions(mem)?;
-    let mut connection = Connection::open(spec)?;
-    let device = VhostUserDevice::new(spec, &mut connection)?;
+    let watchdog = Watchdog::start("vhost-user").map_err(VhostUserError::Watchdog)?;
+    let mut connection = Connection::open(spec, &watchdog)?;
+    let device = VhostUserDevice::new(spec, &mut connection, &watchdog)?;
     // What the driver may negotiate of the backend's: a backend connected later must offer it.
     let offered = device.offered() & connection.features;
     Ok(DeviceParts {
@@ -147,6 +182,7 @@ pub fn connect(spec: &VhostUserSpec, mem: &GuestMemoryMmap) -> Result<DevicePart
         work: super::DeviceWork::VhostUser(VhostUserWork {
             spec: spec.clone(),
             connection,
+            watchdog,
             offered,
             mem: mem.clone(),
         }),

@@ -21,6 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::calls::{CallWatcher, Calls};
 use super::connection::{Connection, VHOST_USER_F_PROTOCOL_FEATURES};
 use super::control::NetControl;
+use super::deadline::{EXCHANGE_DEADLINE, Exchange, Watchdog};
 use super::device::OWN_FEATURES;
 use super::{VhostUserSpec, VhostUserWork, memory};
 use crate::irq::VectorWatcher;
@@ -50,6 +51,8 @@ struct VhostUserThread {
     mem: GuestMemoryMmap,
     /// None after a hangup, until connected again.
     connection: Option<Connection>,
+    /// The deadline on every exchange with the backend.
+    watchdog: Watchdog,
     kicks: Vec<EventFd>,
     calls: Calls,
     watcher: Arc<CallWatcher>,
@@ -95,6 +98,7 @@ pub(in crate::virtio) fn spawn(
     let VhostUserWork {
         spec,
         connection,
+        watchdog,
         offered,
         mem,
     } = work;
@@ -113,6 +117,7 @@ pub(in crate::virtio) fn spawn(
                 offered,
                 mem,
                 connection: Some(connection),
+                watchdog,
                 kicks,
                 calls,
                 watcher,
@@ -185,6 +190,9 @@ impl VhostUserThread {
                 }
             };
             for ev in &events[..n] {
+                // Whatever the event, each exchange it makes with the backend is done within
+                // the deadline, or the socket is shut down and the device needs a reset.
+                let _exchange = self.arm();
                 match ev.data() {
                     STOP => return,
                     COMMAND => {
@@ -218,7 +226,7 @@ impl VhostUserThread {
     /// Connect to the socket again; true if the new backend offers every feature the old one
     /// gave the driver (a driver may have negotiated any of them).
     fn reconnect(&mut self) -> bool {
-        let Ok(c) = Connection::open(&self.spec) else {
+        let Ok(c) = Connection::open(&self.spec, &self.watchdog) else {
             return false;
         };
         if c.features & self.offered != self.offered {
@@ -234,14 +242,32 @@ impl VhostUserThread {
         self.watch_socket().is_ok()
     }
 
-    /// The backend hung up or answered nonsense: drop it, the device needs a reset (one log
-    /// line), the driver hears it through a configuration change (virtio 1.2 §2.1.2).
+    /// Arm the deadline for the exchanges of one event, if connected.
+    fn arm(&self) -> Option<Exchange> {
+        let c = self.connection.as_ref()?;
+        Some(self.watchdog.arm(c.frontend.as_raw_fd()))
+    }
+
+    /// The backend hung up, answered nonsense or did not answer in time: drop it, the device
+    /// needs a reset (one log line), the driver hears it through a configuration change
+    /// (virtio 1.2 §2.1.2).
     fn disconnect(&mut self, why: &dyn std::fmt::Display) {
+        self.watchdog.disarm();
         if self.connection.take().is_none() {
             return;
         }
         self.started.fill(false);
         self.rings = None;
+        let silent;
+        let why = if self.watchdog.fired() {
+            silent = format!(
+                "the vhost-user backend did not answer within {} s ({why})",
+                EXCHANGE_DEADLINE.as_secs()
+            );
+            &silent as &dyn std::fmt::Display
+        } else {
+            why
+        };
         if self.health.fail(why) {
             self.interrupts.notify(Notification::Config);
         }

@@ -51,6 +51,8 @@ pub struct Quirks {
     pub no_mq: bool,
     /// Refuse SET_VRING_ENABLE for the second pair's rings (2 and 3) only.
     pub refuse_pair_2: bool,
+    /// Never answer SET_VRING_ENABLE: a backend gone silent mid-run.
+    pub silent_enable: bool,
 }
 
 struct FakeBackend {
@@ -199,6 +201,10 @@ impl VhostUserBackendReqHandlerMut for FakeBackend {
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {
         if self.quirks.refuse_enable || (self.quirks.refuse_pair_2 && index >= 2) {
             return unsupported();
+        }
+        if self.quirks.silent_enable {
+            // Longer than any test waits: the frontend must give up on its own.
+            thread::sleep(std::time::Duration::from_secs(600));
         }
         self.note(format!("SET_VRING_ENABLE {index} {enable}"));
         Ok(())

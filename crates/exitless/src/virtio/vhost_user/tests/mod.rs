@@ -512,6 +512,51 @@ fn a_backend_that_refuses_a_message_leaves_the_device_needing_a_reset() {
     });
 }
 
+/// A backend that takes a message and never answers: the exchange ends at its deadline, the
+/// device needs a reset (once, the vhost-user thread waited for good, and with it any vCPU
+/// or snapshot waiting on the thread).
+#[test]
+fn a_backend_that_stops_answering_leaves_the_device_needing_a_reset() {
+    let mut r = rig(
+        CommitStrategy::PerVector,
+        Quirks {
+            silent_enable: true,
+            ..Quirks::default()
+        },
+    );
+    r.driver_ok();
+    eventually("DEVICE_NEEDS_RESET", || {
+        r.status() & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+    });
+}
+
+/// A backend that takes the connection and never answers (one serving another VMM: the
+/// connection waits in its backlog) is refused at connect, naming the message.
+#[test]
+fn a_backend_that_never_answers_is_refused_at_connect_naming_the_message() {
+    let path = socket();
+    let _listening = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let e = connect(&spec(path.clone(), NET), &shared_memory())
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(
+            e,
+            VhostUserError::Silent {
+                what: "GET_FEATURES",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("did not answer GET_FEATURES within 1 s"),
+        "{e}"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
 #[test]
 fn a_missing_socket_or_version_1_is_one_line_saying_what_to_do() {
     let mem = shared_memory();
