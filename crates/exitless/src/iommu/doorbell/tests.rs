@@ -135,7 +135,7 @@ fn qie_off_or_a_queue_the_doorbells_do_not_fit_removes_them_and_the_tail_write_e
 }
 
 #[test]
-fn tails_written_at_once_run_nearest_the_head_first_and_garbage_sets_iqe() {
+fn tails_written_at_once_run_nearest_the_head_first_unwarned_and_garbage_sets_iqe() {
     let (mut u, kvm) = unit_with_doorbells();
     u.enable_queue();
     let first = u.place(&[wait(Some(1), false)]);
@@ -157,8 +157,8 @@ fn tails_written_at_once_run_nearest_the_head_first_and_garbage_sets_iqe() {
     assert_eq!(u.iommu.stats().tail_writes, 3, "both writes, with enable's");
     assert_eq!(
         u.iommu.log().guest_errors(),
-        2,
-        "the writes at once, the bad descriptor"
+        1,
+        "the bad descriptor; tails written together are no error (Linux's 2 vCPUs do so)"
     );
 }
 
