@@ -237,7 +237,7 @@ fn idle_clients_hold_up_no_one() {
 #[test]
 fn an_ending_vmm_leaves_a_newer_vmms_socket_alone() {
     let dir = scratch("newer");
-    let old = start(&dir, 1_000_000);
+    let mut old = start(&dir, 1_000_000);
     std::fs::remove_file(&old.socket).unwrap();
     // The same console file as the old one's: wait for the socket, not for lines.
     let newer = spamming(&dir, "api", 1_000_000);
@@ -250,7 +250,6 @@ fn an_ending_vmm_leaves_a_newer_vmms_socket_alone() {
     // SAFETY: kill sends SIGTERM to the child this test started.
     let sent = unsafe { libc::kill(old.child.id() as i32, libc::SIGTERM) };
     assert_eq!(sent, 0);
-    let mut old = old;
     let ended = old.child.wait().unwrap();
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&ended),

@@ -116,10 +116,23 @@ impl Running {
             }
             thread::sleep(Duration::from_millis(20));
         }
-        let out = self.child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let status = self.child.wait().unwrap();
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
         let console = std::fs::read_to_string(&self.console).unwrap_or_default();
-        (out.status.code().expect("an exit"), stderr, console)
+        (status.code().expect("an exit"), stderr, console)
+    }
+}
+
+/// A test that fails midway leaves no VM running behind it.
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.child.try_wait().is_ok_and(|ended| ended.is_none()) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
