@@ -18,7 +18,8 @@ use serde_json::value::RawValue;
 use crate::machine::config::{MAX_CPUS, MachineConfig};
 use crate::machine::layout::MAX_RAM_SIZE;
 use crate::machine::snapshot::SnapshotError;
-use crate::machine::snapshot::directory::{SnapshotDir, temporary};
+use crate::machine::snapshot::directory::{SnapshotDir, is_file_name, temporary};
+use crate::machine::snapshot::io_error;
 
 /// The description's format; a reader takes this one only. Version 2: guest memory's file is
 /// named per snapshot and checksummed.
@@ -146,7 +147,7 @@ impl Description {
         }
         // A name in the directory: never a path that leads out of it.
         let name = &self.memory.file;
-        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        if !is_file_name(name) {
             return bad("memory.file", format!("`{name}` is not a file name"));
         }
         Ok(())
@@ -160,14 +161,11 @@ impl Description {
         let bytes = self.to_bytes()?;
         let temp = temporary(DESCRIPTION_FILE);
         let mut file = dir.create(&temp)?;
-        let io = |what: &'static str| {
-            let path = dir.join(&temp);
-            move |source| SnapshotError::Io { what, path, source }
-        };
+        let path = dir.join(&temp);
         let written = file
             .write_all(&bytes)
-            .map_err(io("write"))
-            .and_then(|()| file.sync_all().map_err(io("sync")))
+            .map_err(io_error("write", &path))
+            .and_then(|()| file.sync_all().map_err(io_error("sync", &path)))
             .and_then(|()| dir.rename(&temp, DESCRIPTION_FILE));
         if let Err(e) = written {
             let _ = dir.remove(&temp);
@@ -193,11 +191,7 @@ impl Description {
         let file = dir.open_regular(DESCRIPTION_FILE)?;
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_DESCRIPTION), &mut bytes)
-            .map_err(|source| SnapshotError::Io {
-                what: "read",
-                path: dir.join(DESCRIPTION_FILE),
-                source,
-            })?;
+            .map_err(io_error("read", &dir.join(DESCRIPTION_FILE)))?;
         Description::from_bytes(&bytes)
     }
 }

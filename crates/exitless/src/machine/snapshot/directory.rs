@@ -39,6 +39,11 @@ pub(crate) fn unique() -> String {
     format!("{}-{nanos}", std::process::id())
 }
 
+/// Whether `name` names a file in a directory: never a path, nor one that leads out of it.
+pub(crate) fn is_file_name(name: &str) -> bool {
+    !(name.is_empty() || name.contains('/') || name == "." || name == "..")
+}
+
 /// A snapshot's directory, checked and locked until dropped.
 pub(crate) struct SnapshotDir {
     path: PathBuf,
@@ -122,15 +127,13 @@ impl SnapshotDir {
         })
     }
 
-    /// `name` as a C string, refused unless it is a name in the directory (no `/`, no NUL).
+    /// `name` as a C string, refused unless it is a [`is_file_name`] (and has no NUL).
     fn c_name(&self, name: &str) -> Result<CString, SnapshotError> {
-        let path = self.path.join(name);
-        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-            let source = std::io::Error::from(std::io::ErrorKind::InvalidInput);
-            return Err(io_error("use", &path)(source));
+        let bad = || io_error("use", &self.join(name))(std::io::ErrorKind::InvalidInput.into());
+        if !is_file_name(name) {
+            return Err(bad());
         }
-        CString::new(name)
-            .map_err(|_| io_error("use", &path)(std::io::ErrorKind::InvalidInput.into()))
+        CString::new(name).map_err(|_| bad())
     }
 
     /// `name`'s path, for messages.

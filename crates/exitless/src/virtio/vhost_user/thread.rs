@@ -190,17 +190,24 @@ impl VhostUserThread {
                 }
             };
             for ev in &events[..n] {
-                // Whatever the event, each exchange it makes with the backend is done within
-                // the deadline, or the socket is shut down and the device needs a reset.
-                let _exchange = self.arm();
+                // The events that talk to the backend: each exchange is done within the
+                // deadline, or the socket is shut down and the device needs a reset. (A watch
+                // fd's drain, the hot one, sends it nothing and arms nothing.)
                 match ev.data() {
                     STOP => return,
                     COMMAND => {
+                        let _exchange = self.arm();
                         let _ = self.wake.read();
                         self.run_commands();
                     }
-                    RESYNC => self.resync(),
-                    CONTROL => self.serve_control(),
+                    RESYNC => {
+                        let _exchange = self.arm();
+                        self.resync();
+                    }
+                    CONTROL => {
+                        let _exchange = self.arm();
+                        self.serve_control();
+                    }
                     SOCKET => self.disconnect(&"the vhost-user backend hung up"),
                     q => {
                         if let Ok(q) = usize::try_from(q) {
