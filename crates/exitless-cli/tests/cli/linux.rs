@@ -26,6 +26,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use crate::common::initramfs::Initramfs;
+use crate::common::{debian, hardware_kvm};
+
 /// The metapackage that names the current cloud kernel.
 const PACKAGE: &str = "linux-image-cloud-amd64";
 /// Guest RAM, MiB; the e820 line below follows from it.
@@ -67,114 +70,30 @@ const EXPECTED_HIGH: [&str; 4] = [
     "BIOS-e820: [mem 0x0000000100000000-0x000000015fffffff] usable",
 ];
 
-/// Run `cmd` in `dir`; why it failed, if it did.
-fn sh(dir: &Path, cmd: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(cmd)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .map_err(|e| format!("{cmd}: {e}"))?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("{cmd} {args:?}: {}", stderr.trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
+/// Modules the initramfs loads, with what they depend on: the cloud kernel builds virtio as
+/// modules (CONFIG_VIRTIO_PCI=m, CONFIG_VIRTIO_BLK=m, CONFIG_VIRTIO_NET=m).
+const MODULES: [&str; 3] = ["virtio_pci", "virtio_blk", "virtio_net"];
 
-/// The extracted vmlinuz, downloaded on first use into the target directory.
+/// The cloud kernel's bzImage, downloaded on first use.
 fn vmlinuz() -> Result<PathBuf, String> {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("linux-kernel");
-    let boot = dir.join("root/boot");
-    let find = || {
-        std::fs::read_dir(&boot).ok().and_then(|entries| {
-            entries.filter_map(Result::ok).map(|e| e.path()).find(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
-            })
-        })
-    };
-    if let Some(path) = find() {
-        return Ok(path);
+    debian::kernel(PACKAGE).map(|kernel| kernel.vmlinuz)
+}
+
+/// The initramfs: busybox, /init and the virtio modules.
+fn initramfs(kernel: &debian::Kernel, busybox: &Path) -> Result<Vec<u8>, String> {
+    let mut archive = Initramfs::new(busybox, INIT)?;
+    for module in MODULES {
+        archive.module(kernel, module)?;
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    // The metapackage depends on the versioned package that holds the kernel.
-    let depends = sh(&dir, "apt-cache", &["depends", PACKAGE])?;
-    let versioned = depends
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("Depends: "))
-        .find(|p| p.starts_with("linux-image-"))
-        .ok_or(format!(
-            "apt-cache depends {PACKAGE} names no linux-image package"
-        ))?
-        .to_owned();
-    sh(&dir, "apt-get", &["download", &versioned])?;
-    let deb = std::fs::read_dir(&dir)
-        .map_err(|e| e.to_string())?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| {
-            p.to_string_lossy().contains(&versioned) && p.extension().is_some_and(|x| x == "deb")
-        })
-        .ok_or(format!("apt-get download {versioned} left no .deb"))?;
-    sh(&dir, "dpkg-deb", &["-x", &deb.to_string_lossy(), "root"])?;
-    find().ok_or(format!("{} holds no vmlinuz", deb.display()))
+    Ok(archive.finish())
 }
-
-/// Whether this host's KVM runs guests on the CPU's virtualization extensions: `kvm_intel` or
-/// `kvm_amd` loaded, and not the software `kvm_pvm` of docs/host-kvm.md.
-fn hardware_kvm() -> bool {
-    let loaded = |m: &str| Path::new("/sys/module").join(m).exists();
-    (loaded("kvm_intel") || loaded("kvm_amd")) && !loaded("kvm_pvm")
-}
-
-/// Debian's statically linked busybox, downloaded on first use beside the kernel.
-fn busybox() -> Result<PathBuf, String> {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("busybox");
-    let binary = dir.join("root/bin/busybox");
-    if binary.exists() {
-        return Ok(binary);
-    }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    sh(&dir, "apt-get", &["download", "busybox-static"])?;
-    let deb = std::fs::read_dir(&dir)
-        .map_err(|e| e.to_string())?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or("apt-get download busybox-static left no .deb")?;
-    sh(&dir, "dpkg-deb", &["-x", &deb.to_string_lossy(), "root"])?;
-    binary
-        .exists()
-        .then_some(binary)
-        .ok_or("busybox-static holds no bin/busybox".into())
-}
-
-/// Modules the initramfs loads, in dependency order (the package has no modules.dep: depmod
-/// writes it at install): the cloud kernel builds virtio as modules (CONFIG_VIRTIO_PCI=m,
-/// CONFIG_VIRTIO_BLK=m, CONFIG_VIRTIO_NET=m).
-const MODULES: [&str; 9] = [
-    "drivers/virtio/virtio_ring.ko",
-    "drivers/virtio/virtio.ko",
-    "drivers/virtio/virtio_pci_modern_dev.ko",
-    "drivers/virtio/virtio_pci_legacy_dev.ko",
-    "drivers/virtio/virtio_pci.ko",
-    "drivers/block/virtio_blk.ko",
-    "net/core/failover.ko",
-    "drivers/net/net_failover.ko",
-    "drivers/net/virtio_net.ko",
-];
 
 /// What /init prints when it has come up; the test passes only on it.
 const MARKER: &str = "EXITLESS-INITRAMFS-UP";
 
-/// The initramfs's /init: load the virtio modules, report the disk and the interface, power
+/// The initramfs's /init after the modules are loaded: report the disk and the interface, power
 /// off (reboot(2) with RB_POWER_OFF: ACPI S5, which ends `exitless run` with status 0).
-const INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-for m in /modules/*.ko; do insmod "$m"; done
+const INIT: &str = r#"
 sleep 1
 echo EXITLESS-INITRAMFS-UP
 [ -b /dev/vda ] && echo "EXITLESS-INITRAMFS-DISK vda $(cat /sys/block/vda/size) sectors"
@@ -183,101 +102,6 @@ for n in /sys/class/net/*; do
 done
 poweroff -f
 "#;
-
-/// One member of a "newc" cpio archive (the initramfs format, Documentation/driver-api/
-/// early-userspace/buffer-format.rst): the header's 13 fields in hex, the name, the data, each
-/// padded to 4 bytes. Written here because it is 20 lines and the format is fixed.
-fn cpio_member(archive: &mut Vec<u8>, ino: u32, name: &str, mode: u32, data: &[u8]) {
-    let size = u32::try_from(data.len()).expect("a small file");
-    let name_size = u32::try_from(name.len() + 1).expect("a short name");
-    let fields = [ino, mode, 0, 0, 1, 0, size, 0, 0, 0, 0, name_size, 0];
-    archive.extend_from_slice(b"070701");
-    for f in fields {
-        archive.extend_from_slice(format!("{f:08x}").as_bytes());
-    }
-    archive.extend_from_slice(name.as_bytes());
-    archive.push(0);
-    archive.resize(archive.len().next_multiple_of(4), 0);
-    archive.extend_from_slice(data);
-    archive.resize(archive.len().next_multiple_of(4), 0);
-}
-
-/// The initramfs: busybox, /init, the mount points, and the virtio modules of the kernel
-/// package `root` (its lib/modules/VERSION/kernel tree) under /modules, numbered in load order.
-fn initramfs(root: &Path, busybox: &Path) -> Result<Vec<u8>, String> {
-    const DIR: u32 = 0o040_755;
-    const FILE: u32 = 0o100_755;
-    let modules = std::fs::read_dir(root.join("lib/modules"))
-        .map_err(|e| e.to_string())?
-        .filter_map(Result::ok)
-        .map(|e| e.path().join("kernel"))
-        .next()
-        .ok_or("the kernel package has no lib/modules")?;
-    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
-    let mut archive = Vec::new();
-    let mut ino = 1..;
-    for dir in ["bin", "dev", "proc", "sys", "modules"] {
-        cpio_member(&mut archive, ino.next().unwrap(), dir, DIR, &[]);
-    }
-    cpio_member(
-        &mut archive,
-        ino.next().unwrap(),
-        "bin/busybox",
-        FILE,
-        &read(busybox)?,
-    );
-    cpio_member(
-        &mut archive,
-        ino.next().unwrap(),
-        "init",
-        FILE,
-        INIT.as_bytes(),
-    );
-    for (i, module) in MODULES.iter().enumerate() {
-        let name = Path::new(module).file_name().unwrap().to_string_lossy();
-        let data = read(&modules.join(module))?;
-        cpio_member(
-            &mut archive,
-            ino.next().unwrap(),
-            &format!("modules/{i}-{name}"),
-            FILE,
-            &data,
-        );
-    }
-    cpio_member(&mut archive, 0, "TRAILER!!!", 0, &[]);
-    Ok(archive)
-}
-
-/// The uncompressed ELF vmlinux inside `vmlinuz`, with its PVH note: Debian compresses it
-/// with LZ4 (CONFIG_KERNEL_LZ4), whose legacy frame starts with the magic 0x184C2102.
-fn vmlinux(vmlinuz: &Path) -> Result<PathBuf, String> {
-    let out = vmlinuz.with_file_name("vmlinux");
-    if out.exists() {
-        return Ok(out);
-    }
-    let image = std::fs::read(vmlinuz).map_err(|e| e.to_string())?;
-    let magic = 0x184c_2102u32.to_le_bytes();
-    let at = image
-        .windows(4)
-        .position(|w| w == magic)
-        .ok_or("no LZ4 payload in the bzImage")?;
-    let payload = vmlinuz.with_file_name("payload.lz4");
-    std::fs::write(&payload, &image[at..]).map_err(|e| e.to_string())?;
-    // lz4 complains of the bytes after the frame (the bzImage's tail) once it has written it.
-    let _ = sh(
-        vmlinuz.parent().expect("a directory"),
-        "sh",
-        &["-c", "lz4 -dc payload.lz4 > vmlinux.part"],
-    );
-    let _ = std::fs::remove_file(&payload);
-    let part = vmlinuz.with_file_name("vmlinux.part");
-    let elf = std::fs::read(&part).map_err(|e| format!("lz4 -dc: {e}"))?;
-    if !elf.starts_with(b"\x7fELF") {
-        return Err("lz4 -dc gave no ELF file (is lz4 installed?)".into());
-    }
-    std::fs::rename(&part, &out).map_err(|e| e.to_string())?;
-    Ok(out)
-}
 
 #[test]
 #[ignore = "boots Linux for about 165 s; run the ignored linux:: tests of exitless-cli's cli"]
@@ -291,7 +115,7 @@ fn a_debian_bzimage_reports_the_e820_map_acpi_tables_and_cpus() {
 #[test]
 #[ignore = "boots Linux for about 30 s; run the ignored linux:: tests of exitless-cli's cli"]
 fn a_debian_vmlinux_through_its_pvh_note_reports_the_same() {
-    match vmlinuz().and_then(|vmlinuz| vmlinux(&vmlinuz)) {
+    match vmlinuz().and_then(|vmlinuz| debian::vmlinux(&vmlinuz)) {
         Ok(kernel) => boot(&kernel, MEMORY_MIB, &EXPECTED),
         Err(why) => println!("skipped: cannot get Debian's vmlinux: {why}"),
     }
@@ -300,7 +124,7 @@ fn a_debian_vmlinux_through_its_pvh_note_reports_the_same() {
 #[test]
 #[ignore = "boots Linux for about 30 s; run the ignored linux:: tests of exitless-cli's cli"]
 fn with_4608_mib_linux_lists_usable_ram_from_4_gib() {
-    match vmlinuz().and_then(|vmlinuz| vmlinux(&vmlinuz)) {
+    match vmlinuz().and_then(|vmlinuz| debian::vmlinux(&vmlinuz)) {
         Ok(kernel) => boot(&kernel, HIGH_MEMORY_MIB, &EXPECTED_HIGH),
         Err(why) => println!("skipped: cannot get Debian's vmlinux: {why}"),
     }
@@ -309,13 +133,13 @@ fn with_4608_mib_linux_lists_usable_ram_from_4_gib() {
 #[test]
 #[ignore = "downloads busybox-static and, with hardware KVM, boots Linux to userspace"]
 fn with_hardware_kvm_linux_reaches_an_initramfs_that_sees_its_disk_and_network() {
-    let parts = vmlinuz().and_then(|kernel| Ok((kernel, busybox()?)));
-    let (kernel, busybox) = match parts {
+    let parts = debian::kernel(PACKAGE).and_then(|kernel| Ok((kernel, debian::busybox()?)));
+    let (package, busybox) = match parts {
         Ok(parts) => parts,
         Err(why) => return println!("skipped: cannot get the kernel or busybox: {why}"),
     };
-    let root = kernel.ancestors().nth(2).expect("root/boot/vmlinuz-*");
-    let archive = initramfs(root, &busybox).expect("the initramfs builds");
+    let archive = initramfs(&package, &busybox).expect("the initramfs builds");
+    let kernel = package.vmlinuz;
     let dir = kernel.with_file_name("initramfs-test");
     std::fs::create_dir_all(&dir).unwrap();
     let (initrd, disk) = (dir.join("initramfs.cpio"), dir.join("disk.img"));

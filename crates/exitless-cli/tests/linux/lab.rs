@@ -1,0 +1,294 @@
+//! The lab: where a Linux guest can reach userspace. A job (a shell script) runs on a KVM that
+//! runs guest ring 0 on the CPU's virtualization extensions, and its output and status come back.
+//!
+//! - Where this host's `/dev/kvm` is hardware KVM, the job runs here, directly.
+//! - Elsewhere (this project's hosts: a software KVM, docs/host-kvm.md) it runs in an outer VM:
+//!   QEMU's TCG emulating an AMD CPU with SVM and nested paging, booting Debian's generic kernel,
+//!   whose `kvm-amd` gives the job a `/dev/kvm` of that kind. The outer VM sees this host's root
+//!   read-only over 9p, under a tmpfs overlay, so every tool and build here is there too at the
+//!   same path; the job's own folder is a second, writable 9p share mounted at its own path, so
+//!   what the job writes there (its output, disk images a guest wrote) is here when it ends.
+//!
+//! The outer VM is not steady (docs/linux-lab.md): its kernel sometimes panics in a vCPU thread.
+//! A run whose outer VM died without the job's status is told apart from a job that failed: it
+//! is said as such and retried, and only a job's own status is ever reported as the job's.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::debian::{self, Kernel};
+use crate::common::hardware_kvm;
+use crate::common::initramfs::Initramfs;
+
+/// The kernel metapackage of both the outer VM and the guests: Debian's generic kernel (the
+/// cloud flavour has no KVM).
+pub const KERNEL_PACKAGE: &str = "linux-image-amd64";
+
+/// How many outer VMs a job may use up before the lab gives up on it.
+const ATTEMPTS: u32 = 3;
+
+/// Time the outer VM needs besides the job: its boot (~5 s) and power-off, with margin for a
+/// loaded host.
+const OUTER_OVERHEAD: Duration = Duration::from_secs(120);
+
+/// Guest RAM of the outer VM, MiB: room for a 4608 MiB guest and the host tools beside it (TCG
+/// allocates it only as it is touched).
+const OUTER_MEMORY_MIB: u32 = 8192;
+
+/// Modules the outer VM loads: 9p and the overlay for its root, KVM on the emulated SVM, tun for
+/// the jobs' taps, vhost-net for the jobs that use it.
+const OUTER_MODULES: [&str; 7] = [
+    "virtio_pci",
+    "9pnet_virtio",
+    "9p",
+    "overlay",
+    "kvm_amd",
+    "tun",
+    "vhost_net",
+];
+
+/// The outer VM's `/init`: mount this host's root (tag `host`) as the lower layer of an overlay,
+/// the job's folder (tag `job`, path from `lab.dir=` on the command line) over its own path,
+/// run `job.sh` there in a chroot with a time limit, write its status, power off.
+const OUTER_INIT: &str = r#"
+for word in $(cat /proc/cmdline); do
+  case "$word" in lab.dir=*) dir="${word#lab.dir=}" ;; lab.limit=*) limit="${word#lab.limit=}" ;; esac
+done
+mkdir -p /host /upper /root
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 host /host
+mount -t tmpfs -o size=4g tmpfs /upper
+mkdir -p /upper/data /upper/work
+mount -t overlay overlay -o lowerdir=/host,upperdir=/upper/data,workdir=/upper/work /root
+mount -t proc proc /root/proc
+mount -t sysfs sysfs /root/sys
+mount -o bind /dev /root/dev
+mkdir -p /root/dev/pts /root/dev/shm
+mount -t devpts devpts /root/dev/pts
+mount -t tmpfs tmpfs /root/dev/shm
+mount -t tmpfs tmpfs /root/run
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 job "/root$dir"
+[ -c /dev/kvm ] && echo "lab: /dev/kvm is up after $(cut -d' ' -f1 /proc/uptime) s"
+chroot /root /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+  /usr/bin/timeout "$limit" /bin/sh -c "cd '$dir' && exec /bin/sh job.sh" > "/root$dir/output" 2>&1
+echo $? > "/root$dir/status.part"
+mv "/root$dir/status.part" "/root$dir/status"
+sync
+poweroff -f
+"#;
+
+/// Where jobs run.
+pub enum Lab {
+    /// On this host: its KVM is hardware KVM.
+    Direct,
+    /// In an outer VM booted from `kernel` with `initramfs` (see the module's docs).
+    Nested { kernel: Kernel, initramfs: PathBuf },
+}
+
+/// What a job left: its exit status and everything it printed.
+pub struct Finished {
+    pub status: i32,
+    pub output: String,
+}
+
+impl Lab {
+    /// The lab of this host, built on first use; why there is none (no QEMU, no Debian
+    /// packages), if there is none.
+    pub fn get() -> Result<Lab, String> {
+        if hardware_kvm() {
+            return Ok(Lab::Direct);
+        }
+        which("qemu-system-x86_64")
+            .ok_or("the lab's outer VM needs qemu-system-x86_64 (Debian's qemu-system-x86)")?;
+        let kernel = debian::kernel(KERNEL_PACKAGE)?;
+        // Built anew by every test process (a few MB, a second): a cached one could be an
+        // older OUTER_INIT's.
+        let initramfs = kernel
+            .vmlinuz
+            .with_file_name(format!("lab-outer-{}.cpio", std::process::id()));
+        let mut archive = Initramfs::new(&debian::busybox()?, OUTER_INIT)?;
+        for module in OUTER_MODULES {
+            archive.module(&kernel, module)?;
+        }
+        std::fs::write(&initramfs, archive.finish()).map_err(|e| e.to_string())?;
+        Ok(Lab::Nested { kernel, initramfs })
+    }
+
+    /// The lab, or the test's end: skipped with a line where this host has none, unless
+    /// `EXITLESS_LAB=required` (CI sets it), where that is a failure.
+    pub fn or_skip(test: &str) -> Option<Lab> {
+        match Lab::get() {
+            Ok(lab) => Some(lab),
+            Err(why) if std::env::var("EXITLESS_LAB").as_deref() == Ok("required") => {
+                panic!("{test}: EXITLESS_LAB=required, but there is no lab here: {why}")
+            }
+            Err(why) => {
+                println!("skipped {test}: no lab here: {why}");
+                None
+            }
+        }
+    }
+
+    /// A word for the output: where the jobs run.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Lab::Direct => "directly on this host's hardware KVM",
+            Lab::Nested { .. } => {
+                "in the nested lab (QEMU TCG outer VM, kvm-amd inside; TCG-timed)"
+            }
+        }
+    }
+
+    /// Run `script` (sh) in `dir` (made fresh for it: the job's files go there) for at most
+    /// `limit`; its status and output. Panics, naming the cause, if the outer VM died on every
+    /// attempt: that is the lab's failure, not the job's.
+    pub fn run(&self, dir: &Path, script: &str, limit: Duration) -> Finished {
+        std::fs::write(dir.join("job.sh"), script).unwrap();
+        let (status, output) = (dir.join("status"), dir.join("output"));
+        let mut deaths = Vec::new();
+        for attempt in 1..=ATTEMPTS {
+            let _ = std::fs::remove_file(&status);
+            let _ = std::fs::remove_file(&output);
+            let started = Instant::now();
+            match self {
+                Lab::Direct => direct(dir, limit),
+                Lab::Nested { kernel, initramfs } => {
+                    if let Err(death) = nested(kernel, initramfs, dir, limit) {
+                        println!(
+                            "lab: the outer VM died after {:.0} s, attempt {attempt} of {ATTEMPTS}: {death}",
+                            started.elapsed().as_secs_f64()
+                        );
+                        deaths.push(death);
+                        continue;
+                    }
+                }
+            }
+            let output = std::fs::read_to_string(&output).unwrap_or_default();
+            let status = std::fs::read_to_string(&status)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            let Some(status) = status else {
+                panic!("the job left no status; its output: {output}")
+            };
+            println!(
+                "lab: the job ran {} in {:.0} s, status {status}",
+                self.describe(),
+                started.elapsed().as_secs_f64()
+            );
+            return Finished { status, output };
+        }
+        panic!("the lab's outer VM died {ATTEMPTS} times, not the job: {deaths:?}");
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Lab::Nested { initramfs, .. } = self {
+            let _ = std::fs::remove_file(initramfs);
+        }
+    }
+}
+
+/// `path` of `program`, if it is on PATH.
+pub fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Run the job here, as the outer VM's init would.
+fn direct(dir: &Path, limit: Duration) {
+    let out = std::fs::File::create(dir.join("output")).unwrap();
+    let status = Command::new("timeout")
+        .arg(limit.as_secs().to_string())
+        .args(["sh", "job.sh"])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .status()
+        .expect("timeout(1) runs");
+    let code = status.code().unwrap_or(128 + 9);
+    std::fs::write(dir.join("status"), code.to_string()).unwrap();
+}
+
+/// Boot the outer VM for the job in `dir`; why it died, if it ended without the job's status.
+fn nested(kernel: &Kernel, initramfs: &Path, dir: &Path, limit: Duration) -> Result<(), String> {
+    let console_path = dir.join("outer-console.log");
+    let console = std::fs::File::create(&console_path).unwrap();
+    let append = format!(
+        "console=ttyS0 panic=-1 oops=panic loglevel=4 lab.dir={} lab.limit={}",
+        dir.display(),
+        limit.as_secs()
+    );
+    let mut child = Command::new("qemu-system-x86_64")
+        .args([
+            "-accel",
+            "tcg,thread=multi",
+            "-cpu",
+            "max",
+            "-smp",
+            "2",
+            "-m",
+        ])
+        .arg(OUTER_MEMORY_MIB.to_string())
+        .arg("-kernel")
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(initramfs)
+        .args(["-append", &append])
+        .arg("-virtfs")
+        .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap")
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=job,security_model=none",
+            dir.display()
+        ))
+        .args([
+            "-nographic",
+            "-nodefaults",
+            "-no-reboot",
+            "-serial",
+            "stdio",
+        ])
+        .stdin(Stdio::null())
+        .stdout(console.try_clone().unwrap())
+        .stderr(console)
+        .spawn()
+        .map_err(|e| format!("qemu-system-x86_64: {e}"))?;
+    let deadline = Instant::now() + limit + OUTER_OVERHEAD;
+    let exited = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    if dir.join("status").exists() {
+        return Ok(());
+    }
+    let log = std::fs::read_to_string(&console_path).unwrap_or_default();
+    let cause = log
+        .lines()
+        .find(|l| l.contains("Kernel panic") || l.contains("BUG:") || l.contains("corrupted stack"))
+        .map(str::trim)
+        .map(str::to_owned);
+    Err(match (exited, cause) {
+        (_, Some(cause)) => cause,
+        (Some(status), None) => format!(
+            "QEMU ended ({status}) with no job status; console in {}",
+            console_path.display()
+        ),
+        (None, None) => format!(
+            "no answer within {} s; console in {}",
+            (limit + OUTER_OVERHEAD).as_secs(),
+            console_path.display()
+        ),
+    })
+}
