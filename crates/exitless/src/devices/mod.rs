@@ -4,6 +4,7 @@
 
 pub mod acpi_pm;
 pub mod debug_exit;
+pub mod floating_ports;
 pub mod fw_cfg;
 pub mod i8042;
 pub mod reset_control;

@@ -376,6 +376,7 @@ fn building_machines() -> Vec<Allowed> {
                 KVM_GET_VCPU_MMAP_SIZE(),
                 KVM_GET_SUPPORTED_CPUID(),
                 KVM_CREATE_IRQCHIP(),
+                KVM_CREATE_PIT2(),
                 // A split irqchip instead, on machines with the VT-d unit (`irq::ioapic`).
                 KVM_ENABLE_CAP(),
                 KVM_SET_USER_MEMORY_REGION(),

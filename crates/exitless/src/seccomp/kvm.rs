@@ -5,8 +5,8 @@
 use kvm_bindings::{
     KVMIO, kvm_clock_data, kvm_cpuid2, kvm_debugregs, kvm_enable_cap, kvm_ioeventfd,
     kvm_irq_routing, kvm_irqchip, kvm_irqfd, kvm_lapic_state, kvm_mp_state, kvm_msi, kvm_msr_list,
-    kvm_msrs, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_translation, kvm_userspace_memory_region,
-    kvm_vcpu_events, kvm_xcrs, kvm_xsave,
+    kvm_msrs, kvm_pit_config, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_translation,
+    kvm_userspace_memory_region, kvm_vcpu_events, kvm_xcrs, kvm_xsave,
 };
 use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
@@ -27,6 +27,7 @@ ioctl_iow_nr!(
     kvm_userspace_memory_region
 );
 ioctl_io_nr!(KVM_CREATE_IRQCHIP, KVMIO, 0x60);
+ioctl_iow_nr!(KVM_CREATE_PIT2, KVMIO, 0x77, kvm_pit_config);
 ioctl_iow_nr!(KVM_ENABLE_CAP, KVMIO, 0xa3, kvm_enable_cap);
 ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
 ioctl_iow_nr!(KVM_IRQFD, KVMIO, 0x76, kvm_irqfd);

@@ -15,7 +15,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use kvm_bindings::{
-    KVM_API_VERSION, KVM_CAP_SPLIT_IRQCHIP, kvm_enable_cap, kvm_userspace_memory_region,
+    KVM_API_VERSION, KVM_CAP_SPLIT_IRQCHIP, KVM_PIT_SPEAKER_DUMMY, kvm_enable_cap, kvm_pit_config,
+    kvm_userspace_memory_region,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{
@@ -276,7 +277,19 @@ impl Vm {
         let fd = kvm.create_vm().map_err(kvm_err("create VM"))?;
         // The irqchip must exist before any vCPU (docs/host-kvm.md).
         match irqchip {
-            Irqchip::InKernel => fd.create_irq_chip().map_err(kvm_err("create irqchip"))?,
+            Irqchip::InKernel => {
+                fd.create_irq_chip().map_err(kvm_err("create irqchip"))?;
+                // A PC's i8254 PIT, KVM's own where it offers one (as Firecracker does): Linux
+                // programs it at boot (ports 0x40-0x43) and some kernels wait for its tick on
+                // IRQ 0. The dummy speaker port (0x61) keeps its channel 2 gate readable.
+                if kvm.check_extension(Cap::Pit2) {
+                    let config = kvm_pit_config {
+                        flags: KVM_PIT_SPEAKER_DUMMY,
+                        ..Default::default()
+                    };
+                    fd.create_pit2(config).map_err(kvm_err("create the PIT"))?;
+                }
+            }
             Irqchip::Split { pins } => {
                 if !kvm.check_extension(Cap::SplitIrqchip) {
                     return Err(VmError::MissingCap("a split irqchip"));

@@ -33,6 +33,8 @@ use super::ioapic::pins::PinInputs;
 
 /// IOAPIC pins (GSIs 0..24); MSI routes get GSIs from here up.
 pub const IOAPIC_PINS: u32 = 24;
+/// The IOAPIC pin of ISA IRQ 0, the PIT's (the MADT's interrupt source override).
+const PIT_IOAPIC_PIN: u32 = 2;
 /// Pins of the two 8259 PICs, routed beside IOAPIC pins 0..16.
 const PIC_PINS: u32 = 16;
 /// Entries KVM accepts in one table, and the bound on GSI numbers (`KVM_MAX_IRQ_ROUTES`).
@@ -244,12 +246,15 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> IrqError {
 }
 
 impl GsiRouting {
-    /// The table KVM starts with for an in-kernel irqchip (GSI n → IOAPIC pin n, and for
-    /// n < 16 also the PIC pin), committed at once; later changes follow `strategy`.
+    /// The table for an in-kernel irqchip (GSI n → IOAPIC pin n, and for n < 16 also the PIC
+    /// pin), but GSI 0 (where KVM's PIT raises IRQ 0) → IOAPIC pin 2, as the MADT's interrupt
+    /// source override says (ACPI 6.5 §5.2.12.5) and as QEMU routes it; committed at once;
+    /// later changes follow `strategy`.
     pub fn new(vm: Arc<VmFd>, strategy: CommitStrategy) -> Result<Self, IrqError> {
         let mut routes = RouteTable::default();
         for gsi in 0..IOAPIC_PINS {
-            routes.insert(irqchip_route(gsi, KVM_IRQCHIP_IOAPIC, gsi));
+            let pin = if gsi == 0 { PIT_IOAPIC_PIN } else { gsi };
+            routes.insert(irqchip_route(gsi, KVM_IRQCHIP_IOAPIC, pin));
         }
         Self::with_routes(vm, strategy, routes, None)
     }

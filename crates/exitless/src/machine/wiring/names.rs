@@ -34,5 +34,9 @@ pub const ACPI_PM: &str = "acpi-pm";
 pub const RTC: &str = "rtc";
 /// The keyboard controller's command port.
 pub const I8042: &str = "i8042";
+/// The DMA controller's channel 0 page register, with no chip behind it (reads float).
+pub const DMA_PAGE: &str = "dma-page";
+/// The Super I/O configuration pair at 0x4E, with no chip behind it (reads float).
+pub const SUPER_IO: &str = "super-io";
 /// The Reset Control Register at 0xCF9 (its state in a snapshot).
 pub const RESET_CONTROL: &str = "reset-control";

@@ -10,6 +10,9 @@ use crate::bus::BusDevice;
 use crate::contract::PORT_SERIAL;
 use crate::devices::acpi_pm::{AcpiPm, PM_BASE, PM_BLOCK_LEN};
 use crate::devices::debug_exit::{DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit};
+use crate::devices::floating_ports::{
+    DMA_PAGE_CHANNEL0_PORT, FloatingPorts, SUPER_IO_CONFIG_LEN, SUPER_IO_CONFIG_PORT,
+};
 use crate::devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORTS_LEN, FwCfg, FwCfgContents};
 use crate::devices::i8042::{I8042, I8042_COMMAND_PORT};
 use crate::devices::reset_control::ResetControl;
@@ -66,7 +69,8 @@ pub fn add_serial(
     Ok(())
 }
 
-/// The PC platform devices: fw_cfg, the debug exit, the i8042, the ACPI PM block (S3 finds
+/// The PC platform devices: fw_cfg, the debug exit, the i8042, the ports Linux probes that
+/// have no chip behind them, the ACPI PM block (S3 finds
 /// the waking vector in the FACS in `vm`'s memory), the RTC and the Reset Control Register,
 /// which is returned for CF8/CFC to serve beside bus 0's ports.
 pub fn add_platform(
@@ -100,6 +104,17 @@ pub fn add_platform(
         device: Arc::new(I8042::new(control.clone())),
     };
     devices.add(Device::new(names::I8042, place, Kept::Nothing))?;
+    for (name, base, len) in [
+        (names::DMA_PAGE, DMA_PAGE_CHANNEL0_PORT, 1),
+        (names::SUPER_IO, SUPER_IO_CONFIG_PORT, SUPER_IO_CONFIG_LEN),
+    ] {
+        let place = Place::Pio {
+            base,
+            len,
+            device: Arc::new(FloatingPorts),
+        };
+        devices.add(Device::new(name, place, Kept::Nothing))?;
+    }
     let pm = Arc::new(
         AcpiPm::new(control.clone(), DeviceLog::new(names::ACPI_PM))
             .with_facs(vm.memory().clone(), FACS_ADDR),

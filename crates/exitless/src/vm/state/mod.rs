@@ -71,8 +71,8 @@ pub struct VmState {
     /// The 8259A master, the 8259A slave and the IOAPIC (`KVM_GET_IRQCHIP`, chip ids 0, 1, 2);
     /// `None` under a split irqchip, whose IOAPIC is a userspace device with its own state.
     pub irqchip: Option<Irqchips>,
-    /// The in-kernel PIT (`KVM_GET_PIT2`); `None` where the VM has none (exitless creates no
-    /// PIT: `KVM_GET_PIT2` fails with ENXIO).
+    /// The in-kernel PIT (`KVM_GET_PIT2`); `None` where the VM has none (a split irqchip, or a
+    /// KVM without `KVM_CAP_PIT2`: `KVM_GET_PIT2` fails with ENXIO).
     #[serde(with = "bytes::option")]
     pub pit: Option<kvm_pit_state2>,
     /// The KVM clock (`KVM_GET_CLOCK`, api.rst §4.57), less `KVM_CLOCK_TSC_STABLE`, which

@@ -1,0 +1,40 @@
+//! Legacy ISA ports a PC decodes but this machine has no chip behind: Linux probes them at boot
+//! (it reads the DMA controller's channel 0 page register, 0x87, and looks for a Super I/O
+//! chip at its LPC configuration pair, 0x4e/0x4f). On a board without those chips the bus floats,
+//! so reads see all-ones and writes vanish, which is what an unclaimed port does here too; they
+//! are claimed only so that these expected probes are not logged as a guest's stray accesses.
+
+use crate::bus::BusDevice;
+
+/// Channel 0's page register of the 8237 DMA controller's page block (0x81–0x8f).
+pub const DMA_PAGE_CHANNEL0_PORT: u16 = 0x87;
+/// The Super I/O configuration index and data ports (the LPC's alternate pair; the other,
+/// 0x2e/0x2f, Linux does not probe unasked).
+pub const SUPER_IO_CONFIG_PORT: u16 = 0x4e;
+/// Ports of the Super I/O pair.
+pub const SUPER_IO_CONFIG_LEN: u16 = 2;
+
+/// Ports nothing answers: reads float high, writes are dropped.
+pub struct FloatingPorts;
+
+impl BusDevice for FloatingPorts {
+    fn read(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0xff);
+    }
+
+    fn write(&self, _offset: u64, _data: &[u8]) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_float_high_and_writes_change_nothing() {
+        let ports = FloatingPorts;
+        ports.write(0, &[0x55]);
+        let mut data = [0u8; 2];
+        ports.read(0, &mut data);
+        assert_eq!(data, [0xff, 0xff]);
+    }
+}
