@@ -1,6 +1,6 @@
 //! Legacy ISA ports a PC decodes but this machine has no chip behind: Linux probes them at boot
 //! (it reads the DMA controller's channel 0 page register, 0x87, and looks for a Super I/O
-//! chip at its LPC configuration pair, 0x4e/0x4f). On a board without those chips the bus floats,
+//! chip at both LPC configuration pairs, 0x4e/0x4f and then 0x2e/0x2f). On a board without those chips the bus floats,
 //! so reads see all-ones and writes vanish, which is what an unclaimed port does here too; they
 //! are claimed only so that these expected probes are not logged as a guest's stray accesses.
 
@@ -8,10 +8,9 @@ use crate::bus::BusDevice;
 
 /// Channel 0's page register of the 8237 DMA controller's page block (0x81–0x8f).
 pub const DMA_PAGE_CHANNEL0_PORT: u16 = 0x87;
-/// The Super I/O configuration index and data ports (the LPC's alternate pair; the other,
-/// 0x2e/0x2f, Linux does not probe unasked).
-pub const SUPER_IO_CONFIG_PORT: u16 = 0x4e;
-/// Ports of the Super I/O pair.
+/// The Super I/O configuration index and data ports: the LPC's two pairs.
+pub const SUPER_IO_CONFIG_PORTS: [u16; 2] = [0x2e, 0x4e];
+/// Ports of each Super I/O pair.
 pub const SUPER_IO_CONFIG_LEN: u16 = 2;
 
 /// Ports nothing answers: reads float high, writes are dropped.

@@ -36,7 +36,9 @@ pub const RTC: &str = "rtc";
 pub const I8042: &str = "i8042";
 /// The DMA controller's channel 0 page register, with no chip behind it (reads float).
 pub const DMA_PAGE: &str = "dma-page";
-/// The Super I/O configuration pair at 0x4E, with no chip behind it (reads float).
+/// The Super I/O configuration pair at 0x2E, with no chip behind it (reads float).
 pub const SUPER_IO: &str = "super-io";
+/// The alternate Super I/O configuration pair at 0x4E, likewise.
+pub const SUPER_IO_ALTERNATE: &str = "super-io-alt";
 /// The Reset Control Register at 0xCF9 (its state in a snapshot).
 pub const RESET_CONTROL: &str = "reset-control";

@@ -11,7 +11,7 @@ use crate::contract::PORT_SERIAL;
 use crate::devices::acpi_pm::{AcpiPm, PM_BASE, PM_BLOCK_LEN};
 use crate::devices::debug_exit::{DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit};
 use crate::devices::floating_ports::{
-    DMA_PAGE_CHANNEL0_PORT, FloatingPorts, SUPER_IO_CONFIG_LEN, SUPER_IO_CONFIG_PORT,
+    DMA_PAGE_CHANNEL0_PORT, FloatingPorts, SUPER_IO_CONFIG_LEN, SUPER_IO_CONFIG_PORTS,
 };
 use crate::devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORTS_LEN, FwCfg, FwCfgContents};
 use crate::devices::i8042::{I8042, I8042_COMMAND_PORT};
@@ -106,7 +106,16 @@ pub fn add_platform(
     devices.add(Device::new(names::I8042, place, Kept::Nothing))?;
     for (name, base, len) in [
         (names::DMA_PAGE, DMA_PAGE_CHANNEL0_PORT, 1),
-        (names::SUPER_IO, SUPER_IO_CONFIG_PORT, SUPER_IO_CONFIG_LEN),
+        (
+            names::SUPER_IO,
+            SUPER_IO_CONFIG_PORTS[0],
+            SUPER_IO_CONFIG_LEN,
+        ),
+        (
+            names::SUPER_IO_ALTERNATE,
+            SUPER_IO_CONFIG_PORTS[1],
+            SUPER_IO_CONFIG_LEN,
+        ),
     ] {
         let place = Place::Pio {
             base,
