@@ -40,5 +40,7 @@ pub const DMA_PAGE: &str = "dma-page";
 pub const SUPER_IO: &str = "super-io";
 /// The alternate Super I/O configuration pair at 0x4E, likewise.
 pub const SUPER_IO_ALTERNATE: &str = "super-io-alt";
+/// COM2, COM3 and COM4's ports, with no UART behind them (reads float).
+pub const ABSENT_UARTS: [&str; 3] = ["com2-absent", "com3-absent", "com4-absent"];
 /// The Reset Control Register at 0xCF9 (its state in a snapshot).
 pub const RESET_CONTROL: &str = "reset-control";

@@ -11,7 +11,8 @@ use crate::contract::PORT_SERIAL;
 use crate::devices::acpi_pm::{AcpiPm, PM_BASE, PM_BLOCK_LEN};
 use crate::devices::debug_exit::{DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit};
 use crate::devices::floating_ports::{
-    DMA_PAGE_CHANNEL0_PORT, FloatingPorts, SUPER_IO_CONFIG_LEN, SUPER_IO_CONFIG_PORTS,
+    ABSENT_UART_PORTS, DMA_PAGE_CHANNEL0_PORT, FloatingPorts, SUPER_IO_CONFIG_LEN,
+    SUPER_IO_CONFIG_PORTS,
 };
 use crate::devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORTS_LEN, FwCfg, FwCfgContents};
 use crate::devices::i8042::{I8042, I8042_COMMAND_PORT};
@@ -104,7 +105,11 @@ pub fn add_platform(
         device: Arc::new(I8042::new(control.clone())),
     };
     devices.add(Device::new(names::I8042, place, Kept::Nothing))?;
-    for (name, base, len) in [
+    let absent_uarts = names::ABSENT_UARTS
+        .into_iter()
+        .zip(ABSENT_UART_PORTS)
+        .map(|(name, base)| (name, base, SERIAL_PORT_LEN));
+    let floating = [
         (names::DMA_PAGE, DMA_PAGE_CHANNEL0_PORT, 1),
         (
             names::SUPER_IO,
@@ -116,7 +121,8 @@ pub fn add_platform(
             SUPER_IO_CONFIG_PORTS[1],
             SUPER_IO_CONFIG_LEN,
         ),
-    ] {
+    ];
+    for (name, base, len) in floating.into_iter().chain(absent_uarts) {
         let place = Place::Pio {
             base,
             len,
