@@ -57,7 +57,10 @@ fn linux_reaches_userspace_with_1_2_and_4_vcpus_as_a_bzimage_and_through_pvh() {
             .lines()
             .filter(|l| l.contains("no device there"))
             .collect();
-        assert!(stray.is_empty(), "{name}: accesses nothing claims: {stray:?}");
+        assert!(
+            stray.is_empty(),
+            "{name}: accesses nothing claims: {stray:?}"
+        );
     }
 }
 

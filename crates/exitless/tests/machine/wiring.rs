@@ -117,11 +117,7 @@ fn every_device_on_a_bus_is_in_the_snapshot_or_inside_one_that_is() {
         names::SUPER_IO_ALTERNATE,
     ]);
     expected.extend(names::ABSENT_UARTS);
-    assert_eq!(
-        stateless,
-        expected,
-        "a device registered as stateless"
-    );
+    assert_eq!(stateless, expected, "a device registered as stateless");
     // What sits behind another's ports is saved too.
     for id in [names::PCI_ROOT, names::RESET_CONTROL] {
         assert!(saved.contains(id), "{id}");
