@@ -87,7 +87,8 @@ const CTL_STATUS: &str = "Exit status: 0 when the VM did what was asked (the ans
 /// How `exitless run` exits, for its --help.
 const RUN_STATUS: &str = "Exit status: (v << 1) | 1 when the guest writes v to isa-debug-exit \
 (port 0xf4, as QEMU's -device isa-debug-exit,iobase=0xf4,iosize=4; always odd); 0 when it powers \
-off (ACPI S5) or resets (i8042 command 0xfe, or 0x06 to port 0xcf9); 2 with a one-line error \
+off (ACPI S5) or resets (i8042 command 0xfe, or 0x06 to port 0xcf9); 4 when its kernel panicked \
+and said so on the pvpanic port (0x505, QEMU's; Linux's pvpanic-mmio driver); 2 with a one-line error \
 when exitless cannot run it (a bad option, a missing or unrecognised kernel, a guest that \
 triple-faults); 124 when the guest runs past --timeout; 159 when a thread breaks its seccomp \
 filter. SIGINT, SIGTERM and SIGHUP stop the guest (its disks hold every write it made, taps \

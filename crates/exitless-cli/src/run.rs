@@ -7,7 +7,7 @@ use std::time::Duration;
 use exitless::api::ApiSocket;
 use exitless::logging::stderr_line;
 use exitless::machine::pc::restore::RestoreConfig;
-use exitless::machine::pc::{RunConfig, RunError};
+use exitless::machine::pc::{RunConfig, RunError, RunOutcome};
 use exitless::machine::{Console, Overflow};
 use exitless::vm::run_control;
 
@@ -68,6 +68,12 @@ pub fn run(args: RunArgs, api: Option<ApiSocket>) -> Result<u8, String> {
         (None, None) => return Err("--kernel FILE or --restore DIR".into()),
     };
     match ran {
+        Ok(outcome @ RunOutcome::Panicked) => {
+            stderr_line(format_args!(
+                "exitless: the guest's kernel panicked (it said so on the pvpanic port); its console says why"
+            ));
+            Ok(outcome.exit_status())
+        }
         Ok(outcome) => Ok(outcome.exit_status()),
         Err(e @ RunError::TimedOut(_)) => {
             stderr_line(format_args!("exitless: {e}"));

@@ -27,8 +27,9 @@
  * net=mq (a card with several queue pairs: ARP answered on pair 1, and on pair 2 once
  * VQ_PAIRS_SET 2 enabled it),
  * virtio_mmio=0xADDR[,0xADDR...] (virtio-mmio windows to look for those devices in before PCI),
- * exit=debug|poweroff|reset|kbd (how to end; default debug: isa-debug-exit with
- * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35).
+ * exit=debug|poweroff|reset|kbd|panic (how to end; default debug: isa-debug-exit with
+ * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35; panic: read
+ * the pvpanic port's events and write PANICKED, as Linux's panic notifier does).
  *
  * It prints PASS/FAIL lines on COM1, polled. Everything runs at ring 0, which the KVM of
  * exitless's machines emulates at about a microsecond an instruction (docs/host-kvm.md): the
@@ -42,6 +43,8 @@
 #define EXIT_FAIL       0x11
 #define RESET_CONTROL   0xcf9
 #define I8042_COMMAND   0x64
+#define PVPANIC         0x505           /* QEMU's -device pvpanic, docs/specs/pvpanic.rst */
+#define PVPANIC_PANICKED 1u
 #define SLP_EN          (1u << 13)
 #define S5_SLP_TYP      0u              /* QEMU's \_S5, and exitless's */
 
@@ -123,6 +126,9 @@ static void finish(void)
         outb(RESET_CONTROL, 0x06);
     } else if (arg_is("exit", "kbd")) {
         outb(I8042_COMMAND, 0xfe);
+    } else if (arg_is("exit", "panic")) {
+        print("testkernel: pvpanic events %x\n", inb(PVPANIC));
+        outb(PVPANIC, PVPANIC_PANICKED);
     } else {
         outb(DEBUG_EXIT, failed ? EXIT_FAIL : EXIT_PASS);
     }

@@ -87,6 +87,24 @@ fn power_off_and_both_resets_end_the_run_with_status_0() {
 }
 
 #[test]
+fn a_panic_on_the_pvpanic_port_ends_the_run_with_status_4_and_one_line() {
+    let elf = kernel("testkernel.elf");
+    let ran = exitless_run(
+        &["--kernel", elf.to_str().unwrap(), "--cmdline", "exit=panic"],
+        b"",
+    );
+    assert_eq!(ran.status.code(), Some(4), "{}{}", ran.stdout, ran.stderr);
+    // It takes PANICKED and CRASH_LOADED (QEMU's pvpanic spec).
+    assert!(ran.stdout.contains("pvpanic events 3"), "{}", ran.stdout);
+    assert!(!ran.stdout.contains("still running"), "{}", ran.stdout);
+    assert!(
+        ran.stderr.contains("the guest's kernel panicked"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[test]
 fn console_input_reaches_the_guest() {
     let elf = kernel("testkernel.elf");
     let ran = exitless_run(

@@ -180,6 +180,8 @@ fn vcpu() -> Vec<Allowed> {
             KVM_GET_MSRS(),
             KVM_GET_VCPU_EVENTS(),
             KVM_GET_TSC_KHZ(),
+            // After a pause, the guest is told its vCPU was stopped (`vcpu::pause`).
+            KVM_KVMCLOCK_CTRL(),
         ],
     )]
 }

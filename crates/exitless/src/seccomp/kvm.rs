@@ -53,6 +53,7 @@ ioctl_iow_nr!(KVM_SET_CPUID2, KVMIO, 0x90, kvm_cpuid2);
 ioctl_iow_nr!(KVM_SET_MP_STATE, KVMIO, 0x99, kvm_mp_state);
 ioctl_io_nr!(KVM_GET_TSC_KHZ, KVMIO, 0xa3);
 ioctl_io_nr!(KVM_SET_TSC_KHZ, KVMIO, 0xa2);
+ioctl_io_nr!(KVM_KVMCLOCK_CTRL, KVMIO, 0xad);
 // The rest of a vCPU's state a snapshot holds (`vm::state`).
 ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
 ioctl_iow_nr!(KVM_SET_MSRS, KVMIO, 0x89, kvm_msrs);

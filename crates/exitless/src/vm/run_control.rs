@@ -20,6 +20,8 @@ pub enum StopReason {
     PowerOff,
     /// The guest reset the machine (keyboard controller or reset control register).
     Reset,
+    /// The guest's kernel panicked and said so on the pvpanic port.
+    GuestPanicked,
     /// The guest triple-faulted or otherwise shut down.
     Shutdown,
     /// A vCPU failed; the message says how.

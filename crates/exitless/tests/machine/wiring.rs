@@ -107,11 +107,12 @@ fn every_device_on_a_bus_is_in_the_snapshot_or_inside_one_that_is() {
     ] {
         assert!(devices.io.names.iter().any(|n| n == name), "{name} missing");
     }
-    // Only these hold nothing a guest can see change: the debug exit, the i8042's reset and
-    // the ports that float.
+    // Only these hold nothing a guest can see change: the debug exit, the i8042's reset, the
+    // panic port and the ports that float.
     let mut expected = BTreeSet::from([
         names::DEBUG_EXIT,
         names::I8042,
+        names::PVPANIC,
         names::DMA_PAGE,
         names::SUPER_IO,
         names::SUPER_IO_ALTERNATE,

@@ -89,15 +89,24 @@ pub enum RunOutcome {
     Reset,
     /// The VMM's user shut it down (the control socket's `vm.shutdown`).
     Requested,
+    /// Its kernel panicked and said so on the pvpanic port.
+    Panicked,
 }
+
+/// The status of a run whose guest kernel panicked: even, so no runner that reads an odd
+/// status as a test kernel's (isa-debug-exit) mistakes it, and apart from 2, exitless's own
+/// errors.
+pub const PANIC_STATUS: u8 = 4;
 
 impl RunOutcome {
     /// The status `exitless run` exits with: QEMU's `(value << 1) | 1` for isa-debug-exit, 0
-    /// for an orderly power-off, a reset or a shutdown the user asked for.
+    /// for an orderly power-off, a reset or a shutdown the user asked for, [`PANIC_STATUS`]
+    /// for a panic.
     pub fn exit_status(self) -> u8 {
         match self {
             RunOutcome::DebugExit(value) => debug_exit::exit_status(value),
             RunOutcome::PowerOff | RunOutcome::Reset | RunOutcome::Requested => 0,
+            RunOutcome::Panicked => PANIC_STATUS,
         }
     }
 }
@@ -404,6 +413,7 @@ fn outcome(end: RunEnd, timeout: Duration) -> Result<RunOutcome, RunError> {
         RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),
         RunEnd::Stopped(StopReason::PowerOff) => Ok(RunOutcome::PowerOff),
         RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),
+        RunEnd::Stopped(StopReason::GuestPanicked) => Ok(RunOutcome::Panicked),
         RunEnd::Stopped(StopReason::Shutdown) => Err(RunError::Shutdown),
         RunEnd::Stopped(StopReason::VcpuFailed(why)) => Err(RunError::Stopped(why)),
         RunEnd::Stopped(StopReason::Signal(signal)) => Err(RunError::Signal(signal)),
@@ -505,9 +515,10 @@ mod tests {
     }
 
     #[test]
-    fn the_exit_status_is_qemus_or_zero() {
+    fn the_exit_status_is_qemus_or_zero_or_a_panics() {
         assert_eq!(RunOutcome::DebugExit(0x10).exit_status(), 0x21);
         assert_eq!(RunOutcome::PowerOff.exit_status(), 0);
         assert_eq!(RunOutcome::Reset.exit_status(), 0);
+        assert_eq!(RunOutcome::Panicked.exit_status(), 4);
     }
 }

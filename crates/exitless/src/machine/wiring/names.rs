@@ -26,6 +26,8 @@ pub fn virtio_pci(at: PciAddress) -> String {
 }
 /// QEMU's test exit.
 pub const DEBUG_EXIT: &str = "debug-exit";
+/// QEMU's panic port.
+pub const PVPANIC: &str = "pvpanic";
 /// QEMU's firmware configuration ports.
 pub const FW_CFG: &str = "fw-cfg";
 /// The ACPI power-management block.

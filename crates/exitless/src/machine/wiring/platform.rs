@@ -16,6 +16,7 @@ use crate::devices::floating_ports::{
 };
 use crate::devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORTS_LEN, FwCfg, FwCfgContents};
 use crate::devices::i8042::{I8042, I8042_COMMAND_PORT};
+use crate::devices::pvpanic::{PVPANIC_LEN, PVPANIC_PORT, PvPanic};
 use crate::devices::reset_control::ResetControl;
 use crate::devices::rtc::{RTC_IRQ, RTC_PORT, RTC_PORTS_LEN, Rtc, host_clock, memory_bytes};
 use crate::devices::serial::{ConsoleOutput, SERIAL_PORT_LEN, SerialConsole};
@@ -70,7 +71,7 @@ pub fn add_serial(
     Ok(())
 }
 
-/// The PC platform devices: fw_cfg, the debug exit, the i8042, the ports Linux probes that
+/// The PC platform devices: fw_cfg, the debug exit, the i8042, the pvpanic port, the ports Linux probes that
 /// have no chip behind them, the ACPI PM block (S3 finds
 /// the waking vector in the FACS in `vm`'s memory), the RTC and the Reset Control Register,
 /// which is returned for CF8/CFC to serve beside bus 0's ports.
@@ -105,6 +106,13 @@ pub fn add_platform(
         device: Arc::new(I8042::new(control.clone())),
     };
     devices.add(Device::new(names::I8042, place, Kept::Nothing))?;
+    let log = DeviceLog::new(names::PVPANIC);
+    let place = Place::Pio {
+        base: PVPANIC_PORT,
+        len: PVPANIC_LEN,
+        device: Arc::new(PvPanic::new(control.clone(), log.clone())),
+    };
+    devices.add(Device::new(names::PVPANIC, place, Kept::Nothing).counted(log))?;
     let absent_uarts = names::ABSENT_UARTS
         .into_iter()
         .zip(ABSENT_UART_PORTS)

@@ -268,6 +268,23 @@ impl Vcpu {
         format!("vCPU {} at rip {rip}: {why}", self.index)
     }
 
+    /// Which vCPU shut down and where KVM left it, for the log: on Intel the state at the
+    /// triple fault; on AMD, whose VMCB is undefined after a shutdown, KVM's reset state
+    /// (arch/x86/kvm/svm/svm.c, shutdown_interception), which says only which vCPU it was.
+    fn shutdown_state(&self) -> String {
+        let at = match (self.fd.get_regs(), self.fd.get_sregs()) {
+            (Ok(r), Ok(s)) => format!(
+                "rip {:#x} rsp {:#x} cs {:#x} cr0 {:#x} cr3 {:#x} cr4 {:#x} efer {:#x}",
+                r.rip, r.rsp, s.cs.selector, s.cr0, s.cr3, s.cr4, s.efer
+            ),
+            (Err(e), _) | (_, Err(e)) => format!("unreadable state ({e})"),
+        };
+        format!(
+            "vCPU {} shut down (a triple fault); KVM left it at {at}",
+            self.index
+        )
+    }
+
     /// Up to [`MAX_INSTRUCTION_BYTES`] of code at `rip`, read through the guest's own page
     /// tables (`KVM_TRANSLATE`), for a KVM that does not hand over the failing instruction.
     /// Stops at the first byte that does not translate to guest RAM.
@@ -304,12 +321,27 @@ impl Vcpu {
         self.fd.set_kvm_immediate_exit(0);
     }
 
-    /// Park until the VMM's user resumes the machine, at an instruction boundary.
+    /// Park until the VMM's user resumes the machine, at an instruction boundary; then tell
+    /// the guest its vCPU was stopped, so its watchdogs do not take the time it was parked
+    /// for a CPU stuck in the kernel.
     fn pause(&mut self, control: &RunControl) {
         self.complete_exit();
         control
             .pause()
             .park(self.index, || control.is_stopping(), || self.save_state());
+        self.flag_stopped();
+    }
+
+    /// KVM_KVMCLOCK_CTRL (api.rst): KVM sets PVCLOCK_GUEST_STOPPED in the guest's kvmclock
+    /// page, which Linux's soft-lockup and RCU-stall detectors check and clear before they
+    /// report (QEMU does this on every resume). A guest that never enabled kvmclock (the
+    /// probe, the test kernel) has no such page: KVM answers EINVAL, which is no fault.
+    fn flag_stopped(&self) {
+        match self.fd.kvmclock_ctrl() {
+            Ok(()) => {}
+            Err(e) if e.errno() == libc::EINVAL => {}
+            Err(e) => log::warn!("vCPU {}: KVM_KVMCLOCK_CTRL failed: {e}", self.index),
+        }
     }
 
     /// Park for S3 until the machine wakes, then restart as firmware hands over after S3 (ACPI
@@ -370,6 +402,9 @@ impl Vcpu {
                 ))),
             };
             if let ExitAction::Stop(reason) = action {
+                if reason == StopReason::Shutdown {
+                    log::error!("{}", self.shutdown_state());
+                }
                 control.stop(reason);
             }
         }

@@ -8,7 +8,8 @@
 //! `devices::acpi_pm` (S3 and power-off through PM1 control, the RTC alarm's status and
 //! enable, the PM timer), the reset register at 0xCF9, one local APIC per vCPU, KVM's IOAPIC
 //! and its ISA overrides, the PCI host bridge with the bus range and windows of
-//! `machine::layout`, the COM1 UART, the RTC (`devices::rtc`), and no VGA.
+//! `machine::layout`, the COM1 UART, the RTC (`devices::rtc`), the pvpanic port, each
+//! virtio-mmio window the layout gave out, and no VGA.
 
 use acpi_tables::aml::{
     AddressSpace, AddressSpaceCacheable, Device, EISAName, IO, Interrupt, Memory32Fixed, Name,
@@ -34,6 +35,7 @@ use crate::devices::acpi_pm::{
     PM_BASE, PM_BLOCK_LEN, PM_TMR_LEN, PM_TMR_OFFSET, PM1_CNT_LEN, PM1_CNT_OFFSET, PM1_EVT_LEN,
     PM1_EVT_OFFSET, S3_SLP_TYP, S5_SLP_TYP,
 };
+use crate::devices::pvpanic::{PVPANIC_HID, PVPANIC_LEN, PVPANIC_PORT};
 use crate::devices::reset_control::{RESET_CONTROL_PORT, RESET_VALUE};
 use crate::devices::rtc::{CENTURY_INDEX, RTC_IRQ, RTC_PORT, RTC_PORTS_LEN};
 use crate::devices::serial::SERIAL_PORT_LEN;
@@ -182,14 +184,16 @@ fn io_register(port: u16, bits: u8) -> GAS {
     )
 }
 
-/// The DSDT: the host bridge, COM1, the RTC, the motherboard's own resources, and `\_S3` and
-/// `\_S5`. Each device is named by its full path under `\_SB` (predefined, ACPI 6.5 §5.3.1).
+/// The DSDT: the host bridge, COM1, the RTC, the pvpanic port, the virtio-mmio devices, the
+/// motherboard's own resources, and `\_S3` and `\_S5`. Each device is named by its full path under `\_SB` (predefined, ACPI 6.5 §5.3.1).
 fn dsdt(layout: &MemoryLayout) -> Vec<u8> {
     // Revision 2: integers are 64 bits.
     let mut table = Sdt::new(*b"DSDT", 36, 2, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     host_bridge(layout, &mut table);
     com1(&mut table);
     rtc(&mut table);
+    pvpanic(&mut table);
+    virtio_mmio(layout, &mut table);
     motherboard_resources(layout, &mut table);
     // \_S3 and \_S5: the SLP_TYP values for PM1a and PM1b control, then two reserved (ACPI
     // 6.5 §7.4.2); the values `devices::acpi_pm` decodes.
@@ -287,6 +291,54 @@ fn rtc(table: &mut dyn AmlSink) {
     )
     .to_aml_bytes(table);
 }
+
+/// `\_SB.PEVT`: QEMU's pvpanic port, under the ID Linux's pvpanic-mmio driver matches (QEMU
+/// names its own so); the driver takes the port from `_CRS`.
+fn pvpanic(table: &mut dyn AmlSink) {
+    let port = IO::new(
+        PVPANIC_PORT,
+        PVPANIC_PORT,
+        1,
+        u8::try_from(PVPANIC_LEN).expect("1 port"),
+    );
+    Device::new(
+        "\\_SB_.PEVT".into(),
+        vec![
+            &Name::new("_HID".into(), &PVPANIC_HID),
+            &Name::new("_CRS".into(), &ResourceTemplate::new(vec![&port])),
+        ],
+    )
+    .to_aml_bytes(table);
+}
+
+/// `\_SB.VRn`: the `n`th virtio-mmio device, its register window and its line, under the
+/// hardware ID Linux's virtio_mmio driver matches (`LNRO0005`, as QEMU's microvm and Firecracker
+/// describe theirs), so a guest finds them without `virtio_mmio.device=` on its command line
+/// (which Debian's kernels do not build in). The line is level-triggered, active high: the
+/// transport holds it until the guest's InterruptACK (virtio 1.2 §4.2.2).
+fn virtio_mmio(layout: &MemoryLayout, table: &mut dyn AmlSink) {
+    for (n, slot) in layout.virtio_mmio().iter().enumerate() {
+        let window = Memory32Fixed::new(
+            true,
+            u32::try_from(slot.base).expect("virtio-mmio windows are below 4 GiB"),
+            u32::try_from(slot.size).expect("a window of 8 KiB"),
+        );
+        let line = Interrupt::new(true, false, false, false, slot.gsi);
+        let uid = u32::try_from(n).expect("a few slots");
+        Device::new(
+            format!("\\_SB_.VR{n:02X}").as_str().into(),
+            vec![
+                &Name::new("_HID".into(), &VIRTIO_MMIO_HID),
+                &Name::new("_UID".into(), &uid),
+                &Name::new("_CRS".into(), &ResourceTemplate::new(vec![&window, &line])),
+            ],
+        )
+        .to_aml_bytes(table);
+    }
+}
+
+/// The ACPI hardware ID of a virtio-mmio device (Linaro's vendor prefix).
+const VIRTIO_MMIO_HID: &str = "LNRO0005";
 
 /// `\_SB.MRES`: resources the motherboard decodes outside any device's, the power-management
 /// block and the ECAM window (PCI Firmware 3.3 §4.1.2 asks for it here).

@@ -232,3 +232,81 @@ fn without_pics_the_madt_clears_pcat_compat() {
     let madt = &walk(&mem, tables.write(&mem).unwrap())["APIC"];
     assert_eq!(u32_at(madt, 40), 0, "no dual 8259s under a split irqchip");
 }
+
+/// The Memory32Fixed descriptors (ACPI 6.5 §6.4.3.4: tag 0x86, length 9) of a table, as
+/// `(writable, base, length)`, and its Extended Interrupt descriptors (§6.4.3.6: tag 0x89,
+/// length 6, one interrupt) as `(flags, number)`.
+fn memory32_fixed_ranges(table: &[u8]) -> Vec<(bool, u32, u32)> {
+    table
+        .windows(3)
+        .enumerate()
+        .filter(|(_, w)| *w == [0x86, 9, 0])
+        .map(|(at, _)| {
+            (
+                table[at + 3] == 1,
+                u32_at(table, at + 4),
+                u32_at(table, at + 8),
+            )
+        })
+        .collect()
+}
+
+fn extended_interrupts(table: &[u8]) -> Vec<(u8, u32)> {
+    table
+        .windows(3)
+        .enumerate()
+        .filter(|(_, w)| *w == [0x89, 6, 0])
+        .map(|(at, _)| (table[at + 3], u32_at(table, at + 5)))
+        .collect()
+}
+
+#[test]
+fn each_virtio_mmio_window_is_a_device_linux_matches_with_its_level_triggered_line() {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let mut layout = MemoryLayout::new(2 << 20, false).unwrap();
+    let slots = [
+        layout.allocate_virtio_mmio().unwrap(),
+        layout.allocate_virtio_mmio().unwrap(),
+    ];
+    let tables = AcpiTables {
+        layout: &layout,
+        vcpus: 1,
+        extra: &[],
+        pics: true,
+    };
+    let dsdt = &walk(&mem, tables.write(&mem).unwrap())["DSDT"];
+    let hid = b"LNRO0005\0";
+    let hids = dsdt.windows(hid.len()).filter(|w| w == hid).count();
+    assert_eq!(hids, 2, "one virtio-mmio device per slot");
+    for (n, name) in [b"VR00", b"VR01"].iter().enumerate() {
+        assert!(dsdt.windows(4).any(|w| w == *name), "device {n} named");
+    }
+    let windows = memory32_fixed_ranges(dsdt);
+    let lines = extended_interrupts(dsdt);
+    for slot in slots {
+        let window = (
+            true,
+            u32::try_from(slot.base).unwrap(),
+            u32::try_from(slot.size).unwrap(),
+        );
+        assert!(windows.contains(&window), "{window:x?} in {windows:x?}");
+        // Consumer, level-triggered, active high, exclusive: as the transport's line works.
+        assert!(
+            lines.contains(&(0b0001, slot.gsi)),
+            "GSI {} in {lines:?}",
+            slot.gsi
+        );
+    }
+    // Without virtio-mmio devices, none is described.
+    let empty = written(false, 1, &[]);
+    assert!(!empty["DSDT"].windows(hid.len()).any(|w| w == hid));
+}
+
+#[test]
+fn the_pvpanic_port_is_a_device_linux_matches_with_its_port() {
+    let dsdt = &written(false, 1, &[])["DSDT"];
+    assert!(dsdt.windows(9).any(|w| w == b"QEMU0001\0"), "its _HID");
+    // An I/O port descriptor (ACPI 6.5 §6.4.2.5): 16-bit decode, 0x505 to 0x505, one port.
+    let port = [0x47, 0x01, 0x05, 0x05, 0x05, 0x05, 0x01, 0x01];
+    assert!(dsdt.windows(port.len()).any(|w| w == port), "its _CRS");
+}
