@@ -1,7 +1,7 @@
 /* Interrupts through the IOAPIC (ioapic=1): the RTC's periodic interrupt on IRQ 8, which the
  * MADT puts on IOAPIC pin 8, programmed edge- then level-triggered in compatibility format
  * (82093AA datasheet §3.2.4); a level-triggered interrupt comes again only after the EOI of the
- * one before cleared its remote IRR. With ioapic=remap (a machine with a VT-d unit whose DMAR
+ * one before cleared its remote IRR. Then the PIT's channel 0 on pin 2 (IRQ 0's override). With ioapic=remap (a machine with a VT-d unit whose DMAR
  * sets INTR_REMAP), the unit's interrupt remapping is then turned on and pin 8 programmed in
  * remappable format (VT-d 3.x §5.1.5.1) through an IRTE (§9.10) whose vector differs from the
  * RTE's: interrupts on the IRTE's vector show the entry was used. Each wait is short (an RTC
@@ -18,6 +18,10 @@
 #define LAPIC_BASE      0xfee00000u
 #define LAPIC_SVR       0xf0
 #define RTC_PIN         8
+#define PIT_PIN         2               /* IRQ 0, as the MADT's override puts it */
+#define PIT_CHANNEL0    0x40
+#define PIT_CONTROL     0x43
+#define PIT_1MS         1193            /* 1.193182 MHz / 1000 */
 #define REG_A_32HZ      0x2b            /* the 32.768 kHz divider, rate 11: 32 Hz */
 #define REG_B_PIE       0x40
 #define FIRST_VECTOR    0x40            /* vectors 0x40..0x43 count their interrupts */
@@ -107,11 +111,35 @@ static void ioapic_write(uint32_t reg, uint32_t value)
     mmio_write32(IOAPIC_BASE + IOAPIC_WINDOW, value);
 }
 
+static void set_rte(uint32_t pin, uint32_t low, uint32_t high)
+{
+    ioapic_write(0x10 + 2 * pin, RTE_MASKED);
+    ioapic_write(0x11 + 2 * pin, high);
+    ioapic_write(0x10 + 2 * pin, low);
+}
+
 static void set_rtc_rte(uint32_t low, uint32_t high)
 {
-    ioapic_write(0x10 + 2 * RTC_PIN, RTE_MASKED);
-    ioapic_write(0x11 + 2 * RTC_PIN, high);
-    ioapic_write(0x10 + 2 * RTC_PIN, low);
+    set_rte(RTC_PIN, low, high);
+}
+
+/* The PIT's channel 0 as a 1 kHz rate generator (8254 mode 2) on pin 2, edge-triggered: the
+ * interrupts counted on `vector` within a quarter second, halting between them (a guest that
+ * waits for the tick sleeps until it comes). */
+static uint32_t count_pit_irqs(uint32_t vector)
+{
+    irq_counts[vector - FIRST_VECTOR] = 0;
+    outb(PIT_CONTROL, 0x34);            /* channel 0, LSB then MSB, mode 2 */
+    outb(PIT_CHANNEL0, PIT_1MS & 0xff);
+    outb(PIT_CHANNEL0, PIT_1MS >> 8);
+    set_rte(PIT_PIN, vector, 0);
+    uint32_t start = pm_timer();
+    while (irq_counts[vector - FIRST_VECTOR] < WANTED &&
+           ((pm_timer() - start) & pm_timer_mask) < PM_TIMER_HZ / 4)
+        __asm__ volatile("sti; hlt; cli");
+    set_rte(PIT_PIN, RTE_MASKED, 0);
+    outb(PIT_CONTROL, 0x30);            /* mode 0 with no count: OUT low, no more edges */
+    return irq_counts[vector - FIRST_VECTOR];
 }
 
 /* Interrupts counted on `vector` within a quarter second of RTC periodic interrupts (each
@@ -163,6 +191,11 @@ void check_ioapic(int remap)
     uint32_t level = count_irqs(FIRST_VECTOR + 1);
     check(level >= WANTED && !(ioapic_read(0x10 + 2 * RTC_PIN) & RTE_REMOTE_IRR),
           "ioapic: %u level-triggered RTC interrupts, each EOI clearing remote IRR", level);
+
+    set_rtc_rte(RTE_MASKED, 0);
+    uint32_t ticks = count_pit_irqs(FIRST_VECTOR);
+    check(ticks >= WANTED, "ioapic: %u PIT channel 0 interrupts on pin 2, each awaited in hlt",
+          ticks);
 
     if (remap) {
         uint32_t unit = 0;

@@ -89,9 +89,15 @@ pub fn on_path(binary: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The program names on PATH, for a caller that starts one itself (the Linux lab, from a shell
+/// script in its outer VM) with the arguments below.
+pub const STORAGE_DAEMON_BINARY: &str = STORAGE_DAEMON.binary;
+/// See [`STORAGE_DAEMON_BINARY`].
+pub const TESTPMD_BINARY: &str = TESTPMD.binary;
+
 /// qemu-storage-daemon's arguments: `image` (a raw file) as node d0, exported writable as
 /// vhost-user-blk on the Unix socket `socket`.
-fn storage_daemon_args(image: &Path, socket: &Path) -> Vec<OsString> {
+pub fn storage_daemon_args(image: &Path, socket: &Path) -> Vec<OsString> {
     let mut blockdev = OsString::from("driver=file,node-name=d0,filename=");
     blockdev.push(image);
     let mut export = OsString::from(
@@ -105,7 +111,7 @@ fn storage_daemon_args(image: &Path, socket: &Path) -> Vec<OsString> {
 /// `net_vhostN` port per socket with `queues` queue pairs), then testpmd's (icmpecho, started
 /// at once, no periodic statistics; the first `polled` pairs of each port polled, testpmd's
 /// default being the first only).
-fn testpmd_args(sockets: &[PathBuf], queues: u16, polled: u16, prefix: &str) -> Vec<OsString> {
+pub fn testpmd_args(sockets: &[PathBuf], queues: u16, polled: u16, prefix: &str) -> Vec<OsString> {
     let mut args: Vec<OsString> = ["--no-huge", "-m", "1024", "--no-pci"]
         .map(OsString::from)
         .into();

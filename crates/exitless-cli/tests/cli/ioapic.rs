@@ -40,19 +40,20 @@ fn assert_lines(console: &str, lines: &[&str]) {
 }
 
 #[test]
-fn kvms_ioapic_delivers_the_rtc_edge_and_level_triggered() {
+fn kvms_ioapic_delivers_the_rtc_edge_and_level_triggered_and_the_pits_tick() {
     let console = passes(&[], "ioapic=1");
     assert_lines(
         &console,
         &[
             "PASS ioapic: 3 edge-triggered RTC interrupts on pin 8",
             "PASS ioapic: 3 level-triggered RTC interrupts, each EOI clearing remote IRR",
+            "PASS ioapic: 3 PIT channel 0 interrupts on pin 2, each awaited in hlt",
         ],
     );
 }
 
 #[test]
-fn with_the_iommu_the_ioapic_is_the_vmms_and_its_entries_are_remapped() {
+fn with_the_iommu_the_ioapic_and_pit_are_the_vmms_and_its_entries_are_remapped() {
     let console = passes(&["--iommu"], "iommu=1 intremap=1 ioapic=2");
     assert_lines(
         &console,
@@ -60,6 +61,8 @@ fn with_the_iommu_the_ioapic_is_the_vmms_and_its_entries_are_remapped() {
             "PASS dmar: INTR_REMAP, x2APIC opt-out clear, the IOAPIC in the DRHD's scope as ff:00.0",
             "PASS ioapic: 3 edge-triggered RTC interrupts on pin 8",
             "PASS ioapic: 3 level-triggered RTC interrupts, each EOI clearing remote IRR",
+            // The split irqchip has no KVM PIT: exitless's own raises IRQ 0.
+            "PASS ioapic: 3 PIT channel 0 interrupts on pin 2, each awaited in hlt",
             "PASS ioapic: 3 level-triggered interrupts through IRTE 5 (remappable RTE, source-id ff00)",
             "PASS ioapic: 3 edge-triggered interrupts on the IRTE's vector 42, none on the RTE's",
         ],

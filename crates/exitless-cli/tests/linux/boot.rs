@@ -1,6 +1,6 @@
 //! Booting to userspace: a bzImage and the PVH entry, 1, 2 and 4 vCPUs, RAM above 4 GiB, a CPU
 //! template's change seen in `/proc/cpuinfo`, the RTC's date, and how a run ends (poweroff and
-//! reboot: status 0).
+//! reboot: status 0; a panic: 4).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -113,7 +113,7 @@ fn linux_sees_ram_above_4_gib_a_cpu_template_and_the_rtcs_date() {
 
 #[test]
 #[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
-fn a_linux_reboot_ends_the_run_with_status_0_as_a_poweroff_does() {
+fn a_linux_reboot_ends_the_run_with_status_0_as_a_poweroff_does_and_a_panic_with_4() {
     let Some(lab) = Lab::or_skip("ends") else {
         return;
     };
@@ -125,6 +125,16 @@ fn a_linux_reboot_ends_the_run_with_status_0_as_a_poweroff_does() {
         &[],
     );
     job.exitless("reboot", &rebooting, "", "--memory 256");
+    // sysrq's `c` panics the kernel (a NULL dereference); its panic notifiers run, the pvpanic
+    // driver's among them, before `panic=-1` would reset the machine.
+    let panicking = Guest::new(
+        &job.dir,
+        "panic",
+        "echo \"GUEST pvpanic_bound $(ls /sys/bus/platform/drivers/pvpanic-mmio | grep -c QEMU0001)\"\n\
+         echo c > /proc/sysrq-trigger",
+        &[],
+    );
+    job.exitless("panic", &panicking, "", "--memory 256");
     let done = job.run(&lab, Duration::from_secs(600));
     let run = done.run("reboot");
     run.expect("rebooting", "yes");
@@ -134,4 +144,10 @@ fn a_linux_reboot_ends_the_run_with_status_0_as_a_poweroff_does() {
         run.tail()
     );
     assert_eq!(run.status, 0, "{}", run.tail());
+
+    let run = done.run("panic");
+    run.expect("pvpanic_bound", "1");
+    assert!(run.console.contains("Kernel panic"), "{}", run.tail());
+    assert!(!run.console.contains("GUEST done"), "{}", run.tail());
+    assert_eq!(run.status, 4, "a panic's status; {}", run.tail());
 }

@@ -1,19 +1,17 @@
-//! virtio-blk under Linux's virtio_blk driver, on virtio-pci: an ext2 file
-//! system made, written and read back in the guest and checked on the host with debugfs; a
-//! read-only disk refusing writes; a sparse disk over 4 GiB written past 4 GiB; several disks;
-//! and what the guest synced surviving a SIGKILL of exitless. (virtio-mmio is not reached yet:
-//! Debian's kernel has no CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES, so it finds virtio-mmio devices
-//! only in ACPI, LNRO0005, which exitless does not describe; docs/linux-lab.md.)
+//! virtio-blk under Linux's virtio_blk driver, on virtio-pci and on virtio-mmio (which Linux
+//! finds in the DSDT): an ext2 file system made, written and read back in the guest and
+//! checked on the host with debugfs; a read-only disk refusing writes; a sparse disk over 4 GiB
+//! written past 4 GiB; several disks; and what the guest synced surviving a SIGKILL of exitless.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::guest::{Guest, Job};
+use crate::guest::{Guest, Job, exitless_command};
 use crate::lab::Lab;
 
 /// What the guest writes into its file system, and the host reads back.
-const CONTENT: &str = "written-by-linux-in-exitless";
+pub const CONTENT: &str = "written-by-linux-in-exitless";
 
 /// Sector of the sparse disk the guest writes: 4.5 GiB in.
 const HIGH_SECTOR: u64 = 9 << 20;
@@ -29,8 +27,13 @@ fs() {
 }
 "#;
 
+/// The shell function `fs DEVICE` (see FILE_SYSTEM), with the content filled in.
+pub fn file_system() -> String {
+    FILE_SYSTEM.replace("CONTENT", CONTENT)
+}
+
 /// The file at `inner` in the ext2 image `image`, read on the host (e2fsprogs' debugfs).
-fn debugfs_cat(image: &Path, inner: &str) -> String {
+pub fn debugfs_cat(image: &Path, inner: &str) -> String {
     let out = Command::new("debugfs")
         .args(["-R", &format!("cat {inner}")])
         .arg(image)
@@ -46,15 +49,13 @@ fn linux_writes_a_file_system_the_host_reads_and_a_read_only_disk_refuses_writes
         return;
     };
     let mut job = Job::new("disk");
-    let (rw, ro, sparse) = (
-        job.path("rw.img"),
-        job.path("ro.img"),
-        job.path("sparse.img"),
+    let (rw, sparse, mmio_image) = (
+        job.image("rw.img", 64 << 20),
+        job.image("sparse.img", 5 << 30),
+        job.image("mmio.img", 64 << 20),
     );
+    let ro = job.path("ro.img");
     std::fs::write(&ro, vec![0x5a; 1 << 20]).unwrap();
-    for (image, size) in [(&rw, 64u64 << 20), (&sparse, 5 << 30)] {
-        std::fs::File::create(image).unwrap().set_len(size).unwrap();
-    }
     let script = format!(
         r#"{fs}
 echo "GUEST disks $(ls /sys/block | grep -c ^vd)"
@@ -64,7 +65,7 @@ echo "GUEST vdc_sectors $(cat /sys/block/vdc/size)"
 echo -n {HIGH_MARKER} | dd of=/dev/vdc bs=512 seek={HIGH_SECTOR} conv=fsync 2>/dev/null
 echo "GUEST vdc_high $(dd if=/dev/vdc bs=512 skip={HIGH_SECTOR} count=1 2>/dev/null | head -c {len})"
 "#,
-        fs = FILE_SYSTEM.replace("CONTENT", CONTENT),
+        fs = file_system(),
         len = HIGH_MARKER.len(),
     );
     let guest = Guest::new(&job.dir, "disks", &script, &[]);
@@ -79,7 +80,31 @@ echo "GUEST vdc_high $(dd if=/dev/vdc bs=512 skip={HIGH_SECTOR} count=1 2>/dev/n
             sparse.display()
         ),
     );
-    let done = job.run(&lab, Duration::from_secs(900));
+    let on_mmio = format!(
+        "{fs}\necho \"GUEST disks $(ls /sys/block | grep -c ^vd)\"\nfs vda\n",
+        fs = file_system(),
+    );
+    let on_mmio = Guest::new(&job.dir, "mmio", &on_mmio, &[]);
+    job.exitless(
+        "mmio",
+        &on_mmio,
+        "",
+        &format!(
+            "--memory 256 --disk {},transport=mmio",
+            mmio_image.display()
+        ),
+    );
+    let done = job.run(&lab, Duration::from_secs(1200));
+
+    let mmio = done.run("mmio");
+    mmio.expect_done(0);
+    mmio.expect("disks", "1");
+    mmio.expect("vda_readback", CONTENT);
+    assert_eq!(
+        debugfs_cat(&mmio_image, "/hello"),
+        CONTENT,
+        "the host reads the file the guest wrote through virtio-mmio"
+    );
 
     let pci = done.run("pci");
     pci.expect_done(0);
@@ -118,27 +143,23 @@ fn what_linux_synced_is_in_the_image_after_exitless_is_killed() {
         return;
     };
     let mut job = Job::new("disk-kill");
-    let image = job.path("kill.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    let image = job.image("kill.img", 64 << 20);
     let script = format!(
         "{fs}\nmkdir -p /mnt && mke2fs -F /dev/vda > /dev/null && mount -t ext4 /dev/vda /mnt && echo -n {CONTENT} > /mnt/hello && sync && echo 'GUEST synced yes'\nsleep 100000",
-        fs = FILE_SYSTEM.replace("CONTENT", CONTENT)
+        fs = file_system()
     );
     let guest = Guest::new(&job.dir, "kill", &script, &[]);
     // exitless in the background; SIGKILL once the guest says its data is synced.
     job.sh(&format!(
-        "{exitless} run --kernel {kernel} --initrd {initrd} --cmdline '{cmdline}' --memory 256 --disk {image} --timeout 600 < /dev/null > killed.console 2>&1 &
+        "{command} < /dev/null > killed.console 2>&1 &
 pid=$!
 for i in $(seq 300); do grep -q 'GUEST synced yes' killed.console && break; sleep 1; done
 kill -KILL $pid; wait $pid; echo $? > killed.status",
-        exitless = env!("CARGO_BIN_EXE_exitless"),
-        kernel = guest.kernel.display(),
-        initrd = guest.initramfs.display(),
-        cmdline = crate::guest::CMDLINE,
-        image = image.display(),
+        command = exitless_command(
+            &guest,
+            "",
+            &format!("--memory 256 --disk {}", image.display())
+        ),
     ));
     let done = job.run(&lab, Duration::from_secs(900));
     let run = done.run("killed");

@@ -10,8 +10,9 @@ use crate::common::initramfs::Initramfs;
 use crate::lab::{Finished, KERNEL_PACKAGE, Lab};
 
 /// Drivers the guest loads, with what they depend on: both virtio transports, the disk, the
-/// card, ext4 (which mounts the ext2 file systems busybox makes) and its checksum.
-const GUEST_MODULES: [&str; 6] = [
+/// card, ext4 (which mounts the ext2 file systems busybox makes) and its checksum, and the
+/// pvpanic port's driver, so a guest that panics ends its run with the panic's status.
+const GUEST_MODULES: [&str; 7] = [
     "virtio_pci",
     "virtio_mmio",
     "virtio_blk",
@@ -19,6 +20,7 @@ const GUEST_MODULES: [&str; 6] = [
     "ext4",
     // ext4 asks the crypto API for crc32c at mount, which only modprobe would load.
     "crc32c_generic",
+    "pvpanic_mmio",
 ];
 
 /// The start of the case's part of `/init`: a line saying the guest is up. The case's script
@@ -28,7 +30,9 @@ echo "GUEST up after $(cut -d' ' -f1 /proc/uptime) s, $(grep -c ^processor /proc
 "#;
 
 /// What every guest's kernel command line starts with: the serial console, the initramfs's init,
-/// and a panic that resets at once rather than hanging until the run's timeout.
+/// and a panic that resets at once rather than hanging until the run's timeout (after the
+/// pvpanic driver has told exitless, which then ends the run with status 4: no panic reads as
+/// a reboot's 0).
 pub const CMDLINE: &str = "console=ttyS0 rdinit=/init panic=-1";
 
 /// A guest: the kernel and its initramfs (paths this host and the lab share).
@@ -61,6 +65,11 @@ impl Guest {
     }
 }
 
+/// How every job's script starts: `$RUN` names a fresh folder on the machine the job runs on,
+/// removed when the job ends, for what the shared job folder cannot hold (9p has no sockets or
+/// FIFOs) or must not keep from one attempt to the next (pid files).
+const JOB_START: &str = "set -u\nRUN=$(mktemp -d)\ntrap 'rm -rf \"$RUN\"' EXIT\n";
+
 /// A job: shell lines run in order in its folder, among them runs of a guest whose console and
 /// status each go to `NAME.console` and `NAME.status`.
 pub struct Job {
@@ -84,6 +93,16 @@ impl Run {
             .rev()
             .find_map(|l| l.trim_start_matches(|c| c != 'G').strip_prefix(&prefix))
             .map(str::trim)
+    }
+
+    /// The guest's uptime when its `/init` started, in seconds (PRELUDE's line).
+    pub fn up_after_s(&self) -> Option<f64> {
+        self.value("up")?
+            .strip_prefix("after ")?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
     }
 
     /// Panic unless the console has `GUEST key value`.
@@ -132,13 +151,22 @@ impl Job {
         std::fs::create_dir_all(&dir).unwrap();
         Job {
             dir,
-            script: String::from("set -u\n"),
+            script: String::from(JOB_START),
         }
     }
 
     /// A path in the job's folder.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// A sparse disk image of `len` bytes in the job's folder, all zeros.
+    pub fn image(&self, name: &str, len: u64) -> PathBuf {
+        let image = self.path(name);
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(len))
+            .unwrap_or_else(|e| panic!("{}: {e}", image.display()));
+        image
     }
 
     /// Add shell lines.
@@ -149,10 +177,19 @@ impl Job {
 
     /// Run `guest` under exitless with `args` and `extra` on its command line, as `name`.
     pub fn exitless(&mut self, name: &str, guest: &Guest, extra_cmdline: &str, args: &str) {
+        let line = exitless_command(guest, extra_cmdline, args);
+        self.record(name, &line);
+    }
+
+    /// Run `guest` under QEMU with KVM, `machine` (q35, microvm) and `args`, as `name`: the
+    /// same kernel, initramfs and command line, the console on its standard output, a reboot
+    /// ending the run as exitless's does (`-no-reboot`).
+    pub fn qemu(&mut self, name: &str, guest: &Guest, machine: &str, args: &str) {
         let line = format!(
-            "{exitless} run --kernel {kernel} --initrd {initrd} --cmdline '{CMDLINE} {extra_cmdline}' \
-             --timeout 600 {args}",
-            exitless = env!("CARGO_BIN_EXE_exitless"),
+            "timeout 600 qemu-system-x86_64 -accel kvm -machine {machine} \
+             -cpu host,arch-capabilities=off -nodefaults -display none -serial stdio \
+             -monitor none -no-reboot -kernel {kernel} -initrd {initrd} -append '{CMDLINE}' \
+             {args}",
             kernel = guest.kernel.display(),
             initrd = guest.initramfs.display(),
         );
@@ -179,6 +216,18 @@ impl Job {
             finished,
         }
     }
+}
+
+/// The shell command that runs `guest` under exitless with `args`, and `extra` on its command
+/// line, for at most 600 s (without redirections: the caller's).
+pub fn exitless_command(guest: &Guest, extra_cmdline: &str, args: &str) -> String {
+    format!(
+        "{exitless} run --kernel {kernel} --initrd {initrd} --cmdline '{CMDLINE} {extra_cmdline}' \
+         --timeout 600 {args}",
+        exitless = env!("CARGO_BIN_EXE_exitless"),
+        kernel = guest.kernel.display(),
+        initrd = guest.initramfs.display(),
+    )
 }
 
 /// A job that has run.

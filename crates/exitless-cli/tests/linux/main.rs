@@ -15,3 +15,9 @@ mod lab;
 
 mod boot;
 mod disk;
+mod iommu;
+mod net;
+mod qemu;
+mod sleep;
+mod snapshot;
+mod vhost_user;

@@ -465,7 +465,7 @@ pub(crate) fn allowed(kind: ThreadKind) -> Vec<Allowed> {
         ThreadKind::VhostUser => vhost_user(),
         // Writing to stderr or stdout, waiting for more; the RTC's timed waits on a condition
         // variable and its IRQ eventfd's write: runtime() is all they do.
-        ThreadKind::LogWriter | ThreadKind::Console | ThreadKind::Rtc => Vec::new(),
+        ThreadKind::LogWriter | ThreadKind::Console | ThreadKind::Timer => Vec::new(),
         ThreadKind::ConsoleInput => console_input(),
         ThreadKind::Api => api(),
     };

@@ -3,7 +3,7 @@
 //!
 //! The [`ThreadKind`]s are the threads exitless has: the main thread (command line, machine
 //! building, reports), one per vCPU, one per virtio device (and the VT-d unit's doorbell
-//! thread, of the same kind), the log writer, the console writer and the console input, the RTC's timer, the control
+//! thread, of the same kind), the log writer, the console writer and the console input, the timer chips' threads (the RTC's, the PIT's), the control
 //! socket's server. [`enable`] compiles one filter per kind and installs the SIGSYS handler, once, before
 //! any thread starts; every thread then installs its own kind's filter as it starts
 //! ([`spawn`]), and the main thread with [`confine`] before it builds a machine. Without
@@ -50,8 +50,8 @@ pub enum ThreadKind {
     Console,
     /// Feeds the console UART's receiver from stdin.
     ConsoleInput,
-    /// Raises the RTC's interrupts when they fall due.
-    Rtc,
+    /// Raises a timer chip's interrupts when they fall due (the RTC's, the PIT's).
+    Timer,
     /// Serves the control socket (`exitless run --api-socket`).
     Api,
 }
@@ -66,7 +66,7 @@ impl ThreadKind {
         ThreadKind::LogWriter,
         ThreadKind::Console,
         ThreadKind::ConsoleInput,
-        ThreadKind::Rtc,
+        ThreadKind::Timer,
         ThreadKind::Api,
     ];
 
@@ -80,7 +80,7 @@ impl ThreadKind {
             ThreadKind::LogWriter => "log writer",
             ThreadKind::Console => "console",
             ThreadKind::ConsoleInput => "console input",
-            ThreadKind::Rtc => "rtc",
+            ThreadKind::Timer => "timer",
             ThreadKind::Api => "api",
         }
     }

@@ -223,6 +223,8 @@ pub struct Vm {
     next_slot: u32,
     /// Where the interrupt controllers are: which a snapshot holds (`state`).
     irqchip: Irqchip,
+    /// KVM's i8254 PIT was created (in-kernel irqchip, `KVM_CAP_PIT2`).
+    kernel_pit: bool,
 }
 
 /// Where the interrupt controllers are.
@@ -276,6 +278,7 @@ impl Vm {
         }
         let fd = kvm.create_vm().map_err(kvm_err("create VM"))?;
         // The irqchip must exist before any vCPU (docs/host-kvm.md).
+        let mut kernel_pit = false;
         match irqchip {
             Irqchip::InKernel => {
                 fd.create_irq_chip().map_err(kvm_err("create irqchip"))?;
@@ -288,6 +291,7 @@ impl Vm {
                         ..Default::default()
                     };
                     fd.create_pit2(config).map_err(kvm_err("create the PIT"))?;
+                    kernel_pit = true;
                 }
             }
             Irqchip::Split { pins } => {
@@ -316,6 +320,7 @@ impl Vm {
             shadows: Vec::new(),
             next_slot: 0,
             irqchip,
+            kernel_pit,
         };
         let regions: Vec<(u64, u64, u64)> = vm
             .memory
@@ -396,6 +401,12 @@ impl Vm {
     /// The VM handle, for devices that register irqfds, ioeventfds and routes.
     pub fn shared_fd(&self) -> Arc<VmFd> {
         self.fd.clone()
+    }
+
+    /// Whether KVM models the machine's i8254 PIT; where it does not, the machine needs one of
+    /// its own (`devices::pit`).
+    pub fn has_kernel_pit(&self) -> bool {
+        self.kernel_pit
     }
 
     /// Guest RAM, as mapped into the VM's memslots.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use exitless::contract::PORT_SERIAL;
 use exitless::devices::acpi_pm::{PM_BASE, PM1_EVT_OFFSET};
 use exitless::devices::fw_cfg::{FW_CFG_ID, FW_CFG_PORT};
+use exitless::devices::pit::{PIT_PORT, PORT_B};
 use exitless::devices::reset_control::RESET_CONTROL_PORT;
 use exitless::devices::rtc::RTC_PORT;
 use exitless::iommu::regs::VTD_FEDATA_REG;
@@ -53,7 +54,8 @@ fn every_platform_device_is_registered_and_a_fresh_machine_takes_its_state() {
     };
     let (_vm, first) = wired(&cfg);
     // A guest's writes: the UART's scratch byte, a CMOS byte, fw_cfg's selector, PM1 enable,
-    // the reset kind, the unit's fault event data, an IOAPIC entry (masked, vector 0x41).
+    // the reset kind, the PIT, the unit's fault event data, an IOAPIC entry (masked, vector
+    // 0x41).
     let (pio, mmio) = (&first.io.pio, &first.io.mmio);
     let port = |p: u16| u64::from(p);
     pio.write(port(PORT_SERIAL + 7), &[0x5a]);
@@ -65,6 +67,10 @@ fn every_platform_device_is_registered_and_a_fresh_machine_takes_its_state() {
         &(1u16 << 10).to_le_bytes(),
     ); // RTC_EN
     pio.write(port(RESET_CONTROL_PORT), &[0x08]); // FULL_RST
+    // The PIT (a split irqchip has no KVM PIT): channel 2 as a square wave awaiting its count,
+    // and port B's gate and speaker bits.
+    pio.write(port(PIT_PORT + 3), &[0xb6]);
+    pio.write(port(PORT_B), &[0x03]);
     mmio.write(IOMMU_BASE + VTD_FEDATA_REG, &0x45u32.to_le_bytes());
     mmio.write(IOAPIC_BASE + IOAPIC_REGSEL, &[0x10]);
     mmio.write(IOAPIC_BASE + IOAPIC_WINDOW, &0x1_0041u32.to_le_bytes());
@@ -79,6 +85,7 @@ fn every_platform_device_is_registered_and_a_fresh_machine_takes_its_state() {
         names::ACPI_PM,
         names::RTC,
         names::RESET_CONTROL,
+        names::PIT,
         names::IOMMU,
         names::IOAPIC,
     ] {

@@ -148,7 +148,7 @@ impl Rtc {
             log,
         });
         let thread_shared = shared.clone();
-        let timer = seccomp::spawn(ThreadKind::Rtc, "rtc".into(), move || {
+        let timer = seccomp::spawn(ThreadKind::Timer, "rtc".into(), move || {
             run_timer(&thread_shared)
         })?;
         Ok(Rtc {

@@ -44,5 +44,9 @@ pub const SUPER_IO: &str = "super-io";
 pub const SUPER_IO_ALTERNATE: &str = "super-io-alt";
 /// COM2, COM3 and COM4's ports, with no UART behind them (reads float).
 pub const ABSENT_UARTS: [&str; 3] = ["com2-absent", "com3-absent", "com4-absent"];
+/// The i8254 PIT's ports, where exitless models it (no KVM PIT).
+pub const PIT: &str = "pit";
+/// Port B (0x61), the PIT's channel 2 gate and OUT, beside it.
+pub const PORT_B: &str = "port-b";
 /// The Reset Control Register at 0xCF9 (its state in a snapshot).
 pub const RESET_CONTROL: &str = "reset-control";

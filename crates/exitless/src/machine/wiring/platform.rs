@@ -16,6 +16,7 @@ use crate::devices::floating_ports::{
 };
 use crate::devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORTS_LEN, FwCfg, FwCfgContents};
 use crate::devices::i8042::{I8042, I8042_COMMAND_PORT};
+use crate::devices::pit::{PIT_GSI, PIT_PORT, PIT_PORTS_LEN, PORT_B, Pit, monotonic_clock};
 use crate::devices::pvpanic::{PVPANIC_LEN, PVPANIC_PORT, PvPanic};
 use crate::devices::reset_control::ResetControl;
 use crate::devices::rtc::{RTC_IRQ, RTC_PORT, RTC_PORTS_LEN, Rtc, host_clock, memory_bytes};
@@ -71,7 +72,8 @@ pub fn add_serial(
     Ok(())
 }
 
-/// The PC platform devices: fw_cfg, the debug exit, the i8042, the pvpanic port, the ports Linux probes that
+/// The PC platform devices: fw_cfg, the debug exit, the i8042, the pvpanic port, an i8254 PIT
+/// where KVM has none, the ports Linux probes that
 /// have no chip behind them, the ACPI PM block (S3 finds
 /// the waking vector in the FACS in `vm`'s memory), the RTC and the Reset Control Register,
 /// which is returned for CF8/CFC to serve beside bus 0's ports.
@@ -150,10 +152,35 @@ pub fn add_platform(
     let log = pm.log().clone();
     devices.add(Device::new(names::ACPI_PM, place, Kept::Saved(pm.clone())).counted(log))?;
     add_rtc(devices, layout, pm)?;
+    if !vm.has_kernel_pit() {
+        add_pit(devices)?;
+    }
     let reset = Arc::new(ResetControl::new(control.clone()));
     let kept = Kept::Saved(reset.clone());
     devices.add(Device::new(names::RESET_CONTROL, Place::Unlisted, kept))?;
     Ok(reset)
+}
+
+/// exitless's i8254 PIT, IRQ 0 on GSI 2, and port B beside it: for a VM KVM gives no PIT.
+fn add_pit(devices: &mut Devices) -> Result<(), MachineError> {
+    let irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("create the PIT eventfd"))?;
+    devices.routing.bind_pin(PIT_GSI, &irq, None)?;
+    let pit = Pit::new(monotonic_clock(), irq, DeviceLog::new(names::PIT))
+        .map_err(host_err("start the PIT timer thread"))?;
+    let (log, pit) = (pit.log().clone(), Arc::new(pit));
+    let place = Place::Pio {
+        base: PORT_B,
+        len: 1,
+        device: Arc::new(pit.port_b()),
+    };
+    devices.add(Device::new(names::PORT_B, place, Kept::Within(names::PIT)))?;
+    let place = Place::Pio {
+        base: PIT_PORT,
+        len: PIT_PORTS_LEN,
+        device: pit.clone(),
+    };
+    devices.add(Device::new(names::PIT, place, Kept::Saved(pit)).counted(log))?;
+    Ok(())
 }
 
 /// The RTC and CMOS on IRQ 8, its alarm a wake source of `pm`.

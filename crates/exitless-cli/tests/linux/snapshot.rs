@@ -1,0 +1,123 @@
+//! A Linux guest in the middle of its I/O, paused and resumed, then snapshotted and restored in
+//! a new process: a TCP connection to a server beside exitless (iperf3) and a loop of synced
+//! disk writes run across both. After the pause Linux reports no soft lockup or RCU stall and
+//! its clock matches the host's; after the restore the connection ends its test and every
+//! sector the loop wrote, before and after the snapshot, is in the image.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::guest::{Guest, Job, exitless_command};
+use crate::lab::Lab;
+use crate::net::{IPERF3, STOP_IPERF3_SERVERS, network, start_iperf3_servers, tap};
+
+/// How long the job holds the guest paused, seconds: past Linux's soft-lockup threshold (20 s,
+/// twice `watchdog_thresh`).
+const PAUSE_SECONDS: u32 = 25;
+
+/// The guest's I/O: a loop writing sector N of vda with N as 8 digits, synced, until the TCP
+/// test beside it ends; then what the watchdogs said and the guest's clock. The test sends
+/// 100 MiB (a minute or more at the lab's rates) rather than running for a time: an iperf3
+/// server ends a timed test by its own clock, which runs on while the guest is paused or
+/// between the snapshot and the restore (the server closed a `-t 90` test mid-way in the lab).
+const IO: &str = r#"
+(i=0; while [ ! -e /tmp/stop ]; do
+   printf '%08d' $i | dd of=/dev/vda bs=512 seek=$i conv=fsync 2>/dev/null || break
+   i=$((i + 1)); [ $((i % 20)) = 0 ] && echo "GUEST rounds_so_far $i"
+ done; echo $i > /tmp/rounds) &
+echo "GUEST io started"
+iperf tcp_across -n 100M
+touch /tmp/stop; wait
+echo "GUEST rounds $(cat /tmp/rounds)"
+echo "GUEST stall_reports $(dmesg | grep -ciE 'soft lockup|rcu.*stall')"
+echo "GUEST date_epoch $(date -u +%s)"
+"#;
+
+/// The job's lines: wait until `$1` holds `$2`, for up to ten minutes.
+const WAIT_FOR: &str = r#"
+wait_for() { for i in $(seq 600); do grep -q "$2" "$1" && return 0; sleep 1; done; echo "no $2 in $1"; return 1; }
+"#;
+
+#[test]
+#[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
+fn linux_mid_io_survives_a_pause_and_a_snapshot_restored_in_a_new_process() {
+    let Some(lab) = Lab::or_skip("snapshot") else {
+        return;
+    };
+    let mut job = Job::new("snapshot");
+    let image = job.image("io.img", 64 << 20);
+    let guest = Guest::new(&job.dir, "io", &format!("{}\n{IO}", network(6)), &[IPERF3]);
+    job.sh(&tap("lab-tap6", 6, ""));
+    start_iperf3_servers(&mut job);
+    job.sh(WAIT_FOR);
+    let ctl = format!(
+        "{} ctl --api-socket \"$RUN/api.sock\"",
+        env!("CARGO_BIN_EXE_exitless")
+    );
+    let run = exitless_command(
+        &guest,
+        "",
+        &format!(
+            "--memory 256 --cpus 2 --disk {} --net tap=lab-tap6 --api-socket \"$RUN/api.sock\"",
+            image.display()
+        ),
+    );
+    job.sh(&format!(
+        "{run} < /dev/null > original.console 2>&1 &
+pid=$!
+wait_for original.console 'GUEST io started' && sleep 5
+{ctl} pause && echo 'job: paused' && sleep {PAUSE_SECONDS} && {ctl} resume && echo 'job: resumed'
+sleep 10
+{ctl} pause && {ctl} snapshot \"$RUN/snapshot\" && echo 'job: snapshot taken' && {ctl} shutdown
+wait $pid; echo $? > original.status
+{exitless} run --restore \"$RUN/snapshot\" --timeout 600 < /dev/null > restored.console 2>&1
+echo $? > restored.status
+{STOP_IPERF3_SERVERS}; ip link del lab-tap6",
+        exitless = env!("CARGO_BIN_EXE_exitless"),
+    ));
+    let started = SystemTime::now();
+    let done = job.run(&lab, Duration::from_secs(1200));
+    let ended = SystemTime::now();
+    println!("{}", done.finished.output);
+
+    let original = done.run("original");
+    assert_eq!(
+        original.status,
+        0,
+        "the shutdown after the snapshot; {}",
+        original.tail()
+    );
+    assert!(
+        original.value("rounds_so_far").is_some(),
+        "the original process wrote before the snapshot; {}",
+        original.tail()
+    );
+    let restored = done.run("restored");
+    restored.expect_done(0);
+    assert!(
+        restored.value("rounds_so_far").is_some(),
+        "the restored process wrote after it; {}",
+        restored.tail()
+    );
+    restored.expect("tcp_across_status", "0");
+    restored.expect("stall_reports", "0");
+    // The guest's clock: between the job's start and end on the host's (UTC, whole seconds).
+    let epoch = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let date: u64 = restored.value("date_epoch").unwrap().parse().unwrap();
+    assert!(
+        (epoch(started)..=epoch(ended) + 1).contains(&date),
+        "the guest's date {date} is outside the run's {}..{}",
+        epoch(started),
+        epoch(ended)
+    );
+    let rounds: u64 = restored.value("rounds").unwrap().parse().unwrap();
+    let written = std::fs::read(&image).unwrap();
+    for n in 0..rounds {
+        let at = usize::try_from(n * 512).unwrap();
+        assert_eq!(
+            &written[at..at + 8],
+            format!("{n:08}").as_bytes(),
+            "sector {n} of {rounds} in the image"
+        );
+    }
+    println!("snapshot: {rounds} synced writes across a {PAUSE_SECONDS} s pause and a restore");
+}

@@ -1,0 +1,99 @@
+//! vhost-user devices under Linux's own drivers: a virtio-blk disk served by qemu-storage-daemon
+//! (an ext2 file system made, written and read back in the guest, read on the host from the
+//! image the daemon wrote) and a virtio-net card served by DPDK's testpmd, whose icmpecho
+//! forwarding answers the guest's ARP and ping. Both backends run beside exitless in the lab,
+//! started by the job as `exitless_peer::backends` starts them for the other tests.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use exitless_peer::backends::{
+    STORAGE_DAEMON_BINARY, TESTPMD_BINARY, storage_daemon_args, testpmd_args,
+};
+
+use crate::disk::{CONTENT, debugfs_cat, file_system};
+use crate::guest::{Guest, Job};
+use crate::lab::Lab;
+
+/// A shell line: `program` and `args`, each word in double quotes, so `$RUN` in a path
+/// expands (the paths hold no other `$`, `"`, backslash or backquote).
+fn shell_line(program: &str, args: &[OsString]) -> String {
+    let mut line = program.to_owned();
+    for arg in args {
+        let arg = arg.to_str().expect("a path in UTF-8");
+        assert!(!arg.contains(['"', '\\', '`']), "{arg} needs no quoting");
+        line.push_str(&format!(" \"{arg}\""));
+    }
+    line
+}
+
+/// The job's lines that wait up to a minute for the socket `$1` to appear.
+const WAIT_FOR_SOCKET: &str = r#"
+socket() { for i in $(seq 60); do [ -S "$1" ] && return 0; sleep 1; done; echo "no socket $1"; return 1; }
+"#;
+
+#[test]
+#[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
+fn linux_drives_a_vhost_user_disk_on_qemu_storage_daemon_and_a_card_on_testpmd() {
+    let Some(lab) = Lab::or_skip("vhost-user") else {
+        return;
+    };
+    let mut job = Job::new("vhost-user");
+    let image = job.image("vhost.img", 64 << 20);
+    // The sockets and testpmd's FIFO on the job's machine (`$RUN`): 9p holds neither.
+    let (blk, net) = (
+        PathBuf::from("$RUN/blk.sock"),
+        PathBuf::from("$RUN/net.sock"),
+    );
+    let script = format!(
+        r#"{fs}
+echo "GUEST disks $(ls /sys/block | grep -c ^vd)"
+fs vda
+ip link set eth0 up && ip addr add 10.0.4.15/24 dev eth0
+ping -c 3 -W 10 10.0.4.1 > /tmp/ping 2>&1
+echo "GUEST ping_replies $(grep -c 'bytes from' /tmp/ping)"
+"#,
+        fs = file_system(),
+    );
+    let guest = Guest::new(&job.dir, "vhost-user", &script, &[]);
+    job.sh(WAIT_FOR_SOCKET);
+    job.sh(&format!(
+        "{} > storage-daemon.log 2>&1 &\nstorage_daemon=$!\nsocket {}",
+        shell_line(STORAGE_DAEMON_BINARY, &storage_daemon_args(&image, &blk)),
+        blk.display()
+    ));
+    // testpmd runs until its stdin reaches EOF: a FIFO the job holds open on fd 3.
+    let sockets: [PathBuf; 1] = [net.clone()];
+    job.sh(&format!(
+        "mkfifo \"$RUN/testpmd.in\"\n{} < \"$RUN/testpmd.in\" > testpmd.log 2>&1 &\nexec 3> \"$RUN/testpmd.in\"\nsocket {}",
+        shell_line(
+            TESTPMD_BINARY,
+            &testpmd_args(&sockets, 1, 1, "exitless-lab")
+        ),
+        net.display()
+    ));
+    job.exitless(
+        "vhost-user",
+        &guest,
+        "",
+        &format!(
+            "--memory 256 --disk vhost-user={} --net vhost-user={}",
+            blk.display(),
+            net.display()
+        ),
+    );
+    job.sh("exec 3>&-\nkill $storage_daemon\nwait");
+    let done = job.run(&lab, Duration::from_secs(900));
+
+    let run = done.run("vhost-user");
+    run.expect_done(0);
+    run.expect("disks", "1");
+    run.expect("vda_readback", CONTENT);
+    run.expect("ping_replies", "3");
+    assert_eq!(
+        debugfs_cat(&image, "/hello"),
+        CONTENT,
+        "the host reads the file the guest wrote through qemu-storage-daemon"
+    );
+}
