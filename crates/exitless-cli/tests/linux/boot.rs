@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::debian;
-use crate::guest::{Guest, Job};
+use crate::guest::{Done, Guest, Job};
 use crate::lab::Lab;
 
 /// What the boot guests print: CPUs online, RAM, whether the CPU shows SSE4.2, the RTC's time.
@@ -17,9 +17,27 @@ echo "GUEST rtc_epoch $(cat /sys/class/rtc/rtc0/since_epoch)"
 echo "GUEST date_epoch $(date -u +%s)"
 "#;
 
+/// Panic unless run `name` of `done` reached userspace with `cpus` CPUs and powered off, with
+/// every port and address Linux probed at boot answered (docs/linux-lab.md): a stray access is
+/// a device missing from the machine.
+fn expect_booted(done: &Done, name: &str, cpus: &str) {
+    let run = done.run(name);
+    run.expect_done(0);
+    run.expect("cpus", cpus);
+    let stray: Vec<&str> = run
+        .console
+        .lines()
+        .filter(|l| l.contains("no device there"))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "{name}: accesses nothing claims: {stray:?}"
+    );
+}
+
 #[test]
 #[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
-fn linux_reaches_userspace_with_1_2_and_4_vcpus_as_a_bzimage_and_through_pvh() {
+fn linux_reaches_userspace_with_1_and_2_vcpus_as_a_bzimage_and_through_pvh() {
     let Some(lab) = Lab::or_skip("boot") else {
         return;
     };
@@ -27,7 +45,7 @@ fn linux_reaches_userspace_with_1_2_and_4_vcpus_as_a_bzimage_and_through_pvh() {
     let guest = Guest::new(&job.dir, "report", REPORT, &[]);
     let kernel = debian::kernel(crate::lab::KERNEL_PACKAGE).unwrap();
     let vmlinux = debian::vmlinux(&kernel.vmlinuz).expect("the vmlinux inside the bzImage");
-    for cpus in [1, 2, 4] {
+    for cpus in [1, 2] {
         job.exitless(
             &format!("bzimage-{cpus}"),
             &guest,
@@ -40,28 +58,25 @@ fn linux_reaches_userspace_with_1_2_and_4_vcpus_as_a_bzimage_and_through_pvh() {
         initramfs: guest.initramfs.clone(),
     };
     job.exitless("pvh-2", &pvh, "", "--cpus 2 --memory 256");
-    let done = job.run(&lab, Duration::from_secs(1200));
-    for (name, cpus) in [
-        ("bzimage-1", "1"),
-        ("bzimage-2", "2"),
-        ("bzimage-4", "4"),
-        ("pvh-2", "2"),
-    ] {
-        let run = done.run(name);
-        run.expect_done(0);
-        run.expect("cpus", cpus);
-        // Every port and address Linux probes at boot is answered (docs/linux-lab.md): a
-        // stray access is a device missing from the machine.
-        let stray: Vec<&str> = run
-            .console
-            .lines()
-            .filter(|l| l.contains("no device there"))
-            .collect();
-        assert!(
-            stray.is_empty(),
-            "{name}: accesses nothing claims: {stray:?}"
-        );
+    let done = job.run(&lab, Duration::from_secs(600));
+    for (name, cpus) in [("bzimage-1", "1"), ("bzimage-2", "2"), ("pvh-2", "2")] {
+        expect_booted(&done, name, cpus);
     }
+}
+
+/// Four vCPUs: apart, because in the nested lab (2 outer vCPUs) guests with four triple-fault
+/// now and then under QEMU as under exitless (docs/linux-lab.md); CI skips it there.
+#[test]
+#[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
+fn linux_reaches_userspace_with_4_vcpus() {
+    let Some(lab) = Lab::or_skip("boot-4") else {
+        return;
+    };
+    let mut job = Job::new("boot-4");
+    let guest = Guest::new(&job.dir, "report", REPORT, &[]);
+    job.exitless("bzimage-4", &guest, "", "--cpus 4 --memory 256");
+    let done = job.run(&lab, Duration::from_secs(420));
+    expect_booted(&done, "bzimage-4", "4");
 }
 
 #[test]
@@ -79,7 +94,7 @@ fn linux_sees_ram_above_4_gib_a_cpu_template_and_the_rtcs_date() {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let done = job.run(&lab, Duration::from_secs(900));
+    let done = job.run(&lab, Duration::from_secs(600));
     let after = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -135,7 +150,7 @@ fn a_linux_reboot_ends_the_run_with_status_0_as_a_poweroff_does_and_a_panic_with
         &[],
     );
     job.exitless("panic", &panicking, "", "--memory 256");
-    let done = job.run(&lab, Duration::from_secs(600));
+    let done = job.run(&lab, Duration::from_secs(420));
     let run = done.run("reboot");
     run.expect("rebooting", "yes");
     assert!(

@@ -94,7 +94,7 @@ echo "GUEST vdc_high $(dd if=/dev/vdc bs=512 skip={HIGH_SECTOR} count=1 2>/dev/n
             mmio_image.display()
         ),
     );
-    let done = job.run(&lab, Duration::from_secs(1200));
+    let done = job.run(&lab, Duration::from_secs(900));
 
     let mmio = done.run("mmio");
     mmio.expect_done(0);
@@ -161,7 +161,7 @@ kill -KILL $pid; wait $pid; echo $? > killed.status",
             &format!("--memory 256 --disk {}", image.display())
         ),
     ));
-    let done = job.run(&lab, Duration::from_secs(900));
+    let done = job.run(&lab, Duration::from_secs(600));
     let run = done.run("killed");
     run.expect("synced", "yes");
     assert_eq!(run.status, 128 + 9, "killed by SIGKILL; {}", run.tail());

@@ -61,7 +61,7 @@ fn linux_runs_its_disk_and_card_through_the_iommu_strict_and_lazy_with_remapped_
         );
     }
     job.sh(&format!("{STOP_IPERF3_SERVERS}; ip link del lab-tap5"));
-    let done = job.run(&lab, Duration::from_secs(1200));
+    let done = job.run(&lab, Duration::from_secs(600));
 
     for (mode, _, group_type) in modes {
         let run = done.run(mode);

@@ -32,6 +32,12 @@ const ATTEMPTS: u32 = 3;
 /// loaded host.
 const OUTER_OVERHEAD: Duration = Duration::from_secs(120);
 
+/// How long the outer VM's heartbeat may go unwritten before the host takes the VM for wedged
+/// (its kernel seen stuck in its own KVM, neither panicking nor answering, docs/linux-lab.md):
+/// a job waiting on a hung guest goes on beating, so this never takes a guest's fault for the
+/// lab's.
+const HEARTBEAT_SILENCE: Duration = Duration::from_secs(120);
+
 /// Guest RAM of the outer VM, MiB: room for a 4608 MiB guest and the host tools beside it (TCG
 /// allocates it only as it is touched).
 const OUTER_MEMORY_MIB: u32 = 8192;
@@ -50,7 +56,9 @@ const OUTER_MODULES: [&str; 7] = [
 
 /// The outer VM's `/init`: mount this host's root (tag `host`) as the lower layer of an overlay,
 /// the job's folder (tag `job`, path from `lab.dir=` on the command line) over its own path,
-/// run `job.sh` there in a chroot with a time limit, write its status, power off.
+/// run `job.sh` there in a chroot with a time limit, write its status, power off. Beside the
+/// job it writes its uptime to `heartbeat` every 10 s, so the host can tell an outer VM that
+/// stopped answering from a job that is slow.
 const OUTER_INIT: &str = r#"
 for word in $(cat /proc/cmdline); do
   case "$word" in lab.dir=*) dir="${word#lab.dir=}" ;; lab.limit=*) limit="${word#lab.limit=}" ;; esac
@@ -69,6 +77,7 @@ mount -t tmpfs tmpfs /root/dev/shm
 mount -t tmpfs tmpfs /root/run
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 job "/root$dir"
 [ -c /dev/kvm ] && echo "lab: /dev/kvm is up after $(cut -d' ' -f1 /proc/uptime) s"
+(while :; do cut -d' ' -f1 /proc/uptime > "/root$dir/heartbeat"; sleep 10; done) &
 chroot /root /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
   /usr/bin/timeout "$limit" /bin/sh -c "cd '$dir' && exec /bin/sh job.sh" > "/root$dir/output" 2>&1
 echo $? > "/root$dir/status.part"
@@ -258,12 +267,23 @@ fn nested(kernel: &Kernel, initramfs: &Path, dir: &Path, limit: Duration) -> Res
         .stderr(console)
         .spawn()
         .map_err(|e| format!("qemu-system-x86_64: {e}"))?;
-    let deadline = Instant::now() + limit + OUTER_OVERHEAD;
+    let started = Instant::now();
+    let deadline = started + limit + OUTER_OVERHEAD;
+    let heartbeat = dir.join("heartbeat");
+    let _ = std::fs::remove_file(&heartbeat);
+    let mut wedged = false;
     let exited = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break Some(status);
         }
-        if Instant::now() > deadline {
+        // Silent since the last beat, or since its boot was due to have ended.
+        let silent = std::fs::metadata(&heartbeat)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|beat| beat.elapsed().ok())
+            .unwrap_or_else(|| started.elapsed().saturating_sub(OUTER_OVERHEAD));
+        wedged = silent > HEARTBEAT_SILENCE;
+        if wedged || Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
             break None;
@@ -283,6 +303,11 @@ fn nested(kernel: &Kernel, initramfs: &Path, dir: &Path, limit: Duration) -> Res
         (_, Some(cause)) => cause,
         (Some(status), None) => format!(
             "QEMU ended ({status}) with no job status; console in {}",
+            console_path.display()
+        ),
+        (None, None) if wedged => format!(
+            "its heartbeat stopped for {} s; console in {}",
+            HEARTBEAT_SILENCE.as_secs(),
             console_path.display()
         ),
         (None, None) => format!(

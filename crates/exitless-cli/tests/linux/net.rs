@@ -246,7 +246,7 @@ fn linux_pings_and_carries_tcp_and_udp_both_ways_on_a_tap_with_one_or_four_queue
     job.sh(&format!(
         "{STOP_IPERF3_SERVERS}; ip link del lab-tap2; ip link del lab-tap3"
     ));
-    let done = job.run(&lab, Duration::from_secs(1500));
+    let done = job.run(&lab, Duration::from_secs(720));
 
     let pci = done.run("pci");
     pci.expect("mac", MAC);

@@ -76,7 +76,7 @@ fn linux_sees_the_same_machine_under_qemu_and_exitless_in_the_same_lab() {
             &pair.qemu,
         );
     }
-    let done = job.run(&lab, Duration::from_secs(1800));
+    let done = job.run(&lab, Duration::from_secs(720));
     let mut failed = Vec::new();
     println!("boot to /init, guest uptime in s (TCG-timed, one run each): exitless, qemu");
     for pair in &pairs {

@@ -50,7 +50,7 @@ fn linux_sleeps_in_s3_and_its_rtc_alarm_wakes_it_with_both_cpus_and_its_disk() {
             .as_secs()
     };
     let before = now();
-    let done = job.run(&lab, Duration::from_secs(600));
+    let done = job.run(&lab, Duration::from_secs(420));
     let after = now();
 
     let run = done.run("s3");

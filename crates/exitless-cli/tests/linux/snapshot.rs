@@ -75,7 +75,7 @@ echo $? > restored.status
         exitless = env!("CARGO_BIN_EXE_exitless"),
     ));
     let started = SystemTime::now();
-    let done = job.run(&lab, Duration::from_secs(1200));
+    let done = job.run(&lab, Duration::from_secs(720));
     let ended = SystemTime::now();
     println!("{}", done.finished.output);
 

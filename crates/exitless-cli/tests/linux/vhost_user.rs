@@ -84,7 +84,7 @@ echo "GUEST ping_replies $(grep -c 'bytes from' /tmp/ping)"
         ),
     );
     job.sh("exec 3>&-\nkill $storage_daemon\nwait");
-    let done = job.run(&lab, Duration::from_secs(900));
+    let done = job.run(&lab, Duration::from_secs(420));
 
     let run = done.run("vhost-user");
     run.expect_done(0);
