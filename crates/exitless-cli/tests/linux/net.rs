@@ -156,7 +156,8 @@ fn four_pairs_carried(run: &Run) -> Result<String, String> {
         return Err(format!("did not finish (status {})", run.status));
     }
     for (key, want) in [
-        ("rx_queues", "4"),
+        // The driver starts with a pair per CPU (virtnet_probe), up to the device's four.
+        ("rx_queues", "2"),
         ("ping_replies", "3"),
         ("combined_after_1", "1"),
         ("combined_after_4", "4"),
@@ -246,7 +247,7 @@ fn linux_pings_and_carries_tcp_and_udp_both_ways_on_a_tap_with_one_or_four_queue
     job.sh(&format!(
         "{STOP_IPERF3_SERVERS}; ip link del lab-tap2; ip link del lab-tap3"
     ));
-    let done = job.run(&lab, Duration::from_secs(720));
+    let done = job.run(&lab, Duration::from_secs(1200));
 
     let pci = done.run("pci");
     pci.expect("mac", MAC);
