@@ -42,6 +42,19 @@ const HEARTBEAT_SILENCE: Duration = Duration::from_secs(120);
 /// allocates it only as it is touched).
 const OUTER_MEMORY_MIB: u32 = 8192;
 
+/// The outer VM's machine, each overridable for experiments on the lab's steadiness by
+/// `EXITLESS_LAB_ACCEL`, `_CPU`, `_SMP` and `_APPEND` (extra kernel parameters; module
+/// parameters as `kvm_amd.KEY=V`). docs/linux-lab.md says what was tried.
+const OUTER_ACCEL: &str = "tcg,thread=multi";
+const OUTER_CPU: &str = "max";
+const OUTER_SMP: &str = "2";
+const OUTER_APPEND: &str = "";
+
+/// `EXITLESS_LAB_<NAME>` if set, else `default`.
+fn outer_setting(name: &str, default: &str) -> String {
+    std::env::var(format!("EXITLESS_LAB_{name}")).unwrap_or_else(|_| default.to_owned())
+}
+
 /// Modules the outer VM loads: 9p and the overlay for its root, KVM on the emulated SVM, tun for
 /// the jobs' taps, vhost-net for the jobs that use it.
 const OUTER_MODULES: [&str; 7] = [
@@ -228,20 +241,19 @@ fn nested(kernel: &Kernel, initramfs: &Path, dir: &Path, limit: Duration) -> Res
     let console_path = dir.join("outer-console.log");
     let console = std::fs::File::create(&console_path).unwrap();
     let append = format!(
-        "console=ttyS0 panic=-1 oops=panic loglevel=4 lab.dir={} lab.limit={}",
+        "console=ttyS0 panic=-1 oops=panic loglevel=4 lab.dir={} lab.limit={} {}",
         dir.display(),
-        limit.as_secs()
+        limit.as_secs(),
+        outer_setting("APPEND", OUTER_APPEND)
     );
     let mut child = Command::new("qemu-system-x86_64")
-        .args([
-            "-accel",
-            "tcg,thread=multi",
-            "-cpu",
-            "max",
-            "-smp",
-            "2",
-            "-m",
-        ])
+        .arg("-accel")
+        .arg(outer_setting("ACCEL", OUTER_ACCEL))
+        .arg("-cpu")
+        .arg(outer_setting("CPU", OUTER_CPU))
+        .arg("-smp")
+        .arg(outer_setting("SMP", OUTER_SMP))
+        .arg("-m")
         .arg(OUTER_MEMORY_MIB.to_string())
         .arg("-kernel")
         .arg(&kernel.vmlinuz)

@@ -12,3 +12,4 @@ pub mod pvpanic;
 pub mod reset_control;
 pub mod rtc;
 pub mod serial;
+pub mod timer;

@@ -13,17 +13,15 @@
 mod counter;
 mod persist;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::EventFd;
 
+use super::timer::{IDLE, Timed, TimerThread};
 use crate::bus::BusDevice;
 use crate::guest_error;
 use crate::logging::DeviceLog;
-use crate::seccomp::{self, ThreadKind};
 use counter::Counter;
 
 /// Counter 0's data port; counters 1 and 2 and the control word follow.
@@ -53,8 +51,6 @@ const REFRESH_PERIOD_NS: u128 = 15_085;
 /// The tick count at the clock's start: past the longest span a restored counter's start lies
 /// back ([`persist`] keeps at most two counter periods), so it never falls before tick 0.
 const ORIGIN: u64 = 1 << 20;
-/// Longest the timer sleeps with no edge to come: a guest's access wakes it sooner.
-const IDLE: Duration = Duration::from_secs(3600);
 
 /// Time since the machine started, or a test's.
 pub type Clock = Box<dyn Fn() -> Duration + Send + Sync>;
@@ -88,12 +84,7 @@ struct Chip {
 }
 
 struct Shared {
-    chip: Mutex<Chip>,
-    /// Signalled when an access may have moved channel 0's next edge, and at stop.
-    changed: Condvar,
-    stop: AtomicBool,
-    /// A snapshot is being taken: the timer raises nothing until it is over.
-    paused: AtomicBool,
+    chip: Timed<Chip>,
     clock: Clock,
     irq: EventFd,
     log: Arc<DeviceLog>,
@@ -101,7 +92,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Chip> {
-        self.chip.lock().unwrap_or_else(PoisonError::into_inner)
+        self.chip.lock()
     }
 
     /// The tick count now, from [`ORIGIN`].
@@ -113,28 +104,22 @@ impl Shared {
 /// The PIT and its timer thread (stopped and joined on drop).
 pub struct Pit {
     shared: Arc<Shared>,
-    timer: Option<JoinHandle<()>>,
+    _timer: TimerThread,
 }
 
 impl Pit {
     /// A PIT reading `clock`, pulsing `irq` on channel 0's rising edges; starts its timer.
     pub fn new(clock: Clock, irq: EventFd, log: Arc<DeviceLog>) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
-            chip: Mutex::new(Chip::default()),
-            changed: Condvar::new(),
-            stop: AtomicBool::new(false),
-            paused: AtomicBool::new(false),
+            chip: Timed::new(Chip::default()),
             clock,
             irq,
             log,
         });
-        let thread_shared = shared.clone();
-        let timer = seccomp::spawn(ThreadKind::Timer, "pit".into(), move || {
-            run_timer(&thread_shared)
-        })?;
+        let timer = TimerThread::spawn("pit", &shared, |s| &s.chip, raise_due_edges)?;
         Ok(Pit {
             shared,
-            timer: Some(timer),
+            _timer: timer,
         })
     }
 
@@ -149,44 +134,23 @@ impl Pit {
     }
 }
 
-impl Drop for Pit {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        drop(self.shared.lock());
-        self.shared.changed.notify_all();
-        if let Some(timer) = self.timer.take() {
-            let _ = timer.join();
-        }
-    }
-}
-
-/// The timer thread: pulse IRQ 0 at channel 0's rising edges.
-fn run_timer(shared: &Shared) {
+/// The timer's step: pulse IRQ 0 at channel 0's rising edges that are due; the time until
+/// the next.
+fn raise_due_edges(shared: &Shared, chip: &mut Chip) -> Duration {
     let min_period = ticks(MIN_IRQ_PERIOD);
-    let mut chip = shared.lock();
-    while !shared.stop.load(Ordering::Acquire) {
-        let wait = if shared.paused.load(Ordering::Acquire) {
-            IDLE
-        } else {
-            let now = shared.now();
-            match chip.counters[0].next_rising_edge(chip.irq_checked) {
-                Some(edge) if edge <= now && now >= chip.irq_not_before => {
-                    if let Err(e) = shared.irq.write(1) {
-                        guest_error!(shared.log, "IRQ 0 lost: {e}");
-                    }
-                    chip.irq_checked = now;
-                    chip.irq_not_before = now.saturating_add(min_period);
-                    continue;
+    loop {
+        let now = shared.now();
+        match chip.counters[0].next_rising_edge(chip.irq_checked) {
+            Some(edge) if edge <= now && now >= chip.irq_not_before => {
+                if let Err(e) = shared.irq.write(1) {
+                    guest_error!(shared.log, "IRQ 0 lost: {e}");
                 }
-                Some(edge) => duration(edge.max(chip.irq_not_before).saturating_sub(now)),
-                None => IDLE,
+                chip.irq_checked = now;
+                chip.irq_not_before = now.saturating_add(min_period);
             }
-        };
-        chip = shared
-            .changed
-            .wait_timeout(chip, wait)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+            Some(edge) => return duration(edge.max(chip.irq_not_before).saturating_sub(now)),
+            None => return IDLE,
+        }
     }
 }
 
@@ -223,7 +187,7 @@ impl BusDevice for Pit {
         // Channel 0 reprogrammed: its edges count from now, and the timer sleeps anew.
         if channel == 0 {
             chip.irq_checked = now;
-            self.shared.changed.notify_all();
+            self.shared.chip.wake();
         }
     }
 }

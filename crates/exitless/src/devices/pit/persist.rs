@@ -2,8 +2,6 @@
 //! has counted (not when it started: the clock is the process's own, and a restore is another
 //! process), and the speaker's data bit. Channel 0's edges are raised from the restore on.
 
-use std::sync::atomic::Ordering;
-
 use serde::{Deserialize, Serialize};
 
 use super::Pit;
@@ -62,17 +60,13 @@ fn counted(c: &Counter, ticks: u64) -> u64 {
 impl Persist for Pit {
     /// Hold the timer thread, so no IRQ 0 edge falls between the irqchip's state and this.
     fn pause(&self) -> Result<(), StateError> {
-        self.shared.paused.store(true, Ordering::Release);
-        drop(self.shared.lock());
+        self.shared.chip.pause();
         Ok(())
     }
 
     fn resume(&self) {
-        self.shared.paused.store(false, Ordering::Release);
-        let mut chip = self.shared.lock();
-        chip.irq_checked = self.shared.now();
-        drop(chip);
-        self.shared.changed.notify_all();
+        let now = self.shared.now();
+        self.shared.chip.resume(|chip| chip.irq_checked = now);
     }
 
     fn save(&self) -> Result<serde_json::Value, StateError> {
@@ -109,7 +103,7 @@ impl Persist for Pit {
         chip.speaker_data = saved.speaker_data;
         chip.irq_checked = now;
         drop(chip);
-        self.shared.changed.notify_all();
+        self.shared.chip.wake();
         Ok(())
     }
 }

@@ -1,4 +1,4 @@
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 
 use vmm_sys_util::eventfd::EFD_NONBLOCK;

@@ -12,17 +12,16 @@ mod calendar;
 mod cmos;
 mod persist;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
 use vmm_sys_util::eventfd::EventFd;
 
+use super::timer::{IDLE, Timed, TimerThread};
 use crate::bus::BusDevice;
 use crate::guest_error;
 use crate::logging::DeviceLog;
-use crate::seccomp::{self, ThreadKind};
 use cmos::{CMOS_LEN, Cmos, Raised};
 
 pub use cmos::CENTURY as CENTURY_INDEX;
@@ -87,12 +86,7 @@ pub fn memory_bytes(below_4g: u64, above_4g: u64) -> Vec<(u8, u8)> {
 
 struct Shared {
     /// The index the guest last wrote, then the chip.
-    state: Mutex<(u8, Cmos)>,
-    /// Signalled when an access may have changed the next deadline, or at stop.
-    changed: Condvar,
-    stop: AtomicBool,
-    /// A snapshot is being taken: the timer raises nothing until it is over.
-    paused: AtomicBool,
+    state: Timed<(u8, Cmos)>,
     /// Restored from a snapshot: IRQ 8 is pulsed again at resume while IRQF is set.
     restored: AtomicBool,
     clock: Clock,
@@ -103,7 +97,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, (u8, Cmos)> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// Pulse IRQ 8 and report the alarm, as `raised` says.
@@ -122,7 +116,7 @@ impl Shared {
 /// The RTC and its timer thread (stopped and joined on drop).
 pub struct Rtc {
     shared: Arc<Shared>,
-    timer: Option<JoinHandle<()>>,
+    _timer: TimerThread,
 }
 
 impl Rtc {
@@ -137,23 +131,17 @@ impl Rtc {
     ) -> std::io::Result<Self> {
         let cmos = Cmos::new(bytes, clock());
         let shared = Arc::new(Shared {
-            state: Mutex::new((0, cmos)),
-            changed: Condvar::new(),
-            stop: AtomicBool::new(false),
-            paused: AtomicBool::new(false),
+            state: Timed::new((0, cmos)),
             restored: AtomicBool::new(false),
             clock,
             irq,
             events,
             log,
         });
-        let thread_shared = shared.clone();
-        let timer = seccomp::spawn(ThreadKind::Timer, "rtc".into(), move || {
-            run_timer(&thread_shared)
-        })?;
+        let timer = TimerThread::spawn("rtc", &shared, |s| &s.state, raise_due_flags)?;
         Ok(Rtc {
             shared,
-            timer: Some(timer),
+            _timer: timer,
         })
     }
 
@@ -163,43 +151,14 @@ impl Rtc {
     }
 }
 
-impl Drop for Rtc {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        drop(self.shared.lock());
-        self.shared.changed.notify_all();
-        if let Some(timer) = self.timer.take() {
-            let _ = timer.join();
-        }
-    }
-}
-
-/// Longest the timer sleeps with nothing enabled: an access wakes it sooner.
-const IDLE: Duration = Duration::from_secs(3600);
-
-/// The timer thread: raise the flags that are due, then sleep until the next enabled one.
-fn run_timer(shared: &Shared) {
-    let mut state = shared.lock();
-    while !shared.stop.load(Ordering::Acquire) {
-        if shared.paused.load(Ordering::Acquire) {
-            state = shared
-                .changed
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
-            continue;
-        }
-        let now = (shared.clock)();
-        shared.deliver(state.1.catch_up(now));
-        let wait = state
-            .1
-            .next_deadline(now)
-            .map_or(IDLE, |at| at.saturating_sub(now));
-        state = shared
-            .changed
-            .wait_timeout(state, wait)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
-    }
+/// The timer's step: raise the flags that are due; the time until the next enabled one.
+fn raise_due_flags(shared: &Shared, state: &mut (u8, Cmos)) -> Duration {
+    let now = (shared.clock)();
+    shared.deliver(state.1.catch_up(now));
+    state
+        .1
+        .next_deadline(now)
+        .map_or(IDLE, |at| at.saturating_sub(now))
 }
 
 impl BusDevice for Rtc {
@@ -229,7 +188,7 @@ impl BusDevice for Rtc {
                 let index = state.0;
                 let raised = state.1.write(index, byte, now);
                 self.shared.deliver(raised);
-                self.shared.changed.notify_all();
+                self.shared.state.wake();
             }
             _ => {}
         }

@@ -74,8 +74,7 @@ impl Persist for Rtc {
     /// before register C's would leave IRQF set with no edge to come, and the guest's RTC
     /// interrupts would stop. Taking the lock waits out a delivery in progress.
     fn pause(&self) -> Result<(), StateError> {
-        self.shared.paused.store(true, Ordering::Release);
-        drop(self.shared.lock());
+        self.shared.state.pause();
         Ok(())
     }
 
@@ -85,14 +84,12 @@ impl Persist for Rtc {
     /// C is read. A guest that had taken it reads C = 0 once more: a spurious interrupt,
     /// which drivers expect.
     fn resume(&self) {
-        self.shared.paused.store(false, Ordering::Release);
-        let state = self.shared.lock();
-        if self.shared.restored.swap(false, Ordering::AcqRel) {
-            let irq = state.1.reg_c & IRQF != 0;
-            self.shared.deliver(Raised { irq, alarm: false });
-        }
-        drop(state);
-        self.shared.changed.notify_all();
+        self.shared.state.resume(|state| {
+            if self.shared.restored.swap(false, Ordering::AcqRel) {
+                let irq = state.1.reg_c & IRQF != 0;
+                self.shared.deliver(Raised { irq, alarm: false });
+            }
+        });
     }
 
     fn save(&self) -> Result<serde_json::Value, StateError> {
@@ -121,7 +118,7 @@ impl Persist for Rtc {
         self.shared.restored.store(true, Ordering::Release);
         drop(state);
         // The timer thread sleeps until the next enabled interrupt it knew of: re-arm it.
-        self.shared.changed.notify_all();
+        self.shared.state.wake();
         Ok(())
     }
 }

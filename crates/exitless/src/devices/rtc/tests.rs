@@ -1,6 +1,6 @@
 use super::cmos::{AIE, IRQF, PIE, REG_A, REG_B, REG_C, REG_D, SET, UIE};
 use super::*;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// 2026-11-25 20:21:08 UTC, a Wednesday.
 const NOW: u64 = 1_795_638_068;
