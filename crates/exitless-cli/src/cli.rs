@@ -176,7 +176,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub iommu: bool,
     /// Stop the guest after this many seconds and exit with status 124, as timeout(1) does
-    /// (and, as there, 0 is no limit).
+    /// (and, as there, 0 is no limit), saying first where each vCPU was.
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<u64>,
     /// The vCPUs' CPU model: `host` (what KVM supports, less xsave and cx16, which this

@@ -121,7 +121,7 @@ fn console_input_reaches_the_guest() {
 }
 
 #[test]
-fn a_run_past_its_timeout_ends_with_status_124_and_one_line() {
+fn a_run_past_its_timeout_ends_with_status_124_where_its_vcpu_was_and_one_error_line() {
     // With no input the kernel waits 10 s for a console line: longer than the timeout.
     let elf = kernel("testkernel.elf");
     let ran = exitless_run(
@@ -136,10 +136,20 @@ fn a_run_past_its_timeout_ends_with_status_124_and_one_line() {
         b"",
     );
     assert_eq!(ran.status.code(), Some(124), "{}", ran.stderr);
+    let lines: Vec<&str> = ran.stderr.lines().collect();
     assert_eq!(
-        ran.stderr.trim_end(),
-        "exitless: the guest did not end within --timeout 1 seconds"
+        lines.last().copied(),
+        Some("exitless: the guest did not end within --timeout 1 seconds"),
+        "{}",
+        ran.stderr
     );
+    // Where the one vCPU was: parked by a kick, so its state could be read.
+    let report = lines
+        .iter()
+        .find(|l| l.starts_with("exitless: warn: at the timeout vCPU 0 was "))
+        .unwrap_or_else(|| panic!("no report of vCPU 0: {}", ran.stderr));
+    assert!(report.contains(" at RIP 0x"), "{report}");
+    assert_eq!(lines.len(), 2, "{}", ran.stderr);
 }
 
 #[test]

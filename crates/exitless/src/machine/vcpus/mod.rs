@@ -110,6 +110,9 @@ impl Vcpus {
             }
         }
         let reason = wait_and_put_to_sleep(&threads, control, timeout);
+        if reason.is_none() {
+            report_where(&threads, control);
+        }
         control.stop(StopReason::VcpuFailed("stopped by the VMM".into()));
         stop_and_join(threads);
         match (spawn_error, reason) {
@@ -137,15 +140,75 @@ fn wait_and_put_to_sleep(
             RunEvent::Stopped(reason) => return Some(reason),
             RunEvent::TimedOut => return None,
             RunEvent::Parking => {
-                // A kick can land before a thread re-enters the guest: retry until it parks.
-                while control.parking() && !control.is_stopping() {
-                    for t in threads.iter().filter(|t| !t.is_finished()) {
-                        let _ = t.kill(seccomp::kick_signal());
-                    }
-                    thread::sleep(Duration::from_millis(1));
-                }
+                kick_while(threads, None, || {
+                    control.parking() && !control.is_stopping()
+                });
             }
         }
+    }
+}
+
+/// Kick the vCPU threads still going out of `KVM_RUN` while `going_on` holds, until
+/// `deadline` if one is given. A kick can land before a thread re-enters the guest, hence
+/// the retry.
+fn kick_while(threads: &[JoinHandle<()>], deadline: Option<Instant>, going_on: impl Fn() -> bool) {
+    while going_on() && deadline.is_none_or(|d| Instant::now() < d) {
+        for t in threads.iter().filter(|t| !t.is_finished()) {
+            let _ = t.kill(seccomp::kick_signal());
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// How long a timed-out run's vCPUs get to park, and then to give their state, for
+/// [`report_where`].
+const REPORT_DEADLINE: Duration = Duration::from_secs(2);
+
+/// The run timed out: log where each vCPU was, so a guest that hangs (halted with nothing to
+/// wake it, or looping at one place) can be told from a host whose KVM never gave a vCPU back
+/// (one that a kick does not bring out of `KVM_RUN`). The vCPUs are paused for it, as for a
+/// snapshot; the run is ending, so nothing resumes them.
+fn report_where(threads: &[JoinHandle<()>], control: &RunControl) {
+    if control.sleep().asleep() || control.pause().request().is_err() {
+        log::warn!("at the timeout the machine was asleep (S3) or paused");
+        return;
+    }
+    let deadline = Instant::now() + REPORT_DEADLINE;
+    kick_while(threads, Some(deadline), || {
+        control.pause().entering() && !control.is_stopping()
+    });
+    if control.pause().entering() {
+        log::warn!(
+            "at the timeout a vCPU did not leave KVM_RUN within {REPORT_DEADLINE:?} of being \
+             kicked: it is stuck in the host's KVM, not in the guest"
+        );
+        return;
+    }
+    match control.pause().save_vcpus(REPORT_DEADLINE) {
+        Ok(states) => {
+            for (i, state) in states.iter().enumerate() {
+                log::warn!(
+                    "at the timeout vCPU {i} was {} at RIP {:#x}, RFLAGS {:#x}, CR3 {:#x}",
+                    mp_state_name(state.mp_state.mp_state),
+                    state.regs.rip,
+                    state.regs.rflags,
+                    state.sregs.cr3
+                );
+            }
+        }
+        Err(e) => log::warn!("at the timeout the vCPUs' state could not be read: {e}"),
+    }
+}
+
+/// KVM's name for a vCPU's run state (api.rst, KVM_GET_MP_STATE).
+fn mp_state_name(mp_state: u32) -> &'static str {
+    match mp_state {
+        kvm_bindings::KVM_MP_STATE_RUNNABLE => "runnable",
+        kvm_bindings::KVM_MP_STATE_UNINITIALIZED => "waiting for INIT",
+        kvm_bindings::KVM_MP_STATE_INIT_RECEIVED => "waiting for SIPI",
+        kvm_bindings::KVM_MP_STATE_HALTED => "halted",
+        kvm_bindings::KVM_MP_STATE_SIPI_RECEIVED => "starting (SIPI received)",
+        _ => "in an unknown state",
     }
 }
 
@@ -164,18 +227,14 @@ fn spawn(
 /// outside the guest (in a device that never returns) where no kick reaches it.
 const STOP_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Kick every vCPU out of `KVM_RUN` until its thread ends (a kick can land before the thread
-/// re-enters the guest, hence the retry), then join them. The run must be stopping already.
+/// Kick every vCPU out of `KVM_RUN` until its thread ends, then join them. The run must be stopping already.
 /// A thread that does not end within [`STOP_DEADLINE`] is reported and abandoned, so the run
 /// (and the process) always ends.
 fn stop_and_join(threads: Vec<JoinHandle<()>>) {
-    let deadline = std::time::Instant::now() + STOP_DEADLINE;
-    while threads.iter().any(|t| !t.is_finished()) && std::time::Instant::now() < deadline {
-        for t in threads.iter().filter(|t| !t.is_finished()) {
-            let _ = t.kill(seccomp::kick_signal());
-        }
-        thread::sleep(Duration::from_millis(1));
-    }
+    let deadline = Instant::now() + STOP_DEADLINE;
+    kick_while(&threads, Some(deadline), || {
+        threads.iter().any(|t| !t.is_finished())
+    });
     for (i, t) in threads.into_iter().enumerate() {
         if t.is_finished() {
             let _ = t.join();
