@@ -35,6 +35,11 @@ echo "GUEST up after $(cut -d' ' -f1 /proc/uptime) s, $(grep -c ^processor /proc
 /// a reboot's 0).
 pub const CMDLINE: &str = "console=ttyS0 rdinit=/init panic=-1";
 
+/// The longest one guest may run, seconds: twice the longest any case's guest has taken in
+/// the nested lab (150 s of uptime, a snapshot's restored run), so a guest that hangs costs
+/// CI minutes, not ten.
+pub const GUEST_TIMEOUT_S: u32 = 300;
+
 /// A guest: the kernel and its initramfs (paths this host and the lab share).
 pub struct Guest {
     pub kernel: PathBuf,
@@ -186,7 +191,7 @@ impl Job {
     /// ending the run as exitless's does (`-no-reboot`).
     pub fn qemu(&mut self, name: &str, guest: &Guest, machine: &str, args: &str) {
         let line = format!(
-            "timeout 600 qemu-system-x86_64 -accel kvm -machine {machine} \
+            "timeout {GUEST_TIMEOUT_S} qemu-system-x86_64 -accel kvm -machine {machine} \
              -cpu host,arch-capabilities=off -nodefaults -display none -serial stdio \
              -monitor none -no-reboot -kernel {kernel} -initrd {initrd} -append '{CMDLINE}' \
              {args}",
@@ -258,7 +263,7 @@ fn triple_fault(dir: &Path) -> Option<String> {
 pub fn exitless_command(guest: &Guest, extra_cmdline: &str, args: &str) -> String {
     format!(
         "{exitless} run --kernel {kernel} --initrd {initrd} --cmdline '{CMDLINE} {extra_cmdline}' \
-         --timeout 600 {args}",
+         --timeout {GUEST_TIMEOUT_S} {args}",
         exitless = env!("CARGO_BIN_EXE_exitless"),
         kernel = guest.kernel.display(),
         initrd = guest.initramfs.display(),

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::guest::{Guest, Job, exitless_command};
+use crate::guest::{GUEST_TIMEOUT_S, Guest, Job, exitless_command};
 use crate::lab::Lab;
 use crate::net::{IPERF3, STOP_IPERF3_SERVERS, network, start_iperf3_servers, tap};
 
@@ -69,7 +69,7 @@ wait_for original.console 'GUEST io started' && sleep 5
 sleep 10
 {ctl} pause && {ctl} snapshot \"$RUN/snapshot\" && echo 'job: snapshot taken' && {ctl} shutdown
 wait $pid; echo $? > original.status
-{exitless} run --restore \"$RUN/snapshot\" --timeout 600 < /dev/null > restored.console 2>&1
+{exitless} run --restore \"$RUN/snapshot\" --timeout {GUEST_TIMEOUT_S} < /dev/null > restored.console 2>&1
 echo $? > restored.status
 {STOP_IPERF3_SERVERS}; ip link del lab-tap6",
         exitless = env!("CARGO_BIN_EXE_exitless"),
