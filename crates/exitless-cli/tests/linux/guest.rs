@@ -187,14 +187,21 @@ impl Job {
     }
 
     /// Run `guest` under QEMU with KVM, `machine` (q35, microvm) and `args`, as `name`: the
-    /// same kernel, initramfs and command line, the console on its standard output, a reboot
-    /// ending the run as exitless's does (`-no-reboot`).
-    pub fn qemu(&mut self, name: &str, guest: &Guest, machine: &str, args: &str) {
+    /// same kernel, initramfs and command line (and `extra` on it), the console on its
+    /// standard output, a reboot ending the run as exitless's does (`-no-reboot`).
+    pub fn qemu(
+        &mut self,
+        name: &str,
+        guest: &Guest,
+        machine: &str,
+        extra_cmdline: &str,
+        args: &str,
+    ) {
         let line = format!(
             "timeout {GUEST_TIMEOUT_S} qemu-system-x86_64 -accel kvm -machine {machine} \
              -cpu host,arch-capabilities=off -nodefaults -display none -serial stdio \
-             -monitor none -no-reboot -kernel {kernel} -initrd {initrd} -append '{CMDLINE}' \
-             {args}",
+             -monitor none -no-reboot -kernel {kernel} -initrd {initrd} \
+             -append '{CMDLINE} {extra_cmdline}' {args}",
             kernel = guest.kernel.display(),
             initrd = guest.initramfs.display(),
         );

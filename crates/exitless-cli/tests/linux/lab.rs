@@ -90,6 +90,7 @@ mount -t tmpfs tmpfs /root/dev/shm
 mount -t tmpfs tmpfs /root/run
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 job "/root$dir"
 [ -c /dev/kvm ] && echo "lab: /dev/kvm is up after $(cut -d' ' -f1 /proc/uptime) s"
+echo "lab: kvm_amd $(cd /sys/module/kvm_amd/parameters && grep -H . npt vgif nested avic | tr '\n' ' ')"
 (while :; do cut -d' ' -f1 /proc/uptime > "/root$dir/heartbeat"; sleep 10; done) &
 chroot /root /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
   /usr/bin/timeout "$limit" /bin/sh -c "cd '$dir' && exec /bin/sh job.sh" > "/root$dir/output" 2>&1

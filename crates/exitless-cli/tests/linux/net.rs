@@ -235,6 +235,7 @@ fn linux_pings_and_carries_tcp_and_udp_both_ways_on_a_tap_with_one_or_four_queue
         "qemu-queues-4",
         &multi,
         "q35",
+        "",
         "-m 512 -smp 2 -netdev tap,id=n0,ifname=lab-tap3,script=no,downscript=no,queues=4 \
          -device virtio-net-pci,netdev=n0,mq=on,vectors=10",
     );

@@ -73,6 +73,7 @@ fn linux_sees_the_same_machine_under_qemu_and_exitless_in_the_same_lab() {
             &format!("qemu-{}", pair.name),
             &guest,
             pair.qemu_machine,
+            "",
             &pair.qemu,
         );
     }
