@@ -60,6 +60,7 @@ fn linux_writes_a_file_system_the_host_reads_and_a_read_only_disk_refuses_writes
         r#"{fs}
 echo "GUEST disks $(ls /sys/block | grep -c ^vd)"
 fs vda
+echo "GUEST vdb_ro $(cat /sys/block/vdb/ro)"
 dd if=/dev/zero of=/dev/vdb bs=4096 count=1 conv=fsync 2>/dev/null && echo "GUEST ro_write accepted" || echo "GUEST ro_write refused"
 echo "GUEST vdc_sectors $(cat /sys/block/vdc/size)"
 echo -n {HIGH_MARKER} | dd of=/dev/vdc bs=512 seek={HIGH_SECTOR} conv=fsync 2>/dev/null
@@ -110,6 +111,9 @@ echo "GUEST vdc_high $(dd if=/dev/vdc bs=512 skip={HIGH_SECTOR} count=1 2>/dev/n
     pci.expect_done(0);
     pci.expect("disks", "3");
     pci.expect("vda_readback", CONTENT);
+    // The driver read VIRTIO_BLK_F_RO (the block layer's read-only flag), and a write the
+    // guest forces anyway is refused.
+    pci.expect("vdb_ro", "1");
     pci.expect("ro_write", "refused");
     pci.expect("vdc_sectors", &(5u64 << 21).to_string());
     pci.expect("vdc_high", HIGH_MARKER);
