@@ -72,16 +72,26 @@ impl Guest {
 
 /// How every job's script starts: `$RUN` names a fresh folder on the machine the job runs on,
 /// removed when the job ends, for what the shared job folder cannot hold (9p has no sockets or
-/// FIFOs) or must not keep from one attempt to the next (pid files).
-const JOB_START: &str = "set -u\nRUN=$(mktemp -d)\ntrap 'rm -rf \"$RUN\"' EXIT\n";
+/// FIFOs) or must not keep from one attempt to the next (pid files). Then how a guest run's
+/// console tells it shut down on a fault the guest did not ask for: exitless's line for a
+/// triple fault; under QEMU (`-no-reboot`), an exit 0 with neither the script done nor a
+/// reboot, power-off or panic of the guest's kernel, which is how QEMU ends a triple fault
+/// under KVM (a reset, as a reboot is), saying nothing of it.
+const JOB_START: &str = r#"set -u
+RUN=$(mktemp -d)
+trap 'rm -rf "$RUN"' EXIT
+rm -f ./*.console.fault*
+exitless_faulted() { grep -q ' shut down (a triple fault)' "$1.console"; }
+qemu_faulted() {
+  [ "$(cat "$1.status")" = 0 ] && ! grep -q -e 'GUEST done' -e 'reboot: ' -e 'Kernel panic' "$1.console"
+}
+"#;
 
 /// A job: shell lines run in order in its folder, among them runs of a guest whose console and
 /// status each go to `NAME.console` and `NAME.status`.
 pub struct Job {
     pub dir: PathBuf,
     script: String,
-    /// The runs under QEMU, by name.
-    qemu_runs: Vec<String>,
 }
 
 /// One guest's run: its status and its console (exitless's standard output and error).
@@ -159,7 +169,6 @@ impl Job {
         Job {
             dir,
             script: String::from(JOB_START),
-            qemu_runs: Vec::new(),
         }
     }
 
@@ -186,7 +195,7 @@ impl Job {
     /// Run `guest` under exitless with `args` and `extra` on its command line, as `name`.
     pub fn exitless(&mut self, name: &str, guest: &Guest, extra_cmdline: &str, args: &str) {
         let line = exitless_command(guest, extra_cmdline, args);
-        self.record(name, &line);
+        self.record(name, &line, "exitless_faulted");
     }
 
     /// Run `guest` under QEMU with KVM, `machine` (q35, microvm) and `args`, as `name`: the
@@ -201,42 +210,59 @@ impl Job {
         args: &str,
     ) {
         let line = format!(
-            "timeout {GUEST_TIMEOUT_S} qemu-system-x86_64 -accel kvm -machine {machine} \
-             -cpu host,arch-capabilities=off -nodefaults -display none -serial stdio \
-             -monitor none -no-reboot -kernel {kernel} -initrd {initrd} \
+            "timeout {GUEST_TIMEOUT_S} qemu-system-x86_64 -accel kvm -machine {machine} \\
+             -cpu host,arch-capabilities=off -nodefaults -display none -serial stdio \\
+             -monitor none -no-reboot -kernel {kernel} -initrd {initrd} \\
              -append '{CMDLINE} {extra_cmdline}' {args}",
             kernel = guest.kernel.display(),
             initrd = guest.initramfs.display(),
         );
-        self.record(name, &line);
-        self.qemu_runs.push(name.to_owned());
+        self.record(name, &line, "qemu_faulted");
     }
 
-    fn record(&mut self, name: &str, line: &str) {
+    /// Run `line` as the guest run `name`; in the nested lab, again (up to
+    /// `$GUEST_ATTEMPTS` times, saying so) while `faulted` (a function of [`JOB_START`]) says
+    /// it shut down on a fault: the lab's nested SVM faults QEMU's guests too, now and then,
+    /// on any vCPU (docs/linux-lab.md), so only a fault that comes back is the guest's. A
+    /// faulted attempt's console is kept as `NAME.console.faultN`.
+    fn record(&mut self, name: &str, line: &str, faulted: &str) {
         self.sh(&format!(
-            "echo 'job: {name}'\n{line} < /dev/null > {name}.console 2>&1\necho $? > {name}.status"
+            r#"echo 'job: {name}'
+attempt=1
+while :; do
+  {line} < /dev/null > {name}.console 2>&1
+  echo $? > {name}.status
+  {faulted} {name} && [ $attempt -lt $GUEST_ATTEMPTS ] || break
+  mv {name}.console {name}.console.fault$attempt
+  attempt=$((attempt + 1))
+  echo "lab: {name}: the guest shut down on a fault; attempt $attempt of $GUEST_ATTEMPTS"
+done"#
         ));
     }
 
     /// Run the job in `lab`, at most `limit`; panics if the job itself failed (its status is
-    /// not 0), with its output.
+    /// not 0), with its output. Prints the job's `lab:` lines (a guest run attempted again).
     ///
-    /// In the nested lab a job one of whose guests shut down on a triple fault runs again,
-    /// saying so, up to [`FAULT_ATTEMPTS`] times in all: the lab's nested SVM does that to
-    /// QEMU's guests too, on any vCPU, at any point of a run (docs/linux-lab.md), so a fault
-    /// that does not come back is taken for the lab's; one on every attempt is the job's. On
-    /// hardware KVM a fault is never retried.
+    /// In the nested lab a guest run that shut down on a fault runs again within the job
+    /// ([`Job::record`]); a job one of whose other guest runs (written with their own lines)
+    /// ended on exitless's triple fault runs again as a whole, saying so, up to
+    /// [`FAULT_ATTEMPTS`] times in all. On hardware KVM a fault is never retried.
     pub fn run(self, lab: &Lab, limit: Duration) -> Done {
-        let mut finished = lab.run(&self.dir, &self.script, limit);
-        for attempt in 2..=FAULT_ATTEMPTS {
-            let fault = triple_fault(&self.dir).or_else(|| qemu_reset(&self.dir, &self.qemu_runs));
-            let (Lab::Nested { .. }, Some(fault)) = (lab, fault) else {
+        let nested = matches!(lab, Lab::Nested { .. });
+        let attempts = if nested { FAULT_ATTEMPTS } else { 1 };
+        let script = format!("GUEST_ATTEMPTS={attempts}\n{}", self.script);
+        let mut finished = lab.run(&self.dir, &script, limit);
+        for attempt in 2..=attempts {
+            let Some(fault) = triple_fault(&self.dir) else {
                 break;
             };
             println!(
-                "lab: {fault}, as the nested lab's guests do under both VMMs: attempt {attempt} of {FAULT_ATTEMPTS}"
+                "lab: {fault}, as the nested lab's guests do under both VMMs: job attempt {attempt} of {attempts}"
             );
-            finished = lab.run(&self.dir, &self.script, limit);
+            finished = lab.run(&self.dir, &script, limit);
+        }
+        for line in finished.output.lines().filter(|l| l.starts_with("lab: ")) {
+            println!("{line}");
         }
         assert_eq!(
             finished.status, 0,
@@ -250,16 +276,18 @@ impl Job {
     }
 }
 
-/// How many times a job whose guest triple-faulted in the nested lab is run in all.
+/// How many times a guest run (or a job) whose guest shut down on a fault in the nested lab
+/// is run in all.
 const FAULT_ATTEMPTS: u32 = 3;
 
 /// The first console in `dir` whose run ended on exitless's report of a triple fault (`vCPU N
-/// shut down (a triple fault)`): which run and vCPU.
+/// shut down (a triple fault)`) and was not run again within the job: which run and vCPU.
 fn triple_fault(dir: &Path) -> Option<String> {
     let mut consoles: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| Some(e.ok()?.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "console"))
+        .filter(|p| !p.with_extension("console.fault1").exists())
         .collect();
     consoles.sort();
     consoles.iter().find_map(|path| {
@@ -267,20 +295,6 @@ fn triple_fault(dir: &Path) -> Option<String> {
         let at = text.find(" shut down (a triple fault)")?;
         let vcpu = text[..at].rsplit("vCPU ").next()?;
         Some(format!("{}: vCPU {vcpu} triple-faulted", path.display()))
-    })
-}
-
-/// The first of the QEMU runs `names` in `dir` whose guest reset with nothing of its own
-/// asking for it: QEMU (`-no-reboot`) exited 0 on a console with neither the guest's script
-/// done nor a reboot, power-off or panic of its kernel. Under KVM, QEMU ends a triple fault
-/// that way (a reset, as a reboot is), and says nothing of it.
-fn qemu_reset(dir: &Path, names: &[String]) -> Option<String> {
-    names.iter().find_map(|name| {
-        let read = |ext: &str| std::fs::read_to_string(dir.join(format!("{name}.{ext}"))).ok();
-        let console = read("console")?;
-        let asked = ["GUEST done", "reboot: ", "Kernel panic"];
-        (read("status")?.trim() == "0" && !asked.iter().any(|a| console.contains(a)))
-            .then(|| format!("{name}.console: QEMU's guest reset by itself (a triple fault)"))
     })
 }
 
