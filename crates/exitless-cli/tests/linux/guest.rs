@@ -51,7 +51,9 @@ impl Guest {
     /// `programs` at their paths), written into `dir` as `NAME.cpio`.
     pub fn new(dir: &Path, name: &str, script: &str, programs: &[&str]) -> Guest {
         let kernel = debian::kernel(KERNEL_PACKAGE).expect("Debian's kernel");
-        let init = format!("{PRELUDE}{script}\necho GUEST done\npoweroff -f\n");
+        // The pause lets the console's UART drain what the script wrote before the kernel's
+        // own "reboot: Power down" is written over it (a report line was seen cut that way).
+        let init = format!("{PRELUDE}{script}\necho GUEST done\nsleep 1\npoweroff -f\n");
         let mut archive = Initramfs::new(&debian::busybox().expect("busybox"), &init).unwrap();
         for module in GUEST_MODULES {
             archive.module(&kernel, module).unwrap();
