@@ -310,26 +310,28 @@ fn nested(kernel: &Kernel, initramfs: &Path, dir: &Path, limit: Duration) -> Res
         return Ok(());
     }
     let log = std::fs::read_to_string(&console_path).unwrap_or_default();
+    // Kept apart, so the next attempt's console does not overwrite the dead VM's.
+    let kept = (1..)
+        .map(|n| dir.join(format!("outer-console.died-{n}.log")))
+        .find(|p| !p.exists())
+        .expect("a free name");
+    let kept = match std::fs::rename(&console_path, &kept) {
+        Ok(()) => kept,
+        Err(_) => console_path,
+    };
     let cause = log
         .lines()
         .find(|l| l.contains("Kernel panic") || l.contains("BUG:") || l.contains("corrupted stack"))
         .map(str::trim)
         .map(str::to_owned);
-    Err(match (exited, cause) {
+    let why = match (exited, cause) {
         (_, Some(cause)) => cause,
-        (Some(status), None) => format!(
-            "QEMU ended ({status}) with no job status; console in {}",
-            console_path.display()
-        ),
+        (Some(status), None) => format!("QEMU ended ({status}) with no job status"),
         (None, None) if wedged => format!(
-            "its heartbeat stopped for {} s; console in {}",
-            HEARTBEAT_SILENCE.as_secs(),
-            console_path.display()
+            "its heartbeat stopped for {} s",
+            HEARTBEAT_SILENCE.as_secs()
         ),
-        (None, None) => format!(
-            "no answer within {} s; console in {}",
-            (limit + OUTER_OVERHEAD).as_secs(),
-            console_path.display()
-        ),
-    })
+        (None, None) => format!("no answer within {} s", (limit + OUTER_OVERHEAD).as_secs()),
+    };
+    Err(format!("{why}; console in {}", kept.display()))
 }
