@@ -14,6 +14,7 @@ const RTCWAKE: &str = "/usr/sbin/rtcwake";
 /// What the guest does: sleep in S3 for 5 s, then report ([`AFTER_RESUME`] follows).
 const SLEEP: &str = r#"
 echo "GUEST sleep_states $(cat /sys/power/state)"
+echo "GUEST mem_sleep $(cat /sys/power/mem_sleep)"
 echo "GUEST rtc_wakeup $(cat /sys/class/rtc/rtc0/device/power/wakeup)"
 rtcwake -m mem -s 5; echo "GUEST rtcwake_status $?"
 echo "GUEST cpus_online $(cat /sys/devices/system/cpu/online)"
@@ -54,9 +55,21 @@ fn linux_sleeps_in_s3_and_its_rtc_alarm_wakes_it_with_both_cpus_and_its_disk() {
     let after = now();
 
     let run = done.run("s3");
-    run.expect_done(0);
+    // `mem` is S3 only where mem_sleep has chosen `deep`: without \_S3, Linux still lists
+    // `mem`, as suspend-to-idle (s2idle).
     let states = run.value("sleep_states").unwrap_or_default();
-    assert!(states.split(' ').any(|s| s == "mem"), "{states}");
+    assert!(
+        states.split(' ').any(|s| s == "mem"),
+        "{states}; {}",
+        run.tail()
+    );
+    let mem_sleep = run.value("mem_sleep").unwrap_or_default();
+    assert!(
+        mem_sleep.split(' ').any(|s| s == "[deep]"),
+        "mem_sleep {mem_sleep:?}: S3 not chosen; {}",
+        run.tail()
+    );
+    run.expect_done(0);
     run.expect("rtc_wakeup", "enabled");
     run.expect("rtcwake_status", "0");
     run.expect("suspend_exits", "1");
