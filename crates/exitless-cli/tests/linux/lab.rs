@@ -49,8 +49,8 @@ const OUTER_ACCEL: &str = "tcg,thread=multi";
 const OUTER_CPU: &str = "max";
 const OUTER_SMP: &str = "2";
 /// kvm-amd without virtual GIF: with it, the outer kernel died in about one job in four (a
-/// vCPU thread's stack overflowing in a page-fault loop, or wedged); without it, 3 in about 33, all in the `--iommu` job
-/// (docs/linux-lab.md, "Steadiness").
+/// vCPU thread's stack overflowing in a page-fault loop, or wedged); without it, 3 in about
+/// 33, all in the `--iommu` job (docs/linux-lab.md, "Steadiness").
 const OUTER_APPEND: &str = "kvm_amd.vgif=0";
 
 /// `EXITLESS_LAB_<NAME>` if set, else `default`.
