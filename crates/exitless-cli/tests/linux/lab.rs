@@ -26,8 +26,8 @@ use crate::common::initramfs::Initramfs;
 pub const KERNEL_PACKAGE: &str = "linux-image-amd64";
 
 /// How many outer VMs a job may use up before the lab gives up on it. Five: the `--iommu` job
-/// lost its outer VM in 4 of its 7 attempts without virtual GIF (no other job lost one in 28),
-/// so three would fail it about one CI run in five.
+/// lost its outer VM in 4 of its 7 attempts without virtual GIF (the other jobs 1 in 31), so
+/// three would fail it about one CI run in five.
 const ATTEMPTS: u32 = 5;
 
 /// Time the outer VM needs besides the job: its boot (~5 s) and power-off, with margin for a
@@ -51,8 +51,8 @@ const OUTER_ACCEL: &str = "tcg,thread=multi";
 const OUTER_CPU: &str = "max";
 const OUTER_SMP: &str = "2";
 /// kvm-amd without virtual GIF: with it, the outer kernel died in about one job in four (a
-/// vCPU thread's stack overflowing in a page-fault loop, or wedged); without it, 4 in about
-/// 35, all in the `--iommu` job (docs/linux-lab.md, "Steadiness").
+/// vCPU thread's stack overflowing in a page-fault loop, or wedged); without it, 5 in about
+/// 38, 4 of them in the `--iommu` job (docs/linux-lab.md, "Steadiness").
 const OUTER_APPEND: &str = "kvm_amd.vgif=0";
 
 /// `EXITLESS_LAB_<NAME>` if set, else `default`.
