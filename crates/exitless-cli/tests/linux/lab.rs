@@ -25,9 +25,8 @@ use crate::common::initramfs::Initramfs;
 /// cloud flavour has no KVM).
 pub const KERNEL_PACKAGE: &str = "linux-image-amd64";
 
-/// How many outer VMs a job may use up before the lab gives up on it. Five: the `--iommu` job
-/// lost its outer VM in 4 of its 7 attempts without virtual GIF (the other jobs 1 in 31), so
-/// three would fail it about one CI run in five.
+/// How many outer VMs a job may use up before the lab gives up on it. Five: about one outer VM
+/// in six dies (docs/linux-lab.md, "Steadiness"), and one job (`--iommu`) lost 4 of its 7.
 const ATTEMPTS: u32 = 5;
 
 /// Time the outer VM needs besides the job: its boot (~5 s) and power-off, with margin for a
@@ -50,9 +49,8 @@ const OUTER_MEMORY_MIB: u32 = 8192;
 const OUTER_ACCEL: &str = "tcg,thread=multi";
 const OUTER_CPU: &str = "max";
 const OUTER_SMP: &str = "2";
-/// kvm-amd without virtual GIF: with it, the outer kernel died in about one job in four (a
-/// vCPU thread's stack overflowing in a page-fault loop, or wedged); without it, 5 in about
-/// 38, 4 of them in the `--iommu` job (docs/linux-lab.md, "Steadiness").
+/// kvm-amd without virtual GIF: with it, 4 in 16 outer VMs died; without it, 7 in about 41,
+/// not shown to be better (docs/linux-lab.md, "Steadiness").
 const OUTER_APPEND: &str = "kvm_amd.vgif=0";
 
 /// `EXITLESS_LAB_<NAME>` if set, else `default`.
