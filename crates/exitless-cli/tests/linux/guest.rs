@@ -72,18 +72,22 @@ impl Guest {
     }
 }
 
+/// What exitless logs after `vCPU N` when a vCPU shut down on a triple fault.
+const TRIPLE_FAULT: &str = " shut down (a triple fault)";
+
 /// How every job's script starts: `$RUN` names a fresh folder on the machine the job runs on,
 /// removed when the job ends, for what the shared job folder cannot hold (9p has no sockets or
 /// FIFOs) or must not keep from one attempt to the next (pid files). Then how a guest run's
 /// console tells it shut down on a fault the guest did not ask for: exitless's line for a
 /// triple fault; under QEMU (`-no-reboot`), an exit 0 with neither the script done nor a
 /// reboot, power-off or panic of the guest's kernel, which is how QEMU ends a triple fault
-/// under KVM (a reset, as a reboot is), saying nothing of it.
+/// under KVM (a reset, as a reboot is), saying nothing of it. `@TRIPLE_FAULT@` is
+/// [`TRIPLE_FAULT`].
 const JOB_START: &str = r#"set -u
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT
 rm -f ./*.console.fault*
-exitless_faulted() { grep -q ' shut down (a triple fault)' "$1.console"; }
+exitless_faulted() { grep -q '@TRIPLE_FAULT@' "$1.console"; }
 qemu_faulted() {
   [ "$(cat "$1.status")" = 0 ] && ! grep -q -e 'GUEST done' -e 'reboot: ' -e 'Kernel panic' "$1.console"
 }
@@ -170,7 +174,7 @@ impl Job {
         std::fs::create_dir_all(&dir).unwrap();
         Job {
             dir,
-            script: String::from(JOB_START),
+            script: JOB_START.replace("@TRIPLE_FAULT@", TRIPLE_FAULT),
         }
     }
 
@@ -294,7 +298,7 @@ fn triple_fault(dir: &Path) -> Option<String> {
     consoles.sort();
     consoles.iter().find_map(|path| {
         let text = std::fs::read_to_string(path).ok()?;
-        let at = text.find(" shut down (a triple fault)")?;
+        let at = text.find(TRIPLE_FAULT)?;
         let vcpu = text[..at].rsplit("vCPU ").next()?;
         Some(format!("{}: vCPU {vcpu} triple-faulted", path.display()))
     })
