@@ -100,7 +100,7 @@ fuzz_target!(|data: &[u8]| {
     q.set_ready(true);
     let health = Arc::new(DeviceHealth::new(DeviceLog::new("fuzz")));
     let mut engine = QueueEngine::new(Box::new(handler), health.clone());
-    engine.activate(vec![q], DmaContext::platform(mem.clone()));
+    engine.activate(vec![q], DmaContext::platform(mem.clone()), 0);
     let mut done = false;
     for _ in 0..8 {
         if !engine.process(0).more {

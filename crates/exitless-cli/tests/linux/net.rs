@@ -37,13 +37,18 @@ echo "GUEST mac $(cat /sys/class/net/eth0/address)"
 echo "GUEST rx_queues $(ls -d /sys/class/net/eth0/queues/rx-* | wc -l)"
 ping -c 3 -W 10 @HOST@ > /tmp/ping 2>&1
 echo "GUEST ping_replies $(grep -c 'bytes from' /tmp/ping)"
+stat() { cat /sys/class/net/eth0/statistics/$1; }
 iperf() {
   name="$1"; shift
   case " $* " in *" -t "*|*" -n "*) ;; *) set -- -t @SECONDS@ "$@" ;; esac
+  tb=$(stat tx_bytes) tp=$(stat tx_packets) rb=$(stat rx_bytes) rp=$(stat rx_packets)
   iperf3 -c @HOST@ -f k "$@" > /tmp/$name 2>&1
   echo "GUEST ${name}_status $?"
   echo "GUEST ${name} $(grep -E 'receiver|error' /tmp/$name | tail -1)"
+  echo "GUEST ${name}_tx_frame_bytes $(( ($(stat tx_bytes) - tb) / ($(stat tx_packets) - tp + 1) ))"
+  echo "GUEST ${name}_rx_frame_bytes $(( ($(stat rx_bytes) - rb) / ($(stat rx_packets) - rp + 1) ))"
 }
+echo "GUEST features $(cat /sys/class/net/eth0/device/features)"
 "#;
 
 /// The guest's script on `subnet`.
@@ -115,7 +120,45 @@ fn lost_of_sent(run: &Run, test: &str) -> (u64, u64) {
         .unwrap_or_else(|| panic!("{}: no datagram counts in {line:?}", run.name))
 }
 
-/// Check the single-queue guest's tests: the echo replies, and data carried each way.
+/// The offload features a driver takes from a card on a tap (virtio 1.2 §5.1.3): CSUM,
+/// GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_ECN, HOST_TSO4, HOST_TSO6, HOST_ECN.
+const OFFLOAD_BITS: [usize; 8] = [0, 1, 7, 8, 9, 11, 12, 13];
+
+/// The largest frame without segmentation offloads: a 1500-byte MTU and its Ethernet header.
+const MTU_FRAME: u64 = 1514;
+
+/// Check that the guest's driver negotiated the offloads (its device's `features`, one
+/// character per bit) and that TCP crossed the card in segments larger than the MTU each way
+/// (the driver's byte and packet counters over each test: a segment counts once).
+fn expect_offloads(run: &Run) {
+    let features = run.value("features").unwrap_or_default();
+    let negotiated = |bit: usize| features.as_bytes().get(bit) == Some(&b'1');
+    let missing: Vec<usize> = OFFLOAD_BITS
+        .into_iter()
+        .filter(|&b| !negotiated(b))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{}: offload feature bits {missing:?} not negotiated: {features}",
+        run.name
+    );
+    for (test, counter) in [("tcp_tx", "tx"), ("tcp_rx", "rx")] {
+        let key = format!("{test}_{counter}_frame_bytes");
+        let bytes: u64 = run.value(&key).and_then(|v| v.parse().ok()).unwrap_or(0);
+        println!(
+            "{}: {test}: {bytes} bytes per {counter} frame on average",
+            run.name
+        );
+        assert!(
+            bytes > MTU_FRAME,
+            "{}: {key} {bytes}: no TCP segment larger than the MTU crossed the card",
+            run.name
+        );
+    }
+}
+
+/// Check the single-queue guest's tests: the offloads, the echo replies, and data carried
+/// each way.
 pub fn expect_traffic(run: &Run) {
     run.expect_done(0);
     run.expect("ping_replies", "3");
@@ -139,6 +182,7 @@ pub fn expect_traffic(run: &Run) {
             run.name
         );
     }
+    expect_offloads(run);
 }
 
 /// The per-queue packet counts `ethtool -S` gave (`GUEST stat rx_queue_0_packets N`), by name.

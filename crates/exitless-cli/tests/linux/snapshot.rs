@@ -22,7 +22,7 @@ const PAUSE_SECONDS: u32 = 25;
 const IO: &str = r#"
 (i=0; while [ ! -e /tmp/stop ]; do
    printf '%08d' $i | dd of=/dev/vda bs=512 seek=$i conv=fsync 2>/dev/null || break
-   i=$((i + 1)); [ $((i % 20)) = 0 ] && echo "GUEST rounds_so_far $i"
+   i=$((i + 1)); [ $((i % 20)) = 0 ] && echo "GUEST rounds_so_far $i $(cut -d' ' -f1 /proc/uptime)"
  done; echo $i > /tmp/rounds) &
 echo "GUEST io started"
 iperf tcp_across -n 100M
@@ -30,7 +30,47 @@ touch /tmp/stop; wait
 echo "GUEST rounds $(cat /tmp/rounds)"
 echo "GUEST stall_reports $(dmesg | grep -ciE 'soft lockup|rcu.*stall')"
 echo "GUEST date_epoch $(date -u +%s)"
+echo "GUEST uptime_end $(cut -d' ' -f1 /proc/uptime)"
 "#;
+
+/// How much less than the host's time the restored guest's clock may advance, seconds: the
+/// restored process starts and ends around the guest's first and last lines (a few rounds of
+/// synced writes before the first, a second's wait and a power-off after the last).
+const CLOCK_SLACK_S: f64 = 20.0;
+
+/// The guest's clock (its uptime, from kvmclock) runs on across the restore as the host's
+/// does: from its first line after the restore to its last it advances by about as long as
+/// the restored process ran. A clock not restored (KVM_SET_CLOCK) starts the new VM's
+/// kvmclock at zero, below what the guest last read, and Linux's clock stands still until
+/// it catches up: as long as the guest had run before the snapshot.
+fn expect_clock_runs_across_the_restore(restored: &crate::guest::Run, times: &std::path::Path) {
+    let times = std::fs::read_to_string(times).unwrap_or_default();
+    let host: Vec<f64> = times
+        .split_whitespace()
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let [start, end] = host[..] else {
+        panic!("no restore times in {times:?}");
+    };
+    let first = restored
+        .console
+        .lines()
+        .find_map(|l| {
+            l.trim_start_matches(|c| c != 'G')
+                .strip_prefix("GUEST rounds_so_far ")
+        })
+        .and_then(|rest| rest.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no uptime after the restore; {}", restored.tail()));
+    let last: f64 = restored.value("uptime_end").unwrap().parse().unwrap();
+    let (guest, host) = (last - first, end - start);
+    println!(
+        "snapshot: across the restore the guest's clock ran {guest:.1} s, the host's {host:.1} s"
+    );
+    assert!(
+        guest >= host - CLOCK_SLACK_S,
+        "the guest's clock ran {guest:.1} s while the restored process ran {host:.1} s"
+    );
+}
 
 /// The job's lines: wait until `$1` holds `$2`, for up to ten minutes.
 const WAIT_FOR: &str = r#"
@@ -69,8 +109,10 @@ wait_for original.console 'GUEST io started' && sleep 5
 sleep 10
 {ctl} pause && {ctl} snapshot \"$RUN/snapshot\" && echo 'job: snapshot taken' && {ctl} shutdown
 wait $pid; echo $? > original.status
+restore_start=$(date +%s.%N)
 {exitless} run --restore \"$RUN/snapshot\" --timeout {GUEST_TIMEOUT_S} < /dev/null > restored.console 2>&1
 echo $? > restored.status
+echo \"$restore_start $(date +%s.%N)\" > restored.times
 {STOP_IPERF3_SERVERS}; ip link del lab-tap6",
         exitless = env!("CARGO_BIN_EXE_exitless"),
     ));
@@ -109,6 +151,7 @@ echo $? > restored.status
         epoch(started),
         epoch(ended)
     );
+    expect_clock_runs_across_the_restore(&restored, &done.dir.join("restored.times"));
     let rounds: u64 = restored.value("rounds").unwrap().parse().unwrap();
     let written = std::fs::read(&image).unwrap();
     for n in 0..rounds {

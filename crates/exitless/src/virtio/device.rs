@@ -148,6 +148,9 @@ pub trait QueueHandler: Send {
         dma: &DmaContext,
         log: &DeviceLog,
     ) -> Result<Progress, DeviceError>;
+    /// The driver set DRIVER_OK (or a restored device is activated) with these `features`
+    /// negotiated, before any queue is served.
+    fn activate(&mut self, _features: u64) {}
     /// Forget all in-flight state (the driver reset the device).
     fn reset(&mut self);
     /// Files from outside the guest whose readiness means work on a queue: (file, queue

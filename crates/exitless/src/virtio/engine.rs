@@ -63,8 +63,10 @@ impl QueueEngine {
         }
     }
 
-    /// DRIVER_OK: start working on `queues` through `dma`, from the positions they hold.
-    pub fn activate(&mut self, queues: Vec<Queue>, dma: DmaContext) {
+    /// DRIVER_OK: start working on `queues` through `dma`, from the positions they hold, with
+    /// the driver's `features`.
+    pub fn activate(&mut self, queues: Vec<Queue>, dma: DmaContext, features: u64) {
+        self.handler.activate(features);
         let rings = dma.translated().then(|| BusRings::new(&queues));
         let queues = queues.into_iter().map(ServedQueue::new).collect();
         self.live = Some(Live { queues, dma, rings });

@@ -56,7 +56,7 @@ const POLL_STRETCH: Duration = Duration::from_micros(50);
 /// What a transport asks of the device thread.
 pub enum Command {
     /// DRIVER_OK: work on these queues through this context, with the features the driver
-    /// negotiated (a vhost-user backend is told them; an in-process device has its own copy).
+    /// negotiated (a vhost-user backend is told them; an in-process handler is given them).
     Activate(Vec<Queue>, DmaContext, u64),
     /// The driver reset the device: drop the queues and in-flight state, then acknowledge.
     Reset(SyncSender<()>),
@@ -417,8 +417,8 @@ impl DeviceThread {
     fn run_commands(&mut self) {
         while let Ok(command) = self.inbox.try_recv() {
             match command {
-                Command::Activate(queues, dma, _) => {
-                    self.engine.activate(queues, dma);
+                Command::Activate(queues, dma, features) => {
+                    self.engine.activate(queues, dma, features);
                     // Buffers made available before DRIVER_OK (allowed, §3.1.1) get looked at.
                     kick(&self.queue_events);
                 }

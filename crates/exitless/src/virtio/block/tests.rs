@@ -108,6 +108,7 @@ fn engine(
     engine.activate(
         vec![vq.create_queue().unwrap()],
         DmaContext::platform(mem.clone()),
+        0,
     );
     (engine, health, log)
 }

@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 
 use super::MAX_FRAME;
+use super::header::{Direction, NetHeader};
 use crate::dma::Segments;
 
 /// Where frames go and come from. A tap device ([`super::tap::Tap`]) is one backend; the benchmark's
@@ -12,14 +13,31 @@ use crate::dma::Segments;
 /// memory ([`Segments`]): a backend reads a transmitted frame and writes a received one in
 /// place.
 pub trait NetBackend: Send {
-    /// The driver sent `frame` (without the virtio-net header); returns false if the
-    /// backend dropped it (no room, or no link).
-    fn transmit(&mut self, frame: &Segments) -> bool;
+    /// The driver sent `frame` (after its virtio-net header, of which `header` is the checked
+    /// copy: offloads only if [`NetBackend::passes_headers`]); returns false if the backend
+    /// dropped it (no room, or no link).
+    fn transmit(&mut self, header: NetHeader, frame: &Segments) -> bool;
     /// The length of the next frame for the driver, if there is one: taken in (and held) if
     /// none is held yet, so that its length is known before a receive buffer is taken.
     fn pending(&mut self) -> Option<usize>;
     /// Write the held frame into bytes `at..` of `into`, which has room for it, and let it go.
     fn deliver(&mut self, into: &Segments, at: usize);
+    /// The virtio-net header of the held frame, as the backend got it: the device checks it
+    /// against what the driver negotiated before the driver sees it. Only a backend that
+    /// [passes headers](NetBackend::passes_headers) has one with offloads in it.
+    fn held_header(&self) -> NetHeader {
+        NetHeader::default()
+    }
+    /// Whether the backend takes and gives frames with offloads in their headers (a tap with
+    /// IFF_VNET_HDR): the device then offers the offload features
+    /// ([`super::header::OFFLOAD_FEATURES`]). Others get and give whole, checksummed frames.
+    fn passes_headers(&self) -> bool {
+        false
+    }
+    /// The offloads the driver takes in received frames (at DRIVER_OK, a restore, or a reset
+    /// with none): a backend that [passes headers](NetBackend::passes_headers) gives it
+    /// no other.
+    fn set_offloads(&mut self, _rx: Direction) {}
     /// Let the held frame go undelivered (no buffer fits it, or its pair was disabled).
     fn discard(&mut self);
     /// Drop anything queued or held (the device was reset).
@@ -98,7 +116,7 @@ impl RequestResponse {
 }
 
 impl NetBackend for RequestResponse {
-    fn transmit(&mut self, frame: &Segments) -> bool {
+    fn transmit(&mut self, _header: NetHeader, frame: &Segments) -> bool {
         if frame.is_empty() {
             return true; // nothing to answer
         }
@@ -233,7 +251,7 @@ impl Sink {
 }
 
 impl NetBackend for Sink {
-    fn transmit(&mut self, frame: &Segments) -> bool {
+    fn transmit(&mut self, _header: NetHeader, frame: &Segments) -> bool {
         if !self.intact(frame) {
             self.bad += 1;
         }
@@ -277,7 +295,7 @@ mod tests {
         dma.resolve(GuestAddress(0x100), 7, Access::Read, &mut io)
             .unwrap();
         let mut rr = RequestResponse::new(1000);
-        assert!(rr.transmit(&io));
+        assert!(rr.transmit(NetHeader::default(), &io));
         assert_eq!(rr.pending(), Some(1000));
         io.clear();
         dma.resolve(GuestAddress(0xe00), 1012, Access::Write, &mut io)
@@ -308,7 +326,10 @@ mod tests {
         let mut send = |sink: &mut Sink| {
             io.clear();
             dma.resolve(at, frame.len(), Access::Read, &mut io).unwrap();
-            assert!(sink.transmit(&io), "the sink takes every frame");
+            assert!(
+                sink.transmit(NetHeader::default(), &io),
+                "the sink takes every frame"
+            );
             sink.take_bad_frames()
         };
         assert_eq!(send(&mut sink), 0, "the pattern is intact");

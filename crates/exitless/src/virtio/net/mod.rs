@@ -6,6 +6,7 @@
 
 mod backend;
 mod control;
+pub mod header;
 mod queues;
 pub mod tap;
 
@@ -18,8 +19,10 @@ use virtio_bindings::virtio_net::{VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO
 use super::DeviceParts;
 use super::device::{VirtioDevice, read_config_bytes};
 use super::regs::{VIRTIO_ID_NET, VIRTIO_NET_HDR_SIZE};
+use header::OFFLOAD_FEATURES;
 
-/// Largest frame accepted: a 64 KiB GSO-less frame plus the Ethernet header.
+/// Largest frame accepted: a 64 KiB IP packet (a TCP segment before segmentation, or one
+/// frame without it) plus the Ethernet header.
 pub const MAX_FRAME: usize = 65_550;
 /// Queue size offered for every queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -33,6 +36,8 @@ const HDR: usize = VIRTIO_NET_HDR_SIZE as usize;
 pub struct VirtioNet {
     pairs: usize,
     mac: [u8; 6],
+    /// Every backend passes offloads through ([`NetBackend::passes_headers`]).
+    offloads: bool,
 }
 
 /// Offset of `max_virtqueue_pairs` in `struct virtio_net_config` (after mac[6] and status).
@@ -46,6 +51,7 @@ impl VirtioNet {
         let net = VirtioNet {
             pairs: backends.len(),
             mac,
+            offloads: backends.iter().all(|b| b.passes_headers()),
         };
         (net, NetQueues::new(backends))
     }
@@ -71,7 +77,8 @@ impl VirtioDevice for VirtioNet {
 
     fn features(&self) -> u64 {
         let mq = (1 << VIRTIO_NET_F_MQ) | (1 << VIRTIO_NET_F_CTRL_VQ);
-        (1 << VIRTIO_NET_F_MAC) | if self.multiqueue() { mq } else { 0 }
+        let offloads = if self.offloads { OFFLOAD_FEATURES } else { 0 };
+        (1 << VIRTIO_NET_F_MAC) | offloads | if self.multiqueue() { mq } else { 0 }
     }
 
     fn queue_max_sizes(&self) -> Vec<u16> {

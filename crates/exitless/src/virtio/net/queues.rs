@@ -6,6 +6,7 @@ use std::os::fd::RawFd;
 
 use super::backend::NetBackend;
 use super::control::ControlQueue;
+use super::header::{Direction, NetHeader, Offloads};
 use super::{HDR, MAX_FRAME};
 use crate::dma::{DmaContext, Segments};
 use crate::guest_error;
@@ -39,6 +40,8 @@ pub struct NetQueues {
     control: ControlQueue,
     /// How many pairs the driver enabled (VQ_PAIRS_SET).
     enabled: usize,
+    /// The offloads the driver negotiated (none before DRIVER_OK and after a reset).
+    offloads: Offloads,
 }
 
 impl NetQueues {
@@ -57,6 +60,7 @@ impl NetQueues {
                 .collect(),
             control,
             enabled: 1,
+            offloads: Offloads::default(),
         };
         queues.enable_pairs(1);
         queues
@@ -67,12 +71,14 @@ impl NetQueues {
     }
 
     /// Send what the driver put on the transmit queue `q` to the backend: the frame after its
-    /// header, in place in the driver's buffers.
+    /// header, in place in the driver's buffers, with a checked copy of the header
+    /// ([`NetHeader::for_backend`]; a frame whose header is wrong is dropped).
     fn transmit(
         pair: &mut QueuePair,
         q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
+        offloads: Direction,
     ) -> Result<ChainsServed, DeviceError> {
         let (backend, io) = (&mut pair.backend, &mut pair.tx.io);
         serve_chains(q, dma, &mut pair.tx.chain, |c: &Chain| {
@@ -86,8 +92,17 @@ impl NetQueues {
                 // The whole chain is accessed, header included, as a copy would (a fault on
                 // the header's page is the guest's to see), and the header is then skipped.
                 c.resolve_readable(dma, io)?;
+                let mut raw = [0; HDR];
+                io.gather(0, &mut raw);
                 io.skip(HDR);
-                if !backend.transmit(io) {
+                let header = match NetHeader::from_bytes(&raw).for_backend(io.len(), offloads) {
+                    Ok(header) => header,
+                    Err(why) => {
+                        guest_error!(log, "virtio-net: transmitted frame dropped: {why}");
+                        return Ok(0);
+                    }
+                };
+                if !backend.transmit(header, io) {
                     log.warn(format_args!(
                         "virtio-net: the backend dropped a transmitted frame (full, no link, or too short for it)"
                     ));
@@ -106,14 +121,24 @@ impl NetQueues {
         q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
+        offloads: Direction,
     ) -> Result<ChainsServed, DeviceError> {
         let deliver = Deliver {
             backend: &mut pair.backend,
             io: &mut pair.rx.io,
             dma,
             log,
+            offloads,
+            header: NetHeader::default(),
         };
         serve_chains(q, dma, &mut pair.rx.chain, deliver)
+    }
+
+    fn set_offloads(&mut self, offloads: Offloads) {
+        self.offloads = offloads;
+        for pair in &mut self.pairs {
+            pair.backend.set_offloads(offloads.rx);
+        }
     }
 
     /// Enable the first `enabled` pairs and disable the rest (§5.1.6.5.5); a frame held for a
@@ -149,17 +174,39 @@ impl NetQueues {
     }
 }
 
-/// The receive path: a chain is wanted only while a frame waits for one.
+/// The receive path: a chain is wanted only while a frame waits for one, with a header the
+/// driver can take.
 struct Deliver<'a> {
     backend: &'a mut Box<dyn NetBackend>,
     io: &'a mut Segments,
     dma: &'a DmaContext,
     log: &'a DeviceLog,
+    /// What the driver takes.
+    offloads: Direction,
+    /// The held frame's header as the driver gets it ([`NetHeader::for_driver`]).
+    header: NetHeader,
 }
 
 impl ChainServer for Deliver<'_> {
+    /// A frame whose header the driver cannot take (an offload it did not negotiate: the
+    /// backend's offloads follow the driver's, so this is the backend's error) is dropped
+    /// before a buffer is taken for it.
     fn wants_chain(&mut self) -> bool {
-        self.backend.pending().is_some()
+        while let Some(len) = self.backend.pending() {
+            match self.backend.held_header().for_driver(len, self.offloads) {
+                Ok(header) => {
+                    self.header = header;
+                    return true;
+                }
+                Err(why) => {
+                    self.log.warn(format_args!(
+                        "virtio-net: the backend gave a frame the driver cannot take: {why}; dropped"
+                    ));
+                    self.backend.discard();
+                }
+            }
+        }
+        false
     }
 
     fn serve(&mut self, c: &Chain) -> Result<u32, DeviceError> {
@@ -179,11 +226,7 @@ impl ChainServer for Deliver<'_> {
         // On an error the frame stays held for the next buffer: this one was only a pause
         // (Bus Master off), or a buffer the IOMMU refused.
         c.resolve_writable(self.dma, total, self.io)?;
-        // The header is all zeros but num_buffers (le16 at offset 10), 1: one buffer holds
-        // the frame.
-        let mut header = [0u8; HDR];
-        header[10] = 1;
-        self.io.scatter(0, &header);
+        self.io.scatter(0, &self.header.to_bytes());
         self.backend.deliver(self.io, HDR);
         Ok(u32::try_from(total).expect("≤ MAX_FRAME + header"))
     }
@@ -209,22 +252,28 @@ impl QueueHandler for NetQueues {
             return Ok(progress);
         };
         if index == tx && tx < queues.len() {
-            let done = Self::transmit(pair, &mut queues[tx], dma, log)?;
+            let done = Self::transmit(pair, &mut queues[tx], dma, log, self.offloads.tx)?;
             progress.mark(tx, done.used);
             progress.more = done.more;
         }
         if queues[rx].ready() {
-            let done = Self::receive(pair, &mut queues[rx], dma, log)?;
+            let done = Self::receive(pair, &mut queues[rx], dma, log, self.offloads.rx)?;
             progress.mark(rx, done.used);
             progress.more |= done.more;
         }
         Ok(progress)
     }
 
+    /// The driver's offloads: checked in its frames, and the backends told what it takes.
+    fn activate(&mut self, features: u64) {
+        self.set_offloads(Offloads::negotiated(features));
+    }
+
     fn reset(&mut self) {
         for pair in &mut self.pairs {
             pair.backend.reset();
         }
+        self.set_offloads(Offloads::default());
         self.enable_pairs(1);
     }
 

@@ -16,7 +16,9 @@ use crate::virtio::device::QueueHandler;
 use crate::virtio::device::{DeviceHealth, Notification};
 use crate::virtio::engine::{QueueEngine, Work};
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_OK,
+    VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR,
+    VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_TCPV4,
+    VIRTIO_NET_HDR_GSO_UDP, VIRTIO_NET_OK,
 };
 use virtio_bindings::virtio_ring::{
     VRING_DESC_F_INDIRECT as VIRTQ_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
@@ -64,6 +66,16 @@ fn engine_with(
     live: &[(usize, &MockSplitQueue<'_, GuestMemoryMmap>)],
     dma: DmaContext,
 ) -> (QueueEngine, Arc<DeviceHealth>) {
+    engine_negotiated(backends, live, dma, 0)
+}
+
+/// The same, the driver having negotiated `features`.
+fn engine_negotiated(
+    backends: Vec<Box<dyn NetBackend>>,
+    live: &[(usize, &MockSplitQueue<'_, GuestMemoryMmap>)],
+    dma: DmaContext,
+    features: u64,
+) -> (QueueEngine, Arc<DeviceHealth>) {
     let (net, handler) = VirtioNet::new([2, 0, 0, 0, 0, 1], backends);
     let mut queues: Vec<Queue> = net
         .queue_max_sizes()
@@ -84,7 +96,7 @@ fn engine_with(
     }
     let health = Arc::new(DeviceHealth::new(DeviceLog::new("test")));
     let mut engine = QueueEngine::new(Box::new(handler), health.clone());
-    engine.activate(queues, dma);
+    engine.activate(queues, dma, features);
     (engine, health)
 }
 
@@ -340,8 +352,8 @@ fn each_pair_answers_on_its_own_receive_queue_and_the_control_queue_acks() {
 struct Flagged(RequestResponse, Arc<AtomicBool>);
 
 impl NetBackend for Flagged {
-    fn transmit(&mut self, frame: &Segments) -> bool {
-        self.0.transmit(frame)
+    fn transmit(&mut self, header: header::NetHeader, frame: &Segments) -> bool {
+        self.0.transmit(header, frame)
     }
     fn pending(&mut self) -> Option<usize> {
         self.0.pending()
@@ -386,9 +398,9 @@ fn a_reset_leaves_only_the_first_pair_enabled() {
 struct ClosesTheGate(crate::dma::BusMaster, RequestResponse);
 
 impl NetBackend for ClosesTheGate {
-    fn transmit(&mut self, frame: &Segments) -> bool {
+    fn transmit(&mut self, header: header::NetHeader, frame: &Segments) -> bool {
         self.0.set(false);
-        self.1.transmit(frame)
+        self.1.transmit(header, frame)
     }
     fn pending(&mut self) -> Option<usize> {
         self.1.pending()
@@ -438,7 +450,7 @@ struct Outside {
 }
 
 impl NetBackend for Outside {
-    fn transmit(&mut self, _frame: &Segments) -> bool {
+    fn transmit(&mut self, _header: header::NetHeader, _frame: &Segments) -> bool {
         true
     }
     fn pending(&mut self) -> Option<usize> {
@@ -656,4 +668,197 @@ fn behind_an_iommu_an_indirect_descriptor_breaks_the_device() {
         vec![Notification::Config]
     );
     assert!(health.needs_reset());
+}
+
+/// A backend that passes headers, as a tap does: it records the headers it is given with
+/// their frames' lengths and the offloads it is told, and gives the frames in `incoming`
+/// with their headers.
+#[derive(Default)]
+struct Offloading {
+    sent: Arc<std::sync::Mutex<Vec<(header::NetHeader, usize)>>>,
+    told: Arc<std::sync::Mutex<Vec<header::Direction>>>,
+    incoming: VecDeque<(header::NetHeader, Vec<u8>)>,
+}
+
+impl NetBackend for Offloading {
+    fn transmit(&mut self, header: header::NetHeader, frame: &Segments) -> bool {
+        self.sent.lock().unwrap().push((header, frame.len()));
+        true
+    }
+    fn pending(&mut self) -> Option<usize> {
+        self.incoming.front().map(|(_, frame)| frame.len())
+    }
+    fn held_header(&self) -> header::NetHeader {
+        self.incoming.front().map(|(h, _)| *h).unwrap_or_default()
+    }
+    fn deliver(&mut self, into: &Segments, at: usize) {
+        if let Some((_, frame)) = self.incoming.pop_front() {
+            into.scatter(at, &frame);
+        }
+    }
+    fn discard(&mut self) {
+        self.incoming.pop_front();
+    }
+    fn reset(&mut self) {}
+    fn passes_headers(&self) -> bool {
+        true
+    }
+    fn set_offloads(&mut self, rx: header::Direction) {
+        self.told.lock().unwrap().push(rx);
+    }
+}
+
+/// A TCP segment's header as Linux's driver sends it, for a frame of at least 66 bytes.
+fn tso4_header() -> header::NetHeader {
+    header::NetHeader {
+        flags: VIRTIO_NET_HDR_F_NEEDS_CSUM as u8,
+        gso_type: VIRTIO_NET_HDR_GSO_TCPV4 as u8,
+        hdr_len: 66,
+        gso_size: 1448,
+        csum_start: 34,
+        csum_offset: 16,
+        num_buffers: 0,
+    }
+}
+
+#[test]
+fn the_offloads_are_offered_only_where_every_backend_passes_headers() {
+    let offloading = || Box::new(Offloading::default()) as Box<dyn NetBackend>;
+    let (net, _) = VirtioNet::new([2, 0, 0, 0, 0, 1], vec![offloading(), offloading()]);
+    assert_eq!(
+        net.features() & header::OFFLOAD_FEATURES,
+        header::OFFLOAD_FEATURES
+    );
+    let (net, _) = VirtioNet::new(
+        [2, 0, 0, 0, 0, 1],
+        vec![offloading(), Box::new(Sink::default())],
+    );
+    assert_eq!(net.features() & header::OFFLOAD_FEATURES, 0);
+}
+
+/// Transmitted frames, each `len` bytes after `header`, one chain each on `tx` from
+/// `BUFFERS` + 0x1000.
+fn transmit_frames(
+    mem: &GuestMemoryMmap,
+    tx: &MockSplitQueue<'_, GuestMemoryMmap>,
+    frames: &[(header::NetHeader, usize)],
+) {
+    let mut at = BUFFERS + 0x1000;
+    let mut chains = Vec::new();
+    for (header, len) in frames {
+        mem.write_slice(&header.to_bytes(), GuestAddress(at))
+            .unwrap();
+        chains.push(desc(at, (HDR + len) as u32, 0));
+        at += 0x1000;
+    }
+    tx.add_desc_chains(&chains, 0).unwrap();
+}
+
+#[test]
+fn a_segment_reaches_the_backend_with_its_header_and_one_against_the_features_is_dropped_and_counted()
+ {
+    let mem = memory();
+    let tx = driver_queue(&mem, 1);
+    let backend = Offloading::default();
+    let sent = backend.sent.clone();
+    let (mut engine, health) = engine_negotiated(
+        vec![Box::new(backend)],
+        &[(1, &tx)],
+        DmaContext::platform(mem.clone()),
+        header::OFFLOAD_FEATURES,
+    );
+    let udp = header::NetHeader {
+        gso_type: VIRTIO_NET_HDR_GSO_UDP as u8,
+        ..tso4_header()
+    };
+    let past_the_frame = header::NetHeader {
+        csum_start: 2000,
+        ..tso4_header()
+    };
+    transmit_frames(
+        &mem,
+        &tx,
+        &[(tso4_header(), 3000), (udp, 3000), (past_the_frame, 1000)],
+    );
+    engine.process(1);
+    assert_eq!(
+        tx.used().idx().load(),
+        3,
+        "every chain is used, dropped or not"
+    );
+    assert_eq!(*sent.lock().unwrap(), vec![(tso4_header(), 3000)]);
+    assert_eq!(health.log().guest_errors(), 2);
+}
+
+#[test]
+fn without_the_offloads_negotiated_a_segment_is_dropped_and_a_plain_frame_goes() {
+    let mem = memory();
+    let tx = driver_queue(&mem, 1);
+    let backend = Offloading::default();
+    let sent = backend.sent.clone();
+    let (mut engine, health) = engine_negotiated(
+        vec![Box::new(backend)],
+        &[(1, &tx)],
+        DmaContext::platform(mem.clone()),
+        0,
+    );
+    transmit_frames(
+        &mem,
+        &tx,
+        &[(tso4_header(), 3000), (header::NetHeader::default(), 60)],
+    );
+    engine.process(1);
+    assert_eq!(
+        *sent.lock().unwrap(),
+        vec![(header::NetHeader::default(), 60)]
+    );
+    assert_eq!(health.log().guest_errors(), 1);
+}
+
+#[test]
+fn the_driver_gets_the_backends_header_only_with_what_it_negotiated_and_the_backend_is_told() {
+    let mem = memory();
+    let rx = driver_queue(&mem, 0);
+    let valid = header::NetHeader {
+        flags: VIRTIO_NET_HDR_F_DATA_VALID as u8,
+        ..header::NetHeader::default()
+    };
+    let backend = Offloading {
+        incoming: [(tso4_header(), vec![7; 3000]), (valid, vec![8; 60])].into(),
+        ..Offloading::default()
+    };
+    let told = backend.told.clone();
+    let guest_csum = 1 << virtio_bindings::virtio_net::VIRTIO_NET_F_GUEST_CSUM;
+    let (mut engine, _) = engine_negotiated(
+        vec![Box::new(backend)],
+        &[(0, &rx)],
+        DmaContext::platform(mem.clone()),
+        guest_csum,
+    );
+    assert_eq!(
+        *told.lock().unwrap(),
+        vec![header::Offloads::negotiated(guest_csum).rx]
+    );
+    let chains = [
+        desc(BUFFERS, 0x1000, VRING_DESC_F_WRITE),
+        desc(BUFFERS + 0x1000, 0x1000, VRING_DESC_F_WRITE),
+    ];
+    rx.add_desc_chains(&chains, 0).unwrap();
+    engine.process(0);
+    // The segment (GUEST_TSO4 not negotiated) is dropped before a buffer is taken for it.
+    assert_eq!(rx.used().idx().load(), 1);
+    assert_eq!(used_len(&rx, 0), (HDR + 60) as u32);
+    let mut got = [0u8; HDR];
+    mem.read_slice(&mut got, GuestAddress(BUFFERS)).unwrap();
+    let delivered = header::NetHeader {
+        num_buffers: 1,
+        ..valid
+    };
+    assert_eq!(got, delivered.to_bytes());
+    engine.reset();
+    assert_eq!(
+        told.lock().unwrap().last(),
+        Some(&header::Direction::default()),
+        "a reset takes the offloads away"
+    );
 }

@@ -47,7 +47,7 @@ fn a_stream_is_served_whatever_phase_its_kicks_meet() {
     let avail_event = GuestAddress(tx.used_addr().0 + 4 + 8 * u64::from(QSIZE));
     let health = Arc::new(DeviceHealth::new(DeviceLog::new("test")));
     let mut engine = QueueEngine::new(Box::new(handler), health);
-    engine.activate(queues, DmaContext::platform(mem.clone()));
+    engine.activate(queues, DmaContext::platform(mem.clone()), 0);
     let doorbells: Vec<EventFd> = (0..net.queue_max_sizes().len())
         .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
         .collect();

@@ -3,14 +3,15 @@
 //! stack; frames the host sends out of the tap are read for the driver's receive queue.
 //!
 //! The tap is opened with IFF_VNET_HDR and a 12-byte vnet header, the virtio 1.x
-//! `struct virtio_net_hdr` with `num_buffers` (virtio 1.2 §5.1.6), so offloads can later pass
-//! through unchanged. None are offered yet: the device offers no VIRTIO_NET_F_CSUM, GUEST_CSUM
-//! or GSO feature, and the tap's offloads are set to none (TUNSETOFFLOAD 0), so the kernel hands
-//! over only whole, checksummed frames. The header is then all zeros both ways (§5.1.6.2: no
-//! flags, VIRTIO_NET_HDR_GSO_NONE) apart from the kernel's informational DATA_VALID, which a
-//! driver that did not take GUEST_CSUM must not be shown. So the device writes its own headers
-//! both ways: a header a driver filled in against features it did not negotiate (a GSO type,
-//! NEEDS_CSUM) never reaches the kernel, which would act on it.
+//! `struct virtio_net_hdr` with `num_buffers` (virtio 1.2 §5.1.6), so offloads pass through
+//! unchanged both ways ([`NetBackend::passes_headers`]): the kernel takes a TCP segment of up
+//! to 64 KiB with its checksum left to fill in, as the driver sent it, and segments and
+//! checksums it where it must. What the kernel hands over is set by TUNSETOFFLOAD from what
+//! the driver takes (GUEST_CSUM, GUEST_TSO4/6, GUEST_ECN: [`NetBackend::set_offloads`], as
+//! QEMU's tap backend does); none until DRIVER_OK and after a reset, when the kernel hands over
+//! only whole, checksummed frames. Headers are checked by the device both ways
+//! ([`super::header`]): a header a driver filled in against features it did not negotiate
+//! never reaches the kernel, which would act on it.
 //!
 //! The file is non-blocking: the device thread waits for it in its epoll set (edge-triggered,
 //! see [`NetBackend::wake_fd`]) and never sleeps in a read or a write. It is opened, and the
@@ -28,6 +29,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use super::backend::NetBackend;
+use super::header::{Direction, NetHeader};
 use super::{HDR, MAX_FRAME};
 use crate::dma::Segments;
 
@@ -208,6 +210,8 @@ pub struct Tap {
     held: Option<usize>,
     /// The `iovec`s of a transmitted frame: the vnet header, then the guest's buffers.
     iov: Vec<libc::iovec>,
+    /// The vnet header of the frame being transmitted (the device's checked copy).
+    tx_header: [u8; HDR],
     /// One of several queues (IFF_MULTI_QUEUE): detached while its pair is disabled.
     multi_queue: bool,
     /// Whether the queue is attached: the kernel spreads the tap's frames over attached
@@ -288,14 +292,13 @@ impl Tap {
         // SAFETY: TUNSETVNETHDRSZ reads one int, which `hdr_size` is.
         check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &hdr_size) })
             .map_err(step_failed(name, "TUNSETVNETHDRSZ"))?;
-        // SAFETY: TUNSETOFFLOAD takes its flags as the argument itself and touches no memory.
-        check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETOFFLOAD, 0 as libc::c_ulong) })
-            .map_err(step_failed(name, "TUNSETOFFLOAD"))?;
+        set_offload(&file, Direction::default()).map_err(step_failed(name, "TUNSETOFFLOAD"))?;
         Ok(Tap {
             file,
             buf: vec![0; HDR + MAX_FRAME],
             held: None,
             iov: Vec::new(),
+            tx_header: [0; HDR],
             multi_queue,
             attached: true,
             failed: false,
@@ -311,12 +314,31 @@ fn check(ret: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// The vnet header of every transmitted frame: all zeros, as no offloads were negotiated
-/// (see the module's comment).
-static ZERO_HEADER: [u8; HDR] = [0; HDR];
+/// Tell the kernel which offloads it may leave in the frames it hands over (TUNSETOFFLOAD,
+/// tun.c's set_offload()): the checksum, then TCP segments, which it takes only with the
+/// checksum, as [`Direction`] holds them.
+fn set_offload(file: &File, rx: Direction) -> io::Result<()> {
+    let flags = [
+        (rx.csum, libc::TUN_F_CSUM),
+        (rx.tso4, libc::TUN_F_TSO4),
+        (rx.tso6, libc::TUN_F_TSO6),
+        (rx.ecn, libc::TUN_F_TSO_ECN),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |all, (_, flag)| all | flag);
+    // SAFETY: TUNSETOFFLOAD takes its flags as the argument itself and touches no memory.
+    check(unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            libc::TUNSETOFFLOAD,
+            libc::c_ulong::from(flags),
+        )
+    })
+}
 
 // SAFETY: the only pointers a `Tap` holds are in `iov`, which is empty between calls of
-// `transmit` (the frame it points into is the caller's, for that call).
+// `transmit` (the frame and header it points into are borrowed for that call).
 unsafe impl Send for Tap {}
 
 impl Tap {
@@ -347,20 +369,21 @@ impl Tap {
 }
 
 impl NetBackend for Tap {
-    /// One `writev` of the zero header and the guest's buffers: the frame is not copied.
-    fn transmit(&mut self, frame: &Segments) -> bool {
+    /// One `writev` of the checked header and the guest's buffers: the frame is not copied.
+    fn transmit(&mut self, header: NetHeader, frame: &Segments) -> bool {
         // The kernel refuses (EINVAL) a frame without a whole Ethernet header: drop it here.
         if frame.len() < ETHERNET_HEADER {
             return false;
         }
+        self.tx_header = header.to_bytes();
         self.iov.clear();
         self.iov.push(libc::iovec {
-            iov_base: ZERO_HEADER.as_ptr().cast_mut().cast(),
+            iov_base: self.tx_header.as_mut_ptr().cast(),
             iov_len: HDR,
         });
         self.iov.extend_from_slice(frame.iovecs());
         let count = libc::c_int::try_from(self.iov.len()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: the iovecs are the static header (which the kernel only reads) and the
+        // SAFETY: the iovecs are the header in `self` (which the kernel only reads) and the
         // frame's pieces, mapped guest memory valid for this call.
         let written = unsafe { libc::writev(self.file.as_raw_fd(), self.iov.as_ptr(), count) };
         self.iov.clear();
@@ -379,6 +402,26 @@ impl NetBackend for Tap {
     fn deliver(&mut self, into: &Segments, at: usize) {
         if let Some(n) = self.held.take() {
             into.scatter(at, &self.buf[HDR..HDR + n]);
+        }
+    }
+
+    /// The header the kernel read in front of the held frame.
+    fn held_header(&self) -> NetHeader {
+        let mut raw = [0; HDR];
+        raw.copy_from_slice(&self.buf[..HDR]);
+        NetHeader::from_bytes(&raw)
+    }
+
+    fn passes_headers(&self) -> bool {
+        true
+    }
+
+    /// TUNSETOFFLOAD on this queue's file (the setting is the tap's, for all its queues). A
+    /// refusal leaves the kernel's setting as it was, which [`NetHeader::for_driver`] then
+    /// guards: frames with offloads the driver did not take are dropped.
+    fn set_offloads(&mut self, rx: Direction) {
+        if let Err(e) = set_offload(&self.file, rx) {
+            log::warn!("tap: cannot set its offloads to {rx:?} (TUNSETOFFLOAD): {e}");
         }
     }
 

@@ -165,7 +165,7 @@ fn a_tap_whose_link_is_down_receives_nothing_and_drops_what_is_sent() {
         &mut frame,
     )
     .unwrap();
-    assert!(!tap.transmit(&frame));
+    assert!(!tap.transmit(NetHeader::default(), &frame));
 }
 
 /// A raw packet socket on the interface `name` (packet(7)), for the host's side.
@@ -236,7 +236,7 @@ fn frames_go_out_of_and_come_in_from_scattered_guest_buffers_whole() {
     let frame = test_frame();
     let (mem, io) = scattered(frame.len());
     mem.write_slice(&frame, GuestAddress(0xfe0)).unwrap();
-    assert!(tap.transmit(&io));
+    assert!(tap.transmit(NetHeader::default(), &io));
     let mut got = vec![0u8; 2048];
     // Bounded waits: a frame that never comes fails the test instead of hanging it.
     let n = (0..500)
@@ -283,4 +283,52 @@ fn frames_go_out_of_and_come_in_from_scattered_guest_buffers_whole() {
     mem.read_slice(&mut landed, GuestAddress(0xfe4)).unwrap();
     assert_eq!(landed, reply);
     assert_eq!(tap.pending(), None, "delivered, not held");
+}
+
+/// An ethtool(8) setting of the interface `name` that reads as one value (SIOCETHTOOL with a
+/// `struct ethtool_value`: ETHTOOL_GTXCSUM 0x16, ETHTOOL_GTSO 0x1e in linux/ethtool.h).
+fn ethtool_value(name: &str, cmd: u32) -> u32 {
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    let mut value = EthtoolValue { cmd, data: 0 };
+    let mut req = ifreq(name);
+    req.ifr_ifru.ifru_data = (&raw mut value).cast();
+    let control = Control::new().unwrap();
+    // SAFETY: SIOCETHTOOL reads the ifreq and writes the ethtool_value its data points to.
+    check(unsafe { libc::ioctl(control.0.as_raw_fd(), libc::SIOCETHTOOL, &mut req) }).unwrap();
+    value.data
+}
+
+/// What the driver takes is what the kernel may hand over: the tap's checksum and TSO
+/// offloads (its netdev's features, as ethtool shows them) follow set_offloads, and are off
+/// as the tap is opened.
+#[test]
+fn the_taps_offloads_follow_what_the_driver_takes() {
+    const GTXCSUM: u32 = 0x16;
+    const GTSO: u32 = 0x1e;
+    let name = unique("o");
+    let Some(mut tap) = open_or_skip(&name, false) else {
+        return;
+    };
+    assert!(tap.passes_headers());
+    let seen = |name: &str| (ethtool_value(name, GTXCSUM), ethtool_value(name, GTSO));
+    assert_eq!(seen(&name), (0, 0), "nothing before the driver says");
+    let all = Direction {
+        csum: true,
+        tso4: true,
+        tso6: true,
+        ecn: true,
+    };
+    tap.set_offloads(all);
+    assert_eq!(seen(&name), (1, 1));
+    tap.set_offloads(Direction {
+        csum: true,
+        ..Direction::default()
+    });
+    assert_eq!(seen(&name), (1, 0));
+    tap.set_offloads(Direction::default());
+    assert_eq!(seen(&name), (0, 0), "a reset takes them away");
 }

@@ -583,7 +583,8 @@ fn behind_an_iommu_a_driver_that_takes_access_platform_is_served_through_it() {
     set_command(&mut f, &c, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
     common(&mut f, VIRTIO_PCI_COMMON_STATUS, 1, 0xf);
     assert_eq!(bar_read(&mut f, &c, VIRTIO_PCI_COMMON_STATUS, 1), 0xf);
-    let request = [7u8; VIRTIO_NET_HDR_SIZE as usize + 4];
+    let mut request = [7u8; VIRTIO_NET_HDR_SIZE as usize + 4];
+    request[..VIRTIO_NET_HDR_SIZE as usize].fill(0); // a plain frame: no offloads in its header
     u.mem
         .write_slice(&request, GuestAddress(BUFFERS + 0x1000))
         .unwrap();

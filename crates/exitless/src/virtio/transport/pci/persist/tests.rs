@@ -105,7 +105,8 @@ fn request(
     until: u16,
 ) {
     let slot = u64::from(n) * 0x1000;
-    let req = [n; VIRTIO_NET_HDR_SIZE as usize + 4];
+    let mut req = [n; VIRTIO_NET_HDR_SIZE as usize + 4];
+    req[..VIRTIO_NET_HDR_SIZE as usize].fill(0); // a plain frame: no offloads in its header
     mem.write_slice(&req, GuestAddress(BUFFERS + slot + 0x800))
         .unwrap();
     let desc = |addr, len, flags| RawDescriptor::from(Descriptor::new(addr, len, flags, 0));
@@ -338,7 +339,8 @@ fn a_response_held_for_a_receive_buffer_survives_the_restore() {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let (mut f, c, _routes, _w) = fresh(&mem);
     let q = bring_up(&mut f, &c, &mem);
-    let req = [9u8; VIRTIO_NET_HDR_SIZE as usize + 4];
+    let mut req = [9u8; VIRTIO_NET_HDR_SIZE as usize + 4];
+    req[..VIRTIO_NET_HDR_SIZE as usize].fill(0); // a plain frame: no offloads in its header
     mem.write_slice(&req, GuestAddress(BUFFERS + 0x800))
         .unwrap();
     let desc = |addr, len, flags| RawDescriptor::from(Descriptor::new(addr, len, flags, 0));
