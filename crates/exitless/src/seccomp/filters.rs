@@ -216,6 +216,9 @@ fn device() -> Vec<Allowed> {
                 // pairs (VQ_PAIRS_SET, reset); the main thread detaches all but the first as
                 // it builds the device.
                 libc::TUNSETQUEUE,
+                // The tap's offloads set to what the driver takes, at DRIVER_OK, a restore
+                // and a reset (`virtio::net::tap`).
+                libc::TUNSETOFFLOAD,
             ],
         ),
     ]
@@ -409,8 +412,9 @@ fn building_machines() -> Vec<Allowed> {
                 KVM_IRQFD(),
                 KVM_SET_GSI_ROUTING(),
                 // A virtio-net device's tap (`virtio::net::tap`), on the /dev/net/tun file it
-                // opens: attach to the interface, the vnet header's size, no offloads. Its
-                // device thread then only reads and writes the file.
+                // opens: attach to the interface, the vnet header's size, no offloads until a
+                // driver takes some. Its device thread then reads and writes the file and sets
+                // the offloads.
                 libc::TUNSETIFF,
                 libc::TUNSETVNETHDRSZ,
                 libc::TUNSETOFFLOAD,

@@ -271,10 +271,13 @@ fn start_driver(devices: &wiring::Devices) -> u64 {
     bar0
 }
 
-/// Make request `n` (16 bytes of `n`) and its receive buffer available, without a kick.
+/// Make request `n` (a zero virtio-net header, no offloads, then 4 bytes of `n`) and its
+/// receive buffer available, without a kick.
 fn offer(mem: &GuestMemoryMmap, n: u8) {
     let tx_buf = BUFFERS + 0x10_0000 + u64::from(n) * 0x100;
-    mem.write_slice(&[n; 16], GuestAddress(tx_buf)).unwrap();
+    let mut request = [n; 16];
+    request[..12].fill(0);
+    mem.write_slice(&request, GuestAddress(tx_buf)).unwrap();
     RX.add(
         mem,
         u16::from(n),
