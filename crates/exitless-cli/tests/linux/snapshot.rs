@@ -16,16 +16,18 @@ const PAUSE_SECONDS: u32 = 25;
 
 /// The guest's I/O: a loop writing sector N of vda with N as 8 digits, synced, until the TCP
 /// test beside it ends; then what the watchdogs said and the guest's clock. The test sends
-/// 100 MiB (a minute or more at the lab's rates) rather than running for a time: an iperf3
-/// server ends a timed test by its own clock, which runs on while the guest is paused or
-/// between the snapshot and the restore (the server closed a `-t 90` test mid-way in the lab).
+/// 100 MiB paced at 8 Mbit/s (at least 100 s of the guest's time, past the snapshot: with the
+/// offloads the lab's guest sent 100 MiB unpaced before the job's second pause) rather than
+/// running for a time: an iperf3 server ends a timed test by its own clock, which runs on
+/// while the guest is paused or between the snapshot and the restore (the server closed a
+/// `-t 90` test mid-way in the lab).
 const IO: &str = r#"
 (i=0; while [ ! -e /tmp/stop ]; do
    printf '%08d' $i | dd of=/dev/vda bs=512 seek=$i conv=fsync 2>/dev/null || break
    i=$((i + 1)); [ $((i % 20)) = 0 ] && echo "GUEST rounds_so_far $i $(cut -d' ' -f1 /proc/uptime)"
  done; echo $i > /tmp/rounds) &
 echo "GUEST io started"
-iperf tcp_across -n 100M
+iperf tcp_across -n 100M -b 8M
 touch /tmp/stop; wait
 echo "GUEST rounds $(cat /tmp/rounds)"
 echo "GUEST stall_reports $(dmesg | grep -ciE 'soft lockup|rcu.*stall')"
