@@ -218,17 +218,7 @@ impl NetHeader {
     /// ignored (§5.1.6.2.2: DATA_VALID and RSC_INFO are the device's to set), `num_buffers`
     /// is zero (§5.1.6.2.1), and without NEEDS_CSUM the checksum fields are not used.
     pub fn for_backend(self, len: usize, offloads: Direction) -> Result<Self, BadHeader> {
-        let mut out = NetHeader {
-            flags: self.flags & NEEDS_CSUM,
-            num_buffers: 0,
-            ..self
-        };
-        if out.flags & NEEDS_CSUM == 0 {
-            out.csum_start = 0;
-            out.csum_offset = 0;
-        }
-        out.check(len, offloads, true)?;
-        Ok(out)
+        self.kept(NEEDS_CSUM, 0).checked(len, offloads, true)
     }
 
     /// A header from the backend for a received frame of `len` bytes, as the driver is to
@@ -236,18 +226,32 @@ impl NetHeader {
     /// what the driver negotiated may reach it (§5.1.6.3.1: without GUEST_CSUM, flags are
     /// zero; a GSO type only with its GUEST_ feature).
     pub fn for_driver(self, len: usize, offloads: Direction) -> Result<Self, BadHeader> {
-        let known = NEEDS_CSUM | DATA_VALID;
-        let mut out = NetHeader {
-            flags: self.flags & known,
-            num_buffers: 1,
+        self.kept(NEEDS_CSUM | DATA_VALID, 1)
+            .checked(len, offloads, false)
+    }
+
+    /// The header with only the `flags` a side acts on, `num_buffers` set, and the checksum
+    /// fields cleared where NEEDS_CSUM is not set (they are not used then).
+    fn kept(self, flags: u8, num_buffers: u16) -> Self {
+        let flags = self.flags & flags;
+        let partial = flags & NEEDS_CSUM != 0;
+        NetHeader {
+            flags,
+            num_buffers,
+            csum_start: if partial { self.csum_start } else { 0 },
+            csum_offset: if partial { self.csum_offset } else { 0 },
             ..self
-        };
-        if out.flags & NEEDS_CSUM == 0 {
-            out.csum_start = 0;
-            out.csum_offset = 0;
         }
-        out.check(len, offloads, false)?;
-        Ok(out)
+    }
+
+    /// The header itself if it passes [`NetHeader::check`].
+    fn checked(
+        self,
+        len: usize,
+        offloads: Direction,
+        gso_needs_csum: bool,
+    ) -> Result<Self, BadHeader> {
+        self.check(len, offloads, gso_needs_csum).map(|()| self)
     }
 
     /// The checks both ways: the flags, the checksum's place, the headers' length and the
@@ -298,4 +302,4 @@ impl NetHeader {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -17,8 +17,7 @@ use crate::virtio::device::{DeviceHealth, Notification};
 use crate::virtio::engine::{QueueEngine, Work};
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR,
-    VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_TCPV4,
-    VIRTIO_NET_HDR_GSO_UDP, VIRTIO_NET_OK,
+    VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_GSO_UDP, VIRTIO_NET_OK,
 };
 use virtio_bindings::virtio_ring::{
     VRING_DESC_F_INDIRECT as VIRTQ_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
@@ -708,18 +707,7 @@ impl NetBackend for Offloading {
     }
 }
 
-/// A TCP segment's header as Linux's driver sends it, for a frame of at least 66 bytes.
-fn tso4_header() -> header::NetHeader {
-    header::NetHeader {
-        flags: VIRTIO_NET_HDR_F_NEEDS_CSUM as u8,
-        gso_type: VIRTIO_NET_HDR_GSO_TCPV4 as u8,
-        hdr_len: 66,
-        gso_size: 1448,
-        csum_start: 34,
-        csum_offset: 16,
-        num_buffers: 0,
-    }
-}
+use header::tests::tso4 as tso4_header;
 
 #[test]
 fn the_offloads_are_offered_only_where_every_backend_passes_headers() {

@@ -7,7 +7,7 @@ fn all() -> Offloads {
 
 /// A TCP segment over IPv4 as Linux's driver sends it: 14 + 20 + 32 bytes of headers, the
 /// checksum at 16 past the TCP header, a 1448-byte MSS.
-fn tso4() -> NetHeader {
+pub(crate) fn tso4() -> NetHeader {
     NetHeader {
         flags: NEEDS_CSUM,
         gso_type: GSO_TCPV4,
