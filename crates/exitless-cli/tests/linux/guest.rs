@@ -75,24 +75,41 @@ impl Guest {
 /// What exitless logs after `vCPU N` when a vCPU shut down on a triple fault.
 const TRIPLE_FAULT: &str = " shut down (a triple fault)";
 
+/// How long a guest run may take to reach its `/init` (`GUEST up after`), seconds: five times
+/// the longest boot seen in the nested lab (about 30 s of wall time, QEMU's microvm and a
+/// 4-vCPU guest), so a guest that hangs at boot costs the job minutes less than its timeout.
+pub const BOOT_LIMIT_S: u32 = 150;
+
 /// How every job's script starts: `$RUN` names a fresh folder on the machine the job runs on,
 /// removed when the job ends, for what the shared job folder cannot hold (9p has no sockets or
-/// FIFOs) or must not keep from one attempt to the next (pid files). Then how a guest run's
-/// console tells it shut down on a fault the guest did not ask for: exitless's line for a
-/// triple fault; under QEMU (`-no-reboot`), an exit 0 with neither the script done nor a
-/// reboot, power-off or panic of the guest's kernel, which is how QEMU ends a triple fault
-/// under KVM (a reset, as a reboot is), saying nothing of it. `@TRIPLE_FAULT@` is
-/// [`TRIPLE_FAULT`].
+/// FIFOs) or must not keep from one attempt to the next (pid files). Then the lab faults a
+/// guest run can end on that the guest did not ask for: it hung before its `/init` (stopped by
+/// `watch_boot` after [`BOOT_LIMIT_S`], leaving `NAME.hung`; seen in the nested lab, a vCPU
+/// halted while another spins, once in many runs); exitless's line for a triple fault; under
+/// QEMU (`-no-reboot`), an exit 0 with neither the script done nor a reboot, power-off or panic
+/// of the guest's kernel, which is how QEMU ends a triple fault under KVM (a reset, as a reboot
+/// is), saying nothing of it. `@TRIPLE_FAULT@` is [`TRIPLE_FAULT`], `@BOOT_LIMIT@`
+/// [`BOOT_LIMIT_S`].
 const JOB_START: &str = r#"set -u
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT
-rm -f ./*.console.fault*
-exitless_faulted() { grep -q '@TRIPLE_FAULT@' "$1.console"; }
+rm -f ./*.console.fault* ./*.hung
+watch_boot() {
+  waited=0
+  until grep -q 'GUEST up after' "$1.console"; do
+    if [ $waited -ge @BOOT_LIMIT@ ]; then touch "$1.hung"; kill "$2"; return; fi
+    sleep 1; waited=$((waited + 1))
+  done
+}
+hung() { [ -e "$1.hung" ]; }
+exitless_faulted() { hung "$1" || grep -q '@TRIPLE_FAULT@' "$1.console"; }
 qemu_faulted() {
-  [ "$(cat "$1.status")" = 0 ] && ! grep -q -e 'GUEST done' -e 'reboot: ' -e 'Kernel panic' "$1.console"
+  hung "$1" || { [ "$(cat "$1.status")" = 0 ] && ! grep -q -e 'GUEST done' -e 'reboot: ' -e 'Kernel panic' "$1.console"; }
+}
+fault() {
+  if hung "$1"; then echo "did not reach its /init within @BOOT_LIMIT@ s"; else echo "shut down on a fault"; fi
 }
 "#;
-
 /// A job: shell lines run in order in its folder, among them runs of a guest whose console and
 /// status each go to `NAME.console` and `NAME.status`.
 pub struct Job {
@@ -174,7 +191,9 @@ impl Job {
         std::fs::create_dir_all(&dir).unwrap();
         Job {
             dir,
-            script: JOB_START.replace("@TRIPLE_FAULT@", TRIPLE_FAULT),
+            script: JOB_START
+                .replace("@TRIPLE_FAULT@", TRIPLE_FAULT)
+                .replace("@BOOT_LIMIT@", &BOOT_LIMIT_S.to_string()),
         }
     }
 
@@ -226,22 +245,26 @@ impl Job {
         self.record(name, &line, "qemu_faulted");
     }
 
-    /// Run `line` as the guest run `name`; in the nested lab, again (up to
-    /// `$GUEST_ATTEMPTS` times, saying so) while `faulted` (a function of [`JOB_START`]) says
-    /// it shut down on a fault: the lab's nested SVM faults QEMU's guests too, now and then,
-    /// on any vCPU (docs/linux-lab.md), so only a fault that comes back is the guest's. A
-    /// faulted attempt's console is kept as `NAME.console.faultN`.
+    /// Run `line` as the guest run `name`, stopped if it has not reached its `/init` within
+    /// [`BOOT_LIMIT_S`]; in the nested lab, again (up to `$GUEST_ATTEMPTS` times, saying so)
+    /// while `faulted` (a function of [`JOB_START`]) says it hung at boot or shut down on a
+    /// fault: the lab's nested SVM does both to QEMU's guests too, now and then, on any vCPU
+    /// (docs/linux-lab.md), so only a fault that comes back is the guest's. A faulted
+    /// attempt's console is kept as `NAME.console.faultN`.
     fn record(&mut self, name: &str, line: &str, faulted: &str) {
         self.sh(&format!(
             r#"echo 'job: {name}'
 attempt=1
 while :; do
-  {line} < /dev/null > {name}.console 2>&1
-  echo $? > {name}.status
+  rm -f {name}.hung
+  {line} < /dev/null > {name}.console 2>&1 & guest=$!
+  watch_boot {name} $guest & watcher=$!
+  wait $guest; echo $? > {name}.status
+  kill $watcher 2>/dev/null; wait $watcher
   {faulted} {name} && [ $attempt -lt $GUEST_ATTEMPTS ] || break
+  echo "lab: {name}: the guest $(fault {name}); attempt $((attempt + 1)) of $GUEST_ATTEMPTS"
   mv {name}.console {name}.console.fault$attempt
   attempt=$((attempt + 1))
-  echo "lab: {name}: the guest shut down on a fault; attempt $attempt of $GUEST_ATTEMPTS"
 done"#
         ));
     }
@@ -342,10 +365,13 @@ impl Done {
             console,
         };
         let up = run.console.lines().find(|l| l.contains("GUEST up after"));
-        println!(
-            "{name}: status {status}; {}",
-            up.unwrap_or("never up").trim()
-        );
+        let hung = self.dir.join(format!("{name}.hung")).exists();
+        let up = match up {
+            Some(line) => line.trim().to_owned(),
+            None if hung => format!("stopped: no /init within {BOOT_LIMIT_S} s"),
+            None => "never up".to_owned(),
+        };
+        println!("{name}: status {status}; {up}");
         run
     }
 }

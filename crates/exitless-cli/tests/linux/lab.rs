@@ -45,7 +45,8 @@ const OUTER_MEMORY_MIB: u32 = 8192;
 
 /// The outer VM's machine, each overridable for experiments on the lab's steadiness by
 /// `EXITLESS_LAB_ACCEL`, `_CPU`, `_SMP` and `_APPEND` (extra kernel parameters; module
-/// parameters as `kvm_amd.KEY=V`). docs/linux-lab.md says what was tried.
+/// parameters as `kvm_amd.KEY=V`), and its emulator by `EXITLESS_LAB_QEMU` (a path).
+/// docs/linux-lab.md says what was tried.
 const OUTER_ACCEL: &str = "tcg,thread=multi";
 const OUTER_CPU: &str = "max";
 const OUTER_SMP: &str = "2";
@@ -250,7 +251,7 @@ fn nested(kernel: &Kernel, initramfs: &Path, dir: &Path, limit: Duration) -> Res
         limit.as_secs(),
         outer_setting("APPEND", OUTER_APPEND)
     );
-    let mut child = Command::new("qemu-system-x86_64")
+    let mut child = Command::new(outer_setting("QEMU", "qemu-system-x86_64"))
         .arg("-accel")
         .arg(outer_setting("ACCEL", OUTER_ACCEL))
         .arg("-cpu")
