@@ -1,7 +1,7 @@
 //! Debian's packages as the Linux tests use them: downloaded with `apt-get download` and taken
 //! apart with `dpkg-deb -x` into the target directory, once (nothing is installed). A kernel
 //! package brings its bzImage and its modules; `busybox-static` the one binary an initramfs
-//! needs.
+//! needs; the release's backports, the lab's outer QEMU.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,21 +36,109 @@ pub fn extracted(package: &str) -> Result<PathBuf, String> {
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     sh(&dir, "apt-get", &["download", package])?;
-    let deb = std::fs::read_dir(&dir)
+    extract_downloaded(&dir)
+}
+
+/// The files of `packages` from the host's Debian release's `-backports` suite (the host's
+/// archive, read with package lists of their own: nothing is installed and the host's
+/// sources are not touched), extracted together under the returned folder, kept as `name`.
+pub fn extracted_from_backports(name: &str, packages: &[&str]) -> Result<PathBuf, String> {
+    let dir = cache(name);
+    let root = dir.join("root");
+    if root.exists() {
+        return Ok(root);
+    }
+    let suite = format!("{}-backports", release()?);
+    let apt = dir.join("apt");
+    for sub in ["lists/partial", "cache/archives/partial"] {
+        std::fs::create_dir_all(apt.join(sub)).map_err(|e| format!("{}: {e}", apt.display()))?;
+    }
+    let sources = apt.join("sources.list");
+    let line = format!("deb {} {suite} main\n", archive()?);
+    std::fs::write(&sources, line).map_err(|e| format!("{}: {e}", sources.display()))?;
+    let options = [
+        format!("Dir::Etc::SourceList={}", sources.display()),
+        "Dir::Etc::SourceParts=/nonexistent".to_owned(),
+        format!("Dir::State::Lists={}", apt.join("lists").display()),
+        format!("Dir::Cache={}", apt.join("cache").display()),
+    ];
+    let with_options = |words: &[String]| -> Vec<String> {
+        let mut args: Vec<String> = options
+            .iter()
+            .flat_map(|o| ["-o".to_owned(), o.clone()])
+            .collect();
+        args.extend_from_slice(words);
+        args
+    };
+    let run = |words: &[String]| {
+        let args = with_options(words);
+        sh(
+            &dir,
+            "apt-get",
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+    };
+    run(&["-qq".to_owned(), "update".to_owned()])?;
+    let mut download = vec!["download".to_owned()];
+    download.extend(packages.iter().map(|p| format!("{p}/{suite}")));
+    run(&download)?;
+    extract_downloaded(&dir)
+}
+
+/// The host's Debian release (`VERSION_CODENAME` in `/etc/os-release`: `bookworm`).
+fn release() -> Result<String, String> {
+    let text =
+        std::fs::read_to_string("/etc/os-release").map_err(|e| format!("/etc/os-release: {e}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|v| v.trim_matches('"').to_owned())
+        .filter(|v| !v.is_empty())
+        .ok_or("/etc/os-release names no VERSION_CODENAME (not Debian?)".into())
+}
+
+/// The archive the host's apt reads its release's main suite from (`apt-cache policy`'s
+/// `500 URI RELEASE/main …` line): the one registry this project's machines reach.
+fn archive() -> Result<String, String> {
+    let suite = format!(" {}/main ", release()?);
+    let policy = sh(Path::new("/"), "apt-cache", &["policy"])?;
+    policy
+        .lines()
+        .find(|l| l.contains(&suite))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .map(str::to_owned)
+        .ok_or(format!(
+            "apt-cache policy lists no archive for{suite}(run apt-get update)"
+        ))
+}
+
+/// Take apart every `.deb` in `dir` into `dir/root` (whole, or not at all), then drop them.
+fn extract_downloaded(dir: &Path) -> Result<PathBuf, String> {
+    let debs: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| e.to_string())?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or(format!("apt-get download {package} left no .deb"))?;
+        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+        .collect();
+    if debs.is_empty() {
+        return Err(format!(
+            "apt-get download left no .deb in {}",
+            dir.display()
+        ));
+    }
     let part = dir.join("root.part");
     let _ = std::fs::remove_dir_all(&part);
-    sh(
-        &dir,
-        "dpkg-deb",
-        &["-x", &deb.to_string_lossy(), "root.part"],
-    )?;
+    for deb in &debs {
+        sh(
+            dir,
+            "dpkg-deb",
+            &["-x", &deb.to_string_lossy(), "root.part"],
+        )?;
+    }
+    let root = dir.join("root");
     std::fs::rename(&part, &root).map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_file(&deb);
+    for deb in &debs {
+        let _ = std::fs::remove_file(deb);
+    }
     Ok(root)
 }
 

@@ -45,7 +45,7 @@ const OUTER_MEMORY_MIB: u32 = 8192;
 
 /// The outer VM's machine, each overridable for experiments on the lab's steadiness by
 /// `EXITLESS_LAB_ACCEL`, `_CPU`, `_SMP` and `_APPEND` (extra kernel parameters; module
-/// parameters as `kvm_amd.KEY=V`), and its emulator by `EXITLESS_LAB_QEMU` (a path).
+/// parameters as `kvm_amd.KEY=V`), and its emulator by `EXITLESS_LAB_QEMU` ([`OuterQemu`]).
 /// docs/linux-lab.md says what was tried.
 const OUTER_ACCEL: &str = "tcg,thread=multi";
 const OUTER_CPU: &str = "max";
@@ -108,8 +108,13 @@ poweroff -f
 pub enum Lab {
     /// On this host: its KVM is hardware KVM.
     Direct,
-    /// In an outer VM booted from `kernel` with `initramfs` (see the module's docs).
-    Nested { kernel: Kernel, initramfs: PathBuf },
+    /// In an outer VM that `qemu` runs, booted from `kernel` with `initramfs` (see the
+    /// module's docs).
+    Nested {
+        qemu: OuterQemu,
+        kernel: Kernel,
+        initramfs: PathBuf,
+    },
 }
 
 /// What a job left: its exit status and everything it printed.
@@ -125,8 +130,7 @@ impl Lab {
         if hardware_kvm() {
             return Ok(Lab::Direct);
         }
-        which("qemu-system-x86_64")
-            .ok_or("the lab's outer VM needs qemu-system-x86_64 (Debian's qemu-system-x86)")?;
+        let qemu = OuterQemu::get()?;
         let kernel = debian::kernel(KERNEL_PACKAGE)?;
         // Built anew by every test process (a few MB, a second): a cached one could be an
         // older OUTER_INIT's.
@@ -138,7 +142,11 @@ impl Lab {
             archive.module(&kernel, module)?;
         }
         std::fs::write(&initramfs, archive.finish()).map_err(|e| e.to_string())?;
-        Ok(Lab::Nested { kernel, initramfs })
+        Ok(Lab::Nested {
+            qemu,
+            kernel,
+            initramfs,
+        })
     }
 
     /// The lab, or the test's end: skipped with a line where this host has none, unless
@@ -157,12 +165,13 @@ impl Lab {
     }
 
     /// A word for the output: where the jobs run.
-    pub fn describe(&self) -> &'static str {
+    pub fn describe(&self) -> String {
         match self {
-            Lab::Direct => "directly on this host's hardware KVM",
-            Lab::Nested { .. } => {
-                "in the nested lab (QEMU TCG outer VM, kvm-amd inside; TCG-timed)"
-            }
+            Lab::Direct => "directly on this host's hardware KVM".to_owned(),
+            Lab::Nested { qemu, .. } => format!(
+                "in the nested lab ({} TCG outer VM, kvm-amd inside; TCG-timed)",
+                qemu.version
+            ),
         }
     }
 
@@ -179,8 +188,12 @@ impl Lab {
             let started = Instant::now();
             match self {
                 Lab::Direct => direct(dir, limit),
-                Lab::Nested { kernel, initramfs } => {
-                    if let Err(death) = nested(kernel, initramfs, dir, limit) {
+                Lab::Nested {
+                    qemu,
+                    kernel,
+                    initramfs,
+                } => {
+                    if let Err(death) = nested(qemu, kernel, initramfs, dir, limit) {
                         println!(
                             "lab: the outer VM died after {:.0} s, attempt {attempt} of {ATTEMPTS}: {death}",
                             started.elapsed().as_secs_f64()
@@ -225,6 +238,60 @@ pub fn which(program: &str) -> Option<PathBuf> {
     })
 }
 
+/// The outer VM's emulator. Debian bookworm's QEMU 7.2 runs it, but its kernel died in about
+/// one job in six there; QEMU 10.0 (bookworm-backports) is the default since
+/// (docs/linux-lab.md, "Steadiness").
+pub struct OuterQemu {
+    binary: PathBuf,
+    /// Its own firmware folder (`-L`), for one not installed where it looks.
+    data: Option<PathBuf>,
+    /// What `--version` says, for the output.
+    version: String,
+}
+
+/// The packages of a QEMU that runs x86 guests, with its firmware.
+const QEMU_PACKAGES: [&str; 3] = ["qemu-system-x86", "qemu-system-common", "qemu-system-data"];
+
+impl OuterQemu {
+    /// `EXITLESS_LAB_QEMU` (a path) if set; else QEMU from the host's Debian release's
+    /// backports, downloaded on first use; else, saying why, the host's own.
+    fn get() -> Result<OuterQemu, String> {
+        if let Ok(binary) = std::env::var("EXITLESS_LAB_QEMU") {
+            return OuterQemu::at(PathBuf::from(binary), None);
+        }
+        let backports = debian::extracted_from_backports("qemu-backports", &QEMU_PACKAGES)
+            .and_then(|root| {
+                OuterQemu::at(
+                    root.join("usr/bin/qemu-system-x86_64"),
+                    Some(root.join("usr/share/qemu")),
+                )
+            });
+        backports.or_else(|why| {
+            println!("lab: no QEMU from backports ({why}); the outer VM runs on this host's");
+            let binary = which("qemu-system-x86_64")
+                .ok_or("the lab's outer VM needs qemu-system-x86_64 (Debian's qemu-system-x86)")?;
+            OuterQemu::at(binary, None)
+        })
+    }
+
+    /// The QEMU at `binary`, if it runs here.
+    fn at(binary: PathBuf, data: Option<PathBuf>) -> Result<OuterQemu, String> {
+        let said = debian::sh(Path::new("/"), &binary.to_string_lossy(), &["--version"])?;
+        let version = said
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("QEMU emulator version "))
+            .and_then(|v| v.split_whitespace().next())
+            .map(|v| format!("QEMU {v}"))
+            .ok_or(format!("{}: no version in {said:?}", binary.display()))?;
+        Ok(OuterQemu {
+            binary,
+            data,
+            version,
+        })
+    }
+}
+
 /// Run the job here, as the outer VM's init would.
 fn direct(dir: &Path, limit: Duration) {
     let out = std::fs::File::create(dir.join("output")).unwrap();
@@ -242,7 +309,13 @@ fn direct(dir: &Path, limit: Duration) {
 }
 
 /// Boot the outer VM for the job in `dir`; why it died, if it ended without the job's status.
-fn nested(kernel: &Kernel, initramfs: &Path, dir: &Path, limit: Duration) -> Result<(), String> {
+fn nested(
+    qemu: &OuterQemu,
+    kernel: &Kernel,
+    initramfs: &Path,
+    dir: &Path,
+    limit: Duration,
+) -> Result<(), String> {
     let console_path = dir.join("outer-console.log");
     let console = std::fs::File::create(&console_path).unwrap();
     let append = format!(
@@ -251,7 +324,8 @@ fn nested(kernel: &Kernel, initramfs: &Path, dir: &Path, limit: Duration) -> Res
         limit.as_secs(),
         outer_setting("APPEND", OUTER_APPEND)
     );
-    let mut child = Command::new(outer_setting("QEMU", "qemu-system-x86_64"))
+    let mut child = Command::new(&qemu.binary)
+        .args(qemu.data.iter().flat_map(|d| [Path::new("-L"), d]))
         .arg("-accel")
         .arg(outer_setting("ACCEL", OUTER_ACCEL))
         .arg("-cpu")
