@@ -15,6 +15,7 @@ use exitless::virtio::engine::QueueEngine;
 use exitless::virtio::net::header::OFFLOAD_FEATURES;
 use exitless::virtio::net::{NetBackend, RequestResponse, VirtioNet};
 use libfuzzer_sys::fuzz_target;
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -54,9 +55,13 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     let health = Arc::new(DeviceHealth::new(DeviceLog::new("fuzz")));
     let mut engine = QueueEngine::new(Box::new(handler), health);
-        // Half the inputs with the offloads negotiated: transmitted headers are checked against
-    // them (the backend passes none, so received frames carry no offloads).
-    let features = if config & 0x40 != 0 { OFFLOAD_FEATURES } else { 0 };
+    // Half the inputs with the offloads negotiated: transmitted headers are checked against
+    // them (the backend passes none, so received frames carry no offloads). Half with
+    // mergeable receive buffers: a 112-byte response may take several chains, or the whole
+    // ring and be dropped.
+    let offloads = if config & 0x40 != 0 { OFFLOAD_FEATURES } else { 0 };
+    let mergeable = if config & 0x20 != 0 { 1 << VIRTIO_NET_F_MRG_RXBUF } else { 0 };
+    let features = offloads | mergeable;
     engine.activate(queues, DmaContext::platform(mem), features);
     for round in 0..4 {
         for q in [1usize, 3, 4, 0, 2] {

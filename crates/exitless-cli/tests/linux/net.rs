@@ -1,8 +1,9 @@
 //! virtio-net under Linux's virtio_net driver, on a tap the job makes: ping, TCP both ways and
 //! UDP with iperf3 against servers beside exitless, the MAC `mac=` sets, four queue pairs
 //! (`queues=4`) each carrying traffic both ways after `ethtool -L`, and the same card behind
-//! virtio-mmio; the driver takes the checksum and segmentation offloads and TCP crosses the
-//! card in segments larger than the MTU, as under QEMU, whose throughput is printed beside.
+//! virtio-mmio; the driver takes the checksum and segmentation offloads and mergeable receive
+//! buffers, and TCP crosses the card in segments larger than the MTU, as under QEMU, whose
+//! throughput is printed beside.
 
 use std::time::Duration;
 
@@ -121,26 +122,29 @@ fn lost_of_sent(run: &Run, test: &str) -> (u64, u64) {
         .unwrap_or_else(|| panic!("{}: no datagram counts in {line:?}", run.name))
 }
 
-/// The offload features a driver takes from a card on a tap (virtio 1.2 §5.1.3): CSUM,
-/// GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_ECN, HOST_TSO4, HOST_TSO6, HOST_ECN.
-const OFFLOAD_BITS: [usize; 8] = [0, 1, 7, 8, 9, 11, 12, 13];
+/// The features a driver takes from a card on a tap for Linux's data path (virtio 1.2
+/// §5.1.3): the offloads, CSUM, GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_ECN, HOST_TSO4,
+/// HOST_TSO6, HOST_ECN; and MRG_RXBUF, with which a received segment larger than the MTU
+/// spreads over several of the driver's page-sized buffers.
+const DATA_PATH_BITS: [usize; 9] = [0, 1, 7, 8, 9, 11, 12, 13, 15];
 
 /// The largest frame without segmentation offloads: a 1500-byte MTU and its Ethernet header.
 const MTU_FRAME: u64 = 1514;
 
-/// Check that the guest's driver negotiated the offloads (its device's `features`, one
-/// character per bit) and that TCP crossed the card in segments larger than the MTU each way
-/// (the driver's byte and packet counters over each test: a segment counts once).
+/// Check that the guest's driver negotiated the offloads and mergeable receive buffers (its
+/// device's `features`, one character per bit) and that TCP crossed the card in segments
+/// larger than the MTU each way (the driver's byte and packet counters over each test: a
+/// segment counts once; received, each filled several buffers).
 fn expect_offloads(run: &Run) {
     let features = run.value("features").unwrap_or_default();
     let negotiated = |bit: usize| features.as_bytes().get(bit) == Some(&b'1');
-    let missing: Vec<usize> = OFFLOAD_BITS
+    let missing: Vec<usize> = DATA_PATH_BITS
         .into_iter()
         .filter(|&b| !negotiated(b))
         .collect();
     assert!(
         missing.is_empty(),
-        "{}: offload feature bits {missing:?} not negotiated: {features}",
+        "{}: feature bits {missing:?} not negotiated: {features}",
         run.name
     );
     for (test, counter) in [("tcp_tx", "tx"), ("tcp_rx", "rx")] {

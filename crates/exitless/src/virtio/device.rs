@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use super::queue::chain::{self, Chain, ChainError};
-use super::queue::split::ServedQueue;
+use super::queue::split::{Ring, ServedQueue};
 use crate::dma::{DmaContext, DmaError};
 use crate::guest_error;
 use crate::logging::DeviceLog;
@@ -180,6 +180,17 @@ pub trait ChainServer {
     }
     /// Serve one checked chain; returns the bytes written into it, for the used ring.
     fn serve(&mut self, chain: &Chain) -> Result<u32, DeviceError>;
+    /// Whether the chain just served holds only a part of something that needs more chains
+    /// (a frame over mergeable receive buffers, virtio 1.2 §5.1.6.4.2). The next chain is
+    /// then given without asking [`ChainServer::wants_chain`], and the parts' used entries
+    /// are published together with the chain that completes it.
+    fn more_chains(&self) -> bool {
+        false
+    }
+    /// The parts taken so far went back to the ring (it ran dry, the budget ran out, Bus
+    /// Master closed, or a buffer faulted): forget them. `hopeless`: the ring, whole, cannot
+    /// hold what they were for.
+    fn parts_returned(&mut self, _hopeless: bool) {}
 }
 
 impl<F: FnMut(&Chain) -> Result<u32, DeviceError>> ChainServer for F {
@@ -211,6 +222,12 @@ pub struct ChainsServed {
 /// IOMMU a chain with an indirect descriptor is refused outright (its table would be read
 /// untranslated). The rings are reached through their host mapping ([`super::queue::split`]);
 /// `chain` is the queue's scratch, refilled for each chain.
+///
+/// A server may take several chains for one thing ([`ChainServer::more_chains`]): their used
+/// entries are published together when it is complete. If the loop stops before that, the
+/// parts go back to the ring, in order, to be taken again; a fault completes them all with
+/// length 0 (a driver drops each as too short); a thing the whole ring cannot hold is given
+/// up, its chains back to the ring.
 pub fn serve_chains(
     q: &mut ServedQueue,
     dma: &DmaContext,
@@ -222,9 +239,10 @@ pub fn serve_chains(
     };
     let mut ring = q.ring(mem)?;
     let mut done = ChainsServed::default();
+    let mut parts = Parts::default();
     ring.disable_notification();
     for _ in 0..ring.size() {
-        if !server.wants_chain() {
+        if parts.is_empty() && !server.wants_chain() {
             return Ok(done);
         }
         let Some(head) = ring.pop()? else {
@@ -233,6 +251,7 @@ pub fn serve_chains(
                 ring.disable_notification();
                 continue;
             }
+            parts.go_back(&mut ring, &mut server, false);
             return Ok(done);
         };
         let translated = dma.translated();
@@ -246,23 +265,88 @@ pub fn serve_chains(
             .map_err(DeviceError::from)
             .and_then(|()| server.serve(chain))
         {
+            Ok(len) if server.more_chains() => {
+                if !parts.push(head, len, ring.size()) {
+                    parts.go_back(&mut ring, &mut server, true);
+                }
+            }
             Ok(len) => {
-                ring.add_used(head, len)?;
+                for (part, len) in parts.take() {
+                    ring.put_used(part, len)?;
+                }
+                ring.put_used(head, len)?;
+                ring.publish_used();
                 done.used = true;
             }
             Err(e) if e.is_pause() => {
-                ring.go_to_previous_position();
+                ring.go_back(1);
+                parts.go_back(&mut ring, &mut server, false);
                 return Ok(done);
             }
             Err(e) if e.is_fault() => {
-                ring.add_used(head, 0)?;
+                for (part, _) in parts.take() {
+                    ring.put_used(part, 0)?;
+                }
+                ring.put_used(head, 0)?;
+                ring.publish_used();
+                server.parts_returned(false);
                 done.used = true;
             }
             Err(e) => return Err(e),
         }
     }
+    parts.go_back(&mut ring, &mut server, false);
     done.more = true;
     Ok(done)
+}
+
+/// The chains a server took for one thing that needs more ([`ChainServer::more_chains`]),
+/// with the bytes written into each, their used entries not yet written: held inline, so
+/// serving allocates nothing.
+struct Parts {
+    taken: [(u16, u32); Parts::CAPACITY],
+    len: usize,
+}
+
+impl Default for Parts {
+    fn default() -> Self {
+        Parts {
+            taken: [(0, 0); Parts::CAPACITY],
+            len: 0,
+        }
+    }
+}
+
+impl Parts {
+    /// The most chains one thing may take: the largest queue any device here offers.
+    const CAPACITY: usize = 256;
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Hold chain `head`; false if that fills a whole ring of `size` (or the capacity) with
+    /// parts: what they are for cannot be held by this ring.
+    fn push(&mut self, head: u16, len: u32, size: u16) -> bool {
+        self.taken[self.len] = (head, len);
+        self.len += 1;
+        self.len < usize::from(size).min(Self::CAPACITY)
+    }
+
+    /// The parts, in the order taken, forgotten here.
+    fn take(&mut self) -> impl Iterator<Item = (u16, u32)> + '_ {
+        let len = std::mem::take(&mut self.len);
+        self.taken[..len].iter().copied()
+    }
+
+    /// Put the parts back in the ring, in order, and tell the server (if there were any).
+    fn go_back(&mut self, ring: &mut Ring<'_>, server: &mut impl ChainServer, hopeless: bool) {
+        if self.len > 0 {
+            ring.go_back(u16::try_from(self.len).expect("at most a ring"));
+            self.len = 0;
+            server.parts_returned(hopeless);
+        }
+    }
 }
 
 /// The one state both the register side and the device thread write: DEVICE_NEEDS_RESET and

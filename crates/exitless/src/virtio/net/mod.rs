@@ -14,7 +14,9 @@ pub use backend::{NetBackend, RequestResponse, Sink};
 pub use control::ControlQueue;
 pub use queues::NetQueues;
 
-use virtio_bindings::virtio_net::{VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ};
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF,
+};
 
 use super::DeviceParts;
 use super::device::{VirtioDevice, read_config_bytes};
@@ -75,10 +77,17 @@ impl VirtioDevice for VirtioNet {
         VIRTIO_ID_NET
     }
 
+    /// The MAC, mergeable receive buffers (a frame fills as many of the driver's buffers as
+    /// it needs, so a driver taking 64 KiB segments need not post 64 KiB buffers: Linux then
+    /// posts page fragments instead of 17-page "big packet" chains, §5.1.6.4.2), the offloads
+    /// where the backends carry them, and multiqueue with several pairs.
     fn features(&self) -> u64 {
         let mq = (1 << VIRTIO_NET_F_MQ) | (1 << VIRTIO_NET_F_CTRL_VQ);
         let offloads = if self.offloads { OFFLOAD_FEATURES } else { 0 };
-        (1 << VIRTIO_NET_F_MAC) | offloads | if self.multiqueue() { mq } else { 0 }
+        (1 << VIRTIO_NET_F_MAC)
+            | (1 << VIRTIO_NET_F_MRG_RXBUF)
+            | offloads
+            | if self.multiqueue() { mq } else { 0 }
     }
 
     fn queue_max_sizes(&self) -> Vec<u16> {

@@ -4,6 +4,8 @@
 
 use std::os::fd::RawFd;
 
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
+
 use super::backend::NetBackend;
 use super::control::ControlQueue;
 use super::header::{Direction, NetHeader, Offloads};
@@ -42,6 +44,9 @@ pub struct NetQueues {
     enabled: usize,
     /// The offloads the driver negotiated (none before DRIVER_OK and after a reset).
     offloads: Offloads,
+    /// The driver negotiated VIRTIO_NET_F_MRG_RXBUF: a frame may fill several receive
+    /// buffers (§5.1.6.4.2).
+    mergeable: bool,
 }
 
 impl NetQueues {
@@ -61,6 +66,7 @@ impl NetQueues {
             control,
             enabled: 1,
             offloads: Offloads::default(),
+            mergeable: false,
         };
         queues.enable_pairs(1);
         queues
@@ -121,7 +127,7 @@ impl NetQueues {
         q: &mut ServedQueue,
         dma: &DmaContext,
         log: &DeviceLog,
-        offloads: Direction,
+        (offloads, mergeable): (Direction, bool),
     ) -> Result<ChainsServed, DeviceError> {
         let deliver = Deliver {
             backend: &mut pair.backend,
@@ -130,6 +136,9 @@ impl NetQueues {
             log,
             offloads,
             header: NetHeader::default(),
+            mergeable,
+            filled: 0,
+            buffers: 0,
         };
         serve_chains(q, dma, &mut pair.rx.chain, deliver)
     }
@@ -185,6 +194,12 @@ struct Deliver<'a> {
     offloads: Direction,
     /// The held frame's header as the driver gets it ([`NetHeader::for_driver`]).
     header: NetHeader,
+    /// Receive buffers are mergeable: a frame goes into as many as it needs.
+    mergeable: bool,
+    /// Bytes of the held frame (its header included) placed in the buffers taken so far, and
+    /// how many buffers: while some are placed and more are needed, the chains are parts.
+    filled: usize,
+    buffers: u16,
 }
 
 impl ChainServer for Deliver<'_> {
@@ -214,21 +229,65 @@ impl ChainServer for Deliver<'_> {
             return Ok(0); // not reached: a chain is only taken for a waiting frame
         };
         let total = HDR + len;
-        if c.writable_len() < total as u64 {
+        let room = usize::try_from(c.writable_len()).unwrap_or(usize::MAX);
+        let fits = if self.mergeable && self.filled == 0 {
+            // The first buffer holds the header whole (§5.1.6.3.1); the frame may go on in
+            // the buffers after it.
+            room >= HDR
+        } else {
+            self.mergeable || room >= total
+        };
+        if !fits {
             guest_error!(
                 self.log,
-                "virtio-net: receive buffer of {} bytes too small for a {total}-byte frame; frame dropped",
-                c.writable_len()
+                "virtio-net: receive buffer of {room} bytes too small for a {total}-byte frame{}; frame dropped",
+                if self.mergeable { "'s header" } else { "" }
             );
             self.backend.discard();
             return Ok(0);
         }
+        let take = room.min(total - self.filled);
         // On an error the frame stays held for the next buffer: this one was only a pause
         // (Bus Master off), or a buffer the IOMMU refused.
-        c.resolve_writable(self.dma, total, self.io)?;
-        self.io.scatter(0, &self.header.to_bytes());
-        self.backend.deliver(self.io, HDR);
-        Ok(u32::try_from(total).expect("≤ MAX_FRAME + header"))
+        if self.filled == 0 {
+            c.resolve_writable(self.dma, take, self.io)?;
+        } else {
+            c.append_writable(self.dma, take, self.io)?;
+        }
+        self.filled += take;
+        self.buffers += 1;
+        if self.filled == total {
+            let header = NetHeader {
+                num_buffers: self.buffers,
+                ..self.header
+            };
+            self.io.scatter(0, &header.to_bytes());
+            self.backend.deliver(self.io, HDR);
+            self.filled = 0;
+            self.buffers = 0;
+        }
+        Ok(u32::try_from(take).expect("≤ MAX_FRAME + header"))
+    }
+
+    /// A frame placed in part: its next buffer is wanted.
+    fn more_chains(&self) -> bool {
+        self.filled > 0
+    }
+
+    /// The buffers the frame was going into went back to the ring: it is placed anew in the
+    /// next ones, or, if the whole ring could not hold it, dropped.
+    fn parts_returned(&mut self, hopeless: bool) {
+        if hopeless {
+            guest_error!(
+                self.log,
+                "virtio-net: the receive ring's {} buffers cannot hold a {}-byte frame; frame dropped",
+                self.buffers,
+                self.backend.pending().map_or(0, |len| HDR + len)
+            );
+            self.backend.discard();
+        }
+        self.filled = 0;
+        self.buffers = 0;
     }
 }
 
@@ -257,16 +316,19 @@ impl QueueHandler for NetQueues {
             progress.more = done.more;
         }
         if queues[rx].ready() {
-            let done = Self::receive(pair, &mut queues[rx], dma, log, self.offloads.rx)?;
+            let rx_mode = (self.offloads.rx, self.mergeable);
+            let done = Self::receive(pair, &mut queues[rx], dma, log, rx_mode)?;
             progress.mark(rx, done.used);
             progress.more |= done.more;
         }
         Ok(progress)
     }
 
-    /// The driver's offloads: checked in its frames, and the backends told what it takes.
+    /// The driver's offloads: checked in its frames, and the backends told what it takes;
+    /// whether its receive buffers are mergeable.
     fn activate(&mut self, features: u64) {
         self.set_offloads(Offloads::negotiated(features));
+        self.mergeable = features & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0;
     }
 
     fn reset(&mut self) {
@@ -274,6 +336,7 @@ impl QueueHandler for NetQueues {
             pair.backend.reset();
         }
         self.set_offloads(Offloads::default());
+        self.mergeable = false;
         self.enable_pairs(1);
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::dma::{DmaContext, Segments};
-use crate::iommu::regs::{VTD_FR_READ, VTD_PTE_R};
+use crate::iommu::regs::{VTD_FR_READ, VTD_FR_WRITE, VTD_PTE_R};
 use crate::iommu::tables::build::Tables;
 use crate::iommu::testing::*;
 use crate::logging::DeviceLog;
@@ -27,6 +27,8 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+mod mergeable;
 
 const QSIZE: u16 = 16;
 /// Buffers live above the rings.
@@ -114,17 +116,24 @@ fn request_and_buffer(
     let next = rx.avail().idx().load();
     rx.add_desc_chains(&[desc(bus + BUFFERS, 0x800, VRING_DESC_F_WRITE)], next)
         .unwrap();
+    request_at(mem, tx, bus, BUFFERS + 0x1000)
+}
+
+/// A 5-byte request (after the header) on `tx` at guest-physical `at`, given to the device
+/// at bus address `bus` + `at`.
+fn request_at(
+    mem: &GuestMemoryMmap,
+    tx: &MockSplitQueue<'_, GuestMemoryMmap>,
+    bus: u64,
+    at: u64,
+) -> Vec<u8> {
     let request: Vec<u8> = (0..(HDR + 5))
         .map(|i| if i < HDR { 0 } else { i as u8 })
         .collect();
-    mem.write_slice(&request, GuestAddress(BUFFERS + 0x1000))
-        .unwrap();
+    mem.write_slice(&request, GuestAddress(at)).unwrap();
     let next = tx.avail().idx().load();
-    tx.add_desc_chains(
-        &[desc(bus + BUFFERS + 0x1000, request.len() as u32, 0)],
-        next,
-    )
-    .unwrap();
+    tx.add_desc_chains(&[desc(bus + at, request.len() as u32, 0)], next)
+        .unwrap();
     request
 }
 

@@ -164,6 +164,17 @@ impl Chain {
         out: &mut Segments,
     ) -> Result<(), DmaError> {
         out.clear();
+        self.append_writable(dma, len, out)
+    }
+
+    /// Resolve the first `len` writable bytes after what `out` holds: one frame over several
+    /// chains' buffers (mergeable receive buffers, virtio 1.2 §5.1.6.4.2).
+    pub fn append_writable(
+        &self,
+        dma: &DmaContext,
+        len: usize,
+        out: &mut Segments,
+    ) -> Result<(), DmaError> {
         let mut left = len;
         for b in &self.writable {
             if left == 0 {

@@ -183,12 +183,6 @@ impl Ring<'_> {
         Ok(Some(head))
     }
 
-    /// Put the last chain taken back (it will be taken again).
-    pub fn go_to_previous_position(&mut self) {
-        let next = self.queue.next_avail();
-        self.queue.set_next_avail(next.wrapping_sub(1));
-    }
-
     /// The descriptors of the chain from `head` (indirect tables read from `mem` if
     /// `follow_indirect`).
     pub fn descriptors<'m>(
@@ -207,17 +201,36 @@ impl Ring<'_> {
 
     /// Put chain `head` in the used ring with `len` bytes written, and publish it.
     pub fn add_used(&mut self, head: u16, len: u32) -> Result<(), Error> {
+        self.put_used(head, len)?;
+        self.publish_used();
+        Ok(())
+    }
+
+    /// Write chain `head`'s used entry, with `len` bytes written, after the last one, without
+    /// publishing it: the driver sees it with the next [`Ring::publish_used`], so entries that
+    /// belong together (a frame over several receive buffers, §5.1.6.4.2) appear at once.
+    pub fn put_used(&mut self, head: u16, len: u32) -> Result<(), Error> {
         if head >= self.queue.size() {
             return Err(Error::InvalidDescriptorIndex);
         }
         let next = self.queue.next_used();
         self.host.write_used(next, head, len);
-        let next = next.wrapping_add(1);
-        self.queue.set_next_used(next);
+        self.queue.set_next_used(next.wrapping_add(1));
         *self.num_added += Wrapping(1);
-        // Release: the entry is visible before the index that publishes it (§2.7.8).
-        self.host.set_used_idx(next, Ordering::Release);
         Ok(())
+    }
+
+    /// Publish the used entries written so far (§2.7.8).
+    pub fn publish_used(&mut self) {
+        // Release: the entries are visible before the index that publishes them.
+        self.host
+            .set_used_idx(self.queue.next_used(), Ordering::Release);
+    }
+
+    /// Put the last `n` chains taken back (they will be taken again, in the same order).
+    pub fn go_back(&mut self, n: u16) {
+        let next = self.queue.next_avail();
+        self.queue.set_next_avail(next.wrapping_sub(n));
     }
 
     /// Ask the driver not to notify (§2.7.10): the used ring's NO_NOTIFY flag; with
