@@ -82,10 +82,11 @@ pub const BOOT_LIMIT_S: u32 = 150;
 
 /// How every job's script starts: `$RUN` names a fresh folder on the machine the job runs on,
 /// removed when the job ends, for what the shared job folder cannot hold (9p has no sockets or
-/// FIFOs) or must not keep from one attempt to the next (pid files). Then the lab faults a
-/// guest run can end on that the guest did not ask for: it hung before its `/init` (stopped by
-/// `watch_boot` after [`BOOT_LIMIT_S`], leaving `NAME.hung`; seen in the nested lab, a vCPU
-/// halted while another spins, once in many runs); exitless's line for a triple fault; under
+/// FIFOs) or must not keep from one attempt to the next (pid files). Then the faults a guest
+/// run can end on that the guest did not ask for, run again in the nested lab: it hung before
+/// its `/init` (stopped by `watch_boot` after [`BOOT_LIMIT_S`], leaving `NAME.hung`; seen
+/// under exitless now and then, an open defect not shown to be the lab's: docs/linux-lab.md);
+/// exitless's line for a triple fault; under
 /// QEMU (`-no-reboot`), an exit 0 with neither the script done nor a reboot, power-off or panic
 /// of the guest's kernel, which is how QEMU ends a triple fault under KVM (a reset, as a reboot
 /// is), saying nothing of it. `@TRIPLE_FAULT@` is [`TRIPLE_FAULT`], `@BOOT_LIMIT@`
