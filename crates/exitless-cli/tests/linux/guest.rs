@@ -276,18 +276,23 @@ done"#
     /// In the nested lab a guest run that shut down on a fault runs again within the job
     /// ([`Job::record`]); a job one of whose other guest runs (written with their own lines)
     /// ended on exitless's triple fault runs again as a whole, saying so, up to
-    /// [`FAULT_ATTEMPTS`] times in all. On hardware KVM a fault is never retried.
+    /// [`FAULT_ATTEMPTS`] times in all, the faulted console kept as `NAME.console.job-faultN`.
+    /// On hardware KVM a fault is never retried.
     pub fn run(self, lab: &Lab, limit: Duration) -> Done {
         let nested = matches!(lab, Lab::Nested { .. });
         let attempts = if nested { FAULT_ATTEMPTS } else { 1 };
         let script = format!("GUEST_ATTEMPTS={attempts}\n{}", self.script);
         let mut finished = lab.run(&self.dir, &script, limit);
         for attempt in 2..=attempts {
-            let Some(fault) = triple_fault(&self.dir) else {
+            let Some((console, fault)) = triple_fault(&self.dir) else {
                 break;
             };
+            // Kept apart: the next attempt writes the same console anew.
+            let kept = console.with_extension(format!("console.job-fault{}", attempt - 1));
+            let _ = std::fs::rename(&console, &kept);
             println!(
-                "lab: {fault}, as the nested lab's guests do under both VMMs: job attempt {attempt} of {attempts}"
+                "lab: {fault}, as the nested lab's guests do under both VMMs (its console kept as {}): job attempt {attempt} of {attempts}",
+                kept.display()
             );
             finished = lab.run(&self.dir, &script, limit);
         }
@@ -311,8 +316,9 @@ done"#
 const FAULT_ATTEMPTS: u32 = 3;
 
 /// The first console in `dir` whose run ended on exitless's report of a triple fault (`vCPU N
-/// shut down (a triple fault)`) and was not run again within the job: which run and vCPU.
-fn triple_fault(dir: &Path) -> Option<String> {
+/// shut down (a triple fault)`) and was not run again within the job: the console, and which
+/// run and vCPU.
+fn triple_fault(dir: &Path) -> Option<(PathBuf, String)> {
     let mut consoles: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| Some(e.ok()?.path()))
@@ -324,7 +330,8 @@ fn triple_fault(dir: &Path) -> Option<String> {
         let text = std::fs::read_to_string(path).ok()?;
         let at = text.find(TRIPLE_FAULT)?;
         let vcpu = text[..at].rsplit("vCPU ").next()?;
-        Some(format!("{}: vCPU {vcpu} triple-faulted", path.display()))
+        let fault = format!("{}: vCPU {vcpu} triple-faulted", path.display());
+        Some((path.clone(), fault))
     })
 }
 
