@@ -93,7 +93,8 @@ when exitless cannot run it (a bad option, a missing or unrecognised kernel, a g
 triple-faults); 124 when the guest runs past --timeout; 159 when a thread breaks its seccomp \
 filter. SIGINT, SIGTERM and SIGHUP stop the guest (its disks hold every write it made, taps \
 made for the run are removed) and end exitless by that signal, as if it had not caught it \
-(a shell reports 128 + the signal's number).";
+(a shell reports 128 + the signal's number); SIGQUIT (Ctrl-\\) first logs where each vCPU \
+was, as --timeout does, then stops it the same way and exits with 131, without a core dump.";
 
 // Negative numbers are values, not options: `--memory -5` gets the range's message.
 #[derive(clap::Args)]

@@ -125,6 +125,28 @@ fn stop_signals_end_a_run_even_when_inherited_ignored() {
     }
 }
 
+/// Ctrl-\ (SIGQUIT) on a run: it says where each vCPU was, as a run past its `--timeout`
+/// does, then ends with 128 + 3, not a core dump: the report is what was asked for.
+#[test]
+fn sigquit_says_where_the_vcpus_were_then_ends_the_run() {
+    let mut child = spawn_run("echo=1", &["--cpus", "2"], None);
+    let _console = read_until(&mut child, WAITING);
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill only sends a signal to the child started here.
+    let sent = unsafe { libc::kill(pid, libc::SIGQUIT) };
+    assert_eq!(sent, 0);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGQUIT), "{stderr}");
+    for vcpu in 0..2 {
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("exitless: warn: on SIGQUIT vCPU {vcpu} was ")))
+            .unwrap_or_else(|| panic!("no report of vCPU {vcpu}: {stderr}"));
+        assert!(line.contains(" at RIP 0x"), "{line}");
+    }
+}
+
 /// Ctrl-Z and `fg`, or a debugger attaching: SIGSTOP then SIGCONT. The kernel resumes each
 /// thread's interrupted sleep with restart_syscall(2), which every thread's filter allows, so
 /// the run goes on and the guest still reads its line.

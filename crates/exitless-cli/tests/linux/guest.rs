@@ -84,7 +84,8 @@ pub const BOOT_LIMIT_S: u32 = 150;
 /// removed when the job ends, for what the shared job folder cannot hold (9p has no sockets or
 /// FIFOs) or must not keep from one attempt to the next (pid files). Then the faults a guest
 /// run can end on that the guest did not ask for, run again in the nested lab: it hung before
-/// its `/init` (stopped by `watch_boot` after [`BOOT_LIMIT_S`], leaving `NAME.hung`; seen
+/// its `/init` (stopped by `watch_boot` after [`BOOT_LIMIT_S`] with the VMM's signal, exitless's SIGQUIT making it say
+/// where its vCPUs were first, leaving `NAME.hung`; seen
 /// under exitless now and then, an open defect not shown to be the lab's: docs/linux-lab.md);
 /// exitless's line for a triple fault; under
 /// QEMU (`-no-reboot`), an exit 0 with neither the script done nor a reboot, power-off or panic
@@ -98,7 +99,7 @@ rm -f ./*.console.fault* ./*.hung
 watch_boot() {
   waited=0
   until grep -q 'GUEST up after' "$1.console"; do
-    if [ $waited -ge @BOOT_LIMIT@ ]; then touch "$1.hung"; kill "$2"; return; fi
+    if [ $waited -ge @BOOT_LIMIT@ ]; then touch "$1.hung"; kill -"$3" "$2"; return; fi
     sleep 1; waited=$((waited + 1))
   done
 }
@@ -221,7 +222,7 @@ impl Job {
     /// Run `guest` under exitless with `args` and `extra` on its command line, as `name`.
     pub fn exitless(&mut self, name: &str, guest: &Guest, extra_cmdline: &str, args: &str) {
         let line = exitless_command(guest, extra_cmdline, args);
-        self.record(name, &line, "exitless_faulted");
+        self.record(name, &line, ("exitless_faulted", "QUIT"));
     }
 
     /// Run `guest` under QEMU with KVM, `machine` (q35, microvm) and `args`, as `name`: the
@@ -243,23 +244,23 @@ impl Job {
             kernel = guest.kernel.display(),
             initrd = guest.initramfs.display(),
         );
-        self.record(name, &line, "qemu_faulted");
+        self.record(name, &line, ("qemu_faulted", "TERM"));
     }
 
-    /// Run `line` as the guest run `name`, stopped if it has not reached its `/init` within
-    /// [`BOOT_LIMIT_S`]; in the nested lab, again (up to `$GUEST_ATTEMPTS` times, saying so)
-    /// while `faulted` (a function of [`JOB_START`]) says it hung at boot or shut down on a
-    /// fault: the lab's nested SVM does both to QEMU's guests too, now and then, on any vCPU
+    /// Run `line` as the guest run `name`, stopped by `signal` if it has not reached its
+    /// `/init` within [`BOOT_LIMIT_S`]; in the nested lab, again (up to `$GUEST_ATTEMPTS`
+    /// times, saying so) while `faulted` (a function of [`JOB_START`]) says it hung at boot or
+    /// shut down on a fault: the lab's nested SVM does both to QEMU's guests too, now and then, on any vCPU
     /// (docs/linux-lab.md), so only a fault that comes back is the guest's. A faulted
     /// attempt's console is kept as `NAME.console.faultN`.
-    fn record(&mut self, name: &str, line: &str, faulted: &str) {
+    fn record(&mut self, name: &str, line: &str, (faulted, signal): (&str, &str)) {
         self.sh(&format!(
             r#"echo 'job: {name}'
 attempt=1
 while :; do
   rm -f {name}.hung
   {line} < /dev/null > {name}.console 2>&1 & guest=$!
-  watch_boot {name} $guest & watcher=$!
+  watch_boot {name} $guest {signal} & watcher=$!
   wait $guest; echo $? > {name}.status
   kill $watcher 2>/dev/null; wait $watcher
   {faulted} {name} && [ $attempt -lt $GUEST_ATTEMPTS ] || break

@@ -1,5 +1,5 @@
 //! Why and when a run ends, shared by the vCPU threads, the devices and the VMM thread; and
-//! the signals that end a run from outside (Ctrl-C, `kill`, a closed terminal).
+//! the signals that end a run from outside (Ctrl-C, `kill`, a closed terminal, Ctrl-\).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -52,6 +52,9 @@ pub enum RunEvent {
     Parking,
     /// Neither, within the time allowed.
     TimedOut,
+    /// SIGQUIT: the VMM's user asks where the vCPUs are. The run says so, then stops for
+    /// the signal ([`StopReason::Signal`]).
+    Quit,
 }
 
 impl RunControl {
@@ -153,6 +156,9 @@ impl RunControl {
         WAITING.store(true, Ordering::SeqCst);
         let reason = loop {
             let signal = STOP_SIGNAL.load(Ordering::SeqCst);
+            if signal == libc::SIGQUIT && or_sleep && !self.is_stopping() {
+                break RunEvent::Quit;
+            }
             if signal != 0 {
                 self.stop(StopReason::Signal(signal));
             }
@@ -178,8 +184,10 @@ impl RunControl {
     }
 }
 
-/// The signals that stop a run: Ctrl-C, `kill`'s default, the terminal closing.
-pub const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// The signals that stop a run: Ctrl-C, `kill`'s default, the terminal closing, and Ctrl-\
+/// (SIGQUIT), after which the run first says where each vCPU was ([`RunEvent::Quit`]).
+pub const STOP_SIGNALS: [libc::c_int; 4] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 /// The first stop signal received (0: none).
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -189,7 +197,7 @@ static WAITING: AtomicBool = AtomicBool::new(false);
 /// condition variable needs (signal-safety(7)), so the handler cannot wake the waiter itself.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
-/// Make SIGINT, SIGTERM and SIGHUP stop a run ([`StopReason::Signal`]), so that it ends as
+/// Make SIGINT, SIGTERM, SIGHUP and SIGQUIT stop a run ([`StopReason::Signal`]), so that it ends as
 /// any other run does (devices stopped, files closed), then [`end_by_signal`]. Installed
 /// whatever the process inherited: a job a script starts in the background inherits SIGINT
 /// ignored (POSIX sh, "Asynchronous Lists"), and would otherwise run on deaf to Ctrl-C and
@@ -253,6 +261,10 @@ extern "C" fn on_stop_signal(signal: libc::c_int) {
 /// The handler's SA_RESETHAND has put the default action back, so no call beyond raise(3)
 /// is needed (the main thread's seccomp filter allows no sigaction).
 pub fn end_by_signal(signal: libc::c_int) -> ! {
+    // SIGQUIT's default action dumps core; the run has given the report SIGQUIT asked for.
+    if signal == libc::SIGQUIT {
+        std::process::exit(128 + signal)
+    }
     // SAFETY: raise only sends `signal` to this thread, whose default action ends the process.
     unsafe { libc::raise(signal) };
     // Not reached unless the signal is blocked; end as a shell would report it.

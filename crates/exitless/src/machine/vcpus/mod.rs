@@ -109,10 +109,17 @@ impl Vcpus {
                 }
             }
         }
-        let reason = wait_and_put_to_sleep(&threads, control, timeout);
-        if reason.is_none() {
-            report_where(&threads, control);
-        }
+        let reason = match wait_and_put_to_sleep(&threads, control, timeout) {
+            Ended::Stopped(reason) => Some(reason),
+            Ended::TimedOut => {
+                report_where(&threads, control, "at the timeout");
+                None
+            }
+            Ended::Quit => {
+                report_where(&threads, control, "on SIGQUIT");
+                Some(StopReason::Signal(libc::SIGQUIT))
+            }
+        };
         control.stop(StopReason::VcpuFailed("stopped by the VMM".into()));
         stop_and_join(threads);
         match (spawn_error, reason) {
@@ -123,6 +130,14 @@ impl Vcpus {
     }
 }
 
+/// How a run's wait ended.
+enum Ended {
+    Stopped(StopReason),
+    TimedOut,
+    /// SIGQUIT ([`RunEvent::Quit`]).
+    Quit,
+}
+
 /// Wait for the run to stop, up to `timeout`; meanwhile, each time the guest asks for S3 or the
 /// VMM's user for a pause, kick the vCPUs out of the guest until every one has parked (ACPI 6.5
 /// §16.1.3: the machine sleeps; a paused one stays where it was).
@@ -130,15 +145,16 @@ fn wait_and_put_to_sleep(
     threads: &[JoinHandle<()>],
     control: &RunControl,
     timeout: Duration,
-) -> Option<StopReason> {
+) -> Ended {
     let deadline = Instant::now().checked_add(timeout);
     loop {
         let left = deadline.map_or(Duration::MAX, |d| {
             d.saturating_duration_since(Instant::now())
         });
         match control.wait_or_sleep(left) {
-            RunEvent::Stopped(reason) => return Some(reason),
-            RunEvent::TimedOut => return None,
+            RunEvent::Stopped(reason) => return Ended::Stopped(reason),
+            RunEvent::TimedOut => return Ended::TimedOut,
+            RunEvent::Quit => return Ended::Quit,
             RunEvent::Parking => {
                 kick_while(threads, None, || {
                     control.parking() && !control.is_stopping()
@@ -164,13 +180,13 @@ fn kick_while(threads: &[JoinHandle<()>], deadline: Option<Instant>, going_on: i
 /// [`report_where`].
 const REPORT_DEADLINE: Duration = Duration::from_secs(2);
 
-/// The run timed out: log where each vCPU was, so a guest that hangs (halted with nothing to
-/// wake it, or looping at one place) can be told from a host whose KVM never gave a vCPU back
-/// (one that a kick does not bring out of `KVM_RUN`). The vCPUs are paused for it, as for a
-/// snapshot; the run is ending, so nothing resumes them.
-fn report_where(threads: &[JoinHandle<()>], control: &RunControl) {
+/// The run timed out, or SIGQUIT asked (`when` says which): log where each vCPU was, so a
+/// guest that hangs (halted with nothing to wake it, or looping at one place) can be told from
+/// a host whose KVM never gave a vCPU back (one that a kick does not bring out of `KVM_RUN`).
+/// The vCPUs are paused for it, as for a snapshot; the run is ending, so nothing resumes them.
+fn report_where(threads: &[JoinHandle<()>], control: &RunControl, when: &str) {
     if control.sleep().asleep() || control.pause().request().is_err() {
-        log::warn!("at the timeout the machine was asleep (S3) or paused");
+        log::warn!("{when} the machine was asleep (S3) or paused");
         return;
     }
     let deadline = Instant::now() + REPORT_DEADLINE;
@@ -179,8 +195,8 @@ fn report_where(threads: &[JoinHandle<()>], control: &RunControl) {
     });
     if control.pause().entering() {
         log::warn!(
-            "at the timeout a vCPU did not leave KVM_RUN within {REPORT_DEADLINE:?} of being \
-             kicked: it is stuck in the host's KVM, not in the guest"
+            "{when} a vCPU did not leave KVM_RUN within {REPORT_DEADLINE:?} of being kicked: \
+             it is stuck in the host's KVM, not in the guest"
         );
         return;
     }
@@ -188,7 +204,7 @@ fn report_where(threads: &[JoinHandle<()>], control: &RunControl) {
         Ok(states) => {
             for (i, state) in states.iter().enumerate() {
                 log::warn!(
-                    "at the timeout vCPU {i} was {} at RIP {:#x}, RFLAGS {:#x}, CR3 {:#x}",
+                    "{when} vCPU {i} was {} at RIP {:#x}, RFLAGS {:#x}, CR3 {:#x}",
                     mp_state_name(state.mp_state.mp_state),
                     state.regs.rip,
                     state.regs.rflags,
@@ -196,7 +212,7 @@ fn report_where(threads: &[JoinHandle<()>], control: &RunControl) {
                 );
             }
         }
-        Err(e) => log::warn!("at the timeout the vCPUs' state could not be read: {e}"),
+        Err(e) => log::warn!("{when} the vCPUs' state could not be read: {e}"),
     }
 }
 
