@@ -62,26 +62,16 @@ pub fn extracted_from_backports(name: &str, packages: &[&str]) -> Result<PathBuf
         format!("Dir::State::Lists={}", apt.join("lists").display()),
         format!("Dir::Cache={}", apt.join("cache").display()),
     ];
-    let with_options = |words: &[String]| -> Vec<String> {
-        let mut args: Vec<String> = options
-            .iter()
-            .flat_map(|o| ["-o".to_owned(), o.clone()])
-            .collect();
-        args.extend_from_slice(words);
-        args
+    // apt-get with these lists, then `words`.
+    let apt_get = |words: Vec<String>| {
+        let mut args: Vec<&str> = options.iter().flat_map(|o| ["-o", o.as_str()]).collect();
+        args.extend(words.iter().map(String::as_str));
+        sh(&dir, "apt-get", &args)
     };
-    let run = |words: &[String]| {
-        let args = with_options(words);
-        sh(
-            &dir,
-            "apt-get",
-            &args.iter().map(String::as_str).collect::<Vec<_>>(),
-        )
-    };
-    run(&["-qq".to_owned(), "update".to_owned()])?;
-    let mut download = vec!["download".to_owned()];
-    download.extend(packages.iter().map(|p| format!("{p}/{suite}")));
-    run(&download)?;
+    apt_get(vec!["-qq".to_owned(), "update".to_owned()])?;
+    let download = std::iter::once("download".to_owned())
+        .chain(packages.iter().map(|p| format!("{p}/{suite}")));
+    apt_get(download.collect())?;
     extract_downloaded(&dir)
 }
 
