@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::bus::DeviceId;
-use crate::logging::DeviceLog;
+use crate::logging::{DeviceLog, QueueTotals};
 
 /// How a vCPU left the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +107,13 @@ impl ExitCounters {
             .filter(|&d| d < self.by_device.len() - 1)
             .unwrap_or(self.by_device.len() - 1);
         self.by_device[slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The I/O counters of each queue device `id`'s thread serves, by queue index (empty for
+    /// a device with no queues of exitless's, or no log attached).
+    pub fn queue_totals(&self, id: DeviceId) -> Vec<QueueTotals> {
+        let log = self.logs.get(id).and_then(OnceLock::get);
+        log.map(|l| l.queue_totals()).unwrap_or_default()
     }
 
     /// Current values.

@@ -90,6 +90,55 @@ fn a_paused_guest_makes_no_progress_and_once_resumed_passes() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `vm.counters` carries, per served queue, what the test kernel's disk requests were: its
+/// check (a write, a flush, a read, the ID, a read past the end: the driver's error) and two
+/// rounds of write, flush and read, each with a 16-byte header and a status byte.
+#[test]
+fn counters_show_each_request_and_byte_the_disks_queue_carried() {
+    let dir = scratch("queues");
+    let disk = dir.join("disk");
+    std::fs::write(&disk, vec![0u8; 16 << 10]).unwrap();
+    let kernel = Path::new(env!("CARGO_BIN_EXE_exitless")).with_file_name("testkernel.elf");
+    let args = [
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cmdline",
+        "disk=1 disk_rounds=2 spam=1000000",
+        "--disk",
+        disk.to_str().unwrap(),
+    ];
+    let mut vm = Running::start(&dir, "queues", &args);
+    vm.wait_for_lines("spam ", 5);
+    let counters = vm.ctl(&["counters"]);
+    let served: Vec<_> = counters["by_device"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(|d| d.get("queues"))
+        .collect();
+    assert_eq!(served.len(), 1, "one device with queues: {counters}");
+    let queue = &served[0][0];
+    let (requests, writes, reads) = (5 + 2 * 3, 1 + 2, 1 + 2);
+    assert_eq!(queue["completed"], requests, "{queue}");
+    assert_eq!(queue["bytes_read"], 16 * requests + 512 * writes, "{queue}");
+    // Data read in (512 each, the ID's 20), and every status byte.
+    assert_eq!(
+        queue["bytes_written"],
+        512 * reads + 20 + requests,
+        "{queue}"
+    );
+    let errors = &queue["errors"];
+    assert_eq!(
+        (&errors["guest"], &errors["backend"], &errors["iommu"]),
+        (&1.into(), &0.into(), &0.into()),
+        "the read past the end: {queue}"
+    );
+    vm.ctl(&["shutdown"]);
+    let (status, _, _) = vm.end();
+    assert_eq!(status, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn shutdown_ends_a_run_with_status_0_even_while_paused() {
     let dir = scratch("shutdown");

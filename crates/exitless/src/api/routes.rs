@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::http::{Request, Response};
 use crate::exits::ExitKind;
+use crate::logging::QueueTotals;
 use crate::machine::MachineView;
 use crate::machine::snapshot::SnapshotError;
 use crate::vm::pause::PauseError;
@@ -107,6 +108,10 @@ struct Taken<'a> {
 struct DeviceCounters {
     exits: u64,
     guest_errors: u64,
+    /// What each queue exitless serves carried, by queue index (left out for devices with
+    /// none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    queues: Vec<QueueTotals>,
 }
 
 /// `vm.counters`' answer: every exit so far, by kind and by device.
@@ -154,10 +159,11 @@ fn counters(view: &MachineView) -> Response {
             let line = DeviceCounters {
                 exits: snapshot.of_device(id),
                 guest_errors: snapshot.guest_errors_of(id),
+                queues: view.counters.queue_totals(id),
             };
             (name.to_owned(), line)
         })
-        .filter(|(_, line)| line.exits != 0 || line.guest_errors != 0)
+        .filter(|(_, line)| line.exits != 0 || line.guest_errors != 0 || !line.queues.is_empty())
         .collect();
     Response::json(
         200,

@@ -31,6 +31,10 @@ use std::time::{Duration, Instant};
 
 use crate::seccomp::{self, ThreadKind};
 
+mod queues;
+
+pub use queues::{Cause, ErrorTotals, QueueCounters, QueueTotals, Tally};
+
 /// The `log` target of guest-error records (`RUST_LOG=exitless::guest=off` silences them).
 pub const GUEST_TARGET: &str = "exitless::guest";
 
@@ -80,6 +84,9 @@ pub struct DeviceLog {
     thread_cpu_ns: AtomicU64,
     /// Frames a checking backend (the sink) found with a wrong payload.
     bad_frames: AtomicU64,
+    /// The I/O counters of each queue the device thread serves, by queue index (grown as
+    /// queues are first served).
+    queues: Mutex<Vec<Arc<QueueCounters>>>,
 }
 
 impl DeviceLog {
@@ -95,6 +102,7 @@ impl DeviceLog {
             guest_errors: AtomicU64::new(0),
             thread_cpu_ns: AtomicU64::new(0),
             bad_frames: AtomicU64::new(0),
+            queues: Mutex::new(Vec::new()),
         })
     }
 
@@ -150,6 +158,23 @@ impl DeviceLog {
     /// Frames with a wrong payload counted so far.
     pub fn bad_frames(&self) -> u64 {
         self.bad_frames.load(Ordering::Relaxed)
+    }
+
+    /// The counters of queue `index`, for the device thread to add to (the same ones each
+    /// time the queue is served again, after a reset or a restore).
+    pub fn queue_counters(&self, index: usize) -> Arc<QueueCounters> {
+        let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
+        if queues.len() <= index {
+            queues.resize_with(index + 1, Default::default);
+        }
+        Arc::clone(&queues[index])
+    }
+
+    /// Each served queue's counters now, by queue index (none for a device whose queues
+    /// another process serves, a vhost-user backend).
+    pub fn queue_totals(&self) -> Vec<QueueTotals> {
+        let queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
+        queues.iter().map(|q| q.totals()).collect()
     }
 }
 

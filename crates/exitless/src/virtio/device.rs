@@ -15,7 +15,7 @@ use super::queue::chain::{self, Chain, ChainError};
 use super::queue::split::{Ring, ServedQueue};
 use crate::dma::{DmaContext, DmaError};
 use crate::guest_error;
-use crate::logging::DeviceLog;
+use crate::logging::{DeviceLog, Tally};
 
 /// Why a device stopped: it sets DEVICE_NEEDS_RESET and waits for the driver to reset it.
 #[derive(Debug, thiserror::Error)]
@@ -228,11 +228,27 @@ pub struct ChainsServed {
 /// parts go back to the ring, in order, to be taken again; a fault completes them all with
 /// length 0 (a driver drops each as too short); a thing the whole ring cannot hold is given
 /// up, its chains back to the ring.
+///
+/// What the pass carried is added to the queue's counters ([`ServedQueue::counters`]).
 pub fn serve_chains(
     q: &mut ServedQueue,
     dma: &DmaContext,
     chain: &mut Chain,
+    server: impl ChainServer,
+) -> Result<ChainsServed, DeviceError> {
+    let mut tally = Tally::default();
+    let served = serve_ring(q, dma, chain, server, &mut tally);
+    q.counters().add(&tally);
+    served
+}
+
+/// [`serve_chains`]' loop, counting on `tally` what it completes.
+fn serve_ring(
+    q: &mut ServedQueue,
+    dma: &DmaContext,
+    chain: &mut Chain,
     mut server: impl ChainServer,
+    tally: &mut Tally,
 ) -> Result<ChainsServed, DeviceError> {
     let Ok(mem) = dma.memory() else {
         return Ok(ChainsServed::default());
@@ -273,10 +289,14 @@ pub fn serve_chains(
             Ok(len) => {
                 for (part, len) in parts.take() {
                     ring.put_used(part, len)?;
+                    tally.bytes_written += u64::from(len);
                 }
                 ring.put_used(head, len)?;
                 ring.publish_used();
                 done.used = true;
+                tally.completed += 1;
+                tally.bytes_written += u64::from(len);
+                tally.bytes_read += chain.readable_len();
             }
             Err(e) if e.is_pause() => {
                 ring.go_back(1);
@@ -291,6 +311,8 @@ pub fn serve_chains(
                 ring.publish_used();
                 server.parts_returned(false);
                 done.used = true;
+                tally.completed += 1;
+                tally.iommu_faults += 1;
             }
             Err(e) => return Err(e),
         }

@@ -68,7 +68,10 @@ impl QueueEngine {
     pub fn activate(&mut self, queues: Vec<Queue>, dma: DmaContext, features: u64) {
         self.handler.activate(features);
         let rings = dma.translated().then(|| BusRings::new(&queues));
-        let queues = queues.into_iter().map(ServedQueue::new).collect();
+        let log = self.health.log();
+        let queues = (queues.into_iter().enumerate())
+            .map(|(k, q)| ServedQueue::new(q).counted_by(log.queue_counters(k)))
+            .collect();
         self.live = Some(Live { queues, dma, rings });
     }
 

@@ -5,6 +5,7 @@ use std::thread;
 
 use super::*;
 use crate::exits::{ExitCounters, ExitKind};
+use crate::logging::{Cause, DeviceLog, Tally};
 use crate::machine::snapshot::TakeSnapshot;
 use crate::vm::run_control::RunControl;
 
@@ -111,6 +112,40 @@ fn counters_are_the_exit_accounting_by_kind_and_device() {
     assert_eq!(counters["by_device"]["serial"]["exits"], 2);
     assert_eq!(counters["by_device"]["no device"]["exits"], 1);
     assert!(counters["by_device"].get("rtc").is_none(), "no exits there");
+}
+
+#[test]
+fn counters_show_what_each_served_queue_carried() {
+    let view = view(1);
+    let log = DeviceLog::new("rtc");
+    assert!(view.counters.attach_log(1, log.clone()));
+    log.queue_counters(1).add(&Tally {
+        completed: 3,
+        bytes_read: 48,
+        bytes_written: 1539,
+        iommu_faults: 0,
+    });
+    log.queue_counters(1).error(Cause::Backend);
+    let (_, counters) = ask(&view, "GET", "vm.counters");
+    let queues = &counters["by_device"]["rtc"]["queues"];
+    assert_eq!(queues.as_array().map(Vec::len), Some(2), "{counters}");
+    assert_eq!(queues[0]["completed"], 0, "queue 0, never served");
+    assert_eq!(queues[1]["completed"], 3);
+    assert_eq!(queues[1]["bytes_read"], 48);
+    assert_eq!(queues[1]["bytes_written"], 1539);
+    let errors = &queues[1]["errors"];
+    assert_eq!(
+        (&errors["guest"], &errors["backend"]),
+        (&0.into(), &1.into())
+    );
+    assert_eq!(
+        counters["by_device"]["rtc"]["exits"], 0,
+        "a line without exits"
+    );
+    assert!(
+        counters["by_device"]["serial"].get("queues").is_none(),
+        "{counters}"
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io;
 use std::mem::{offset_of, size_of};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
@@ -14,7 +15,7 @@ use virtio_bindings::virtio_blk::{
 use super::SECTOR_SIZE;
 use crate::dma::{Access, DmaContext, DmaError, Segments};
 use crate::guest_error;
-use crate::logging::DeviceLog;
+use crate::logging::{Cause, DeviceLog, QueueCounters};
 use crate::virtio::device::{DeviceError, Progress, QueueHandler, serve_chains};
 use crate::virtio::queue::chain::{Buffer, Chain, ranges};
 use crate::virtio::queue::split::ServedQueue;
@@ -39,8 +40,10 @@ pub struct BlockQueues {
 
 /// Why a request got no VIRTIO_BLK_S_OK.
 enum Refused {
-    /// Answered with this status.
+    /// The driver's request is wrong: answered with this status.
     Status(u32),
+    /// The disk file failed a correct request: answered VIRTIO_BLK_S_IOERR (§5.2.6).
+    Backend,
     /// Guest memory the device may not reach now: the chain is the transport's to settle
     /// (`serve_chains`: a pause, an IOMMU fault, or a broken device).
     Dma(DmaError),
@@ -79,18 +82,32 @@ impl BlockQueues {
     }
 
     /// Serve one request; returns the bytes written into the chain, status byte included.
-    fn serve(&mut self, c: &Chain, dma: &DmaContext, log: &DeviceLog) -> Result<u32, DeviceError> {
+    fn serve(
+        &mut self,
+        c: &Chain,
+        dma: &DmaContext,
+        log: &DeviceLog,
+        counters: &QueueCounters,
+    ) -> Result<u32, DeviceError> {
         // The status is the chain's last writable byte (§5.2.6); data before it.
         let Some(status_at) = c.writable_len().checked_sub(1) else {
             guest_error!(
                 log,
                 "virtio-blk: request without a writable status byte; completed unanswered"
             );
+            counters.error(Cause::Guest);
             return Ok(0);
         };
         let (status, written) = match self.request(c, status_at, dma, log) {
             Ok(written) => (VIRTIO_BLK_S_OK, written),
-            Err(Refused::Status(status)) => (status, 0),
+            Err(Refused::Status(status)) => {
+                counters.error(Cause::Guest);
+                (status, 0)
+            }
+            Err(Refused::Backend) => {
+                counters.error(Cause::Backend);
+                (VIRTIO_BLK_S_IOERR, 0)
+            }
             Err(Refused::Dma(e)) => return Err(e.into()),
         };
         let status = u8::try_from(status).expect("a VIRTIO_BLK_S_* value");
@@ -240,7 +257,7 @@ fn header(c: &Chain, dma: &DmaContext) -> Result<(u32, u64), DmaError> {
 /// request's (§5.2.6: VIRTIO_BLK_S_IOERR).
 fn host_error(log: &DeviceLog, e: &std::io::Error) -> Refused {
     log.warn(format_args!("virtio-blk: the disk file: {e}"));
-    Refused::Status(VIRTIO_BLK_S_IOERR)
+    Refused::Backend
 }
 
 /// Read bytes `start..` of `buffers` into `buf`.
@@ -283,7 +300,10 @@ impl QueueHandler for BlockQueues {
             return Ok(progress);
         };
         let mut chain = std::mem::take(&mut self.chain);
-        let done = serve_chains(q, dma, &mut chain, |c: &Chain| self.serve(c, dma, log));
+        let counters = Arc::clone(q.counters());
+        let done = serve_chains(q, dma, &mut chain, |c: &Chain| {
+            self.serve(c, dma, log, &counters)
+        });
         self.chain = chain;
         let done = done?;
         progress.mark(index, done.used);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::queues::HEADER_LEN;
 use super::*;
 use crate::dma::DmaContext;
-use crate::logging::DeviceLog;
+use crate::logging::{DeviceLog, ErrorTotals};
 use crate::virtio::device::{DeviceHealth, Notification};
 use crate::virtio::engine::QueueEngine;
 use virtio_bindings::virtio_blk::{
@@ -174,6 +174,11 @@ fn a_read_copies_sectors_into_the_drivers_buffers() {
     assert_eq!(got, disk.bytes()[2 * 512..5 * 512]);
     assert!(!health.needs_reset());
     assert_eq!(log.guest_errors(), 0);
+    // One request: its header read, its data and status written.
+    let t = log.queue_totals()[0];
+    assert_eq!((t.completed, t.bytes_read), (1, HEADER_LEN as u64));
+    assert_eq!(t.bytes_written, 3 * 512 + 1);
+    assert_eq!(t.errors, ErrorTotals::default());
 }
 
 #[test]
@@ -200,6 +205,9 @@ fn a_write_reaches_the_file_and_a_flush_is_answered() {
     engine.process(0);
     assert_eq!(answer(&mem, &vq, 1), (VIRTIO_BLK_S_OK, 1));
     assert_eq!(log.guest_errors(), 0);
+    let t = log.queue_totals()[0];
+    assert_eq!((t.completed, t.bytes_written), (2, 2), "two status bytes");
+    assert_eq!(t.bytes_read, 2 * HEADER_LEN as u64 + 1024);
 }
 
 #[test]
@@ -239,6 +247,8 @@ fn a_read_only_disk_refuses_writes_with_ioerr_and_keeps_its_bytes() {
     assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_IOERR, 1));
     assert_eq!(disk.bytes(), before);
     assert_eq!(log.guest_errors(), 1);
+    let errors = log.queue_totals()[0].errors;
+    assert_eq!((errors.guest, errors.backend), (1, 0), "the driver's error");
     // Reads still work.
     request(
         &mem,

@@ -4,9 +4,11 @@
 //! backends) and the vhost-user frontend, which serves it itself and turns each count into
 //! the backend's ring enables, as QEMU does: a vhost-user backend never sees the control queue.
 
+use std::sync::Arc;
+
 use crate::dma::DmaContext;
 use crate::guest_error;
-use crate::logging::DeviceLog;
+use crate::logging::{Cause, DeviceLog};
 use crate::virtio::device::{ChainsServed, DeviceError, serve_chains};
 use crate::virtio::queue::chain::Chain;
 use crate::virtio::queue::split::ServedQueue;
@@ -52,9 +54,11 @@ impl ControlQueue {
         mut set_pairs: impl FnMut(usize) -> bool,
     ) -> Result<ChainsServed, DeviceError> {
         let available = self.pairs;
+        let counters = Arc::clone(q.counters());
         serve_chains(q, dma, &mut self.chain, |c: &Chain| {
             if c.writable_len() == 0 || c.readable_len() > MAX_COMMAND {
                 guest_error!(log, "virtio-net: malformed control command dropped");
+                counters.error(Cause::Guest);
                 return Ok(0);
             }
             let command = c.read_all(dma)?;
@@ -69,6 +73,7 @@ impl ControlQueue {
                             log,
                             "virtio-net: driver asked for {pairs} queue pairs of {available}; refused"
                         );
+                        counters.error(Cause::Guest);
                         VIRTIO_NET_ERR
                     } else if set_pairs(pairs) {
                         VIRTIO_NET_OK

@@ -3,6 +3,7 @@
 //! control queue turns them on and off (virtio 1.2 §5.1.6).
 
 use std::os::fd::RawFd;
+use std::sync::Arc;
 
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 
@@ -12,7 +13,7 @@ use super::header::{Direction, NetHeader, Offloads};
 use super::{HDR, MAX_FRAME};
 use crate::dma::{DmaContext, Segments};
 use crate::guest_error;
-use crate::logging::DeviceLog;
+use crate::logging::{Cause, DeviceLog, QueueCounters};
 use crate::virtio::device::{
     ChainServer, ChainsServed, DeviceError, Progress, QueueHandler, serve_chains,
 };
@@ -87,6 +88,7 @@ impl NetQueues {
         offloads: Direction,
     ) -> Result<ChainsServed, DeviceError> {
         let (backend, io) = (&mut pair.backend, &mut pair.tx.io);
+        let counters = Arc::clone(q.counters());
         serve_chains(q, dma, &mut pair.tx.chain, |c: &Chain| {
             let len = c.readable_len();
             if len < HDR as u64 || len > (HDR + MAX_FRAME) as u64 {
@@ -94,6 +96,7 @@ impl NetQueues {
                     log,
                     "virtio-net: transmitted frame of {len} bytes (with header) dropped"
                 );
+                counters.error(Cause::Guest);
             } else {
                 // The whole chain is accessed, header included, as a copy would (a fault on
                 // the header's page is the guest's to see), and the header is then skipped.
@@ -105,6 +108,7 @@ impl NetQueues {
                     Ok(header) => header,
                     Err(why) => {
                         guest_error!(log, "virtio-net: transmitted frame dropped: {why}");
+                        counters.error(Cause::Guest);
                         return Ok(0);
                     }
                 };
@@ -112,6 +116,7 @@ impl NetQueues {
                     log.warn(format_args!(
                         "virtio-net: the backend dropped a transmitted frame (full, no link, or too short for it)"
                     ));
+                    counters.error(Cause::Backend);
                 }
                 log.add_bad_frames(backend.take_bad_frames());
             }
@@ -129,11 +134,13 @@ impl NetQueues {
         log: &DeviceLog,
         (offloads, mergeable): (Direction, bool),
     ) -> Result<ChainsServed, DeviceError> {
+        let counters = Arc::clone(q.counters());
         let deliver = Deliver {
             backend: &mut pair.backend,
             io: &mut pair.rx.io,
             dma,
             log,
+            counters: &counters,
             offloads,
             header: NetHeader::default(),
             mergeable,
@@ -190,6 +197,8 @@ struct Deliver<'a> {
     io: &'a mut Segments,
     dma: &'a DmaContext,
     log: &'a DeviceLog,
+    /// The receive queue's counters, for the frames dropped.
+    counters: &'a QueueCounters,
     /// What the driver takes.
     offloads: Direction,
     /// The held frame's header as the driver gets it ([`NetHeader::for_driver`]).
@@ -217,6 +226,7 @@ impl ChainServer for Deliver<'_> {
                     self.log.warn(format_args!(
                         "virtio-net: the backend gave a frame the driver cannot take: {why}; dropped"
                     ));
+                    self.counters.error(Cause::Backend);
                     self.backend.discard();
                 }
             }
@@ -243,6 +253,7 @@ impl ChainServer for Deliver<'_> {
                 "virtio-net: receive buffer of {room} bytes too small for a {total}-byte frame{}; frame dropped",
                 if self.mergeable { "'s header" } else { "" }
             );
+            self.counters.error(Cause::Guest);
             self.backend.discard();
             return Ok(0);
         }
@@ -284,6 +295,7 @@ impl ChainServer for Deliver<'_> {
                 self.buffers,
                 self.backend.pending().map_or(0, |len| HDR + len)
             );
+            self.counters.error(Cause::Guest);
             self.backend.discard();
         }
         self.filled = 0;

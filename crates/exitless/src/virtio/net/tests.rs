@@ -141,7 +141,7 @@ fn request_at(
 fn each_request_is_answered_in_the_next_receive_buffer() {
     let mem = memory();
     let (rx, tx) = (driver_queue(&mem, 0), driver_queue(&mem, 1));
-    let (mut engine, _) = engine(1, &[(0, &rx), (1, &tx)], DmaContext::platform(mem.clone()));
+    let (mut engine, health) = engine(1, &[(0, &rx), (1, &tx)], DmaContext::platform(mem.clone()));
     let request = request_and_buffer(&mem, &rx, &tx, 0);
     let work = engine.process(1);
     assert!(
@@ -157,6 +157,19 @@ fn each_request_is_answered_in_the_next_receive_buffer() {
         RequestResponse::response_to(&request[HDR..], 64)
     );
     assert_eq!(mem.read_obj::<u16>(GuestAddress(BUFFERS + 10)).unwrap(), 1); // num_buffers
+    // One frame each way, headers counted: what `vm.counters` shows per queue.
+    let [rx_count, tx_count] = health.log().queue_totals()[..2] else {
+        panic!("two queues counted")
+    };
+    assert_eq!(
+        (rx_count.completed, rx_count.bytes_written),
+        (1, HDR as u64 + 64)
+    );
+    assert_eq!(
+        (tx_count.completed, tx_count.bytes_read),
+        (1, request.len() as u64)
+    );
+    assert_eq!((rx_count.bytes_read, tx_count.bytes_written), (0, 0));
 }
 
 #[test]
@@ -245,6 +258,8 @@ fn a_too_small_receive_buffer_drops_the_frame_not_the_device() {
     assert!(!health.needs_reset());
     assert_eq!(rx.used().idx().load(), 1);
     assert_eq!(used_len(&rx, 0), 0);
+    let rx_count = health.log().queue_totals()[0];
+    assert_eq!((rx_count.completed, rx_count.errors.guest), (1, 1));
 }
 
 /// A sink counts, in the device's log, each transmitted frame whose payload breaks the
@@ -590,6 +605,8 @@ fn a_buffer_the_iommu_refuses_completes_with_length_zero_and_the_device_goes_on(
     assert!(!health.needs_reset(), "a fault is not DEVICE_NEEDS_RESET");
     assert_eq!(u.fault_reason(), Some(VTD_FR_READ));
     assert_eq!(u.routes.injected(), vec![FAULT_MSI]);
+    let tx_count = health.log().queue_totals()[1];
+    assert_eq!((tx_count.completed, tx_count.errors.iommu), (1, 1));
     // Mapped again (not-present entries are not cached): served.
     t.map(pt, IOVA + BUFFERS + 0x1000, BUFFERS + 0x1000, VTD_PTE_R);
     request_and_buffer(&u.mem, &rx, &tx, IOVA);
@@ -785,6 +802,8 @@ fn a_segment_reaches_the_backend_with_its_header_and_one_against_the_features_is
     );
     assert_eq!(*sent.lock().unwrap(), vec![(tso4_header(), 3000)]);
     assert_eq!(health.log().guest_errors(), 2);
+    let tx_count = health.log().queue_totals()[1];
+    assert_eq!((tx_count.completed, tx_count.errors.guest), (3, 2));
 }
 
 #[test]

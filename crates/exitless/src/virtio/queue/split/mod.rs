@@ -19,12 +19,14 @@ mod host;
 mod tests;
 
 use std::num::Wrapping;
+use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
 use virtio_bindings::virtio_ring::VRING_USED_F_NO_NOTIFY;
 use virtio_queue::{Error, Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
+use crate::logging::QueueCounters;
 pub use descriptors::{Descriptors, refers_to_indirect};
 use host::{Areas, HostRing};
 
@@ -45,6 +47,9 @@ pub struct ServedQueue {
     hold: bool,
     /// Notifications were left off by the hold and are still off.
     held: bool,
+    /// What the queue carried, for `vm.counters` (a queue of its own until
+    /// [`ServedQueue::counted_by`] names the device's).
+    counters: Arc<QueueCounters>,
 }
 
 impl ServedQueue {
@@ -57,7 +62,18 @@ impl ServedQueue {
             num_added: Wrapping(0),
             hold: false,
             held: false,
+            counters: Arc::default(),
         }
+    }
+
+    /// The same, its work counted on `counters`.
+    pub fn counted_by(self, counters: Arc<QueueCounters>) -> Self {
+        ServedQueue { counters, ..self }
+    }
+
+    /// The queue's I/O counters.
+    pub fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
     }
 
     /// The queue: its configuration and positions.
