@@ -1,7 +1,8 @@
 //! virtio-blk under Linux's virtio_blk driver, on virtio-pci and on virtio-mmio (which Linux
 //! finds in the DSDT): an ext2 file system made, written and read back in the guest and
-//! checked on the host with debugfs; a read-only disk refusing writes; a sparse disk over 4 GiB
-//! written past 4 GiB; several disks; and what the guest synced surviving a SIGKILL of exitless.
+//! checked on the host with debugfs; a read-only disk refusing writes; a request queue per
+//! vCPU, each carrying requests; a sparse disk over 4 GiB written past 4 GiB; several disks;
+//! and what the guest synced surviving a SIGKILL of exitless.
 
 use std::path::Path;
 use std::process::Command;
@@ -17,6 +18,18 @@ pub const CONTENT: &str = "written-by-linux-in-exitless";
 const HIGH_SECTOR: u64 = 9 << 20;
 /// What it writes there.
 const HIGH_MARKER: &str = "EXITLESS-PAST-4-GIB";
+
+/// vda's hardware queues (blk-mq's), and the interrupts each of its request queues' MSI-X
+/// vectors took (`virtioN-req.K` in /proc/interrupts, all CPUs' columns summed) after each
+/// CPU read a part of the disk of its own: a queue's interrupts are the device's used buffers
+/// on it.
+const PER_CPU_QUEUES: &str = r#"
+echo "GUEST vda_queues $(ls /sys/block/vda/mq | wc -l)"
+sync && echo 3 > /proc/sys/vm/drop_caches
+for cpu in 0 1; do taskset -c $cpu dd if=/dev/vda of=/dev/null bs=4096 count=64 skip=$((cpu * 4096)) 2>/dev/null; done
+vda=$(basename $(readlink /sys/block/vda/device))
+echo "GUEST vda_queue_interrupts $(grep "$vda-req\." /proc/interrupts | awk '{ n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) n += $i; printf "%d ", n }')"
+"#;
 
 /// Make an ext2 file system on `$1`, write CONTENT into it, remount and read it back.
 const FILE_SYSTEM: &str = r#"
@@ -65,7 +78,8 @@ dd if=/dev/zero of=/dev/vdb bs=4096 count=1 conv=fsync 2>/dev/null && echo "GUES
 echo "GUEST vdc_sectors $(cat /sys/block/vdc/size)"
 echo -n {HIGH_MARKER} | dd of=/dev/vdc bs=512 seek={HIGH_SECTOR} conv=fsync 2>/dev/null
 echo "GUEST vdc_high $(dd if=/dev/vdc bs=512 skip={HIGH_SECTOR} count=1 2>/dev/null | head -c {len})"
-"#,
+{queues}"#,
+        queues = PER_CPU_QUEUES,
         fs = file_system(),
         len = HIGH_MARKER.len(),
     );
@@ -75,7 +89,7 @@ echo "GUEST vdc_high $(dd if=/dev/vdc bs=512 skip={HIGH_SECTOR} count=1 2>/dev/n
         &guest,
         "",
         &format!(
-            "--memory 256 --disk {} --disk {},ro --disk {}",
+            "--memory 256 --cpus 2 --disk {} --disk {},ro --disk {}",
             rw.display(),
             ro.display(),
             sparse.display()
@@ -117,6 +131,18 @@ echo "GUEST vdc_high $(dd if=/dev/vdc bs=512 skip={HIGH_SECTOR} count=1 2>/dev/n
     pci.expect("ro_write", "refused");
     pci.expect("vdc_sectors", &(5u64 << 21).to_string());
     pci.expect("vdc_high", HIGH_MARKER);
+    // One request queue per vCPU by default (VIRTIO_BLK_F_MQ): Linux made a hardware queue
+    // of each, and the device completed requests on each.
+    pci.expect("vda_queues", "2");
+    let interrupts = pci.value("vda_queue_interrupts").unwrap_or_default();
+    let per_queue: Vec<u64> = interrupts
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert!(
+        per_queue.len() == 2 && per_queue.iter().all(|&n| n > 0),
+        "interrupts on each request queue's vector: {interrupts:?}"
+    );
     assert_eq!(
         debugfs_cat(&rw, "/hello"),
         CONTENT,

@@ -257,8 +257,18 @@ pub struct DiskConfig {
     pub locking: bool,
     /// Its transport.
     pub transport: Transport,
+    /// Request queues of an image exitless serves (`VIRTIO_BLK_F_MQ`, virtio 1.2 §5.2.3):
+    /// None for one per vCPU, as Linux's driver asks and QEMU's `num-queues` defaults. A
+    /// snapshot taken before disks had several queues had one.
+    #[serde(default = "one_queue")]
+    pub queues: Option<u16>,
     /// The backend serving its queues, instead of an image exitless opens.
     pub vhost_user: Option<VhostUserConfig>,
+}
+
+/// What a saved disk without `queues` had.
+fn one_queue() -> Option<u16> {
+    Some(1)
 }
 
 impl DiskConfig {
@@ -269,6 +279,7 @@ impl DiskConfig {
             read_only: false,
             locking: true,
             transport: Transport::Pci,
+            queues: None,
             vhost_user: None,
         }
     }
@@ -290,9 +301,9 @@ pub enum ConfigSyntaxError {
     /// A disk with no file.
     #[error("no file")]
     NoFile,
-    /// A disk option other than `ro`, `locking=` and `transport=`.
+    /// A disk option other than `ro`, `locking=`, `queues=` and `transport=`.
     #[error(
-        "unknown option `{0}` (ro, locking=on|off, transport=pci|mmio; a comma in the file's name is written twice)"
+        "unknown option `{0}` (ro, locking=on|off, queues=N, transport=pci|mmio; a comma in the file's name is written twice)"
     )]
     DiskOption(String),
     /// An option given twice: which one counts would be a guess.
@@ -315,7 +326,7 @@ pub enum ConfigSyntaxError {
     /// An option a vhost-user device does not take.
     #[error("unknown option `{0}` ({1})")]
     VhostUserOption(String, &'static str),
-    /// A queue count a vhost-user disk's MSI-X table cannot hold (or not a number).
+    /// A queue count a disk's MSI-X table cannot hold (or not a number).
     #[error("queues={0}: 1 to {MAX_DISK_QUEUES} queues")]
     DiskQueues(String),
     /// A reconnect time that is not whole seconds in range.
@@ -351,7 +362,7 @@ const VHOST_USER_NET_OPTIONS: &str =
     "mac=MAC, queues=N, vectors=N, transport=pci|mmio, reconnect=SECONDS";
 
 impl DiskConfig {
-    /// `FILE[,ro][,locking=on|off][,transport=pci|mmio]` or
+    /// `FILE[,ro][,locking=on|off][,queues=N][,transport=pci|mmio]` or
     /// `vhost-user=SOCKET[,queues=N][,transport=pci|mmio][,reconnect=SECONDS]`, `exitless run
     /// --disk`'s syntax. FILE and SOCKET are any bytes a path may hold, a comma in them written
     /// twice as QEMU's options write one (`a,,b` is the file `a,b`); a file whose name starts
@@ -396,12 +407,16 @@ impl DiskConfig {
                 self.locking =
                     on_off(on).ok_or_else(|| ConfigSyntaxError::DiskOption(option.into()))?;
             }
-            ("queues", n, Some(v)) => {
-                v.queues = vhost_user::parse_queues(n, MAX_DISK_QUEUES)
+            ("queues", n, backend) => {
+                let queues = vhost_user::parse_queues(n, MAX_DISK_QUEUES)
                     .ok_or_else(|| ConfigSyntaxError::DiskQueues(n.into()))?;
+                match backend {
+                    Some(v) => v.queues = queues,
+                    None => self.queues = Some(queues),
+                }
             }
             ("reconnect", secs, Some(v)) => set_reconnect(v, secs)?,
-            ("queues" | "reconnect", _, None) => {
+            ("reconnect", _, None) => {
                 return Err(ConfigSyntaxError::VhostUserOnly(option.into()));
             }
             (_, _, Some(_)) => {

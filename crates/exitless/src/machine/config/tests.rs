@@ -33,6 +33,7 @@ fn a_vhost_user_disk_is_a_socket_with_queues_transport_and_reconnect() {
             read_only: false,
             locking: false,
             transport: Transport::Pci,
+            queues: None,
             vhost_user: Some(vhost_user("/run/qsd.sock", 1, None)),
         }
     );
@@ -50,6 +51,16 @@ fn a_vhost_user_disk_is_a_socket_with_queues_transport_and_reconnect() {
         (file.path, file.read_only, file.vhost_user),
         ("./vhost-user=x".into(), true, None)
     );
+}
+
+#[test]
+fn an_image_has_one_queue_per_vcpu_unless_told_and_an_older_snapshots_disk_had_one() {
+    assert_eq!(disk("disk.img").unwrap().queues, None, "one per vCPU");
+    assert_eq!(disk("disk.img,queues=4").unwrap().queues, Some(4));
+    let mut saved = serde_json::to_value(DiskConfig::new("disk.img")).unwrap();
+    saved.as_object_mut().unwrap().remove("queues");
+    let old: DiskConfig = serde_json::from_value(saved).unwrap();
+    assert_eq!(old.queues, Some(1));
 }
 
 #[test]
@@ -118,17 +129,15 @@ fn bad_vhost_user_options_get_one_line_each() {
             "unknown option `transport=usb` (queues=N",
         ),
         ("vhost-user=s,queues=2,queues=3", "`queues` given twice"),
-        (
-            "disk.img,queues=2",
-            "`queues=2`: for vhost-user devices only (vhost-user=SOCKET first)",
-        ),
+        ("disk.img,queues=0", "queues=0: 1 to 255 queues"),
+        ("disk.img,queues=2,queues=2", "`queues` given twice"),
         (
             "disk.img,reconnect=5",
             "`reconnect=5`: for vhost-user devices only",
         ),
         (
             "disk.img,bogus",
-            "unknown option `bogus` (ro, locking=on|off, transport=pci|mmio;",
+            "unknown option `bogus` (ro, locking=on|off, queues=N, transport=pci|mmio;",
         ),
     ];
     let nets = [

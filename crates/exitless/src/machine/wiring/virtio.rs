@@ -156,24 +156,21 @@ fn add_virtio_blk(
         if let Some(vu) = &disk.vhost_user {
             let spec = vhost_user_spec(vu, VhostUserKind::Block);
             let parts = vhost_user::connect(&spec, slots.vm.memory())?;
-            let placement = Placement {
-                vectors: usize::from(vu.queues) + 1,
-                ..disk_placement(disk)
-            };
-            add_virtio(devices, slots, parts, &placement)?;
+            add_virtio(devices, slots, parts, &disk_placement(disk, vu.queues))?;
             continue;
         }
         let image = images.open(&disk.path, disk.read_only, disk.locking)?;
         // The serial (VIRTIO_BLK_T_GET_ID) is the file's name, as far as 20 bytes hold it.
         let serial = disk.path.file_name().map(|n| n.as_encoded_bytes());
-        let blk = VirtioBlock::parts(image, serial.unwrap_or_default());
-        add_virtio(devices, slots, blk, &disk_placement(disk))?;
+        let queues = disk.queues.unwrap_or(u16::from(cfg.vcpus));
+        let blk = VirtioBlock::parts(image, serial.unwrap_or_default(), queues);
+        add_virtio(devices, slots, blk, &disk_placement(disk, queues))?;
     }
     Ok(())
 }
 
-/// Where a virtio-blk device goes.
-fn disk_placement(disk: &DiskConfig) -> Placement {
+/// Where a virtio-blk device of `queues` request queues goes.
+fn disk_placement(disk: &DiskConfig, queues: u16) -> Placement {
     Placement {
         transport: disk.transport,
         // Doorbells that never exit where every driver uses them: virtio-pci's per-queue
@@ -183,8 +180,8 @@ fn disk_placement(disk: &DiskConfig) -> Placement {
             Transport::Pci => NotifyPath::Address,
             Transport::Mmio => NotifyPath::Datamatch,
         },
-        // The request queue's and the configuration change's.
-        vectors: 2,
+        // One per request queue, and the configuration change's.
+        vectors: usize::from(queues) + 1,
         // Class 01/80/00: other mass storage controller, as virtio-blk functions are
         // elsewhere (PCI Code and ID Assignment §1.2).
         class: 0x01_80_00,

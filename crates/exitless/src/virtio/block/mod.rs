@@ -21,8 +21,8 @@ pub use queues::BlockQueues;
 use std::mem::offset_of;
 
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
-    virtio_blk_config,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO,
+    VIRTIO_BLK_F_SEG_MAX, virtio_blk_config,
 };
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 
@@ -36,28 +36,40 @@ pub const SECTOR_SIZE: u64 = 512;
 /// Data buffers a request may have (`seg_max`, §5.2.4): the queue's descriptors less the
 /// header's and the status byte's.
 const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
-/// Configuration space through `blk_size`, the last field offered.
-const CONFIG_LEN: usize = offset_of!(virtio_blk_config, blk_size) + 4;
+/// Configuration space through `num_queues`, the last field offered.
+const CONFIG_LEN: usize = offset_of!(virtio_blk_config, num_queues) + 2;
 
-/// The register side of a virtio-blk device: its capacity and whether it is read-only.
+/// The register side of a virtio-blk device: its capacity, whether it is read-only, and its
+/// request queues.
 pub struct VirtioBlock {
     /// Capacity in sectors.
     sectors: u64,
     read_only: bool,
+    /// Request queues (`num_queues`, §5.2.4), at least 1.
+    queues: u16,
 }
 
 impl VirtioBlock {
-    /// A device on `disk`, its capacity the image's whole sectors, answering
-    /// VIRTIO_BLK_T_GET_ID with the first 20 bytes of `serial`.
-    pub fn new(disk: DiskImage, serial: &[u8]) -> (Self, BlockQueues) {
+    /// A device on `disk` with `queues` request queues (at least 1), its capacity the
+    /// image's whole sectors, answering VIRTIO_BLK_T_GET_ID with the first 20 bytes of
+    /// `serial`.
+    pub fn new(disk: DiskImage, serial: &[u8], queues: u16) -> (Self, BlockQueues) {
         let (sectors, read_only) = (disk.bytes / SECTOR_SIZE, disk.read_only);
-        let queues = BlockQueues::new(disk.file, sectors, read_only, serial);
-        (VirtioBlock { sectors, read_only }, queues)
+        let work = BlockQueues::new(disk.file, sectors, read_only, serial);
+        let queues = queues.max(1);
+        (
+            VirtioBlock {
+                sectors,
+                read_only,
+                queues,
+            },
+            work,
+        )
     }
 
     /// The same, as the [`DeviceParts`] a transport takes.
-    pub fn parts(disk: DiskImage, serial: &[u8]) -> DeviceParts {
-        let (device, queues) = VirtioBlock::new(disk, serial);
+    pub fn parts(disk: DiskImage, serial: &[u8], queues: u16) -> DeviceParts {
+        let (device, queues) = VirtioBlock::new(disk, serial, queues);
         DeviceParts {
             device: Box::new(device),
             work: crate::virtio::DeviceWork::InProcess(Box::new(queues)),
@@ -76,16 +88,23 @@ impl VirtioDevice for VirtioBlock {
         } else {
             0
         };
-        ro | 1 << VIRTIO_BLK_F_FLUSH | 1 << VIRTIO_BLK_F_SEG_MAX | 1 << VIRTIO_BLK_F_BLK_SIZE
+        // Several queues only where asked, as QEMU offers VIRTIO_BLK_F_MQ: a one-queue
+        // device is the one every driver knows.
+        let mq = if self.queues > 1 {
+            1 << VIRTIO_BLK_F_MQ
+        } else {
+            0
+        };
+        ro | mq | 1 << VIRTIO_BLK_F_FLUSH | 1 << VIRTIO_BLK_F_SEG_MAX | 1 << VIRTIO_BLK_F_BLK_SIZE
     }
 
     fn queue_max_sizes(&self) -> Vec<u16> {
-        vec![QUEUE_SIZE]
+        vec![QUEUE_SIZE; usize::from(self.queues)]
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         // struct virtio_blk_config: capacity, size_max (not offered: 0), seg_max, geometry
-        // (not offered: 0), blk_size.
+        // (not offered: 0), blk_size, topology and writeback (not offered: 0), num_queues.
         let mut config = [0u8; CONFIG_LEN];
         let mut put = |at: usize, bytes: &[u8]| config[at..at + bytes.len()].copy_from_slice(bytes);
         put(
@@ -100,6 +119,10 @@ impl VirtioDevice for VirtioBlock {
         put(
             offset_of!(virtio_blk_config, blk_size),
             &blk_size.to_le_bytes(),
+        );
+        put(
+            offset_of!(virtio_blk_config, num_queues),
+            &self.queues.to_le_bytes(),
         );
         read_config_bytes(&config, offset, data);
     }

@@ -12,7 +12,7 @@ use crate::logging::{DeviceLog, ErrorTotals};
 use crate::virtio::device::{DeviceHealth, Notification};
 use crate::virtio::engine::QueueEngine;
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH,
+    VIRTIO_BLK_F_MQ, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH,
     VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
 };
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
@@ -101,7 +101,7 @@ fn engine(
     mem: &GuestMemoryMmap,
 ) -> (QueueEngine, Arc<DeviceHealth>, Arc<DeviceLog>) {
     let image = DiskImage::from_file(disk.open(read_only), read_only).unwrap();
-    let (_, handler) = VirtioBlock::new(image, b"exitless-test-disk");
+    let (_, handler) = VirtioBlock::new(image, b"exitless-test-disk", 1);
     let log = DeviceLog::new("test");
     let health = Arc::new(DeviceHealth::new(log.clone()));
     let mut engine = QueueEngine::new(Box::new(handler), health.clone());
@@ -345,17 +345,72 @@ fn a_chain_without_a_status_byte_completes_unanswered_and_a_malformed_one_breaks
 }
 
 #[test]
-fn the_configuration_space_holds_capacity_seg_max_and_blk_size() {
+fn the_configuration_space_holds_capacity_seg_max_blk_size_and_num_queues() {
     let disk = TempDisk::new(DISK + 511);
-    let (blk, _) = VirtioBlock::new(DiskImage::from_file(disk.open(true), true).unwrap(), b"");
-    let mut config = [0xffu8; 28];
+    let image = || DiskImage::from_file(disk.open(true), true).unwrap();
+    let (blk, _) = VirtioBlock::new(image(), b"", 1);
+    let mut config = [0xffu8; 40];
     blk.read_config(0, &mut config);
     assert_eq!(config[..8], 8u64.to_le_bytes(), "whole sectors only");
     assert_eq!(config[12..16], SEG_MAX.to_le_bytes());
     assert_eq!(config[20..24], 512u32.to_le_bytes());
-    assert_eq!(config[24..], [0; 4], "past the end reads zero");
+    assert_eq!(
+        config[24..34],
+        [0; 10],
+        "topology and writeback: not offered"
+    );
+    assert_eq!(config[34..36], 1u16.to_le_bytes());
+    assert_eq!(config[36..], [0; 4], "past the end reads zero");
     assert_eq!(blk.device_type(), 2);
     assert_ne!(blk.features() & 1 << VIRTIO_BLK_F_RO, 0);
+    assert_eq!(blk.features() & 1 << VIRTIO_BLK_F_MQ, 0, "one queue: no MQ");
+    assert_eq!(blk.queue_max_sizes(), vec![QUEUE_SIZE]);
+    let (four, _) = VirtioBlock::new(image(), b"", 4);
+    four.read_config(34, &mut config[..2]);
+    assert_eq!(config[..2], 4u16.to_le_bytes());
+    assert_ne!(four.features() & 1 << VIRTIO_BLK_F_MQ, 0);
+    assert_eq!(four.queue_max_sizes(), vec![QUEUE_SIZE; 4]);
+}
+
+/// With several request queues each is served on its own: a request is answered in its
+/// queue's used ring and counted on that queue.
+#[test]
+fn each_request_queue_answers_its_own_requests() {
+    let (mem, disk) = (memory(), TempDisk::new(DISK));
+    let first = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+    let second = MockSplitQueue::create(&mem, GuestAddress(0x4_0000), QSIZE);
+    let image = DiskImage::from_file(disk.open(false), false).unwrap();
+    let (_, handler) = VirtioBlock::new(image, b"mq", 2);
+    let log = DeviceLog::new("test");
+    let mut engine = QueueEngine::new(Box::new(handler), Arc::new(DeviceHealth::new(log.clone())));
+    let queues = vec![
+        first.create_queue().unwrap(),
+        second.create_queue().unwrap(),
+    ];
+    engine.activate(
+        queues,
+        DmaContext::platform(mem.clone()),
+        1 << VIRTIO_BLK_F_MQ,
+    );
+    let w = VRING_DESC_F_WRITE;
+    request(
+        &mem,
+        &second,
+        VIRTIO_BLK_T_IN,
+        3,
+        &[(DATA, 512, w), status_desc()],
+    );
+    assert_eq!(
+        engine.process(1).notifications().collect::<Vec<_>>(),
+        vec![Notification::Queue(1)]
+    );
+    assert_eq!(answer(&mem, &second, 0), (VIRTIO_BLK_S_OK, 513));
+    assert_eq!(first.used().idx().load(), 0);
+    let mut got = vec![0u8; 512];
+    mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+    assert_eq!(got, disk.bytes()[3 * 512..4 * 512]);
+    let counted: Vec<u64> = log.queue_totals().iter().map(|q| q.completed).collect();
+    assert_eq!(counted, vec![0, 1]);
 }
 
 /// Data buffers are moved in place (`preadv`/`pwritev` on the guest's memory): a buffer
