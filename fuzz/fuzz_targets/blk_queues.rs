@@ -89,7 +89,8 @@ fuzz_target!(|data: &[u8]| {
     // Writable even for a read-only disk: a write the device should have refused lands, and
     // the check below sees it.
     let image = DiskImage::from_file(file.try_clone().unwrap(), read_only).unwrap();
-    let (_blk, handler) = VirtioBlock::new(image, b"fuzz", 1);
+    // Half the inputs on an io_uring (where the kernel makes one), half a request at a time.
+    let (_blk, handler) = VirtioBlock::new(image, b"fuzz", 1, config & 0x20 == 0);
     let size = 1u16 << (config % 5); // 1..=16: the rings fit their areas
     let mut q = Queue::new(256).unwrap();
     q.set_size(size);

@@ -141,7 +141,8 @@ pub struct RunArgs {
     /// is locked as QEMU locks its own: one VM writes it, or any number read it; an image in
     /// use elsewhere is refused, unless `locking=off` (for those who know the two may share
     /// it). Its capacity is the image's whole 512-byte sectors; its serial the file's name;
-    /// `queues=N` request queues (1 to 255; default one per vCPU).
+    /// `queues=N` request queues (1 to 255; default one per vCPU); `aio=io_uring` (default:
+    /// each pass's requests in flight together on an io_uring) or `aio=sync` (one at a time).
     /// `vhost-user=SOCKET`: a disk whose queues the vhost-user backend listening on SOCKET
     /// serves (qemu-storage-daemon's `--export type=vhost-user-blk`), which opens the image
     /// itself (so no `ro` or `locking=`); `queues=N` queues (1 to 255, default 1);
@@ -150,7 +151,7 @@ pub struct RunArgs {
     /// a shared memfd the backend maps.
     #[arg(
         long,
-        value_name = "FILE[,ro][,locking=on|off][,queues=N][,transport=pci|mmio]|vhost-user=SOCKET[,queues=N][,transport=pci|mmio][,reconnect=SECONDS]",
+        value_name = "FILE[,ro][,locking=on|off][,queues=N][,aio=io_uring|sync][,transport=pci|mmio]|vhost-user=SOCKET[,queues=N][,transport=pci|mmio][,reconnect=SECONDS]",
         value_parser = OsStringValueParser::new().try_map(|arg| DiskConfig::parse(&arg))
     )]
     pub disk: Vec<DiskConfig>,

@@ -196,7 +196,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
         ),
         (
             &["--kernel", good, "--disk", "disk.img,bogus"],
-            "unknown option `bogus` (ro, locking=on|off, queues=N, transport=pci|mmio;",
+            "unknown option `bogus` (ro, locking=on|off, queues=N, aio=io_uring|sync, transport=pci|mmio;",
         ),
         (
             &["--kernel", good, "--memory", "lots"],

@@ -201,3 +201,100 @@ kill -KILL $pid; wait $pid; echo $? > killed.status",
         "the synced file is in the image"
     );
 }
+
+/// Debian's fio, run in the guest (with its libraries).
+const FIO: &str = "/usr/bin/fio";
+
+/// fio's jobs on vda, O_DIRECT through libaio, 5 s each: 4 KiB random reads at depth 1 and 32,
+/// 4 KiB random writes at depth 32, 1 MiB sequential reads at depth 4. Each says its error
+/// (0: none) and its IOPS (`--terse-version=3`: field 5, the reads' field 8, the writes' 49).
+const FIO_JOBS: &str = r#"
+for job in "randread 4k 1" "randread 4k 32" "randwrite 4k 32" "read 1M 4"; do
+  set -- $job
+  fio --name=job --filename=/dev/vda --direct=1 --ioengine=libaio --rw=$1 --bs=$2 \
+    --iodepth=$3 --runtime=5 --time_based --size=48M --output-format=terse --terse-version=3 \
+    > /tmp/fio 2>&1
+  echo "GUEST fio_$1_$2_$3 $(awk -F';' '/^3;/ { print "error=" $5, "iops=" ($8 + $49) }' /tmp/fio)"
+done
+"#;
+
+/// The fio jobs' names, as the guest reports them.
+const FIO_NAMES: [&str; 4] = [
+    "fio_randread_4k_1",
+    "fio_randread_4k_32",
+    "fio_randwrite_4k_32",
+    "fio_read_1M_4",
+];
+
+/// The same guest runs fio (see FIO_JOBS) on a virtio-pci disk under exitless, with its
+/// requests on an io_uring (the default) and a request at a time (`aio=sync`), and under
+/// QEMU with `aio=io_uring`, in one lab run: every job completes without an error on each.
+/// The IOPS are printed side by side (TCG-timed: the ratios are what counts; one run each).
+#[test]
+#[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
+fn fio_runs_on_exitless_and_on_qemu_in_the_same_lab() {
+    let Some(lab) = Lab::or_skip("fio") else {
+        return;
+    };
+    let mut job = Job::new("fio");
+    let guest = Guest::new(&job.dir, "fio", FIO_JOBS, &[FIO]);
+    let image = |name: &str| {
+        job.image(&format!("{name}.img"), 64 << 20)
+            .display()
+            .to_string()
+    };
+    let (uring, sync, qemu) = (image("uring"), image("sync"), image("qemu"));
+    job.exitless(
+        "exitless",
+        &guest,
+        "",
+        &format!("--cpus 2 --memory 256 --disk {uring}"),
+    );
+    job.exitless(
+        "exitless-sync",
+        &guest,
+        "",
+        &format!("--cpus 2 --memory 256 --disk {sync},aio=sync"),
+    );
+    job.qemu(
+        "qemu",
+        &guest,
+        "q35",
+        "",
+        &format!(
+            "-smp 2 -m 256 -drive id=d0,file={qemu},format=raw,if=none,aio=io_uring \
+             -device virtio-blk-pci,drive=d0"
+        ),
+    );
+    let done = job.run(&lab, Duration::from_secs(900));
+    let runs = ["exitless", "exitless-sync", "qemu"].map(|name| done.run(name));
+    let iops = |run: &crate::guest::Run, name: &str| -> Option<f64> {
+        let value = run.value(name)?;
+        let (error, iops) = value.split_once(' ')?;
+        (error == "error=0").then_some(())?;
+        iops.strip_prefix("iops=")?.parse().ok()
+    };
+    println!("fio IOPS (TCG-timed, one run each): exitless, exitless aio=sync, qemu aio=io_uring");
+    let mut failed = Vec::new();
+    for name in FIO_NAMES {
+        let [ring, one, qemu] = runs.each_ref().map(|run| iops(run, name));
+        let ratio = |a: Option<f64>| {
+            a.zip(qemu)
+                .map_or("-".into(), |(a, q)| format!("{:.2}", a / q))
+        };
+        println!(
+            "  {name}: {ring:?}, {one:?}, {qemu:?}; exitless/qemu {}, sync/qemu {}",
+            ratio(ring),
+            ratio(one)
+        );
+        for (run, got) in runs.iter().zip([ring, one, qemu]) {
+            if !got.is_some_and(|n| n > 0.0) {
+                failed.push(format!("{}: {name}: {:?}", run.name, run.value(name)));
+            }
+        }
+    }
+    for run in &runs {
+        run.expect_done(0);
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}

@@ -23,7 +23,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 pub use platform::{Access, AccessPlatform, RingArea, RingWatch, Translation};
 use segments::RegionMap;
-pub use segments::Segments;
+pub use segments::{IOV_MAX, Segments};
 
 /// Who issues a device's memory requests: a PCI bus/device/function, or a platform device
 /// (virtio-mmio) that has no requester ID.

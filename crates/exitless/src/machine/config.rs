@@ -262,8 +262,23 @@ pub struct DiskConfig {
     /// snapshot taken before disks had several queues had one.
     #[serde(default = "one_queue")]
     pub queues: Option<u16>,
+    /// How an image's requests reach it.
+    #[serde(default)]
+    pub aio: DiskAio,
     /// The backend serving its queues, instead of an image exitless opens.
     pub vhost_user: Option<VhostUserConfig>,
+}
+
+/// How the requests of a disk exitless serves reach its image (`--disk FILE,aio=`, QEMU's
+/// name for the choice).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DiskAio {
+    /// On an io_uring, a pass's reads and writes in flight together; a request at a time
+    /// where the kernel makes no ring (`virtio::block`).
+    #[default]
+    IoUring,
+    /// A request at a time, with `preadv`/`pwritev`.
+    Sync,
 }
 
 /// What a saved disk without `queues` had.
@@ -280,6 +295,7 @@ impl DiskConfig {
             locking: true,
             transport: Transport::Pci,
             queues: None,
+            aio: DiskAio::IoUring,
             vhost_user: None,
         }
     }
@@ -301,9 +317,9 @@ pub enum ConfigSyntaxError {
     /// A disk with no file.
     #[error("no file")]
     NoFile,
-    /// A disk option other than `ro`, `locking=`, `queues=` and `transport=`.
+    /// A disk option other than `ro`, `locking=`, `queues=`, `aio=` and `transport=`.
     #[error(
-        "unknown option `{0}` (ro, locking=on|off, queues=N, transport=pci|mmio; a comma in the file's name is written twice)"
+        "unknown option `{0}` (ro, locking=on|off, queues=N, aio=io_uring|sync, transport=pci|mmio; a comma in the file's name is written twice)"
     )]
     DiskOption(String),
     /// An option given twice: which one counts would be a guess.
@@ -362,7 +378,7 @@ const VHOST_USER_NET_OPTIONS: &str =
     "mac=MAC, queues=N, vectors=N, transport=pci|mmio, reconnect=SECONDS";
 
 impl DiskConfig {
-    /// `FILE[,ro][,locking=on|off][,queues=N][,transport=pci|mmio]` or
+    /// `FILE[,ro][,locking=on|off][,queues=N][,aio=io_uring|sync][,transport=pci|mmio]` or
     /// `vhost-user=SOCKET[,queues=N][,transport=pci|mmio][,reconnect=SECONDS]`, `exitless run
     /// --disk`'s syntax. FILE and SOCKET are any bytes a path may hold, a comma in them written
     /// twice as QEMU's options write one (`a,,b` is the file `a,b`); a file whose name starts
@@ -399,10 +415,12 @@ impl DiskConfig {
         match (name, value, &mut self.vhost_user) {
             ("transport", "pci", _) => self.transport = Transport::Pci,
             ("transport", "mmio", _) => self.transport = Transport::Mmio,
-            ("ro" | "locking", _, Some(_)) => {
+            ("ro" | "locking" | "aio", _, Some(_)) => {
                 return Err(ConfigSyntaxError::NotWithVhostUser(name.into()));
             }
             ("ro", "", None) => self.read_only = true,
+            ("aio", "io_uring", None) => self.aio = DiskAio::IoUring,
+            ("aio", "sync", None) => self.aio = DiskAio::Sync,
             ("locking", on, None) => {
                 self.locking =
                     on_off(on).ok_or_else(|| ConfigSyntaxError::DiskOption(option.into()))?;

@@ -203,6 +203,9 @@ fn device() -> Vec<Allowed> {
         sys!(SYS_preadv),
         sys!(SYS_pwritev),
         sys!(SYS_fsync),
+        // ... or on the disk's io_uring, made by the main thread and narrowed to vectored
+        // reads and writes of that one file (`virtio::block::io`): submitting and waiting.
+        sys!(SYS_io_uring_enter),
         sys!(SYS_ioctl).only(
             1,
             [
@@ -365,6 +368,10 @@ fn building_machines() -> Vec<Allowed> {
         ),
         sys!(SYS_epoll_create1),
         sys!(SYS_epoll_ctl),
+        // A disk's io_uring (`virtio::block::io`): made (its rings mapped, in runtime()), its
+        // one file registered, narrowed to vectored reads and writes, and enabled.
+        sys!(SYS_io_uring_setup),
+        sys!(SYS_io_uring_register),
         // Guest RAM a vhost-user backend can map (`vm::RamBacking::SharedMemfd`): one memfd,
         // close-on-exec, sized with ftruncate (below) and mapped shared.
         sys!(SYS_memfd_create).only(1, [u64::from(libc::MFD_CLOEXEC)]),

@@ -11,6 +11,8 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use vm_memory::GuestMemoryMmap;
+
 use super::queue::chain::{self, Chain, ChainError};
 use super::queue::split::{Ring, ServedQueue};
 use crate::dma::{DmaContext, DmaError};
@@ -191,6 +193,16 @@ pub trait ChainServer {
     /// Master closed, or a buffer faulted): forget them. `hopeless`: the ring, whole, cannot
     /// hold what they were for.
     fn parts_returned(&mut self, _hopeless: bool) {}
+    /// Whether the chain just served started work that is still in flight (a request whose
+    /// I/O was submitted): its used entry waits for [`ChainServer::settle`], and the
+    /// [`ChainServer::serve`] return value is not used.
+    fn in_flight(&self) -> bool {
+        false
+    }
+    /// Finish all the work in flight and give each such chain's head and used length to
+    /// `complete` (in any order): called once at the end of a pass that left any, before its
+    /// used entries are published together.
+    fn settle(&mut self, _complete: &mut dyn FnMut(u16, u32)) {}
 }
 
 impl<F: FnMut(&Chain) -> Result<u32, DeviceError>> ChainServer for F {
@@ -223,6 +235,10 @@ pub struct ChainsServed {
 /// untranslated). The rings are reached through their host mapping ([`super::queue::split`]);
 /// `chain` is the queue's scratch, refilled for each chain.
 ///
+/// A server may leave a chain's work in flight ([`ChainServer::in_flight`]) and finish it with
+/// the others at the end of the pass ([`ChainServer::settle`]): however the pass ends, their
+/// used entries are then written and published together, one notification for the batch.
+///
 /// A server may take several chains for one thing ([`ChainServer::more_chains`]): their used
 /// entries are published together when it is complete. If the loop stops before that, the
 /// parts go back to the ring, in order, to be taken again; a fault completes them all with
@@ -254,6 +270,45 @@ fn serve_ring(
         return Ok(ChainsServed::default());
     };
     let mut ring = q.ring(mem)?;
+    let mut in_flight = 0;
+    let taken = take_chains(
+        &mut ring,
+        mem,
+        dma,
+        chain,
+        &mut server,
+        tally,
+        &mut in_flight,
+    );
+    if in_flight == 0 {
+        return taken;
+    }
+    // Whatever ended the pass (a dry ring, the budget, a pause, a broken chain), the chains
+    // whose work is in flight are finished and completed first.
+    let mut written = Ok(());
+    server.settle(&mut |head, len| {
+        if written.is_ok() {
+            written = ring.put_used(head, len);
+        }
+        tally.completed += 1;
+        tally.bytes_written += u64::from(len);
+    });
+    ring.publish_used();
+    written?;
+    taken.map(|done| ChainsServed { used: true, ..done })
+}
+
+/// [`serve_chains`]' loop proper, on `ring`; `in_flight` counts the chains served whose used
+/// entries wait for [`ChainServer::settle`].
+fn take_chains(
+    ring: &mut Ring<'_>,
+    mem: &GuestMemoryMmap,
+    dma: &DmaContext,
+    chain: &mut Chain,
+    server: &mut impl ChainServer,
+    tally: &mut Tally,
+    in_flight: &mut u16,
+) -> Result<ChainsServed, DeviceError> {
     let mut done = ChainsServed::default();
     let mut parts = Parts::default();
     ring.disable_notification();
@@ -267,7 +322,7 @@ fn serve_ring(
                 ring.disable_notification();
                 continue;
             }
-            parts.go_back(&mut ring, &mut server, false);
+            parts.go_back(ring, server, false);
             return Ok(done);
         };
         let translated = dma.translated();
@@ -281,9 +336,13 @@ fn serve_ring(
             .map_err(DeviceError::from)
             .and_then(|()| server.serve(chain))
         {
+            Ok(_) if server.in_flight() => {
+                *in_flight += 1;
+                tally.bytes_read += chain.readable_len();
+            }
             Ok(len) if server.more_chains() => {
                 if !parts.push(head, len, ring.size()) {
-                    parts.go_back(&mut ring, &mut server, true);
+                    parts.go_back(ring, server, true);
                 }
             }
             Ok(len) => {
@@ -300,7 +359,7 @@ fn serve_ring(
             }
             Err(e) if e.is_pause() => {
                 ring.go_back(1);
-                parts.go_back(&mut ring, &mut server, false);
+                parts.go_back(ring, server, false);
                 return Ok(done);
             }
             Err(e) if e.is_fault() => {
@@ -317,7 +376,7 @@ fn serve_ring(
             Err(e) => return Err(e),
         }
     }
-    parts.go_back(&mut ring, &mut server, false);
+    parts.go_back(ring, server, false);
     done.more = true;
     Ok(done)
 }

@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice};
 
-/// Most `iovec`s one vectored system call takes (Linux's UIO_MAXIOV).
-const IOV_MAX: usize = 1024;
+/// Most `iovec`s one vectored system call (or io_uring request) takes (Linux's UIO_MAXIOV).
+pub const IOV_MAX: usize = 1024;
 
 /// One guest-memory region as the host maps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

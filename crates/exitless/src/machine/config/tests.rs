@@ -34,6 +34,7 @@ fn a_vhost_user_disk_is_a_socket_with_queues_transport_and_reconnect() {
             locking: false,
             transport: Transport::Pci,
             queues: None,
+            aio: DiskAio::IoUring,
             vhost_user: Some(vhost_user("/run/qsd.sock", 1, None)),
         }
     );
@@ -61,6 +62,28 @@ fn an_image_has_one_queue_per_vcpu_unless_told_and_an_older_snapshots_disk_had_o
     saved.as_object_mut().unwrap().remove("queues");
     let old: DiskConfig = serde_json::from_value(saved).unwrap();
     assert_eq!(old.queues, Some(1));
+    assert_eq!(old.aio, DiskAio::IoUring);
+}
+
+#[test]
+fn an_image_takes_aio_io_uring_or_sync_and_a_vhost_user_disk_neither() {
+    assert_eq!(disk("disk.img").unwrap().aio, DiskAio::IoUring);
+    assert_eq!(disk("disk.img,aio=sync").unwrap().aio, DiskAio::Sync);
+    assert_eq!(disk("disk.img,aio=io_uring").unwrap().aio, DiskAio::IoUring);
+    assert!(
+        disk("disk.img,aio=native")
+            .unwrap_err()
+            .to_string()
+            .starts_with(
+                "unknown option `aio=native` (ro, locking=on|off, queues=N, aio=io_uring|sync,"
+            )
+    );
+    assert!(
+        disk("vhost-user=s,aio=sync")
+            .unwrap_err()
+            .to_string()
+            .starts_with("`aio` does not go with vhost-user")
+    );
 }
 
 #[test]
@@ -137,7 +160,7 @@ fn bad_vhost_user_options_get_one_line_each() {
         ),
         (
             "disk.img,bogus",
-            "unknown option `bogus` (ro, locking=on|off, queues=N, transport=pci|mmio;",
+            "unknown option `bogus` (ro, locking=on|off, queues=N, aio=io_uring|sync, transport=pci|mmio;",
         ),
     ];
     let nets = [

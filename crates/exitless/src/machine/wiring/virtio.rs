@@ -8,7 +8,7 @@ use super::{Device, Devices, Kept, Place, names, virtio_pci_address};
 use crate::logging::DeviceLog;
 use crate::machine::MachineError;
 use crate::machine::config::{
-    DiskConfig, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Transport,
+    DiskAio, DiskConfig, MAX_QUEUE_PAIRS, MAX_VIRTIO_PCI, MachineConfig, NetBackendKind, Transport,
     VhostUserConfig, VirtioNetConfig, tap_mac,
 };
 use crate::machine::layout::{self, MemoryLayout};
@@ -163,7 +163,8 @@ fn add_virtio_blk(
         // The serial (VIRTIO_BLK_T_GET_ID) is the file's name, as far as 20 bytes hold it.
         let serial = disk.path.file_name().map(|n| n.as_encoded_bytes());
         let queues = disk.queues.unwrap_or(u16::from(cfg.vcpus));
-        let blk = VirtioBlock::parts(image, serial.unwrap_or_default(), queues);
+        let io_uring = disk.aio == DiskAio::IoUring;
+        let blk = VirtioBlock::parts(image, serial.unwrap_or_default(), queues, io_uring);
         add_virtio(devices, slots, blk, &disk_placement(disk, queues))?;
     }
     Ok(())

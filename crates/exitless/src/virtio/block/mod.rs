@@ -13,6 +13,7 @@
 //! file only inside its capacity.
 
 pub mod image;
+mod io;
 mod queues;
 
 pub use image::DiskImage;
@@ -52,10 +53,10 @@ pub struct VirtioBlock {
 impl VirtioBlock {
     /// A device on `disk` with `queues` request queues (at least 1), its capacity the
     /// image's whole sectors, answering VIRTIO_BLK_T_GET_ID with the first 20 bytes of
-    /// `serial`.
-    pub fn new(disk: DiskImage, serial: &[u8], queues: u16) -> (Self, BlockQueues) {
+    /// `serial`; its data moving on an io_uring if `io_uring` (and the kernel makes one).
+    pub fn new(disk: DiskImage, serial: &[u8], queues: u16, io_uring: bool) -> (Self, BlockQueues) {
         let (sectors, read_only) = (disk.bytes / SECTOR_SIZE, disk.read_only);
-        let work = BlockQueues::new(disk.file, sectors, read_only, serial);
+        let work = BlockQueues::new(disk.file, sectors, read_only, serial, io_uring);
         let queues = queues.max(1);
         (
             VirtioBlock {
@@ -68,8 +69,8 @@ impl VirtioBlock {
     }
 
     /// The same, as the [`DeviceParts`] a transport takes.
-    pub fn parts(disk: DiskImage, serial: &[u8], queues: u16) -> DeviceParts {
-        let (device, queues) = VirtioBlock::new(disk, serial, queues);
+    pub fn parts(disk: DiskImage, serial: &[u8], queues: u16, io_uring: bool) -> DeviceParts {
+        let (device, queues) = VirtioBlock::new(disk, serial, queues, io_uring);
         DeviceParts {
             device: Box::new(device),
             work: crate::virtio::DeviceWork::InProcess(Box::new(queues)),

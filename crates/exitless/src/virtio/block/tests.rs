@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::queues::HEADER_LEN;
+use super::queues::{BlockQueues, HEADER_LEN};
 use super::*;
 use crate::dma::DmaContext;
 use crate::logging::{DeviceLog, ErrorTotals};
@@ -101,15 +101,22 @@ fn engine(
     mem: &GuestMemoryMmap,
 ) -> (QueueEngine, Arc<DeviceHealth>, Arc<DeviceLog>) {
     let image = DiskImage::from_file(disk.open(read_only), read_only).unwrap();
-    let (_, handler) = VirtioBlock::new(image, b"exitless-test-disk", 1);
+    let (_, handler) = VirtioBlock::new(image, b"exitless-test-disk", 1, true);
+    live(handler, &[vq], mem, 0)
+}
+
+/// `handler` serving the driver sides `vqs` with `features` negotiated.
+fn live(
+    handler: BlockQueues,
+    vqs: &[&MockSplitQueue<'_, GuestMemoryMmap>],
+    mem: &GuestMemoryMmap,
+    features: u64,
+) -> (QueueEngine, Arc<DeviceHealth>, Arc<DeviceLog>) {
     let log = DeviceLog::new("test");
     let health = Arc::new(DeviceHealth::new(log.clone()));
     let mut engine = QueueEngine::new(Box::new(handler), health.clone());
-    engine.activate(
-        vec![vq.create_queue().unwrap()],
-        DmaContext::platform(mem.clone()),
-        0,
-    );
+    let queues = vqs.iter().map(|vq| vq.create_queue().unwrap()).collect();
+    engine.activate(queues, DmaContext::platform(mem.clone()), features);
     (engine, health, log)
 }
 
@@ -348,7 +355,7 @@ fn a_chain_without_a_status_byte_completes_unanswered_and_a_malformed_one_breaks
 fn the_configuration_space_holds_capacity_seg_max_blk_size_and_num_queues() {
     let disk = TempDisk::new(DISK + 511);
     let image = || DiskImage::from_file(disk.open(true), true).unwrap();
-    let (blk, _) = VirtioBlock::new(image(), b"", 1);
+    let (blk, _) = VirtioBlock::new(image(), b"", 1, true);
     let mut config = [0xffu8; 40];
     blk.read_config(0, &mut config);
     assert_eq!(config[..8], 8u64.to_le_bytes(), "whole sectors only");
@@ -365,7 +372,7 @@ fn the_configuration_space_holds_capacity_seg_max_blk_size_and_num_queues() {
     assert_ne!(blk.features() & 1 << VIRTIO_BLK_F_RO, 0);
     assert_eq!(blk.features() & 1 << VIRTIO_BLK_F_MQ, 0, "one queue: no MQ");
     assert_eq!(blk.queue_max_sizes(), vec![QUEUE_SIZE]);
-    let (four, _) = VirtioBlock::new(image(), b"", 4);
+    let (four, _) = VirtioBlock::new(image(), b"", 4, true);
     four.read_config(34, &mut config[..2]);
     assert_eq!(config[..2], 4u16.to_le_bytes());
     assert_ne!(four.features() & 1 << VIRTIO_BLK_F_MQ, 0);
@@ -380,18 +387,8 @@ fn each_request_queue_answers_its_own_requests() {
     let first = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
     let second = MockSplitQueue::create(&mem, GuestAddress(0x4_0000), QSIZE);
     let image = DiskImage::from_file(disk.open(false), false).unwrap();
-    let (_, handler) = VirtioBlock::new(image, b"mq", 2);
-    let log = DeviceLog::new("test");
-    let mut engine = QueueEngine::new(Box::new(handler), Arc::new(DeviceHealth::new(log.clone())));
-    let queues = vec![
-        first.create_queue().unwrap(),
-        second.create_queue().unwrap(),
-    ];
-    engine.activate(
-        queues,
-        DmaContext::platform(mem.clone()),
-        1 << VIRTIO_BLK_F_MQ,
-    );
+    let (_, handler) = VirtioBlock::new(image, b"mq", 2, true);
+    let (mut engine, _, log) = live(handler, &[&first, &second], &mem, 1 << VIRTIO_BLK_F_MQ);
     let w = VRING_DESC_F_WRITE;
     request(
         &mem,
@@ -454,4 +451,129 @@ fn a_buffer_straddling_a_region_boundary_is_read_and_written_whole() {
     assert_eq!(answer(&mem, &vq, 1), (VIRTIO_BLK_S_OK, 1));
     assert_eq!(&disk.bytes()[4 * 512..6 * 512], &data[..]);
     assert_eq!(log.guest_errors(), 0);
+}
+
+/// The queue work on `disk` with its data moving on an io_uring (`ring`; None if the kernel
+/// refuses one here, said on stdout) or one request at a time.
+fn handler(disk: &TempDisk, ring: bool) -> Option<BlockQueues> {
+    let file = disk.open(false);
+    let sectors = file.metadata().unwrap().len() / SECTOR_SIZE;
+    if !ring {
+        return Some(BlockQueues::new(file, sectors, false, b"batch", false));
+    }
+    match super::io::Ring::new(&file, true, u32::from(QUEUE_SIZE)) {
+        Ok(_) => Some(BlockQueues::new(file, sectors, false, b"batch", true)),
+        Err(e) => {
+            println!("skipped with a ring: no io_uring here ({e})");
+            None
+        }
+    }
+}
+
+/// Writes to sectors 1-3, reads of sectors 5 and 6 and a flush, all available at once: one
+/// pass takes them all (with a ring, the reads and writes in flight together), answers each
+/// in its own status byte, and notifies once.
+#[test]
+fn one_pass_answers_every_request_it_takes_with_one_notification() {
+    for ring in [true, false] {
+        let (mem, disk) = (memory(), TempDisk::new(DISK));
+        let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+        let Some(handler) = handler(&disk, ring) else {
+            continue;
+        };
+        let (mut engine, _, log) = live(handler, &[&vq], &mem, 0);
+        let requests = [
+            (VIRTIO_BLK_T_OUT, 1u64),
+            (VIRTIO_BLK_T_OUT, 2),
+            (VIRTIO_BLK_T_IN, 5),
+            (VIRTIO_BLK_T_OUT, 3),
+            (VIRTIO_BLK_T_IN, 6),
+            (VIRTIO_BLK_T_FLUSH, 0),
+        ];
+        for (i, &(kind, sector)) in requests.iter().enumerate() {
+            let i = i as u64;
+            let (header, data, status) = (HEADER + 0x100 * i, DATA + 0x1000 * i, STATUS + i);
+            let mut bytes = [0u8; HEADER_LEN];
+            bytes[..4].copy_from_slice(&kind.to_le_bytes());
+            bytes[8..].copy_from_slice(&sector.to_le_bytes());
+            mem.write_slice(&bytes, GuestAddress(header)).unwrap();
+            mem.write_slice(&[0x40 + i as u8; 512], GuestAddress(data))
+                .unwrap();
+            mem.write_obj(0xffu8, GuestAddress(status)).unwrap();
+            let mut chain = vec![(header, HEADER_LEN as u32, 0)];
+            match kind {
+                VIRTIO_BLK_T_OUT => chain.push((data, 512, 0)),
+                VIRTIO_BLK_T_IN => chain.push((data, 512, VRING_DESC_F_WRITE)),
+                _ => {}
+            }
+            chain.push((status, 1, VRING_DESC_F_WRITE));
+            publish(&vq, &chain);
+        }
+        assert_eq!(
+            engine.process(0).notifications().collect::<Vec<_>>(),
+            vec![Notification::Queue(0)],
+            "ring: {ring}"
+        );
+        assert_eq!(vq.used().idx().load(), 6, "ring: {ring}");
+        let mut statuses = [0xffu8; 6];
+        mem.read_slice(&mut statuses, GuestAddress(STATUS)).unwrap();
+        assert_eq!(statuses, [VIRTIO_BLK_S_OK as u8; 6], "ring: {ring}");
+        let file = disk.bytes();
+        for (i, sector) in [(0usize, 1usize), (1, 2), (3, 3)] {
+            let at = sector * 512;
+            assert!(
+                file[at..at + 512].iter().all(|&b| b == 0x40 + i as u8),
+                "sector {sector}"
+            );
+        }
+        for (i, sector) in [(2u64, 5usize), (4, 6)] {
+            let mut got = vec![0u8; 512];
+            mem.read_slice(&mut got, GuestAddress(DATA + 0x1000 * i))
+                .unwrap();
+            assert_eq!(
+                got,
+                file[sector * 512..(sector + 1) * 512],
+                "sector {sector} read"
+            );
+        }
+        let t = log.queue_totals()[0];
+        assert_eq!(
+            (t.completed, t.bytes_written),
+            (6, 6 + 2 * 512),
+            "ring: {ring}"
+        );
+    }
+}
+
+/// A disk file cut short under the device (by another process): a read of what is gone is
+/// the backend's error, answered IOERR, not the guest's.
+#[test]
+fn a_read_the_file_cannot_give_is_answered_ioerr_as_the_backends_error() {
+    for ring in [true, false] {
+        let (mem, disk) = (memory(), TempDisk::new(DISK));
+        let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
+        let Some(handler) = handler(&disk, ring) else {
+            continue;
+        };
+        let (mut engine, health, log) = live(handler, &[&vq], &mem, 0);
+        disk.open(false).set_len(512).unwrap();
+        let w = VRING_DESC_F_WRITE;
+        request(
+            &mem,
+            &vq,
+            VIRTIO_BLK_T_IN,
+            4,
+            &[(DATA, 512, w), status_desc()],
+        );
+        engine.process(0);
+        assert_eq!(
+            answer(&mem, &vq, 0),
+            (VIRTIO_BLK_S_IOERR, 1),
+            "ring: {ring}"
+        );
+        assert!(!health.needs_reset());
+        assert_eq!(log.guest_errors(), 0, "not the guest's error");
+        let errors = log.queue_totals()[0].errors;
+        assert_eq!((errors.guest, errors.backend), (0, 1), "ring: {ring}");
+    }
 }

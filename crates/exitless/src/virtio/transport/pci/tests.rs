@@ -634,7 +634,7 @@ fn a_virtio_blk_function_serves_a_read_from_its_file() {
     let p = crate::virtio::test_parts();
     let mem = p.env.mem.clone();
     let file = std::fs::File::open(&path).unwrap();
-    let blk = VirtioBlock::parts(DiskImage::from_file(file, true).unwrap(), b"disk", 1);
+    let blk = VirtioBlock::parts(DiskImage::from_file(file, true).unwrap(), b"disk", 1, true);
     let (mut f, _w) = VirtioPci::new(p.env, blk, 0x18, 2, NotifyPath::Exit).unwrap();
     std::fs::remove_file(&path).unwrap();
     let c = config();
