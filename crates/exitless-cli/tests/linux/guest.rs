@@ -75,6 +75,14 @@ impl Guest {
 /// What exitless logs after `vCPU N` when a vCPU shut down on a triple fault.
 const TRIPLE_FAULT: &str = " shut down (a triple fault)";
 
+/// What Linux logs when one CPU finds another not answering for 21 s (an RCU stall it did not
+/// detect on itself).
+const STALL: &str = "detected stalls on CPUs";
+
+/// What exitless's report at SIGQUIT or the timeout says of a vCPU that sits on a page fault
+/// KVM has not delivered (`VcpuState::summary`).
+const UNDELIVERED_PAGE_FAULT: &str = "exception 14 pending or injected";
+
 /// How long a guest run may take to reach its `/init` (`GUEST up after`), seconds: five times
 /// the longest boot seen in the nested lab (about 30 s of wall time, QEMU's microvm and a
 /// 4-vCPU guest), so a guest that hangs at boot costs the job minutes less than its timeout.
@@ -101,6 +109,12 @@ watch_boot() {
   until grep -q 'GUEST up after' "$1.console"; do
     if [ $waited -ge @BOOT_LIMIT@ ]; then touch "$1.hung"; kill -"$3" "$2"; return; fi
     sleep 1; waited=$((waited + 1))
+  done
+}
+watch_wedge() {
+  while kill -0 "$2" 2>/dev/null; do
+    if grep -q '@STALL@' "$1.console"; then kill -QUIT "$2"; return; fi
+    sleep 2
   done
 }
 hung() { [ -e "$1.hung" ]; }
@@ -195,6 +209,7 @@ impl Job {
             dir,
             script: JOB_START
                 .replace("@TRIPLE_FAULT@", TRIPLE_FAULT)
+                .replace("@STALL@", STALL)
                 .replace("@BOOT_LIMIT@", &BOOT_LIMIT_S.to_string()),
         }
     }
@@ -276,7 +291,7 @@ done"#
     ///
     /// In the nested lab a guest run that shut down on a fault runs again within the job
     /// ([`Job::record`]); a job one of whose other guest runs (written with their own lines)
-    /// ended on exitless's triple fault runs again as a whole, saying so, up to
+    /// ended on a fault ([`job_fault`]) runs again as a whole, saying so, up to
     /// [`FAULT_ATTEMPTS`] times in all, the faulted console kept as `NAME.console.job-faultN`.
     /// On hardware KVM a fault is never retried.
     pub fn run(self, lab: &Lab, limit: Duration) -> Done {
@@ -285,14 +300,14 @@ done"#
         let script = format!("GUEST_ATTEMPTS={attempts}\n{}", self.script);
         let mut finished = lab.run(&self.dir, &script, limit);
         for attempt in 2..=attempts {
-            let Some((console, fault)) = triple_fault(&self.dir) else {
+            let Some((console, fault)) = job_fault(&self.dir) else {
                 break;
             };
             // Kept apart: the next attempt writes the same console anew.
             let kept = console.with_extension(format!("console.job-fault{}", attempt - 1));
             let _ = std::fs::rename(&console, &kept);
             println!(
-                "lab: {fault}, as the nested lab's guests do under both VMMs (its console kept as {}): job attempt {attempt} of {attempts}",
+                "lab: {fault} (its console kept as {}): job attempt {attempt} of {attempts}",
                 kept.display()
             );
             finished = lab.run(&self.dir, &script, limit);
@@ -316,10 +331,14 @@ done"#
 /// is run in all.
 const FAULT_ATTEMPTS: u32 = 3;
 
-/// The first console in `dir` whose run ended on exitless's report of a triple fault (`vCPU N
-/// shut down (a triple fault)`) and was not run again within the job: the console, and which
-/// run and vCPU.
-fn triple_fault(dir: &Path) -> Option<(PathBuf, String)> {
+/// The first console in `dir` whose run ended on a fault and was not run again within the job:
+/// the console, and what happened. Two faults: exitless's report of a triple fault (`vCPU N
+/// shut down (a triple fault)`), which the nested lab's guests do under QEMU too; and a vCPU
+/// wedged on a page fault KVM never delivers (Linux reports the CPU stalled, `watch_wedge`
+/// stops the run with SIGQUIT, and exitless's report shows the fault pending), seen only on
+/// the snapshot case's 2-vCPU guest so far and already in the state the original process
+/// saved: an open defect (docs/linux-lab.md), run again like the other.
+fn job_fault(dir: &Path) -> Option<(PathBuf, String)> {
     let mut consoles: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| Some(e.ok()?.path()))
@@ -327,12 +346,26 @@ fn triple_fault(dir: &Path) -> Option<(PathBuf, String)> {
         .filter(|p| !p.with_extension("console.fault1").exists())
         .collect();
     consoles.sort();
+    // The vCPU named on the line that holds `mark`, right after "vCPU ".
+    let vcpu_at = |text: &str, mark: &str| -> Option<String> {
+        let at = text.find(mark)?;
+        let line = &text[text[..at].rfind('\n').map_or(0, |n| n + 1)..at];
+        let after = line.rsplit("vCPU ").next()?;
+        Some(after.split(' ').next()?.to_owned())
+    };
     consoles.iter().find_map(|path| {
         let text = std::fs::read_to_string(path).ok()?;
-        let at = text.find(TRIPLE_FAULT)?;
-        let vcpu = text[..at].rsplit("vCPU ").next()?;
-        let fault = format!("{}: vCPU {vcpu} triple-faulted", path.display());
-        Some((path.clone(), fault))
+        let fault = if let Some(vcpu) = vcpu_at(&text, TRIPLE_FAULT) {
+            format!("vCPU {vcpu} triple-faulted, as the nested lab's guests do under both VMMs")
+        } else if text.contains(STALL) {
+            let vcpu = vcpu_at(&text, UNDELIVERED_PAGE_FAULT)?;
+            format!(
+                "vCPU {vcpu} sat on a page fault KVM did not deliver, Linux reporting it stalled (an open defect: docs/linux-lab.md)"
+            )
+        } else {
+            return None;
+        };
+        Some((path.clone(), format!("{}: {fault}", path.display())))
     })
 }
 
@@ -383,4 +416,42 @@ impl Done {
         println!("{name}: status {status}; {up}");
         run
     }
+}
+
+/// The job faults `job_fault` finds on consoles as the lab's runs left them: a triple fault,
+/// and a wedge (a stall Linux reported and exitless's report of the undelivered page fault);
+/// a stall without that report is the case's own failure, not run again.
+#[test]
+fn a_triple_fault_and_a_wedged_vcpu_are_job_faults_and_a_bare_stall_is_not() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("job-faults");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let stall = "[ 66.8] rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:\n";
+    let found = |console: &str| {
+        std::fs::write(dir.join("run.console"), console).unwrap();
+        job_fault(&dir).map(|(_, fault)| fault)
+    };
+    let fault = found(
+        "GUEST rounds_so_far 20 9.1\nexitless: error: vCPU 1 shut down (a triple fault); KVM left it at rip 0xfff0\n",
+    );
+    assert!(fault.unwrap().ends_with(
+        "run.console: vCPU 1 triple-faulted, as the nested lab's guests do under both VMMs"
+    ));
+    let fault = found(&format!(
+        "{stall}exitless: warn: on SIGQUIT vCPU 0 was runnable at RIP 0x1, RSP 0x2; NMI masked 0, pending 0, injected 0; local APIC in service none\n\
+         exitless: warn: on SIGQUIT vCPU 1 was runnable at RIP 0xffffffffc071920c; exception 14 pending or injected; local APIC in service none\n"
+    ));
+    assert!(
+        fault
+            .as_deref()
+            .is_some_and(|f| f.contains("run.console: vCPU 1 sat on a page fault")),
+        "{fault:?}"
+    );
+    assert_eq!(
+        found(&format!(
+            "{stall}exitless: warn: on SIGQUIT vCPU 1 was halted at RIP 0x1; local APIC in service none\n"
+        )),
+        None
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

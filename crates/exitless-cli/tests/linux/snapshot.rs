@@ -14,7 +14,8 @@ use crate::net::{IPERF3, STOP_IPERF3_SERVERS, network, start_iperf3_servers, tap
 /// twice `watchdog_thresh`).
 const PAUSE_SECONDS: u32 = 25;
 
-/// The guest's I/O: a loop writing sector N of vda with N as 8 digits, synced, until the TCP
+/// The guest's I/O, after the address of each module's code (for a restored guest that hangs
+/// in one: exitless's report at the timeout gives its RIP): a loop writing sector N of vda with N as 8 digits, synced, until the TCP
 /// test beside it ends; then what the watchdogs said and the guest's clock. The test sends
 /// 100 MiB paced at 8 Mbit/s (at least 100 s of the guest's time, past the snapshot: with the
 /// offloads the lab's guest sent 100 MiB unpaced before the job's second pause) rather than
@@ -26,6 +27,7 @@ const IO: &str = r#"
    printf '%08d' $i | dd of=/dev/vda bs=512 seek=$i conv=fsync 2>/dev/null || break
    i=$((i + 1)); [ $((i % 20)) = 0 ] && echo "GUEST rounds_so_far $i $(cut -d' ' -f1 /proc/uptime)"
  done; echo $i > /tmp/rounds) &
+grep . /sys/module/*/sections/.text | sed 's/^/GUEST text_of /'
 echo "GUEST io started"
 iperf tcp_across -n 100M -b 8M
 touch /tmp/stop; wait
@@ -112,11 +114,14 @@ pid=$!
 wait_for original.console 'GUEST io started' && sleep 5
 {ctl} pause && echo 'job: paused' && sleep {PAUSE_SECONDS} && {ctl} resume && echo 'job: resumed'
 sleep 10
-{ctl} pause && {ctl} snapshot \"$RUN/snapshot\" && echo 'job: snapshot taken' && {ctl} shutdown
+{ctl} pause && {ctl} snapshot \"$RUN/snapshot\" && echo 'job: snapshot taken' && cp \"$RUN/snapshot/snapshot.json\" . && {ctl} shutdown
 wait $pid; echo $? > original.status
 restore_start=$(date +%s.%N)
-{exitless} run --restore \"$RUN/snapshot\" --timeout {GUEST_TIMEOUT_S} < /dev/null > restored.console 2>&1
-echo $? > restored.status
+{exitless} run --restore \"$RUN/snapshot\" --timeout {GUEST_TIMEOUT_S} < /dev/null > restored.console 2>&1 &
+restored=$!
+watch_wedge restored $restored & watcher=$!
+wait $restored; echo $? > restored.status
+kill $watcher 2>/dev/null; wait $watcher
 echo \"$restore_start $(date +%s.%N)\" > restored.times
 {STOP_IPERF3_SERVERS}; ip link del lab-tap6",
         exitless = env!("CARGO_BIN_EXE_exitless"),
@@ -139,6 +144,17 @@ echo \"$restore_start $(date +%s.%N)\" > restored.times
         original.tail()
     );
     let restored = done.run("restored");
+    if !restored.console.contains("GUEST done") {
+        let modules: Vec<&str> = original
+            .console
+            .lines()
+            .filter(|l| l.contains("GUEST text_of "))
+            .collect();
+        println!(
+            "where the guest's modules' code is:\n{}",
+            modules.join("\n")
+        );
+    }
     restored.expect_done(0);
     expect_clock_runs_across_the_restore(&original, &restored, &done.dir.join("restored.times"));
     assert!(

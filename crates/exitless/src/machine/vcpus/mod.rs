@@ -204,11 +204,9 @@ fn report_where(threads: &[JoinHandle<()>], control: &RunControl, when: &str) {
         Ok(states) => {
             for (i, state) in states.iter().enumerate() {
                 log::warn!(
-                    "{when} vCPU {i} was {} at RIP {:#x}, RFLAGS {:#x}, CR3 {:#x}",
+                    "{when} vCPU {i} was {} {}",
                     mp_state_name(state.mp_state.mp_state),
-                    state.regs.rip,
-                    state.regs.rflags,
-                    state.sregs.cr3
+                    state.summary()
                 );
             }
         }
