@@ -31,6 +31,11 @@ pub enum ExitAction {
     Stop(StopReason),
 }
 
+/// The most exits [`Vcpu::complete_exit`] serves while finishing one: a string I/O
+/// instruction's rounds each need one (KVM moves up to a page per round), and a guest that
+/// keeps KVM returning them must not hold a pause up for long.
+const MAX_COMPLETION_EXITS: usize = 64;
+
 /// Count an access exit; one at an address no device claims also gets a rate-limited warning
 /// (the access itself is harmless: reads see all-ones, writes are dropped).
 fn account(counters: &ExitCounters, kind: ExitKind, device: Option<DeviceId>, addr: u64) {
@@ -314,18 +319,35 @@ impl Vcpu {
 
     /// Finish the exit this vCPU is in (an OUT to PM1 control, an MMIO read's data), so its
     /// state is that of an instruction boundary: KVM_RUN with immediate_exit completes it and
-    /// returns at once (api.rst §5, immediate_exit), as QEMU's paused vCPUs do.
-    fn complete_exit(&mut self) {
+    /// returns at once (api.rst §5, immediate_exit), as QEMU's paused vCPUs do. Completing one
+    /// access can need userspace again (the second half of an MMIO access KVM split, the next
+    /// round of a string I/O instruction): KVM then returns that exit instead, which is served
+    /// like any other until KVM says EINTR. Left unserved, the guest would resume with a
+    /// write lost or a read's data stale, mid-instruction.
+    fn complete_exit(&mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl) {
         self.fd.set_kvm_immediate_exit(1);
-        let _ = self.fd.run();
+        for _ in 0..MAX_COMPLETION_EXITS {
+            let action = match self.fd.run() {
+                Ok(VcpuExit::InternalError) => {
+                    ExitAction::Stop(StopReason::VcpuFailed(self.internal_error()))
+                }
+                Ok(exit) => handle_exit(exit, self.run_page.pio_size(), io, counters),
+                // EINTR: nothing (more) to complete.
+                Err(_) => break,
+            };
+            if let ExitAction::Stop(reason) = action {
+                control.stop(reason);
+                break;
+            }
+        }
         self.fd.set_kvm_immediate_exit(0);
     }
 
     /// Park until the VMM's user resumes the machine, at an instruction boundary; then tell
     /// the guest its vCPU was stopped, so its watchdogs do not take the time it was parked
     /// for a CPU stuck in the kernel.
-    fn pause(&mut self, control: &RunControl) {
-        self.complete_exit();
+    fn pause(&mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl) {
+        self.complete_exit(io, counters, control);
         control
             .pause()
             .park(self.index, || control.is_stopping(), || self.save_state());
@@ -346,9 +368,9 @@ impl Vcpu {
 
     /// Park for S3 until the machine wakes, then restart as firmware hands over after S3 (ACPI
     /// 6.5 §16.1.3): the boot vCPU at the waking vector, the others waiting for INIT/SIPI.
-    fn sleep(&mut self, control: &RunControl) {
+    fn sleep(&mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl) {
         // Finish the exit before the vCPU's state is replaced.
-        self.complete_exit();
+        self.complete_exit(io, counters, control);
         let Some(entry) = control.sleep().park(|| control.is_stopping()) else {
             return;
         };
@@ -381,11 +403,11 @@ impl Vcpu {
         while !control.is_stopping() {
             // A pause first: a vCPU that asked for S3 parks in it until resumed, then sleeps.
             if control.pause().must_park() {
-                self.pause(control);
+                self.pause(io, counters, control);
                 continue;
             }
             if control.sleep().must_park() {
-                self.sleep(control);
+                self.sleep(io, counters, control);
                 continue;
             }
             let action = match self.fd.run() {
