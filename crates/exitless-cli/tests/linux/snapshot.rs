@@ -120,9 +120,17 @@ impl IoJob {
     }
 }
 
-/// The job's lines: wait until `$1` holds `$2`, for up to ten minutes.
+/// The job's lines: wait until `$1` holds `$2`, for up to ten minutes, or until the process
+/// `$3` (if given) has ended.
 const WAIT_FOR: &str = r#"
-wait_for() { for i in $(seq 600); do grep -q "$2" "$1" && return 0; sleep 1; done; echo "no $2 in $1"; return 1; }
+wait_for() {
+  for i in $(seq 600); do
+    grep -q "$2" "$1" && return 0
+    [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null && break
+    sleep 1
+  done
+  echo "no $2 in $1"; return 1
+}
 "#;
 
 #[test]
@@ -140,7 +148,8 @@ fn linux_mid_io_survives_a_pause_and_a_snapshot_restored_in_a_new_process() {
     job.sh(&format!(
         "{run} < /dev/null > original.console 2>&1 &
 pid=$!
-wait_for original.console 'GUEST io started' && sleep 5
+watch_boot original $pid QUIT &
+wait_for original.console 'GUEST io started' $pid && sleep 5
 {ctl} pause && echo 'job: paused' && sleep {PAUSE_SECONDS} && {ctl} resume && echo 'job: resumed'
 sleep 10
 {ctl} pause && {ctl} snapshot \"$RUN/snapshot\" && echo 'job: snapshot taken' && cp \"$RUN/snapshot/snapshot.json\" . && {ctl} shutdown
@@ -247,7 +256,8 @@ fn linux_mid_io_survives_forty_pauses() {
     job.sh(&format!(
         "{run} < /dev/null > paused.console 2>&1 &
 pid=$!
-wait_for paused.console 'GUEST io started' && sleep 2
+watch_boot paused $pid QUIT &
+wait_for paused.console 'GUEST io started' $pid && sleep 2
 for k in $(seq {PAUSES}); do {ctl} pause > /dev/null && sleep {SHORT_PAUSE_S} && {ctl} resume > /dev/null; sleep 1; done
 echo 'job: {PAUSES} pauses'
 watch_wedge paused $pid & watcher=$!
