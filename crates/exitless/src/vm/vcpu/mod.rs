@@ -31,11 +31,6 @@ pub enum ExitAction {
     Stop(StopReason),
 }
 
-/// The most exits [`Vcpu::complete_exit`] serves while finishing one: a string I/O
-/// instruction's rounds each need one (KVM moves up to a page per round), and a guest that
-/// keeps KVM returning them must not hold a pause up for long.
-const MAX_COMPLETION_EXITS: usize = 64;
-
 /// Count an access exit; one at an address no device claims also gets a rate-limited warning
 /// (the access itself is harmless: reads see all-ones, writes are dropped).
 fn account(counters: &ExitCounters, kind: ExitKind, device: Option<DeviceId>, addr: u64) {
@@ -323,10 +318,12 @@ impl Vcpu {
     /// access can need userspace again (the second half of an MMIO access KVM split, the next
     /// round of a string I/O instruction): KVM then returns that exit instead, which is served
     /// like any other until KVM says EINTR. Left unserved, the guest would resume with a
-    /// write lost or a read's data stale, mid-instruction.
+    /// write lost or a read's data stale, mid-instruction. No guest code runs in between, only
+    /// the rest of the one instruction (a long string I/O instruction needs an exit per page):
+    /// a pause that instruction outlasts times out, as for a vCPU stuck in a device.
     fn complete_exit(&mut self, io: &IoBuses, counters: &ExitCounters, control: &RunControl) {
         self.fd.set_kvm_immediate_exit(1);
-        for _ in 0..MAX_COMPLETION_EXITS {
+        while !control.is_stopping() {
             let action = match self.fd.run() {
                 Ok(VcpuExit::InternalError) => {
                     ExitAction::Stop(StopReason::VcpuFailed(self.internal_error()))
