@@ -116,6 +116,7 @@ watch_wedge() {
   done
 }
 hung() { [ -e "$1.hung" ]; }
+restart_servers() { :; }
 exitless_faulted() { hung "$1" || grep -q '@TRIPLE_FAULT@' "$1.console"; }
 qemu_faulted() {
   hung "$1" || { [ "$(cat "$1.status")" = 0 ] && ! grep -q -e 'GUEST done' -e 'reboot: ' -e 'Kernel panic' "$1.console"; }
@@ -265,7 +266,8 @@ impl Job {
     /// times, saying so) while `faulted` (a function of [`JOB_START`]) says it hung at boot or
     /// shut down on a fault: the lab's nested SVM does both to QEMU's guests too, now and then, on any vCPU
     /// (docs/linux-lab.md), so only a fault that comes back is the guest's. A faulted
-    /// attempt's console is kept as `NAME.console.faultN`.
+    /// attempt's console is kept as `NAME.console.faultN`, and the job's servers (iperf3's,
+    /// [`crate::net::start_iperf3_servers`]) start afresh before the next.
     fn record(&mut self, name: &str, line: &str, (faulted, signal): (&str, &str)) {
         self.sh(&format!(
             r#"echo 'job: {name}'
@@ -279,6 +281,7 @@ while :; do
   {faulted} {name} && [ $attempt -lt $GUEST_ATTEMPTS ] || break
   echo "lab: {name}: the guest $(fault {name}); attempt $((attempt + 1)) of $GUEST_ATTEMPTS"
   mv {name}.console {name}.console.fault$attempt
+  restart_servers
   attempt=$((attempt + 1))
 done"#
         ));

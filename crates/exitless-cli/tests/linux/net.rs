@@ -80,10 +80,14 @@ pub fn traffic(subnet: u8) -> String {
 
 /// Start iperf3 servers in the job on ports 5200 to 5203 (5201, iperf3's default, serves
 /// [`traffic`]; each of the others one more pinned client of the multiqueue run). A daemon
-/// works in `/`: its files get whole paths, its pid files the job's local `$RUN`.
+/// works in `/`: its files get whole paths, its pid files the job's local `$RUN`. The job's
+/// `restart_servers` starts them afresh before a faulted guest runs again: a server still
+/// serving the dead guest's test answers the next one "the server is busy" (seen in CI).
 pub fn start_iperf3_servers(job: &mut Job) {
     let line = format!(
-        "for p in 5200 5201 5202 5203; do {IPERF3} -s -p $p -D -I \"$RUN/iperf3-$p.pid\" --logfile {dir}/iperf3-$p.log; done",
+        "start_iperf3_servers() {{ for p in 5200 5201 5202 5203; do {IPERF3} -s -p $p -D -I \"$RUN/iperf3-$p.pid\" --logfile {dir}/iperf3-$p.log; done; }}
+restart_servers() {{ {STOP_IPERF3_SERVERS}; sleep 1; start_iperf3_servers; }}
+start_iperf3_servers",
         dir = job.dir.display()
     );
     job.sh(&line);
