@@ -91,6 +91,13 @@ struct IoJob {
 }
 
 impl IoJob {
+    /// The lab, and the job `name` in it, its guest running `io` after the network's setup;
+    /// `None` where there is no lab (the case is skipped, saying so).
+    fn in_lab(name: &str, io: &str) -> Option<(Lab, IoJob)> {
+        let lab = Lab::or_skip(name)?;
+        Some((lab, IoJob::new(name, io)))
+    }
+
     /// The job `name`, its guest running `io` after the network's setup.
     fn new(name: &str, io: &str) -> IoJob {
         let mut job = Job::new(name);
@@ -136,7 +143,7 @@ wait_for() {
 #[test]
 #[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
 fn linux_mid_io_survives_a_pause_and_a_snapshot_restored_in_a_new_process() {
-    let Some(lab) = Lab::or_skip("snapshot") else {
+    let Some((lab, io_job)) = IoJob::in_lab("snapshot", IO) else {
         return;
     };
     let IoJob {
@@ -144,7 +151,7 @@ fn linux_mid_io_survives_a_pause_and_a_snapshot_restored_in_a_new_process() {
         image,
         ctl,
         run,
-    } = IoJob::new("snapshot", IO);
+    } = io_job;
     job.sh(&format!(
         "{run} < /dev/null > original.console 2>&1 &
 pid=$!
@@ -250,16 +257,16 @@ fn linux_mid_io_survives_forty_pauses() {
         println!("pauses: skipped (EXITLESS_LAB_OPEN_DEFECTS=1 runs it: an open defect)");
         return;
     }
-    let Some(lab) = Lab::or_skip("pauses") else {
+    // 60 MiB at 8 Mbit/s: a minute of I/O, past the last pause.
+    let Some((lab, io_job)) = IoJob::in_lab("pauses", &IO.replace("-n 100M", "-n 60M")) else {
         return;
     };
-    // 60 MiB at 8 Mbit/s: a minute of I/O, past the last pause.
     let IoJob {
         mut job,
         image,
         ctl,
         run,
-    } = IoJob::new("pauses", &IO.replace("-n 100M", "-n 60M"));
+    } = io_job;
     job.sh(&format!(
         "{run} < /dev/null > paused.console 2>&1 &
 pid=$!
