@@ -2,7 +2,8 @@
 //! finds in the DSDT): an ext2 file system made, written and read back in the guest and
 //! checked on the host with debugfs; a read-only disk refusing writes; a request queue per
 //! vCPU, each carrying requests; a sparse disk over 4 GiB written past 4 GiB; several disks;
-//! and what the guest synced surviving a SIGKILL of exitless.
+//! discards and writes of zeroes, with and without `unmap`; and what the guest synced
+//! surviving a SIGKILL of exitless.
 
 use std::path::Path;
 use std::process::Command;
@@ -200,6 +201,106 @@ kill -KILL $pid; wait $pid; echo $? > killed.status",
         CONTENT,
         "the synced file is in the image"
     );
+}
+
+/// util-linux's `blkdiscard` (its `-z`, BLKZEROOUT, which busybox's lacks) and `fallocate`
+/// (`-p` and `-z` on a block device), run in the guest.
+const ERASERS: [&str; 2] = ["/usr/sbin/blkdiscard", "/usr/bin/fallocate"];
+
+/// The erase disk's size, and the guest's script on it: what its driver read (features, limits
+/// and topology in sysfs), then, in its own MiB each, a discard (busybox's `blkdiscard`), a write
+/// of zeroes without `unmap` (`blkdiscard -z`: BLKZEROOUT asks the device not to deallocate),
+/// one with `unmap` (`fallocate -p`: a hole punched in a block device is a write of zeroes
+/// that may deallocate) and one without (`fallocate -z`); each MiB read back through the
+/// device (`O_DIRECT`), its bytes other than zero counted (a discard promises nothing).
+const ERASE_MIB: u64 = 16;
+const ERASE: &str = r#"
+q=/sys/block/vda/queue
+echo "GUEST erase_features $(cat /sys/block/vda/device/features)"
+echo "GUEST erase_limits $(cat $q/discard_max_bytes $q/discard_granularity $q/write_zeroes_max_bytes $q/physical_block_size $q/minimum_io_size $q/max_segment_size | tr '\n' ' ')"
+mib=1048576
+busybox blkdiscard -o $((2 * mib)) -l $((2 * mib)) /dev/vda && echo "GUEST erase_discard ok"
+/usr/sbin/blkdiscard -z -o $((5 * mib)) -l $mib /dev/vda && echo "GUEST erase_zeroout ok"
+/usr/bin/fallocate -p -o $((7 * mib)) -l $((2 * mib)) /dev/vda && echo "GUEST erase_punch ok"
+/usr/bin/fallocate -z -o $((10 * mib)) -l $mib /dev/vda && echo "GUEST erase_zero_range ok"
+nonzero() { dd if=/dev/vda bs=$mib skip=$1 count=$2 iflag=direct 2>/dev/null | tr -d '\000' | wc -c; }
+echo "GUEST erase_nonzero $(for m in 0 1 2 4 5 6 7 9 10 11; do printf '%s ' $(nonzero $m 1); done)"
+"#;
+
+/// Linux erases through exitless's virtio-blk: it negotiates DISCARD, WRITE_ZEROES, TOPOLOGY
+/// and SIZE_MAX and takes the limits offered; a write of zeroes reads back as zeroes with and
+/// without `unmap`, the MiB around each is untouched, and on the outer VM's tmpfs (under its
+/// overlay: holes, but no zeroing in place, so zeroes are written there) the discard and the
+/// write with `unmap` freed their pages while the writes without `unmap` kept theirs.
+#[test]
+#[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
+fn linux_discards_and_writes_zeroes_and_the_host_frees_what_it_may() {
+    let Some(lab) = Lab::or_skip("erase") else {
+        return;
+    };
+    let mut job = Job::new("erase");
+    let guest = Guest::new(&job.dir, "erase", ERASE, &ERASERS);
+    // The image on the outer VM's own file system (a 9p share cannot punch holes), filled
+    // with a pattern, its allocated 512-byte blocks said before and after.
+    job.sh(&format!(
+        r#"image="$RUN/erase.img"
+yes exitless-erase | head -c {bytes} > "$image"
+echo "blocks_before $(stat -c %b "$image")" > erase.facts"#,
+        bytes = ERASE_MIB << 20
+    ));
+    job.exitless("erase", &guest, "", "--memory 256 --disk \"$image\"");
+    job.sh(r#"echo "blocks_after $(stat -c %b "$image")" >> erase.facts"#);
+    let done = job.run(&lab, Duration::from_secs(600));
+    let run = done.run("erase");
+    run.expect_done(0);
+    let features = run.value("erase_features").unwrap_or_default();
+    for (bit, name) in [
+        (1, "SIZE_MAX"),
+        (10, "TOPOLOGY"),
+        (13, "DISCARD"),
+        (14, "WRITE_ZEROES"),
+    ] {
+        assert_eq!(
+            features.as_bytes().get(bit),
+            Some(&b'1'),
+            "VIRTIO_BLK_F_{name} negotiated: {features}"
+        );
+    }
+    // 64 MiB per discard and per write of zeroes, discards in 4 KiB (the host's page, the
+    // physical block), 4 KiB physical blocks and minimum I/O, 16 MiB segments.
+    run.expect("erase_limits", "67108864 4096 67108864 4096 4096 16777216");
+    for step in ["discard", "zeroout", "punch", "zero_range"] {
+        run.expect(&format!("erase_{step}"), "ok");
+    }
+    // Bytes other than zero in each MiB read back (the script's order): untouched ones all
+    // pattern, zeroed ones none; a discard (MiB 2) promises nothing.
+    let nonzero = run.value("erase_nonzero").unwrap_or_default();
+    let mib = (1u64 << 20).to_string();
+    let want: Vec<(u32, Option<&str>)> = [0, 1, 2, 4, 5, 6, 7, 9, 10, 11]
+        .into_iter()
+        .map(|at| match at {
+            2 => (at, None),
+            5 | 7 | 10 => (at, Some("0")),
+            _ => (at, Some(mib.as_str())),
+        })
+        .collect();
+    let got: Vec<&str> = nonzero.split_whitespace().collect();
+    assert_eq!(got.len(), want.len(), "{nonzero:?}");
+    for ((at, want), got) in want.into_iter().zip(got) {
+        if let Some(want) = want {
+            assert_eq!(got, want, "MiB {at}'s bytes other than zero: {nonzero}");
+        }
+    }
+    let facts = std::fs::read_to_string(done.dir.join("erase.facts")).unwrap_or_default();
+    let blocks = |key: &str| -> u64 {
+        facts
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {facts:?}"))
+    };
+    let freed = blocks("blocks_before ").saturating_sub(blocks("blocks_after "));
+    // The discard's 2 MiB and the punched 2 MiB: 8,192 blocks of 512 bytes.
+    assert_eq!(freed, 8192, "{facts}");
 }
 
 /// Debian's fio, run in the guest (with its libraries).

@@ -29,6 +29,17 @@ pub fn kick_signal() -> libc::c_int {
 pub const BLKGETSIZE64: libc::c_ulong =
     vmm_sys_util::ioctl::ioctl_expr(vmm_sys_util::ioctl::_IOC_READ, 0x12, 114, 8);
 
+/// A block device's alignment offset in bytes (linux/fs.h: `_IO(0x12, 122)`), which libc
+/// lacks beside its `BLKPBSZGET`, `BLKIOMIN` and `BLKIOOPT`: a disk image's topology
+/// (`virtio::block::image`).
+pub const BLKALIGNOFF: libc::c_ulong =
+    vmm_sys_util::ioctl::ioctl_expr(vmm_sys_util::ioctl::_IOC_NONE, 0x12, 122, 0);
+
+/// Discard a byte range of a block device (linux/fs.h: `_IO(0x12, 119)`, two u64s: offset and
+/// length): virtio-blk's VIRTIO_BLK_T_DISCARD on a disk that is one (`virtio::block`).
+pub const BLKDISCARD: libc::c_ulong =
+    vmm_sys_util::ioctl::ioctl_expr(vmm_sys_util::ioctl::_IOC_NONE, 0x12, 119, 0);
+
 /// A system call a kind of thread may make, and with which arguments.
 #[derive(Clone, Debug)]
 pub(crate) struct Allowed {
@@ -203,6 +214,16 @@ fn device() -> Vec<Allowed> {
         sys!(SYS_preadv),
         sys!(SYS_pwritev),
         sys!(SYS_fsync),
+        // VIRTIO_BLK_T_DISCARD and VIRTIO_BLK_T_WRITE_ZEROES on a file: holes punched and
+        // ranges zeroed, never growing it (every mode the device uses keeps the size).
+        sys!(SYS_fallocate).only(
+            1,
+            [
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+            ]
+            .map(value),
+        ),
         // ... or on the disk's io_uring, made by the main thread and narrowed to vectored
         // reads and writes of that one file (`virtio::block::io`): submitting and waiting.
         sys!(SYS_io_uring_enter),
@@ -222,6 +243,8 @@ fn device() -> Vec<Allowed> {
                 // The tap's offloads set to what the driver takes, at DRIVER_OK, a restore
                 // and a reset (`virtio::net::tap`).
                 libc::TUNSETOFFLOAD,
+                // VIRTIO_BLK_T_DISCARD on a disk that is a block device.
+                BLKDISCARD,
             ],
         ),
     ]
@@ -429,8 +452,12 @@ fn building_machines() -> Vec<Allowed> {
                 // run created.
                 libc::SIOCGIFFLAGS,
                 libc::SIOCSIFFLAGS,
-                // A disk image's size, if it is a block device.
+                // A disk image's size and blocks, if it is a block device.
                 BLKGETSIZE64,
+                libc::BLKPBSZGET,
+                BLKALIGNOFF,
+                libc::BLKIOMIN,
+                libc::BLKIOOPT,
             ],
         ),
     ]

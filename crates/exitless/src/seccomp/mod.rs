@@ -28,7 +28,7 @@ use std::thread::{self, JoinHandle};
 use seccompiler::BpfProgram;
 
 use filters::allowed;
-pub use filters::{BLKGETSIZE64, kick_signal};
+pub use filters::{BLKALIGNOFF, BLKDISCARD, BLKGETSIZE64, kick_signal};
 pub use sigsys::EXIT_VIOLATION;
 
 /// The kinds of threads, each with its own filter.

@@ -1,10 +1,12 @@
-//! A disk image on the host: opened, checked, locked and sized before a virtio-blk device
-//! takes it.
+//! A disk image on the host: opened, checked, locked, sized and its blocks described before a
+//! virtio-blk device takes it.
 //!
 //! An image is a regular file or a block device; anything else (a directory, a character
 //! device such as `/dev/null`, a FIFO, a socket) is refused by name, and opening never blocks
 //! (a FIFO's `open(2)` waits for a writer unless `O_NONBLOCK` is given, fifo(7)). A block
-//! device's size comes from `BLKGETSIZE64`, a file's from its length.
+//! device's size comes from `BLKGETSIZE64`, a file's from its length; a block device's
+//! physical block and I/O sizes from its own ioctls, a file's from the host's page (see
+//! [`Topology`]).
 //!
 //! Images are locked as QEMU locks them (block/file-posix.c), so that two VMs, exitless or
 //! QEMU, never write one image at once: open file description locks (fcntl(2), "Open file
@@ -20,7 +22,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::host_file;
-use crate::seccomp::BLKGETSIZE64;
+use crate::seccomp::{BLKALIGNOFF, BLKGETSIZE64};
 
 /// QEMU's permissions on an image, by bit (include/block/block-common.h, `BLK_PERM_*`), with
 /// the names its messages give them.
@@ -84,7 +86,7 @@ pub enum ImageError {
         #[source]
         source: io::Error,
     },
-    /// Its size cannot be read.
+    /// Its size or its blocks' sizes cannot be read.
     #[error("cannot read the size of the disk {path}: {source}")]
     Size {
         /// The path.
@@ -104,16 +106,113 @@ pub struct DiskImage {
     pub bytes: u64,
     /// Whether the guest may only read it.
     pub read_only: bool,
+    /// Whether it is a block device (else a regular file): discarding differs (`BLKDISCARD`
+    /// against punching a hole).
+    pub block_device: bool,
+    /// Its blocks, as the host says.
+    pub topology: Topology,
+}
+
+/// The sizes a driver should align its I/O to (virtio 1.2 §5.2.4, `struct
+/// virtio_blk_topology`; Linux's `physical_block_size`, `alignment_offset`, `minimum_io_size`
+/// and `optimal_io_size` of a queue), in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Topology {
+    /// The smallest unit the host writes without reading around it: a power of two, at
+    /// least 512.
+    pub physical_block: u32,
+    /// Bytes from the start of the disk to its first physical-block boundary.
+    pub alignment_offset: u32,
+    /// The smallest I/O the host prefers.
+    pub min_io: u32,
+    /// The I/O size the host prefers at most, 0 if it says none.
+    pub optimal_io: u32,
+}
+
+/// The host's page: a file's image lives in the page cache, where a write of part of a page
+/// not cached makes the kernel read the rest of it first.
+const HOST_PAGE: u32 = 4096;
+
+impl Topology {
+    /// A regular file's: the page cache's page, or the file system's block if smaller.
+    fn of_file(meta: &Metadata) -> Self {
+        let block = u32::try_from(meta.blksize()).unwrap_or(HOST_PAGE);
+        Self::clamped(block.min(HOST_PAGE), 0, block.min(HOST_PAGE), 0)
+    }
+
+    /// What a block device says of itself (`BLKPBSZGET`, `BLKALIGNOFF`, `BLKIOMIN`,
+    /// `BLKIOOPT`: linux/fs.h), made sane: a device that reports nonsense gets 512-byte
+    /// blocks rather than a refused disk.
+    fn of_block_device(file: &File) -> io::Result<Self> {
+        let get = |request| -> io::Result<u32> {
+            let mut value: libc::c_uint = 0;
+            // SAFETY: each of these ioctls writes one int (unsigned but for BLKALIGNOFF,
+            // whose -1 "misaligned" reads as a huge offset and is refused below) to the
+            // variable passed, which outlives the call.
+            let ret = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(file, request, &mut value) };
+            if ret < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(value)
+        };
+        Ok(Self::clamped(
+            get(libc::BLKPBSZGET)?,
+            get(BLKALIGNOFF)?,
+            get(libc::BLKIOMIN)?,
+            get(libc::BLKIOOPT)?,
+        ))
+    }
+
+    /// The topology these sizes give, each made one virtio-blk's configuration can carry (a
+    /// physical block of 2^0..2^255 sectors, an offset of under 256 sectors inside it, a
+    /// minimum of at most 65,535 sectors): what it cannot carry is left at 512 or 0.
+    fn clamped(physical: u32, alignment_offset: u32, min_io: u32, optimal_io: u32) -> Self {
+        let sector = 512;
+        let physical_block = if physical.is_power_of_two() && physical >= sector {
+            physical
+        } else {
+            sector
+        };
+        let whole = |bytes: u32, most: u32| {
+            if bytes.is_multiple_of(sector) && bytes / sector <= most {
+                bytes
+            } else {
+                0
+            }
+        };
+        Topology {
+            physical_block,
+            alignment_offset: whole(alignment_offset % physical_block, u32::from(u8::MAX)),
+            min_io: match whole(min_io, u32::from(u16::MAX)) {
+                0 => physical_block,
+                n => n,
+            },
+            optimal_io: whole(optimal_io, u32::MAX),
+        }
+    }
 }
 
 impl DiskImage {
     /// `file`, opened already (read-only if `read_only`), sized: no kind checks, no locks.
     pub fn from_file(file: File, read_only: bool) -> io::Result<Self> {
-        let bytes = size(&file, &file.metadata()?)?;
+        let meta = file.metadata()?;
+        Self::described(file, &meta, read_only)
+    }
+
+    /// The image of `file`, whose metadata is `meta`: its size and blocks read.
+    fn described(file: File, meta: &Metadata, read_only: bool) -> io::Result<Self> {
+        let block_device = meta.file_type().is_block_device();
+        let topology = if block_device {
+            Topology::of_block_device(&file)?
+        } else {
+            Topology::of_file(meta)
+        };
         Ok(DiskImage {
+            bytes: size(&file, meta)?,
             file,
-            bytes,
             read_only,
+            block_device,
+            topology,
         })
     }
 }
@@ -167,16 +266,13 @@ impl Images {
         if locking {
             lock(&file, read_only, path)?;
         }
-        let bytes = size(&file, &meta).map_err(|source| ImageError::Size {
-            path: path.into(),
-            source,
-        })?;
+        let image =
+            DiskImage::described(file, &meta, read_only).map_err(|source| ImageError::Size {
+                path: path.into(),
+                source,
+            })?;
         self.opened.push((id, path.into()));
-        Ok(DiskImage {
-            file,
-            bytes,
-            read_only,
-        })
+        Ok(image)
     }
 }
 
@@ -313,5 +409,30 @@ fn test_byte(file: &File, byte: i64) -> Result<(), LockFault> {
         Ok(())
     } else {
         Err(LockFault::Held(permission(byte)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Topology;
+
+    #[test]
+    fn a_topology_keeps_what_virtio_blk_can_carry_and_drops_the_rest() {
+        let t = |p, a, m, o| Topology::clamped(p, a, m, o);
+        let topology = |physical_block, alignment_offset, min_io, optimal_io| Topology {
+            physical_block,
+            alignment_offset,
+            min_io,
+            optimal_io,
+        };
+        // A 4Kn-style disk with a RAID stripe.
+        assert_eq!(t(4096, 0, 4096, 1 << 20), topology(4096, 0, 4096, 1 << 20));
+        // Not a power of two, or under a sector: 512-byte blocks.
+        assert_eq!(t(3000, 0, 0, 0), topology(512, 0, 512, 0));
+        assert_eq!(t(256, 0, 0, 0), topology(512, 0, 512, 0));
+        // BLKALIGNOFF's -1 (misaligned), an offset of part of a sector, sizes of part of one.
+        assert_eq!(t(4096, u32::MAX, 100, 700), topology(4096, 0, 4096, 0));
+        // An offset inside the block (in sectors), a minimum past u16 sectors.
+        assert_eq!(t(4096, 3 * 512, 64 << 20, 0), topology(4096, 1536, 4096, 0));
     }
 }

@@ -14,11 +14,13 @@ use std::sync::Arc;
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
-    VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, virtio_blk_outhdr,
+    VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
+    VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES, virtio_blk_outhdr,
 };
 
+use super::discard::{self, Eraser, Kind, Range};
 use super::io::{Direction, Ring, move_now};
-use super::{QUEUE_SIZE, SECTOR_SIZE};
+use super::{DiskImage, QUEUE_SIZE, SECTOR_SIZE};
 use crate::dma::{Access, DmaContext, DmaError, IOV_MAX, Segments};
 use crate::guest_error;
 use crate::logging::{Cause, DeviceLog, QueueCounters};
@@ -49,6 +51,11 @@ pub struct BlockQueues {
     /// of earlier passes' (reused).
     flights: Vec<Flight>,
     started: usize,
+    /// Discards and writes of zeroes: how they are carried out here, and the segments of the
+    /// one being served, raw and checked.
+    eraser: Eraser,
+    segments: Vec<u8>,
+    ranges: Vec<Range>,
 }
 
 /// A read or write started on the ring, answered at the end of its pass.
@@ -97,13 +104,10 @@ impl BlockQueues {
     /// VIRTIO_BLK_T_GET_ID with the first 20 bytes of `serial`.
     /// Its data moves on an io_uring if `io_uring` and the kernel makes one (else, said
     /// once, a request at a time).
-    pub(super) fn new(
-        disk: File,
-        sectors: u64,
-        read_only: bool,
-        serial: &[u8],
-        io_uring: bool,
-    ) -> Self {
+    pub(super) fn new(disk: DiskImage, serial: &[u8], io_uring: bool) -> Self {
+        let (sectors, read_only) = (disk.bytes / SECTOR_SIZE, disk.read_only);
+        let eraser = Eraser::new(disk.block_device);
+        let disk = disk.file;
         let ring = io_uring
             .then(|| Ring::new(&disk, !read_only, u32::from(QUEUE_SIZE)))
             .and_then(|made| {
@@ -127,6 +131,9 @@ impl BlockQueues {
             io: Segments::default(),
             flights: Vec::new(),
             started: 0,
+            eraser,
+            segments: Vec::new(),
+            ranges: Vec::new(),
         }
     }
 
@@ -218,6 +225,8 @@ impl BlockQueues {
                 self.disk.sync_all().map_err(|e| host_error(log, &e))?;
                 Ok(Answer::Now(0))
             }
+            VIRTIO_BLK_T_DISCARD => self.erase(Kind::Discard, c, data_out, dma, log),
+            VIRTIO_BLK_T_WRITE_ZEROES => self.erase(Kind::WriteZeroes, c, data_out, dma, log),
             VIRTIO_BLK_T_GET_ID => {
                 // 20 bytes, without a NUL when the string fills them (§5.2.6); a shorter
                 // buffer takes what fits.
@@ -230,6 +239,38 @@ impl BlockQueues {
                 Err(Refused::Status(VIRTIO_BLK_S_UNSUPP))
             }
         }
+    }
+
+    /// Discard, or write zeroes on, the ranges of `c`'s `len` data bytes (§5.2.6), every
+    /// segment checked before any is carried out, after the writes started before it.
+    fn erase(
+        &mut self,
+        kind: Kind,
+        c: &Chain,
+        len: u64,
+        dma: &DmaContext,
+        log: &DeviceLog,
+    ) -> Result<Answer, Refused> {
+        // §5.2.6.2: a read-only disk writes nothing (neither is offered on one).
+        if self.read_only {
+            guest_error!(
+                log,
+                "virtio-blk: discard or write-zeroes on a read-only disk"
+            );
+            return Err(Refused::Status(VIRTIO_BLK_S_IOERR));
+        }
+        let count = discard::segment_count(kind, len, log).map_err(Refused::Status)?;
+        self.segments.resize(count * discard::SEGMENT_LEN, 0);
+        read_at(&c.readable, HEADER_LEN as u64, &mut self.segments, dma)?;
+        discard::parse(kind, &self.segments, self.capacity, log, &mut self.ranges)
+            .map_err(Refused::Status)?;
+        self.finish_started(log);
+        for &range in &self.ranges {
+            self.eraser
+                .erase(&self.disk, kind, range, log)
+                .map_err(|e| host_error(log, &e))?;
+        }
+        Ok(Answer::Now(0))
     }
 
     /// The file offset of `len` bytes from `sector`, if they are whole sectors inside the disk

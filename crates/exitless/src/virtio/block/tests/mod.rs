@@ -11,9 +11,12 @@ use crate::dma::DmaContext;
 use crate::logging::{DeviceLog, ErrorTotals};
 use crate::virtio::device::{DeviceHealth, Notification};
 use crate::virtio::engine::QueueEngine;
+use std::os::unix::fs::MetadataExt;
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_F_MQ, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH,
-    VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_SIZE_MAX,
+    VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
+    VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
+    VIRTIO_BLK_T_OUT,
 };
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::RawDescriptor;
@@ -313,7 +316,7 @@ fn unknown_types_are_unsupported_and_short_headers_ioerr() {
     let (mem, disk) = (memory(), TempDisk::new(DISK));
     let vq = MockSplitQueue::create(&mem, GuestAddress(0x1000), QSIZE);
     let (mut engine, _, log) = engine(&disk, false, &vq, &mem);
-    request(&mem, &vq, 11, 0, &[status_desc()]); // VIRTIO_BLK_T_DISCARD: not offered
+    request(&mem, &vq, 14, 0, &[status_desc()]); // VIRTIO_BLK_T_SECURE_ERASE: not offered
     engine.process(0);
     assert_eq!(answer(&mem, &vq, 0), (VIRTIO_BLK_S_UNSUPP, 1));
     // An 8-byte header.
@@ -352,30 +355,68 @@ fn a_chain_without_a_status_byte_completes_unanswered_and_a_malformed_one_breaks
 }
 
 #[test]
-fn the_configuration_space_holds_capacity_seg_max_blk_size_and_num_queues() {
+fn the_configuration_space_holds_what_the_device_offers() {
     let disk = TempDisk::new(DISK + 511);
-    let image = || DiskImage::from_file(disk.open(true), true).unwrap();
-    let (blk, _) = VirtioBlock::new(image(), b"", 1, true);
-    let mut config = [0xffu8; 40];
+    let image = |read_only| DiskImage::from_file(disk.open(read_only), read_only).unwrap();
+    let (blk, _) = VirtioBlock::new(image(true), b"", 1, true);
+    let mut config = [0xffu8; 64];
     blk.read_config(0, &mut config);
+    let u32_at = |at: usize| u32::from_le_bytes(config[at..at + 4].try_into().unwrap());
     assert_eq!(config[..8], 8u64.to_le_bytes(), "whole sectors only");
-    assert_eq!(config[12..16], SEG_MAX.to_le_bytes());
-    assert_eq!(config[20..24], 512u32.to_le_bytes());
+    assert_eq!(u32_at(8), 16 << 20, "size_max");
+    assert_eq!(u32_at(12), SEG_MAX, "seg_max");
+    assert_eq!(config[16..20], [0; 4], "geometry: not offered");
+    assert_eq!(u32_at(20), 512, "blk_size");
+    // A file's topology: the host's page (4 KiB) or the file system's smaller block.
+    let page = disk.open(true).metadata().unwrap().blksize().min(4096) as u32;
     assert_eq!(
-        config[24..34],
-        [0; 10],
-        "topology and writeback: not offered"
+        config[24],
+        (page / 512).trailing_zeros() as u8,
+        "physical_block_exp"
     );
+    assert_eq!(config[25], 0, "alignment_offset");
+    assert_eq!(
+        config[26..28],
+        (page as u16 / 512).to_le_bytes(),
+        "min_io_size"
+    );
+    assert_eq!(u32_at(28), 0, "opt_io_size: none said");
+    assert_eq!(config[32..34], [0, 0], "writeback: not offered");
     assert_eq!(config[34..36], 1u16.to_le_bytes());
-    assert_eq!(config[36..], [0; 4], "past the end reads zero");
+    assert_eq!(u32_at(36), 1 << 17, "max_discard_sectors: 64 MiB");
+    assert_eq!(u32_at(40), 256, "max_discard_seg");
+    assert_eq!(u32_at(44), page / 512, "discard_sector_alignment");
+    assert_eq!(u32_at(48), 1 << 17, "max_write_zeroes_sectors");
+    assert_eq!(u32_at(52), 1, "max_write_zeroes_seg");
+    assert_eq!(config[56], 1, "write_zeroes_may_unmap");
+    assert_eq!(config[57..60], [0; 3]);
+    assert_eq!(config[60..], [0; 4], "past the end reads zero");
     assert_eq!(blk.device_type(), 2);
-    assert_ne!(blk.features() & 1 << VIRTIO_BLK_F_RO, 0);
-    assert_eq!(blk.features() & 1 << VIRTIO_BLK_F_MQ, 0, "one queue: no MQ");
+    let offered = |blk: &VirtioBlock, bit: u32| blk.features() & 1 << bit != 0;
+    assert!(offered(&blk, VIRTIO_BLK_F_RO));
+    assert!(!offered(&blk, VIRTIO_BLK_F_MQ), "one queue: no MQ");
+    for bit in [
+        VIRTIO_BLK_F_SIZE_MAX,
+        VIRTIO_BLK_F_TOPOLOGY,
+        VIRTIO_BLK_F_FLUSH,
+    ] {
+        assert!(offered(&blk, bit), "bit {bit}");
+    }
+    for bit in [VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_WRITE_ZEROES] {
+        assert!(
+            !offered(&blk, bit),
+            "a read-only disk erases nothing: bit {bit}"
+        );
+    }
     assert_eq!(blk.queue_max_sizes(), vec![QUEUE_SIZE]);
-    let (four, _) = VirtioBlock::new(image(), b"", 4, true);
+    let (four, _) = VirtioBlock::new(image(false), b"", 4, true);
     four.read_config(34, &mut config[..2]);
     assert_eq!(config[..2], 4u16.to_le_bytes());
-    assert_ne!(four.features() & 1 << VIRTIO_BLK_F_MQ, 0);
+    assert!(offered(&four, VIRTIO_BLK_F_MQ));
+    assert!(!offered(&four, VIRTIO_BLK_F_RO));
+    for bit in [VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_WRITE_ZEROES] {
+        assert!(offered(&four, bit), "bit {bit}");
+    }
     assert_eq!(four.queue_max_sizes(), vec![QUEUE_SIZE; 4]);
 }
 
@@ -456,13 +497,12 @@ fn a_buffer_straddling_a_region_boundary_is_read_and_written_whole() {
 /// The queue work on `disk` with its data moving on an io_uring (`ring`; None if the kernel
 /// refuses one here, said on stdout) or one request at a time.
 fn handler(disk: &TempDisk, ring: bool) -> Option<BlockQueues> {
-    let file = disk.open(false);
-    let sectors = file.metadata().unwrap().len() / SECTOR_SIZE;
+    let image = DiskImage::from_file(disk.open(false), false).unwrap();
     if !ring {
-        return Some(BlockQueues::new(file, sectors, false, b"batch", false));
+        return Some(BlockQueues::new(image, b"batch", false));
     }
-    match super::io::Ring::new(&file, true, u32::from(QUEUE_SIZE)) {
-        Ok(_) => Some(BlockQueues::new(file, sectors, false, b"batch", true)),
+    match super::io::Ring::new(&image.file, true, u32::from(QUEUE_SIZE)) {
+        Ok(_) => Some(BlockQueues::new(image, b"batch", true)),
         Err(e) => {
             println!("skipped with a ring: no io_uring here ({e})");
             None
@@ -577,3 +617,5 @@ fn a_read_the_file_cannot_give_is_answered_ioerr_as_the_backends_error() {
         assert_eq!((errors.guest, errors.backend), (0, 1), "ring: {ring}");
     }
 }
+
+mod discard;
