@@ -1,7 +1,8 @@
 //! vhost-user devices under Linux's own drivers: a virtio-blk disk served by qemu-storage-daemon
 //! (an ext2 file system made, written and read back in the guest, read on the host from the
 //! image the daemon wrote) and a virtio-net card served by DPDK's testpmd, whose icmpecho
-//! forwarding answers the guest's ARP and ping. Both backends run beside exitless in the lab,
+//! forwarding answers the guest's ARP and ping; each backend's features (the disk's, the card's
+//! offloads) reach Linux's driver. Both backends run beside exitless in the lab,
 //! started by the job as `exitless_peer::backends` starts them for the other tests.
 
 use std::ffi::OsString;
@@ -49,6 +50,8 @@ fn linux_drives_a_vhost_user_disk_on_qemu_storage_daemon_and_a_card_on_testpmd()
     let script = format!(
         r#"{fs}
 echo "GUEST disks $(ls /sys/block | grep -c ^vd)"
+echo "GUEST blk_features $(cat /sys/block/vda/device/features)"
+echo "GUEST net_features $(cat /sys/class/net/eth0/device/features)"
 fs vda
 ip link set eth0 up && ip addr add 10.0.4.15/24 dev eth0
 ping -c 3 -W 10 10.0.4.1 > /tmp/ping 2>&1
@@ -91,6 +94,24 @@ echo "GUEST ping_replies $(grep -c 'bytes from' /tmp/ping)"
     run.expect("disks", "1");
     run.expect("vda_readback", CONTENT);
     run.expect("ping_replies", "3");
+    // The backends' own features passed through and taken by Linux's drivers: the disk's
+    // (qemu-storage-daemon's SIZE_MAX 1, SEG_MAX 2, BLK_SIZE 6, FLUSH 9, TOPOLOGY 10, DISCARD
+    // 13, WRITE_ZEROES 14) and the card's offloads (testpmd's CSUM 0, GUEST_CSUM 1, GUEST_TSO4
+    // 7, GUEST_TSO6 8, MRG_RXBUF 15) beside exitless's MAC 5 and STATUS 16.
+    for (key, bits) in [
+        ("blk_features", &[1, 2, 6, 9, 10, 13, 14][..]),
+        ("net_features", &[0, 1, 5, 7, 8, 15, 16][..]),
+    ] {
+        let features = run.value(key).unwrap_or_default();
+        let missing: Vec<_> = bits
+            .iter()
+            .filter(|&&bit| features.as_bytes().get(bit) != Some(&b'1'))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{key}: bits {missing:?} not negotiated: {features}"
+        );
+    }
     assert_eq!(
         debugfs_cat(&image, "/hello"),
         CONTENT,
