@@ -314,7 +314,13 @@ impl Machine {
     pub fn run_vcpus(&self, vcpus: vcpus::Vcpus, timeout: Duration) -> Result<Ran, MachineError> {
         let tsc_khz = vcpus.tsc_khz();
         let end = vcpus
-            .run(&self.io, &self.counters, &self.control, timeout)
+            .run(
+                &self.io,
+                &self.counters,
+                &self.control,
+                self.vm.memory(),
+                timeout,
+            )
             .map_err(host_err("spawn a vCPU thread"))?;
         Ok(Ran { end, tsc_khz })
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::signal::Killable;
 
 use crate::bus::IoBuses;
@@ -13,7 +14,7 @@ use crate::machine::loader::{EntryState, Loader};
 use crate::seccomp::{self, ThreadKind};
 use crate::vm::cpuid::CpuTemplate;
 use crate::vm::run_control::{RunControl, RunEvent, StopReason};
-use crate::vm::state::VcpuState;
+use crate::vm::state::{VcpuState, walk};
 use crate::vm::vcpu::{self, Vcpu};
 use crate::vm::{Vm, VmError};
 
@@ -87,11 +88,13 @@ impl Vcpus {
     /// Run every vCPU on its own thread until `control` stops the run or `timeout` passes,
     /// then stop, kick and join them all. Fails only if a thread could not start (the ones
     /// that did are still stopped and joined).
+    /// `memory` is guest RAM, read only for the report on a run that hung.
     pub fn run(
         self,
         io: &Arc<IoBuses>,
         counters: &Arc<ExitCounters>,
         control: &Arc<RunControl>,
+        memory: &GuestMemoryMmap,
         timeout: Duration,
     ) -> Result<RunEnd, std::io::Error> {
         control.set_vcpus(self.count());
@@ -112,11 +115,11 @@ impl Vcpus {
         let reason = match wait_and_put_to_sleep(&threads, control, timeout) {
             Ended::Stopped(reason) => Some(reason),
             Ended::TimedOut => {
-                report_where(&threads, control, "at the timeout");
+                report_where(&threads, control, memory, "at the timeout");
                 None
             }
             Ended::Quit => {
-                report_where(&threads, control, "on SIGQUIT");
+                report_where(&threads, control, memory, "on SIGQUIT");
                 Some(StopReason::Signal(libc::SIGQUIT))
             }
         };
@@ -184,7 +187,14 @@ const REPORT_DEADLINE: Duration = Duration::from_secs(2);
 /// guest that hangs (halted with nothing to wake it, or looping at one place) can be told from
 /// a host whose KVM never gave a vCPU back (one that a kick does not bring out of `KVM_RUN`).
 /// The vCPUs are paused for it, as for a snapshot; the run is ending, so nothing resumes them.
-fn report_where(threads: &[JoinHandle<()>], control: &RunControl, when: &str) {
+/// Where RIP and RSP are in guest memory, through the guest's page tables, comes with each: a
+/// RIP on a page the guest unmapped tells a jump into freed memory from a fault never taken.
+fn report_where(
+    threads: &[JoinHandle<()>],
+    control: &RunControl,
+    memory: &GuestMemoryMmap,
+    when: &str,
+) {
     if control.sleep().asleep() || control.pause().request().is_err() {
         log::warn!("{when} the machine was asleep (S3) or paused");
         return;
@@ -204,9 +214,11 @@ fn report_where(threads: &[JoinHandle<()>], control: &RunControl, when: &str) {
         Ok(states) => {
             for (i, state) in states.iter().enumerate() {
                 log::warn!(
-                    "{when} vCPU {i} was {} {}",
+                    "{when} vCPU {i} was {} {}; RIP {}; RSP {}",
                     mp_state_name(state.mp_state.mp_state),
-                    state.summary()
+                    state.summary(),
+                    walk::describe(memory, &state.sregs, state.regs.rip, 16),
+                    walk::describe(memory, &state.sregs, state.regs.rsp, 16),
                 );
             }
         }

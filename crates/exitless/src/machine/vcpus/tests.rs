@@ -39,13 +39,14 @@ fn counting_vcpus(backing: RamBacking) -> (Vm, Vcpus) {
 }
 
 /// Run `vcpus` on their threads, as a machine does, until the returned control stops them.
-fn running(vcpus: Vcpus) -> (Arc<RunControl>, JoinHandle<Result<RunEnd, std::io::Error>>) {
+fn running(vm: &Vm, vcpus: Vcpus) -> (Arc<RunControl>, JoinHandle<Result<RunEnd, std::io::Error>>) {
     let control = Arc::new(RunControl::default());
     let counters = Arc::new(ExitCounters::new(0));
     let io = Arc::new(IoBuses::default());
+    let memory = vm.memory().clone();
     let run = {
         let control = control.clone();
-        thread::spawn(move || vcpus.run(&io, &counters, &control, Duration::from_secs(60)))
+        thread::spawn(move || vcpus.run(&io, &counters, &control, &memory, Duration::from_secs(60)))
     };
     (control, run)
 }
@@ -94,7 +95,7 @@ fn states_of_another_vcpu_count_are_refused_before_any_is_set() {
 #[test]
 fn a_paused_machine_gives_every_vcpu_state_and_a_fresh_one_goes_on_from_them() {
     let (vm, vcpus) = counting_vcpus(RamBacking::Private);
-    let (control, run) = running(vcpus);
+    let (control, run) = running(&vm, vcpus);
     while counts(&vm).iter().any(|&c| c < 100) {
         thread::sleep(Duration::from_millis(1));
     }
@@ -137,7 +138,7 @@ fn a_paused_machine_gives_every_vcpu_state_and_a_fresh_one_goes_on_from_them() {
     let vcpus = Vcpus::create(&vm, 2, &CpuTemplate::default()).unwrap();
     vcpus.set_states(&states).unwrap();
     vm.restore_state(&vm_state).unwrap();
-    let (control, run) = running(vcpus);
+    let (control, run) = running(&vm, vcpus);
     // Each goes on from its count (a vCPU started afresh would count from 1 again).
     loop {
         let now = counts(&vm);

@@ -43,11 +43,12 @@ impl VcpuState {
     pub fn summary(&self) -> String {
         let events = &self.events;
         let mut line = format!(
-            "at RIP {:#x}, RSP {:#x}, RFLAGS {:#x}, CR3 {:#x}; NMI masked {}, pending {}, injected {}",
+            "at RIP {:#x}, RSP {:#x}, RFLAGS {:#x}, CR3 {:#x}, CR2 {:#x}; NMI masked {}, pending {}, injected {}",
             self.regs.rip,
             self.regs.rsp,
             self.regs.rflags,
             self.sregs.cr3,
+            self.sregs.cr2,
             events.nmi.masked,
             events.nmi.pending,
             events.nmi.injected,
@@ -58,8 +59,28 @@ impl VcpuState {
         if events.interrupt.shadow != 0 {
             line += &format!("; interrupt shadow {:#x}", events.interrupt.shadow);
         }
-        if events.exception.injected != 0 || events.exception.pending != 0 {
-            line += &format!("; exception {} pending or injected", events.exception.nr);
+        let exception = &events.exception;
+        if exception.injected != 0 || exception.pending != 0 {
+            // KVM_GET_VCPU_EVENTS (api.rst): a pending exception is not yet delivered (with
+            // KVM_CAP_EXCEPTION_PAYLOAD its payload, a page fault's CR2, not yet written);
+            // an injected one is being delivered.
+            line += &format!(
+                "; exception {} pending or injected ({}, error code {})",
+                exception.nr,
+                if exception.pending != 0 {
+                    "pending"
+                } else {
+                    "injected"
+                },
+                if exception.has_error_code != 0 {
+                    format!("{:#x}", exception.error_code)
+                } else {
+                    "none".into()
+                },
+            );
+            if events.exception_has_payload != 0 {
+                line += &format!(", payload {:#x}", events.exception_payload);
+            }
         }
         let regs = &self.lapic.regs;
         line += &format!(
@@ -122,5 +143,24 @@ mod tests {
             "{line}"
         );
         assert!(!line.contains("being injected"), "{line}");
+    }
+
+    #[test]
+    fn a_pending_page_fault_says_its_error_code_and_payload() {
+        let line = state(|s| {
+            s.sregs.cr2 = 0x1234;
+            let e = &mut s.events;
+            (e.exception.pending, e.exception.nr) = (1, 14);
+            (e.exception.has_error_code, e.exception.error_code) = (1, 0x10);
+            (e.exception_has_payload, e.exception_payload) = (1, 0xffff_ffff_c071_320c);
+        })
+        .summary();
+        assert!(line.contains(", CR2 0x1234;"), "{line}");
+        assert!(
+            line.contains(
+                "; exception 14 pending or injected (pending, error code 0x10), payload 0xffffffffc071320c;"
+            ),
+            "{line}"
+        );
     }
 }

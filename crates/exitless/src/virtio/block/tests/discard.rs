@@ -15,9 +15,12 @@ use super::{DATA, QSIZE, TempDisk, answer, engine, memory, request, status_desc}
 /// 64 sectors: 8 pages, so that page-aligned ranges can be punched whole.
 const SECTORS: u64 = 64;
 
+/// A segment: first sector, sectors, flags.
+type Segment = (u64, u32, u32);
+
 /// Segments (`struct virtio_blk_discard_write_zeroes`: sector, sectors, flags) written at DATA,
 /// and the data buffer that holds them.
-fn segments(mem: &GuestMemoryMmap, segs: &[(u64, u32, u32)]) -> (u64, u32, u32) {
+fn segments(mem: &GuestMemoryMmap, segs: &[Segment]) -> (u64, u32, u32) {
     let bytes: Vec<u8> = segs
         .iter()
         .flat_map(|&(sector, n, flags)| {
@@ -39,7 +42,7 @@ fn erase(
     vq: &MockSplitQueue<'_, GuestMemoryMmap>,
     engine: &mut crate::virtio::engine::QueueEngine,
     kind: u32,
-    segs: &[(u64, u32, u32)],
+    segs: &[Segment],
 ) -> (u32, u32) {
     let at = usize::from(vq.avail().idx().load());
     let data = segments(mem, segs);
@@ -128,7 +131,7 @@ fn malformed_discards_and_writes_of_zeroes_are_refused_before_anything_is_erased
     let (unmap, ok) = (VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP, (8, 8, 0));
     let (discard, zeroes) = (VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES);
     let many: Vec<_> = (0..257).map(|k| (k % SECTORS, 1, 0)).collect();
-    let cases: [(u32, Vec<(u64, u32, u32)>, u32); 9] = [
+    let cases: [(u32, Vec<Segment>, u32); 9] = [
         // §5.2.6: unmap on a discard, or any unknown flag: UNSUPP.
         (discard, vec![ok, (16, 8, unmap)], VIRTIO_BLK_S_UNSUPP),
         (zeroes, vec![(16, 8, 2)], VIRTIO_BLK_S_UNSUPP),
