@@ -96,7 +96,7 @@ pub const BOOT_LIMIT_S: u32 = 150;
 /// run can end on that the guest did not ask for, run again in the nested lab: it hung before
 /// its `/init` (stopped by `watch_boot` after [`BOOT_LIMIT_S`] with the VMM's signal, exitless's SIGQUIT making it say
 /// where its vCPUs were first, leaving `NAME.hung`; seen
-/// under exitless now and then, an open defect not shown to be the lab's: docs/linux-lab.md);
+/// under exitless now and then: the lab's nested SVM, docs/linux-lab.md);
 /// exitless's line for a triple fault; under
 /// QEMU (`-no-reboot`), an exit 0 with neither the script done nor a reboot, power-off or panic
 /// of the guest's kernel, which is how QEMU ends a triple fault under KVM (a reset, as a reboot
@@ -340,8 +340,9 @@ const FAULT_ATTEMPTS: u32 = 3;
 /// the console, and what happened. A fault is exitless's report of a triple fault (`vCPU N shut
 /// down (a triple fault)`), which the nested lab's guests do under QEMU too; a hang before
 /// `/init` (`watch_boot` left `NAME.hung`); or a vCPU wedged on a page fault KVM never
-/// delivers (exitless's report at SIGQUIT or the timeout shows it), an open defect seen at boot
-/// and after, with and without pauses (docs/linux-lab.md), run again as a boot hang is.
+/// delivers (exitless's report at SIGQUIT or the timeout shows it), seen at boot and after,
+/// with and without pauses: the outer VM's own registers stored as the guest's at `vmrun`
+/// (docs/linux-lab.md, "The wedged vCPU"), run again as a boot hang is.
 fn job_fault(dir: &Path) -> Option<(PathBuf, String)> {
     let mut consoles: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
@@ -353,7 +354,7 @@ fn job_fault(dir: &Path) -> Option<(PathBuf, String)> {
     consoles.iter().find_map(|path| {
         if path.with_extension("hung").exists() {
             let fault = format!(
-                "{}: the guest did not reach its /init within {BOOT_LIMIT_S} s (an open defect, docs/linux-lab.md)",
+                "{}: the guest did not reach its /init within {BOOT_LIMIT_S} s, as the nested lab's guests do now and then (docs/linux-lab.md)",
                 path.display()
             );
             return Some((path.clone(), fault));
@@ -363,7 +364,7 @@ fn job_fault(dir: &Path) -> Option<(PathBuf, String)> {
             let line = &text[text[..at].rfind('\n').map_or(0, |n| n + 1)..at];
             let vcpu = line.rsplit("vCPU ").next()?.split(' ').next()?;
             let fault = format!(
-                "{}: vCPU {vcpu} sat on a page fault KVM did not deliver (an open defect: docs/linux-lab.md)",
+                "{}: vCPU {vcpu} sat on a page fault KVM did not deliver, the outer VM's registers in its place (the nested lab's defect: docs/linux-lab.md)",
                 path.display()
             );
             return Some((path.clone(), fault));

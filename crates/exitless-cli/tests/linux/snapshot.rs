@@ -246,15 +246,17 @@ const SHORT_PAUSE_S: f64 = 0.3;
 /// wherever the guest is, now and then between the two exits of one access (an MMIO access
 /// KVM splits). Before exitless served the second of those exits on pausing, every run of
 /// this case in the nested lab ended on a wedged vCPU (a page fault KVM never delivered, at a
-/// bad RIP) or a triple fault (3 runs of 3; with the fix 3 of 3 passed, then one wedged in CI:
-/// the wedge has another cause, open).
+/// bad RIP) or a triple fault (3 runs of 3). With the fix it still provokes the lab's own
+/// defect (the outer VM's registers stored as vCPU 1's at `vmrun`: docs/linux-lab.md) in 4
+/// attempts of 9, which the job's retries absorbed, but too often for CI.
 #[test]
 #[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
 fn linux_mid_io_survives_forty_pauses() {
-    // It reproduces the open wedge (docs/linux-lab.md): failed in CI after the fix, so it runs
-    // only when asked for, not in CI, until that is found.
-    if std::env::var_os("EXITLESS_LAB_OPEN_DEFECTS").is_none() {
-        println!("pauses: skipped (EXITLESS_LAB_OPEN_DEFECTS=1 runs it: an open defect)");
+    // Only when asked for: three faulted attempts in a row would fail CI about once in 11.
+    if std::env::var_os("EXITLESS_LAB_PAUSE_STORM").is_none() {
+        println!(
+            "pauses: skipped (EXITLESS_LAB_PAUSE_STORM=1 runs it; it provokes the nested lab's own defect too often for CI)"
+        );
         return;
     }
     // 60 MiB at 8 Mbit/s: a minute of I/O, past the last pause.
