@@ -214,8 +214,9 @@ fn device() -> Vec<Allowed> {
         sys!(SYS_preadv),
         sys!(SYS_pwritev),
         sys!(SYS_fsync),
-        // VIRTIO_BLK_T_DISCARD and VIRTIO_BLK_T_WRITE_ZEROES on a file: holes punched and
-        // ranges zeroed, never growing it (every mode the device uses keeps the size).
+        // VIRTIO_BLK_T_DISCARD on a file and VIRTIO_BLK_T_WRITE_ZEROES on a file or a block
+        // device: holes punched and ranges zeroed, never growing it (both modes the device
+        // uses keep the size).
         sys!(SYS_fallocate).only(
             1,
             [

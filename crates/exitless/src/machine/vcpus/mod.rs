@@ -14,7 +14,7 @@ use crate::machine::loader::{EntryState, Loader};
 use crate::seccomp::{self, ThreadKind};
 use crate::vm::cpuid::CpuTemplate;
 use crate::vm::run_control::{RunControl, RunEvent, StopReason};
-use crate::vm::state::{VcpuState, walk};
+use crate::vm::state::VcpuState;
 use crate::vm::vcpu::{self, Vcpu};
 use crate::vm::{Vm, VmError};
 
@@ -214,11 +214,10 @@ fn report_where(
         Ok(states) => {
             for (i, state) in states.iter().enumerate() {
                 log::warn!(
-                    "{when} vCPU {i} was {} {}; RIP {}; RSP {}",
+                    "{when} vCPU {i} was {} {}; {}",
                     mp_state_name(state.mp_state.mp_state),
                     state.summary(),
-                    walk::describe(memory, &state.sregs, state.regs.rip, 16),
-                    walk::describe(memory, &state.sregs, state.regs.rsp, 16),
+                    state.in_memory(memory),
                 );
             }
         }

@@ -98,8 +98,9 @@ pub(super) fn segment_count(kind: Kind, len: u64, log: &DeviceLog) -> Result<usi
 
 /// The segments of a `kind` request, whose data (whole segments, as many as
 /// [`segment_count`] allows) is `data`, checked against a disk of `capacity` bytes: UNSUPP for
-/// a flag the request may not have (`unmap` on a discard, any unknown bit), IOERR for a
-/// segment larger than offered or outside the disk.
+/// a flag the request may not have (`unmap` on a discard, any unknown bit) in any segment,
+/// whatever else is wrong (§5.2.6.2 makes it a MUST); then IOERR for a segment larger than
+/// offered or outside the disk.
 pub(super) fn parse(
     kind: Kind,
     data: &[u8],
@@ -109,21 +110,24 @@ pub(super) fn parse(
 ) -> Result<(), Status> {
     out.clear();
     let name = kind.name();
-    for raw in data.chunks_exact(SEGMENT_LEN) {
+    let allowed = match kind {
+        Kind::Discard => 0,
+        Kind::WriteZeroes => VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
+    };
+    let segments = data.chunks_exact(SEGMENT_LEN).map(|raw| {
         let sector = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes"));
         let sectors = u32::from_le_bytes(raw[8..12].try_into().expect("4 bytes"));
         let flags = u32::from_le_bytes(raw[12..].try_into().expect("4 bytes"));
-        let allowed = match kind {
-            Kind::Discard => 0,
-            Kind::WriteZeroes => VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
-        };
-        if flags & !allowed != 0 {
-            guest_error!(
-                log,
-                "virtio-blk: {name} with flags {flags:#x} not supported"
-            );
-            return Err(VIRTIO_BLK_S_UNSUPP);
-        }
+        (sector, sectors, flags)
+    });
+    if let Some((_, _, flags)) = segments.clone().find(|&(_, _, f)| f & !allowed != 0) {
+        guest_error!(
+            log,
+            "virtio-blk: {name} with flags {flags:#x} not supported"
+        );
+        return Err(VIRTIO_BLK_S_UNSUPP);
+    }
+    for (sector, sectors, flags) in segments {
         if sectors > MAX_SECTORS {
             guest_error!(
                 log,

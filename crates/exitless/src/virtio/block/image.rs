@@ -86,7 +86,7 @@ pub enum ImageError {
         #[source]
         source: io::Error,
     },
-    /// Its size or its blocks' sizes cannot be read.
+    /// Its size cannot be read.
     #[error("cannot read the size of the disk {path}: {source}")]
     Size {
         /// The path.
@@ -141,26 +141,34 @@ impl Topology {
     }
 
     /// What a block device says of itself (`BLKPBSZGET`, `BLKALIGNOFF`, `BLKIOMIN`,
-    /// `BLKIOOPT`: linux/fs.h), made sane: a device that reports nonsense gets 512-byte
-    /// blocks rather than a refused disk.
-    fn of_block_device(file: &File) -> io::Result<Self> {
+    /// `BLKIOOPT`: linux/fs.h), made sane: a device that reports nonsense, or refuses to say,
+    /// gets 512-byte blocks (said once) rather than a refused disk: the topology is a hint.
+    fn of_block_device(file: &File) -> Self {
         let get = |request| -> io::Result<u32> {
             let mut value: libc::c_uint = 0;
             // SAFETY: each of these ioctls writes one int (unsigned but for BLKALIGNOFF,
-            // whose -1 "misaligned" reads as a huge offset and is refused below) to the
-            // variable passed, which outlives the call.
+            // whose -1 "misaligned" reads as a huge offset and is dropped by `clamped`) to
+            // the variable passed, which outlives the call.
             let ret = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(file, request, &mut value) };
             if ret < 0 {
                 return Err(io::Error::last_os_error());
             }
             Ok(value)
         };
-        Ok(Self::clamped(
-            get(libc::BLKPBSZGET)?,
-            get(BLKALIGNOFF)?,
-            get(libc::BLKIOMIN)?,
-            get(libc::BLKIOOPT)?,
-        ))
+        let said = (|| {
+            Ok::<_, io::Error>(Self::clamped(
+                get(libc::BLKPBSZGET)?,
+                get(BLKALIGNOFF)?,
+                get(libc::BLKIOMIN)?,
+                get(libc::BLKIOOPT)?,
+            ))
+        })();
+        said.unwrap_or_else(|e| {
+            log::warn!(
+                "a disk's block device did not say its block sizes ({e}): 512-byte blocks offered"
+            );
+            Self::clamped(0, 0, 0, 0)
+        })
     }
 
     /// The topology these sizes give, each made one virtio-blk's configuration can carry (a
@@ -199,11 +207,12 @@ impl DiskImage {
         Self::described(file, &meta, read_only)
     }
 
-    /// The image of `file`, whose metadata is `meta`: its size and blocks read.
+    /// The image of `file`, whose metadata is `meta`: its size read (the only error), its
+    /// blocks described.
     fn described(file: File, meta: &Metadata, read_only: bool) -> io::Result<Self> {
         let block_device = meta.file_type().is_block_device();
         let topology = if block_device {
-            Topology::of_block_device(&file)?
+            Topology::of_block_device(&file)
         } else {
             Topology::of_file(meta)
         };

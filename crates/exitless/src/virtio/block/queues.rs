@@ -100,7 +100,7 @@ impl From<DmaError> for Refused {
 }
 
 impl BlockQueues {
-    /// The queue work on `disk`, of `sectors` whole sectors, answering
+    /// The queue work on the image `disk` (its whole sectors), answering
     /// VIRTIO_BLK_T_GET_ID with the first 20 bytes of `serial`.
     /// Its data moves on an io_uring if `io_uring` and the kernel makes one (else, said
     /// once, a request at a time).

@@ -10,7 +10,7 @@ pub mod bytes;
 mod chips;
 pub mod memory;
 mod summary;
-pub mod walk;
+mod walk;
 
 use kvm_bindings::{
     kvm_clock_data, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_pit_state2,

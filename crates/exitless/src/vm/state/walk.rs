@@ -5,8 +5,10 @@
 //! 4-level and 5-level paging only (Intel SDM Vol. 3A §4.5: IA-32e paging; AMD64 APM Vol. 2
 //! §5.3): the only paging of a 64-bit guest, which is what hangs under a 64-bit kernel.
 
-use kvm_bindings::kvm_sregs;
+use kvm_bindings::{kvm_segment, kvm_sregs};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::VcpuState;
 
 /// CR0.PG (SDM Vol. 3A §2.5), CR4.LA57 (§2.5), EFER.LMA (§2.2.1).
 const CR0_PG: u64 = 1 << 31;
@@ -18,10 +20,10 @@ const PRESENT: u64 = 1;
 const PAGE_SIZE: u64 = 1 << 7;
 const ADDRESS: u64 = 0x000f_ffff_ffff_f000;
 
-/// What the guest's page tables say of an address.
+/// What the guest's page tables say of a linear address.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Walk {
-    /// Paging is off: the address is physical.
+    /// Paging is off: the linear address is the physical one.
     Unpaged(u64),
     /// Paging other than IA-32e (a 32-bit guest): not looked up.
     NotLongMode,
@@ -43,7 +45,7 @@ pub enum Walk {
     },
 }
 
-/// Look `address` up in the page tables `sregs` names (CR3, with CR0, CR4 and EFER saying
+/// Look the linear `address` up in the page tables `sregs` names (CR3, with CR0, CR4 and EFER saying
 /// which paging is on), reading them from `mem`.
 pub fn translate(mem: &GuestMemoryMmap, sregs: &kvm_sregs, address: u64) -> Walk {
     if sregs.cr0 & CR0_PG == 0 {
@@ -74,8 +76,20 @@ pub fn translate(mem: &GuestMemoryMmap, sregs: &kvm_sregs, address: u64) -> Walk
     unreachable!("level 1 always ends the walk")
 }
 
-/// `address` said with what the page tables hold for it: its guest-physical address and the
-/// first `bytes` bytes there, or why it has none.
+/// The linear address of `offset` in `segment`: the offset itself in 64-bit mode (SDM Vol.
+/// 3A §3.2.4: CS, SS, DS and ES bases are ignored there), else the segment's base added, in 32
+/// bits (a real-mode RIP is an offset from CS's base, the selector × 16).
+fn linear(sregs: &kvm_sregs, segment: &kvm_segment, offset: u64) -> u64 {
+    if sregs.efer & EFER_LMA != 0 && sregs.cs.l != 0 {
+        offset
+    } else {
+        segment.base.wrapping_add(offset) & 0xffff_ffff
+    }
+}
+
+/// The linear `address` said with what the page tables hold for it: its guest-physical
+/// address and up to `bytes` bytes there (no further than its page's end: the next virtual
+/// page need not be the next physical one), or why it has none.
 pub fn describe(mem: &GuestMemoryMmap, sregs: &kvm_sregs, address: u64, bytes: usize) -> String {
     let gpa = match translate(mem, sregs, address) {
         Walk::Unpaged(gpa) | Walk::Mapped(gpa) => gpa,
@@ -87,13 +101,32 @@ pub fn describe(mem: &GuestMemoryMmap, sregs: &kvm_sregs, address: u64, bytes: u
             return format!("not mapped (level-{level} table at {table:#x} outside guest memory)");
         }
     };
-    let mut buf = vec![0u8; bytes];
+    let to_page_end = usize::try_from(0x1000 - (address & 0xfff)).expect("at most a page");
+    let mut buf = vec![0u8; bytes.min(to_page_end)];
     match mem.read_slice(&mut buf, GuestAddress(gpa)) {
         Ok(()) => {
             let hex: Vec<String> = buf.iter().map(|b| format!("{b:02x}")).collect();
-            format!("at {gpa:#x}: {}", hex.join(" "))
+            let cut = if buf.len() < bytes {
+                " (its page ends)"
+            } else {
+                ""
+            };
+            format!("at {gpa:#x}: {}{cut}", hex.join(" "))
         }
         Err(_) => format!("at {gpa:#x}, outside guest memory"),
+    }
+}
+
+impl VcpuState {
+    /// Where the vCPU's code and stack are in guest memory, through its own page tables: 16
+    /// bytes at CS:RIP and at SS:RSP, or why there are none.
+    pub fn in_memory(&self, mem: &GuestMemoryMmap) -> String {
+        let s = &self.sregs;
+        format!(
+            "RIP {}; RSP {}",
+            describe(mem, s, linear(s, &s.cs, self.regs.rip), 16),
+            describe(mem, s, linear(s, &s.ss, self.regs.rsp), 16),
+        )
     }
 }
 
@@ -148,6 +181,24 @@ mod tests {
             describe(&mem, &sregs, 0x1000, 4),
             "not mapped (level-4 entry 0x0 not present)"
         );
+    }
+
+    #[test]
+    fn bytes_stop_at_their_page_and_a_real_mode_rip_counts_from_cs() {
+        let (mem, sregs) = guest();
+        mem.write_slice(&[0xaa; 4], GuestAddress(0x5ffe)).unwrap();
+        assert_eq!(
+            describe(&mem, &sregs, 0xffff_ffff_c000_0ffe, 4),
+            "at 0x5ffe: aa aa (its page ends)"
+        );
+        // Real mode: CS base 0xf0000 (selector 0xf000), RIP 0xfff0.
+        let mut real = kvm_sregs::default();
+        real.cs.base = 0xf_0000;
+        assert_eq!(linear(&real, &real.cs, 0xfff0), 0xf_fff0);
+        // 64-bit mode ignores the base.
+        let mut long = sregs;
+        (long.cs.l, long.cs.base) = (1, 0x1000);
+        assert_eq!(linear(&long, &long.cs, 0x20c), 0x20c);
     }
 
     #[test]

@@ -131,9 +131,15 @@ fn malformed_discards_and_writes_of_zeroes_are_refused_before_anything_is_erased
     let (unmap, ok) = (VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP, (8, 8, 0));
     let (discard, zeroes) = (VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES);
     let many: Vec<_> = (0..257).map(|k| (k % SECTORS, 1, 0)).collect();
-    let cases: [(u32, Vec<Segment>, u32); 9] = [
-        // §5.2.6: unmap on a discard, or any unknown flag: UNSUPP.
+    let cases: [(u32, Vec<Segment>, u32); 10] = [
+        // §5.2.6: unmap on a discard, or any unknown flag: UNSUPP, in any segment and whatever
+        // else is wrong.
         (discard, vec![ok, (16, 8, unmap)], VIRTIO_BLK_S_UNSUPP),
+        (
+            discard,
+            vec![(SECTORS, 8, 0), (16, 8, 4)],
+            VIRTIO_BLK_S_UNSUPP,
+        ),
         (zeroes, vec![(16, 8, 2)], VIRTIO_BLK_S_UNSUPP),
         // More segments than max_discard_seg (256) or max_write_zeroes_seg (1).
         (discard, many, VIRTIO_BLK_S_UNSUPP),
