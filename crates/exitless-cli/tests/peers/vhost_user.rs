@@ -708,7 +708,8 @@ fn a_disk_backend_gone_silent_mid_run_needs_a_reset_and_the_vm_goes_on() {
     assert_eq!(status.code(), Some(0), "{console}\n{stderr}");
     assert!(
         stderr.contains("the vhost-user backend did not answer within 5 s"),
-        "{stderr}"
+        "exitless's stderr: {stderr:?}; ctl snapshot: {:?}, {answered:?}",
+        snapshot.status
     );
     drop(backend);
 }
