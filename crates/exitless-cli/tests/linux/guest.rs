@@ -175,6 +175,22 @@ impl Run {
         );
     }
 
+    /// Panic unless the driver negotiated every feature bit of `bits`: `GUEST key` is a virtio
+    /// device's `features` in sysfs, one character per bit.
+    pub fn expect_features(&self, key: &str, bits: &[usize]) {
+        let features = self.value(key).unwrap_or_default();
+        let missing: Vec<usize> = bits
+            .iter()
+            .copied()
+            .filter(|&bit| features.as_bytes().get(bit) != Some(&b'1'))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{}: {key}: bits {missing:?} not negotiated: {features}",
+            self.name
+        );
+    }
+
     /// Panic unless the guest ran its whole script and exitless ended with `status`.
     pub fn expect_done(&self, status: i32) {
         assert!(

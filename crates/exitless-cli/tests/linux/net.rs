@@ -140,17 +140,7 @@ const MTU_FRAME: u64 = 1514;
 /// larger than the MTU each way (the driver's byte and packet counters over each test: a
 /// segment counts once; received, each filled several buffers).
 fn expect_offloads(run: &Run) {
-    let features = run.value("features").unwrap_or_default();
-    let negotiated = |bit: usize| features.as_bytes().get(bit) == Some(&b'1');
-    let missing: Vec<usize> = DATA_PATH_BITS
-        .into_iter()
-        .filter(|&b| !negotiated(b))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{}: feature bits {missing:?} not negotiated: {features}",
-        run.name
-    );
+    run.expect_features("features", &DATA_PATH_BITS);
     for (test, counter) in [("tcp_tx", "tx"), ("tcp_rx", "rx")] {
         let key = format!("{test}_{counter}_frame_bytes");
         let bytes: u64 = run.value(&key).and_then(|v| v.parse().ok()).unwrap_or(0);
