@@ -164,13 +164,14 @@ pub struct RunArgs {
     /// `queues=N` queue pairs (a tap made with `multi_queue`; default 1),
     /// `vectors=N` MSI-X vectors (2 × queue pairs + 1, the default, to 256; virtio-pci only:
     /// QEMU's `virtio-net-pci,vectors=N`), `transport=mmio` for virtio-mmio instead of
-    /// virtio-pci.
+    /// virtio-pci, `vhost=on` (a tap only) for the kernel's vhost-net to move the tap's frames
+    /// (needs /dev/vhost-net; not with --iommu; docs/vhost-user.md says the trade-off).
     /// `vhost-user=SOCKET`: the vhost-user backend listening on SOCKET (DPDK testpmd's
     /// `net_vhost`, for one) moves the frames, its `queues=N` queue pairs; `reconnect=SECONDS`
     /// as for `--disk vhost-user=`. Guest RAM is then a shared memfd the backend maps.
     #[arg(
         long,
-        value_name = "tap=NAME|none|vhost-user=SOCKET[,mac=MAC][,queues=N][,vectors=N][,transport=pci|mmio][,reconnect=SECONDS]",
+        value_name = "tap=NAME|none|vhost-user=SOCKET[,mac=MAC][,queues=N][,vectors=N][,transport=pci|mmio][,vhost=on|off][,reconnect=SECONDS]",
         value_parser = clap::value_parser!(VirtioNetConfig)
     )]
     pub net: Vec<VirtioNetConfig>,

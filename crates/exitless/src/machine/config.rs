@@ -94,6 +94,11 @@ impl Default for MachineConfig {
 }
 
 impl MachineConfig {
+    /// Whether any NIC's queues are served by the kernel's vhost-net.
+    pub fn has_vhost_net(&self) -> bool {
+        self.virtio.iter().any(|n| n.vhost_net)
+    }
+
     /// Whether a vhost-user backend serves any device: guest RAM must then be shareable.
     pub fn has_vhost_user(&self) -> bool {
         self.virtio
@@ -186,6 +191,10 @@ pub struct VirtioNetConfig {
     /// the queues (virtio-pci only); by default the queues' and the configuration's,
     /// [`VirtioNetConfig::msix_vectors`].
     pub vectors: Option<u16>,
+    /// A tap's queues served by the kernel's vhost-net (`vhost=on`) instead of a device
+    /// thread of exitless's.
+    #[serde(default)]
+    pub vhost_net: bool,
 }
 
 impl VirtioNetConfig {
@@ -198,6 +207,7 @@ impl VirtioNetConfig {
             backend: NetBackendKind::default(),
             mac: None,
             vectors: None,
+            vhost_net: false,
         }
     }
 
@@ -353,9 +363,14 @@ pub enum ConfigSyntaxError {
     /// A queue-pair count the MSI-X table cannot hold (or not a number).
     #[error("queues={0}: 1 to {MAX_QUEUE_PAIRS} queue pairs")]
     QueuePairs(String),
-    /// A network option other than `mac=`, `queues=`, `vectors=` and `transport=`.
-    #[error("unknown option `{0}` (mac=MAC, queues=N, vectors=N, transport=pci|mmio)")]
+    /// A network option other than `mac=`, `queues=`, `vectors=`, `transport=` and `vhost=`.
+    #[error(
+        "unknown option `{0}` (mac=MAC, queues=N, vectors=N, transport=pci|mmio, vhost=on|off)"
+    )]
     NetOption(String),
+    /// `vhost=on` on a device without a tap.
+    #[error("vhost=on is for tap=NAME: the kernel's vhost-net moves a tap's frames")]
+    VhostNetWithoutTap,
     /// An MSI-X table size too small for the queues, too large, or not a number.
     #[error("vectors={0}: {1} (2 × queue pairs + 1) to {MAX_VECTORS}, or leave it out for {1}")]
     Vectors(String, usize),
@@ -501,8 +516,9 @@ fn once<'a>(seen: &mut Vec<&'a str>, option: &'a str) -> Result<(), ConfigSyntax
 }
 
 /// `tap=NAME|none|vhost-user=SOCKET[,mac=MAC][,queues=N][,vectors=N][,transport=pci|mmio]
-/// [,reconnect=SECONDS]`, `exitless run --net`'s syntax (`reconnect=` for vhost-user only; a
-/// comma in SOCKET is written twice, as in a disk's FILE). The tap is opened (the backend
+/// [,vhost=on|off][,reconnect=SECONDS]`, `exitless run --net`'s syntax (`vhost=` for a tap
+/// only, `reconnect=` for vhost-user only; a comma in SOCKET is written twice, as in a disk's
+/// FILE). The tap is opened (the backend
 /// connected) when the machine is built.
 impl std::str::FromStr for VirtioNetConfig {
     type Err = ConfigSyntaxError;
@@ -538,6 +554,9 @@ impl std::str::FromStr for VirtioNetConfig {
         if let NetBackendKind::VhostUser(v) = &mut net.backend {
             v.queues = net.queue_pairs;
         }
+        if net.vhost_net && !matches!(net.backend, NetBackendKind::Tap(_)) {
+            return Err(ConfigSyntaxError::VhostNetWithoutTap);
+        }
         // Checked once every option is in: queues= and transport= may follow vectors=.
         net.msix_vectors()?;
         Ok(net)
@@ -562,6 +581,7 @@ impl VirtioNetConfig {
                 self.vectors = Some(count.map_err(|_| ConfigSyntaxError::VectorsNumber(n.into()))?);
             }
             (Some(("transport", "pci")), _) => self.transport = Transport::Pci,
+            (Some(("vhost", on @ ("on" | "off"))), None) => self.vhost_net = on == "on",
             // QueueNotify with its queue index: the doorbell a standard driver uses never
             // exits (the per-queue pages are the MSI extension's).
             (Some(("transport", "mmio")), _) => {

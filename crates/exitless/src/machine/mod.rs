@@ -95,6 +95,14 @@ pub enum MachineError {
         "a vhost-user device behind --iommu is not supported: exitless does not implement the vhost-user IOTLB messages; leave one of them out"
     )]
     VhostUserBehindIommu,
+    /// The kernel's vhost-net could not be set up on a tap.
+    #[error(transparent)]
+    VhostNet(#[from] crate::virtio::vhost_user::VhostNetError),
+    /// vhost-net behind the IOMMU.
+    #[error(
+        "vhost=on behind --iommu is not supported: exitless does not give the kernel's vhost-net the IOMMU's translations (its IOTLB); leave one of them out"
+    )]
+    VhostNetBehindIommu,
     /// Writing or reading guest memory.
     #[error("guest memory access failed: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
@@ -223,7 +231,7 @@ impl Machine {
         board: Option<&mut dyn Board>,
         memory: Option<crate::vm::state::memory::SavedMemory>,
     ) -> Result<Self, MachineError> {
-        wiring::check_vhost_user(cfg)?;
+        wiring::check_vhost(cfg)?;
         let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
         let irqchip = if cfg.split_irqchip {
             vm::Irqchip::Split { pins: PINS }

@@ -13,6 +13,12 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
+use vhost::vhost_kern::vhost_binding::{
+    VHOST_GET_FEATURES, VHOST_GET_VRING_BASE, VHOST_NET_SET_BACKEND, VHOST_SET_FEATURES,
+    VHOST_SET_MEM_TABLE, VHOST_SET_OWNER, VHOST_SET_VRING_ADDR, VHOST_SET_VRING_BASE,
+    VHOST_SET_VRING_CALL, VHOST_SET_VRING_KICK, VHOST_SET_VRING_NUM,
+};
+
 use super::ThreadKind;
 use super::kvm::*;
 
@@ -253,7 +259,8 @@ fn device() -> Vec<Allowed> {
 
 /// A vhost-user device's thread (`virtio::vhost_user`): it sends the backend its messages on
 /// the socket and reads the replies, watches the call fds of masked vectors, and connects
-/// again after the backend went away; and its deadline's watchdog thread.
+/// again after the backend went away; and its deadline's watchdog thread. The same thread of
+/// a NIC on the kernel's vhost-net makes the ioctls those messages were modelled on.
 fn vhost_user() -> Vec<Allowed> {
     vec![
         // Wait for commands, the watch fds and the socket's hangup, and consume them; a
@@ -271,8 +278,32 @@ fn vhost_user() -> Vec<Allowed> {
         sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET)]),
         // The watchdog's end of an exchange past its deadline (`virtio::vhost_user::deadline`).
         sys!(SYS_shutdown),
-        // A watch fd's signal sent as the vector's message (a first-use commit first).
-        sys!(SYS_ioctl).only(1, [KVM_SIGNAL_MSI(), KVM_SET_GSI_ROUTING(), KVM_IRQFD()]),
+        sys!(SYS_ioctl).only(
+            1,
+            [
+                // A watch fd's signal sent as the vector's message (a first-use commit first).
+                KVM_SIGNAL_MSI(),
+                KVM_SET_GSI_ROUTING(),
+                KVM_IRQFD(),
+                // The kernel's vhost-net (`virtio::vhost_user::kernel`), on the files the main
+                // thread opened and owns: the driver's features and guest RAM at DRIVER_OK,
+                // each ring's set-up, call fd swaps, the tap as a ring's backend (none to stop
+                // it) and where a stopped ring is.
+                VHOST_SET_FEATURES(),
+                VHOST_SET_MEM_TABLE(),
+                VHOST_SET_VRING_NUM(),
+                VHOST_SET_VRING_ADDR(),
+                VHOST_SET_VRING_BASE(),
+                VHOST_GET_VRING_BASE(),
+                VHOST_SET_VRING_CALL(),
+                VHOST_SET_VRING_KICK(),
+                VHOST_NET_SET_BACKEND(),
+                // Its tap: the offloads the driver took, and a multiqueue tap's queues
+                // attached and detached with their pairs.
+                libc::TUNSETOFFLOAD,
+                libc::TUNSETQUEUE,
+            ],
+        ),
     ]
 }
 
@@ -453,6 +484,10 @@ fn building_machines() -> Vec<Allowed> {
                 // run created.
                 libc::SIOCGIFFLAGS,
                 libc::SIOCSIFFLAGS,
+                // The kernel's vhost-net for a tap (`virtio::vhost_user::kernel`): a file per
+                // queue pair, owned by this process, and what it offers.
+                VHOST_SET_OWNER(),
+                VHOST_GET_FEATURES(),
                 // A disk image's size and blocks, if it is a block device.
                 BLKGETSIZE64,
                 libc::BLKPBSZGET,

@@ -101,6 +101,7 @@ fn a_vhost_user_net_device_takes_the_options_of_the_others_and_reconnect() {
             backend: NetBackendKind::VhostUser(vhost_user("/run/tp.sock", 2, Some(10))),
             mac: Some([0x52, 0x54, 0, 0, 0, 9]),
             vectors: None,
+            vhost_net: false,
         }
     );
     let plain: VirtioNetConfig = "vhost-user=s".parse().unwrap();
@@ -109,6 +110,18 @@ fn a_vhost_user_net_device_takes_the_options_of_the_others_and_reconnect() {
         NetBackendKind::VhostUser(vhost_user("s", 1, None))
     );
     assert_eq!((plain.transport, plain.queue_pairs), (Transport::Pci, 1));
+}
+
+#[test]
+fn vhost_on_puts_a_taps_queues_on_the_kernels_vhost_net() {
+    let on: VirtioNetConfig = "tap=t0,vhost=on,queues=2".parse().unwrap();
+    assert_eq!(on.backend, NetBackendKind::Tap("t0".into()));
+    assert!(on.vhost_net);
+    assert_eq!(on.queue_pairs, 2);
+    let off: VirtioNetConfig = "tap=t0,vhost=off".parse().unwrap();
+    assert!(!off.vhost_net);
+    let plain: VirtioNetConfig = "tap=t0".parse().unwrap();
+    assert!(!plain.vhost_net);
 }
 
 /// Every refusal is the one line the user sees, saying what to write instead.
@@ -184,7 +197,17 @@ fn bad_vhost_user_options_get_one_line_each() {
         ),
         (
             "none,speed=10",
-            "unknown option `speed=10` (mac=MAC, queues=N, vectors=N, transport=pci|mmio)",
+            "unknown option `speed=10` (mac=MAC, queues=N, vectors=N, transport=pci|mmio, vhost=on|off)",
+        ),
+        (
+            "none,vhost=on",
+            "vhost=on is for tap=NAME: the kernel's vhost-net moves a tap's frames",
+        ),
+        ("tap=t0,vhost=yes", "unknown option `vhost=yes`"),
+        ("tap=t0,vhost=on,vhost=off", "`vhost` given twice"),
+        (
+            "vhost-user=s,vhost=on",
+            "unknown option `vhost=on` (mac=MAC, queues=N, vectors=N, transport=pci|mmio, reconnect=SECONDS)",
         ),
         (
             "vhost=s",

@@ -33,7 +33,7 @@ use crate::vm::Vm;
 use crate::vm::run_control::RunControl;
 
 pub use pci::virtio_pci_address;
-pub use virtio::check_vhost_user;
+pub use virtio::check_vhost;
 
 /// The devices of a machine once wired.
 pub struct Devices {

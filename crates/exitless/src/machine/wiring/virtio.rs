@@ -1,5 +1,5 @@
 //! The virtio devices: virtio-net on its backends and virtio-blk on its image (or either on a
-//! vhost-user backend), each behind virtio-mmio in the layout's next window or virtio-pci at
+//! vhost-user backend, or virtio-net on the kernel's vhost-net), each behind virtio-mmio in the layout's next window or virtio-pci at
 //! the next free function of bus 0.
 
 use std::sync::Arc;
@@ -25,11 +25,14 @@ use crate::virtio::transport::pci::VirtioPci;
 use crate::virtio::vhost_user::{self, VhostUserKind, VhostUserSpec};
 use crate::vm::Vm;
 
-/// Refuse, before anything is built, the vhost-user devices exitless cannot serve: any behind
-/// the IOMMU (no vhost-user IOTLB).
-pub fn check_vhost_user(cfg: &MachineConfig) -> Result<(), MachineError> {
+/// Refuse, before anything is built, the vhost devices exitless cannot serve: any behind the
+/// IOMMU (no vhost IOTLB).
+pub fn check_vhost(cfg: &MachineConfig) -> Result<(), MachineError> {
     if cfg.has_vhost_user() && cfg.iommu {
         return Err(MachineError::VhostUserBehindIommu);
+    }
+    if cfg.has_vhost_net() && cfg.iommu {
+        return Err(MachineError::VhostNetBehindIommu);
     }
     Ok(())
 }
@@ -104,6 +107,9 @@ fn add_virtio_net(
             ),
             NetBackendKind::Sink => {
                 in_process((0..pairs).map(|_| Box::new(Sink::default()) as _).collect())
+            }
+            NetBackendKind::Tap(name) if dev.vhost_net => {
+                vhost_user::kernel_net(name, mac, dev.queue_pairs, slots.vm.memory())?
             }
             NetBackendKind::Tap(name) => in_process(
                 Tap::open_queues(name, pairs)?

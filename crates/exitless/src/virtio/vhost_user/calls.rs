@@ -11,10 +11,9 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, ThreadId};
 
-use vhost::VhostBackend;
-use vhost::vhost_user::Frontend;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use super::backend::Backend;
 use super::deadline::EXCHANGE_DEADLINE;
 use crate::irq::VectorWatcher;
 use crate::virtio::device::Notification;
@@ -89,7 +88,7 @@ impl Calls {
     /// watch fd once it does not (acknowledged before this returns, with REPLY_ACK).
     pub fn sync(
         &mut self,
-        frontend: &mut Frontend,
+        backend: &mut Backend,
         interrupts: &Interrupts,
         q: usize,
     ) -> vhost::Result<()> {
@@ -98,8 +97,8 @@ impl Calls {
             return Ok(());
         }
         match &want {
-            Held::Watch => frontend.set_vring_call(q, &self.watches[q])?,
-            Held::Irqfd(irqfd) => frontend.set_vring_call(q, irqfd)?,
+            Held::Watch => backend.set_call(q, &self.watches[q])?,
+            Held::Irqfd(irqfd) => backend.set_call(q, irqfd)?,
         }
         self.held[q] = Some(want.clone());
         if let Held::Irqfd(_) = want {

@@ -113,23 +113,8 @@ impl VhostUserDevice {
         connection: &mut Connection,
         watchdog: &Watchdog,
     ) -> Result<Self, VhostUserError> {
-        let passed = bits(&COMMON)
-            | match spec.kind {
-                VhostUserKind::Net { .. } => bits(&NET),
-                VhostUserKind::Block => bits(&BLOCK),
-            };
-        let mut features = connection.features & passed;
         let config = match spec.kind {
-            VhostUserKind::Net { mac } => {
-                features |= 1 << VIRTIO_NET_F_MAC | 1 << VIRTIO_NET_F_STATUS | multiqueue(spec);
-                // mac, status, and with MQ max_virtqueue_pairs (virtio 1.2 §5.1.4).
-                let mut c = mac.to_vec();
-                c.extend_from_slice(&LINK_UP.to_le_bytes());
-                if spec.control_queue() {
-                    c.extend_from_slice(&spec.queues.to_le_bytes());
-                }
-                c
-            }
+            VhostUserKind::Net { mac } => return Ok(Self::net(spec, mac, connection.features)),
             VhostUserKind::Block => {
                 let _exchange = watchdog.arm(connection.frontend.as_raw_fd());
                 let (_, mut c) = connection
@@ -156,10 +141,32 @@ impl VhostUserDevice {
         };
         Ok(VhostUserDevice {
             kind: spec.kind,
+            queues: spec.queue_count(),
+            features: connection.features & (bits(&COMMON) | bits(&BLOCK)),
+            config,
+        })
+    }
+
+    /// The register side of `spec`'s NIC with `mac`, on a backend offering `backend_features`
+    /// (for the kernel's vhost-net, its ring features and the tap's offloads): the MAC and the
+    /// link exitless provides, and with several pairs the control queue it serves.
+    pub(super) fn net(spec: &VhostUserSpec, mac: [u8; 6], backend_features: u64) -> Self {
+        let features = backend_features & (bits(&COMMON) | bits(&NET))
+            | 1 << VIRTIO_NET_F_MAC
+            | 1 << VIRTIO_NET_F_STATUS
+            | multiqueue(spec);
+        // mac, status, and with MQ max_virtqueue_pairs (virtio 1.2 §5.1.4).
+        let mut config = mac.to_vec();
+        config.extend_from_slice(&LINK_UP.to_le_bytes());
+        if spec.control_queue() {
+            config.extend_from_slice(&spec.queues.to_le_bytes());
+        }
+        VhostUserDevice {
+            kind: spec.kind,
             queues: spec.queue_count() + usize::from(spec.control_queue()),
             features,
             config,
-        })
+        }
     }
 
     /// Every feature offered to the driver (those the register side adds included).

@@ -7,12 +7,17 @@
 //! may not ([`calls`]: QEMU's "masked notifier" swap). [`connection`] negotiates, [`device`] is
 //! the register side, [`thread`] the thread that talks to the backend, which also serves a
 //! multiqueue NIC's control queue ([`control`]).
+//!
+//! The kernel's vhost-net serves a NIC's queues the same way from inside the host kernel
+//! ([`kernel`]); [`backend`] is what differs between the two.
 
+mod backend;
 mod calls;
 mod connection;
 mod control;
 mod deadline;
 mod device;
+mod kernel;
 mod memory;
 #[cfg(test)]
 mod tests;
@@ -24,15 +29,19 @@ use std::time::Duration;
 use vm_memory::GuestMemoryMmap;
 
 use super::DeviceParts;
+use crate::virtio::net::header::OFFLOAD_FEATURES;
+use backend::Backend;
 use connection::Connection;
 use deadline::{EXCHANGE_DEADLINE, Watchdog};
 pub use device::VhostUserDevice;
+use kernel::KernelNet;
+pub use kernel::{VHOST_NET_PATH, VhostNetError};
 pub(super) use thread::spawn;
 
 /// A device whose queues a vhost-user backend serves.
 #[derive(Clone, Debug)]
 pub struct VhostUserSpec {
-    /// The backend's listening socket.
+    /// The backend's listening socket (for the kernel's vhost-net, its device file).
     pub socket: PathBuf,
     /// What the device is.
     pub kind: VhostUserKind,
@@ -160,9 +169,9 @@ impl VhostUserError {
 /// What a vhost-user device's thread is started with.
 pub struct VhostUserWork {
     spec: VhostUserSpec,
-    connection: Connection,
-    /// The deadline on every exchange with the backend.
-    watchdog: Watchdog,
+    backend: Backend,
+    /// The deadline on every exchange with a vhost-user backend (the kernel's has none).
+    watchdog: Option<Watchdog>,
     /// The features offered to the driver: a backend connected again must offer them all.
     offered: u64,
     mem: GuestMemoryMmap,
@@ -181,10 +190,39 @@ pub fn connect(spec: &VhostUserSpec, mem: &GuestMemoryMmap) -> Result<DevicePart
         device: Box::new(device),
         work: super::DeviceWork::VhostUser(VhostUserWork {
             spec: spec.clone(),
-            connection,
-            watchdog,
+            backend: Backend::User(connection),
+            watchdog: Some(watchdog),
             offered,
             mem: mem.clone(),
         }),
+    })
+}
+
+/// A NIC with `mac` and `pairs` queue pairs on the tap `tap`, its queues served by the kernel's
+/// vhost-net (`--net tap=NAME,vhost=on`).
+pub fn kernel_net(
+    tap: &str,
+    mac: [u8; 6],
+    pairs: u16,
+    mem: &GuestMemoryMmap,
+) -> Result<DeviceParts, VhostNetError> {
+    let kernel = KernelNet::open(tap, pairs.into(), mem)?;
+    let spec = VhostUserSpec {
+        socket: VHOST_NET_PATH.into(),
+        kind: VhostUserKind::Net { mac },
+        queues: pairs,
+        reconnect: None,
+    };
+    // The kernel's ring features, and the offloads the tap does.
+    let device = VhostUserDevice::net(&spec, mac, kernel.features | OFFLOAD_FEATURES);
+    Ok(DeviceParts {
+        work: super::DeviceWork::VhostUser(VhostUserWork {
+            spec,
+            backend: Backend::Kernel(kernel),
+            watchdog: None,
+            offered: device.offered(),
+            mem: mem.clone(),
+        }),
+        device: Box::new(device),
     })
 }

@@ -12,18 +12,16 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use vhost::VhostBackend;
-use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::backend::Backend;
 use super::calls::{CallWatcher, Calls};
-use super::connection::{Connection, VHOST_USER_F_PROTOCOL_FEATURES};
+use super::connection::Connection;
 use super::control::NetControl;
 use super::deadline::{EXCHANGE_DEADLINE, Exchange, Watchdog};
-use super::device::OWN_FEATURES;
-use super::{VhostUserSpec, VhostUserWork, memory};
+use super::{VhostUserSpec, VhostUserWork};
 use crate::irq::VectorWatcher;
 use crate::seccomp::ThreadKind;
 use crate::virtio::device::QueuePosition;
@@ -49,10 +47,11 @@ struct VhostUserThread {
     /// The features offered to the driver: a backend connected again must offer them all.
     offered: u64,
     mem: GuestMemoryMmap,
-    /// None after a hangup, until connected again.
-    connection: Option<Connection>,
-    /// The deadline on every exchange with the backend.
-    watchdog: Watchdog,
+    /// None after a vhost-user backend's hangup, until connected again (the kernel's
+    /// vhost-net stays).
+    backend: Option<Backend>,
+    /// The deadline on every exchange with a vhost-user backend (the kernel's has none).
+    watchdog: Option<Watchdog>,
     kicks: Vec<EventFd>,
     calls: Calls,
     watcher: Arc<CallWatcher>,
@@ -97,7 +96,7 @@ pub(in crate::virtio) fn spawn(
     let interrupts = interrupts.clone();
     let VhostUserWork {
         spec,
-        connection,
+        backend,
         watchdog,
         offered,
         mem,
@@ -116,7 +115,7 @@ pub(in crate::virtio) fn spawn(
                 spec,
                 offered,
                 mem,
-                connection: Some(connection),
+                backend: Some(backend),
                 watchdog,
                 kicks,
                 calls,
@@ -158,12 +157,12 @@ impl VhostUserThread {
             .ctl(ControlOperation::Add, fd, EpollEvent::new(events, token))
     }
 
-    /// The backend sends nothing unasked (no backend channel is set up): the socket becoming
-    /// readable means it hung up or is talking nonsense.
+    /// A vhost-user backend sends nothing unasked (no backend channel is set up): the socket
+    /// becoming readable means it hung up or is talking nonsense.
     fn watch_socket(&self) -> std::io::Result<()> {
-        match &self.connection {
-            Some(c) => self.watch(
-                c.frontend.as_raw_fd(),
+        match self.backend.as_ref().and_then(Backend::hangup_fd) {
+            Some(fd) => self.watch(
+                fd,
                 EventSet::IN | EventSet::HANG_UP | EventSet::READ_HANG_UP,
                 SOCKET,
             ),
@@ -225,7 +224,7 @@ impl VhostUserThread {
         let Some(until) = self.retry_until else {
             return;
         };
-        if self.connection.is_some() || Instant::now() > until || self.reconnect() {
+        if self.backend.is_some() || Instant::now() > until || self.reconnect() {
             self.retry_until = None;
         }
     }
@@ -233,13 +232,16 @@ impl VhostUserThread {
     /// Connect to the socket again; true if the new backend offers every feature the old one
     /// gave the driver (a driver may have negotiated any of them).
     fn reconnect(&mut self) -> bool {
-        let Ok(c) = Connection::open(&self.spec, &self.watchdog) else {
+        let Some(watchdog) = &self.watchdog else {
+            return false;
+        };
+        let Ok(c) = Connection::open(&self.spec, watchdog) else {
             return false;
         };
         if c.features & self.offered != self.offered {
             return false;
         }
-        self.connection = Some(c);
+        self.backend = Some(Backend::User(c));
         for q in 0..self.started.len() {
             self.calls.forget(q);
         }
@@ -249,24 +251,33 @@ impl VhostUserThread {
         self.watch_socket().is_ok()
     }
 
-    /// Arm the deadline for the exchanges of one event, if connected.
+    /// Arm the deadline for the exchanges of one event, if connected to a vhost-user backend
+    /// (the kernel's ioctls need none).
     fn arm(&self) -> Option<Exchange> {
-        let c = self.connection.as_ref()?;
-        Some(self.watchdog.arm(c.frontend.as_raw_fd()))
+        let fd = self.backend.as_ref()?.hangup_fd()?;
+        Some(self.watchdog.as_ref()?.arm(fd))
     }
 
     /// The backend hung up, answered nonsense or did not answer in time: drop it, the device
     /// needs a reset (one log line), the driver hears it through a configuration change
-    /// (virtio 1.2 §2.1.2).
+    /// (virtio 1.2 §2.1.2). The kernel's vhost-net, whose ioctl failed, is kept with its rings
+    /// stopped: the driver's reset sets them up again.
     fn disconnect(&mut self, why: &dyn std::fmt::Display) {
-        self.watchdog.disarm();
-        if self.connection.take().is_none() {
-            return;
+        if let Some(w) = &self.watchdog {
+            w.disarm();
+        }
+        match self.backend.take() {
+            None => return,
+            Some(Backend::Kernel(mut k)) => {
+                k.release();
+                self.backend = Some(Backend::Kernel(k));
+            }
+            Some(Backend::User(_)) => {}
         }
         self.started.fill(false);
         self.rings = None;
         let silent;
-        let why = if self.watchdog.fired() {
+        let why = if self.watchdog.as_ref().is_some_and(Watchdog::fired) {
             silent = format!(
                 "the vhost-user backend did not answer within {} s ({why})",
                 EXCHANGE_DEADLINE.as_secs()
@@ -292,7 +303,7 @@ impl VhostUserThread {
                         c.activate(own.into_iter().next(), dma);
                     }
                     let rings = Rings { queues, features };
-                    if self.connection.is_none() {
+                    if self.backend.is_none() {
                         // Hung up before DRIVER_OK: the device stays broken.
                         if self.health.fail(&"no vhost-user backend at DRIVER_OK") {
                             self.interrupts.notify(Notification::Config);
@@ -310,7 +321,7 @@ impl VhostUserThread {
                         c.reset();
                     }
                     self.interrupts.reset();
-                    if self.connection.is_none() {
+                    if self.backend.is_none() {
                         self.reconnect();
                     }
                     let _ = ack.send(());
@@ -397,14 +408,10 @@ impl VhostUserThread {
         }
         self.started[q] = false;
         self.calls.forget(q);
-        let c = self.connection.as_mut()?;
-        let result = stop_ring(&mut c.frontend, q, c.features);
-        match result {
+        match self.backend.as_mut()?.stop(q) {
             Ok(base) => Some(base),
             Err(e) => {
-                self.disconnect(&format_args!(
-                    "the vhost-user backend: GET_VRING_BASE failed: {e}"
-                ));
+                self.disconnect(&format_args!("the vhost backend: GET_VRING_BASE failed: {e}"));
                 None
             }
         }
@@ -413,51 +420,33 @@ impl VhostUserThread {
     /// Hand the backend the rings (DRIVER_OK, or Bus Master set again after a clear).
     fn start(&mut self, rings: &Rings) {
         if let Err(e) = self.configure(rings) {
-            self.disconnect(&format_args!("the vhost-user backend: {e}"));
+            self.disconnect(&format_args!("the vhost backend: {e}"));
         }
     }
 
     /// The messages of DRIVER_OK: features, memory table, then each ready ring's size,
     /// addresses, base, call and kick fds, and enable.
     fn configure(&mut self, rings: &Rings) -> Result<(), String> {
-        let Some(c) = self.connection.as_mut() else {
+        let Some(b) = self.backend.as_mut() else {
             return Ok(());
         };
-        let err = |what: &str| {
-            let what = what.to_owned();
-            move |e: vhost::Error| format!("{what} failed: {e}")
-        };
-        let protocol = c.features & VHOST_USER_F_PROTOCOL_FEATURES;
-        c.frontend
-            .set_features(rings.features & c.features & !OWN_FEATURES | protocol)
-            .map_err(err("SET_FEATURES"))?;
-        let regions = memory::regions(&self.mem).map_err(|e| e.to_string())?;
-        c.frontend
-            .set_mem_table(&regions)
-            .map_err(err("SET_MEM_TABLE"))?;
+        let err = |what: &'static str| move |e: vhost::Error| format!("{what} failed: {e}");
+        b.set_features_and_memory(rings.features, &self.mem)?;
         for (q, queue) in rings.queues.iter().enumerate() {
             if !queue.ready() {
                 continue;
             }
-            let addrs = memory::ring_addresses(&self.mem, queue)
-                .ok_or_else(|| format!("queue {q}'s rings are not in guest RAM"))?;
-            let f = &mut c.frontend;
-            f.set_vring_num(q, queue.size())
-                .map_err(err("SET_VRING_NUM"))?;
-            f.set_vring_addr(q, &addrs).map_err(err("SET_VRING_ADDR"))?;
-            f.set_vring_base(q, queue.next_avail())
-                .map_err(err("SET_VRING_BASE"))?;
+            b.set_ring(q, queue, &self.mem)?;
             self.calls
-                .sync(f, &self.interrupts, q)
+                .sync(b, &self.interrupts, q)
                 .map_err(err("SET_VRING_CALL"))?;
-            f.set_vring_kick(q, &self.kicks[q])
+            b.set_kick(q, &self.kicks[q])
                 .map_err(err("SET_VRING_KICK"))?;
-            // A multiqueue NIC's rings past its active pairs stay disabled (they start so
-            // with protocol features, which MQ needs) until the driver sets more.
-            let enabled = self.control.as_ref().is_none_or(|c| c.ring_enabled(q));
-            if protocol != 0 && enabled {
-                f.set_vring_enable(q, true)
-                    .map_err(err("SET_VRING_ENABLE"))?;
+            // A multiqueue NIC's rings past its active pairs stay disabled (a vhost-user
+            // backend's start so with protocol features, which MQ needs; the kernel's until
+            // given the tap) until the driver sets more.
+            if self.control.as_ref().is_none_or(|c| c.ring_enabled(q)) {
+                b.enable(q, true).map_err(err("SET_VRING_ENABLE"))?;
             }
             self.started[q] = true;
         }
@@ -473,10 +462,10 @@ impl VhostUserThread {
         self.watcher.woken();
         let waiting: Vec<SyncSender<()>> = self.resyncs.try_iter().collect();
         let mut failed = None;
-        if let Some(c) = self.connection.as_mut() {
+        if let Some(b) = self.backend.as_mut() {
             for q in 0..self.started.len() {
                 if self.started[q]
-                    && let Err(e) = self.calls.sync(&mut c.frontend, &self.interrupts, q)
+                    && let Err(e) = self.calls.sync(b, &self.interrupts, q)
                 {
                     failed = Some(e);
                     break;
@@ -484,9 +473,7 @@ impl VhostUserThread {
             }
         }
         if let Some(e) = failed {
-            self.disconnect(&format_args!(
-                "the vhost-user backend: SET_VRING_CALL failed: {e}"
-            ));
+            self.disconnect(&format_args!("the vhost backend: SET_VRING_CALL failed: {e}"));
         }
         for ack in waiting {
             let _ = ack.send(());
@@ -514,9 +501,9 @@ impl VhostUserThread {
         };
         let kick = &self.kicks[control.index()];
         let _ = kick.read();
-        let (connection, started) = (&mut self.connection, &self.started);
-        let served = control.serve(&self.interrupts, &self.health, |q, on| match connection {
-            Some(c) if started[q] => c.frontend.set_vring_enable(q, on),
+        let (backend, started) = (&mut self.backend, &self.started);
+        let served = control.serve(&self.interrupts, &self.health, |q, on| match backend {
+            Some(b) if started[q] => b.enable(q, on),
             _ => Ok(()),
         });
         match served {
@@ -526,21 +513,8 @@ impl VhostUserThread {
             }
             Ok(false) => {}
             Err(e) => self.disconnect(&format_args!(
-                "the vhost-user backend: SET_VRING_ENABLE failed: {e}"
+                "the vhost backend: SET_VRING_ENABLE failed: {e}"
             )),
         }
     }
-}
-
-/// Stop ring `q`: disabled first where rings are enabled by message, then its base asked for,
-/// which the backend answers once it no longer uses the ring (vhost-user protocol, "Ring
-/// states").
-fn stop_ring(f: &mut Frontend, q: usize, features: u64) -> vhost::Result<u16> {
-    if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
-        f.set_vring_enable(q, false)?;
-    }
-    let base = f.get_vring_base(q)?;
-    // The base is a 16-bit ring index (virtio 1.2 §2.7.6); anything wider is nonsense.
-    u16::try_from(base)
-        .map_err(|_| vhost::Error::VhostUserProtocol(vhost::vhost_user::Error::InvalidMessage))
 }

@@ -304,6 +304,11 @@ impl Tap {
             failed: false,
         })
     }
+
+    /// The queue's file, for the kernel's vhost-net to read and write (VHOST_NET_SET_BACKEND).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
 }
 
 fn check(ret: libc::c_int) -> io::Result<()> {

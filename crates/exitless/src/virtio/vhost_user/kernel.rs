@@ -1,0 +1,221 @@
+//! The kernel's vhost-net (`--net tap=NAME,vhost=on`): one `/dev/vhost-net` file per queue
+//! pair, each with the pair's receive (its ring 0) and transmit (ring 1) rings, on that pair's
+//! tap queue (VHOST_NET_SET_BACKEND). The kernel moves the frames between the rings and the tap
+//! in its own worker: the guest's doorbell is the queue's KVM ioeventfd and its interrupt the
+//! vector's irqfd, as for a vhost-user backend, so nothing reaches exitless on the data path.
+//!
+//! The tap carries the virtio-net header (IFF_VNET_HDR, 12 bytes): the kernel is not asked for
+//! VHOST_NET_F_VIRTIO_NET_HDR, as QEMU does not ask it of a tap with a header, and the
+//! offloads the driver takes are the tap's (TUNSETOFFLOAD at DRIVER_OK), as for the in-process
+//! NIC. The trade-off (docs/vhost-user.md): the guest's rings are parsed by the host kernel,
+//! which Cloud Hypervisor and Firecracker refuse for its attack surface, for the throughput of
+//! a worker that never leaves the kernel.
+
+use std::sync::Arc;
+
+use vhost::net::VhostNet;
+use vhost::vhost_kern::net::Net;
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryBackend as _;
+use vm_memory::{GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::memory;
+use crate::virtio::net::header::Offloads;
+use crate::virtio::net::tap::{Tap, TapError};
+use crate::virtio::net::NetBackend as _;
+use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+
+/// The kernel's vhost-net device file.
+pub const VHOST_NET_PATH: &str = "/dev/vhost-net";
+
+/// Why vhost-net could not be set up: the one line the user sees.
+#[derive(Debug, thiserror::Error)]
+pub enum VhostNetError {
+    /// No /dev/vhost-net, or it cannot be opened.
+    #[error(
+        "cannot open {VHOST_NET_PATH}: {0}; load the vhost_net module (modprobe vhost_net) \
+         and give exitless access to it, or drop vhost=on"
+    )]
+    Open(#[source] std::io::Error),
+    /// An ioctl of the set-up failed.
+    #[error("vhost-net: {what} failed: {source}")]
+    Setup {
+        /// The ioctl.
+        what: &'static str,
+        /// What the kernel said.
+        #[source]
+        source: vhost::Error,
+    },
+    /// The kernel's vhost-net lacks a feature exitless needs.
+    #[error("the kernel's vhost-net does not offer {0}, which exitless needs; drop vhost=on")]
+    Lacks(&'static str),
+    /// The tap could not be opened.
+    #[error(transparent)]
+    Tap(#[from] TapError),
+}
+
+/// One queue pair: its vhost-net file and its tap queue.
+struct Pair {
+    vhost: Net<Arc<GuestMemoryMmap>>,
+    tap: Tap,
+}
+
+/// The vhost-net files of a NIC's queue pairs.
+pub(super) struct KernelNet {
+    pairs: Vec<Pair>,
+    /// What the kernel's vhost-net offers (each file offers the same).
+    pub features: u64,
+}
+
+impl KernelNet {
+    /// The tap `name`'s queues for `pairs` pairs, each with a vhost-net file owned by this
+    /// process (VHOST_SET_OWNER starts the kernel's worker for it). The files first: a host
+    /// without vhost-net is refused before a tap is made.
+    pub fn open(name: &str, pairs: usize, mem: &GuestMemoryMmap) -> Result<Self, VhostNetError> {
+        let mem = Arc::new(mem.clone());
+        let setup = |what| move |source| VhostNetError::Setup { what, source };
+        let files = (0..pairs)
+            .map(|_| {
+                let vhost = Net::new(mem.clone()).map_err(|e| match e {
+                    vhost::Error::VhostOpen(e) => VhostNetError::Open(e),
+                    e => setup("open")(e),
+                })?;
+                vhost.set_owner().map_err(setup("VHOST_SET_OWNER"))?;
+                Ok(vhost)
+            })
+            .collect::<Result<Vec<_>, VhostNetError>>()?;
+        let taps = Tap::open_queues(name, pairs)?;
+        let mut opened: Vec<Pair> = files
+            .into_iter()
+            .zip(taps)
+            .map(|(vhost, tap)| Pair { vhost, tap })
+            .collect();
+        // Only the first pair is active until the driver sets more (virtio 1.2 §5.1.6.5.5).
+        for p in &mut opened[1..] {
+            p.tap.set_enabled(false);
+        }
+        let features = opened[0]
+            .vhost
+            .get_features()
+            .map_err(setup("VHOST_GET_FEATURES"))?;
+        for (bit, name) in [
+            (VIRTIO_F_VERSION_1, "VIRTIO_F_VERSION_1"),
+            (VIRTIO_F_EVENT_IDX, "VIRTIO_RING_F_EVENT_IDX"),
+        ] {
+            if features & (1 << bit) == 0 {
+                return Err(VhostNetError::Lacks(name));
+            }
+        }
+        Ok(KernelNet {
+            pairs: opened,
+            features,
+        })
+    }
+
+    /// The pair of ring `q` and the ring's index in its file.
+    fn ring(&self, q: usize) -> (&Pair, usize) {
+        (&self.pairs[q / 2], q % 2)
+    }
+
+    /// The negotiated features: the ring's to each file (the kernel refuses any it did not
+    /// offer), the offloads to the tap.
+    pub fn set_features(&mut self, negotiated: u64) -> vhost::Result<()> {
+        for p in &self.pairs {
+            p.vhost.set_features(negotiated & self.features)?;
+        }
+        // The setting is the tap's, for all its queues.
+        self.pairs[0]
+            .tap
+            .set_offloads(Offloads::negotiated(negotiated).rx);
+        Ok(())
+    }
+
+    /// Guest RAM as this process maps it: the kernel reaches it through our mappings, so any
+    /// RAM will do (no memfd needed).
+    pub fn set_mem_table(&self, mem: &GuestMemoryMmap) -> vhost::Result<()> {
+        let regions: Vec<VhostUserMemoryRegionInfo> = mem
+            .iter()
+            .map(|r| VhostUserMemoryRegionInfo {
+                guest_phys_addr: r.start_addr().0,
+                memory_size: r.len(),
+                userspace_addr: r.as_ptr() as u64,
+                mmap_offset: 0,
+                mmap_handle: -1,
+            })
+            .collect();
+        for p in &self.pairs {
+            p.vhost.set_mem_table(&regions)?;
+        }
+        Ok(())
+    }
+
+    /// Ring `q`'s size, addresses (guest-physical, translated by the crate through the memory
+    /// table; checked to lie within one region of guest RAM first) and base.
+    pub fn set_ring(&self, q: usize, queue: &Queue, mem: &GuestMemoryMmap) -> Result<(), String> {
+        memory::ring_addresses(mem, queue)
+            .ok_or_else(|| format!("queue {q}'s rings are not in guest RAM"))?;
+        let (p, i) = self.ring(q);
+        let addrs = VringConfigData {
+            queue_max_size: queue.max_size(),
+            queue_size: queue.size(),
+            flags: 0,
+            desc_table_addr: queue.desc_table(),
+            used_ring_addr: queue.used_ring(),
+            avail_ring_addr: queue.avail_ring(),
+            log_addr: None,
+        };
+        let err = |what: &'static str| move |e: vhost::Error| format!("{what} failed: {e}");
+        p.vhost
+            .set_vring_num(i, queue.size())
+            .map_err(err("VHOST_SET_VRING_NUM"))?;
+        p.vhost
+            .set_vring_addr(i, &addrs)
+            .map_err(err("VHOST_SET_VRING_ADDR"))?;
+        p.vhost
+            .set_vring_base(i, queue.next_avail())
+            .map_err(err("VHOST_SET_VRING_BASE"))
+    }
+
+    /// Ring `q`'s call fd.
+    pub fn set_call(&self, q: usize, fd: &EventFd) -> vhost::Result<()> {
+        let (p, i) = self.ring(q);
+        p.vhost.set_vring_call(i, fd)
+    }
+
+    /// Ring `q`'s kick fd.
+    pub fn set_kick(&self, q: usize, fd: &EventFd) -> vhost::Result<()> {
+        let (p, i) = self.ring(q);
+        p.vhost.set_vring_kick(i, fd)
+    }
+
+    /// Start (the tap as the ring's backend) or stop (none) ring `q`; the kernel flushes the
+    /// ring's work before a stop returns. A multiqueue tap's queue is attached with its
+    /// receive ring and detached without it, or the tap would hash flows to a queue nobody
+    /// reads (TUNSETQUEUE, as for the in-process NIC).
+    pub fn enable(&mut self, q: usize, on: bool) -> vhost::Result<()> {
+        let pair = &mut self.pairs[q / 2];
+        if q % 2 == 0 {
+            pair.tap.set_enabled(on);
+        }
+        pair.vhost.set_backend(q % 2, on.then(|| pair.tap.file()))
+    }
+
+    /// Stop ring `q` and read where the kernel stopped in it (VHOST_GET_VRING_BASE).
+    pub fn stop(&mut self, q: usize) -> vhost::Result<u16> {
+        self.enable(q, false)?;
+        let (p, i) = self.ring(q);
+        let base = p.vhost.get_vring_base(i)?;
+        // A 16-bit ring index (virtio 1.2 §2.7.6); the kernel's is that.
+        Ok(u16::try_from(base & 0xffff).expect("masked to 16 bits"))
+    }
+
+    /// Stop every ring, on the way to a device that needs a reset; errors are ignored, the
+    /// rings being of no use any more.
+    pub fn release(&mut self) {
+        for q in 0..2 * self.pairs.len() {
+            let _ = self.enable(q, false);
+        }
+    }
+}
