@@ -20,4 +20,5 @@ mod net;
 mod qemu;
 mod sleep;
 mod snapshot;
+mod vhost_net;
 mod vhost_user;

@@ -24,7 +24,7 @@ const MAC: &str = "52:54:00:12:34:56";
 /// iperf3 on the host and in the guest, and ethtool in the guest: Debian's, with their
 /// libraries.
 pub const IPERF3: &str = "/usr/bin/iperf3";
-const ETHTOOL: &str = "/usr/sbin/ethtool";
+pub const ETHTOOL: &str = "/usr/sbin/ethtool";
 
 /// How long each iperf3 test runs, seconds.
 const SECONDS: u32 = 3;
@@ -98,7 +98,7 @@ pub const STOP_IPERF3_SERVERS: &str =
     r#"for f in "$RUN"/iperf3-*.pid; do kill "$(cat "$f")"; done"#;
 
 /// The bytes an iperf3 summary line says the receiver got (`9.02 MBytes`).
-fn received_bytes(run: &Run, test: &str) -> f64 {
+pub fn received_bytes(run: &Run, test: &str) -> f64 {
     run.expect(&format!("{test}_status"), "0");
     let line = run.value(test).unwrap_or_default();
     let words: Vec<&str> = line.split_whitespace().collect();
@@ -196,9 +196,31 @@ fn queue_packets(run: &Run) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The four-pair guest's script on `subnet` that [`four_pairs_carried`] checks: four queue
+/// pairs on two CPUs, one pair after `ethtool -L combined 1` and four again after `combined 4`
+/// (VQ_PAIRS_SET each time); then 16 flows from a client pinned to each CPU (the driver gives
+/// CPU 0 queues 0 and 2 and CPU 1 queues 1 and 3, and a flow's hash picks between them) and 32
+/// flows back, which the tap hashes over the four receive queues. `ethtool -S` counts each
+/// queue's packets. Two CPUs, not four: with four vCPUs the lab's guests, under QEMU as under
+/// exitless, now and then triple-fault (docs/linux-lab.md).
+pub fn four_pairs(subnet: u8) -> String {
+    format!(
+        "{network}\n\
+         ethtool -L eth0 combined 1 && echo \"GUEST combined_after_1 $(ethtool -l eth0 | awk '/Combined/ {{ n = $2 }} END {{ print n }}')\"\n\
+         ethtool -L eth0 combined 4 && echo \"GUEST combined_after_4 $(ethtool -l eth0 | awk '/Combined/ {{ n = $2 }} END {{ print n }}')\"\n\
+         for c in 0 1; do taskset -c $c iperf3 -c {host} -p 520$c -t {SECONDS} -P 16 > /tmp/cpu$c 2>&1 & done; wait\n\
+         echo \"GUEST pinned_done $(grep -l 'SUM.*receiver' /tmp/cpu? | wc -l)\"\n\
+         for c in 0 1; do echo \"GUEST pinned_$c $(grep -E 'SUM.*receiver|error' /tmp/cpu$c | tail -1)\"; done\n\
+         iperf tcp_rx_parallel -R -P 32\n\
+         ethtool -S eth0 | awk '/_queue_[0-9]+_packets:/ {{ sub(\":\", \"\", $1); print \"GUEST stat \" $1 \" \" $2 }}'\n",
+        network = network(subnet),
+        host = host_address(subnet),
+    )
+}
+
 /// Whether the four-pair guest finished with each of its queues in both directions carrying
 /// packets, after `ethtool -L` set one pair and four again: what it carried, or what it lacked.
-fn four_pairs_carried(run: &Run) -> Result<String, String> {
+pub fn four_pairs_carried(run: &Run) -> Result<String, String> {
     let finished = run.console.contains("GUEST done") && run.status == 0;
     if !finished {
         return Err(format!("did not finish (status {})", run.status));
@@ -241,25 +263,7 @@ fn linux_pings_and_carries_tcp_and_udp_both_ways_on_a_tap_with_one_or_four_queue
     };
     let mut job = Job::new("net");
     let single = traffic(2);
-    // Four queue pairs on two CPUs, one pair after `ethtool -L combined 1` and four again
-    // after `combined 4` (VQ_PAIRS_SET each time); then 16 flows from a client pinned to each
-    // CPU (the driver gives CPU 0 queues 0 and 2 and CPU 1 queues 1 and 3, and a flow's hash
-    // picks between them) and 32 flows back, which the tap hashes over the four receive
-    // queues. `ethtool -S` counts each queue's packets. Two CPUs, not four: with four vCPUs
-    // the lab's guests, under QEMU as under exitless, now and then triple-fault
-    // (docs/linux-lab.md).
-    let multi = format!(
-        "{network}\n\
-         ethtool -L eth0 combined 1 && echo \"GUEST combined_after_1 $(ethtool -l eth0 | awk '/Combined/ {{ n = $2 }} END {{ print n }}')\"\n\
-         ethtool -L eth0 combined 4 && echo \"GUEST combined_after_4 $(ethtool -l eth0 | awk '/Combined/ {{ n = $2 }} END {{ print n }}')\"\n\
-         for c in 0 1; do taskset -c $c iperf3 -c {host} -p 520$c -t {SECONDS} -P 16 > /tmp/cpu$c 2>&1 & done; wait\n\
-         echo \"GUEST pinned_done $(grep -l 'SUM.*receiver' /tmp/cpu? | wc -l)\"\n\
-         for c in 0 1; do echo \"GUEST pinned_$c $(grep -E 'SUM.*receiver|error' /tmp/cpu$c | tail -1)\"; done\n\
-         iperf tcp_rx_parallel -R -P 32\n\
-         ethtool -S eth0 | awk '/_queue_[0-9]+_packets:/ {{ sub(\":\", \"\", $1); print \"GUEST stat \" $1 \" \" $2 }}'\n",
-        network = network(3),
-        host = host_address(3),
-    );
+    let multi = four_pairs(3);
     let single = Guest::new(&job.dir, "single", &single, &[IPERF3]);
     let multi = Guest::new(&job.dir, "multi", &multi, &[IPERF3, ETHTOOL]);
     job.sh(&tap("lab-tap2", 2, ""));

@@ -64,7 +64,12 @@ impl Backend {
     }
 
     /// Ring `q`'s size, addresses and base.
-    pub fn set_ring(&mut self, q: usize, queue: &Queue, mem: &GuestMemoryMmap) -> Result<(), String> {
+    pub fn set_ring(
+        &mut self,
+        q: usize,
+        queue: &Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<(), String> {
         match self {
             Backend::User(c) => {
                 let err = |what: &'static str| move |e: vhost::Error| format!("{what} failed: {e}");

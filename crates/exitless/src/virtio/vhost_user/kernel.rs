@@ -22,9 +22,9 @@ use vm_memory::{GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::memory;
+use crate::virtio::net::NetBackend as _;
 use crate::virtio::net::header::Offloads;
 use crate::virtio::net::tap::{Tap, TapError};
-use crate::virtio::net::NetBackend as _;
 use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
 /// The kernel's vhost-net device file.
@@ -195,11 +195,12 @@ impl KernelNet {
     /// receive ring and detached without it, or the tap would hash flows to a queue nobody
     /// reads (TUNSETQUEUE, as for the in-process NIC).
     pub fn enable(&mut self, q: usize, on: bool) -> vhost::Result<()> {
-        let pair = &mut self.pairs[q / 2];
-        if q % 2 == 0 {
+        // virtio 1.2 §5.1.2: receiveq`k` is queue 2k, transmitq`k` 2k+1.
+        let (pair, ring) = (&mut self.pairs[q / 2], q % 2);
+        if ring == 0 {
             pair.tap.set_enabled(on);
         }
-        pair.vhost.set_backend(q % 2, on.then(|| pair.tap.file()))
+        pair.vhost.set_backend(ring, on.then(|| pair.tap.file()))
     }
 
     /// Stop ring `q` and read where the kernel stopped in it (VHOST_GET_VRING_BASE).

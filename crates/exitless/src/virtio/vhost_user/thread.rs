@@ -411,7 +411,9 @@ impl VhostUserThread {
         match self.backend.as_mut()?.stop(q) {
             Ok(base) => Some(base),
             Err(e) => {
-                self.disconnect(&format_args!("the vhost backend: GET_VRING_BASE failed: {e}"));
+                self.disconnect(&format_args!(
+                    "the vhost backend: GET_VRING_BASE failed: {e}"
+                ));
                 None
             }
         }
@@ -473,7 +475,9 @@ impl VhostUserThread {
             }
         }
         if let Some(e) = failed {
-            self.disconnect(&format_args!("the vhost backend: SET_VRING_CALL failed: {e}"));
+            self.disconnect(&format_args!(
+                "the vhost backend: SET_VRING_CALL failed: {e}"
+            ));
         }
         for ack in waiting {
             let _ = ack.send(());
