@@ -91,15 +91,16 @@ struct IoJob {
 }
 
 impl IoJob {
-    /// The lab, and the job `name` in it, its guest running `io` after the network's setup;
-    /// `None` where there is no lab (the case is skipped, saying so).
-    fn in_lab(name: &str, io: &str) -> Option<(Lab, IoJob)> {
+    /// The lab, and the job `name` in it, its guest running `io` after the network's setup on
+    /// a card with `net_options` (after its tap); `None` where there is no lab (the case is
+    /// skipped, saying so).
+    fn in_lab(name: &str, io: &str, net_options: &str) -> Option<(Lab, IoJob)> {
         let lab = Lab::or_skip(name)?;
-        Some((lab, IoJob::new(name, io)))
+        Some((lab, IoJob::new(name, io, net_options)))
     }
 
     /// The job `name`, its guest running `io` after the network's setup.
-    fn new(name: &str, io: &str) -> IoJob {
+    fn new(name: &str, io: &str, net_options: &str) -> IoJob {
         let mut job = Job::new(name);
         let image = job.image("io.img", 64 << 20);
         let guest = Guest::new(&job.dir, "io", &format!("{}\n{io}", network(6)), &[IPERF3]);
@@ -114,7 +115,7 @@ impl IoJob {
             &guest,
             "",
             &format!(
-                "--memory 256 --cpus 2 --disk {} --net tap=lab-tap6 --api-socket \"$RUN/api.sock\"",
+                "--memory 256 --cpus 2 --disk {} --net tap=lab-tap6{net_options} --api-socket \"$RUN/api.sock\"",
                 image.display()
             ),
         );
@@ -143,7 +144,22 @@ wait_for() {
 #[test]
 #[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
 fn linux_mid_io_survives_a_pause_and_a_snapshot_restored_in_a_new_process() {
-    let Some((lab, io_job)) = IoJob::in_lab("snapshot", IO) else {
+    pause_then_snapshot_and_restore("snapshot", "");
+}
+
+/// The same with the card's rings on the kernel's vhost-net: each pause stops them there
+/// (VHOST_NET_SET_BACKEND to none, then VHOST_GET_VRING_BASE), the resume and the restored
+/// process start them again at those bases.
+#[test]
+#[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
+fn linux_mid_io_on_vhost_net_survives_a_pause_and_a_snapshot_restored_in_a_new_process() {
+    pause_then_snapshot_and_restore("snapshot-vhost-net", ",vhost=on");
+}
+
+/// The job `name`: the guest's I/O on a card with `net_options`, paused, resumed, snapshotted
+/// and restored in a new process, and what each process's guest said checked.
+fn pause_then_snapshot_and_restore(name: &str, net_options: &str) {
+    let Some((lab, io_job)) = IoJob::in_lab(name, IO, net_options) else {
         return;
     };
     let IoJob {
@@ -260,7 +276,7 @@ fn linux_mid_io_survives_forty_pauses() {
         return;
     }
     // 60 MiB at 8 Mbit/s: a minute of I/O, past the last pause.
-    let Some((lab, io_job)) = IoJob::in_lab("pauses", &IO.replace("-n 100M", "-n 60M")) else {
+    let Some((lab, io_job)) = IoJob::in_lab("pauses", &IO.replace("-n 100M", "-n 60M"), "") else {
         return;
     };
     let IoJob {
