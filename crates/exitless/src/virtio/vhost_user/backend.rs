@@ -114,6 +114,13 @@ impl Backend {
         }
     }
 
+    /// The driver reset the device.
+    pub fn reset(&mut self) {
+        if let Backend::Kernel(k) = self {
+            k.reset();
+        }
+    }
+
     /// Stop ring `q`; its base, once the backend no longer uses it.
     pub fn stop(&mut self, q: usize) -> vhost::Result<u16> {
         match self {

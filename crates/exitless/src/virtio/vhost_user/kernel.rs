@@ -27,6 +27,9 @@ use crate::virtio::net::header::Offloads;
 use crate::virtio::net::tap::{Tap, TapError};
 use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
+/// A pair's receive ring in its vhost-net file (its transmit ring is 1).
+const RECEIVE: usize = 0;
+
 /// The kernel's vhost-net device file.
 pub const VHOST_NET_PATH: &str = "/dev/vhost-net";
 
@@ -87,15 +90,11 @@ impl KernelNet {
             })
             .collect::<Result<Vec<_>, VhostNetError>>()?;
         let taps = Tap::open_queues(name, pairs)?;
-        let mut opened: Vec<Pair> = files
+        let opened: Vec<Pair> = files
             .into_iter()
             .zip(taps)
             .map(|(vhost, tap)| Pair { vhost, tap })
             .collect();
-        // Only the first pair is active until the driver sets more (virtio 1.2 §5.1.6.5.5).
-        for p in &mut opened[1..] {
-            p.tap.set_enabled(false);
-        }
         let features = opened[0]
             .vhost
             .get_features()
@@ -108,13 +107,16 @@ impl KernelNet {
                 return Err(VhostNetError::Lacks(name));
             }
         }
-        Ok(KernelNet {
+        let mut net = KernelNet {
             pairs: opened,
             features,
-        })
+        };
+        net.reset();
+        Ok(net)
     }
 
-    /// The pair of ring `q` and the ring's index in its file.
+    /// The pair of ring `q` and the ring's index in its file: virtio 1.2 §5.1.2, receiveq`k`
+    /// is queue 2k and transmitq`k` 2k+1, and vhost-net's rings are receive 0, transmit 1.
     fn ring(&self, q: usize) -> (&Pair, usize) {
         (&self.pairs[q / 2], q % 2)
     }
@@ -190,22 +192,37 @@ impl KernelNet {
         p.vhost.set_vring_kick(i, fd)
     }
 
-    /// Start (the tap as the ring's backend) or stop (none) ring `q`; the kernel flushes the
-    /// ring's work before a stop returns. A multiqueue tap's queue is attached with its
-    /// receive ring and detached without it, or the tap would hash flows to a queue nobody
-    /// reads (TUNSETQUEUE, as for the in-process NIC).
+    /// Start (the tap as the ring's backend) or stop (none) ring `q` as the driver enables or
+    /// disables its pair; the kernel flushes the ring's work before a stop returns. A
+    /// multiqueue tap's queue is attached with its receive ring and detached without it, or
+    /// the tap would hash flows to a queue nobody reads (TUNSETQUEUE, as for the in-process
+    /// NIC).
     pub fn enable(&mut self, q: usize, on: bool) -> vhost::Result<()> {
-        // virtio 1.2 §5.1.2: receiveq`k` is queue 2k, transmitq`k` 2k+1.
-        let (pair, ring) = (&mut self.pairs[q / 2], q % 2);
-        if ring == 0 {
-            pair.tap.set_enabled(on);
+        if q % 2 == RECEIVE {
+            self.pairs[q / 2].tap.set_enabled(on);
         }
-        pair.vhost.set_backend(ring, on.then(|| pair.tap.file()))
+        self.set_backend(q, on)
     }
 
-    /// Stop ring `q` and read where the kernel stopped in it (VHOST_GET_VRING_BASE).
+    /// The tap as ring `q`'s backend, or none.
+    fn set_backend(&self, q: usize, on: bool) -> vhost::Result<()> {
+        let (p, i) = self.ring(q);
+        p.vhost.set_backend(i, on.then(|| p.tap.file()))
+    }
+
+    /// The driver reset the device: only the first pair's tap queue stays attached, as the
+    /// first pair is the only active one until the driver sets more (virtio 1.2 §5.1.6.5.5).
+    pub fn reset(&mut self) {
+        for (k, p) in self.pairs.iter_mut().enumerate() {
+            p.tap.set_enabled(k == 0);
+        }
+    }
+
+    /// Stop ring `q` and read where the kernel stopped in it (VHOST_GET_VRING_BASE). The tap
+    /// queue stays attached, as QEMU leaves it at a vhost stop: a pause or Bus Master clear
+    /// keeps the frames that arrive meanwhile in it for the rings' restart.
     pub fn stop(&mut self, q: usize) -> vhost::Result<u16> {
-        self.enable(q, false)?;
+        self.set_backend(q, false)?;
         let (p, i) = self.ring(q);
         let base = p.vhost.get_vring_base(i)?;
         // A 16-bit ring index (virtio 1.2 §2.7.6); the kernel's is that.
@@ -216,7 +233,7 @@ impl KernelNet {
     /// rings being of no use any more.
     pub fn release(&mut self) {
         for q in 0..2 * self.pairs.len() {
-            let _ = self.enable(q, false);
+            let _ = self.set_backend(q, false);
         }
     }
 }

@@ -316,6 +316,9 @@ impl VhostUserThread {
                 }
                 Command::Reset(ack) => {
                     self.stop_all();
+                    if let Some(b) = &mut self.backend {
+                        b.reset();
+                    }
                     self.rings = None;
                     if let Some(c) = &mut self.control {
                         c.reset();
