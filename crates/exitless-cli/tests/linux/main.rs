@@ -17,6 +17,7 @@ mod boot;
 mod disk;
 mod iommu;
 mod net;
+mod net_table;
 mod qemu;
 mod sleep;
 mod snapshot;

@@ -27,7 +27,7 @@ pub const IPERF3: &str = "/usr/bin/iperf3";
 pub const ETHTOOL: &str = "/usr/sbin/ethtool";
 
 /// How long each iperf3 test runs, seconds.
-const SECONDS: u32 = 3;
+pub const SECONDS: u32 = 3;
 
 /// The guest's side: bring eth0 up, say its MAC and queue count, ping the host, then run the
 /// iperf3 tests named in `$TESTS` (set by the case's script before it), one summary line each;
@@ -116,7 +116,7 @@ pub fn received_bytes(run: &Run, test: &str) -> f64 {
 }
 
 /// The datagrams a UDP test's receiver lost and the ones sent (`0/2590 (0%)`).
-fn lost_of_sent(run: &Run, test: &str) -> (u64, u64) {
+pub fn lost_of_sent(run: &Run, test: &str) -> (u64, u64) {
     let line = run.value(test).unwrap_or_default();
     line.split_whitespace()
         .find_map(|w| {

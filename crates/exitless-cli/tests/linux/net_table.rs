@@ -1,0 +1,224 @@
+//! The network table of the data-path work (docs/linux-lab.md, "virtio-net under iperf3 and
+//! sockperf"): one guest, the same tap, four cards in turn, exitless's in-process card and its
+//! `vhost=on` beside QEMU's `virtio-net-pci` with `vhost=off` and `vhost=on`. Each runs TCP
+//! both ways, UDP streams of 32-byte and 1400-byte datagrams both ways (iperf3, unpaced), and
+//! 32-byte and 1024-byte request/response over UDP (sockperf ping-pong, its median). The
+//! case checks that every test ran and carried something; the figures are printed side by
+//! side as ratios, never judged: the lab is TCG-timed and unsteady (docs/linux-lab.md).
+
+use std::time::Duration;
+
+use crate::guest::{Guest, Job, Run};
+use crate::lab::Lab;
+use crate::net::{
+    IPERF3, SECONDS, STOP_IPERF3_SERVERS, host_address, lost_of_sent, network, received_bytes,
+    start_iperf3_servers, tap,
+};
+
+/// sockperf, Debian's: the request/response tool (its server beside exitless, its client in
+/// the guest).
+const SOCKPERF: &str = "/usr/bin/sockperf";
+
+/// The tap's subnet.
+const SUBNET: u8 = 9;
+
+/// sockperf's server port.
+const SOCKPERF_PORT: u16 = 11111;
+
+/// The guest's tests after the network's setup: iperf3's (`iperf NAME ARGS`, [`network`]'s)
+/// then sockperf's, each ping-pong's median latency and message count.
+const TESTS: &str = r#"
+iperf tcp_tx
+iperf tcp_rx -R
+iperf udp32_tx -u -l 32 -b 0
+iperf udp32_rx -u -l 32 -b 0 -R
+iperf udp1400_tx -u -l 1400 -b 0
+iperf udp1400_rx -u -l 1400 -b 0 -R
+for m in 32 1024; do
+  sockperf pp -i @HOST@ -p @PORT@ -t @SECONDS@ -m $m > /tmp/rr$m 2>&1
+  echo "GUEST rr${m}_status $?"
+  echo "GUEST rr${m}_p50_us $(grep 'percentile 50.000' /tmp/rr$m | awk '{ print $NF }')"
+  echo "GUEST rr${m}_messages $(grep -o 'ReceivedMessages=[0-9]*' /tmp/rr$m | cut -d= -f2)"
+done
+"#;
+
+/// A row of the table: how to read it from a run, and whether more is better.
+struct Row {
+    name: &'static str,
+    unit: &'static str,
+    read: fn(&Run, &str) -> f64,
+    test: &'static str,
+    higher_is_better: bool,
+}
+
+fn mib_per_s(run: &Run, test: &str) -> f64 {
+    received_bytes(run, test) / f64::from(1 << 20) / f64::from(SECONDS)
+}
+
+/// Datagrams the receiver got per second.
+fn packets_per_s(run: &Run, test: &str) -> f64 {
+    run.expect(&format!("{test}_status"), "0");
+    let (lost, sent) = lost_of_sent(run, test);
+    assert!(
+        sent > lost,
+        "{}: {test}: {lost} of {sent} datagrams lost",
+        run.name
+    );
+    (sent - lost) as f64 / f64::from(SECONDS)
+}
+
+/// The ping-pong's median latency, µs.
+fn median_us(run: &Run, test: &str) -> f64 {
+    run.expect(&format!("{test}_status"), "0");
+    let messages: u64 = run
+        .value(&format!("{test}_messages"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        messages > 0,
+        "{}: {test}: no answer; {}",
+        run.name,
+        run.tail()
+    );
+    run.value(&format!("{test}_p50_us"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{}: {test}: no median; {}", run.name, run.tail()))
+}
+
+const ROWS: [Row; 8] = [
+    Row {
+        name: "TCP guest → host",
+        unit: "MiB/s",
+        read: mib_per_s,
+        test: "tcp_tx",
+        higher_is_better: true,
+    },
+    Row {
+        name: "TCP host → guest",
+        unit: "MiB/s",
+        read: mib_per_s,
+        test: "tcp_rx",
+        higher_is_better: true,
+    },
+    Row {
+        name: "UDP 32 B guest → host",
+        unit: "packets/s",
+        read: packets_per_s,
+        test: "udp32_tx",
+        higher_is_better: true,
+    },
+    Row {
+        name: "UDP 32 B host → guest",
+        unit: "packets/s",
+        read: packets_per_s,
+        test: "udp32_rx",
+        higher_is_better: true,
+    },
+    Row {
+        name: "UDP 1400 B guest → host",
+        unit: "packets/s",
+        read: packets_per_s,
+        test: "udp1400_tx",
+        higher_is_better: true,
+    },
+    Row {
+        name: "UDP 1400 B host → guest",
+        unit: "packets/s",
+        read: packets_per_s,
+        test: "udp1400_rx",
+        higher_is_better: true,
+    },
+    Row {
+        name: "request/response 32 B, median",
+        unit: "µs",
+        read: median_us,
+        test: "rr32",
+        higher_is_better: false,
+    },
+    Row {
+        name: "request/response 1024 B, median",
+        unit: "µs",
+        read: median_us,
+        test: "rr1024",
+        higher_is_better: false,
+    },
+];
+
+/// The cards, as (run name, exitless's `--net` options or QEMU's `-netdev` ones).
+const EXITLESS: [(&str, &str); 2] = [("exitless", ""), ("exitless-vhost", ",vhost=on")];
+const QEMU: [(&str, &str); 2] = [("qemu", ",vhost=off"), ("qemu-vhost", ",vhost=on")];
+
+#[test]
+#[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
+fn linux_network_table_exitless_and_qemu_with_and_without_vhost_net() {
+    let Some(lab) = Lab::or_skip("net-table") else {
+        return;
+    };
+    let mut job = Job::new("net-table");
+    let script = format!("{}\n{TESTS}", network(SUBNET))
+        .replace("@HOST@", &host_address(SUBNET))
+        .replace("@PORT@", &SOCKPERF_PORT.to_string())
+        .replace("@SECONDS@", &SECONDS.to_string());
+    let guest = Guest::new(&job.dir, "table", &script, &[IPERF3, SOCKPERF]);
+    job.sh(&tap("lab-tap9", SUBNET, ""));
+    start_iperf3_servers(&mut job);
+    job.sh(&format!(
+        "{SOCKPERF} sr -i {} -p {SOCKPERF_PORT} > sockperf-server.log 2>&1 & echo $! > \"$RUN/sockperf.pid\"",
+        host_address(SUBNET)
+    ));
+    for (name, options) in EXITLESS {
+        job.exitless(
+            name,
+            &guest,
+            "",
+            &format!("--memory 512 --cpus 2 --net tap=lab-tap9{options}"),
+        );
+    }
+    for (name, options) in QEMU {
+        job.qemu(
+            name,
+            &guest,
+            "q35",
+            "",
+            &format!(
+                "-m 512 -smp 2 -netdev tap,id=n0,ifname=lab-tap9,script=no,downscript=no{options} \
+                 -device virtio-net-pci,netdev=n0"
+            ),
+        );
+    }
+    job.sh(&format!(
+        "{STOP_IPERF3_SERVERS}; kill \"$(cat \"$RUN/sockperf.pid\")\"; ip link del lab-tap9"
+    ));
+    let done = job.run(&lab, Duration::from_secs(1200));
+
+    let runs: Vec<Run> = EXITLESS
+        .iter()
+        .chain(&QEMU)
+        .map(|(name, _)| {
+            let run = done.run(name);
+            run.expect_done(0);
+            run
+        })
+        .collect();
+    // exitless's in-process card against QEMU's vhost=off, its vhost=on against QEMU's.
+    println!(
+        "| {SECONDS} s each, one run each, TCG-timed | exitless | QEMU vhost=off | ratio | exitless vhost=on | QEMU vhost=on | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for row in &ROWS {
+        let [ours, qemu, ours_vhost, qemu_vhost] =
+            [0, 2, 1, 3].map(|i| (row.read)(&runs[i], row.test));
+        let better = if row.higher_is_better {
+            "higher is better"
+        } else {
+            "lower is better"
+        };
+        println!(
+            "| {} ({}, {better}) | {ours:.0} | {qemu:.0} | {:.2} | {ours_vhost:.0} | {qemu_vhost:.0} | {:.2} |",
+            row.name,
+            row.unit,
+            ours / qemu,
+            ours_vhost / qemu_vhost
+        );
+    }
+}
