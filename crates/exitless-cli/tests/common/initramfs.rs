@@ -123,7 +123,7 @@ impl Initramfs {
                 Err(format!("{} has no module {name}", kernel.modules.display()))
             };
         };
-        let data = read(&path)?;
+        let data = module_data(&path)?;
         for dependency in depends(&data) {
             self.module(kernel, &dependency)?;
         }
@@ -145,7 +145,29 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The file of module `canonical` (underscores for dashes, as the kernel compares them).
+/// A module file's ELF: as it is, or, for a kernel that ships its modules compressed
+/// (Debian's 6.12: `NAME.ko.xz`), through `xz -dc` (busybox's `insmod` takes only ELF).
+fn module_data(path: &Path) -> Result<Vec<u8>, String> {
+    if path.extension().is_none_or(|e| e != "xz") {
+        return read(path);
+    }
+    let out = std::process::Command::new("xz")
+        .arg("-dc")
+        .arg(path)
+        .output()
+        .map_err(|e| format!("xz -dc {}: {e} (install xz-utils)", path.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "xz -dc {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(out.stdout)
+}
+
+/// The file of module `canonical` (underscores for dashes, as the kernel compares them),
+/// compressed or not.
 fn find_module(dir: &Path, canonical: &str) -> Option<PathBuf> {
     for entry in std::fs::read_dir(dir).ok()?.filter_map(Result::ok) {
         let path = entry.path();
@@ -153,10 +175,10 @@ fn find_module(dir: &Path, canonical: &str) -> Option<PathBuf> {
             if let Some(found) = find_module(&path, canonical) {
                 return Some(found);
             }
-        } else if path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().replace('-', "_") == format!("{canonical}.ko"))
-        {
+        } else if path.file_name().is_some_and(|n| {
+            let n = n.to_string_lossy().replace('-', "_");
+            n == format!("{canonical}.ko") || n == format!("{canonical}.ko.xz")
+        }) {
             return Some(path);
         }
     }

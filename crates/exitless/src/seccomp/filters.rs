@@ -474,11 +474,12 @@ fn building_machines() -> Vec<Allowed> {
                 KVM_IRQFD(),
                 KVM_SET_GSI_ROUTING(),
                 // A virtio-net device's tap (`virtio::net::tap`), on the /dev/net/tun file it
-                // opens: attach to the interface, the vnet header's size, no offloads until a
-                // driver takes some. Its device thread then reads and writes the file and sets
+                // opens: attach to the interface, the vnet header's size, no bound on its send
+                // buffer, no offloads until a driver takes some. Its device thread then reads and writes the file and sets
                 // the offloads.
                 libc::TUNSETIFF,
                 libc::TUNSETVNETHDRSZ,
+                libc::TUNSETSNDBUF,
                 libc::TUNSETOFFLOAD,
                 // The tap's flags, on that socket: whether it exists, and IFF_UP for one the
                 // run created.

@@ -292,6 +292,14 @@ impl Tap {
         // SAFETY: TUNSETVNETHDRSZ reads one int, which `hdr_size` is.
         check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &hdr_size) })
             .map_err(step_failed(name, "TUNSETVNETHDRSZ"))?;
+        // No bound on the bytes of this queue's frames still in the host's stack, as QEMU's
+        // default (tap_set_sndbuf: INT_MAX). The socket's default (net.core.wmem_default,
+        // 212,992 bytes) holds a few hundred small frames: a stream of them fills it, and the
+        // kernel's vhost-net then waits for room before it takes the next from the ring.
+        let sndbuf = libc::c_int::MAX;
+        // SAFETY: TUNSETSNDBUF reads one int, which `sndbuf` is.
+        check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETSNDBUF, &sndbuf) })
+            .map_err(step_failed(name, "TUNSETSNDBUF"))?;
         set_offload(&file, Direction::default()).map_err(step_failed(name, "TUNSETOFFLOAD"))?;
         Ok(Tap {
             file,
