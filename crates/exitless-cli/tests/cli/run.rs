@@ -189,7 +189,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
     std::fs::write(&cut, &elf[..0x1100]).unwrap();
     let good = kernel("testkernel.elf");
     let good = good.to_str().unwrap();
-    let cases: [(&[&str], &str); 21] = [
+    let cases: [(&[&str], &str); 22] = [
         (
             &[],
             "the following required arguments were not provided: --kernel <FILE>",
@@ -246,7 +246,7 @@ fn every_bad_input_gets_one_line_and_status_2() {
         ),
         (
             &["--kernel", good, "--net", "none,speed=10"],
-            "unknown option `speed=10` (mac=MAC, queues=N, vectors=N, transport=pci|mmio)",
+            "unknown option `speed=10` (mac=MAC, queues=N, vectors=N, transport=pci|mmio, vhost=on|off)",
         ),
         (
             &["--kernel", good, "--net", "tap=t0,mac=01:00:5e:00:00:01"],
@@ -261,6 +261,10 @@ fn every_bad_input_gets_one_line_and_status_2() {
             "--net tap=t0 given twice",
         ),
         (&["--kernel", good, "--net", "tap=t%d"], "tap name `t%d`"),
+        (
+            &["--kernel", good, "--net", "none,vhost=on"],
+            "vhost=on is for tap=NAME",
+        ),
         // An interface that is not a tap (or, without /dev/net/tun, no TUN/TAP driver).
         (&["--kernel", good, "--net", "tap=lo"], "cannot open"),
     ];

@@ -15,15 +15,17 @@ use std::sync::Arc;
 
 use vhost::net::VhostNet;
 use vhost::vhost_kern::net::Net;
+use vhost::vhost_kern::vhost_binding::{VHOST_SET_VRING_ADDR, vhost_vring_addr};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryBackend as _;
 use vm_memory::{GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::ioctl::ioctl_with_ref;
 
 use super::memory;
 use crate::virtio::net::NetBackend as _;
-use crate::virtio::net::header::Offloads;
+use crate::virtio::net::header::{Direction, Offloads};
 use crate::virtio::net::tap::{Tap, TapError};
 use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
@@ -153,28 +155,18 @@ impl KernelNet {
         Ok(())
     }
 
-    /// Ring `q`'s size, addresses (guest-physical, translated by the crate through the memory
-    /// table; checked to lie within one region of guest RAM first) and base.
+    /// Ring `q`'s size, addresses and base. The addresses are this process's, each ring
+    /// checked to lie within one region of guest RAM ([`memory::ring_addresses`]), as the
+    /// kernel takes them (`struct vhost_vring_addr`'s user addresses).
     pub fn set_ring(&self, q: usize, queue: &Queue, mem: &GuestMemoryMmap) -> Result<(), String> {
-        memory::ring_addresses(mem, queue)
+        let addrs = memory::ring_addresses(mem, queue)
             .ok_or_else(|| format!("queue {q}'s rings are not in guest RAM"))?;
         let (p, i) = self.ring(q);
-        let addrs = VringConfigData {
-            queue_max_size: queue.max_size(),
-            queue_size: queue.size(),
-            flags: 0,
-            desc_table_addr: queue.desc_table(),
-            used_ring_addr: queue.used_ring(),
-            avail_ring_addr: queue.avail_ring(),
-            log_addr: None,
-        };
         let err = |what: &'static str| move |e: vhost::Error| format!("{what} failed: {e}");
         p.vhost
             .set_vring_num(i, queue.size())
             .map_err(err("VHOST_SET_VRING_NUM"))?;
-        p.vhost
-            .set_vring_addr(i, &addrs)
-            .map_err(err("VHOST_SET_VRING_ADDR"))?;
+        set_vring_addr(&p.vhost, i, &addrs).map_err(err("VHOST_SET_VRING_ADDR"))?;
         p.vhost
             .set_vring_base(i, queue.next_avail())
             .map_err(err("VHOST_SET_VRING_BASE"))
@@ -211,11 +203,13 @@ impl KernelNet {
     }
 
     /// The driver reset the device: only the first pair's tap queue stays attached, as the
-    /// first pair is the only active one until the driver sets more (virtio 1.2 §5.1.6.5.5).
+    /// first pair is the only active one until the driver sets more (virtio 1.2 §5.1.6.5.5),
+    /// and the tap leaves no offloads in the frames it queues until a driver takes some.
     pub fn reset(&mut self) {
         for (k, p) in self.pairs.iter_mut().enumerate() {
             p.tap.set_enabled(k == 0);
         }
+        self.pairs[0].tap.set_offloads(Direction::default());
     }
 
     /// Stop ring `q` and read where the kernel stopped in it (VHOST_GET_VRING_BASE). The tap
@@ -235,5 +229,31 @@ impl KernelNet {
         for q in 0..2 * self.pairs.len() {
             let _ = self.set_backend(q, false);
         }
+    }
+}
+
+/// VHOST_SET_VRING_ADDR with this process's addresses of ring `index`'s parts. By hand: the
+/// `vhost` crate's own call takes guest addresses and refuses a ring that ends exactly where
+/// guest RAM does (its range check counts the end as inside), which a driver may place there.
+fn set_vring_addr(
+    file: &Net<Arc<GuestMemoryMmap>>,
+    index: usize,
+    addrs: &VringConfigData,
+) -> vhost::Result<()> {
+    let addr = vhost_vring_addr {
+        index: u32::try_from(index).map_err(|_| vhost::Error::InvalidQueue)?,
+        flags: 0,
+        desc_user_addr: addrs.desc_table_addr,
+        used_user_addr: addrs.used_ring_addr,
+        avail_user_addr: addrs.avail_ring_addr,
+        log_guest_addr: 0,
+    };
+    // SAFETY: VHOST_SET_VRING_ADDR reads a `struct vhost_vring_addr`, which `addr` is; the
+    // addresses are mappings of guest RAM this process keeps for the machine's life.
+    let ret = unsafe { ioctl_with_ref(file, VHOST_SET_VRING_ADDR(), &addr) };
+    if ret < 0 {
+        Err(vhost::Error::IoctlError(std::io::Error::last_os_error()))
+    } else {
+        Ok(())
     }
 }

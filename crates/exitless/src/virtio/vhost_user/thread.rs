@@ -415,7 +415,7 @@ impl VhostUserThread {
             Ok(base) => Some(base),
             Err(e) => {
                 self.disconnect(&format_args!(
-                    "the vhost backend: GET_VRING_BASE failed: {e}"
+                    "the vhost backend: stopping ring {q} failed: {e}"
                 ));
                 None
             }
@@ -488,8 +488,13 @@ impl VhostUserThread {
     }
 
     /// Work may have become possible again (Bus Master set, or a resume): start the rings if
-    /// none runs, and serve the control queue.
+    /// none runs, and serve the control queue. A device that needs a reset starts nothing
+    /// until the driver's reset and DRIVER_OK (a backend kept or connected again meanwhile
+    /// would otherwise run the rings of a device the driver was told is broken).
     fn restart(&mut self) {
+        if self.health.needs_reset() {
+            return;
+        }
         if let Some(r) = self.rings.take() {
             if !self.started.iter().any(|&s| s) {
                 self.start(&r);
@@ -520,7 +525,7 @@ impl VhostUserThread {
             }
             Ok(false) => {}
             Err(e) => self.disconnect(&format_args!(
-                "the vhost backend: SET_VRING_ENABLE failed: {e}"
+                "the vhost backend: enabling or disabling a ring failed: {e}"
             )),
         }
     }
