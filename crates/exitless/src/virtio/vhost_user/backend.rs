@@ -1,8 +1,9 @@
 //! What serves a vhost device's rings: a vhost-user backend over its socket, or the kernel's
 //! vhost-net on a tap ([`super::kernel`]). Both take the same ring set-up (the vhost-user
-//! protocol is the kernel's ioctls carried over a socket); they differ in the addresses they
-//! are given (this process's for vhost-user, guest-physical for the kernel), how a ring is
-//! started and stopped, and whether they can hang up (only a socket can).
+//! protocol is the kernel's ioctls carried over a socket); they differ in the memory table
+//! (memfd regions a backend maps, or this process's mappings, which the kernel reaches
+//! itself), how a ring is started and stopped, and whether they can hang up (only a socket
+//! can).
 
 use std::os::fd::{AsRawFd, RawFd};
 
