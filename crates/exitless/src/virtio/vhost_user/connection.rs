@@ -10,8 +10,7 @@ use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures}
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 
 use super::deadline::{EXCHANGE_DEADLINE, Watchdog};
-use super::{VhostUserError, VhostUserKind, VhostUserSpec};
-use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+use super::{VhostUserError, VhostUserKind, VhostUserSpec, lacking_ring_feature};
 
 /// VHOST_USER_F_PROTOCOL_FEATURES: the backend has protocol features (vhost-user protocol,
 /// "Protocol features"); it is a vhost-user bit, never offered to the driver.
@@ -62,16 +61,11 @@ impl Connection {
         };
         frontend.set_owner().map_err(fail("SET_OWNER"))?;
         let features = frontend.get_features().map_err(fail("GET_FEATURES"))?;
-        for (bit, name) in [
-            (VIRTIO_F_VERSION_1, "VIRTIO_F_VERSION_1"),
-            (VIRTIO_F_EVENT_IDX, "VIRTIO_RING_F_EVENT_IDX"),
-        ] {
-            if features & (1 << bit) == 0 {
-                return Err(VhostUserError::Lacks {
-                    socket: spec.socket.clone(),
-                    feature: name,
-                });
-            }
+        if let Some(feature) = lacking_ring_feature(features) {
+            return Err(VhostUserError::Lacks {
+                socket: spec.socket.clone(),
+                feature,
+            });
         }
         let mut protocol = VhostUserProtocolFeatures::empty();
         if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {

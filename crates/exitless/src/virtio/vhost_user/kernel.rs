@@ -23,11 +23,10 @@ use vm_memory::{GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
-use super::memory;
+use super::{lacking_ring_feature, memory};
 use crate::virtio::net::NetBackend as _;
 use crate::virtio::net::header::{Direction, Offloads};
 use crate::virtio::net::tap::{Tap, TapError};
-use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
 /// A pair's receive ring in its vhost-net file (its transmit ring is 1).
 const RECEIVE: usize = 0;
@@ -101,13 +100,8 @@ impl KernelNet {
             .vhost
             .get_features()
             .map_err(setup("VHOST_GET_FEATURES"))?;
-        for (bit, name) in [
-            (VIRTIO_F_VERSION_1, "VIRTIO_F_VERSION_1"),
-            (VIRTIO_F_EVENT_IDX, "VIRTIO_RING_F_EVENT_IDX"),
-        ] {
-            if features & (1 << bit) == 0 {
-                return Err(VhostNetError::Lacks(name));
-            }
+        if let Some(feature) = lacking_ring_feature(features) {
+            return Err(VhostNetError::Lacks(feature));
         }
         let mut net = KernelNet {
             pairs: opened,

@@ -30,6 +30,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::DeviceParts;
 use crate::virtio::net::header::OFFLOAD_FEATURES;
+use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use backend::Backend;
 use connection::Connection;
 use deadline::{EXCHANGE_DEADLINE, Watchdog};
@@ -79,6 +80,18 @@ impl VhostUserSpec {
             VhostUserKind::Block => usize::from(self.queues),
         }
     }
+}
+
+/// The first ring feature exitless needs that a backend (vhost-user or the kernel's) lacks
+/// in `features`, by name: virtio 1.x rings, with event indexes.
+fn lacking_ring_feature(features: u64) -> Option<&'static str> {
+    [
+        (VIRTIO_F_VERSION_1, "VIRTIO_F_VERSION_1"),
+        (VIRTIO_F_EVENT_IDX, "VIRTIO_RING_F_EVENT_IDX"),
+    ]
+    .into_iter()
+    .find(|&(bit, _)| features & (1 << bit) == 0)
+    .map(|(_, name)| name)
 }
 
 /// Why a vhost-user device could not be built: the one line the user sees.
