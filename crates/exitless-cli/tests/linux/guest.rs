@@ -100,12 +100,14 @@ pub const BOOT_LIMIT_S: u32 = 150;
 /// exitless's line for a triple fault; under
 /// QEMU (`-no-reboot`), an exit 0 with neither the script done nor a reboot, power-off or panic
 /// of the guest's kernel, which is how QEMU ends a triple fault under KVM (a reset, as a reboot
-/// is), saying nothing of it. `@TRIPLE_FAULT@` is [`TRIPLE_FAULT`], `@BOOT_LIMIT@`
+/// is), saying nothing of it. `wait_for FILE TEXT [PID]` waits up to ten minutes for `TEXT`
+/// in `FILE`, or until the process `PID` has ended; `wait_for_socket PATH` a minute for a
+/// Unix socket to appear. `@TRIPLE_FAULT@` is [`TRIPLE_FAULT`], `@BOOT_LIMIT@`
 /// [`BOOT_LIMIT_S`].
 const JOB_START: &str = r#"set -u
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT
-rm -f ./*.console.fault* ./*.hung
+rm -f ./*.console.fault* ./*.console.boot-fault* ./*.hung
 watch_boot() {
   waited=0
   until grep -q 'GUEST up after' "$1.console"; do
@@ -118,6 +120,18 @@ watch_wedge() {
     if grep -q '@STALL@' "$1.console"; then kill -QUIT "$2"; return; fi
     sleep 2
   done
+}
+wait_for() {
+  for i in $(seq 600); do
+    grep -q "$2" "$1" && return 0
+    [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null && break
+    sleep 1
+  done
+  echo "no $2 in $1"; return 1
+}
+wait_for_socket() {
+  for i in $(seq 60); do [ -S "$1" ] && return 0; sleep 1; done
+  echo "no socket $1"; return 1
 }
 hung() { [ -e "$1.hung" ]; }
 restart_servers() { :; }
@@ -289,18 +303,52 @@ impl Job {
     /// attempt's console is kept as `NAME.console.faultN`, and the job's servers (iperf3's,
     /// [`crate::net::start_iperf3_servers`]) start afresh before the next.
     fn record(&mut self, name: &str, line: &str, (faulted, signal): (&str, &str)) {
+        self.attempts(name, line, (faulted, signal), "", "fault");
+    }
+
+    /// Start `guest_line` (an [`exitless_command`]) as the guest run `name` in the background,
+    /// its process's id in `$guest`, and wait until its console says `GUEST marker`; a run
+    /// that ended before that has its status in `NAME.status` already. One that ended on one
+    /// of the nested lab's faults (a hang at boot, a triple fault) starts again, as
+    /// [`Job::exitless`]'s do, its console kept as `NAME.console.boot-faultN`: a name the
+    /// job's own retry ([`Job::run`]) does not take for a run retried to the end, so a fault
+    /// after the marker still runs the whole job again.
+    pub fn start_exitless_until(&mut self, name: &str, guest_line: &str, marker: &str) {
+        let until = format!("wait_for {name}.console 'GUEST {marker}' $guest && break");
+        self.attempts(
+            name,
+            guest_line,
+            ("exitless_faulted", "QUIT"),
+            &until,
+            "boot-fault",
+        );
+    }
+
+    /// The loop of [`Job::record`] and [`Job::start_exitless_until`]: `line` started as the
+    /// guest run `name`, watched at boot (stopped by `signal`), then `until` (which may leave
+    /// the loop with `break`), then the run's end awaited and `faulted` asked whether to start
+    /// it again; a faulted attempt's console is kept as `NAME.console.KEPTN`.
+    fn attempts(
+        &mut self,
+        name: &str,
+        line: &str,
+        (faulted, signal): (&str, &str),
+        until: &str,
+        kept: &str,
+    ) {
         self.sh(&format!(
             r#"echo 'job: {name}'
 attempt=1
 while :; do
-  rm -f {name}.hung
+  rm -f {name}.hung {name}.status
   {line} < /dev/null > {name}.console 2>&1 & guest=$!
   watch_boot {name} $guest {signal} & watcher=$!
+  {until}
   wait $guest; echo $? > {name}.status
   kill $watcher 2>/dev/null; wait $watcher
   {faulted} {name} && [ $attempt -lt $GUEST_ATTEMPTS ] || break
   echo "lab: {name}: the guest $(fault {name}); attempt $((attempt + 1)) of $GUEST_ATTEMPTS"
-  mv {name}.console {name}.console.fault$attempt
+  mv {name}.console {name}.console.{kept}$attempt
   restart_servers
   attempt=$((attempt + 1))
 done"#
@@ -476,4 +524,34 @@ fn a_triple_fault_a_wedged_vcpu_and_a_boot_hang_are_job_faults() {
             .contains("did not reach its /init within 150 s")
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A run started with `start_exitless_until` that triple-faults before its marker starts
+/// again, its console kept, and the job goes on with the run that reached the marker; the
+/// job's own retry still sees a fault after it. The job runs here, in bash, with a stand-in
+/// for exitless that faults on its first start only.
+#[test]
+fn a_run_that_faults_before_its_marker_starts_again_within_the_job() {
+    let mut job = Job::new("boot-fault-retry");
+    let stand_in = format!(
+        "sh -c 'if [ -e started ]; then echo GUEST up after 1; echo GUEST io started; sleep 1; \
+         echo \"vCPU 0{TRIPLE_FAULT}\"; else touch started; echo \"vCPU 0{TRIPLE_FAULT}\"; exit 2; fi'"
+    );
+    job.start_exitless_until("run", &stand_in, "io started");
+    job.sh("echo marker > after-the-marker");
+    job.sh("[ -e run.status ] || { wait $guest; echo $? > run.status; }");
+    let status = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("GUEST_ATTEMPTS=3\n{}", job.script))
+        .current_dir(&job.dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let read = |name: &str| std::fs::read_to_string(job.path(name)).unwrap_or_default();
+    assert!(read("run.console.boot-fault1").contains(TRIPLE_FAULT));
+    assert!(read("run.console").contains("GUEST io started"));
+    assert_eq!(read("after-the-marker"), "marker\n");
+    assert_eq!(read("run.status"), "0\n");
+    let (console, _) = job_fault(&job.dir).expect("the fault after the marker");
+    assert_eq!(console, job.path("run.console"));
 }

@@ -106,7 +106,6 @@ impl IoJob {
         let guest = Guest::new(&job.dir, "io", &format!("{}\n{io}", network(6)), &[IPERF3]);
         job.sh(&tap("lab-tap6", 6, ""));
         start_iperf3_servers(&mut job);
-        job.sh(WAIT_FOR);
         let ctl = format!(
             "{} ctl --api-socket \"$RUN/api.sock\"",
             env!("CARGO_BIN_EXE_exitless")
@@ -127,19 +126,6 @@ impl IoJob {
         }
     }
 }
-
-/// The job's lines: wait until `$1` holds `$2`, for up to ten minutes, or until the process
-/// `$3` (if given) has ended.
-const WAIT_FOR: &str = r#"
-wait_for() {
-  for i in $(seq 600); do
-    grep -q "$2" "$1" && return 0
-    [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null && break
-    sleep 1
-  done
-  echo "no $2 in $1"; return 1
-}
-"#;
 
 #[test]
 #[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
@@ -168,15 +154,13 @@ fn pause_then_snapshot_and_restore(name: &str, net_options: &str) {
         ctl,
         run,
     } = io_job;
+    job.start_exitless_until("original", &run, "io started");
     job.sh(&format!(
-        "{run} < /dev/null > original.console 2>&1 &
-pid=$!
-watch_boot original $pid QUIT &
-wait_for original.console 'GUEST io started' $pid && sleep 5
+        "sleep 5
 {ctl} pause && echo 'job: paused' && sleep {PAUSE_SECONDS} && {ctl} resume && echo 'job: resumed'
 sleep 10
 {ctl} pause && {ctl} snapshot \"$RUN/snapshot\" && echo 'job: snapshot taken' && cp \"$RUN/snapshot/snapshot.json\" . && {ctl} shutdown
-wait $pid; echo $? > original.status
+[ -e original.status ] || {{ wait $guest; echo $? > original.status; }}
 restore_start=$(date +%s.%N)
 {exitless} run --restore \"$RUN/snapshot\" --timeout {GUEST_TIMEOUT_S} < /dev/null > restored.console 2>&1 &
 restored=$!
@@ -285,15 +269,13 @@ fn linux_mid_io_survives_forty_pauses() {
         ctl,
         run,
     } = io_job;
+    job.start_exitless_until("paused", &run, "io started");
     job.sh(&format!(
-        "{run} < /dev/null > paused.console 2>&1 &
-pid=$!
-watch_boot paused $pid QUIT &
-wait_for paused.console 'GUEST io started' $pid && sleep 2
+        "sleep 2
 for k in $(seq {PAUSES}); do {ctl} pause > /dev/null && sleep {SHORT_PAUSE_S} && {ctl} resume > /dev/null; sleep 1; done
 echo 'job: {PAUSES} pauses'
-watch_wedge paused $pid & watcher=$!
-wait $pid; echo $? > paused.status
+watch_wedge paused $guest & watcher=$!
+[ -e paused.status ] || {{ wait $guest; echo $? > paused.status; }}
 kill $watcher 2>/dev/null; wait $watcher
 {STOP_IPERF3_SERVERS}; ip link del lab-tap6"
     ));
