@@ -7,11 +7,12 @@
 use exitless::virtio::net::header::{Direction, NetHeader, Offloads};
 use libfuzzer_sys::fuzz_target;
 
-/// NEEDS_CSUM, DATA_VALID; GSO_TCPV4, GSO_TCPV6, GSO_ECN (§5.1.6).
+/// NEEDS_CSUM, DATA_VALID; GSO_TCPV4, GSO_TCPV6, GSO_UDP_L4, GSO_ECN (§5.1.6).
 const NEEDS_CSUM: u8 = 1;
 const DATA_VALID: u8 = 2;
 const GSO_TCPV4: u8 = 1;
 const GSO_TCPV6: u8 = 4;
+const GSO_UDP_L4: u8 = 5;
 const GSO_ECN: u8 = 0x80;
 
 /// What a passed header may ask of its receiver, against `offloads` and a `len`-byte frame.
@@ -27,10 +28,15 @@ fn within(header: &NetHeader, len: usize, offloads: Direction, flags: u8) {
         0 => assert_eq!(header.gso_type, 0, "{header:?}"),
         GSO_TCPV4 => assert!(offloads.tso4 && header.gso_size > 0, "{header:?}"),
         GSO_TCPV6 => assert!(offloads.tso6 && header.gso_size > 0, "{header:?}"),
+        GSO_UDP_L4 => assert!(
+            (offloads.uso4 || offloads.uso6) && header.gso_size > 0,
+            "{header:?}"
+        ),
         _ => panic!("{header:?} passed"),
     }
     if header.gso_type & GSO_ECN != 0 {
         assert!(offloads.ecn, "{header:?}");
+        assert_ne!(header.gso_type & !GSO_ECN, GSO_UDP_L4, "{header:?}");
     }
 }
 

@@ -12,7 +12,7 @@ use exitless::dma::DmaContext;
 use exitless::logging::DeviceLog;
 use exitless::virtio::device::DeviceHealth;
 use exitless::virtio::engine::QueueEngine;
-use exitless::virtio::net::header::OFFLOAD_FEATURES;
+use exitless::virtio::net::header::{OFFLOAD_FEATURES, USO_FEATURES};
 use exitless::virtio::net::{NetBackend, RequestResponse, VirtioNet};
 use libfuzzer_sys::fuzz_target;
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
@@ -59,7 +59,11 @@ fuzz_target!(|data: &[u8]| {
     // them (the backend passes none, so received frames carry no offloads). Half with
     // mergeable receive buffers: a 112-byte response may take several chains, or the whole
     // ring and be dropped.
-    let offloads = if config & 0x40 != 0 { OFFLOAD_FEATURES } else { 0 };
+    let offloads = if config & 0x40 != 0 {
+        OFFLOAD_FEATURES | USO_FEATURES
+    } else {
+        0
+    };
     let mergeable = if config & 0x20 != 0 { 1 << VIRTIO_NET_F_MRG_RXBUF } else { 0 };
     let features = offloads | mergeable;
     engine.activate(queues, DmaContext::platform(mem), features);

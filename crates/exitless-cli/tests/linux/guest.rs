@@ -50,7 +50,18 @@ impl Guest {
     /// The guest whose `/init` runs `script` (sh, busybox's applets, and this host's
     /// `programs` at their paths), written into `dir` as `NAME.cpio`.
     pub fn new(dir: &Path, name: &str, script: &str, programs: &[&str]) -> Guest {
-        let kernel = debian::kernel(KERNEL_PACKAGE).expect("Debian's kernel");
+        Guest::with_kernel(dir, name, script, programs, KERNEL_PACKAGE)
+    }
+
+    /// The same on the kernel of Debian's `package` rather than [`KERNEL_PACKAGE`].
+    pub fn with_kernel(
+        dir: &Path,
+        name: &str,
+        script: &str,
+        programs: &[&str],
+        package: &str,
+    ) -> Guest {
+        let kernel = debian::kernel(package).expect("Debian's kernel");
         // The pause lets the console's UART drain what the script wrote before the kernel's
         // own "reboot: Power down" is written over it (a report line was seen cut that way).
         let init = format!("{PRELUDE}{script}\necho GUEST done\nsleep 1\npoweroff -f\n");

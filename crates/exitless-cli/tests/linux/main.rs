@@ -21,5 +21,6 @@ mod net_table;
 mod qemu;
 mod sleep;
 mod snapshot;
+mod uso;
 mod vhost_net;
 mod vhost_user;

@@ -34,6 +34,11 @@ pub trait NetBackend: Send {
     fn passes_headers(&self) -> bool {
         false
     }
+    /// Whether, passing headers, it also takes and gives UDP segments (GSO UDP_L4): the
+    /// device then offers [`super::header::USO_FEATURES`] too.
+    fn passes_uso(&self) -> bool {
+        false
+    }
     /// The offloads the driver takes in received frames (at DRIVER_OK, a restore, or a reset
     /// with none): a backend that [passes headers](NetBackend::passes_headers) gives it
     /// no other.

@@ -2,8 +2,8 @@
 //! 12 bytes with VIRTIO_F_VERSION_1, little-endian), and the offloads it carries: a checksum
 //! left for the other side to fill in (NEEDS_CSUM at `csum_start` + `csum_offset`) and a
 //! segment larger than the MTU to be cut into `gso_size` pieces (TCP over IPv4 or IPv6,
-//! optionally with ECN). Which of them may appear each way is what the driver negotiated
-//! ([`Offloads`]).
+//! optionally with ECN; UDP datagrams, USO, where the tap takes them). Which of them may
+//! appear each way is what the driver negotiated ([`Offloads`]).
 //!
 //! A header from the driver is read once into a copy ([`NetHeader::from_bytes`]) and checked
 //! against the frame after it and the features ([`NetHeader::for_backend`]); the copy, never
@@ -13,17 +13,19 @@
 
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
-    VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
+    VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_GUEST_USO4, VIRTIO_NET_F_GUEST_USO6,
+    VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_HOST_USO,
     VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_ECN,
     VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
+    VIRTIO_NET_HDR_GSO_UDP_L4,
 };
 
 use super::HDR;
 
 /// The offload features a device offers when its backend carries headers through (a tap):
 /// checksums and TCP segmentation both ways, with ECN. UDP fragmentation (HOST_UFO/GUEST_UFO)
-/// is left out, as Linux drivers since 4.14 never use it; UDP segmentation (HOST_USO,
-/// GUEST_USO4/6) needs a tap with TUN_F_USO4/6 (Linux 6.2), which is not asked for yet.
+/// is left out, as Linux drivers since 4.14 never use it; UDP segmentation is
+/// [`USO_FEATURES`].
 pub const OFFLOAD_FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
     | (1 << VIRTIO_NET_F_GUEST_CSUM)
     | (1 << VIRTIO_NET_F_GUEST_TSO4)
@@ -32,6 +34,18 @@ pub const OFFLOAD_FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
     | (1 << VIRTIO_NET_F_HOST_TSO4)
     | (1 << VIRTIO_NET_F_HOST_TSO6)
     | (1 << VIRTIO_NET_F_HOST_ECN);
+
+/// UDP segmentation both ways (virtio 1.2 §5.1.3: HOST_USO, GUEST_USO4, GUEST_USO6), offered
+/// beside [`OFFLOAD_FEATURES`] only where the tap takes such segments (TUN_F_USO4/6, Linux
+/// 6.2; `Tap::open` asks the kernel), as QEMU offers them.
+pub const USO_FEATURES: u64 =
+    (1 << VIRTIO_NET_F_HOST_USO) | (1 << VIRTIO_NET_F_GUEST_USO4) | (1 << VIRTIO_NET_F_GUEST_USO6);
+
+/// The offload features a device offers on backends that carry headers through, `uso` where
+/// they all take UDP segments too ([`super::NetBackend::passes_uso`]).
+pub fn offload_features(uso: bool) -> u64 {
+    OFFLOAD_FEATURES | if uso { USO_FEATURES } else { 0 }
+}
 
 #[allow(clippy::cast_possible_truncation)] // the header's one-byte values
 mod bits {
@@ -42,11 +56,12 @@ mod bits {
     pub const GSO_TCPV4: u8 = VIRTIO_NET_HDR_GSO_TCPV4 as u8;
     pub const GSO_TCPV6: u8 = VIRTIO_NET_HDR_GSO_TCPV6 as u8;
     pub const GSO_ECN: u8 = VIRTIO_NET_HDR_GSO_ECN as u8;
+    pub const GSO_UDP_L4: u8 = VIRTIO_NET_HDR_GSO_UDP_L4 as u8;
 }
 use bits::*;
 
 /// What may travel one way: a checksum left to fill in, TCP segments over IPv4 or IPv6, ECN
-/// on them.
+/// on them, UDP segments over IPv4 or IPv6.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Direction {
     /// NEEDS_CSUM (a partial checksum); DATA_VALID too, toward the driver.
@@ -57,13 +72,18 @@ pub struct Direction {
     pub tso6: bool,
     /// The ECN bit on a TCP segment.
     pub ecn: bool,
+    /// GSO UDP_L4 over IPv4.
+    pub uso4: bool,
+    /// GSO UDP_L4 over IPv6 (the header's type is the same: the tap is told which it may
+    /// hand over, `TUN_F_USO4`/`TUN_F_USO6`; toward the backend HOST_USO gives both).
+    pub uso6: bool,
 }
 
 impl Direction {
-    /// The one way's features: `csum`, `tso4`, `tso6`, `ecn` bits of `features`. A feature is
-    /// taken only with those it needs (§5.1.3.1: segmentation needs the checksum, ECN needs
-    /// segmentation), whatever else the driver accepted.
-    fn from(features: u64, [csum, tso4, tso6, ecn]: [u32; 4]) -> Self {
+    /// The one way's features: `csum`, `tso4`, `tso6`, `ecn`, `uso4`, `uso6` bits of
+    /// `features`. A feature is taken only with those it needs (§5.1.3.1: segmentation needs
+    /// the checksum, ECN needs TCP segmentation), whatever else the driver accepted.
+    fn from(features: u64, [csum, tso4, tso6, ecn, uso4, uso6]: [u32; 6]) -> Self {
         let has = |bit: u32| features & (1 << bit) != 0;
         let csum = has(csum);
         let (tso4, tso6) = (csum && has(tso4), csum && has(tso6));
@@ -72,22 +92,26 @@ impl Direction {
             tso4,
             tso6,
             ecn: (tso4 || tso6) && has(ecn),
+            uso4: csum && has(uso4),
+            uso6: csum && has(uso6),
         }
     }
 
     fn allows_gso(self, gso_type: u8) -> bool {
         let ecn = gso_type & GSO_ECN != 0;
-        let kind_allowed = match gso_type & !GSO_ECN {
-            GSO_TCPV4 => self.tso4,
-            GSO_TCPV6 => self.tso6,
+        match gso_type & !GSO_ECN {
+            GSO_TCPV4 => self.tso4 && (!ecn || self.ecn),
+            GSO_TCPV6 => self.tso6 && (!ecn || self.ecn),
+            // ECN is TCP's (§5.1.6.2.1).
+            GSO_UDP_L4 => (self.uso4 || self.uso6) && !ecn,
             _ => false,
-        };
-        kind_allowed && (!ecn || self.ecn)
+        }
     }
 }
 
 /// The offloads a driver negotiated: `tx` in the frames it sends (VIRTIO_NET_F_CSUM,
-/// HOST_TSO4/6, HOST_ECN), `rx` in those it takes (GUEST_CSUM, GUEST_TSO4/6, GUEST_ECN).
+/// HOST_TSO4/6, HOST_ECN, HOST_USO), `rx` in those it takes (GUEST_CSUM, GUEST_TSO4/6,
+/// GUEST_ECN, GUEST_USO4/6).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Offloads {
     /// Toward the backend.
@@ -107,6 +131,8 @@ impl Offloads {
                     VIRTIO_NET_F_HOST_TSO4,
                     VIRTIO_NET_F_HOST_TSO6,
                     VIRTIO_NET_F_HOST_ECN,
+                    VIRTIO_NET_F_HOST_USO,
+                    VIRTIO_NET_F_HOST_USO,
                 ],
             ),
             rx: Direction::from(
@@ -116,6 +142,8 @@ impl Offloads {
                     VIRTIO_NET_F_GUEST_TSO4,
                     VIRTIO_NET_F_GUEST_TSO6,
                     VIRTIO_NET_F_GUEST_ECN,
+                    VIRTIO_NET_F_GUEST_USO4,
+                    VIRTIO_NET_F_GUEST_USO6,
                 ],
             ),
         }
@@ -139,7 +167,8 @@ pub enum BadHeader {
         /// The frame's length.
         len: usize,
     },
-    /// A segmentation kind not negotiated (UDP, or TCP without HOST_TSO4/6), or ECN without it.
+    /// A segmentation kind not negotiated (UDP fragments; TCP or UDP segments without their
+    /// feature), or ECN without it or on UDP.
     #[error("gso_type {0:#x} not negotiated")]
     GsoType(u8),
     /// Segmentation without a segment size, or from the driver without a checksum to fill in.
@@ -167,7 +196,7 @@ pub enum BadHeader {
 pub struct NetHeader {
     /// NEEDS_CSUM, DATA_VALID.
     pub flags: u8,
-    /// GSO_NONE, GSO_TCPV4, GSO_TCPV6 (GSO_UDP, GSO_UDP_L4: never negotiated), with GSO_ECN.
+    /// GSO_NONE, GSO_TCPV4, GSO_TCPV6 (with GSO_ECN), GSO_UDP_L4 (GSO_UDP: never negotiated).
     pub gso_type: u8,
     /// The length of the headers before the payload, a hint to the segmenting side.
     pub hdr_len: u16,

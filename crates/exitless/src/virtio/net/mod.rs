@@ -21,7 +21,7 @@ use virtio_bindings::virtio_net::{
 use super::DeviceParts;
 use super::device::{VirtioDevice, read_config_bytes};
 use super::regs::{VIRTIO_ID_NET, VIRTIO_NET_HDR_SIZE};
-use header::OFFLOAD_FEATURES;
+use header::offload_features;
 
 /// Largest frame accepted: a 64 KiB IP packet (a TCP segment before segmentation, or one
 /// frame without it) plus the Ethernet header.
@@ -38,8 +38,9 @@ const HDR: usize = VIRTIO_NET_HDR_SIZE as usize;
 pub struct VirtioNet {
     pairs: usize,
     mac: [u8; 6],
-    /// Every backend passes offloads through ([`NetBackend::passes_headers`]).
-    offloads: bool,
+    /// The offload features, where every backend passes headers through
+    /// ([`NetBackend::passes_headers`]; USO where each also [passes it](NetBackend::passes_uso)).
+    offloads: u64,
 }
 
 /// Offset of `max_virtqueue_pairs` in `struct virtio_net_config` (after mac[6] and status).
@@ -53,7 +54,11 @@ impl VirtioNet {
         let net = VirtioNet {
             pairs: backends.len(),
             mac,
-            offloads: backends.iter().all(|b| b.passes_headers()),
+            offloads: if backends.iter().all(|b| b.passes_headers()) {
+                offload_features(backends.iter().all(|b| b.passes_uso()))
+            } else {
+                0
+            },
         };
         (net, NetQueues::new(backends))
     }
@@ -83,10 +88,9 @@ impl VirtioDevice for VirtioNet {
     /// where the backends carry them, and multiqueue with several pairs.
     fn features(&self) -> u64 {
         let mq = (1 << VIRTIO_NET_F_MQ) | (1 << VIRTIO_NET_F_CTRL_VQ);
-        let offloads = if self.offloads { OFFLOAD_FEATURES } else { 0 };
         (1 << VIRTIO_NET_F_MAC)
             | (1 << VIRTIO_NET_F_MRG_RXBUF)
-            | offloads
+            | self.offloads
             | if self.multiqueue() { mq } else { 0 }
     }
 

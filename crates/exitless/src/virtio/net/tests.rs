@@ -703,6 +703,8 @@ struct Offloading {
     sent: Arc<std::sync::Mutex<Vec<(header::NetHeader, usize)>>>,
     told: Arc<std::sync::Mutex<Vec<header::Direction>>>,
     incoming: VecDeque<(header::NetHeader, Vec<u8>)>,
+    /// It takes UDP segments too.
+    uso: bool,
 }
 
 impl NetBackend for Offloading {
@@ -728,6 +730,9 @@ impl NetBackend for Offloading {
     fn passes_headers(&self) -> bool {
         true
     }
+    fn passes_uso(&self) -> bool {
+        self.uso
+    }
     fn set_offloads(&mut self, rx: header::Direction) {
         self.told.lock().unwrap().push(rx);
     }
@@ -748,6 +753,27 @@ fn the_offloads_are_offered_only_where_every_backend_passes_headers() {
         vec![offloading(), Box::new(Sink::default())],
     );
     assert_eq!(net.features() & header::OFFLOAD_FEATURES, 0);
+}
+
+/// UDP segmentation is offered where every backend takes it (a tap on Linux 6.2 or later),
+/// and not where one does not.
+#[test]
+fn uso_is_offered_only_where_every_backend_takes_udp_segments() {
+    let backend = |uso| {
+        Box::new(Offloading {
+            uso,
+            ..Offloading::default()
+        }) as Box<dyn NetBackend>
+    };
+    let uso = header::USO_FEATURES;
+    let (net, _) = VirtioNet::new([2, 0, 0, 0, 0, 1], vec![backend(true), backend(true)]);
+    assert_eq!(net.features() & uso, uso);
+    let (net, _) = VirtioNet::new([2, 0, 0, 0, 0, 1], vec![backend(true), backend(false)]);
+    assert_eq!(net.features() & uso, 0);
+    assert_eq!(
+        net.features() & header::OFFLOAD_FEATURES,
+        header::OFFLOAD_FEATURES
+    );
 }
 
 /// Transmitted frames, each `len` bytes after `header`, one chain each on `tx` from

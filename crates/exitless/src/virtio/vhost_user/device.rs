@@ -20,7 +20,10 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_HOST_UFO, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
     VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
-use virtio_bindings::virtio_net::{VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MQ};
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_GUEST_USO4, VIRTIO_NET_F_GUEST_USO6, VIRTIO_NET_F_HOST_USO,
+    VIRTIO_NET_F_MQ,
+};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
 use super::connection::Connection;
@@ -47,7 +50,7 @@ const COMMON: [u32; 3] = [
 ];
 /// virtio-net features whose work is the backend's. MQ and the control queue are offered
 /// apart, with several pairs only ([`multiqueue`]).
-const NET: [u32; 11] = [
+const NET: [u32; 14] = [
     VIRTIO_NET_F_CSUM,
     VIRTIO_NET_F_GUEST_CSUM,
     VIRTIO_NET_F_GUEST_TSO4,
@@ -59,6 +62,9 @@ const NET: [u32; 11] = [
     VIRTIO_NET_F_HOST_ECN,
     VIRTIO_NET_F_HOST_UFO,
     VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_NET_F_GUEST_USO4,
+    VIRTIO_NET_F_GUEST_USO6,
+    VIRTIO_NET_F_HOST_USO,
 ];
 /// virtio-blk features, all the backend's.
 const BLOCK: [u32; 10] = [
@@ -193,5 +199,31 @@ impl VirtioDevice for VhostUserDevice {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio::net::header::{OFFLOAD_FEATURES, USO_FEATURES};
+
+    /// A NIC offers the backend's offloads, UDP segmentation included (the kernel's vhost-net
+    /// on a tap that carries it, or a vhost-user backend that offers it), and none of the
+    /// backend's features it does not pass through.
+    #[test]
+    fn a_nic_passes_the_backends_offloads_through_uso_included() {
+        let spec = VhostUserSpec {
+            socket: "/dev/vhost-net".into(),
+            kind: VhostUserKind::Net {
+                mac: [2, 0, 0, 0, 0, 1],
+            },
+            queues: 1,
+            reconnect: None,
+        };
+        let offloads = OFFLOAD_FEATURES | USO_FEATURES;
+        let unknown = 1 << 63;
+        let nic = VhostUserDevice::net(&spec, [2, 0, 0, 0, 0, 1], offloads | unknown);
+        assert_eq!(nic.features() & offloads, offloads);
+        assert_eq!(nic.features() & unknown, 0);
     }
 }

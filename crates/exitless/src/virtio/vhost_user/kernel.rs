@@ -25,7 +25,7 @@ use vmm_sys_util::ioctl::ioctl_with_ref;
 
 use super::{lacking_ring_feature, memory};
 use crate::virtio::net::NetBackend as _;
-use crate::virtio::net::header::{Direction, Offloads};
+use crate::virtio::net::header::{Direction, Offloads, offload_features};
 use crate::virtio::net::tap::{Tap, TapError};
 
 /// A pair's receive ring in its vhost-net file (its transmit ring is 1).
@@ -109,6 +109,12 @@ impl KernelNet {
         };
         net.reset();
         Ok(net)
+    }
+
+    /// The offload features the device offers: the taps' (the kernel's vhost-net passes the
+    /// headers through to them).
+    pub fn offloads(&self) -> u64 {
+        offload_features(self.pairs.iter().all(|p| p.tap.passes_uso()))
     }
 
     /// The pair of ring `q` and the ring's index in its file: virtio 1.2 §5.1.2, receiveq`k`

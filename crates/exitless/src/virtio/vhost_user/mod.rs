@@ -29,7 +29,6 @@ use std::time::Duration;
 use vm_memory::GuestMemoryMmap;
 
 use super::DeviceParts;
-use crate::virtio::net::header::OFFLOAD_FEATURES;
 use crate::virtio::regs::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use backend::Backend;
 use connection::Connection;
@@ -227,7 +226,7 @@ pub fn kernel_net(
         reconnect: None,
     };
     // The kernel's ring features, and the offloads the tap does.
-    let device = VhostUserDevice::net(&spec, mac, kernel.features | OFFLOAD_FEATURES);
+    let device = VhostUserDevice::net(&spec, mac, kernel.features | kernel.offloads());
     Ok(DeviceParts {
         work: super::DeviceWork::VhostUser(VhostUserWork {
             spec,

@@ -242,3 +242,45 @@ fn the_driver_sees_checksum_flags_only_with_guest_csum_and_segments_only_it_nego
         .unwrap();
     assert_eq!(plain.to_bytes(), [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
 }
+
+/// A UDP segment as Linux's driver sends it with HOST_USO (14 + 20 + 8 bytes of headers,
+/// the checksum 6 into the UDP header, 1400-byte datagrams): passed on only with HOST_USO,
+/// never with the ECN bit; toward the driver only with GUEST_USO4 or GUEST_USO6.
+#[test]
+fn a_udp_segment_passes_each_way_only_with_uso_negotiated() {
+    let uso = NetHeader {
+        flags: NEEDS_CSUM,
+        gso_type: GSO_UDP_L4,
+        hdr_len: 42,
+        gso_size: 1400,
+        csum_start: 34,
+        csum_offset: 6,
+        num_buffers: 0,
+    };
+    let with_uso = Offloads::negotiated(OFFLOAD_FEATURES | USO_FEATURES);
+    assert!(with_uso.tx.uso4 && with_uso.tx.uso6 && with_uso.rx.uso4 && with_uso.rx.uso6);
+    assert_eq!(uso.for_backend(14_042, with_uso.tx), Ok(uso));
+    assert_eq!(
+        uso.for_backend(14_042, all().tx),
+        Err(BadHeader::GsoType(GSO_UDP_L4)),
+        "TCP segmentation alone does not let UDP segments through"
+    );
+    let with_ecn = NetHeader {
+        gso_type: GSO_UDP_L4 | GSO_ECN,
+        ..uso
+    };
+    assert_eq!(
+        with_ecn.for_backend(14_042, with_uso.tx),
+        Err(BadHeader::GsoType(GSO_UDP_L4 | GSO_ECN))
+    );
+    let bit = |b: u32| 1u64 << b;
+    let v6_only = Offloads::negotiated(bit(VIRTIO_NET_F_GUEST_CSUM) | bit(VIRTIO_NET_F_GUEST_USO6));
+    assert!(v6_only.rx.uso6 && !v6_only.rx.uso4 && !v6_only.tx.uso4);
+    assert!(uso.for_driver(14_042, v6_only.rx).is_ok());
+    assert_eq!(
+        uso.for_driver(14_042, all().rx),
+        Err(BadHeader::GsoType(GSO_UDP_L4))
+    );
+    let uso_without_csum = Offloads::negotiated(bit(VIRTIO_NET_F_HOST_USO));
+    assert!(!uso_without_csum.tx.uso4 && !uso_without_csum.tx.uso6);
+}

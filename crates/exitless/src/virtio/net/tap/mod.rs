@@ -7,7 +7,8 @@
 //! unchanged both ways ([`NetBackend::passes_headers`]): the kernel takes a TCP segment of up
 //! to 64 KiB with its checksum left to fill in, as the driver sent it, and segments and
 //! checksums it where it must. What the kernel hands over is set by TUNSETOFFLOAD from what
-//! the driver takes (GUEST_CSUM, GUEST_TSO4/6, GUEST_ECN: [`NetBackend::set_offloads`], as
+//! the driver takes (GUEST_CSUM, GUEST_TSO4/6, GUEST_ECN, GUEST_USO4/6 where the kernel has
+//! them: [`NetBackend::set_offloads`], as
 //! QEMU's tap backend does); none until DRIVER_OK and after a reset, when the kernel hands over
 //! only whole, checksummed frames. Headers are checked by the device both ways
 //! ([`super::header`]): a header a driver filled in against features it did not negotiate
@@ -219,6 +220,8 @@ pub struct Tap {
     attached: bool,
     /// A read failed other than for want of frames (the tap is gone), and it was logged.
     failed: bool,
+    /// The kernel takes UDP segments on this tap (TUN_F_USO4/6, Linux 6.2).
+    uso: bool,
 }
 
 impl Tap {
@@ -300,6 +303,16 @@ impl Tap {
         // SAFETY: TUNSETSNDBUF reads one int, which `sndbuf` is.
         check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETSNDBUF, &sndbuf) })
             .map_err(step_failed(name, "TUNSETSNDBUF"))?;
+        // UDP segments (Linux 6.2): the kernel refuses offload flags it does not know, so a tap
+        // that takes TUN_F_USO4/6 (with the checksum, as it takes them) can carry them, as
+        // QEMU's tap_probe_has_uso() asks. Then none until the driver says.
+        let uso = Direction {
+            csum: true,
+            uso4: true,
+            uso6: true,
+            ..Direction::default()
+        };
+        let uso = set_offload(&file, uso).is_ok();
         set_offload(&file, Direction::default()).map_err(step_failed(name, "TUNSETOFFLOAD"))?;
         Ok(Tap {
             file,
@@ -310,6 +323,7 @@ impl Tap {
             multi_queue,
             attached: true,
             failed: false,
+            uso,
         })
     }
 
@@ -328,14 +342,18 @@ fn check(ret: libc::c_int) -> io::Result<()> {
 }
 
 /// Tell the kernel which offloads it may leave in the frames it hands over (TUNSETOFFLOAD,
-/// tun.c's set_offload()): the checksum, then TCP segments, which it takes only with the
-/// checksum, as [`Direction`] holds them.
+/// tun.c's set_offload()): the checksum, then TCP and UDP segments, which it takes only with
+/// the checksum, as [`Direction`] holds them. UDP segments only both ways or not at all: the
+/// kernel takes TUN_F_USO4 and TUN_F_USO6 together only (and refuses one alone), so a driver
+/// that takes one gets datagrams the kernel has cut.
 fn set_offload(file: &File, rx: Direction) -> io::Result<()> {
+    let uso = rx.uso4 && rx.uso6;
     let flags = [
         (rx.csum, libc::TUN_F_CSUM),
         (rx.tso4, libc::TUN_F_TSO4),
         (rx.tso6, libc::TUN_F_TSO6),
         (rx.ecn, libc::TUN_F_TSO_ECN),
+        (uso, libc::TUN_F_USO4 | libc::TUN_F_USO6),
     ]
     .into_iter()
     .filter(|(on, _)| *on)
@@ -427,6 +445,10 @@ impl NetBackend for Tap {
 
     fn passes_headers(&self) -> bool {
         true
+    }
+
+    fn passes_uso(&self) -> bool {
+        self.uso
     }
 
     /// TUNSETOFFLOAD on this queue's file (the setting is the tap's, for all its queues). A

@@ -221,16 +221,27 @@ fn test_frame() -> Vec<u8> {
     frame
 }
 
+/// The one queue of a tap `name` that `open_queues` creates and brings up, as a device's;
+/// None (said) where this host lets no tap be made.
+fn created_or_skip(name: &str) -> Option<Tap> {
+    match Tap::open_queues(name, 1) {
+        Ok(mut queues) => queues.pop(),
+        Err(e) if skippable(&e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// The guest's buffers go to the tap as they are (one writev, two pieces here) and the
 /// host sees the frame whole; a frame from the host lands in scattered receive buffers.
 #[test]
 fn frames_go_out_of_and_come_in_from_scattered_guest_buffers_whole() {
     use vm_memory::{Bytes, GuestAddress};
     let name = unique("w");
-    let mut tap = match Tap::open_queues(&name, 1) {
-        Ok(mut queues) => queues.pop().unwrap(),
-        Err(e) if skippable(&e) => return eprintln!("skipped: {e}"),
-        Err(e) => panic!("{e}"),
+    let Some(mut tap) = created_or_skip(&name) else {
+        return;
     };
     let host = packet_socket(&name);
     let frame = test_frame();
@@ -321,6 +332,8 @@ fn the_taps_offloads_follow_what_the_driver_takes() {
         tso4: true,
         tso6: true,
         ecn: true,
+        uso4: tap.passes_uso(),
+        uso6: tap.passes_uso(),
     };
     tap.set_offloads(all);
     assert_eq!(seen(&name), (1, 1));
@@ -331,4 +344,203 @@ fn the_taps_offloads_follow_what_the_driver_takes() {
     assert_eq!(seen(&name), (1, 0));
     tap.set_offloads(Direction::default());
     assert_eq!(seen(&name), (0, 0), "a reset takes them away");
+}
+
+/// UDP port the USO test's segments go to, so the kernel's own frames are told apart.
+const USO_PORT: u16 = 47_011;
+
+/// An Ethernet frame holding one UDP segment of `segments` datagrams of `gso_size` bytes
+/// to [`USO_PORT`] (IPv4, 10.99.0.1 to 10.99.0.2), its UDP checksum left for the other side
+/// (the pseudo-header's sum in place, as a sender's stack leaves it), and the virtio-net
+/// header that says so.
+fn udp_segment(segments: usize, gso_size: u16) -> (NetHeader, Vec<u8>) {
+    let payload = segments * usize::from(gso_size);
+    let udp_len = u16::try_from(8 + payload).unwrap();
+    let ip_len = 20 + udp_len;
+    let header = NetHeader {
+        flags: 1,    // NEEDS_CSUM
+        gso_type: 5, // GSO_UDP_L4
+        hdr_len: 42,
+        gso_size,
+        csum_start: 34,
+        csum_offset: 6,
+        num_buffers: 0,
+    };
+    let mut frame = vec![0x02, 0, 0, 0, 0, 0x43];
+    frame.extend([0x02, 0, 0, 0, 0, 0x42, 0x08, 0x00]);
+    let (src, dst) = ([10, 99, 0, 1], [10, 99, 0, 2]);
+    let mut ip = vec![0x45, 0];
+    ip.extend(ip_len.to_be_bytes());
+    ip.extend([0, 0, 0x40, 0, 64, 17, 0, 0]);
+    ip.extend(src);
+    ip.extend(dst);
+    let sum = |words: &[u8], start: u32| {
+        let mut sum = words
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum::<u32>()
+            + start;
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        u16::try_from(sum).unwrap()
+    };
+    let ip_check = !sum(&ip, 0);
+    ip[10..12].copy_from_slice(&ip_check.to_be_bytes());
+    frame.extend(ip);
+    let pseudo = [&src[..], &dst[..], &[0, 17], &udp_len.to_be_bytes()].concat();
+    frame.extend(40_000u16.to_be_bytes());
+    frame.extend(USO_PORT.to_be_bytes());
+    frame.extend(udp_len.to_be_bytes());
+    frame.extend(sum(&pseudo, 0).to_be_bytes());
+    frame.extend((0..payload).map(|i| u8::try_from(i % 251).unwrap()));
+    (header, frame)
+}
+
+/// A packet socket on the tap `name` that sends and receives the virtio-net header in front
+/// of each frame (packet(7): PACKET_VNET_HDR, the 10-byte header without `num_buffers`).
+fn vnet_packet_socket(name: &str) -> OwnedFd {
+    let host = packet_socket(name);
+    let on: libc::c_int = 1;
+    let len = u32::try_from(std::mem::size_of::<libc::c_int>()).unwrap();
+    // SAFETY: PACKET_VNET_HDR reads one int, which `on` is.
+    check(unsafe {
+        libc::setsockopt(
+            host.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_VNET_HDR,
+            (&raw const on).cast(),
+            len,
+        )
+    })
+    .unwrap();
+    host
+}
+
+/// The frames the tap hands over to [`USO_PORT`] within a second: each one's header and
+/// length; the others (the kernel's own) let go.
+fn udp_frames_from(tap: &mut Tap) -> Vec<(NetHeader, usize)> {
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        match tap.pending() {
+            Some(n) => {
+                let frame = &tap.buf[HDR..HDR + n];
+                let udp = n > 42 && frame[12..14] == [0x08, 0x00] && frame[23] == 17;
+                if udp && frame[36..38] == USO_PORT.to_be_bytes() {
+                    got.push((tap.held_header(), n));
+                }
+                tap.discard();
+            }
+            None => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+    got
+}
+
+/// With the driver taking UDP segments (GUEST_USO4 and GUEST_USO6) the kernel hands a segment
+/// over whole, its header saying GSO UDP_L4 with the segment size; with one of them, or the
+/// checksum offload alone, it cuts it into datagrams first. Skipped on a kernel whose taps
+/// take no UDP segments (before Linux 6.2), where the device does not offer USO.
+#[test]
+fn a_udp_segment_comes_whole_only_to_a_driver_that_takes_uso() {
+    let name = unique("u");
+    let Some(mut tap) = created_or_skip(&name) else {
+        return;
+    };
+    if !tap.passes_uso() {
+        return eprintln!("skipped: this kernel's taps take no UDP segments (Linux 6.2)");
+    }
+    let host = vnet_packet_socket(&name);
+    let send = |frame: &[u8]| {
+        // SAFETY: `frame` is readable for its length.
+        let sent = unsafe { libc::send(host.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(
+            usize::try_from(sent).ok(),
+            Some(frame.len()),
+            "{}",
+            io::Error::last_os_error()
+        );
+    };
+    let (header, frame) = udp_segment(4, 1000);
+    let segment = [&header.to_bytes()[..10], &frame[..]].concat();
+    let uso = Direction {
+        csum: true,
+        uso4: true,
+        uso6: true,
+        ..Direction::default()
+    };
+    tap.set_offloads(uso);
+    send(&segment);
+    let whole = udp_frames_from(&mut tap);
+    assert_eq!(whole.len(), 1, "one frame: {whole:?}");
+    let (header, len) = whole[0];
+    assert_eq!((header.gso_type, header.gso_size, len), (5, 1000, 4042));
+    for rx in [
+        Direction { uso6: false, ..uso },
+        Direction {
+            csum: true,
+            ..Direction::default()
+        },
+    ] {
+        tap.set_offloads(rx);
+        send(&segment);
+        let cut = udp_frames_from(&mut tap);
+        let cut: Vec<(u8, usize)> = cut.iter().map(|(h, n)| (h.gso_type, *n)).collect();
+        assert_eq!(cut, vec![(0, 1042); 4], "{rx:?}: four datagrams");
+    }
+}
+
+/// A UDP segment the driver sends (HOST_USO) reaches the host whole, as one frame with GSO
+/// UDP_L4 and its segment size in its header, for the host's stack to cut. Skipped where the
+/// kernel's taps take no UDP segments (before Linux 6.2; the kernel refuses the frame).
+#[test]
+fn a_udp_segment_the_driver_sends_reaches_the_host_whole() {
+    use vm_memory::{Bytes, GuestAddress};
+    let name = unique("s");
+    let Some(mut tap) = created_or_skip(&name) else {
+        return;
+    };
+    if !tap.passes_uso() {
+        return eprintln!("skipped: this kernel's taps take no UDP segments (Linux 6.2)");
+    }
+    let host = vnet_packet_socket(&name);
+    let (header, frame) = udp_segment(4, 1000);
+    let mem = vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x2000)]).unwrap();
+    mem.write_slice(&frame, GuestAddress(0)).unwrap();
+    let dma = crate::dma::DmaContext::platform(mem.clone());
+    let mut io = Segments::default();
+    dma.resolve(
+        GuestAddress(0),
+        frame.len(),
+        crate::dma::Access::Read,
+        &mut io,
+    )
+    .unwrap();
+    assert!(tap.transmit(header, &io), "the kernel took the segment");
+    let mut got = vec![0u8; 10 + 0x2000];
+    let n = (0..100)
+        .find_map(|_| {
+            // SAFETY: `got` is writable for its length.
+            let n = unsafe {
+                let flags = libc::MSG_DONTWAIT;
+                libc::recv(host.as_raw_fd(), got.as_mut_ptr().cast(), got.len(), flags)
+            };
+            match usize::try_from(n) {
+                Ok(n) if n > 48 && got[10 + 36..10 + 38] == USO_PORT.to_be_bytes() => Some(n),
+                Ok(_) => None,
+                Err(_) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    None
+                }
+            }
+        })
+        .expect("the segment reached the host");
+    let mut raw = [0u8; HDR];
+    raw[..10].copy_from_slice(&got[..10]);
+    let seen = NetHeader::from_bytes(&raw);
+    assert_eq!(
+        (seen.gso_type, seen.gso_size, n - 10),
+        (5, 1000, frame.len())
+    );
+    assert_eq!(&got[10 + 42..n], &frame[42..], "the payload whole");
 }
