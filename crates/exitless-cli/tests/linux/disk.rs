@@ -295,32 +295,62 @@ echo "blocks_before $(stat -c %b "$image")" > erase.facts"#,
 /// Debian's fio, run in the guest (with its libraries).
 const FIO: &str = "/usr/bin/fio";
 
-/// fio's jobs on vda, O_DIRECT through libaio, 5 s each: 4 KiB random reads at depth 1 and 32,
-/// 4 KiB random writes at depth 32, 1 MiB sequential reads at depth 4. Each says its error
-/// (0: none) and its IOPS (`--terse-version=3`: field 5, the reads' field 8, the writes' 49).
-const FIO_JOBS: &str = r#"
-for job in "randread 4k 1" "randread 4k 32" "randwrite 4k 32" "read 1M 4"; do
+/// fio's jobs on vda, O_DIRECT through libaio, 5 s each: (`--rw`, `--bs`, `--iodepth`).
+const FIO_JOBS: [(&str, &str, u32); 5] = [
+    ("randread", "4k", 1),
+    ("randread", "4k", 32),
+    ("randwrite", "4k", 1),
+    ("randwrite", "4k", 32),
+    ("read", "1M", 4),
+];
+
+/// The guest's script: each of [`FIO_JOBS`] says its error (0: none) and its IOPS
+/// (`--terse-version=3`: field 5, the reads' field 8, the writes' 49) as `GUEST` + its name
+/// ([`fio_name`]).
+fn fio_script() -> String {
+    let jobs: Vec<String> = FIO_JOBS
+        .iter()
+        .map(|(rw, bs, depth)| format!("\"{rw} {bs} {depth}\""))
+        .collect();
+    format!(
+        r#"
+for job in {}; do
   set -- $job
   fio --name=job --filename=/dev/vda --direct=1 --ioengine=libaio --rw=$1 --bs=$2 \
     --iodepth=$3 --runtime=5 --time_based --size=48M --output-format=terse --terse-version=3 \
     > /tmp/fio 2>&1
-  echo "GUEST fio_$1_$2_$3 $(awk -F';' '/^3;/ { print "error=" $5, "iops=" ($8 + $49) }' /tmp/fio)"
+  echo "GUEST fio_$1_$2_$3 $(awk -F';' '/^3;/ {{ print "error=" $5, "iops=" ($8 + $49) }}' /tmp/fio)"
 done
-"#;
+"#,
+        jobs.join(" ")
+    )
+}
 
-/// The fio jobs' names, as the guest reports them.
-const FIO_NAMES: [&str; 4] = [
-    "fio_randread_4k_1",
-    "fio_randread_4k_32",
-    "fio_randwrite_4k_32",
-    "fio_read_1M_4",
+/// The name a fio job's line has on the console.
+fn fio_name((rw, bs, depth): (&str, &str, u32)) -> String {
+    format!("fio_{rw}_{bs}_{depth}")
+}
+
+/// The runs of the fio case, in the order of its table: the name, and what QEMU's run of
+/// the same kind is (the ratio's denominator).
+const FIO_RUNS: [(&str, &str); 5] = [
+    ("exitless", "qemu"),
+    ("exitless-sync", "qemu"),
+    ("qemu", "qemu"),
+    ("exitless-vhost-user", "qemu-vhost-user"),
+    ("qemu-vhost-user", "qemu-vhost-user"),
 ];
 
-/// The same guest runs fio (see FIO_JOBS) on a virtio-pci disk under exitless, with its
+/// The same guest runs fio ([`FIO_JOBS`]) on a virtio-pci disk under exitless, with its
 /// requests on an io_uring (the default) and a request at a time (`aio=sync`), and under
-/// QEMU with `aio=io_uring`, in one lab run: every job completes without an error on each.
-/// The IOPS are printed side by side (TCG-timed: the ratios are what counts; one run each).
-/// 768 MiB each: fio's libraries make a 90 MB initramfs, which 256 MiB cannot unpack.
+/// QEMU with `aio=io_uring`; then on a vhost-user disk served by qemu-storage-daemon (one
+/// daemon per VMM, on its own image, exporting one queue: QEMU is told `num-queues=1`, where
+/// exitless takes what the daemon offers) under exitless and under QEMU
+/// (`vhost-user-blk-pci`); in
+/// one lab run: every job completes without an error on each. The IOPS are printed side by
+/// side, each VMM's over QEMU's of the same kind (TCG-timed: the ratios are what counts; one
+/// run each). 768 MiB each: fio's libraries make a 90 MB initramfs, which 256 MiB cannot
+/// unpack.
 #[test]
 #[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
 fn fio_runs_on_exitless_and_on_qemu_in_the_same_lab() {
@@ -328,13 +358,14 @@ fn fio_runs_on_exitless_and_on_qemu_in_the_same_lab() {
         return;
     };
     let mut job = Job::new("fio");
-    let guest = Guest::new(&job.dir, "fio", FIO_JOBS, &[FIO]);
+    let guest = Guest::new(&job.dir, "fio", &fio_script(), &[FIO]);
     let image = |name: &str| {
         job.image(&format!("{name}.img"), 64 << 20)
             .display()
             .to_string()
     };
     let (uring, sync, qemu) = (image("uring"), image("sync"), image("qemu"));
+    let (exitless_vhost, qemu_vhost) = (image("exitless-vhost"), image("qemu-vhost"));
     job.exitless(
         "exitless",
         &guest,
@@ -357,30 +388,63 @@ fn fio_runs_on_exitless_and_on_qemu_in_the_same_lab() {
              -device virtio-blk-pci,drive=d0"
         ),
     );
-    let done = job.run(&lab, Duration::from_secs(900));
-    let runs = ["exitless", "exitless-sync", "qemu"].map(|name| done.run(name));
+    let exitless_socket =
+        crate::vhost_user::start_storage_daemon(&mut job, Path::new(&exitless_vhost), "exitless");
+    job.exitless(
+        "exitless-vhost-user",
+        &guest,
+        "",
+        &format!("--cpus 2 --memory 768 --disk vhost-user={exitless_socket}"),
+    );
+    let qemu_socket =
+        crate::vhost_user::start_storage_daemon(&mut job, Path::new(&qemu_vhost), "qemu");
+    // vhost-user needs guest memory the daemon can map: a shared memfd.
+    job.qemu(
+        "qemu-vhost-user",
+        &guest,
+        "q35,memory-backend=mem",
+        "",
+        &format!(
+            "-smp 2 -m 768 -object memory-backend-memfd,id=mem,size=768M,share=on \
+             -chardev socket,id=c0,path={qemu_socket} \
+             -device vhost-user-blk-pci,chardev=c0,num-queues=1"
+        ),
+    );
+    job.sh(crate::vhost_user::STOP_STORAGE_DAEMONS);
+    let done = job.run(&lab, Duration::from_secs(1500));
+    let runs = FIO_RUNS.map(|(name, _)| done.run(name));
     let iops = |run: &crate::guest::Run, name: &str| -> Option<f64> {
         let value = run.value(name)?;
         let (error, iops) = value.split_once(' ')?;
         (error == "error=0").then_some(())?;
         iops.strip_prefix("iops=")?.parse().ok()
     };
-    println!("fio IOPS (TCG-timed, one run each): exitless, exitless aio=sync, qemu aio=io_uring");
+    println!(
+        "fio IOPS (TCG-timed, one run each), each over QEMU's of its kind: {}",
+        FIO_RUNS.map(|(name, _)| name).join(", ")
+    );
     let mut failed = Vec::new();
-    for name in FIO_NAMES {
-        let [ring, one, qemu] = runs.each_ref().map(|run| iops(run, name));
-        let ratio = |a: Option<f64>| {
-            a.zip(qemu)
-                .map_or("-".into(), |(a, q)| format!("{:.2}", a / q))
+    for fio in FIO_JOBS {
+        let name = fio_name(fio);
+        let got = runs.each_ref().map(|run| iops(run, &name));
+        let of = |run: &str| {
+            FIO_RUNS
+                .iter()
+                .position(|(n, _)| *n == run)
+                .and_then(|k| got[k])
         };
-        println!(
-            "  {name}: {ring:?}, {one:?}, {qemu:?}; exitless/qemu {}, sync/qemu {}",
-            ratio(ring),
-            ratio(one)
-        );
-        for (run, got) in runs.iter().zip([ring, one, qemu]) {
+        let cells: Vec<String> = FIO_RUNS
+            .iter()
+            .zip(got)
+            .map(|((_, qemu), value)| match (value, of(qemu)) {
+                (Some(v), Some(q)) => format!("{v:.0} ({:.2})", v / q),
+                (value, _) => format!("{value:?}"),
+            })
+            .collect();
+        println!("  {name}: {}", cells.join(", "));
+        for (run, got) in runs.iter().zip(got) {
             if !got.is_some_and(|n| n > 0.0) {
-                failed.push(format!("{}: {name}: {:?}", run.name, run.value(name)));
+                failed.push(format!("{}: {name}: {:?}", run.name, run.value(&name)));
             }
         }
     }

@@ -6,7 +6,7 @@
 //! started by the job as `exitless_peer::backends` starts them for the other tests.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use exitless_peer::backends::{
@@ -29,10 +29,30 @@ fn shell_line(program: &str, args: &[OsString]) -> String {
     line
 }
 
-/// The job's lines that wait up to a minute for the socket `$1` to appear.
-const WAIT_FOR_SOCKET: &str = r#"
-socket() { for i in $(seq 60); do [ -S "$1" ] && return 0; sleep 1; done; echo "no socket $1"; return 1; }
-"#;
+/// Start qemu-storage-daemon in `job`, exporting `image` as a vhost-user disk on a socket in
+/// `$RUN` named after `name` (its log `storage-daemon-NAME.log` in the job's folder), and wait
+/// for the socket; returns the socket's path, `$RUN` in it. The daemon runs until
+/// [`STOP_STORAGE_DAEMONS`].
+pub fn start_storage_daemon(job: &mut Job, image: &Path, name: &str) -> String {
+    let socket = PathBuf::from(format!("$RUN/blk-{name}.sock"));
+    job.sh(&format!(
+        "{} > storage-daemon-{name}.log 2>&1 &\nstorage_daemons=\"${{storage_daemons:-}} $!\"\nwait_for_socket {}",
+        shell_line(STORAGE_DAEMON_BINARY, &storage_daemon_args(image, &socket)),
+        socket.display()
+    ));
+    socket.display().to_string()
+}
+
+/// The job's lines that end the daemons [`start_storage_daemon`] started: SIGTERM, and
+/// SIGKILL (said) for one still there 10 s later (one was, once, in the lab, unexplained).
+pub const STOP_STORAGE_DAEMONS: &str = r#"for pid in ${storage_daemons:-}; do kill $pid; done
+for pid in ${storage_daemons:-}; do
+  for i in $(seq 10); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+  if kill -0 $pid 2>/dev/null; then
+    echo "lab: qemu-storage-daemon $pid did not end within 10 s of SIGTERM: killed"; kill -9 $pid
+  fi
+done
+wait"#;
 
 #[test]
 #[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
@@ -43,10 +63,7 @@ fn linux_drives_a_vhost_user_disk_on_qemu_storage_daemon_and_a_card_on_testpmd()
     let mut job = Job::new("vhost-user");
     let image = job.image("vhost.img", 64 << 20);
     // The sockets and testpmd's FIFO on the job's machine (`$RUN`): 9p holds neither.
-    let (blk, net) = (
-        PathBuf::from("$RUN/blk.sock"),
-        PathBuf::from("$RUN/net.sock"),
-    );
+    let net = PathBuf::from("$RUN/net.sock");
     let script = format!(
         r#"{fs}
 echo "GUEST disks $(ls /sys/block | grep -c ^vd)"
@@ -60,16 +77,11 @@ echo "GUEST ping_replies $(grep -c 'bytes from' /tmp/ping)"
         fs = file_system(),
     );
     let guest = Guest::new(&job.dir, "vhost-user", &script, &[]);
-    job.sh(WAIT_FOR_SOCKET);
-    job.sh(&format!(
-        "{} > storage-daemon.log 2>&1 &\nstorage_daemon=$!\nsocket {}",
-        shell_line(STORAGE_DAEMON_BINARY, &storage_daemon_args(&image, &blk)),
-        blk.display()
-    ));
+    let blk = start_storage_daemon(&mut job, &image, "exitless");
     // testpmd runs until its stdin reaches EOF: a FIFO the job holds open on fd 3.
     let sockets: [PathBuf; 1] = [net.clone()];
     job.sh(&format!(
-        "mkfifo \"$RUN/testpmd.in\"\n{} < \"$RUN/testpmd.in\" > testpmd.log 2>&1 &\nexec 3> \"$RUN/testpmd.in\"\nsocket {}",
+        "mkfifo \"$RUN/testpmd.in\"\n{} < \"$RUN/testpmd.in\" > testpmd.log 2>&1 &\nexec 3> \"$RUN/testpmd.in\"\nwait_for_socket {}",
         shell_line(
             TESTPMD_BINARY,
             &testpmd_args(&sockets, 1, 1, "exitless-lab")
@@ -81,12 +93,11 @@ echo "GUEST ping_replies $(grep -c 'bytes from' /tmp/ping)"
         &guest,
         "",
         &format!(
-            "--memory 256 --disk vhost-user={} --net vhost-user={}",
-            blk.display(),
+            "--memory 256 --disk vhost-user={blk} --net vhost-user={}",
             net.display()
         ),
     );
-    job.sh("exec 3>&-\nkill $storage_daemon\nwait");
+    job.sh(&format!("exec 3>&-\n{STOP_STORAGE_DAEMONS}"));
     let done = job.run(&lab, Duration::from_secs(420));
 
     let run = done.run("vhost-user");
