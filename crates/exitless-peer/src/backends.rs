@@ -112,10 +112,7 @@ pub fn storage_daemon_args(image: &Path, socket: &Path) -> Vec<OsString> {
 /// at once, no periodic statistics; the first `polled` pairs of each port polled, testpmd's
 /// default being the first only).
 pub fn testpmd_args(sockets: &[PathBuf], queues: u16, polled: u16, prefix: &str) -> Vec<OsString> {
-    let mut args: Vec<OsString> = ["--no-huge", "-m", "1024", "--no-pci"]
-        .map(OsString::from)
-        .into();
-    args.push(format!("--file-prefix={prefix}").into());
+    let mut args = eal_args(prefix);
     for (i, socket) in sockets.iter().enumerate() {
         let mut vdev = OsString::from(format!("net_vhost{i},iface="));
         vdev.push(socket);
@@ -138,6 +135,40 @@ pub fn testpmd_args(sockets: &[PathBuf], queues: u16, polled: u16, prefix: &str)
             format!("--txq={polled}").into(),
         ]);
     }
+    args
+}
+
+/// testpmd's arguments for a forwarder between a vhost-user NIC and the host's stack: a
+/// `net_vhost0` port on `socket` (one queue pair) and a `net_tap0` port, which makes the host's
+/// tap interface `tap`, frames passed between the two as they are (io forwarding, started at
+/// once). No offload is done on the way: a driver that leaves checksums to the device must
+/// be told not to (`ethtool -K eth0 tx off`).
+pub fn testpmd_tap_forwarder_args(socket: &Path, tap: &str, prefix: &str) -> Vec<OsString> {
+    let mut args = eal_args(prefix);
+    let mut vhost = OsString::from("net_vhost0,iface=");
+    vhost.push(socket);
+    args.extend(["--vdev".into(), vhost]);
+    args.extend(["--vdev".into(), format!("net_tap0,iface={tap}").into()]);
+    args.extend(
+        [
+            "--",
+            "--total-num-mbufs=8192",
+            "--forward-mode=io",
+            "--auto-start",
+            "--stats-period=0",
+        ]
+        .map(OsString::from),
+    );
+    args
+}
+
+/// The EAL options every testpmd here takes: no hugepages (1 GiB of ordinary memory), no PCI,
+/// `prefix` for its runtime files.
+fn eal_args(prefix: &str) -> Vec<OsString> {
+    let mut args: Vec<OsString> = ["--no-huge", "-m", "1024", "--no-pci"]
+        .map(OsString::from)
+        .into();
+    args.push(format!("--file-prefix={prefix}").into());
     args
 }
 

@@ -1,6 +1,9 @@
 //! The network table of the data-path work (docs/linux-lab.md, "virtio-net under iperf3 and
 //! sockperf"): one guest, the same tap, four cards in turn, exitless's in-process card and its
-//! `vhost=on` beside QEMU's `virtio-net-pci` with `vhost=off` and `vhost=on`. Each runs TCP
+//! `vhost=on` beside QEMU's `virtio-net-pci` with `vhost=off` and `vhost=on`; then each VMM's
+//! vhost-user card on DPDK's testpmd, which forwards its frames to a tap it makes (the same
+//! name and address, the guest's checksum offload turned off: testpmd passes frames as they
+//! are). Each runs TCP
 //! both ways, UDP streams of 32-byte and 1400-byte datagrams both ways (iperf3, unpaced), and
 //! 32-byte and 1024-byte request/response over UDP (sockperf ping-pong, its median). The
 //! case checks that every test ran and carried something; the figures are printed side by
@@ -8,12 +11,17 @@
 
 use std::time::Duration;
 
+use std::path::Path;
+
+use exitless_peer::backends::{TESTPMD_BINARY, testpmd_tap_forwarder_args};
+
 use crate::guest::{Guest, Job, Run};
 use crate::lab::Lab;
 use crate::net::{
-    IPERF3, SECONDS, STOP_IPERF3_SERVERS, host_address, lost_of_sent, network, received_bytes,
-    start_iperf3_servers, tap,
+    ETHTOOL, IPERF3, SECONDS, STOP_IPERF3_SERVERS, host_address, lost_of_sent, network,
+    received_bytes, start_iperf3_servers, tap,
 };
+use crate::vhost_user::shell_line;
 
 /// sockperf, Debian's: the request/response tool (its server beside exitless, its client in
 /// the guest).
@@ -28,6 +36,7 @@ const SOCKPERF_PORT: u16 = 11111;
 /// The guest's tests after the network's setup: iperf3's (`iperf NAME ARGS`, [`network`]'s)
 /// then sockperf's, each ping-pong's median latency and message count.
 const TESTS: &str = r#"
+# the tests
 iperf tcp_tx
 iperf tcp_rx -R
 iperf udp32_tx -u -l 32 -b 0
@@ -41,6 +50,9 @@ for m in 32 1024; do
   echo "GUEST rr${m}_messages $(grep -o 'ReceivedMessages=[0-9]*' /tmp/rr$m | cut -d= -f2)"
 done
 "#;
+
+/// Where [`TESTS`] starts in a guest's script.
+const TESTS_START: &str = "# the tests\n";
 
 /// A row of the table: how to read it from a run, and whether more is better.
 struct Row {
@@ -148,6 +160,22 @@ const ROWS: [Row; 8] = [
 const EXITLESS: [(&str, &str); 2] = [("exitless", ""), ("exitless-vhost", ",vhost=on")];
 const QEMU: [(&str, &str); 2] = [("qemu", ",vhost=off"), ("qemu-vhost", ",vhost=on")];
 
+/// The runs on testpmd's forwarder.
+const FORWARDED: [&str; 2] = ["exitless-vhost-user", "qemu-vhost-user"];
+
+/// The job's lines after the tap's runs: the tap gone, testpmd started as a forwarder between
+/// a vhost-user socket (`@SOCKET@`) and a tap of the same name it makes, given the host's
+/// address, and sockperf's server started again on it. testpmd runs until its stdin reaches
+/// EOF: a FIFO the job holds open on fd 3.
+const FORWARDER: &str = r#"ip link del lab-tap9
+mkfifo "$RUN/testpmd.in"
+@TESTPMD@ < "$RUN/testpmd.in" > testpmd.log 2>&1 &
+exec 3> "$RUN/testpmd.in"
+wait_for_socket @SOCKET@
+for i in $(seq 30); do ip link show lab-tap9 > /dev/null 2>&1 && break; sleep 1; done
+ip addr add @HOST@/24 dev lab-tap9 && ip link set lab-tap9 up
+kill "$(cat "$RUN/sockperf.pid")"; sleep 1; start_sockperf"#;
+
 #[test]
 #[ignore = "boots Linux in the lab, minutes; see the linux test binary's docs"]
 fn linux_network_table_exitless_and_qemu_with_and_without_vhost_net() {
@@ -160,10 +188,16 @@ fn linux_network_table_exitless_and_qemu_with_and_without_vhost_net() {
         .replace("@PORT@", &SOCKPERF_PORT.to_string())
         .replace("@SECONDS@", &SECONDS.to_string());
     let guest = Guest::new(&job.dir, "table", &script, &[IPERF3, SOCKPERF]);
+    let tx_off = script.replacen(
+        TESTS_START,
+        &format!("ethtool -K eth0 tx off\n{TESTS_START}"),
+        1,
+    );
+    let forwarded = Guest::new(&job.dir, "forwarded", &tx_off, &[IPERF3, SOCKPERF, ETHTOOL]);
     job.sh(&tap("lab-tap9", SUBNET, ""));
     start_iperf3_servers(&mut job);
     job.sh(&format!(
-        "{SOCKPERF} sr -i {} -p {SOCKPERF_PORT} > sockperf-server.log 2>&1 & echo $! > \"$RUN/sockperf.pid\"",
+        "start_sockperf() {{ {SOCKPERF} sr -i {} -p {SOCKPERF_PORT} >> sockperf-server.log 2>&1 & echo $! > \"$RUN/sockperf.pid\"; }}\nstart_sockperf",
         host_address(SUBNET)
     ));
     for (name, options) in EXITLESS {
@@ -186,39 +220,73 @@ fn linux_network_table_exitless_and_qemu_with_and_without_vhost_net() {
             ),
         );
     }
+    let socket = "$RUN/net.sock";
+    job.sh(&FORWARDER
+        .replace(
+            "@TESTPMD@",
+            &shell_line(
+                TESTPMD_BINARY,
+                &testpmd_tap_forwarder_args(Path::new(socket), "lab-tap9", "exitless-table"),
+            ),
+        )
+        .replace("@SOCKET@", socket)
+        .replace("@HOST@", &host_address(SUBNET)));
+    let [exitless_forwarded, qemu_forwarded] = FORWARDED;
+    job.exitless(
+        exitless_forwarded,
+        &forwarded,
+        "",
+        &format!("--memory 512 --cpus 2 --net vhost-user={socket}"),
+    );
+    // vhost-user needs guest memory testpmd can map: a shared memfd.
+    job.qemu(
+        qemu_forwarded,
+        &forwarded,
+        "q35,memory-backend=mem",
+        "",
+        &format!(
+            "-m 512 -smp 2 -object memory-backend-memfd,id=mem,size=512M,share=on \
+             -chardev socket,id=c1,path={socket} -netdev vhost-user,id=n1,chardev=c1 \
+             -device virtio-net-pci,netdev=n1"
+        ),
+    );
     job.sh(&format!(
-        "{STOP_IPERF3_SERVERS}; kill \"$(cat \"$RUN/sockperf.pid\")\"; ip link del lab-tap9"
+        "exec 3>&-\n{STOP_IPERF3_SERVERS}; kill \"$(cat \"$RUN/sockperf.pid\")\"; wait"
     ));
-    let done = job.run(&lab, Duration::from_secs(1200));
+    let done = job.run(&lab, Duration::from_secs(1800));
 
     let runs: Vec<Run> = EXITLESS
         .iter()
         .chain(&QEMU)
-        .map(|(name, _)| {
+        .map(|(name, _)| *name)
+        .chain(FORWARDED)
+        .map(|name| {
             let run = done.run(name);
             run.expect_done(0);
             run
         })
         .collect();
-    // exitless's in-process card against QEMU's vhost=off, its vhost=on against QEMU's.
+    // exitless's in-process card against QEMU's vhost=off, its vhost=on against QEMU's, its
+    // vhost-user card on testpmd against QEMU's.
     println!(
-        "| {SECONDS} s each, one run each, TCG-timed | exitless | QEMU vhost=off | ratio | exitless vhost=on | QEMU vhost=on | ratio |"
+        "| {SECONDS} s each, one run each, TCG-timed | exitless | QEMU vhost=off | ratio | exitless vhost=on | QEMU vhost=on | ratio | exitless vhost-user (testpmd) | QEMU vhost-user | ratio |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for row in &ROWS {
-        let [ours, qemu, ours_vhost, qemu_vhost] =
-            [0, 2, 1, 3].map(|i| (row.read)(&runs[i], row.test));
+        let [ours, qemu, ours_vhost, qemu_vhost, ours_user, qemu_user] =
+            [0, 2, 1, 3, 4, 5].map(|i| (row.read)(&runs[i], row.test));
         let better = if row.higher_is_better {
             "higher is better"
         } else {
             "lower is better"
         };
         println!(
-            "| {} ({}, {better}) | {ours:.0} | {qemu:.0} | {:.2} | {ours_vhost:.0} | {qemu_vhost:.0} | {:.2} |",
+            "| {} ({}, {better}) | {ours:.0} | {qemu:.0} | {:.2} | {ours_vhost:.0} | {qemu_vhost:.0} | {:.2} | {ours_user:.0} | {qemu_user:.0} | {:.2} |",
             row.name,
             row.unit,
             ours / qemu,
-            ours_vhost / qemu_vhost
+            ours_vhost / qemu_vhost,
+            ours_user / qemu_user
         );
     }
 }

@@ -19,7 +19,7 @@ use crate::lab::Lab;
 
 /// A shell line: `program` and `args`, each word in double quotes, so `$RUN` in a path
 /// expands (the paths hold no other `$`, `"`, backslash or backquote).
-fn shell_line(program: &str, args: &[OsString]) -> String {
+pub fn shell_line(program: &str, args: &[OsString]) -> String {
     let mut line = program.to_owned();
     for arg in args {
         let arg = arg.to_str().expect("a path in UTF-8");
