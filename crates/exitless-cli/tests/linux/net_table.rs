@@ -1,9 +1,9 @@
 //! The network table of the data-path work (docs/linux-lab.md, "virtio-net under iperf3 and
 //! sockperf"): one guest, the same tap, four cards in turn, exitless's in-process card and its
-//! `vhost=on` beside QEMU's `virtio-net-pci` with `vhost=off` and `vhost=on`; then each VMM's
-//! vhost-user card on DPDK's testpmd, which forwards its frames to a tap it makes (the same
-//! name and address, the guest's checksum offload turned off: testpmd passes frames as they
-//! are). Each runs TCP
+//! `vhost=on` beside QEMU's `virtio-net-pci` with `vhost=off` and `vhost=on`; then, with
+//! `EXITLESS_LAB_TESTPMD=1`, each VMM's vhost-user card on DPDK's testpmd, which forwards its
+//! frames to a tap it makes (the same name and address, the guest's checksum offload turned
+//! off: testpmd passes frames as they are). Each runs TCP
 //! both ways, UDP streams of 32-byte and 1400-byte datagrams both ways (iperf3, unpaced), and
 //! 32-byte and 1024-byte request/response over UDP (sockperf ping-pong, its median). The
 //! case checks that every test ran and carried something; the figures are printed side by
@@ -188,12 +188,6 @@ fn linux_network_table_exitless_and_qemu_with_and_without_vhost_net() {
         .replace("@PORT@", &SOCKPERF_PORT.to_string())
         .replace("@SECONDS@", &SECONDS.to_string());
     let guest = Guest::new(&job.dir, "table", &script, &[IPERF3, SOCKPERF]);
-    let tx_off = script.replacen(
-        TESTS_START,
-        &format!("ethtool -K eth0 tx off\n{TESTS_START}"),
-        1,
-    );
-    let forwarded = Guest::new(&job.dir, "forwarded", &tx_off, &[IPERF3, SOCKPERF, ETHTOOL]);
     job.sh(&tap("lab-tap9", SUBNET, ""));
     start_iperf3_servers(&mut job);
     job.sh(&format!(
@@ -220,6 +214,71 @@ fn linux_network_table_exitless_and_qemu_with_and_without_vhost_net() {
             ),
         );
     }
+    let forwarded = std::env::var_os("EXITLESS_LAB_TESTPMD").is_some();
+    if forwarded {
+        on_testpmd(&mut job, &script);
+    } else {
+        println!(
+            "net-table: the testpmd columns skipped (EXITLESS_LAB_TESTPMD=1 runs them; see on_testpmd)"
+        );
+    }
+    job.sh(&format!(
+        "exec 3>&- 2>/dev/null\n{STOP_IPERF3_SERVERS}; kill \"$(cat \"$RUN/sockperf.pid\")\"; ip link del lab-tap9 2>/dev/null; wait"
+    ));
+    let done = job.run(&lab, Duration::from_secs(1800));
+
+    let runs: Vec<Run> = EXITLESS
+        .iter()
+        .chain(&QEMU)
+        .map(|(name, _)| *name)
+        .chain(FORWARDED.iter().copied().filter(|_| forwarded))
+        .map(|name| {
+            let run = done.run(name);
+            run.expect_done(0);
+            run
+        })
+        .collect();
+    // exitless's in-process card against QEMU's vhost=off, its vhost=on against QEMU's, its
+    // vhost-user card on testpmd against QEMU's.
+    println!(
+        "| {SECONDS} s each, one run each, TCG-timed | exitless | QEMU vhost=off | ratio | exitless vhost=on | QEMU vhost=on | ratio | exitless vhost-user (testpmd) | QEMU vhost-user | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for row in &ROWS {
+        let read = |i: usize| runs.get(i).map(|run| (row.read)(run, row.test));
+        let pair = |ours: usize, qemu: usize| match (read(ours), read(qemu)) {
+            (Some(ours), Some(qemu)) => format!("{ours:.0} | {qemu:.0} | {:.2}", ours / qemu),
+            _ => "- | - | -".to_owned(),
+        };
+        let better = if row.higher_is_better {
+            "higher is better"
+        } else {
+            "lower is better"
+        };
+        println!(
+            "| {} ({}, {better}) | {} | {} | {} |",
+            row.name,
+            row.unit,
+            pair(0, 2),
+            pair(1, 3),
+            pair(4, 5)
+        );
+    }
+}
+
+/// The testpmd runs of the table (after the tap's, on `script` with the guest's checksum
+/// offload turned off): run only when asked for, as in the nested lab they fail now and then
+/// for the lab's want of CPU: testpmd's forwarding core spins on one of the outer VM's two
+/// vCPUs, and once (of two runs, on the 6.12 outer kernel) its own control thread did not
+/// answer exitless's memory table within the 5 s every vhost-user exchange is given, so the
+/// card needed a reset Linux never makes.
+fn on_testpmd(job: &mut Job, script: &str) {
+    let tx_off = script.replacen(
+        TESTS_START,
+        &format!("ethtool -K eth0 tx off\n{TESTS_START}"),
+        1,
+    );
+    let forwarded = Guest::new(&job.dir, "forwarded", &tx_off, &[IPERF3, SOCKPERF, ETHTOOL]);
     let socket = "$RUN/net.sock";
     job.sh(&FORWARDER
         .replace(
@@ -250,43 +309,4 @@ fn linux_network_table_exitless_and_qemu_with_and_without_vhost_net() {
              -device virtio-net-pci,netdev=n1"
         ),
     );
-    job.sh(&format!(
-        "exec 3>&-\n{STOP_IPERF3_SERVERS}; kill \"$(cat \"$RUN/sockperf.pid\")\"; wait"
-    ));
-    let done = job.run(&lab, Duration::from_secs(1800));
-
-    let runs: Vec<Run> = EXITLESS
-        .iter()
-        .chain(&QEMU)
-        .map(|(name, _)| *name)
-        .chain(FORWARDED)
-        .map(|name| {
-            let run = done.run(name);
-            run.expect_done(0);
-            run
-        })
-        .collect();
-    // exitless's in-process card against QEMU's vhost=off, its vhost=on against QEMU's, its
-    // vhost-user card on testpmd against QEMU's.
-    println!(
-        "| {SECONDS} s each, one run each, TCG-timed | exitless | QEMU vhost=off | ratio | exitless vhost=on | QEMU vhost=on | ratio | exitless vhost-user (testpmd) | QEMU vhost-user | ratio |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for row in &ROWS {
-        let [ours, qemu, ours_vhost, qemu_vhost, ours_user, qemu_user] =
-            [0, 2, 1, 3, 4, 5].map(|i| (row.read)(&runs[i], row.test));
-        let better = if row.higher_is_better {
-            "higher is better"
-        } else {
-            "lower is better"
-        };
-        println!(
-            "| {} ({}, {better}) | {ours:.0} | {qemu:.0} | {:.2} | {ours_vhost:.0} | {qemu_vhost:.0} | {:.2} | {ours_user:.0} | {qemu_user:.0} | {:.2} |",
-            row.name,
-            row.unit,
-            ours / qemu,
-            ours_vhost / qemu_vhost,
-            ours_user / qemu_user
-        );
-    }
 }
