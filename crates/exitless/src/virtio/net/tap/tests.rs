@@ -437,20 +437,28 @@ fn udp_frames_from(tap: &mut Tap) -> Vec<(NetHeader, usize)> {
     got
 }
 
+/// A tap made for the test `tag` whose kernel carries UDP segments, and a packet socket on it
+/// that passes virtio-net headers; None (said) where no tap can be made or the kernel's taps
+/// take no UDP segments (before Linux 6.2).
+fn uso_tap_or_skip(tag: &str) -> Option<(Tap, OwnedFd)> {
+    let name = unique(tag);
+    let tap = created_or_skip(&name)?;
+    if !tap.passes_uso() {
+        eprintln!("skipped: this kernel's taps take no UDP segments (Linux 6.2)");
+        return None;
+    }
+    Some((tap, vnet_packet_socket(&name)))
+}
+
 /// With the driver taking UDP segments (GUEST_USO4 and GUEST_USO6) the kernel hands a segment
 /// over whole, its header saying GSO UDP_L4 with the segment size; with one of them, or the
 /// checksum offload alone, it cuts it into datagrams first. Skipped on a kernel whose taps
 /// take no UDP segments (before Linux 6.2), where the device does not offer USO.
 #[test]
 fn a_udp_segment_comes_whole_only_to_a_driver_that_takes_uso() {
-    let name = unique("u");
-    let Some(mut tap) = created_or_skip(&name) else {
+    let Some((mut tap, host)) = uso_tap_or_skip("u") else {
         return;
     };
-    if !tap.passes_uso() {
-        return eprintln!("skipped: this kernel's taps take no UDP segments (Linux 6.2)");
-    }
-    let host = vnet_packet_socket(&name);
     let send = |frame: &[u8]| {
         // SAFETY: `frame` is readable for its length.
         let sent = unsafe { libc::send(host.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
@@ -496,14 +504,9 @@ fn a_udp_segment_comes_whole_only_to_a_driver_that_takes_uso() {
 #[test]
 fn a_udp_segment_the_driver_sends_reaches_the_host_whole() {
     use vm_memory::{Bytes, GuestAddress};
-    let name = unique("s");
-    let Some(mut tap) = created_or_skip(&name) else {
+    let Some((mut tap, host)) = uso_tap_or_skip("s") else {
         return;
     };
-    if !tap.passes_uso() {
-        return eprintln!("skipped: this kernel's taps take no UDP segments (Linux 6.2)");
-    }
-    let host = vnet_packet_socket(&name);
     let (header, frame) = udp_segment(4, 1000);
     let mem = vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x2000)]).unwrap();
     mem.write_slice(&frame, GuestAddress(0)).unwrap();
