@@ -195,6 +195,27 @@ fn packet_socket(name: &str) -> OwnedFd {
     fd
 }
 
+/// The length of the first frame the packet socket `host` receives into `buf` for which
+/// `wanted` holds (the kernel's own frames on the new interface are let go), within about
+/// five seconds: a frame that never comes fails the test instead of hanging it.
+fn received(host: &OwnedFd, buf: &mut [u8], wanted: impl Fn(&[u8]) -> bool) -> Option<usize> {
+    (0..500).find_map(|_| {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe {
+            let flags = libc::MSG_DONTWAIT;
+            libc::recv(host.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags)
+        };
+        match usize::try_from(n) {
+            Ok(n) if wanted(&buf[..n]) => Some(n),
+            Ok(_) => None,
+            Err(_) => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                None
+            }
+        }
+    })
+}
+
 /// Guest memory of two adjacent regions, and the `len` bytes at 0xfe0 resolved: pieces
 /// on both sides of the boundary.
 fn scattered(len: usize) -> (vm_memory::GuestMemoryMmap, Segments) {
@@ -249,24 +270,10 @@ fn frames_go_out_of_and_come_in_from_scattered_guest_buffers_whole() {
     mem.write_slice(&frame, GuestAddress(0xfe0)).unwrap();
     assert!(tap.transmit(NetHeader::default(), &io));
     let mut got = vec![0u8; 2048];
-    // Bounded waits: a frame that never comes fails the test instead of hanging it.
-    let n = (0..500)
-        .find_map(|_| {
-            // SAFETY: `got` is writable for its length.
-            let n = unsafe {
-                let flags = libc::MSG_DONTWAIT;
-                libc::recv(host.as_raw_fd(), got.as_mut_ptr().cast(), got.len(), flags)
-            };
-            match usize::try_from(n) {
-                Ok(n) if got[12..14] == [0x88, 0xb5] => Some(n),
-                Ok(_) => None,
-                Err(_) => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                    None
-                }
-            }
-        })
-        .expect("the frame reached the host");
+    let n = received(&host, &mut got, |f| {
+        f.len() >= 14 && f[12..14] == [0x88, 0xb5]
+    })
+    .expect("the frame reached the host");
     assert_eq!(&got[..n], &frame[..]);
 
     let mut reply: Vec<u8> = frame.iter().map(|b| !b).collect();
@@ -521,23 +528,10 @@ fn a_udp_segment_the_driver_sends_reaches_the_host_whole() {
     .unwrap();
     assert!(tap.transmit(header, &io), "the kernel took the segment");
     let mut got = vec![0u8; 10 + 0x2000];
-    let n = (0..100)
-        .find_map(|_| {
-            // SAFETY: `got` is writable for its length.
-            let n = unsafe {
-                let flags = libc::MSG_DONTWAIT;
-                libc::recv(host.as_raw_fd(), got.as_mut_ptr().cast(), got.len(), flags)
-            };
-            match usize::try_from(n) {
-                Ok(n) if n > 48 && got[10 + 36..10 + 38] == USO_PORT.to_be_bytes() => Some(n),
-                Ok(_) => None,
-                Err(_) => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                    None
-                }
-            }
-        })
-        .expect("the segment reached the host");
+    let n = received(&host, &mut got, |f| {
+        f.len() > 48 && f[10 + 36..10 + 38] == USO_PORT.to_be_bytes()
+    })
+    .expect("the segment reached the host");
     let mut raw = [0u8; HDR];
     raw[..10].copy_from_slice(&got[..10]);
     let seen = NetHeader::from_bytes(&raw);
