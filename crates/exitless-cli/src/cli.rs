@@ -8,9 +8,10 @@ use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use exitless::api::client;
-use exitless::api::routes::{Endpoint, SnapshotRequest};
+use exitless::api::routes::{Endpoint, MigrationRequest, SnapshotRequest};
 use exitless::contract::{METHOD_AUTO, METHOD_ECAM, METHOD_PIO};
 use exitless::irq::CommitStrategy;
+use exitless::machine::migration::{Address, DEFAULT_DOWNTIME, MigrationError};
 use exitless::machine::{CpuTemplate, DiskConfig, VirtioNetConfig};
 use exitless::pci::EcamMode;
 use exitless_bench::options::BenchOptions;
@@ -103,7 +104,7 @@ pub struct RunArgs {
     /// The kernel: a Linux bzImage (64-bit boot protocol 2.12 or later), an ELF vmlinux with a
     /// PVH note (XEN_ELFNOTE_PHYS32_ENTRY), or a multiboot v1 image (a 32-bit ELF, a 64-bit ELF
     /// with a multiboot header, or any file whose multiboot header has the address fields).
-    #[arg(long, value_name = "FILE", required_unless_present = "restore")]
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["restore", "migrate_from"])]
     pub kernel: Option<PathBuf>,
     /// An initial ramdisk for a Linux kernel (boot_params' ramdisk_image and ramdisk_size).
     #[arg(long, value_name = "FILE")]
@@ -201,7 +202,7 @@ pub struct RunArgs {
     pub dump_guest_memory: bool,
     /// Serve the control API (HTTP/1.1 + JSON, docs/api.md) on a Unix socket at PATH, made
     /// owner-only (0600) and removed at exit: `vm.info`, `vm.counters`, `vm.pause`,
-    /// `vm.resume`, `vm.snapshot`, `vm.shutdown`, as `exitless ctl` or `curl --unix-socket PATH` ask them. A
+    /// `vm.resume`, `vm.snapshot`, `vm.send-migration`, `vm.shutdown`, as `exitless ctl` or `curl --unix-socket PATH` ask them. A
     /// socket left there by a VMM that is gone is replaced; anything else there is refused.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
@@ -220,6 +221,22 @@ pub struct RunArgs {
         ]
     )]
     pub restore: Option<PathBuf>,
+    /// Wait at ADDRESS (tcp:IP:PORT or unix:PATH, a path that must not exist) for a VM that
+    /// another exitless sends (`exitless ctl ... migrate ADDRESS`), and run it on from where
+    /// it was there. The machine's options come from the source, its disks, taps and sockets
+    /// named as there; --console, --console-drop, --timeout and --api-socket are this run's.
+    /// A stream of another exitless, corrupt or cut short is refused with one line (status
+    /// 2) before any vCPU runs, and the source goes on (docs/migration.md).
+    #[arg(
+        long,
+        value_name = "ADDRESS",
+        value_parser = migration_address,
+        conflicts_with_all = [
+            "kernel", "initrd", "cmdline", "memory", "cpus", "ecam", "disk", "net", "iommu",
+            "cpu", "dump_guest_memory", "restore", "paused",
+        ]
+    )]
+    pub migrate_from: Option<Address>,
     /// With --restore: every vCPU stays parked until `exitless ctl ... resume`.
     #[arg(long)]
     pub paused: bool,
@@ -261,6 +278,24 @@ pub enum CtlAction {
         #[arg(value_name = "DIR")]
         destination: PathBuf,
     },
+    /// Send the VM, while it runs, to an `exitless run --migrate-from ADDRESS` (tcp:IP:PORT
+    /// or unix:PATH): memory is copied in passes, then the VM pauses for its last pages and
+    /// its devices' state and runs on there; this run then ends (status 0). If anything fails
+    /// before that, the VM goes on here as it was. Prints what was measured (docs/migration.md).
+    Migrate {
+        /// Where the target waits.
+        #[arg(value_name = "ADDRESS", value_parser = migration_address)]
+        destination: Address,
+        /// The pause to aim for, in milliseconds: memory is copied again while more is left
+        /// than the stream carries in that time (at most 30 passes).
+        #[arg(long, value_name = "MS", default_value_t = DEFAULT_DOWNTIME.as_millis() as u64)]
+        downtime_ms: u64,
+    },
+}
+
+/// A migration's address, as `tcp:IP:PORT` or `unix:PATH`.
+fn migration_address(text: &str) -> Result<Address, String> {
+    text.parse().map_err(|e: MigrationError| e.to_string())
 }
 
 impl CtlAction {
@@ -273,18 +308,37 @@ impl CtlAction {
             CtlAction::Shutdown => Endpoint::Shutdown,
             CtlAction::Counters => Endpoint::Counters,
             CtlAction::Snapshot { .. } => Endpoint::Snapshot,
+            CtlAction::Migrate { .. } => Endpoint::SendMigration,
         }
     }
 
-    /// The request's body: the destination, made absolute (the VMM's working directory is
-    /// not the client's), as JSON; nothing for the others.
+    /// The request's body: a snapshot's destination or a migration's Unix socket made
+    /// absolute (the VMM's working directory is not the client's), as JSON; nothing for the
+    /// others.
     pub fn body(&self) -> Result<Vec<u8>, String> {
-        let CtlAction::Snapshot { destination } = self else {
-            return Ok(Vec::new());
+        let absolute = |path: &PathBuf, what: &str| {
+            std::path::absolute(path).map_err(|e| format!("{what} {}: {e}", path.display()))
         };
-        let destination = std::path::absolute(destination)
-            .map_err(|e| format!("snapshot {}: {e}", destination.display()))?;
-        serde_json::to_vec(&SnapshotRequest { destination }).map_err(|e| e.to_string())
+        let body = match self {
+            CtlAction::Snapshot { destination } => serde_json::to_vec(&SnapshotRequest {
+                destination: absolute(destination, "snapshot")?,
+            }),
+            CtlAction::Migrate {
+                destination,
+                downtime_ms,
+            } => {
+                let destination = match destination {
+                    Address::Unix(path) => Address::Unix(absolute(path, "migrate")?),
+                    tcp => tcp.clone(),
+                };
+                serde_json::to_vec(&MigrationRequest {
+                    destination_url: destination.to_string(),
+                    downtime_ms: Some(*downtime_ms),
+                })
+            }
+            _ => return Ok(Vec::new()),
+        };
+        body.map_err(|e| e.to_string())
     }
 }
 

@@ -207,9 +207,10 @@ fn main() -> ExitCode {
         Command::Probe(args) => confine()
             .and_then(|()| probe(args))
             .map(|()| ExitCode::SUCCESS),
-        // The socket is bound before the filter, which allows no bind(2).
+        // The sockets are bound before the filter, which allows no bind(2).
         Command::Run(args) => run::api_socket(&args)
-            .and_then(|api| confine().and_then(|()| run::run(args, api)))
+            .and_then(|api| Ok((api, run::migration_listener(&args)?)))
+            .and_then(|(api, incoming)| confine().and_then(|()| run::run(args, api, incoming)))
             .map(ExitCode::from),
         Command::Ctl(args) => ctl(args, confine),
         Command::BenchRestoreChild(args) => confine()

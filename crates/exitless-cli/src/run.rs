@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use exitless::api::ApiSocket;
 use exitless::logging::stderr_line;
+use exitless::machine::migration::Listener;
+use exitless::machine::pc::incoming::IncomingConfig;
 use exitless::machine::pc::restore::RestoreConfig;
 use exitless::machine::pc::{RunConfig, RunError, RunOutcome};
 use exitless::machine::{Console, Overflow};
@@ -16,8 +18,13 @@ use crate::cli::RunArgs;
 /// `exitless run`'s status when the guest runs past --timeout: timeout(1)'s, and even.
 const RUN_TIMEOUT_STATUS: u8 = 124;
 
-/// Boot the kernel, or restore the snapshot, serving `api` if given; the status to exit with.
-pub fn run(args: RunArgs, api: Option<ApiSocket>) -> Result<u8, String> {
+/// Boot the kernel, restore the snapshot, or run the VM that comes to `incoming` (the bound
+/// `--migrate-from`), serving `api` if given; the status to exit with.
+pub fn run(
+    args: RunArgs,
+    api: Option<ApiSocket>,
+    incoming: Option<Listener>,
+) -> Result<u8, String> {
     // A path, as --kernel's: any bytes the file system takes, not only UTF-8.
     let console = if args.console.as_os_str() == "stdio" {
         Console::Stdio
@@ -36,6 +43,13 @@ pub fn run(args: RunArgs, api: Option<ApiSocket>) -> Result<u8, String> {
         .map(Duration::from_secs);
     let serve = |view| api.map(|socket: ApiSocket| socket.serve(view)).transpose();
     let ran = match (args.restore, args.kernel) {
+        _ if let Some(listener) = incoming => IncomingConfig {
+            listener,
+            console,
+            console_overflow,
+            timeout,
+        }
+        .run_with(serve),
         (Some(dir), _) => RestoreConfig {
             dir,
             console,
@@ -74,6 +88,12 @@ pub fn run(args: RunArgs, api: Option<ApiSocket>) -> Result<u8, String> {
             ));
             Ok(outcome.exit_status())
         }
+        Ok(outcome @ RunOutcome::Migrated) => {
+            stderr_line(format_args!(
+                "exitless: the VM went to its migration target, where it runs on"
+            ));
+            Ok(outcome.exit_status())
+        }
         Ok(outcome) => Ok(outcome.exit_status()),
         Err(e @ RunError::TimedOut(_)) => {
             stderr_line(format_args!("exitless: {e}"));
@@ -86,6 +106,14 @@ pub fn run(args: RunArgs, api: Option<ApiSocket>) -> Result<u8, String> {
         }
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// `exitless run --migrate-from`'s socket, bound.
+pub fn migration_listener(args: &RunArgs) -> Result<Option<Listener>, String> {
+    let listen = |address: &exitless::machine::migration::Address| {
+        address.listen().map_err(|e| e.to_string())
+    };
+    args.migrate_from.as_ref().map(listen).transpose()
 }
 
 /// `exitless run --api-socket`'s socket, bound.

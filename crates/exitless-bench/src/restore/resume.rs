@@ -71,7 +71,7 @@ pub(super) fn resume(
     let mut board = RestoreBoard::default();
     let machine = Machine::restore(&cfg, Some(&mut board), memory)?;
     let build = start.elapsed();
-    let (vcpus, steps) = machine.restore_state_timed(&description)?;
+    let (vcpus, steps) = machine.restore_state_timed(description.state())?;
     let resumed = Instant::now();
     let ran = machine.run_vcpus(vcpus, timeout)?;
     let console = machine.console();

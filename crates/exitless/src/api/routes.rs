@@ -11,6 +11,7 @@ use crate::api::http::{Request, Response};
 use crate::exits::ExitKind;
 use crate::logging::QueueTotals;
 use crate::machine::MachineView;
+use crate::machine::migration::{DEFAULT_DOWNTIME, MigrationError, MigrationOptions};
 use crate::machine::snapshot::SnapshotError;
 use crate::vm::pause::PauseError;
 use crate::vm::run_control::StopReason;
@@ -37,17 +38,21 @@ pub enum Endpoint {
     Shutdown,
     /// `PUT vm.snapshot {"destination": DIR}`: the machine saved into DIR.
     Snapshot,
+    /// `PUT vm.send-migration {"destination_url": ADDRESS, "downtime_ms": N}`: the machine
+    /// sent to the exitless waiting at ADDRESS; this run ends once it is there.
+    SendMigration,
 }
 
 impl Endpoint {
     /// Every endpoint.
-    pub const ALL: [Endpoint; 6] = [
+    pub const ALL: [Endpoint; 7] = [
         Endpoint::Info,
         Endpoint::Counters,
         Endpoint::Pause,
         Endpoint::Resume,
         Endpoint::Shutdown,
         Endpoint::Snapshot,
+        Endpoint::SendMigration,
     ];
 
     /// Its name after [`PREFIX`].
@@ -59,6 +64,7 @@ impl Endpoint {
             Endpoint::Resume => "vm.resume",
             Endpoint::Shutdown => "vm.shutdown",
             Endpoint::Snapshot => "vm.snapshot",
+            Endpoint::SendMigration => "vm.send-migration",
         }
     }
 
@@ -66,7 +72,11 @@ impl Endpoint {
     pub fn method(self) -> &'static str {
         match self {
             Endpoint::Info | Endpoint::Counters => "GET",
-            Endpoint::Pause | Endpoint::Resume | Endpoint::Shutdown | Endpoint::Snapshot => "PUT",
+            Endpoint::Pause
+            | Endpoint::Resume
+            | Endpoint::Shutdown
+            | Endpoint::Snapshot
+            | Endpoint::SendMigration => "PUT",
         }
     }
 }
@@ -101,6 +111,17 @@ pub struct SnapshotRequest {
 struct Taken<'a> {
     state: &'static str,
     destination: &'a Path,
+}
+
+/// `vm.send-migration`'s body.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrationRequest {
+    /// Where the target waits: `tcp:IP:PORT` or `unix:PATH`.
+    pub destination_url: String,
+    /// The downtime to aim for, in milliseconds (default: 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downtime_ms: Option<u64>,
 }
 
 /// One device's line of `vm.counters`.
@@ -242,6 +263,52 @@ fn snapshot(request: &Request, view: &MachineView) -> Response {
     }
 }
 
+/// The status of a migration that failed: an address or a target that is wrong is the
+/// client's to fix; anything else is the VMM's failure. The machine goes on either way.
+fn migration_status(e: &MigrationError) -> u16 {
+    match e {
+        MigrationError::Address(_)
+        | MigrationError::Connect { .. }
+        | MigrationError::Refused(_)
+        | MigrationError::Stream(_) => 400,
+        MigrationError::Pause(e) => pause_status(e),
+        _ => 500,
+    }
+}
+
+/// `vm.send-migration`: the machine sent while it runs (a paused one stays paused there);
+/// answered with what was measured once the target has it, or with why not, the machine
+/// going on here as it was.
+fn send_migration(request: &Request, view: &MachineView) -> Response {
+    let asked: MigrationRequest = match serde_json::from_slice(&request.body) {
+        Ok(asked) => asked,
+        Err(e) => {
+            let why = format!(
+                "vm.send-migration takes {{\"destination_url\": ADDRESS, \"downtime_ms\": N}}: {e}"
+            );
+            return Response::error(400, &why);
+        }
+    };
+    let address = match asked.destination_url.parse() {
+        Ok(address) => address,
+        Err(e) => return Response::error(400, &format!("{e}")),
+    };
+    let options = MigrationOptions {
+        address,
+        downtime: asked
+            .downtime_ms
+            .map_or(DEFAULT_DOWNTIME, Duration::from_millis),
+        pause_deadline: PAUSE_DEADLINE,
+    };
+    match view.migrate.send(&options) {
+        Ok(migrated) => Response::json(200, &migrated),
+        Err(e) => {
+            log::warn!("migration to {}: {e}", options.address);
+            Response::error(migration_status(&e), &e.to_string())
+        }
+    }
+}
+
 /// Do what `request` (asking `endpoint`) asks of the machine, and answer.
 fn serve(endpoint: Endpoint, request: &Request, view: &MachineView) -> Response {
     let control = &view.control;
@@ -261,6 +328,7 @@ fn serve(endpoint: Endpoint, request: &Request, view: &MachineView) -> Response 
             )
         }
         Endpoint::Snapshot => snapshot(request, view),
+        Endpoint::SendMigration => send_migration(request, view),
     }
 }
 

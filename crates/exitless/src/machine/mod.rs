@@ -13,6 +13,7 @@ pub mod config;
 pub mod console;
 pub mod layout;
 pub mod loader;
+pub mod migration;
 pub mod pc;
 pub mod probe;
 pub mod snapshot;
@@ -217,6 +218,47 @@ pub struct MachineView {
     pub ram_bytes: u64,
     /// Saves the paused machine (`vm.snapshot`).
     pub snapshot: Arc<dyn snapshot::TakeSnapshot>,
+    /// Sends the machine to another exitless (`vm.send-migration`).
+    pub migrate: Arc<dyn migration::SendMigration>,
+}
+
+/// A machine's VM and guest RAM, made before its devices: a migration's target fills RAM
+/// while the source still runs, and builds the devices (which open images and taps the
+/// source holds until then) at the switch-over.
+pub(crate) struct Ram {
+    vm: Vm,
+    layout: MemoryLayout,
+}
+
+impl Ram {
+    /// The VM and RAM of the machine `cfg` describes, RAM loaded from `memory` if given.
+    pub(crate) fn new(
+        cfg: &MachineConfig,
+        memory: Option<crate::vm::state::memory::SavedMemory>,
+    ) -> Result<Self, MachineError> {
+        wiring::check_vhost(cfg)?;
+        let layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
+        let irqchip = if cfg.split_irqchip {
+            vm::Irqchip::Split { pins: PINS }
+        } else {
+            vm::Irqchip::InKernel
+        };
+        let (ram, dump, backing) = (
+            layout.ram_regions(),
+            cfg.dump_guest_memory,
+            ram_backing(cfg),
+        );
+        let vm = match memory {
+            Some(saved) => Vm::restored(&ram, dump, irqchip, backing, saved)?,
+            None => Vm::with_irqchip(&ram, dump, irqchip, backing)?,
+        };
+        Ok(Ram { vm, layout })
+    }
+
+    /// Guest RAM.
+    pub(crate) fn memory(&self) -> &vm_memory::GuestMemoryMmap {
+        self.vm.memory()
+    }
 }
 
 impl Machine {
@@ -231,22 +273,16 @@ impl Machine {
         board: Option<&mut dyn Board>,
         memory: Option<crate::vm::state::memory::SavedMemory>,
     ) -> Result<Self, MachineError> {
-        wiring::check_vhost(cfg)?;
-        let mut layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
-        let irqchip = if cfg.split_irqchip {
-            vm::Irqchip::Split { pins: PINS }
-        } else {
-            vm::Irqchip::InKernel
-        };
-        let (ram, dump, backing) = (
-            layout.ram_regions(),
-            cfg.dump_guest_memory,
-            ram_backing(cfg),
-        );
-        let mut vm = match memory {
-            Some(saved) => Vm::restored(&ram, dump, irqchip, backing, saved)?,
-            None => Vm::with_irqchip(&ram, dump, irqchip, backing)?,
-        };
+        Self::assemble(cfg, board, Ram::new(cfg, memory)?)
+    }
+
+    /// The machine `cfg` describes, its devices built and wired around `ram` (made for `cfg`).
+    fn assemble(
+        cfg: &MachineConfig,
+        board: Option<&mut dyn Board>,
+        ram: Ram,
+    ) -> Result<Self, MachineError> {
+        let Ram { mut vm, mut layout } = ram;
         let control = Arc::new(RunControl::default());
         control.set_vcpus(cfg.vcpus);
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
@@ -342,6 +378,7 @@ impl Machine {
             vcpus: self.vcpus.max(1),
             ram_bytes: self.layout.ram_size() as u64,
             snapshot: self.snapshotter.clone(),
+            migrate: self.snapshotter.clone(),
         }
     }
 

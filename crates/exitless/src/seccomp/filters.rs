@@ -357,8 +357,31 @@ fn api() -> Vec<Allowed> {
         // the VT-d unit's drains the doorbells already rung (epoll_wait, no timeout).
         sys!(SYS_read),
         sys!(SYS_epoll_wait),
+        // `vm.send-migration` (machine::migration): a socket to the target (TCP or Unix,
+        // Nagle off), KVM's dirty log turned on and off on guest RAM's slots and read.
+        sys!(SYS_socket).only(
+            0,
+            [
+                value(libc::AF_UNIX),
+                value(libc::AF_INET),
+                value(libc::AF_INET6),
+            ],
+        ),
+        sys!(SYS_connect),
+        sys!(SYS_setsockopt).only(1, [value(libc::IPPROTO_TCP)]),
+        // The connection duplicated: one handle writes the stream, one reads the answers.
+        sys!(SYS_fcntl).only(1, [value(libc::F_DUPFD_CLOEXEC)]),
         // ... and the VM's own state, with every vCPU parked (each vCPU gives its own).
-        sys!(SYS_ioctl).only(1, [KVM_GET_IRQCHIP(), KVM_GET_CLOCK(), KVM_GET_PIT2()]),
+        sys!(SYS_ioctl).only(
+            1,
+            [
+                KVM_GET_IRQCHIP(),
+                KVM_GET_CLOCK(),
+                KVM_GET_PIT2(),
+                KVM_SET_USER_MEMORY_REGION(),
+                KVM_GET_DIRTY_LOG(),
+            ],
+        ),
     ]
 }
 
@@ -503,6 +526,14 @@ fn building_machines() -> Vec<Allowed> {
 /// Running a machine, and the report after it.
 fn running_and_reporting() -> Vec<Allowed> {
     vec![
+        // `exitless run --migrate-from` (machine::migration): the source accepted on the
+        // bound socket (Nagle off, deadlines on reads and writes), its stream read and
+        // answered, the socket's file removed at the end.
+        sys!(SYS_accept4),
+        sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET), value(libc::IPPROTO_TCP)]),
+        sys!(SYS_recvfrom),
+        sys!(SYS_sendto),
+        sys!(SYS_unlink),
         // Running: the vCPU kick's handler, installed at the first run (the kicks themselves
         // are tgkill, in runtime()), and the short sleeps while threads stop.
         sys!(SYS_rt_sigaction).only(0, [value(kick_signal())]),

@@ -3,7 +3,7 @@
 //! its own numbers private, so a filter that checks an ioctl's request needs them here.
 
 use kvm_bindings::{
-    KVMIO, kvm_clock_data, kvm_cpuid2, kvm_debugregs, kvm_enable_cap, kvm_ioeventfd,
+    KVMIO, kvm_clock_data, kvm_cpuid2, kvm_debugregs, kvm_dirty_log, kvm_enable_cap, kvm_ioeventfd,
     kvm_irq_routing, kvm_irqchip, kvm_irqfd, kvm_lapic_state, kvm_mp_state, kvm_msi, kvm_msr_list,
     kvm_msrs, kvm_pit_config, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_translation,
     kvm_userspace_memory_region, kvm_vcpu_events, kvm_xcrs, kvm_xsave,
@@ -26,6 +26,8 @@ ioctl_iow_nr!(
     0x46,
     kvm_userspace_memory_region
 );
+// A migration's passes (`vm::dirty_log`).
+ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
 ioctl_io_nr!(KVM_CREATE_IRQCHIP, KVMIO, 0x60);
 ioctl_iow_nr!(KVM_CREATE_PIT2, KVMIO, 0x77, kvm_pit_config);
 ioctl_iow_nr!(KVM_ENABLE_CAP, KVMIO, 0xa3, kvm_enable_cap);

@@ -2,6 +2,7 @@
 
 pub mod boot;
 pub mod cpuid;
+mod dirty_log;
 pub mod kvm_run;
 pub mod pause;
 pub mod run_control;
@@ -102,7 +103,7 @@ pub enum VmError {
     },
 }
 
-fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+pub(crate) fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
 }
 

@@ -30,6 +30,8 @@ pub enum StopReason {
     Signal(libc::c_int),
     /// The VMM's user asked for it (the control socket's `vm.shutdown`).
     Requested,
+    /// The machine went to another exitless (`vm.send-migration`).
+    Migrated,
 }
 
 /// A one-shot stop signal: the first reason wins.

@@ -6,6 +6,7 @@ use std::thread;
 use super::*;
 use crate::exits::{ExitCounters, ExitKind};
 use crate::logging::{Cause, DeviceLog, Tally};
+use crate::machine::migration::{Migrated, SendMigration};
 use crate::machine::snapshot::TakeSnapshot;
 use crate::vm::run_control::RunControl;
 
@@ -14,6 +15,26 @@ use crate::vm::run_control::RunControl;
 struct Recorder {
     control: Arc<RunControl>,
     taken: Mutex<Vec<(PathBuf, bool)>>,
+    /// Each migration asked: where to, and the downtime aimed for.
+    sent: Mutex<Vec<(String, Duration)>>,
+}
+
+/// A migration to `unix:/refused` is refused by its target; any other is done.
+impl SendMigration for Recorder {
+    fn send(&self, options: &MigrationOptions) -> Result<Migrated, MigrationError> {
+        let to = options.address.to_string();
+        self.sent
+            .lock()
+            .unwrap()
+            .push((to.clone(), options.downtime));
+        if to == "unix:/refused" {
+            return Err(MigrationError::Refused("no room".into()));
+        }
+        Ok(Migrated {
+            passes: 2,
+            ..Migrated::default()
+        })
+    }
 }
 
 impl TakeSnapshot for Recorder {
@@ -38,6 +59,7 @@ fn view_with(vcpus: u8) -> (MachineView, Arc<Recorder>) {
     let recorder = Arc::new(Recorder {
         control: control.clone(),
         taken: Mutex::default(),
+        sent: Mutex::default(),
     });
     let view = MachineView {
         control,
@@ -46,6 +68,7 @@ fn view_with(vcpus: u8) -> (MachineView, Arc<Recorder>) {
         vcpus,
         ram_bytes: 128 << 20,
         snapshot: recorder.clone(),
+        migrate: recorder.clone(),
     };
     (view, recorder)
 }
@@ -277,4 +300,41 @@ fn an_unwritable_destination_or_a_bad_body_is_an_error_and_the_vm_goes_on() {
     assert_eq!(ask(&view, "GET", "vm.info").1["state"], "running");
     done.store(true, Ordering::Release);
     vcpu.join().unwrap();
+}
+
+#[test]
+fn a_migration_is_asked_with_its_address_and_downtime_and_answered_with_its_figures() {
+    let (view, recorder) = view_with(1);
+    let ask = |body: &str| ask_with(&view, "PUT", "vm.send-migration", body.as_bytes());
+    let (status, answer) = ask(r#"{"destination_url": "tcp:127.0.0.1:4444"}"#);
+    assert_eq!((status, &answer["passes"]), (200, &serde_json::json!(2)));
+    let (status, _) = ask(r#"{"destination_url": "unix:/x", "downtime_ms": 50}"#);
+    assert_eq!(status, 200);
+    let (status, answer) = ask(r#"{"destination_url": "unix:/refused"}"#);
+    assert_eq!(status, 400);
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("refused the VM: no room")
+    );
+    // Neither a bad address nor a bad body reaches the machine.
+    let (status, answer) = ask(r#"{"destination_url": "tcp:localhost"}"#);
+    assert_eq!(status, 400);
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("tcp:HOST:PORT or unix:PATH")
+    );
+    let (status, _) = ask(r#"{"destination": "unix:/x"}"#);
+    assert_eq!(status, 400);
+    assert_eq!(
+        *recorder.sent.lock().unwrap(),
+        [
+            ("tcp:127.0.0.1:4444".into(), DEFAULT_DOWNTIME),
+            ("unix:/x".into(), Duration::from_millis(50)),
+            ("unix:/refused".into(), DEFAULT_DOWNTIME),
+        ]
+    );
 }

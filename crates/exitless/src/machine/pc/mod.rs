@@ -13,6 +13,7 @@
 pub mod acpi;
 pub mod boot;
 pub mod bzimage;
+pub mod incoming;
 pub mod memmap;
 pub mod multiboot;
 pub mod pvh;
@@ -91,6 +92,8 @@ pub enum RunOutcome {
     Requested,
     /// Its kernel panicked and said so on the pvpanic port.
     Panicked,
+    /// It went to another exitless (`vm.send-migration`), where it runs on.
+    Migrated,
 }
 
 /// The status of a run whose guest kernel panicked: even, so no runner that reads an odd
@@ -100,12 +103,16 @@ pub const PANIC_STATUS: u8 = 4;
 
 impl RunOutcome {
     /// The status `exitless run` exits with: QEMU's `(value << 1) | 1` for isa-debug-exit, 0
-    /// for an orderly power-off, a reset or a shutdown the user asked for, [`PANIC_STATUS`]
+    /// for an orderly power-off, a reset, a shutdown the user asked for or a migration,
+    /// [`PANIC_STATUS`]
     /// for a panic.
     pub fn exit_status(self) -> u8 {
         match self {
             RunOutcome::DebugExit(value) => debug_exit::exit_status(value),
-            RunOutcome::PowerOff | RunOutcome::Reset | RunOutcome::Requested => 0,
+            RunOutcome::PowerOff
+            | RunOutcome::Reset
+            | RunOutcome::Requested
+            | RunOutcome::Migrated => 0,
             RunOutcome::Panicked => PANIC_STATUS,
         }
     }
@@ -203,6 +210,9 @@ pub enum RunError {
     /// A stop signal ended the run (`vm::run_control::stop_on_signals`).
     #[error("the guest was stopped by signal {0}")]
     Signal(libc::c_int),
+    /// A migration that cannot be received.
+    #[error(transparent)]
+    Migration(#[from] crate::machine::migration::MigrationError),
 }
 
 /// Why a kernel file cannot be booted, by the format it was taken for.
@@ -410,6 +420,7 @@ impl RunConfig {
 fn outcome(end: RunEnd, timeout: Duration) -> Result<RunOutcome, RunError> {
     match end {
         RunEnd::Stopped(StopReason::Requested) => Ok(RunOutcome::Requested),
+        RunEnd::Stopped(StopReason::Migrated) => Ok(RunOutcome::Migrated),
         RunEnd::Stopped(StopReason::DebugExit(value)) => Ok(RunOutcome::DebugExit(value)),
         RunEnd::Stopped(StopReason::PowerOff) => Ok(RunOutcome::PowerOff),
         RunEnd::Stopped(StopReason::Reset) => Ok(RunOutcome::Reset),

@@ -54,6 +54,69 @@ pub struct Description {
     pub memory: MemoryFile,
 }
 
+/// What a paused machine is beside its memory and configuration, as a migration sends it
+/// once the machine is paused (a snapshot's description holds the same three fields).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineState {
+    /// Each vCPU's state (`vm::VcpuState`), in index order.
+    pub vcpus: Vec<serde_json::Value>,
+    /// The VM's own state (`vm::VmState`): in-kernel irqchip, PIT, KVM clock.
+    pub vm: serde_json::Value,
+    /// Every [`crate::persist::Persist`]'s state, by its id.
+    pub devices: BTreeMap<String, serde_json::Value>,
+}
+
+/// A paused machine's state, borrowed from a snapshot's description or a migration's
+/// [`MachineState`]: what a restore sets.
+#[derive(Clone, Copy)]
+pub struct StateRef<'a> {
+    /// Each vCPU's state, in index order.
+    pub vcpus: &'a [serde_json::Value],
+    /// The VM's own state.
+    pub vm: &'a serde_json::Value,
+    /// Every device's state, by its id.
+    pub devices: &'a BTreeMap<String, serde_json::Value>,
+}
+
+impl MachineState {
+    /// The state, borrowed.
+    pub fn as_ref(&self) -> StateRef<'_> {
+        StateRef {
+            vcpus: &self.vcpus,
+            vm: &self.vm,
+            devices: &self.devices,
+        }
+    }
+}
+
+impl StateRef<'_> {
+    /// The state, for a machine of `cfg`: one vCPU state for each of its vCPUs.
+    pub fn check(&self, cfg: &MachineConfig) -> Result<(), SnapshotError> {
+        if self.vcpus.len() != usize::from(cfg.vcpus) {
+            let why = format!("{} states for {} vCPUs", self.vcpus.len(), cfg.vcpus);
+            return Err(SnapshotError::Field("vcpus".into(), why));
+        }
+        Ok(())
+    }
+}
+
+/// The checks a machine's options get at `exitless run`, for a configuration read from a
+/// snapshot or a migration stream: whole MiB of RAM within the layout, 1 to [`MAX_CPUS`]
+/// vCPUs (the layout's own checks refuse the rest when the machine is built).
+pub fn check_config(cfg: &MachineConfig) -> Result<(), SnapshotError> {
+    let bad = |what: &str, why: String| Err(SnapshotError::Field(what.into(), why));
+    let ram = cfg.ram_size as u64;
+    if !(1..=MAX_RAM_SIZE >> 20).contains(&(ram >> 20)) || !ram.is_multiple_of(1 << 20) {
+        let why = format!("{} is not whole MiB up to the layout's most", cfg.ram_size);
+        return bad("config.ram_size", why);
+    }
+    if !(1..=MAX_CPUS).contains(&u64::from(cfg.vcpus)) {
+        return bad("config.vcpus", format!("{}: 1 to {MAX_CPUS}", cfg.vcpus));
+    }
+    Ok(())
+}
+
 /// Where guest memory is: a file in the snapshot's directory, every RAM region at consecutive
 /// offsets in layout order.
 #[derive(Debug, Serialize, Deserialize)]
@@ -84,6 +147,15 @@ struct Version {
 }
 
 impl Description {
+    /// The machine's state, borrowed.
+    pub fn state(&self) -> StateRef<'_> {
+        StateRef {
+            vcpus: &self.vcpus,
+            vm: &self.vm,
+            devices: &self.devices,
+        }
+    }
+
     /// The description's file's bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>, SnapshotError> {
         let content = serde_json::to_string_pretty(self).map_err(SnapshotError::Encode)?;
@@ -126,23 +198,13 @@ impl Description {
             ));
         }
         let bad = |what: &str, why: String| Err(SnapshotError::Field(what.into(), why));
-        let cfg = &self.config;
-        let ram = cfg.ram_size as u64;
-        // What `exitless run --memory` gives: whole MiB, within the layout (whose own checks
-        // refuse the rest when the machine is built).
-        if !(1..=MAX_RAM_SIZE >> 20).contains(&(ram >> 20)) || !ram.is_multiple_of(1 << 20) {
-            let why = format!("{} is not whole MiB up to the layout's most", cfg.ram_size);
-            return bad("config.ram_size", why);
-        }
-        if !(1..=MAX_CPUS).contains(&u64::from(cfg.vcpus)) {
-            return bad("config.vcpus", format!("{}: 1 to {MAX_CPUS}", cfg.vcpus));
-        }
-        if self.vcpus.len() != usize::from(cfg.vcpus) {
-            let why = format!("{} states for {} vCPUs", self.vcpus.len(), cfg.vcpus);
-            return bad("vcpus", why);
-        }
-        if self.memory.length != ram {
-            let why = format!("{} bytes for {} of RAM", self.memory.length, cfg.ram_size);
+        check_config(&self.config)?;
+        self.state().check(&self.config)?;
+        if self.memory.length != self.config.ram_size as u64 {
+            let why = format!(
+                "{} bytes for {} of RAM",
+                self.memory.length, self.config.ram_size
+            );
             return bad("memory.length", why);
         }
         // A name in the directory: never a path that leads out of it.

@@ -14,7 +14,8 @@ pub mod take;
 use std::path::{Path, PathBuf};
 
 pub use description::{
-    DESCRIPTION_FILE, Description, FORMAT_VERSION, MEMORY_FILE_PREFIX, MemoryFile,
+    DESCRIPTION_FILE, Description, FORMAT_VERSION, MEMORY_FILE_PREFIX, MachineState, MemoryFile,
+    StateRef, check_config,
 };
 pub use restore::{Restorable, RestoreTimes};
 pub use take::Snapshotter;

@@ -11,7 +11,7 @@ use crate::irq::IrqError;
 use crate::machine::config::MachineConfig;
 use crate::machine::snapshot::directory::SnapshotDir;
 use crate::machine::snapshot::io_error;
-use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, kvm};
+use crate::machine::snapshot::{Description, SnapshotError, Snapshotter, StateRef, kvm};
 use crate::machine::vcpus::Vcpus;
 use crate::machine::{Board, Machine, MachineError, Ran};
 use crate::persist::StateError;
@@ -90,17 +90,17 @@ impl Machine {
     /// order: the VM's interrupt controllers, PIT and clock; each vCPU (created here); each
     /// device, then every device resumes. The vCPUs are returned for
     /// [`Machine::run_vcpus`]. Once per machine.
-    pub fn restore_state(&self, saved: &Description) -> Result<Vcpus, MachineError> {
+    pub fn restore_state(&self, saved: StateRef<'_>) -> Result<Vcpus, MachineError> {
         self.restore_state_timed(saved).map(|(vcpus, _)| vcpus)
     }
 
     /// [`Machine::restore_state`], and how long each step took (`exitless bench restore`).
     pub fn restore_state_timed(
         &self,
-        saved: &Description,
+        saved: StateRef<'_>,
     ) -> Result<(Vcpus, RestoreTimes), MachineError> {
         let start = Instant::now();
-        let (vcpu_states, vm_state) = kvm::read_states(&saved.vcpus, &saved.vm)?;
+        let (vcpu_states, vm_state) = kvm::read_states(saved.vcpus, saved.vm)?;
         self.vm
             .restore_state(&vm_state)
             .map_err(kvm::vm_error("vm"))?;
@@ -110,7 +110,7 @@ impl Machine {
             .set_states(&vcpu_states)
             .map_err(kvm::vm_error("vcpus"))?;
         let vcpus_done = start.elapsed();
-        self.snapshotter.restore_devices(&saved.devices)?;
+        self.snapshotter.restore_devices(saved.devices)?;
         let times = RestoreTimes {
             vm,
             vcpus: vcpus_done - vm,
@@ -126,7 +126,7 @@ impl Machine {
         saved: &Description,
         timeout: Duration,
     ) -> Result<Ran, MachineError> {
-        let vcpus = self.restore_state(saved)?;
+        let vcpus = self.restore_state(saved.state())?;
         self.run_vcpus(vcpus, timeout)
     }
 }

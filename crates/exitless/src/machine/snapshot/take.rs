@@ -10,7 +10,8 @@ use crate::irq::GsiRouting;
 use crate::machine::config::MachineConfig;
 use crate::machine::snapshot::directory::{SnapshotDir, unique};
 use crate::machine::snapshot::{
-    Description, MEMORY_FILE_PREFIX, MemoryFile, SnapshotError, TakeSnapshot, io_error, kvm,
+    Description, MEMORY_FILE_PREFIX, MachineState, MemoryFile, SnapshotError, TakeSnapshot,
+    io_error, kvm,
 };
 use crate::persist::Persist;
 use crate::vm::Vm;
@@ -28,8 +29,20 @@ pub struct Snapshotter {
 }
 
 impl Snapshotter {
+    /// The paused machine's state: each parked vCPU's, the VM's, every stopped device's.
+    pub(crate) fn save_state(&self) -> Result<MachineState, SnapshotError> {
+        let (vcpus, vm) = kvm::save_states(&self.vm, &self.control)?;
+        let devices = self
+            .persist
+            .iter()
+            .map(|(id, device)| Ok((id.clone(), device.save()?)))
+            .collect::<Result<BTreeMap<_, _>, crate::persist::StateError>>()
+            .map_err(SnapshotError::State)?;
+        Ok(MachineState { vcpus, vm, devices })
+    }
+
     /// Stop every device; if one cannot, those stopped go on and the error is returned.
-    fn pause_devices(&self) -> Result<(), SnapshotError> {
+    pub(crate) fn pause_devices(&self) -> Result<(), SnapshotError> {
         for (i, (_, device)) in self.persist.iter().enumerate() {
             if let Err(e) = device.pause() {
                 self.persist[..i].iter().for_each(|(_, d)| d.resume());
@@ -44,13 +57,7 @@ impl Snapshotter {
     /// into place: until then the directory's older snapshot, if any, is whole and restores.
     /// Then the older snapshot's memory file goes. On failure, what was written goes.
     fn save(&self, dir: &SnapshotDir) -> Result<(), SnapshotError> {
-        let (vcpus, vm) = kvm::save_states(&self.vm, &self.control)?;
-        let devices = self
-            .persist
-            .iter()
-            .map(|(id, device)| Ok((id.clone(), device.save()?)))
-            .collect::<Result<BTreeMap<_, _>, crate::persist::StateError>>()
-            .map_err(SnapshotError::State)?;
+        let MachineState { vcpus, vm, devices } = self.save_state()?;
         // What the directory held: the memory file to remove once the new snapshot is whole
         // (a description of another version, or none, names nothing exitless removes).
         let older = Description::read_from(dir).ok().map(|d| d.memory.file);

@@ -1,0 +1,150 @@
+//! The target's side: one source accepted, its stream read into a new machine's RAM, the
+//! machine built and its state set once the stream is whole, `Ready` answered, and the
+//! machine run once the source says `Go`. Anything wrong in the stream (another exitless, a
+//! record out of place, pages outside RAM, a checksum that does not match, a stream cut short)
+//! refuses the machine before any vCPU runs, and tells the source, which goes on.
+
+use std::io::{BufReader, BufWriter, Write};
+use std::time::Duration;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+
+use crate::machine::migration::address::{Listener, Stream};
+use crate::machine::migration::send::{ConfigRecord, StateRecord};
+use crate::machine::migration::stream::{PAGE, Record, read_preface};
+use crate::machine::migration::{MigrationError, StreamError};
+use crate::machine::snapshot::{SnapshotError, check_config};
+use crate::machine::vcpus::Vcpus;
+use crate::machine::{Machine, MachineConfig, Ram};
+
+/// Longest the source may be silent: between two records, and between `Ready` and `Go`.
+const SOURCE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A machine received from a source: built, its state set, waiting for the source's `Go`.
+pub struct Incoming {
+    /// The machine.
+    pub machine: Machine,
+    /// Its vCPUs, their state set, for [`Machine::run_vcpus`].
+    pub vcpus: Vcpus,
+    /// The source's user had paused it: it stays paused.
+    pub paused: bool,
+    input: BufReader<Stream>,
+}
+
+impl Incoming {
+    /// Take one source's machine from `listener`, its configuration changed by `adapt`
+    /// (where the console goes is this host's choice). On a refusal the source is told why.
+    pub fn accept(
+        listener: &Listener,
+        adapt: impl FnOnce(&mut MachineConfig),
+    ) -> Result<Self, MigrationError> {
+        let stream = listener.accept().map_err(StreamError::from)?;
+        stream
+            .set_timeouts(SOURCE_DEADLINE)
+            .map_err(StreamError::from)?;
+        let mut answer = BufWriter::new(stream.try_clone().map_err(StreamError::from)?);
+        let mut input = BufReader::new(stream);
+        match Self::receive(&mut input, adapt) {
+            Ok((machine, vcpus, paused)) => {
+                Record::Ready
+                    .write_to(&mut answer)
+                    .and_then(|()| answer.flush())
+                    .map_err(StreamError::from)?;
+                Ok(Incoming {
+                    machine,
+                    vcpus,
+                    paused,
+                    input,
+                })
+            }
+            Err(e) => {
+                // Best effort: a source that is gone learns nothing, and needs nothing.
+                let refused = Record::Refused(e.to_string());
+                let _ = refused.write_to(&mut answer).and_then(|()| answer.flush());
+                Err(e)
+            }
+        }
+    }
+
+    /// Wait for the source to hand the machine over.
+    pub fn wait_for_go(&mut self) -> Result<(), MigrationError> {
+        match Record::read_from(&mut self.input) {
+            Ok(Record::Go) => Ok(()),
+            Ok(other) => Err(MigrationError::Order(format!("{other:?} for the go-ahead"))),
+            Err(e) => Err(MigrationError::Order(format!(
+                "the source did not hand the VM over ({e}); it keeps it"
+            ))),
+        }
+    }
+
+    /// Read the stream: the configuration, RAM filled as pages come, then the state; the
+    /// machine built and its state set once `End` comes.
+    fn receive(
+        input: &mut BufReader<Stream>,
+        adapt: impl FnOnce(&mut MachineConfig),
+    ) -> Result<(Machine, Vcpus, bool), MigrationError> {
+        read_preface(input)?;
+        let Record::Config(json) = Record::read_from(input)? else {
+            return Err(MigrationError::Order("no configuration first".into()));
+        };
+        let sent: ConfigRecord = serde_json::from_slice(&json).map_err(SnapshotError::Content)?;
+        if sent.exitless_version != env!("CARGO_PKG_VERSION") {
+            return Err(SnapshotError::ExitlessVersion(sent.exitless_version).into());
+        }
+        let mut cfg = sent.config;
+        check_config(&cfg)?;
+        adapt(&mut cfg);
+        let ram = Ram::new(&cfg, None).map_err(Box::new)?;
+        let mut state: Option<StateRecord> = None;
+        loop {
+            match Record::read_from(input)? {
+                Record::Pages { gpa, data } => write_pages(&ram, gpa, &data)?,
+                Record::Zeros { gpa, pages } => {
+                    let zero = [0; PAGE];
+                    let len = pages.saturating_mul(PAGE as u64);
+                    check_pages(&ram, gpa, len)?;
+                    for page in 0..pages {
+                        write_pages(&ram, gpa + page * PAGE as u64, &zero)?;
+                    }
+                }
+                Record::State(json) => {
+                    let record: StateRecord =
+                        serde_json::from_slice(&json).map_err(SnapshotError::Content)?;
+                    record.state.as_ref().check(&cfg)?;
+                    state = Some(record);
+                }
+                Record::End => break,
+                other => return Err(MigrationError::Order(format!("{other:?} from the source"))),
+            }
+        }
+        let state = state.ok_or_else(|| MigrationError::Order("no state before the end".into()))?;
+        let machine = Machine::assemble(&cfg, None, ram).map_err(Box::new)?;
+        let vcpus = machine
+            .restore_state(state.state.as_ref())
+            .map_err(Box::new)?;
+        Ok((machine, vcpus, state.paused))
+    }
+}
+
+/// `len` bytes at `gpa` are all guest RAM.
+fn check_pages(ram: &Ram, gpa: u64, len: u64) -> Result<(), MigrationError> {
+    let inside = usize::try_from(len).is_ok_and(|len| {
+        len > 0
+            && ram
+                .memory()
+                .check_range(GuestAddress(gpa), len, Permissions::Write)
+    });
+    if inside {
+        Ok(())
+    } else {
+        let why = format!("{len} bytes of pages at {gpa:#x}, outside guest RAM");
+        Err(StreamError::Corrupt(why).into())
+    }
+}
+
+fn write_pages(ram: &Ram, gpa: u64, data: &[u8]) -> Result<(), MigrationError> {
+    check_pages(ram, gpa, data.len() as u64)?;
+    ram.memory()
+        .write_slice(data, GuestAddress(gpa))
+        .map_err(|e| StreamError::Corrupt(format!("pages at {gpa:#x}: {e}")).into())
+}

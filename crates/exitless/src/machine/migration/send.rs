@@ -1,0 +1,325 @@
+//! The source's side: passes over guest memory while the machine runs, then the switch-over
+//! (pause, the last pages, the state, the target's answer, go). Until the target has been told
+//! to go, any failure leaves the machine as it was: logging stopped, devices and vCPUs going on
+//! if they were.
+
+use std::io::{BufReader, BufWriter, Write};
+use std::time::Instant;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::machine::migration::address::Stream;
+use crate::machine::migration::stream::{MAX_RUN, PAGE, Record, write_preface};
+use crate::machine::migration::{
+    MAX_PASSES, Migrated, MigrationError, MigrationOptions, SendMigration,
+};
+use crate::machine::snapshot::{SnapshotError, Snapshotter};
+use crate::vm::run_control::StopReason;
+
+/// Longest a write to the target or its answer may take: a target that stopped reading is a
+/// failed migration, not a source stuck in a pause. Building the machine is the target's
+/// longest step before it answers.
+const PEER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The configuration record: the machine, and the exitless that sends it.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigRecord {
+    /// The sender's `CARGO_PKG_VERSION`; a target of another version refuses it, as a
+    /// restore does a snapshot of another.
+    pub exitless_version: String,
+    /// The machine, as built.
+    pub config: crate::machine::MachineConfig,
+}
+
+/// The state record: the paused machine's state, and whether it was paused before the
+/// migration (the target then stays paused).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateRecord {
+    /// The user had paused it.
+    pub paused: bool,
+    /// Its vCPUs', VM's and devices' states.
+    pub state: crate::machine::snapshot::MachineState,
+}
+
+/// A 64-bit hash of each page of guest memory as the target has it: all zero at first.
+struct TargetPages {
+    /// Each RAM region's first address and its pages' hashes.
+    regions: Vec<(u64, Vec<u64>)>,
+}
+
+impl TargetPages {
+    fn new(memory: &GuestMemoryMmap) -> Self {
+        let zero = xxh3_64(&[0; PAGE]);
+        let regions = memory
+            .iter()
+            .map(|r| {
+                let len = usize::try_from(r.len()).expect("a mapped region fits usize");
+                (r.start_addr().0, vec![zero; len.div_ceil(PAGE)])
+            })
+            .collect();
+        TargetPages { regions }
+    }
+
+    fn hash(&mut self, gpa: u64) -> Option<&mut u64> {
+        let (base, pages) = self
+            .regions
+            .iter_mut()
+            .find(|(base, pages)| (*base..*base + (pages.len() * PAGE) as u64).contains(&gpa))?;
+        pages.get_mut(usize::try_from((gpa - *base) / PAGE as u64).ok()?)
+    }
+
+    /// Every page, as runs of at most [`MAX_RUN`] pages: `(first address, pages)`.
+    fn runs(&self) -> Vec<(u64, usize)> {
+        let mut runs = Vec::new();
+        for (base, pages) in &self.regions {
+            for start in (0..pages.len()).step_by(MAX_RUN) {
+                let n = MAX_RUN.min(pages.len() - start);
+                runs.push((base + (start * PAGE) as u64, n));
+            }
+        }
+        runs
+    }
+}
+
+/// Pages on their way to the target: changed pages are gathered into runs of one kind (data
+/// or zero) and written as one record each.
+struct Copier<'a> {
+    memory: &'a GuestMemoryMmap,
+    target: TargetPages,
+    out: BufWriter<Stream>,
+    /// The run being gathered: its first address, and its data (empty for a zero run).
+    run: Option<(u64, u64, Vec<u8>)>,
+    pages: u64,
+    bytes: u64,
+}
+
+impl Copier<'_> {
+    fn record(&mut self, record: &Record) -> Result<(), MigrationError> {
+        let mut counted = Counted(&mut self.out, 0);
+        record
+            .write_to(&mut counted)
+            .map_err(crate::machine::migration::StreamError::from)?;
+        self.bytes += counted.1;
+        Ok(())
+    }
+
+    /// Send the `n` pages from `gpa` that differ from what the target has; how many.
+    fn copy(&mut self, gpa: u64, n: usize) -> Result<u64, MigrationError> {
+        let mut data = vec![0; n * PAGE];
+        self.memory
+            .read_slice(&mut data, GuestAddress(gpa))
+            .map_err(|e| SnapshotError::Field("memory".into(), e.to_string()))?;
+        let zero = xxh3_64(&[0; PAGE]);
+        let mut sent = 0;
+        for (i, page) in data.chunks(PAGE).enumerate() {
+            let at = gpa + (i * PAGE) as u64;
+            let hash = xxh3_64(page);
+            let Some(known) = self.target.hash(at) else {
+                continue;
+            };
+            if *known == hash {
+                continue;
+            }
+            *known = hash;
+            sent += 1;
+            self.gather(at, (hash != zero).then_some(page))?;
+        }
+        self.pages += sent;
+        Ok(sent)
+    }
+
+    /// Add the page at `gpa` (its data, or `None` if all zero) to the run, writing the run
+    /// first if the page does not extend it.
+    fn gather(&mut self, gpa: u64, page: Option<&[u8]>) -> Result<(), MigrationError> {
+        let extends = self.run.as_ref().is_some_and(|(start, count, data)| {
+            start + count * PAGE as u64 == gpa
+                && data.is_empty() == page.is_none()
+                && *count < MAX_RUN as u64
+        });
+        if !extends {
+            self.flush_run()?;
+            self.run = Some((gpa, 0, Vec::new()));
+        }
+        let (_, count, data) = self.run.as_mut().expect("a run was started");
+        *count += 1;
+        if let Some(page) = page {
+            data.extend_from_slice(page);
+        }
+        Ok(())
+    }
+
+    fn flush_run(&mut self) -> Result<(), MigrationError> {
+        match self.run.take() {
+            None => Ok(()),
+            Some((gpa, pages, data)) if data.is_empty() => {
+                self.record(&Record::Zeros { gpa, pages })
+            }
+            Some((gpa, _, data)) => self.record(&Record::Pages { gpa, data }),
+        }
+    }
+
+    /// Send every page that differs from the target's.
+    fn scan(&mut self) -> Result<u64, MigrationError> {
+        let mut sent = 0;
+        for (gpa, n) in self.target.runs() {
+            sent += self.copy(gpa, n)?;
+        }
+        self.flush_run()?;
+        Ok(sent)
+    }
+
+    /// Send the pages at `dirty` (page addresses, in order) that differ from the target's.
+    fn dirty(&mut self, dirty: &[u64]) -> Result<u64, MigrationError> {
+        let mut sent = 0;
+        for &gpa in dirty {
+            sent += self.copy(gpa, 1)?;
+        }
+        self.flush_run()?;
+        Ok(sent)
+    }
+}
+
+/// A writer that counts what goes through it.
+struct Counted<'a, W>(&'a mut W, u64);
+
+impl<W: Write> Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.0.write(buf)?;
+        self.1 += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// What the switch-over changed on the source, undone if the migration fails before `Go`.
+struct Undo<'a> {
+    snapshotter: &'a Snapshotter,
+    /// The vCPUs were paused here (they ran before).
+    vcpus: bool,
+    /// The devices were stopped here.
+    devices: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        let s = self.snapshotter;
+        if let Err(e) = s.vm.log_dirty_pages(false) {
+            log::warn!("migration: {e}");
+        }
+        if self.devices {
+            s.persist.iter().for_each(|(_, device)| device.resume());
+        }
+        if self.vcpus {
+            let _ = s.control.pause().resume();
+        }
+    }
+}
+
+impl Snapshotter {
+    /// Passes over memory, then the switch-over.
+    fn migrate(&self, options: &MigrationOptions) -> Result<Migrated, MigrationError> {
+        let start = Instant::now();
+        let stream = options.address.connect()?;
+        let connect = |source| MigrationError::Connect {
+            what: "talk to the migration target at",
+            address: options.address.to_string(),
+            source,
+        };
+        stream.set_timeouts(PEER_DEADLINE).map_err(connect)?;
+        let mut answers = BufReader::new(stream.try_clone().map_err(connect)?);
+        let mut copier = Copier {
+            memory: self.vm.memory(),
+            target: TargetPages::new(self.vm.memory()),
+            out: BufWriter::with_capacity((MAX_RUN + 1) * PAGE, stream),
+            run: None,
+            pages: 0,
+            bytes: 0,
+        };
+        write_preface(&mut copier.out).map_err(connect)?;
+        let config = serde_json::to_vec(&ConfigRecord {
+            exitless_version: env!("CARGO_PKG_VERSION").into(),
+            config: self.config.clone(),
+        })
+        .map_err(SnapshotError::Encode)?;
+        copier.record(&Record::Config(config))?;
+
+        let mut undo = Undo {
+            snapshotter: self,
+            vcpus: false,
+            devices: false,
+        };
+        self.vm.log_dirty_pages(true)?;
+        // The first pass sends every page that is not zero; each later one what the vCPUs
+        // wrote meanwhile, until what is left would fit the downtime at the rate measured.
+        let mut passes = 1;
+        let pass_start = Instant::now();
+        copier.scan()?;
+        let mut rate = copier.bytes as f64 / pass_start.elapsed().as_secs_f64().max(1e-6);
+        let mut dirty = self.vm.dirty_pages()?;
+        while passes < MAX_PASSES
+            && (dirty.len() * PAGE) as f64 / rate > options.downtime.as_secs_f64()
+        {
+            let (pass_start, before) = (Instant::now(), copier.bytes);
+            copier.dirty(&dirty)?;
+            copier.out.flush().map_err(connect)?;
+            rate = (copier.bytes - before) as f64 / pass_start.elapsed().as_secs_f64().max(1e-6);
+            passes += 1;
+            dirty = self.vm.dirty_pages()?;
+        }
+
+        // The switch-over: nothing writes guest memory from here.
+        let paused_start = Instant::now();
+        let paused = self.control.pause().paused();
+        if !paused {
+            self.control.pause_vcpus(options.pause_deadline)?;
+            undo.vcpus = true;
+        }
+        self.pause_devices()?;
+        undo.devices = true;
+        let before = copier.pages;
+        dirty.extend(self.vm.dirty_pages()?);
+        dirty.sort_unstable();
+        dirty.dedup();
+        copier.dirty(&dirty)?;
+        let scanned_pages = copier.scan()?;
+        let state = serde_json::to_vec(&StateRecord {
+            paused,
+            state: self.save_state()?,
+        })
+        .map_err(SnapshotError::Encode)?;
+        copier.record(&Record::State(state))?;
+        copier.record(&Record::End)?;
+        copier.out.flush().map_err(connect)?;
+        match Record::read_from(&mut answers)? {
+            Record::Ready => {}
+            Record::Refused(why) => return Err(MigrationError::Refused(why)),
+            other => return Err(MigrationError::Order(format!("{other:?} for an answer"))),
+        }
+        copier.record(&Record::Go)?;
+        copier.out.flush().map_err(connect)?;
+        // The machine is the target's: this run ends, its devices stopped as they are.
+        std::mem::forget(undo);
+        self.control.stop(StopReason::Migrated);
+        Ok(Migrated {
+            passes,
+            pages: copier.pages,
+            bytes: copier.bytes,
+            final_pages: copier.pages - before,
+            scanned_pages,
+            downtime_ms: paused_start.elapsed().as_secs_f64() * 1e3,
+            total_ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}
+
+impl SendMigration for Snapshotter {
+    fn send(&self, options: &MigrationOptions) -> Result<Migrated, MigrationError> {
+        self.migrate(options)
+    }
+}
