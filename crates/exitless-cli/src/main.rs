@@ -208,8 +208,9 @@ fn main() -> ExitCode {
             .and_then(|()| probe(args))
             .map(|()| ExitCode::SUCCESS),
         // The sockets are bound before the filter, which allows no bind(2).
-        Command::Run(args) => run::api_socket(&args)
-            .and_then(|api| Ok((api, run::migration_listener(&args)?)))
+        // The migration's first: once the control socket is there, so is it.
+        Command::Run(args) => run::migration_listener(&args)
+            .and_then(|incoming| Ok((run::api_socket(&args)?, incoming)))
             .and_then(|(api, incoming)| confine().and_then(|()| run::run(args, api, incoming)))
             .map(ExitCode::from),
         Command::Ctl(args) => ctl(args, confine),

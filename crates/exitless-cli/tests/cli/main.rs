@@ -18,6 +18,7 @@ mod highmem;
 mod ioapic;
 mod kernel_files;
 mod linux;
+mod migration;
 mod process;
 mod run;
 mod run_devices;

@@ -1,0 +1,166 @@
+//! Live migration as a user drives it: `exitless run --migrate-from ADDRESS` waiting,
+//! `exitless ctl ... migrate ADDRESS` on a running VM; a target that dies mid-copy, which the
+//! source outlives; streams a target must refuse with one line before any vCPU runs.
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use exitless::machine::migration::stream::{Record, write_preface};
+
+use crate::common::running::*;
+use crate::common::testkernel::*;
+
+/// How many numbered lines the test kernel prints.
+const LINES: u32 = 3000;
+
+/// `exitless run --migrate-from ADDRESS`, its console and socket named `name` in `dir`.
+fn target(dir: &Path, name: &str, address: &str) -> Running {
+    let target = Running::start(dir, name, &["--migrate-from", address]);
+    // Bound at the process's start, before its control socket (a connection to see whether
+    // it listens would be taken for the source).
+    let deadline = Instant::now() + LIMIT;
+    while !target.socket.exists() {
+        assert!(Instant::now() < deadline, "the target never listened");
+        thread::sleep(Duration::from_millis(20));
+    }
+    target
+}
+
+/// A TCP address on this host that nothing listens on now.
+fn free_tcp_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("tcp:{}", listener.local_addr().unwrap())
+}
+
+/// `vm` migrated to `address`: the figures it answered, and its run ended with status 0.
+fn migrated(vm: Running, address: &str) -> (serde_json::Value, String) {
+    let figures = vm.ctl(&["migrate", address]);
+    let (status, stderr, console) = vm.end();
+    assert_eq!(status, 0, "{stderr}");
+    assert!(stderr.contains("went to its migration target"), "{stderr}");
+    (figures, console)
+}
+
+#[test]
+fn a_guest_migrated_mid_work_there_and_back_finishes_with_every_line() {
+    let dir = scratch("migrate-twice");
+    let mut first = spamming(&dir, "first", LINES);
+    first.wait_for_lines("spam ", 20);
+    let unix = format!("unix:{}", dir.join("to-second.sock").display());
+    let mut second = target(&dir, "second", &unix);
+    let (figures, before) = migrated(first, &unix);
+    assert!(figures["passes"].as_u64().unwrap() >= 1, "{figures}");
+    assert!(figures["pages"].as_u64().unwrap() > 0, "{figures}");
+    assert!(figures["downtime_ms"].as_f64().unwrap() > 0.0, "{figures}");
+    // The guest goes on in the second process, and is sent on again, over TCP.
+    let seen = second.lines("spam ").len();
+    second.wait_for_lines("spam ", seen + 20);
+    let tcp = free_tcp_address();
+    let third = target(&dir, "third", &tcp);
+    let (_, middle) = migrated(second, &tcp);
+    let (status, stderr, after) = third.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    assert!(after.contains(" passed, 0 failed"), "{after}");
+    every_line(&(before + &middle), &after, LINES);
+    assert!(
+        !Path::new(unix.trim_start_matches("unix:")).exists(),
+        "its socket file went"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_target_that_dies_mid_copy_leaves_the_source_running_to_its_end() {
+    let dir = scratch("migrate-dies");
+    let mut vm = spamming(&dir, "vm", LINES);
+    vm.wait_for_lines("spam ", 20);
+    let path = dir.join("dies.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    // A target that takes the first 16 KiB of the stream (the test kernel's pages are more),
+    // then is gone.
+    let dies = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut taken = vec![0; 16 << 10];
+        stream.read_exact(&mut taken).unwrap();
+    });
+    let out = vm.ctl_output(&["migrate", &format!("unix:{}", path.display())]);
+    dies.join().unwrap();
+    assert!(!out.status.success(), "the migration failed");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("migration stream broke"), "{said}");
+    // The VM goes on as it was: running, every line printed once.
+    assert_eq!(vm.ctl(&["info"])["state"], "running");
+    let (status, stderr, console) = vm.end();
+    assert_eq!(status, PASSED, "{stderr}\n{console}");
+    every_line(&console, "", LINES);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Send `bytes` to a target waiting at `dir/NAME.mig`: it ends with status 2 and one line
+/// saying `says`, its console never made (no machine built, no vCPU run).
+fn refuses(dir: &Path, name: &str, bytes: &[u8], says: &str) {
+    let path = dir.join(format!("{name}.mig"));
+    let address = format!("unix:{}", path.display());
+    let target = target(dir, name, &address);
+    let console = target.console.clone();
+    let mut stream = UnixStream::connect(&path).unwrap();
+    stream.write_all(bytes).unwrap();
+    // The end of the stream: a target that wants more sees it cut short.
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let (status, stderr, _) = target.end();
+    assert_eq!(status, ERROR, "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(says), "{says:?} in {stderr}");
+    assert!(!console.exists(), "nothing started");
+}
+
+#[test]
+fn a_stream_not_exitless_s_corrupt_or_cut_short_is_refused_before_any_vcpu_runs() {
+    let dir = scratch("migrate-refused");
+    refuses(
+        &dir,
+        "other",
+        b"GET / HTTP/1.1\r\n\r\n",
+        "does not speak exitless's",
+    );
+    let mut preface = Vec::new();
+    write_preface(&mut preface).unwrap();
+    let config = serde_json::json!({
+        "exitless_version": env!("CARGO_PKG_VERSION"),
+        "config": exitless::machine::MachineConfig {
+            ram_size: 16 << 20,
+            ..Default::default()
+        },
+    });
+    let mut whole = preface.clone();
+    Record::Config(config.to_string().into_bytes())
+        .write_to(&mut whole)
+        .unwrap();
+    // Pages outside RAM, then a record whose checksum does not match, then a stream that
+    // ends before its state.
+    let mut outside = whole.clone();
+    Record::Pages {
+        gpa: 1 << 40,
+        data: vec![1; 4096],
+    }
+    .write_to(&mut outside)
+    .unwrap();
+    refuses(&dir, "outside", &outside, "outside guest RAM");
+    let mut corrupt = whole.clone();
+    let at = corrupt.len() - 3;
+    corrupt[at] ^= 1;
+    refuses(&dir, "corrupt", &corrupt, "does not match its checksum");
+    refuses(&dir, "short", &whole, "the migration stream broke");
+    let mut older = preface;
+    let config = config
+        .to_string()
+        .replace(env!("CARGO_PKG_VERSION"), "0.0.1");
+    Record::Config(config.into_bytes())
+        .write_to(&mut older)
+        .unwrap();
+    refuses(&dir, "older", &older, "taken by exitless 0.0.1");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
