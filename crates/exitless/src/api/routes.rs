@@ -270,6 +270,7 @@ fn migration_status(e: &MigrationError) -> u16 {
         MigrationError::Address(_)
         | MigrationError::Connect { .. }
         | MigrationError::Refused(_)
+        | MigrationError::Unsupported(_)
         | MigrationError::Stream(_) => 400,
         MigrationError::Pause(e) => pause_status(e),
         _ => 500,

@@ -307,6 +307,7 @@ impl Machine {
             persist: std::mem::take(&mut devices.persist),
             config: cfg.clone(),
             routing: devices.routing.clone(),
+            image_locks: std::mem::take(&mut devices.image_locks),
         });
         Ok(Machine {
             vm,

@@ -369,8 +369,16 @@ fn api() -> Vec<Allowed> {
         ),
         sys!(SYS_connect),
         sys!(SYS_setsockopt).only(1, [value(libc::IPPROTO_TCP)]),
-        // The connection duplicated: one handle writes the stream, one reads the answers.
-        sys!(SYS_fcntl).only(1, [value(libc::F_DUPFD_CLOEXEC)]),
+        // The connection duplicated: one handle writes the stream, one reads the answers; the
+        // disk images' locks given up at the switch-over and taken back if it fails.
+        sys!(SYS_fcntl).only(
+            1,
+            [
+                value(libc::F_DUPFD_CLOEXEC),
+                value(libc::F_OFD_SETLK),
+                value(libc::F_OFD_GETLK),
+            ],
+        ),
         // ... and the VM's own state, with every vCPU parked (each vCPU gives its own).
         sys!(SYS_ioctl).only(
             1,

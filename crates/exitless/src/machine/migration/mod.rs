@@ -76,6 +76,9 @@ pub enum MigrationError {
     /// The target said no.
     #[error("the target refused the VM: {0}")]
     Refused(String),
+    /// A machine with a device whose migration is not written yet.
+    #[error("this VM cannot be migrated yet: it has {0}")]
+    Unsupported(&'static str),
     /// A record out of its place.
     #[error("the migration stream is out of order: {0}")]
     Order(String),

@@ -4,10 +4,10 @@
 //! record out of place, pages outside RAM, a checksum that does not match, a stream cut short)
 //! refuses the machine before any vCPU runs, and tells the source, which goes on.
 
-use std::io::{BufReader, BufWriter, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::time::Duration;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
 use crate::machine::migration::address::{Listener, Stream};
 use crate::machine::migration::send::{ConfigRecord, StateRecord};
@@ -77,48 +77,21 @@ impl Incoming {
         }
     }
 
-    /// Read the stream: the configuration, RAM filled as pages come, then the state; the
-    /// machine built and its state set once `End` comes.
+    /// Read the stream into a new machine's RAM; build the machine and set its state once
+    /// it is whole.
     fn receive(
         input: &mut BufReader<Stream>,
         adapt: impl FnOnce(&mut MachineConfig),
     ) -> Result<(Machine, Vcpus, bool), MigrationError> {
-        read_preface(input)?;
-        let Record::Config(json) = Record::read_from(input)? else {
-            return Err(MigrationError::Order("no configuration first".into()));
-        };
-        let sent: ConfigRecord = serde_json::from_slice(&json).map_err(SnapshotError::Content)?;
-        if sent.exitless_version != env!("CARGO_PKG_VERSION") {
-            return Err(SnapshotError::ExitlessVersion(sent.exitless_version).into());
-        }
-        let mut cfg = sent.config;
-        check_config(&cfg)?;
-        adapt(&mut cfg);
-        let ram = Ram::new(&cfg, None).map_err(Box::new)?;
-        let mut state: Option<StateRecord> = None;
-        loop {
-            match Record::read_from(input)? {
-                Record::Pages { gpa, data } => write_pages(&ram, gpa, &data)?,
-                Record::Zeros { gpa, pages } => {
-                    let zero = [0; PAGE];
-                    let len = pages.saturating_mul(PAGE as u64);
-                    check_pages(&ram, gpa, len)?;
-                    for page in 0..pages {
-                        write_pages(&ram, gpa + page * PAGE as u64, &zero)?;
-                    }
-                }
-                Record::State(json) => {
-                    let record: StateRecord =
-                        serde_json::from_slice(&json).map_err(SnapshotError::Content)?;
-                    record.state.as_ref().check(&cfg)?;
-                    state = Some(record);
-                }
-                Record::End => break,
-                other => return Err(MigrationError::Order(format!("{other:?} from the source"))),
+        let mut adapt = Some(adapt);
+        let received = read_stream(input, |cfg| {
+            if let Some(adapt) = adapt.take() {
+                adapt(cfg);
             }
-        }
-        let state = state.ok_or_else(|| MigrationError::Order("no state before the end".into()))?;
-        let machine = Machine::assemble(&cfg, None, ram).map_err(Box::new)?;
+            Ram::new(cfg, None).map_err(|e| Box::new(e).into())
+        })?;
+        let Received { config, ram, state } = received;
+        let machine = Machine::assemble(&config, None, ram).map_err(Box::new)?;
         let vcpus = machine
             .restore_state(state.state.as_ref())
             .map_err(Box::new)?;
@@ -126,8 +99,80 @@ impl Incoming {
     }
 }
 
+/// Guest RAM a stream's pages are written into: a machine's, or a test's.
+pub trait GuestRam {
+    /// The memory.
+    fn memory(&self) -> &GuestMemoryMmap;
+}
+
+impl GuestRam for Ram {
+    fn memory(&self) -> &GuestMemoryMmap {
+        Ram::memory(self)
+    }
+}
+
+impl GuestRam for GuestMemoryMmap {
+    fn memory(&self) -> &GuestMemoryMmap {
+        self
+    }
+}
+
+/// What a whole stream held: the machine's configuration, its RAM as the pages left it, and
+/// its state.
+pub struct Received<R> {
+    /// The configuration, as checked and changed by the caller.
+    pub config: MachineConfig,
+    /// RAM, every page the stream sent written.
+    pub ram: R,
+    /// The paused machine's state, checked against the configuration.
+    pub state: StateRecord,
+}
+
+/// Read a stream up to its `End`: the preface, the configuration (checked, then given to
+/// `make_ram`, which may change it and makes RAM for it), pages into that RAM as they come,
+/// the state. Every record is checked before it is believed.
+pub fn read_stream<R: GuestRam>(
+    input: &mut impl Read,
+    make_ram: impl FnOnce(&mut MachineConfig) -> Result<R, MigrationError>,
+) -> Result<Received<R>, MigrationError> {
+    read_preface(input)?;
+    let Record::Config(json) = Record::read_from(input)? else {
+        return Err(MigrationError::Order("no configuration first".into()));
+    };
+    let sent: ConfigRecord = serde_json::from_slice(&json).map_err(SnapshotError::Content)?;
+    if sent.exitless_version != env!("CARGO_PKG_VERSION") {
+        return Err(SnapshotError::ExitlessVersion(sent.exitless_version).into());
+    }
+    let mut config = sent.config;
+    check_config(&config)?;
+    let ram = make_ram(&mut config)?;
+    let mut state: Option<StateRecord> = None;
+    loop {
+        match Record::read_from(input)? {
+            Record::Pages { gpa, data } => write_pages(&ram, gpa, &data)?,
+            Record::Zeros { gpa, pages } => {
+                let zero = [0; PAGE];
+                check_pages(&ram, gpa, pages.saturating_mul(PAGE as u64))?;
+                for page in 0..pages {
+                    write_pages(&ram, gpa + page * PAGE as u64, &zero)?;
+                }
+            }
+            Record::State(json) => {
+                let record: StateRecord =
+                    serde_json::from_slice(&json).map_err(SnapshotError::Content)?;
+                record.state.as_ref().check(&config)?;
+                state = Some(record);
+            }
+            Record::End => break,
+            other => return Err(MigrationError::Order(format!("{other:?} from the source"))),
+        }
+    }
+    let state = state.ok_or_else(|| MigrationError::Order("no state before the end".into()))?;
+    Ok(Received { config, ram, state })
+}
+
 /// `len` bytes at `gpa` are all guest RAM.
-fn check_pages(ram: &Ram, gpa: u64, len: u64) -> Result<(), MigrationError> {
+fn check_pages(ram: &impl GuestRam, gpa: u64, len: u64) -> Result<(), MigrationError> {
     let inside = usize::try_from(len).is_ok_and(|len| {
         len > 0
             && ram
@@ -142,7 +187,7 @@ fn check_pages(ram: &Ram, gpa: u64, len: u64) -> Result<(), MigrationError> {
     }
 }
 
-fn write_pages(ram: &Ram, gpa: u64, data: &[u8]) -> Result<(), MigrationError> {
+fn write_pages(ram: &impl GuestRam, gpa: u64, data: &[u8]) -> Result<(), MigrationError> {
     check_pages(ram, gpa, data.len() as u64)?;
     ram.memory()
         .write_slice(data, GuestAddress(gpa))

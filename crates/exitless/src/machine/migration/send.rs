@@ -204,13 +204,31 @@ struct Undo<'a> {
     vcpus: bool,
     /// The devices were stopped here.
     devices: bool,
+    /// The disk images' locks were given up.
+    locks: bool,
 }
+
+/// How long the source tries to take its images' locks back: a target that took them lets
+/// them go when it sees the stream end.
+const RETAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Drop for Undo<'_> {
     fn drop(&mut self) {
         let s = self.snapshotter;
         if let Err(e) = s.vm.log_dirty_pages(false) {
             log::warn!("migration: {e}");
+        }
+        if self.locks {
+            let deadline = Instant::now() + RETAKE_DEADLINE;
+            for lock in &s.image_locks {
+                while let Err(e) = lock.retake() {
+                    if Instant::now() > deadline {
+                        log::error!("migration: the VM goes on without its lock: {e}");
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
         }
         if self.devices {
             s.persist.iter().for_each(|(_, device)| device.resume());
@@ -222,8 +240,36 @@ impl Drop for Undo<'_> {
 }
 
 impl Snapshotter {
-    /// Passes over memory, then the switch-over.
+    /// Passes over memory, then the switch-over; on failure, the machine as it was, once the
+    /// stream is closed (a target that took the images' locks lets them go).
     fn migrate(&self, options: &MigrationOptions) -> Result<Migrated, MigrationError> {
+        if self.config.disks.iter().any(|d| d.vhost_user.is_some())
+            || (self.config.virtio.iter())
+                .any(|n| matches!(n.backend, crate::machine::NetBackendKind::VhostUser(_)))
+        {
+            return Err(MigrationError::Unsupported(
+                "a vhost-user device (its backend's dirty log and hand-over)",
+            ));
+        }
+        let mut undo = Undo {
+            snapshotter: self,
+            vcpus: false,
+            devices: false,
+            locks: false,
+        };
+        let migrated = self.send_machine(options, &mut undo)?;
+        // The machine is the target's: this run ends, its devices stopped as they are.
+        std::mem::forget(undo);
+        self.control.stop(StopReason::Migrated);
+        Ok(migrated)
+    }
+
+    /// Connect, send the passes, switch over; `undo` notes what to take back on failure.
+    fn send_machine(
+        &self,
+        options: &MigrationOptions,
+        undo: &mut Undo<'_>,
+    ) -> Result<Migrated, MigrationError> {
         let start = Instant::now();
         let stream = options.address.connect()?;
         let connect = |source| MigrationError::Connect {
@@ -248,12 +294,6 @@ impl Snapshotter {
         })
         .map_err(SnapshotError::Encode)?;
         copier.record(&Record::Config(config))?;
-
-        let mut undo = Undo {
-            snapshotter: self,
-            vcpus: false,
-            devices: false,
-        };
         self.vm.log_dirty_pages(true)?;
         // The first pass sends every page that is not zero; each later one what the vCPUs
         // wrote meanwhile, until what is left would fit the downtime at the rate measured.
@@ -294,6 +334,11 @@ impl Snapshotter {
         })
         .map_err(SnapshotError::Encode)?;
         copier.record(&Record::State(state))?;
+        // The target opens the images once the stream is whole: it takes their locks.
+        undo.locks = true;
+        for lock in &self.image_locks {
+            lock.release().map_err(connect)?;
+        }
         copier.record(&Record::End)?;
         copier.out.flush().map_err(connect)?;
         match Record::read_from(&mut answers)? {
@@ -303,9 +348,6 @@ impl Snapshotter {
         }
         copier.record(&Record::Go)?;
         copier.out.flush().map_err(connect)?;
-        // The machine is the target's: this run ends, its devices stopped as they are.
-        std::mem::forget(undo);
-        self.control.stop(StopReason::Migrated);
         Ok(Migrated {
             passes,
             pages: copier.pages,

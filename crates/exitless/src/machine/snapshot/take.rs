@@ -26,6 +26,8 @@ pub struct Snapshotter {
     pub(crate) config: MachineConfig,
     /// The machine's GSI routing, whose commits a restore makes once for every device.
     pub(crate) routing: Arc<GsiRouting>,
+    /// Its disk images' locks, which a migration hands over.
+    pub(crate) image_locks: Vec<crate::virtio::block::image::ImageLock>,
 }
 
 impl Snapshotter {

@@ -28,6 +28,7 @@ use crate::machine::config::MachineConfig;
 use crate::machine::console as machine_console;
 use crate::machine::layout::MemoryLayout;
 use crate::persist::Persist;
+use crate::virtio::block::image::ImageLock;
 use crate::virtio::worker::Worker;
 use crate::vm::Vm;
 use crate::vm::run_control::RunControl;
@@ -59,6 +60,8 @@ pub struct Devices {
     pub persist: PersistList,
     /// What a snapshot keeps of each device registered, by name, in the order added.
     pub kept: Vec<(String, Kept)>,
+    /// The locks of the disk images the machine opened (a migration hands them over).
+    pub image_locks: Vec<ImageLock>,
 }
 
 /// A device that counts its guest errors: its bus id and its log.
@@ -194,6 +197,7 @@ pub fn wire(
         ioapic: None,
         persist: Vec::new(),
         kept: Vec::new(),
+        image_locks: Vec::new(),
     };
     platform::add_serial(&mut devices, cfg, out, control)?;
     let reset_control = match &cfg.platform {

@@ -173,6 +173,7 @@ fn add_virtio_blk(
         let blk = VirtioBlock::parts(image, serial.unwrap_or_default(), queues, io_uring);
         add_virtio(devices, slots, blk, &disk_placement(disk, queues))?;
     }
+    devices.image_locks = images.into_locks();
     Ok(())
 }
 

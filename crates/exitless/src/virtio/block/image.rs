@@ -238,6 +238,47 @@ enum Identity {
 #[derive(Debug, Default)]
 pub struct Images {
     opened: Vec<(Identity, PathBuf)>,
+    /// A handle on each image locked, for a migration's hand-over.
+    locks: Vec<ImageLock>,
+}
+
+/// An image's locks, held on its open file description, given up and taken again through a
+/// duplicate of its descriptor (the locks belong to the description, not the descriptor): a
+/// migration's source gives them up at the switch-over so that its target, on the same host or
+/// the same shared storage, can take them, and takes them back if the target does not run.
+#[derive(Debug)]
+pub struct ImageLock {
+    file: File,
+    read_only: bool,
+    path: PathBuf,
+}
+
+impl ImageLock {
+    /// Give up every lock byte (QEMU's `raw_inactivate` does the same at a migration's end).
+    pub fn release(&self) -> io::Result<()> {
+        let all = libc::flock {
+            l_len: SHARED_BASE + 100 - PERM_BASE,
+            ..byte_lock(PERM_BASE, libc::F_UNLCK)
+        };
+        // SAFETY: F_OFD_SETLK reads the flock passed, which outlives the call.
+        if unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_OFD_SETLK, &all) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Take the locks again, as at open: refused if another took them meanwhile.
+    pub fn retake(&self) -> Result<(), ImageError> {
+        lock(&self.file, self.read_only, &self.path)
+    }
+}
+
+impl Images {
+    /// The locks of the images opened, for [`ImageLock::release`] and [`ImageLock::retake`].
+    pub fn into_locks(self) -> Vec<ImageLock> {
+        self.locks
+    }
 }
 
 impl Images {
@@ -274,6 +315,13 @@ impl Images {
         host_file::set_blocking(&file).map_err(open_error)?;
         if locking {
             lock(&file, read_only, path)?;
+            let file = file.try_clone().map_err(open_error)?;
+            let path = path.into();
+            self.locks.push(ImageLock {
+                file,
+                read_only,
+                path,
+            });
         }
         let image =
             DiskImage::described(file, &meta, read_only).map_err(|source| ImageError::Size {
