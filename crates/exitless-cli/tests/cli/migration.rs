@@ -83,16 +83,8 @@ fn migrated_twice(dir: &Path, args: &[&str], prefix: &str, rounds: u32) {
 #[test]
 fn a_guest_migrated_mid_work_there_and_back_finishes_with_every_line() {
     let dir = scratch("migrate-twice");
-    let elf = kernel("testkernel.elf");
-    let cmdline = format!("spam={LINES} cpus=2");
-    let args = [
-        "--kernel",
-        elf.to_str().unwrap(),
-        "--cmdline",
-        &cmdline,
-        "--cpus",
-        "2",
-    ];
+    let args = spam_args(LINES);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     migrated_twice(&dir, &args, "spam ", LINES);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -220,4 +212,85 @@ fn a_stream_not_exitless_s_corrupt_or_cut_short_is_refused_before_any_vcpu_runs(
         .unwrap();
     refuses(&dir, "older", &older, "taken by exitless 0.0.1");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_target_that_refuses_at_the_end_leaves_the_source_running_with_its_disk_locked() {
+    const ROUNDS: u32 = 3000;
+    let dir = scratch("migrate-refused-end");
+    let image = dir.join("disk.img");
+    std::fs::write(&image, vec![0u8; 2 << 20]).unwrap();
+    let elf = kernel("testkernel.elf");
+    let cmdline = format!("disk=1 disk_rounds={ROUNDS}");
+    let disk = image.to_str().unwrap();
+    let args = [
+        "--kernel",
+        elf.to_str().unwrap(),
+        "--cmdline",
+        &cmdline,
+        "--disk",
+        disk,
+        "--memory",
+        "16",
+    ];
+    let mut vm = Running::start(&dir, "vm", &args);
+    vm.wait_for_lines("disk round ", 5);
+    assert!(locked(&image), "a running VM holds its image's locks");
+    let path = dir.join("refuses.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    // A target that reads the whole stream (the source has given its image's locks up by
+    // then), then says no.
+    let image_now = image.clone();
+    let refuses = thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut input = std::io::BufReader::new(stream.try_clone().unwrap());
+        exitless::machine::migration::stream::read_preface(&mut input).unwrap();
+        while Record::read_from(&mut input).unwrap() != Record::End {}
+        assert!(
+            !locked(&image_now),
+            "the source gave its locks up before the end"
+        );
+        Record::Refused("no room here".into())
+            .write_to(&mut &stream)
+            .unwrap();
+    });
+    let out = vm.ctl_output(&["migrate", &format!("unix:{}", path.display())]);
+    refuses.join().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("the target refused the VM: no room here"),
+        "{said}"
+    );
+    assert_eq!(vm.ctl(&["info"])["state"], "running");
+    // The source holds its image's locks again: a second VM on it is refused.
+    let second = exitless_run(&["--kernel", elf.to_str().unwrap(), "--disk", disk], b"");
+    assert_eq!(second.status.code(), Some(ERROR), "{}", second.stderr);
+    assert!(second.stderr.contains("lock"), "{}", second.stderr);
+    let (status, stderr, console) = vm.end();
+    assert_eq!(status, PASSED, "{stderr}\n{console}");
+    let all = numbers(&console, "disk round ");
+    assert_eq!(all, (1..=ROUNDS).collect::<Vec<_>>());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Whether any process holds a lock on QEMU's lock bytes (100 to 299) of the image at `path`.
+fn locked(path: &Path) -> bool {
+    let file = std::fs::File::open(path).unwrap();
+    let mut lock = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 100,
+        l_len: 200,
+        l_pid: 0,
+    };
+    // SAFETY: F_OFD_GETLK reads and rewrites the flock passed, which outlives the call.
+    let r = unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            libc::F_OFD_GETLK,
+            &mut lock,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    i32::from(lock.l_type) != libc::F_UNLCK
 }

@@ -192,17 +192,28 @@ pub fn every_line(before: &str, after: &str, lines: u32) {
 
 /// The test kernel printing `lines` numbered lines on two vCPUs.
 pub fn spamming(dir: &Path, name: &str, lines: u32) -> Running {
+    let args = spam_args(lines);
+    Running::start(
+        dir,
+        name,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+}
+
+/// `exitless run`'s arguments for the test kernel printing `lines` numbered lines on two
+/// vCPUs.
+pub fn spam_args(lines: u32) -> Vec<String> {
     let elf = kernel("testkernel.elf");
-    let cmdline = format!("spam={lines} cpus=2");
-    let args = [
+    [
         "--kernel",
         elf.to_str().unwrap(),
         "--cmdline",
-        &cmdline,
+        &format!("spam={lines} cpus=2"),
         "--cpus",
         "2",
-    ];
-    Running::start(dir, name, &args)
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// The backend, or `None` after printing why the test skips: only a missing binary does.
