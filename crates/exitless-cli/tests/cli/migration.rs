@@ -277,8 +277,8 @@ fn a_target_that_refuses_at_the_end_leaves_the_source_running_with_its_disk_lock
 fn locked(path: &Path) -> bool {
     let file = std::fs::File::open(path).unwrap();
     let mut lock = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
+        l_type: libc::c_short::try_from(libc::F_WRLCK).unwrap(),
+        l_whence: libc::c_short::try_from(libc::SEEK_SET).unwrap(),
         l_start: 100,
         l_len: 200,
         l_pid: 0,
