@@ -12,13 +12,19 @@ use exitless::machine::migration::stream::{Record, write_preface};
 
 use crate::common::running::*;
 use crate::common::testkernel::*;
+use crate::snapshot::{NetNamespace, ip};
 
 /// How many numbered lines the test kernel prints.
 const LINES: u32 = 3000;
 
 /// `exitless run --migrate-from ADDRESS`, its console and socket named `name` in `dir`.
 fn target(dir: &Path, name: &str, address: &str) -> Running {
-    let target = Running::start(dir, name, &["--migrate-from", address]);
+    target_in(None, dir, name, address)
+}
+
+/// [`target`] in the network namespace `netns`, if given.
+fn target_in(netns: Option<&str>, dir: &Path, name: &str, address: &str) -> Running {
+    let target = Running::start_in(netns, dir, name, &["--migrate-from", address]);
     // Bound at the process's start, before its control socket (a connection to see whether
     // it listens would be taken for the source).
     let deadline = Instant::now() + LIMIT;
@@ -44,24 +50,33 @@ fn migrated(vm: Running, address: &str) -> (serde_json::Value, String) {
     (figures, console)
 }
 
+/// Where each of [`migrated_twice`]'s three processes runs (a network namespace, or this
+/// one), and whether the second hop goes over TCP (within one namespace) or a Unix socket.
+type Hops<'a> = ([Option<&'a str>; 3], bool);
+
 /// `exitless run ARGS` until the guest has printed a few of its `rounds` lines starting with
 /// `prefix`, migrated mid-work to a second process over a Unix socket, which is migrated on to
-/// a third over TCP: it passes, and the three consoles hold each round once, in order.
-fn migrated_twice(dir: &Path, args: &[&str], prefix: &str, rounds: u32) {
-    let mut first = Running::start(dir, "first", args);
+/// a third (over TCP or a Unix socket, as `hops` says): it passes, and the three consoles hold
+/// each round once, in order.
+fn migrated_twice(dir: &Path, args: &[&str], (prefix, rounds): (&str, u32), hops: Hops<'_>) {
+    let ([first_ns, second_ns, third_ns], tcp) = hops;
+    let mut first = Running::start_in(first_ns, dir, "first", args);
     first.wait_for_lines(prefix, 5);
     let unix = format!("unix:{}", dir.join("to-second.sock").display());
-    let mut second = target(dir, "second", &unix);
+    let mut second = target_in(second_ns, dir, "second", &unix);
     let (figures, before) = migrated(first, &unix);
     assert!(figures["passes"].as_u64().unwrap() >= 1, "{figures}");
     assert!(figures["pages"].as_u64().unwrap() > 0, "{figures}");
     assert!(figures["downtime_ms"].as_f64().unwrap() > 0.0, "{figures}");
-    // The guest goes on in the second process, and is sent on again, over TCP.
+    // The guest goes on in the second process, and is sent on again.
     let seen = second.lines(prefix).len();
     second.wait_for_lines(prefix, seen + 5);
-    let tcp = free_tcp_address();
-    let third = target(dir, "third", &tcp);
-    let (_, middle) = migrated(second, &tcp);
+    let on = match tcp {
+        true => free_tcp_address(),
+        false => format!("unix:{}", dir.join("to-third.sock").display()),
+    };
+    let third = target_in(third_ns, dir, "third", &on);
+    let (_, middle) = migrated(second, &on);
     let (status, stderr, after) = third.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");
     assert!(
@@ -85,7 +100,7 @@ fn a_guest_migrated_mid_work_there_and_back_finishes_with_every_line() {
     let dir = scratch("migrate-twice");
     let args = spam_args(LINES);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    migrated_twice(&dir, &args, "spam ", LINES);
+    migrated_twice(&dir, &args, ("spam ", LINES), ([None; 3], true));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -111,7 +126,7 @@ fn a_guest_migrated_while_writing_its_disk_finishes_with_every_sector_right() {
         "--memory",
         "16",
     ];
-    migrated_twice(&dir, &args, "disk round ", ROUNDS);
+    migrated_twice(&dir, &args, ("disk round ", ROUNDS), ([None; 3], true));
     let file = std::fs::read(&image).unwrap();
     for n in 1..=ROUNDS {
         let at = n as usize * 512;
@@ -293,4 +308,44 @@ fn locked(path: &Path) -> bool {
     };
     assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
     i32::from(lock.l_type) != libc::F_UNLCK
+}
+
+/// The test kernel asking the host's kernel for a MAC by ARP, again and again, on a tap that
+/// each process makes in its own network namespace (the same name in each: a VM moving between
+/// hosts finds its network there), migrated from one namespace to the other and back: every
+/// request answered, each round once.
+#[test]
+fn a_guest_migrated_between_network_namespaces_mid_traffic_finishes_with_every_answer() {
+    const ROUNDS: u32 = 1000;
+    let names = ["a", "b"].map(|n| format!("exitless-mig{n}-{}", std::process::id()));
+    if let Err(why) = ip(&["netns", "add", &names[0]]) {
+        println!("skipped: cannot make a network namespace here: {why}");
+        return;
+    }
+    let a = NetNamespace(names[0].clone());
+    ip(&["netns", "add", &names[1]]).unwrap();
+    let b = NetNamespace(names[1].clone());
+    for ns in [&a.0, &b.0] {
+        ip(&["-n", ns, "addr", "add", "10.0.2.2/32", "dev", "lo"]).unwrap();
+        ip(&["-n", ns, "link", "set", "lo", "up"]).unwrap();
+    }
+    let dir = scratch("migrate-net");
+    let elf = kernel("testkernel.elf");
+    let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS}");
+    let args = [
+        "--kernel",
+        elf.to_str().unwrap(),
+        "--cmdline",
+        &cmdline,
+        "--net",
+        "tap=xlmig0",
+        "--memory",
+        "16",
+    ];
+    let hops = (
+        [Some(a.0.as_str()), Some(b.0.as_str()), Some(a.0.as_str())],
+        false,
+    );
+    migrated_twice(&dir, &args, ("net round ", ROUNDS), hops);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

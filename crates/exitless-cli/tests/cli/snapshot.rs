@@ -496,7 +496,7 @@ fn a_machine_snapshotted_and_restored_in_the_same_process_finishes_its_work() {
 
 /// A network namespace of this test, deleted on drop, with the peer's address on its loopback
 /// interface: the host's kernel answers ARP requests for it on a tap the run creates.
-struct NetNamespace(String);
+pub(crate) struct NetNamespace(pub(crate) String);
 
 impl Drop for NetNamespace {
     fn drop(&mut self) {
@@ -507,7 +507,7 @@ impl Drop for NetNamespace {
 }
 
 /// `ip ARGS`, which must succeed, or why not.
-fn ip(args: &[&str]) -> Result<(), String> {
+pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
         .args(args)
         .output()
