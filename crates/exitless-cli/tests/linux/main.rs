@@ -16,6 +16,7 @@ mod lab;
 mod boot;
 mod disk;
 mod iommu;
+mod migration;
 mod net;
 mod net_table;
 mod qemu;
