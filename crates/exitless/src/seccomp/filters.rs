@@ -369,6 +369,9 @@ fn api() -> Vec<Allowed> {
         ),
         sys!(SYS_connect),
         sys!(SYS_setsockopt).only(1, [value(libc::IPPROTO_TCP)]),
+        // Which pages of guest RAM were ever touched: /proc/self/pagemap read at offsets
+        // (opened with openat, above).
+        sys!(SYS_pread64),
         // The connection duplicated: one handle writes the stream, one reads the answers; the
         // disk images' locks given up at the switch-over and taken back if it fails.
         sys!(SYS_fcntl).only(

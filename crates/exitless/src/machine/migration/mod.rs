@@ -13,14 +13,16 @@
 //! vhost-user backend. Rather than ask each of them for a log of its own, the source keeps a
 //! 64-bit hash of every page as the target has it, and once the machine is paused (every
 //! device stopped: no writer is left) it hashes all of guest memory and sends each page whose
-//! hash changed. That scan is in the downtime: it costs a read of guest RAM (see
-//! docs/migration.md for the figures); the passes before it send what KVM logged, so that
-//! little is left for it. Described for users in docs/migration.md.
+//! hash changed. That scan is in the downtime: it costs a read of the guest RAM this process
+//! ever touched ([`touched`]; see docs/migration.md for the figures); the passes before it
+//! send what KVM logged, so that little is left for it. Described for users in
+//! docs/migration.md.
 
 pub mod address;
 pub mod receive;
 pub mod send;
 pub mod stream;
+mod touched;
 
 use std::time::Duration;
 

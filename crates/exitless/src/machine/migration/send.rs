@@ -11,8 +11,9 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::machine::migration::address::Stream;
 use crate::machine::migration::stream::{MAX_RUN, PAGE, Record, write_preface};
+use crate::machine::migration::touched::PageMap;
 use crate::machine::migration::{
-    MAX_PASSES, Migrated, MigrationError, MigrationOptions, SendMigration,
+    MAX_PASSES, Migrated, MigrationError, MigrationOptions, SendMigration, StreamError,
 };
 use crate::machine::snapshot::{SnapshotError, Snapshotter};
 use crate::vm::run_control::StopReason;
@@ -71,16 +72,41 @@ impl TargetPages {
         pages.get_mut(usize::try_from((gpa - *base) / PAGE as u64).ok()?)
     }
 
-    /// Every page, as runs of at most [`MAX_RUN`] pages: `(first address, pages)`.
-    fn runs(&self) -> Vec<(u64, usize)> {
+    /// The pages a scan reads, as runs of at most [`MAX_RUN`] pages: `(first address,
+    /// pages)`. Every page of RAM that is a shared file; of private RAM, the pages this
+    /// process ever touched ([`PageMap`]) and those the target has other than zero (a page
+    /// sent that is gone from the page tables since reads as zero now, and must be sent so).
+    fn runs(&self, memory: &GuestMemoryMmap) -> Result<Vec<(u64, usize)>, MigrationError> {
+        let zero = xxh3_64(&[0; PAGE]);
+        let map = PageMap::open().map_err(StreamError::from)?;
         let mut runs = Vec::new();
-        for (base, pages) in &self.regions {
-            for start in (0..pages.len()).step_by(MAX_RUN) {
-                let n = MAX_RUN.min(pages.len() - start);
-                runs.push((base + (start * PAGE) as u64, n));
+        for ((base, hashes), region) in self.regions.iter().zip(memory.iter()) {
+            let touched = match region.file_offset() {
+                Some(_) => vec![true; hashes.len()],
+                None => {
+                    let host = region.as_ptr() as usize;
+                    let len = hashes.len() * PAGE;
+                    map.touched(host, len).map_err(StreamError::from)?
+                }
+            };
+            let mut run: Option<(u64, usize)> = None;
+            for (page, (&touched, &hash)) in touched.iter().zip(hashes).enumerate() {
+                let gpa = base + (page * PAGE) as u64;
+                if !touched && hash == zero {
+                    runs.extend(run.take());
+                    continue;
+                }
+                match &mut run {
+                    Some((_, n)) if *n < MAX_RUN => *n += 1,
+                    _ => {
+                        runs.extend(run.take());
+                        run = Some((gpa, 1));
+                    }
+                }
             }
+            runs.extend(run);
         }
-        runs
+        Ok(runs)
     }
 }
 
@@ -99,9 +125,7 @@ struct Copier<'a> {
 impl Copier<'_> {
     fn record(&mut self, record: &Record) -> Result<(), MigrationError> {
         let mut counted = Counted(&mut self.out, 0);
-        record
-            .write_to(&mut counted)
-            .map_err(crate::machine::migration::StreamError::from)?;
+        record.write_to(&mut counted).map_err(StreamError::from)?;
         self.bytes += counted.1;
         Ok(())
     }
@@ -164,7 +188,7 @@ impl Copier<'_> {
     /// Send every page that differs from the target's.
     fn scan(&mut self) -> Result<u64, MigrationError> {
         let mut sent = 0;
-        for (gpa, n) in self.target.runs() {
+        for (gpa, n) in self.target.runs(self.memory)? {
             sent += self.copy(gpa, n)?;
         }
         self.flush_run()?;
