@@ -265,9 +265,14 @@ fn a_target_that_refuses_at_the_end_leaves_the_source_running_with_its_disk_lock
             !locked(&image_now),
             "the source gave its locks up before the end"
         );
+        // As a target that built the machine would, it holds the image's write lock a while
+        // after its refusal: the source tries again until it lets go.
+        let held = hold_write_lock(&image_now);
         Record::Refused("no room here".into())
             .write_to(&mut &stream)
             .unwrap();
+        thread::sleep(Duration::from_secs(1));
+        drop(held);
     });
     let out = vm.ctl_output(&["migrate", &format!("unix:{}", path.display())]);
     refuses.join().unwrap();
@@ -288,26 +293,36 @@ fn a_target_that_refuses_at_the_end_leaves_the_source_running_with_its_disk_lock
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `fcntl(file, command, lock of `l_type` on `len` bytes from `start`)`: the lock's type as
+/// the kernel left it.
+fn byte_lock(file: &std::fs::File, command: i32, l_type: i32, (start, len): (i64, i64)) -> i32 {
+    let mut lock = libc::flock {
+        l_type: libc::c_short::try_from(l_type).unwrap(),
+        l_whence: libc::c_short::try_from(libc::SEEK_SET).unwrap(),
+        l_start: start,
+        l_len: len,
+        l_pid: 0,
+    };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+    // SAFETY: F_OFD_GETLK and F_OFD_SETLK read (and GETLK rewrites) the flock passed, which
+    // outlives the call.
+    let r = unsafe { libc::fcntl(fd, command, &mut lock) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    i32::from(lock.l_type)
+}
+
 /// Whether any process holds a lock on QEMU's lock bytes (100 to 299) of the image at `path`.
 fn locked(path: &Path) -> bool {
     let file = std::fs::File::open(path).unwrap();
-    let mut lock = libc::flock {
-        l_type: libc::c_short::try_from(libc::F_WRLCK).unwrap(),
-        l_whence: libc::c_short::try_from(libc::SEEK_SET).unwrap(),
-        l_start: 100,
-        l_len: 200,
-        l_pid: 0,
-    };
-    // SAFETY: F_OFD_GETLK reads and rewrites the flock passed, which outlives the call.
-    let r = unsafe {
-        libc::fcntl(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            libc::F_OFD_GETLK,
-            &mut lock,
-        )
-    };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-    i32::from(lock.l_type) != libc::F_UNLCK
+    byte_lock(&file, libc::F_OFD_GETLK, libc::F_WRLCK, (100, 200)) != libc::F_UNLCK
+}
+
+/// The image at `path` opened and its write permission's byte (101) locked, as a VMM that
+/// writes it holds it, until the file is dropped.
+fn hold_write_lock(path: &Path) -> std::fs::File {
+    let file = std::fs::File::open(path).unwrap();
+    byte_lock(&file, libc::F_OFD_SETLK, libc::F_RDLCK, (101, 1));
+    file
 }
 
 /// The test kernel asking the host's kernel for a MAC by ARP, again and again, on a tap that

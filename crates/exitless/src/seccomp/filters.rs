@@ -372,6 +372,9 @@ fn api() -> Vec<Allowed> {
         // Which pages of guest RAM were ever touched: /proc/self/pagemap read at offsets
         // (opened with openat, above).
         sys!(SYS_pread64),
+        // The wait between tries to take the disk images' locks back from a target that
+        // holds them until it sees the stream end.
+        sys!(SYS_clock_nanosleep),
         // The connection duplicated: one handle writes the stream, one reads the answers; the
         // disk images' locks given up at the switch-over and taken back if it fails.
         sys!(SYS_fcntl).only(
