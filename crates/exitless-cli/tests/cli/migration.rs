@@ -364,3 +364,23 @@ fn a_guest_migrated_between_network_namespaces_mid_traffic_finishes_with_every_a
     migrated_twice(&dir, &args, ("net round ", ROUNDS), hops);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_paused_guest_migrates_paused_and_runs_on_when_resumed_there() {
+    let dir = scratch("migrate-paused");
+    let mut vm = spamming(&dir, "vm", LINES);
+    vm.wait_for_lines("spam ", 20);
+    assert_eq!(vm.ctl(&["pause"])["state"], "paused");
+    let unix = format!("unix:{}", dir.join("to-target.sock").display());
+    let target = target(&dir, "target", &unix);
+    let (_, before) = migrated(vm, &unix);
+    // It stays as its user left it: paused, nothing printed, until resumed.
+    assert_eq!(target.ctl(&["info"])["state"], "paused");
+    thread::sleep(Duration::from_millis(300));
+    assert!(target.lines("spam ").is_empty(), "a paused guest printed");
+    assert_eq!(target.ctl(&["resume"])["state"], "running");
+    let (status, stderr, after) = target.end();
+    assert_eq!(status, PASSED, "{stderr}\n{after}");
+    every_line(&before, &after, LINES);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
