@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use exitless::machine::migration::stream::{Record, write_preface};
+use exitless_peer::backends::Backend;
 
 use crate::common::running::*;
 use crate::common::testkernel::*;
@@ -33,6 +34,13 @@ fn target_in(netns: Option<&str>, dir: &Path, name: &str, address: &str) -> Runn
         thread::sleep(Duration::from_millis(20));
     }
     target
+}
+
+/// `exitless run`'s arguments for the test kernel with `cmdline`, then `more`.
+fn test_kernel_args(cmdline: &str, more: &[&str]) -> Vec<String> {
+    let elf = kernel("testkernel.elf");
+    let args = ["--kernel", elf.to_str().unwrap(), "--cmdline", cmdline];
+    args.iter().chain(more).map(|a| a.to_string()).collect()
 }
 
 /// A TCP address on this host that nothing listens on now.
@@ -113,19 +121,10 @@ fn a_guest_migrated_while_writing_its_disk_finishes_with_every_sector_right() {
     let dir = scratch("migrate-disk");
     let image = dir.join("disk.img");
     std::fs::write(&image, vec![0u8; 2 << 20]).unwrap();
-    let elf = kernel("testkernel.elf");
     let cmdline = format!("disk=1 disk_rounds={ROUNDS}");
     let disk = image.to_str().unwrap();
-    let args = [
-        "--kernel",
-        elf.to_str().unwrap(),
-        "--cmdline",
-        &cmdline,
-        "--disk",
-        disk,
-        "--memory",
-        "16",
-    ];
+    let args = test_kernel_args(&cmdline, &["--disk", disk, "--memory", "16"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     migrated_twice(&dir, &args, ("disk round ", ROUNDS), ([None; 3], true));
     let file = std::fs::read(&image).unwrap();
     for n in 1..=ROUNDS {
@@ -238,16 +237,8 @@ fn a_target_that_refuses_at_the_end_leaves_the_source_running_with_its_disk_lock
     let elf = kernel("testkernel.elf");
     let cmdline = format!("disk=1 disk_rounds={ROUNDS}");
     let disk = image.to_str().unwrap();
-    let args = [
-        "--kernel",
-        elf.to_str().unwrap(),
-        "--cmdline",
-        &cmdline,
-        "--disk",
-        disk,
-        "--memory",
-        "16",
-    ];
+    let args = test_kernel_args(&cmdline, &["--disk", disk, "--memory", "16"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut vm = Running::start(&dir, "vm", &args);
     vm.wait_for_lines("disk round ", 5);
     assert!(locked(&image), "a running VM holds its image's locks");
@@ -345,18 +336,9 @@ fn a_guest_migrated_between_network_namespaces_mid_traffic_finishes_with_every_a
         ip(&["-n", ns, "link", "set", "lo", "up"]).unwrap();
     }
     let dir = scratch("migrate-net");
-    let elf = kernel("testkernel.elf");
     let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS}");
-    let args = [
-        "--kernel",
-        elf.to_str().unwrap(),
-        "--cmdline",
-        &cmdline,
-        "--net",
-        "tap=xlmig0",
-        "--memory",
-        "16",
-    ];
+    let args = test_kernel_args(&cmdline, &["--net", "tap=xlmig0", "--memory", "16"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let hops = (
         [Some(a.0.as_str()), Some(b.0.as_str()), Some(a.0.as_str())],
         false,
@@ -382,5 +364,32 @@ fn a_paused_guest_migrates_paused_and_runs_on_when_resumed_there() {
     let (status, stderr, after) = target.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");
     every_line(&before, &after, LINES);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_guest_with_a_vhost_user_disk_is_not_sent_and_goes_on() {
+    let dir = scratch("migrate-vhost-user");
+    let image = dir.join("disk.img");
+    std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
+    let socket = dir.join("blk.sock");
+    let Some(_backend) = started(Backend::storage_daemon_queues(&image, &socket, 1)) else {
+        return;
+    };
+    let disk = format!("vhost-user={}", socket.display());
+    let cmdline = format!("spam={LINES}");
+    let args = test_kernel_args(&cmdline, &["--disk", &disk]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut vm = Running::start(&dir, "vm", &args);
+    vm.wait_for_lines("spam ", 20);
+    let out = vm.ctl_output(&["migrate", &format!("unix:{}", dir.join("t.sock").display())]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("cannot be migrated yet: it has a vhost-user device"),
+        "{said}"
+    );
+    assert_eq!(vm.ctl(&["info"])["state"], "running");
+    let (status, stderr, console) = vm.end();
+    assert_eq!(status, PASSED, "{stderr}\n{console}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
