@@ -111,6 +111,20 @@ fn read_array<const N: usize>(input: &mut impl Read) -> io::Result<[u8; N]> {
     Ok(bytes)
 }
 
+/// Longest refusal a source repeats: a target's reason is one line, and the target is not
+/// trusted to keep it short.
+const MAX_REASON: usize = 500;
+
+/// `bytes` as one line a source can log and answer with: UTF-8 (bad bytes replaced), control
+/// characters (a line break among them) as spaces, at most [`MAX_REASON`] characters.
+fn one_line(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_REASON)
+        .collect()
+}
+
 fn corrupt(why: impl Into<String>) -> StreamError {
     StreamError::Corrupt(why.into())
 }
@@ -219,9 +233,7 @@ impl Record {
             STATE => Ok(Record::State(payload)),
             END => empty(Record::End, &payload),
             READY => empty(Record::Ready, &payload),
-            REFUSED => Ok(Record::Refused(
-                String::from_utf8_lossy(&payload).into_owned(),
-            )),
+            REFUSED => Ok(Record::Refused(one_line(&payload))),
             GO => empty(Record::Go, &payload),
             _ => unreachable!("kinds checked above"),
         }
@@ -286,6 +298,18 @@ mod tests {
             });
             assert!(read.is_err(), "cut at {cut} read whole");
         }
+    }
+
+    #[test]
+    fn a_refusal_is_read_as_one_short_line() {
+        let mut bytes = Vec::new();
+        let long = format!("no\nroom\x1b[2J{}", "x".repeat(2000));
+        Record::Refused(long).write_to(&mut bytes).unwrap();
+        let Record::Refused(why) = Record::read_from(&mut &bytes[..]).unwrap() else {
+            panic!("a refusal");
+        };
+        assert!(why.starts_with("no room [2Jxxx"), "{why}");
+        assert_eq!(why.chars().count(), MAX_REASON);
     }
 
     #[test]
