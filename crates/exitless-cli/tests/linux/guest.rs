@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common::debian;
 use crate::common::initramfs::Initramfs;
-use crate::lab::{Finished, KERNEL_PACKAGE, Lab};
+use crate::lab::{self, Finished, KERNEL_PACKAGE, Lab};
 
 /// Drivers the guest loads, with what they depend on: both virtio transports, the disk, the
 /// card, ext4 (which mounts the ext2 file systems busybox makes) and its checksum, and the
@@ -113,8 +113,13 @@ pub const BOOT_LIMIT_S: u32 = 150;
 /// of the guest's kernel, which is how QEMU ends a triple fault under KVM (a reset, as a reboot
 /// is), saying nothing of it. `wait_for FILE TEXT [PID]` waits up to ten minutes for `TEXT`
 /// in `FILE`, or until the process `PID` has ended; `wait_for_socket PATH` a minute for a
-/// Unix socket to appear. `@TRIPLE_FAULT@` is [`TRIPLE_FAULT`], `@BOOT_LIMIT@`
-/// [`BOOT_LIMIT_S`].
+/// Unix socket to appear. A run that does not end within 30 s of its signal is killed; one that
+/// outlives SIGKILL too sits in a kernel that no longer runs it (seen once: a boot hang whose
+/// VMM neither answered SIGQUIT nor its own timeout, holding its job for ten minutes), so
+/// `give_up` ends the job there: in the nested lab it resets the outer VM with the reason in
+/// [`lab::GAVE_UP`], and [`Lab::run`] takes that for the outer VM's death and starts the job
+/// again on a new one. `@TRIPLE_FAULT@` is [`TRIPLE_FAULT`], `@BOOT_LIMIT@` [`BOOT_LIMIT_S`],
+/// `@GAVE_UP@` [`lab::GAVE_UP`].
 const JOB_START: &str = r#"set -u
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT
@@ -122,9 +127,15 @@ rm -f ./*.console.fault* ./*.console.boot-fault* ./*.hung
 watch_boot() {
   waited=0
   until grep -q 'GUEST up after' "$1.console"; do
-    if [ $waited -ge @BOOT_LIMIT@ ]; then touch "$1.hung"; kill -"$3" "$2"; return; fi
+    if [ $waited -ge @BOOT_LIMIT@ ]; then touch "$1.hung"; kill -"$3" "$2"; end_or_give_up "$1" "$2"; return; fi
     sleep 1; waited=$((waited + 1))
   done
+}
+end_or_give_up() {
+  for i in $(seq 30); do kill -0 "$2" 2>/dev/null || return 0; sleep 1; done
+  kill -KILL "$2" 2>/dev/null
+  for i in $(seq 15); do kill -0 "$2" 2>/dev/null || return 0; sleep 1; done
+  give_up "$1: its VMM (pid $2) outlived SIGKILL by 15 s"
 }
 watch_wedge() {
   while kill -0 "$2" 2>/dev/null; do
@@ -143,6 +154,11 @@ wait_for() {
 wait_for_socket() {
   for i in $(seq 60); do [ -S "$1" ] && return 0; sleep 1; done
   echo "no socket $1"; return 1
+}
+give_up() {
+  echo "$1" > @GAVE_UP@; echo "lab: $1"
+  if [ "$LAB_NESTED" = 1 ]; then sync; echo b > /proc/sysrq-trigger; fi
+  kill -TERM $$
 }
 hung() { [ -e "$1.hung" ]; }
 restart_servers() { :; }
@@ -254,7 +270,8 @@ impl Job {
             script: JOB_START
                 .replace("@TRIPLE_FAULT@", TRIPLE_FAULT)
                 .replace("@STALL@", STALL)
-                .replace("@BOOT_LIMIT@", &BOOT_LIMIT_S.to_string()),
+                .replace("@BOOT_LIMIT@", &BOOT_LIMIT_S.to_string())
+                .replace("@GAVE_UP@", lab::GAVE_UP),
         }
     }
 
@@ -377,7 +394,11 @@ done"#
     pub fn run(self, lab: &Lab, limit: Duration) -> Done {
         let nested = matches!(lab, Lab::Nested { .. });
         let attempts = if nested { FAULT_ATTEMPTS } else { 1 };
-        let script = format!("GUEST_ATTEMPTS={attempts}\n{}", self.script);
+        let script = format!(
+            "GUEST_ATTEMPTS={attempts}\nLAB_NESTED={}\n{}",
+            u8::from(nested),
+            self.script
+        );
         let mut finished = lab.run(&self.dir, &script, limit);
         for attempt in 2..=attempts {
             let Some((console, fault)) = job_fault(&self.dir) else {

@@ -41,6 +41,11 @@ const OUTER_OVERHEAD: Duration = Duration::from_secs(120);
 /// lab's.
 const HEARTBEAT_SILENCE: Duration = Duration::from_secs(120);
 
+/// The file (in the job's folder) where a job that found the outer VM unable to run it any more
+/// says why, before it resets the outer VM: a process that outlived SIGKILL
+/// (`crate::guest::Job`'s `give_up`). The lab takes it for the outer VM's death.
+pub const GAVE_UP: &str = "outer-gave-up";
+
 /// Guest RAM of the outer VM, MiB: room for a 4608 MiB guest and the host tools beside it (TCG
 /// allocates it only as it is touched).
 const OUTER_MEMORY_MIB: u32 = 8192;
@@ -192,6 +197,7 @@ impl Lab {
         for attempt in 1..=ATTEMPTS {
             let _ = std::fs::remove_file(&status);
             let _ = std::fs::remove_file(&output);
+            let _ = std::fs::remove_file(dir.join(GAVE_UP));
             let started = Instant::now();
             match self {
                 Lab::Direct => direct(dir, limit),
@@ -401,11 +407,15 @@ fn nested(
         Ok(()) => kept,
         Err(_) => console_path,
     };
-    let cause = log
-        .lines()
-        .find(|l| l.contains("Kernel panic") || l.contains("BUG:") || l.contains("corrupted stack"))
-        .map(str::trim)
-        .map(str::to_owned);
+    let gave_up = std::fs::read_to_string(dir.join(GAVE_UP)).ok();
+    let cause = gave_up.or_else(|| {
+        log.lines()
+            .find(|l| {
+                l.contains("Kernel panic") || l.contains("BUG:") || l.contains("corrupted stack")
+            })
+            .map(str::to_owned)
+    });
+    let cause = cause.map(|c| c.trim().to_owned());
     let why = match (exited, cause) {
         (_, Some(cause)) => cause,
         (Some(status), None) => format!("QEMU ended ({status}) with no job status"),
