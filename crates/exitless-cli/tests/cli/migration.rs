@@ -1,10 +1,11 @@
 //! Live migration as a user drives it: `exitless run --migrate-from ADDRESS` waiting,
-//! `exitless ctl ... migrate ADDRESS` on a running VM; a target that dies mid-copy, which the
-//! source outlives; streams a target must refuse with one line before any vCPU runs.
+//! `exitless ctl ... migrate ADDRESS` on a running VM, `vm.info` meanwhile; a target that dies
+//! mid-copy, which the source outlives; streams a target must refuse with one line before any vCPU runs.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -137,21 +138,51 @@ fn a_guest_migrated_while_writing_its_disk_finishes_with_every_sector_right() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// While the target stalls, `vm.info` says where the migration stands and `vm.pause` waits
+/// (409); when the target dies, the source goes on as it was.
 #[test]
-fn a_target_that_dies_mid_copy_leaves_the_source_running_to_its_end() {
+fn a_target_that_stalls_then_dies_shows_in_vm_info_and_leaves_the_source_running_to_its_end() {
     let dir = scratch("migrate-dies");
     let mut vm = spamming(&dir, "vm", LINES);
     vm.wait_for_lines("spam ", 20);
     let path = dir.join("dies.sock");
     let listener = UnixListener::bind(&path).unwrap();
     // A target that takes the first 16 KiB of the stream (the test kernel's pages are more),
-    // then is gone.
+    // then stops reading until told to go, and is gone.
+    let (stalled, go) = (mpsc::channel(), mpsc::channel::<()>());
     let dies = thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
         let mut taken = vec![0; 16 << 10];
         stream.read_exact(&mut taken).unwrap();
+        stalled.0.send(()).unwrap();
+        let _ = go.1.recv();
     });
-    let out = vm.ctl_output(&["migrate", &format!("unix:{}", path.display())]);
+    let to = format!("unix:{}", path.display());
+    let out = thread::scope(|s| {
+        let migrating = s.spawn(|| vm.ctl_output(&["migrate", &to]));
+        stalled.1.recv().unwrap();
+        // Meanwhile the API answers what reads, with where the migration stands, and holds
+        // what acts.
+        // The test kernel's pages fit the socket's buffers: the source comes to wait, paused,
+        // for the target's answer.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = vm.ctl(&["info"]);
+            let progress = &info["migration"];
+            assert!(progress["pass"].as_u64() >= Some(1), "{info}");
+            assert!(progress["bytes"].as_u64() >= Some(16 << 10), "{info}");
+            if progress["phase"] == "switching over" {
+                assert_eq!(info["state"], "paused");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{info}");
+        }
+        let pause = vm.ctl_output(&["pause"]);
+        let said = String::from_utf8_lossy(&pause.stderr);
+        assert!(said.contains("a migration is under way"), "{said}");
+        go.0.send(()).unwrap();
+        migrating.join().unwrap()
+    });
     dies.join().unwrap();
     assert!(!out.status.success(), "the migration failed");
     let said = String::from_utf8_lossy(&out.stderr);

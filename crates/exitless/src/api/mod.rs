@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod http;
+mod migration;
 pub mod routes;
 
 use std::fs;
@@ -25,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::api::migration::MigrationThread;
+use crate::api::routes::Reply;
 use crate::machine::{MachineError, MachineView};
 use crate::seccomp::{self, ThreadKind};
 
@@ -122,8 +125,10 @@ impl ApiSocket {
         let stop =
             Arc::new(EventFd::new(EFD_NONBLOCK).map_err(host("make the API thread's stop event"))?);
         let stop_here = stop.clone();
+        let migration = MigrationThread::start(view.migrate.clone())
+            .map_err(host("start the migration's thread"))?;
         let thread = seccomp::spawn(ThreadKind::Api, "api".into(), move || {
-            self.accept_until(&stop_here, &view)
+            self.accept_until(&stop_here, &view, &migration)
         })
         .map_err(host("start the API socket's thread"))?;
         Ok(Server {
@@ -134,15 +139,19 @@ impl ApiSocket {
 
     /// Serve clients until `stop` is signalled: up to [`MAX_CLIENTS`] read from at once,
     /// each request answered as soon as all of it is in, each client given up on at its own
-    /// deadline; more clients wait in the listener's backlog.
-    fn accept_until(&self, stop: &EventFd, view: &MachineView) {
+    /// deadline; more clients wait in the listener's backlog. A migration runs on
+    /// `migration`'s thread, its client answered when it ends (at the latest before this
+    /// returns), the others meanwhile.
+    fn accept_until(&self, stop: &EventFd, view: &MachineView, migration: &MigrationThread) {
         let mut clients: Vec<Client> = Vec::new();
+        // The client whose migration is under way.
+        let mut migrating: Option<UnixStream> = None;
         // When to try the listener again after an accept failed (out of descriptors, say).
         let mut listen_at = Instant::now();
         loop {
             let now = Instant::now();
             let listening = clients.len() < MAX_CLIENTS && now >= listen_at;
-            let mut fds = vec![pollfd(stop.as_raw_fd())];
+            let mut fds = vec![pollfd(stop.as_raw_fd()), pollfd(migration.done_fd())];
             if listening {
                 fds.push(pollfd(self.listener.as_raw_fd()));
             }
@@ -154,18 +163,36 @@ impl ApiSocket {
                 continue;
             }
             if fds[0].revents != 0 {
+                if let Some(mut client) = migrating.take()
+                    && let Some((to, sent)) = migration.wait()
+                {
+                    let _ = routes::migration_answer(&to, sent).send(&mut client, ANSWER_DEADLINE);
+                }
                 return;
             }
-            let first_client = if listening { 2 } else { 1 };
-            let ready: Vec<bool> = fds[first_client..].iter().map(|f| f.revents != 0).collect();
+            if fds[1].revents != 0
+                && let Some((to, sent)) = migration.ended()
+                && let Some(mut client) = migrating.take()
+            {
+                let _ = routes::migration_answer(&to, sent).send(&mut client, ANSWER_DEADLINE);
+            }
+            let ready = fds[if listening { 3 } else { 2 }..]
+                .iter()
+                .map(|f| f.revents != 0);
             let now = Instant::now();
-            let mut i = 0;
-            clients.retain_mut(|client| {
-                let readable = ready[i];
-                i += 1;
-                client.go_on(readable, now, view)
-            });
-            if listening && fds[1].revents != 0 {
+            let mut waiting = Vec::with_capacity(clients.len());
+            for (mut client, readable) in clients.drain(..).zip(ready) {
+                match client.go_on(readable, now, view, migrating.is_some()) {
+                    Next::Wait => waiting.push(client),
+                    Next::Answered => {}
+                    Next::Migrate(options) => {
+                        migration.begin(options);
+                        migrating = Some(client.stream);
+                    }
+                }
+            }
+            clients = waiting;
+            if listening && fds[2].revents != 0 {
                 match self.listener.accept() {
                     Ok((stream, _)) => clients.push(Client {
                         stream,
@@ -188,18 +215,31 @@ struct Client {
     deadline: Instant,
 }
 
+/// What comes of a client's turn.
+enum Next {
+    /// Its request is not all in yet.
+    Wait,
+    /// It was answered, or is gone.
+    Answered,
+    /// It asked for a migration: answered when that ends.
+    Migrate(crate::machine::migration::MigrationOptions),
+}
+
 impl Client {
     /// Read what the client sent if `readable`, and answer once its request is whole, bad, or
-    /// late at `now` (408); whether to wait for more.
-    fn go_on(&mut self, readable: bool, now: Instant, view: &MachineView) -> bool {
+    /// late at `now` (408); `migrating` while a migration is under way.
+    fn go_on(&mut self, readable: bool, now: Instant, view: &MachineView, migrating: bool) -> Next {
         let received = if readable {
             self.incoming.receive(&self.stream)
         } else {
             Ok(None)
         };
         let response = match received {
-            Ok(Some(request)) => routes::answer(&request, view),
-            Ok(None) if now < self.deadline => return true,
+            Ok(Some(request)) => match routes::answer(&request, view, migrating) {
+                Reply::Now(response) => response,
+                Reply::Migrate(options) => return Next::Migrate(options),
+            },
+            Ok(None) if now < self.deadline => return Next::Wait,
             Ok(None) => http::Response::error(
                 408,
                 &format!("the request did not arrive within {REQUEST_DEADLINE:?}"),
@@ -207,11 +247,11 @@ impl Client {
             Err(e) => match e.status() {
                 Some(status) => http::Response::error(status, &e.to_string()),
                 // Gone: nobody to answer.
-                None => return false,
+                None => return Next::Answered,
             },
         };
         let _ = response.send(&mut self.stream, ANSWER_DEADLINE);
-        false
+        Next::Answered
     }
 }
 

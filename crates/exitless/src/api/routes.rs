@@ -11,7 +11,9 @@ use crate::api::http::{Request, Response};
 use crate::exits::ExitKind;
 use crate::logging::QueueTotals;
 use crate::machine::MachineView;
-use crate::machine::migration::{DEFAULT_DOWNTIME, MigrationError, MigrationOptions};
+use crate::machine::migration::{
+    DEFAULT_DOWNTIME, Migrated, MigrationError, MigrationOptions, Progress,
+};
 use crate::machine::snapshot::SnapshotError;
 use crate::vm::pause::PauseError;
 use crate::vm::run_control::StopReason;
@@ -90,6 +92,9 @@ struct Info<'a> {
     memory_bytes: u64,
     devices: &'a [String],
     version: &'static str,
+    /// The migration under way, if one is (`vm.send-migration`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    migration: Option<Progress>,
 }
 
 /// The answer of an action: the state it left the machine in.
@@ -164,6 +169,7 @@ fn info(view: &MachineView) -> Response {
             memory_bytes: view.ram_bytes,
             devices: &view.devices,
             version: env!("CARGO_PKG_VERSION"),
+            migration: view.migrate.progress(),
         },
     )
 }
@@ -277,43 +283,57 @@ fn migration_status(e: &MigrationError) -> u16 {
     }
 }
 
-/// `vm.send-migration`: the machine sent while it runs (a paused one stays paused there);
-/// answered with what was measured once the target has it, or with why not, the machine
-/// going on here as it was.
-fn send_migration(request: &Request, view: &MachineView) -> Response {
+/// `vm.send-migration`: the machine is to be sent while it runs (a paused one stays paused
+/// there), as the options say; or the answer to a request that cannot be.
+fn send_migration(request: &Request) -> Reply {
     let asked: MigrationRequest = match serde_json::from_slice(&request.body) {
         Ok(asked) => asked,
         Err(e) => {
             let why = format!(
                 "vm.send-migration takes {{\"destination_url\": ADDRESS, \"downtime_ms\": N}}: {e}"
             );
-            return Response::error(400, &why);
+            return Reply::Now(Response::error(400, &why));
         }
     };
     let address = match asked.destination_url.parse() {
         Ok(address) => address,
-        Err(e) => return Response::error(400, &format!("{e}")),
+        Err(e) => return Reply::Now(Response::error(400, &format!("{e}"))),
     };
-    let options = MigrationOptions {
+    Reply::Migrate(MigrationOptions {
         address,
         downtime: asked
             .downtime_ms
             .map_or(DEFAULT_DOWNTIME, Duration::from_millis),
         pause_deadline: PAUSE_DEADLINE,
-    };
-    match view.migrate.send(&options) {
+    })
+}
+
+/// The answer to `vm.send-migration` once the migration to `to` ended: what was measured
+/// once the target has the machine, or why not, the machine going on here as it was.
+pub fn migration_answer(to: &str, sent: Result<Migrated, MigrationError>) -> Response {
+    match sent {
         Ok(migrated) => Response::json(200, &migrated),
         Err(e) => {
-            log::warn!("migration to {}: {e}", options.address);
+            log::warn!("migration to {to}: {e}");
             Response::error(migration_status(&e), &e.to_string())
         }
     }
 }
 
+/// What the server does with a request.
+#[derive(Debug)]
+pub enum Reply {
+    /// Answer this.
+    Now(Response),
+    /// Send the machine as these options say, on the migration's own thread, and answer
+    /// with [`migration_answer`] once it has ended; meanwhile other requests are answered.
+    Migrate(MigrationOptions),
+}
+
 /// Do what `request` (asking `endpoint`) asks of the machine, and answer.
-fn serve(endpoint: Endpoint, request: &Request, view: &MachineView) -> Response {
+fn serve(endpoint: Endpoint, request: &Request, view: &MachineView) -> Reply {
     let control = &view.control;
-    match endpoint {
+    let now = match endpoint {
         Endpoint::Info => info(view),
         Endpoint::Counters => counters(view),
         Endpoint::Pause => acted(control.pause_vcpus(PAUSE_DEADLINE), "paused"),
@@ -329,19 +349,25 @@ fn serve(endpoint: Endpoint, request: &Request, view: &MachineView) -> Response 
             )
         }
         Endpoint::Snapshot => snapshot(request, view),
-        Endpoint::SendMigration => send_migration(request, view),
-    }
+        Endpoint::SendMigration => return send_migration(request),
+    };
+    Reply::Now(now)
 }
 
-/// The answer to `request`: the endpoint's, or 404 for an unknown path, 405 for a known one
-/// asked with another method.
-pub fn answer(request: &Request, view: &MachineView) -> Response {
+/// What to do with `request`: the endpoint's answer, or 404 for an unknown path, 405 for a
+/// known one asked with another method. While a migration is under way (`migrating`), only
+/// what reads is answered; what acts is 409: the migration pauses and resumes the machine
+/// itself, and ends its run.
+pub fn answer(request: &Request, view: &MachineView, migrating: bool) -> Reply {
     let name = request.path.strip_prefix(PREFIX);
     let Some(endpoint) = Endpoint::ALL.into_iter().find(|e| Some(e.name()) == name) else {
-        return Response::error(404, &format!("no endpoint {}", request.path));
+        return Reply::Now(Response::error(
+            404,
+            &format!("no endpoint {}", request.path),
+        ));
     };
     if request.method != endpoint.method() {
-        return Response::error(
+        return Reply::Now(Response::error(
             405,
             &format!(
                 "{} takes {}, not {}",
@@ -349,7 +375,16 @@ pub fn answer(request: &Request, view: &MachineView) -> Response {
                 endpoint.method(),
                 request.method
             ),
-        );
+        ));
+    }
+    if migrating && endpoint.method() != "GET" {
+        return Reply::Now(Response::error(
+            409,
+            &format!(
+                "a migration is under way (vm.info shows where it stands): {} waits until it has failed",
+                endpoint.name()
+            ),
+        ));
     }
     serve(endpoint, request, view)
 }

@@ -379,7 +379,7 @@ impl Machine {
             vcpus: self.vcpus.max(1),
             ram_bytes: self.layout.ram_size() as u64,
             snapshot: self.snapshotter.clone(),
-            migrate: self.snapshotter.clone(),
+            migrate: Arc::new(migration::send::Sender::new(self.snapshotter.clone())),
         }
     }
 

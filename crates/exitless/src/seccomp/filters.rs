@@ -321,17 +321,12 @@ fn console_input() -> Vec<Allowed> {
 /// The control socket's thread (`api`): waits for a client or its stop event, takes one
 /// connection at a time with a deadline on each, and removes the socket's file at the end.
 fn api() -> Vec<Allowed> {
-    vec![
-        // Wait for a client on the listening socket, or the stop eventfd.
+    let own = vec![
+        // Wait for a client on the listening socket, the stop eventfd, or the migration's end
+        // (its eventfd read, below).
         sys!(SYS_poll),
         // std's UnixListener::accept (SOCK_CLOEXEC).
         sys!(SYS_accept4),
-        // A request's deadline and the answer's (SO_RCVTIMEO, SO_SNDTIMEO).
-        sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET)]),
-        // std's UnixStream reads with recv(2) (recvfrom) and writes with send(2) (sendto,
-        // MSG_NOSIGNAL: a client gone before its answer is an error, not a SIGPIPE).
-        sys!(SYS_recvfrom),
-        sys!(SYS_sendto),
         // The socket's file, when the run ends.
         sys!(SYS_unlink),
         // `vm.snapshot` (machine::snapshot): the directory, made if absent, opened, its owner
@@ -353,12 +348,37 @@ fn api() -> Vec<Allowed> {
         // SEEK_HOLE find it (vm::state::memory).
         sys!(SYS_lseek),
         sys!(SYS_fsync),
+    ];
+    [talking_on_sockets(), saving_state(), own].concat()
+}
+
+/// A stream socket's reads and writes under deadlines: std's UnixStream and TcpStream read
+/// with recv(2) (recvfrom) and write with send(2) (sendto, MSG_NOSIGNAL: a peer gone is an
+/// error, not a SIGPIPE); the deadlines are SO_RCVTIMEO and SO_SNDTIMEO.
+fn talking_on_sockets() -> Vec<Allowed> {
+    vec![
+        sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET)]),
+        sys!(SYS_recvfrom),
+        sys!(SYS_sendto),
+    ]
+}
+
+/// The paused machine's state, as a snapshot and a migration take it: the devices stopped and
+/// resumed, the VM's own state read (each vCPU gives its own).
+fn saving_state() -> Vec<Allowed> {
+    vec![
         // A virtio-mmio transport's pause waits for its device thread's answer on an eventfd;
         // the VT-d unit's drains the doorbells already rung (epoll_wait, no timeout).
         sys!(SYS_read),
         sys!(SYS_epoll_wait),
-        // `vm.send-migration` (machine::migration): a socket to the target (TCP or Unix,
-        // Nagle off), KVM's dirty log turned on and off on guest RAM's slots and read.
+        sys!(SYS_ioctl).only(1, [KVM_GET_IRQCHIP(), KVM_GET_CLOCK(), KVM_GET_PIT2()]),
+    ]
+}
+
+/// `vm.send-migration` (machine::migration), on its own thread.
+fn migration() -> Vec<Allowed> {
+    let own = vec![
+        // A socket to the target (TCP or Unix, Nagle off).
         sys!(SYS_socket).only(
             0,
             [
@@ -369,8 +389,9 @@ fn api() -> Vec<Allowed> {
         ),
         sys!(SYS_connect),
         sys!(SYS_setsockopt).only(1, [value(libc::IPPROTO_TCP)]),
-        // Which pages of guest RAM were ever touched: /proc/self/pagemap read at offsets
-        // (opened with openat, above).
+        // Which pages of guest RAM were ever touched: /proc/self/pagemap opened and read at
+        // offsets.
+        sys!(SYS_openat),
         sys!(SYS_pread64),
         // The wait between tries to take the disk images' locks back from a target that
         // holds them until it sees the stream end.
@@ -385,18 +406,10 @@ fn api() -> Vec<Allowed> {
                 value(libc::F_OFD_GETLK),
             ],
         ),
-        // ... and the VM's own state, with every vCPU parked (each vCPU gives its own).
-        sys!(SYS_ioctl).only(
-            1,
-            [
-                KVM_GET_IRQCHIP(),
-                KVM_GET_CLOCK(),
-                KVM_GET_PIT2(),
-                KVM_SET_USER_MEMORY_REGION(),
-                KVM_GET_DIRTY_LOG(),
-            ],
-        ),
-    ]
+        // KVM's dirty log turned on and off on guest RAM's slots, and read.
+        sys!(SYS_ioctl).only(1, [KVM_SET_USER_MEMORY_REGION(), KVM_GET_DIRTY_LOG()]),
+    ];
+    [talking_on_sockets(), saving_state(), own].concat()
 }
 
 /// What the main thread does itself. Its filter also holds every other kind's list: the
@@ -588,6 +601,7 @@ pub(crate) fn allowed(kind: ThreadKind) -> Vec<Allowed> {
         ThreadKind::LogWriter | ThreadKind::Console | ThreadKind::Timer => Vec::new(),
         ThreadKind::ConsoleInput => console_input(),
         ThreadKind::Api => api(),
+        ThreadKind::Migration => migration(),
     };
     runtime().into_iter().chain(own).collect()
 }

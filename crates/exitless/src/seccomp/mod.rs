@@ -54,11 +54,14 @@ pub enum ThreadKind {
     Timer,
     /// Serves the control socket (`exitless run --api-socket`).
     Api,
+    /// Sends the machine to a migration target when the control socket asks
+    /// (`vm.send-migration`).
+    Migration,
 }
 
 impl ThreadKind {
     /// Every kind, in the order [`enable`] compiles their filters.
-    pub const ALL: [ThreadKind; 9] = [
+    pub const ALL: [ThreadKind; 10] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::Device,
@@ -68,6 +71,7 @@ impl ThreadKind {
         ThreadKind::ConsoleInput,
         ThreadKind::Timer,
         ThreadKind::Api,
+        ThreadKind::Migration,
     ];
 
     /// The kind's name, as reports show it.
@@ -82,6 +86,7 @@ impl ThreadKind {
             ThreadKind::ConsoleInput => "console input",
             ThreadKind::Timer => "timer",
             ThreadKind::Api => "api",
+            ThreadKind::Migration => "migration",
         }
     }
 }

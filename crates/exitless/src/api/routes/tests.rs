@@ -17,6 +17,8 @@ struct Recorder {
     taken: Mutex<Vec<(PathBuf, bool)>>,
     /// Each migration asked: where to, and the downtime aimed for.
     sent: Mutex<Vec<(String, Duration)>>,
+    /// What `progress` says.
+    progress: Mutex<Option<Progress>>,
 }
 
 /// A migration to `unix:/refused` is refused by its target; any other is done.
@@ -34,6 +36,10 @@ impl SendMigration for Recorder {
             passes: 2,
             ..Migrated::default()
         })
+    }
+
+    fn progress(&self) -> Option<Progress> {
+        self.progress.lock().unwrap().clone()
     }
 }
 
@@ -60,6 +66,7 @@ fn view_with(vcpus: u8) -> (MachineView, Arc<Recorder>) {
         control: control.clone(),
         taken: Mutex::default(),
         sent: Mutex::default(),
+        progress: Mutex::default(),
     });
     let view = MachineView {
         control,
@@ -82,12 +89,29 @@ fn ask(view: &MachineView, method: &str, name: &str) -> (u16, serde_json::Value)
 }
 
 fn ask_with(view: &MachineView, method: &str, name: &str, body: &[u8]) -> (u16, serde_json::Value) {
+    ask_while(view, method, name, body, false)
+}
+
+/// The answer to a request, `migrating` or not; a migration asked is sent at once, as the
+/// migration's thread does.
+fn ask_while(
+    view: &MachineView,
+    method: &str,
+    name: &str,
+    body: &[u8],
+    migrating: bool,
+) -> (u16, serde_json::Value) {
     let request = Request {
         method: method.into(),
         path: format!("{PREFIX}{name}"),
         body: body.to_vec(),
     };
-    let response = answer(&request, view);
+    let response = match answer(&request, view, migrating) {
+        Reply::Now(response) => response,
+        Reply::Migrate(options) => {
+            migration_answer(&options.address.to_string(), view.migrate.send(&options))
+        }
+    };
     (
         response.status,
         serde_json::from_str(&response.body).unwrap(),
@@ -337,4 +361,40 @@ fn a_migration_is_asked_with_its_address_and_downtime_and_answered_with_its_figu
             ("unix:/refused".into(), DEFAULT_DOWNTIME),
         ]
     );
+}
+
+#[test]
+fn while_a_migration_is_under_way_info_says_where_it_stands_and_actions_are_409() {
+    let (view, recorder) = view_with(1);
+    assert!(ask(&view, "GET", "vm.info").1.get("migration").is_none());
+    *recorder.progress.lock().unwrap() = Some(Progress {
+        phase: "copying",
+        pass: 3,
+        dirty_pages: 12,
+        ..Progress::default()
+    });
+    let (status, info) = ask_while(&view, "GET", "vm.info", b"", true);
+    assert_eq!(status, 200);
+    assert_eq!(info["migration"]["phase"], "copying");
+    assert_eq!(info["migration"]["pass"], 3);
+    assert_eq!(info["migration"]["dirty_pages"], 12);
+    assert_eq!(ask_while(&view, "GET", "vm.counters", b"", true).0, 200);
+    for name in ["vm.pause", "vm.resume", "vm.shutdown"] {
+        let (status, answer) = ask_while(&view, "PUT", name, b"", true);
+        assert_eq!(status, 409, "{name}");
+        assert!(
+            answer["error"]
+                .as_str()
+                .unwrap()
+                .contains("a migration is under way"),
+            "{answer}"
+        );
+    }
+    let body = br#"{"destination_url": "unix:/x"}"#;
+    assert_eq!(
+        ask_while(&view, "PUT", "vm.send-migration", body, true).0,
+        409
+    );
+    assert!(recorder.sent.lock().unwrap().is_empty());
+    assert!(!view.control.is_stopping());
 }

@@ -98,6 +98,13 @@ pub struct MigrationOptions {
     pub pause_deadline: Duration,
 }
 
+impl MigrationOptions {
+    /// [`MigrationOptions::downtime`] in milliseconds.
+    pub fn downtime_ms(&self) -> f64 {
+        self.downtime.as_secs_f64() * 1e3
+    }
+}
+
 /// What a migration did, measured on the source.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Migrated {
@@ -118,9 +125,36 @@ pub struct Migrated {
     pub total_ms: f64,
 }
 
+/// Where a migration under way stands, as `vm.info` shows it while it runs.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Progress {
+    /// `copying` while the machine runs, `switching over` once it is paused.
+    pub phase: &'static str,
+    /// The pass over memory under way (the first sends every page).
+    pub pass: u32,
+    /// Pages sent so far.
+    pub pages: u64,
+    /// Bytes written to the stream so far.
+    pub bytes: u64,
+    /// Pages the vCPUs wrote during the last pass: what the next one sends.
+    pub dirty_pages: u64,
+    /// Pages the vCPUs wrote per second during the last pass.
+    pub dirty_pages_per_s: f64,
+    /// Bytes per second the last pass carried.
+    pub bytes_per_s: f64,
+    /// How long the pause would be if the switch-over came now: the dirty pages at that
+    /// rate, in milliseconds.
+    pub expected_downtime_ms: f64,
+    /// Since the migration started, in milliseconds.
+    pub elapsed_ms: f64,
+}
+
 /// What sends a running machine to a target: the machine's own, or a test's stand-in.
 pub trait SendMigration: Send + Sync {
     /// Send the machine as `options` say. On success the machine is the target's and this
     /// run stops; on failure it goes on as it was (running or paused).
     fn send(&self, options: &MigrationOptions) -> Result<Migrated, MigrationError>;
+
+    /// Where the migration under way stands; `None` when none is.
+    fn progress(&self) -> Option<Progress>;
 }

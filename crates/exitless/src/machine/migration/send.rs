@@ -4,6 +4,7 @@
 //! if they were.
 
 use std::io::{BufReader, BufWriter, Write};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -13,7 +14,7 @@ use crate::machine::migration::address::Stream;
 use crate::machine::migration::stream::{MAX_RUN, PAGE, Record, write_preface};
 use crate::machine::migration::touched::PageMap;
 use crate::machine::migration::{
-    MAX_PASSES, Migrated, MigrationError, MigrationOptions, SendMigration, StreamError,
+    MAX_PASSES, Migrated, MigrationError, MigrationOptions, Progress, SendMigration, StreamError,
 };
 use crate::machine::snapshot::{SnapshotError, Snapshotter};
 use crate::vm::run_control::StopReason;
@@ -263,10 +264,18 @@ impl Drop for Undo<'_> {
     }
 }
 
+/// Where a migration under way stands, if one is.
+type ProgressSlot = Mutex<Option<Progress>>;
+
 impl Snapshotter {
-    /// Passes over memory, then the switch-over; on failure, the machine as it was, once the
-    /// stream is closed (a target that took the images' locks lets them go).
-    fn migrate(&self, options: &MigrationOptions) -> Result<Migrated, MigrationError> {
+    /// Passes over memory, then the switch-over, told to `progress` as they go; on failure,
+    /// the machine as it was, once the stream is closed (a target that took the images'
+    /// locks lets them go).
+    fn migrate(
+        &self,
+        options: &MigrationOptions,
+        progress: &ProgressSlot,
+    ) -> Result<Migrated, MigrationError> {
         if self.config.disks.iter().any(|d| d.vhost_user.is_some())
             || (self.config.virtio.iter())
                 .any(|n| matches!(n.backend, crate::machine::NetBackendKind::VhostUser(_)))
@@ -281,7 +290,9 @@ impl Snapshotter {
             devices: false,
             locks: false,
         };
-        let migrated = self.send_machine(options, &mut undo)?;
+        let sent = self.send_machine(options, &mut undo, progress);
+        *progress.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let migrated = sent?;
         // The machine is the target's: this run ends, its devices stopped as they are.
         std::mem::forget(undo);
         self.control.stop(StopReason::Migrated);
@@ -293,7 +304,11 @@ impl Snapshotter {
         &self,
         options: &MigrationOptions,
         undo: &mut Undo<'_>,
+        slot: &ProgressSlot,
     ) -> Result<Migrated, MigrationError> {
+        let report = |progress: &Progress| {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(progress.clone());
+        };
         let start = Instant::now();
         let stream = options.address.connect()?;
         let connect = |source| MigrationError::Connect {
@@ -322,22 +337,32 @@ impl Snapshotter {
         // The first pass sends every page that is not zero; each later one what the vCPUs
         // wrote meanwhile, until what is left would fit the downtime at the rate measured.
         let mut passes = 1;
+        let mut progress = Progress {
+            phase: "copying",
+            pass: 1,
+            ..Progress::default()
+        };
+        report(&progress);
         let pass_start = Instant::now();
         copier.scan()?;
-        let mut rate = copier.bytes as f64 / pass_start.elapsed().as_secs_f64().max(1e-6);
         let mut dirty = self.vm.dirty_pages()?;
-        while passes < MAX_PASSES
-            && (dirty.len() * PAGE) as f64 / rate > options.downtime.as_secs_f64()
-        {
+        progress.passed(&copier, dirty.len(), pass_start, 0, start);
+        report(&progress);
+        while passes < MAX_PASSES && progress.expected_downtime_ms > options.downtime_ms() {
             let (pass_start, before) = (Instant::now(), copier.bytes);
+            progress.pass += 1;
+            report(&progress);
             copier.dirty(&dirty)?;
             copier.out.flush().map_err(connect)?;
-            rate = (copier.bytes - before) as f64 / pass_start.elapsed().as_secs_f64().max(1e-6);
             passes += 1;
             dirty = self.vm.dirty_pages()?;
+            progress.passed(&copier, dirty.len(), pass_start, before, start);
+            report(&progress);
         }
 
         // The switch-over: nothing writes guest memory from here.
+        progress.phase = "switching over";
+        report(&progress);
         let paused_start = Instant::now();
         let paused = self.control.pause().paused();
         if !paused {
@@ -384,8 +409,53 @@ impl Snapshotter {
     }
 }
 
-impl SendMigration for Snapshotter {
+impl Progress {
+    /// A pass that started at `pass_start`, the stream then at `bytes_before`, has ended with
+    /// `dirty` pages logged meanwhile; the migration started at `start`.
+    fn passed(
+        &mut self,
+        copier: &Copier<'_>,
+        dirty: usize,
+        pass_start: Instant,
+        bytes_before: u64,
+        start: Instant,
+    ) {
+        let took = pass_start.elapsed().as_secs_f64().max(1e-6);
+        self.pages = copier.pages;
+        self.bytes = copier.bytes;
+        self.dirty_pages = dirty as u64;
+        self.dirty_pages_per_s = dirty as f64 / took;
+        self.bytes_per_s = (copier.bytes - bytes_before) as f64 / took;
+        self.expected_downtime_ms = (dirty * PAGE) as f64 / self.bytes_per_s.max(1.0) * 1e3;
+        self.elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+    }
+}
+
+/// The machine's own [`SendMigration`]: its snapshotter, and where its migration stands.
+pub struct Sender {
+    snapshotter: Arc<Snapshotter>,
+    progress: ProgressSlot,
+}
+
+impl Sender {
+    /// The sender of the machine `snapshotter` saves.
+    pub fn new(snapshotter: Arc<Snapshotter>) -> Self {
+        Sender {
+            snapshotter,
+            progress: Mutex::default(),
+        }
+    }
+}
+
+impl SendMigration for Sender {
     fn send(&self, options: &MigrationOptions) -> Result<Migrated, MigrationError> {
-        self.migrate(options)
+        self.snapshotter.migrate(options, &self.progress)
+    }
+
+    fn progress(&self) -> Option<Progress> {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
