@@ -113,6 +113,17 @@ fn a_guest_migrated_mid_work_there_and_back_finishes_with_every_line() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A 2 MiB zeroed image in `dir`, and the arguments of a 16 MiB test kernel that writes
+/// `rounds` sectors of it, one a round.
+fn disk_writer(dir: &Path, rounds: u32) -> (std::path::PathBuf, Vec<String>) {
+    let image = dir.join("disk.img");
+    std::fs::write(&image, vec![0u8; 2 << 20]).unwrap();
+    let cmdline = format!("disk=1 disk_rounds={rounds}");
+    let disk = image.to_str().unwrap();
+    let args = test_kernel_args(&cmdline, &["--disk", disk, "--memory", "16"]);
+    (image, args)
+}
+
 #[test]
 fn a_guest_migrated_while_writing_its_disk_finishes_with_every_sector_right() {
     // Each process opens the image and locks it as QEMU does: the source gives its locks up
@@ -122,11 +133,7 @@ fn a_guest_migrated_while_writing_its_disk_finishes_with_every_sector_right() {
     // host (3,000 did not, in CI beside other builds): a sector each.
     const ROUNDS: u32 = 1000;
     let dir = scratch("migrate-disk");
-    let image = dir.join("disk.img");
-    std::fs::write(&image, vec![0u8; 2 << 20]).unwrap();
-    let cmdline = format!("disk=1 disk_rounds={ROUNDS}");
-    let disk = image.to_str().unwrap();
-    let args = test_kernel_args(&cmdline, &["--disk", disk, "--memory", "16"]);
+    let (image, args) = disk_writer(&dir, ROUNDS);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     migrated_twice(&dir, &args, ("disk round ", ROUNDS), ([None; 3], true));
     let file = std::fs::read(&image).unwrap();
@@ -265,13 +272,9 @@ fn a_stream_not_exitless_s_corrupt_or_cut_short_is_refused_before_any_vcpu_runs(
 fn a_target_that_refuses_at_the_end_leaves_the_source_running_with_its_disk_locked() {
     const ROUNDS: u32 = 1000;
     let dir = scratch("migrate-refused-end");
-    let image = dir.join("disk.img");
-    std::fs::write(&image, vec![0u8; 2 << 20]).unwrap();
-    let elf = kernel("testkernel.elf");
-    let cmdline = format!("disk=1 disk_rounds={ROUNDS}");
-    let disk = image.to_str().unwrap();
-    let args = test_kernel_args(&cmdline, &["--disk", disk, "--memory", "16"]);
+    let (image, args) = disk_writer(&dir, ROUNDS);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (elf, disk) = (kernel("testkernel.elf"), image.to_str().unwrap());
     let mut vm = Running::start(&dir, "vm", &args);
     vm.wait_for_lines("disk round ", 5);
     assert!(locked(&image), "a running VM holds its image's locks");

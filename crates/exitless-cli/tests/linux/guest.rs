@@ -111,7 +111,9 @@ pub const BOOT_LIMIT_S: u32 = 150;
 /// exitless's line for a triple fault; under
 /// QEMU (`-no-reboot`), an exit 0 with neither the script done nor a reboot, power-off or panic
 /// of the guest's kernel, which is how QEMU ends a triple fault under KVM (a reset, as a reboot
-/// is), saying nothing of it. `wait_for FILE TEXT [PID]` waits up to ten minutes for `TEXT`
+/// is), saying nothing of it. `wait_watched NAME PID` waits for the run `NAME` (process
+/// `PID`, started by the job's own lines) to end, its status in `NAME.status`, `watch_wedge`
+/// watching it meanwhile. `wait_for FILE TEXT [PID]` waits up to ten minutes for `TEXT`
 /// in `FILE`, or until the process `PID` has ended; `wait_for_socket PATH` a minute for a
 /// Unix socket to appear. A run that does not end within 30 s of its signal is killed; one that
 /// outlives SIGKILL too sits in a kernel that no longer runs it (seen once: a boot hang whose
@@ -142,6 +144,11 @@ watch_wedge() {
     if grep -q '@STALL@' "$1.console"; then kill -QUIT "$2"; return; fi
     sleep 2
   done
+}
+wait_watched() {
+  watch_wedge "$1" "$2" & watcher=$!
+  wait "$2"; echo $? > "$1.status"
+  kill $watcher 2>/dev/null; wait $watcher
 }
 wait_for() {
   for i in $(seq 600); do

@@ -69,9 +69,7 @@ sleep 10
 {ctl1} migrate tcp:127.0.0.1:47912 > hop2.figures && echo 'job: migrated to hop2'
 wait $hop1; echo $? > hop1.status
 kill $watcher 2>/dev/null; wait $watcher
-watch_wedge hop2 $hop2 & watcher=$!
-wait $hop2; echo $? > hop2.status
-kill $watcher 2>/dev/null; wait $watcher
+wait_watched hop2 $hop2
 cat hop1.figures hop2.figures",
         first = target(1, "unix:\"$RUN/hop1.mig\""),
         second = target(2, "tcp:127.0.0.1:47912"),

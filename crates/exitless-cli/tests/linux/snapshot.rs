@@ -164,9 +164,7 @@ sleep 10
 restore_start=$(date +%s.%N)
 {exitless} run --restore \"$RUN/snapshot\" --timeout {GUEST_TIMEOUT_S} < /dev/null > restored.console 2>&1 &
 restored=$!
-watch_wedge restored $restored & watcher=$!
-wait $restored; echo $? > restored.status
-kill $watcher 2>/dev/null; wait $watcher
+wait_watched restored $restored
 echo \"$restore_start $(date +%s.%N)\" > restored.times
 {STOP_IPERF3_SERVERS}; ip link del lab-tap6",
         exitless = env!("CARGO_BIN_EXE_exitless"),
@@ -274,9 +272,7 @@ fn linux_mid_io_survives_forty_pauses() {
         "sleep 2
 for k in $(seq {PAUSES}); do {ctl} pause > /dev/null && sleep {SHORT_PAUSE_S} && {ctl} resume > /dev/null; sleep 1; done
 echo 'job: {PAUSES} pauses'
-watch_wedge paused $guest & watcher=$!
-[ -e paused.status ] || {{ wait $guest; echo $? > paused.status; }}
-kill $watcher 2>/dev/null; wait $watcher
+[ -e paused.status ] || wait_watched paused $guest
 {STOP_IPERF3_SERVERS}; ip link del lab-tap6"
     ));
     let done = job.run(&lab, Duration::from_secs(600));

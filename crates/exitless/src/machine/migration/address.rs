@@ -103,13 +103,21 @@ impl Write for Stream {
 }
 
 impl Address {
-    /// Connect to the target.
-    pub fn connect(&self) -> Result<Stream, MigrationError> {
-        let failed = |source| MigrationError::Connect {
-            what: "connect to the migration target at",
+    /// How an error of the host's doing `what` with this address is said.
+    pub(crate) fn failed(
+        &self,
+        what: &'static str,
+    ) -> impl Fn(std::io::Error) -> MigrationError + Copy + '_ {
+        move |source| MigrationError::Connect {
+            what,
             address: self.to_string(),
             source,
-        };
+        }
+    }
+
+    /// Connect to the target.
+    pub fn connect(&self) -> Result<Stream, MigrationError> {
+        let failed = self.failed("connect to the migration target at");
         match self {
             Address::Tcp(host_port) => {
                 // An IP address and a port, never a name: a VMM that confines its threads
@@ -131,11 +139,7 @@ impl Address {
 
     /// Listen for one source. A Unix socket's path must not exist yet.
     pub fn listen(&self) -> Result<Listener, MigrationError> {
-        let failed = |source| MigrationError::Connect {
-            what: "listen for a migration on",
-            address: self.to_string(),
-            source,
-        };
+        let failed = self.failed("listen for a migration on");
         match self {
             Address::Tcp(host_port) => {
                 Ok(Listener::Tcp(TcpListener::bind(host_port).map_err(failed)?))

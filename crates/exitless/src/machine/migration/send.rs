@@ -311,11 +311,7 @@ impl Snapshotter {
         };
         let start = Instant::now();
         let stream = options.address.connect()?;
-        let connect = |source| MigrationError::Connect {
-            what: "talk to the migration target at",
-            address: options.address.to_string(),
-            source,
-        };
+        let connect = options.address.failed("talk to the migration target at");
         stream.set_timeouts(PEER_DEADLINE).map_err(connect)?;
         let mut answers = BufReader::new(stream.try_clone().map_err(connect)?);
         let mut copier = Copier {

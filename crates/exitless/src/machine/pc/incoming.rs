@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::machine::config::{Console, Overflow};
 use crate::machine::migration::{Incoming, Listener};
-use crate::machine::pc::{RunError, RunOutcome, outcome};
+use crate::machine::pc::{RunError, RunOutcome, serve_and_run};
 use crate::machine::{MachineError, MachineView};
 
 /// Where to wait for the machine, and what of the run the command line decides: where the
@@ -39,18 +39,9 @@ impl IncomingConfig {
             paused,
             ..
         } = incoming;
-        let view = machine.view();
-        if paused {
-            // As the source's user left it: each vCPU parks before its first entry.
-            view.control
-                .pause()
-                .request()
-                .map_err(|e| RunError::Stopped(e.to_string()))?;
-        }
-        let timeout = self.timeout.unwrap_or(Duration::MAX);
-        let server = serve(view)?;
-        let ran = machine.run_vcpus(vcpus, timeout);
-        drop(server);
-        outcome(ran?.end, timeout)
+        // Paused as the source's user left it.
+        serve_and_run(&machine, paused, self.timeout, serve, |m, timeout| {
+            m.run_vcpus(vcpus, timeout)
+        })
     }
 }

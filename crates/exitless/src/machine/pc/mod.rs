@@ -31,7 +31,7 @@ use crate::machine::config::{
 use crate::machine::layout::{MAX_RAM_SIZE, low_ram_end};
 use crate::machine::loader::file::{FileError, ImageFile, ReadError};
 use crate::machine::vcpus::RunEnd;
-use crate::machine::{Machine, MachineError, MachineView};
+use crate::machine::{Machine, MachineError, MachineView, Ran};
 use crate::pci::EcamMode;
 use crate::vm::run_control::StopReason;
 
@@ -408,12 +408,34 @@ impl RunConfig {
         let kernel = self.kernel(low_ram_end(machine_cfg.ram_size))?;
         let machine = Machine::new(&machine_cfg, None)?;
         self.say_chosen_macs();
-        let timeout = self.timeout.unwrap_or(Duration::MAX);
-        let server = serve(machine.view())?;
-        let ran = machine.run(kernel.as_ref(), timeout);
-        drop(server);
-        outcome(ran?.end, timeout)
+        serve_and_run(&machine, false, self.timeout, serve, |m, timeout| {
+            m.run(kernel.as_ref(), timeout)
+        })
     }
+}
+
+/// Run `machine` with `run` until the guest ends the run or `timeout` (none: no limit)
+/// passes: `serve` is given its view first (what it returns, a control socket's server, lives
+/// until the run ends), and if `paused` every vCPU parks before its first entry.
+fn serve_and_run<G>(
+    machine: &Machine,
+    paused: bool,
+    timeout: Option<Duration>,
+    serve: impl FnOnce(MachineView) -> Result<G, MachineError>,
+    run: impl FnOnce(&Machine, Duration) -> Result<Ran, MachineError>,
+) -> Result<RunOutcome, RunError> {
+    let view = machine.view();
+    if paused {
+        view.control
+            .pause()
+            .request()
+            .map_err(|e| RunError::Stopped(e.to_string()))?;
+    }
+    let timeout = timeout.unwrap_or(Duration::MAX);
+    let server = serve(view)?;
+    let ran = run(machine, timeout);
+    drop(server);
+    outcome(ran?.end, timeout)
 }
 
 /// How the guest ended a run of at most `timeout`.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::machine::config::{Console, Overflow};
-use crate::machine::pc::{RunError, RunOutcome, outcome};
+use crate::machine::pc::{RunError, RunOutcome, serve_and_run};
 use crate::machine::snapshot::Restorable;
 use crate::machine::{Machine, MachineError, MachineView};
 
@@ -40,18 +40,8 @@ impl RestoreConfig {
         let mut cfg = description.config.clone();
         (cfg.console, cfg.console_overflow) = (self.console.clone(), self.console_overflow);
         let machine = Machine::restore(&cfg, None, memory)?;
-        let view = machine.view();
-        if self.paused {
-            // Asked before any vCPU runs: each parks before its first entry.
-            view.control
-                .pause()
-                .request()
-                .map_err(|e| RunError::Stopped(e.to_string()))?;
-        }
-        let timeout = self.timeout.unwrap_or(Duration::MAX);
-        let server = serve(view)?;
-        let ran = machine.run_restored(&description, timeout);
-        drop(server);
-        outcome(ran?.end, timeout)
+        serve_and_run(&machine, self.paused, self.timeout, serve, |m, timeout| {
+            m.run_restored(&description, timeout)
+        })
     }
 }
