@@ -88,6 +88,10 @@ fn migrated_twice(dir: &Path, args: &[&str], (prefix, rounds): (&str, u32), hops
     let (_, middle) = migrated(second, &on);
     let (status, stderr, after) = third.end();
     assert_eq!(status, PASSED, "{stderr}\n{after}");
+    // The target says what it measured when the VM came in.
+    let came_in = stderr.lines().find(|l| l.contains("the VM came in ("));
+    let bytes = came_in.and_then(|l| l.split('(').nth(1)?.split(' ').next()?.parse().ok());
+    assert!(bytes > Some(4096_u64), "{stderr}");
     assert!(
         !after.contains("FAILED") && after.contains(" passed, 0 failed"),
         "{after}"

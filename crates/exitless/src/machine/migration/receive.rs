@@ -5,7 +5,7 @@
 //! refuses the machine before any vCPU runs, and tells the source, which goes on.
 
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
@@ -28,7 +28,50 @@ pub struct Incoming {
     pub vcpus: Vcpus,
     /// The source's user had paused it: it stays paused.
     pub paused: bool,
-    input: BufReader<Stream>,
+    /// What the target measured of it.
+    pub arrival: Arrival,
+    input: BufReader<Counted<Stream>>,
+}
+
+/// What a target measured of a machine coming in.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Arrival {
+    /// Bytes of the stream, up to its end.
+    pub bytes: u64,
+    /// From the source's connection to the stream's end.
+    pub stream: Duration,
+    /// From the stream's end to the machine built, its state set: the target's part of the
+    /// downtime before it answers.
+    pub build: Duration,
+    /// From the answer to the source's go-ahead.
+    pub go: Duration,
+}
+
+impl std::fmt::Display for Arrival {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes in {:.1} ms, the machine built in {:.1} ms, the go-ahead {:.2} ms after",
+            self.bytes,
+            self.stream.as_secs_f64() * 1e3,
+            self.build.as_secs_f64() * 1e3,
+            self.go.as_secs_f64() * 1e3
+        )
+    }
+}
+
+/// A reader that counts what comes through it.
+struct Counted<R> {
+    inner: R,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
 }
 
 impl Incoming {
@@ -43,8 +86,12 @@ impl Incoming {
             .set_timeouts(SOURCE_DEADLINE)
             .map_err(StreamError::from)?;
         let mut answer = BufWriter::new(stream.try_clone().map_err(StreamError::from)?);
-        let mut input = BufReader::new(stream);
-        match Self::receive(&mut input, adapt) {
+        let mut input = BufReader::new(Counted {
+            inner: stream,
+            bytes: 0,
+        });
+        let mut arrival = Arrival::default();
+        match Self::receive(&mut input, adapt, &mut arrival) {
             Ok((machine, vcpus, paused)) => {
                 Record::Ready
                     .write_to(&mut answer)
@@ -54,6 +101,7 @@ impl Incoming {
                     machine,
                     vcpus,
                     paused,
+                    arrival,
                     input,
                 })
             }
@@ -68,8 +116,12 @@ impl Incoming {
 
     /// Wait for the source to hand the machine over.
     pub fn wait_for_go(&mut self) -> Result<(), MigrationError> {
+        let answered = Instant::now();
         match Record::read_from(&mut self.input) {
-            Ok(Record::Go) => Ok(()),
+            Ok(Record::Go) => {
+                self.arrival.go = answered.elapsed();
+                Ok(())
+            }
             Ok(other) => Err(MigrationError::Order(format!("{other:?} for the go-ahead"))),
             Err(e) => Err(MigrationError::Order(format!(
                 "the source did not hand the VM over ({e}); it keeps it"
@@ -78,11 +130,13 @@ impl Incoming {
     }
 
     /// Read the stream into a new machine's RAM; build the machine and set its state once
-    /// it is whole.
+    /// it is whole, noting the times in `arrival`.
     fn receive(
-        input: &mut BufReader<Stream>,
+        input: &mut BufReader<Counted<Stream>>,
         adapt: impl FnOnce(&mut MachineConfig),
+        arrival: &mut Arrival,
     ) -> Result<(Machine, Vcpus, bool), MigrationError> {
+        let start = Instant::now();
         let mut adapt = Some(adapt);
         let received = read_stream(input, |cfg| {
             if let Some(adapt) = adapt.take() {
@@ -90,11 +144,14 @@ impl Incoming {
             }
             Ram::new(cfg, None).map_err(|e| Box::new(e).into())
         })?;
+        let ended = Instant::now();
+        (arrival.bytes, arrival.stream) = (input.get_ref().bytes, ended - start);
         let Received { config, ram, state } = received;
         let machine = Machine::assemble(&config, None, ram).map_err(Box::new)?;
         let vcpus = machine
             .restore_state(state.state.as_ref())
             .map_err(Box::new)?;
+        arrival.build = ended.elapsed();
         Ok((machine, vcpus, state.paused))
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::logging::stderr_line;
 use crate::machine::config::{Console, Overflow};
 use crate::machine::migration::{Incoming, Listener};
 use crate::machine::pc::{RunError, RunOutcome, serve_and_run};
@@ -37,8 +38,12 @@ impl IncomingConfig {
             machine,
             vcpus,
             paused,
+            arrival,
             ..
         } = incoming;
+        stderr_line(format_args!(
+            "exitless: the VM came in ({arrival}); it runs here"
+        ));
         // Paused as the source's user left it.
         serve_and_run(&machine, paused, self.timeout, serve, |m, timeout| {
             m.run_vcpus(vcpus, timeout)
