@@ -171,12 +171,18 @@ static int net_setup(void)
 }
 
 /* net=reconnect's round: one request, answered. */
+/* One request, its answer awaited `ticks` of the PM timer. */
+static int net_round_within(uint32_t ticks)
+{
+    uint8_t peer_mac[6];
+    return arp_request(net_mac, net_ip, net_peer) &&
+           await_arp_reply(ticks, net_mac, net_ip, net_peer, peer_mac);
+}
+
 static int net_round(uint32_t resets)
 {
     (void)resets;
-    uint8_t peer_mac[6];
-    return arp_request(net_mac, net_ip, net_peer) &&
-           await_arp_reply(RECONNECT_PAUSE, net_mac, net_ip, net_peer, peer_mac);
+    return net_round_within(RECONNECT_PAUSE);
 }
 
 /* net=reconnect's first reset: the disk beside the card still answers. */
@@ -243,7 +249,9 @@ void net_rounds(uint32_t rounds)
     if (!rounds || !net_answered)
         return;
     for (uint32_t i = 1; i <= rounds; i++) {
-        int ok = net_round(0);
+        /* A second: a loaded host (testpmd busy-polls a core the other tests share) once held
+         * an answer past the 200 ms a reconnect's round waits; a frame lost still fails. */
+        int ok = net_round_within(PM_TIMER_HZ);
         print("net round %06u of %06u: %s\n", i, rounds, ok ? "answered" : "FAILED");
         good += (uint32_t)ok;
     }
