@@ -11,7 +11,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
 use crate::machine::migration::address::{Listener, Stream};
 use crate::machine::migration::send::{ConfigRecord, StateRecord};
-use crate::machine::migration::stream::{PAGE, Record, read_preface};
+use crate::machine::migration::stream::{Counted, PAGE, Record, read_preface};
 use crate::machine::migration::{MigrationError, StreamError};
 use crate::machine::snapshot::{SnapshotError, check_config};
 use crate::machine::vcpus::Vcpus;
@@ -60,20 +60,6 @@ impl std::fmt::Display for Arrival {
     }
 }
 
-/// A reader that counts what comes through it.
-struct Counted<R> {
-    inner: R,
-    bytes: u64,
-}
-
-impl<R: Read> Read for Counted<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.bytes += n as u64;
-        Ok(n)
-    }
-}
-
 impl Incoming {
     /// Take one source's machine from `listener`, its configuration changed by `adapt`
     /// (where the console goes is this host's choice). On a refusal the source is told why.
@@ -86,10 +72,7 @@ impl Incoming {
             .set_timeouts(SOURCE_DEADLINE)
             .map_err(StreamError::from)?;
         let mut answer = BufWriter::new(stream.try_clone().map_err(StreamError::from)?);
-        let mut input = BufReader::new(Counted {
-            inner: stream,
-            bytes: 0,
-        });
+        let mut input = BufReader::new(Counted::new(stream));
         let mut arrival = Arrival::default();
         match Self::receive(&mut input, adapt, &mut arrival) {
             Ok((machine, vcpus, paused)) => {

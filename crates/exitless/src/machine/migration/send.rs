@@ -11,7 +11,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::machine::migration::address::Stream;
-use crate::machine::migration::stream::{MAX_RUN, PAGE, Record, write_preface};
+use crate::machine::migration::stream::{Counted, MAX_RUN, PAGE, Record, write_preface};
 use crate::machine::migration::touched::PageMap;
 use crate::machine::migration::{
     MAX_PASSES, Migrated, MigrationError, MigrationOptions, Progress, SendMigration, StreamError,
@@ -125,9 +125,9 @@ struct Copier<'a> {
 
 impl Copier<'_> {
     fn record(&mut self, record: &Record) -> Result<(), MigrationError> {
-        let mut counted = Counted(&mut self.out, 0);
+        let mut counted = Counted::new(&mut self.out);
         record.write_to(&mut counted).map_err(StreamError::from)?;
-        self.bytes += counted.1;
+        self.bytes += counted.bytes;
         Ok(())
     }
 
@@ -204,21 +204,6 @@ impl Copier<'_> {
         }
         self.flush_run()?;
         Ok(sent)
-    }
-}
-
-/// A writer that counts what goes through it.
-struct Counted<'a, W>(&'a mut W, u64);
-
-impl<W: Write> Write for Counted<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.0.write(buf)?;
-        self.1 += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
     }
 }
 
@@ -332,7 +317,6 @@ impl Snapshotter {
         self.vm.log_dirty_pages(true)?;
         // The first pass sends every page that is not zero; each later one what the vCPUs
         // wrote meanwhile, until what is left would fit the downtime at the rate measured.
-        let mut passes = 1;
         let mut progress = Progress {
             phase: "copying",
             pass: 1,
@@ -344,13 +328,12 @@ impl Snapshotter {
         let mut dirty = self.vm.dirty_pages()?;
         progress.passed(&copier, dirty.len(), pass_start, 0, start);
         report(&progress);
-        while passes < MAX_PASSES && progress.expected_downtime_ms > options.downtime_ms() {
+        while progress.pass < MAX_PASSES && progress.expected_downtime_ms > options.downtime_ms() {
             let (pass_start, before) = (Instant::now(), copier.bytes);
             progress.pass += 1;
             report(&progress);
             copier.dirty(&dirty)?;
             copier.out.flush().map_err(connect)?;
-            passes += 1;
             dirty = self.vm.dirty_pages()?;
             progress.passed(&copier, dirty.len(), pass_start, before, start);
             report(&progress);
@@ -394,7 +377,7 @@ impl Snapshotter {
         copier.record(&Record::Go)?;
         copier.out.flush().map_err(connect)?;
         Ok(Migrated {
-            passes,
+            passes: progress.pass,
             pages: copier.pages,
             bytes: copier.bytes,
             final_pages: copier.pages - before,

@@ -111,6 +111,41 @@ fn read_array<const N: usize>(input: &mut impl Read) -> io::Result<[u8; N]> {
     Ok(bytes)
 }
 
+/// A reader or writer that counts the bytes that go through it: what a side of the stream
+/// sent or took.
+pub struct Counted<T> {
+    inner: T,
+    /// Bytes so far.
+    pub bytes: u64,
+}
+
+impl<T> Counted<T> {
+    /// Count what goes through `inner`, from zero.
+    pub fn new(inner: T) -> Self {
+        Counted { inner, bytes: 0 }
+    }
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// Longest refusal a source repeats: a target's reason is one line, and the target is not
 /// trusted to keep it short.
 const MAX_REASON: usize = 500;
