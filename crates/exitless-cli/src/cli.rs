@@ -200,6 +200,11 @@ pub struct RunArgs {
     /// left out (MADV_DONTDUMP): it is the guest's data, and as large as --memory.
     #[arg(long)]
     pub dump_guest_memory: bool,
+    /// Make guest RAM a memfd mapped shared (as a vhost-user device makes it), so that
+    /// `exitless ctl ... migrate local:PATH` can hand it, with the disks and taps, to a new
+    /// exitless on this host: a live update of exitless itself, no memory copied.
+    #[arg(long)]
+    pub shared_memory: bool,
     /// Serve the control API (HTTP/1.1 + JSON, docs/api.md) on a Unix socket at PATH, made
     /// owner-only (0600) and removed at exit: `vm.info`, `vm.counters`, `vm.pause`,
     /// `vm.resume`, `vm.snapshot`, `vm.send-migration`, `vm.shutdown`, as `exitless ctl` or `curl --unix-socket PATH` ask them. A
@@ -217,7 +222,7 @@ pub struct RunArgs {
         value_name = "DIR",
         conflicts_with_all = [
             "kernel", "initrd", "cmdline", "memory", "cpus", "ecam", "disk", "net", "iommu",
-            "cpu", "dump_guest_memory",
+            "cpu", "dump_guest_memory", "shared_memory",
         ]
     )]
     pub restore: Option<PathBuf>,
@@ -233,7 +238,7 @@ pub struct RunArgs {
         value_parser = migration_address,
         conflicts_with_all = [
             "kernel", "initrd", "cmdline", "memory", "cpus", "ecam", "disk", "net", "iommu",
-            "cpu", "dump_guest_memory", "restore", "paused",
+            "cpu", "dump_guest_memory", "shared_memory", "restore", "paused",
         ]
     )]
     pub migrate_from: Option<Address>,

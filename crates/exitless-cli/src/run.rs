@@ -75,6 +75,7 @@ pub fn run(
             nets: args.net,
             timeout,
             dump_guest_memory: args.dump_guest_memory,
+            shared_memory: args.shared_memory,
             cpu: args.cpu,
         }
         .run_with(serve),

@@ -62,6 +62,10 @@ pub struct MachineConfig {
     pub split_irqchip: bool,
     /// Keep guest RAM in the VMM's core dumps (by default it is left out: MADV_DONTDUMP).
     pub dump_guest_memory: bool,
+    /// Guest RAM in a memfd mapped shared, as a vhost-user backend needs it, so that a
+    /// same-host live update (`migrate local:`) can hand it to the next exitless.
+    #[serde(default)]
+    pub shared_memory: bool,
     /// The probe's test endpoints on bus 0 (00:01.0, 00:02.0 and 00:02.1), whose registers
     /// its config-space ops time; no other guest is shown them.
     #[serde(default)]
@@ -87,6 +91,7 @@ impl Default for MachineConfig {
             iommu: false,
             split_irqchip: false,
             dump_guest_memory: false,
+            shared_memory: false,
             pci_test_endpoints: false,
             cpu: CpuTemplate::default(),
         }
@@ -97,6 +102,11 @@ impl MachineConfig {
     /// Whether any NIC's queues are served by the kernel's vhost-net.
     pub fn has_vhost_net(&self) -> bool {
         self.virtio.iter().any(|n| n.vhost_net)
+    }
+
+    /// Whether guest RAM is a shared memfd: asked for, or needed by a vhost-user backend.
+    pub fn ram_is_shared(&self) -> bool {
+        self.shared_memory || self.has_vhost_user()
     }
 
     /// Whether a vhost-user backend serves any device: guest RAM must then be shareable.

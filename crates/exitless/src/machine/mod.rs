@@ -137,10 +137,19 @@ pub enum MachineError {
 /// Guest RAM a vhost-user backend can map where one serves a device; elsewhere private
 /// memory, which keeps transparent huge pages (docs/run.md).
 fn ram_backing(cfg: &MachineConfig) -> vm::RamBacking {
-    if cfg.has_vhost_user() {
+    if cfg.ram_is_shared() {
         vm::RamBacking::SharedMemfd
     } else {
         vm::RamBacking::Private
+    }
+}
+
+/// Where the machine `cfg` describes has its interrupt controllers.
+fn irqchip(cfg: &MachineConfig) -> vm::Irqchip {
+    if cfg.split_irqchip {
+        vm::Irqchip::Split { pins: PINS }
+    } else {
+        vm::Irqchip::InKernel
     }
 }
 
@@ -238,11 +247,7 @@ impl Ram {
     ) -> Result<Self, MachineError> {
         wiring::check_vhost(cfg)?;
         let layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
-        let irqchip = if cfg.split_irqchip {
-            vm::Irqchip::Split { pins: PINS }
-        } else {
-            vm::Irqchip::InKernel
-        };
+        let irqchip = irqchip(cfg);
         let (ram, dump, backing) = (
             layout.ram_regions(),
             cfg.dump_guest_memory,
@@ -252,6 +257,20 @@ impl Ram {
             Some(saved) => Vm::restored(&ram, dump, irqchip, backing, saved)?,
             None => Vm::with_irqchip(&ram, dump, irqchip, backing)?,
         };
+        Ok(Ram { vm, layout })
+    }
+
+    /// The VM of the machine `cfg` describes, its RAM the memfd another exitless handed over
+    /// (`migrate local:`).
+    pub(crate) fn handed(cfg: &MachineConfig, memfd: std::fs::File) -> Result<Self, MachineError> {
+        wiring::check_vhost(cfg)?;
+        let layout = MemoryLayout::new(cfg.ram_size, cfg.ecam.is_some())?;
+        let vm = Vm::on_memfd(
+            &layout.ram_regions(),
+            cfg.dump_guest_memory,
+            irqchip(cfg),
+            memfd,
+        )?;
         Ok(Ram { vm, layout })
     }
 
@@ -273,19 +292,21 @@ impl Machine {
         board: Option<&mut dyn Board>,
         memory: Option<crate::vm::state::memory::SavedMemory>,
     ) -> Result<Self, MachineError> {
-        Self::assemble(cfg, board, Ram::new(cfg, memory)?)
+        Self::assemble(cfg, board, Ram::new(cfg, memory)?, Default::default())
     }
 
-    /// The machine `cfg` describes, its devices built and wired around `ram` (made for `cfg`).
+    /// The machine `cfg` describes, its devices built and wired around `ram` (made for `cfg`)
+    /// on the host files `files` gives.
     fn assemble(
         cfg: &MachineConfig,
         board: Option<&mut dyn Board>,
         ram: Ram,
+        files: wiring::files::FileSource,
     ) -> Result<Self, MachineError> {
         let Ram { mut vm, mut layout } = ram;
         let control = Arc::new(RunControl::default());
         control.set_vcpus(cfg.vcpus);
-        let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control)?;
+        let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control, files)?;
         let extra = board.as_ref().map_or(0, |b| b.bus_devices());
         let counters = Arc::new(ExitCounters::new(devices.io.names.len() + extra));
         for (id, log) in std::mem::take(&mut devices.logs) {
@@ -308,6 +329,7 @@ impl Machine {
             config: cfg.clone(),
             routing: devices.routing.clone(),
             image_locks: std::mem::take(&mut devices.image_locks),
+            files: std::mem::take(&mut devices.files),
         });
         Ok(Machine {
             vm,

@@ -389,6 +389,8 @@ fn migration() -> Vec<Allowed> {
         ),
         sys!(SYS_connect),
         sys!(SYS_setsockopt).only(1, [value(libc::IPPROTO_TCP)]),
+        // A live update's files (SCM_RIGHTS), with the stream's first bytes.
+        sys!(SYS_sendmsg),
         // Which pages of guest RAM were ever touched: /proc/self/pagemap opened and read at
         // offsets.
         sys!(SYS_openat),
@@ -467,6 +469,10 @@ fn building_machines() -> Vec<Allowed> {
                 value(libc::F_DUPFD_CLOEXEC),
                 value(libc::F_GETFL),
                 value(libc::F_SETFL),
+                // Guest RAM's memfd sealed at its size, and one a live update's source
+                // handed over checked to be.
+                value(libc::F_ADD_SEALS),
+                value(libc::F_GET_SEALS),
                 value(libc::F_OFD_SETLK),
                 value(libc::F_OFD_GETLK),
             ],
@@ -478,8 +484,8 @@ fn building_machines() -> Vec<Allowed> {
         sys!(SYS_io_uring_setup),
         sys!(SYS_io_uring_register),
         // Guest RAM a vhost-user backend can map (`vm::RamBacking::SharedMemfd`): one memfd,
-        // close-on-exec, sized with ftruncate (below) and mapped shared.
-        sys!(SYS_memfd_create).only(1, [u64::from(libc::MFD_CLOEXEC)]),
+        // close-on-exec, sized with ftruncate (below), its size sealed, and mapped shared.
+        sys!(SYS_memfd_create).only(1, [u64::from(libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)]),
         // A socket to name a tap to the kernel by (netdevice(7)): whether it exists, and
         // bringing up one the run created (`virtio::net::tap`).
         sys!(SYS_socket).only(0, [value(libc::AF_UNIX)]),
@@ -531,6 +537,9 @@ fn building_machines() -> Vec<Allowed> {
                 libc::TUNSETVNETHDRSZ,
                 libc::TUNSETSNDBUF,
                 libc::TUNSETOFFLOAD,
+                // A tap queue a live update's source handed over, checked to be the tap's
+                // (and attached again, if its device had detached it).
+                libc::TUNGETIFF,
                 // The tap's flags, on that socket: whether it exists, and IFF_UP for one the
                 // run created.
                 libc::SIOCGIFFLAGS,

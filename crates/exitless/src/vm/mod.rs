@@ -12,7 +12,7 @@ pub mod state;
 pub mod vcpu;
 
 use std::fs::File;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use kvm_bindings::{
@@ -142,12 +142,20 @@ pub enum RamBacking {
     SharedMemfd,
 }
 
-/// A memfd of `size` bytes for guest RAM (memfd_create(2), close-on-exec; no seals: exitless
-/// never hands it to anyone it must defend its size against). By hand: one call libc has, and
-/// no crate in the tree wraps it.
+/// The seals guest RAM's memfd carries: its size fixed, so that an exitless it is handed to
+/// (`migrate local:`) can map it without fearing a SIGBUS from a source that shrinks it.
+const RAM_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// A memfd of `size` bytes for guest RAM (memfd_create(2), close-on-exec), sealed at that size.
+/// By hand: one call libc has, and no crate in the tree wraps it.
 fn ram_memfd(size: usize) -> Result<File, String> {
     // SAFETY: the name is a NUL-terminated string literal; the call reads nothing else.
-    let fd = unsafe { libc::memfd_create(c"exitless-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe {
+        libc::memfd_create(
+            c"exitless-guest-ram".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
     if fd < 0 {
         return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
     }
@@ -155,18 +163,55 @@ fn ram_memfd(size: usize) -> Result<File, String> {
     let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     file.set_len(size as u64)
         .map_err(|e| format!("size the guest RAM memfd (ftruncate): {e}"))?;
+    // SAFETY: F_ADD_SEALS takes an int and reads nothing else.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, RAM_SEALS) } < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("seal the guest RAM memfd (F_ADD_SEALS): {e}"));
+    }
     Ok(file)
+}
+
+/// Check that `memfd`, handed over by another exitless, can be guest RAM of `size` bytes: a
+/// memfd of that size whose size is sealed (a file that shrank under the mapping would kill
+/// this process with SIGBUS on the guest's next access).
+fn check_handed_memfd(memfd: &File, size: usize) -> Result<(), String> {
+    // SAFETY: F_GET_SEALS takes no argument.
+    let seals = unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "the guest RAM handed over is not a memfd (F_GET_SEALS: {e})"
+        ));
+    }
+    if seals & RAM_SEALS != RAM_SEALS {
+        return Err("the guest RAM handed over can change size (its memfd is not sealed)".into());
+    }
+    let len = memfd.metadata().map_err(|e| format!("fstat: {e}"))?.len();
+    if len != size as u64 {
+        return Err(format!(
+            "the guest RAM handed over is {len} bytes, not the machine's {size}"
+        ));
+    }
+    Ok(())
 }
 
 /// Map guest RAM in `ram`, `(guest-physical base, bytes)` regions in address order, backed as
 /// `backing` says.
 fn map_ram(ram: &[(u64, usize)], backing: RamBacking) -> Result<GuestMemoryMmap, VmError> {
     let size = ram.iter().map(|r| r.1).sum();
-    let memory_error = |reason: String| VmError::Memory { size, reason };
     let memfd = match backing {
         RamBacking::Private => None,
-        RamBacking::SharedMemfd => Some(Arc::new(ram_memfd(size).map_err(memory_error)?)),
+        RamBacking::SharedMemfd => {
+            Some(ram_memfd(size).map_err(|reason| VmError::Memory { size, reason })?)
+        }
     };
+    map_ram_in(ram, memfd)
+}
+
+/// Map guest RAM in `ram` from `memfd` (its regions at consecutive offsets), or private.
+fn map_ram_in(ram: &[(u64, usize)], memfd: Option<File>) -> Result<GuestMemoryMmap, VmError> {
+    let size = ram.iter().map(|r| r.1).sum();
+    let memfd = memfd.map(Arc::new);
     let mut offset = 0;
     let ranges: Vec<(GuestAddress, usize, Option<FileOffset>)> = ram
         .iter()
@@ -178,7 +223,10 @@ fn map_ram(ram: &[(u64, usize)], backing: RamBacking) -> Result<GuestMemoryMmap,
             (GuestAddress(base), len, file)
         })
         .collect();
-    GuestMemoryMmap::<()>::from_ranges_with_files(&ranges).map_err(|e| memory_error(e.to_string()))
+    GuestMemoryMmap::<()>::from_ranges_with_files(&ranges).map_err(|e| VmError::Memory {
+        size,
+        reason: e.to_string(),
+    })
 }
 
 /// Leave guest RAM out of the VMM's core dumps (madvise(2) MADV_DONTDUMP): it is the guest's
@@ -257,6 +305,19 @@ impl Vm {
         backing: RamBacking,
     ) -> Result<Self, VmError> {
         Self::build(in_core_dumps, irqchip, || map_ram(ram, backing))
+    }
+
+    /// As [`Vm::with_irqchip`], guest RAM the memfd another exitless handed over
+    /// (`migrate local:`), checked first.
+    pub fn on_memfd(
+        ram: &[(u64, usize)],
+        in_core_dumps: bool,
+        irqchip: Irqchip,
+        memfd: File,
+    ) -> Result<Self, VmError> {
+        let size = ram.iter().map(|r| r.1).sum();
+        check_handed_memfd(&memfd, size).map_err(|reason| VmError::Memory { size, reason })?;
+        Self::build(in_core_dumps, irqchip, || map_ram_in(ram, Some(memfd)))
     }
 
     /// Open KVM, create the VM and its `irqchip`, then guest RAM (`memory`), one memslot per

@@ -28,7 +28,7 @@ fn wired(cfg: &MachineConfig) -> (Vm, wiring::Devices) {
     let mut vm =
         Vm::with_irqchip(&layout.ram_regions(), false, irqchip, RamBacking::Private).unwrap();
     let control = Arc::new(RunControl::default());
-    let devices = wiring::wire(&mut vm, &mut layout, cfg, &control).unwrap();
+    let devices = wiring::wire(&mut vm, &mut layout, cfg, &control, Default::default()).unwrap();
     (vm, devices)
 }
 

@@ -42,7 +42,7 @@ fn wired(cfg: &MachineConfig) -> (Vm, wiring::Devices, MemoryLayout) {
     )
     .unwrap();
     let control = Arc::new(RunControl::default());
-    let devices = wiring::wire(&mut vm, &mut layout, cfg, &control).unwrap();
+    let devices = wiring::wire(&mut vm, &mut layout, cfg, &control, Default::default()).unwrap();
     (vm, devices, layout)
 }
 

@@ -349,7 +349,7 @@ fn a_migration_is_asked_with_its_address_and_downtime_and_answered_with_its_figu
         answer["error"]
             .as_str()
             .unwrap()
-            .contains("tcp:HOST:PORT or unix:PATH")
+            .contains("tcp:HOST:PORT, unix:PATH or local:PATH")
     );
     let (status, _) = ask(r#"{"destination": "unix:/x"}"#);
     assert_eq!(status, 400);

@@ -18,6 +18,9 @@ pub enum Address {
     Tcp(String),
     /// `unix:PATH`: a Unix socket's file.
     Unix(PathBuf),
+    /// `local:PATH`: a Unix socket's file, to an exitless on this host that takes guest RAM
+    /// and the devices' files as they are (a live update: nothing copied).
+    Local(PathBuf),
 }
 
 impl FromStr for Address {
@@ -25,11 +28,14 @@ impl FromStr for Address {
 
     fn from_str(text: &str) -> Result<Self, MigrationError> {
         let bad = || MigrationError::Address(text.into());
-        if let Some(path) = text.strip_prefix("unix:") {
-            return match path {
-                "" => Err(bad()),
-                path => Ok(Address::Unix(path.into())),
-            };
+        for (prefix, unix) in [("unix:", true), ("local:", false)] {
+            if let Some(path) = text.strip_prefix(prefix) {
+                return match path {
+                    "" => Err(bad()),
+                    path if unix => Ok(Address::Unix(path.into())),
+                    path => Ok(Address::Local(path.into())),
+                };
+            }
         }
         let host_port = text.strip_prefix("tcp:").ok_or_else(bad)?;
         let (host, port) = host_port.rsplit_once(':').ok_or_else(bad)?;
@@ -45,6 +51,7 @@ impl std::fmt::Display for Address {
         match self {
             Address::Tcp(host_port) => write!(f, "tcp:{host_port}"),
             Address::Unix(path) => write!(f, "unix:{}", path.display()),
+            Address::Local(path) => write!(f, "local:{}", path.display()),
         }
     }
 }
@@ -133,18 +140,26 @@ impl Address {
                 stream.set_nodelay(true).map_err(failed)?;
                 Ok(Stream::Tcp(stream))
             }
-            Address::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).map_err(failed)?)),
+            Address::Unix(path) | Address::Local(path) => {
+                Ok(Stream::Unix(UnixStream::connect(path).map_err(failed)?))
+            }
         }
     }
 
-    /// Listen for one source. A Unix socket's path must not exist yet.
+    /// A same-host live update's: guest RAM and the devices' files handed over.
+    pub fn is_local(&self) -> bool {
+        matches!(self, Address::Local(_))
+    }
+
+    /// Listen for one source. A Unix socket's path must not exist yet. `unix:` and `local:`
+    /// listen alike: a source that hands files over makes it a live update.
     pub fn listen(&self) -> Result<Listener, MigrationError> {
         let failed = self.failed("listen for a migration on");
         match self {
             Address::Tcp(host_port) => {
                 Ok(Listener::Tcp(TcpListener::bind(host_port).map_err(failed)?))
             }
-            Address::Unix(path) => Ok(Listener::Unix(
+            Address::Unix(path) | Address::Local(path) => Ok(Listener::Unix(
                 UnixListener::bind(path).map_err(failed)?,
                 path.clone(),
             )),
@@ -193,6 +208,7 @@ mod tests {
             "tcp:[::1]:80",
             "tcp:host:1",
             "unix:/run/x.sock",
+            "local:/run/y.sock",
         ] {
             assert_eq!(text.parse::<Address>().unwrap().to_string(), text);
         }
@@ -203,10 +219,14 @@ mod tests {
             "tcp::80",
             "tcp:host:99999",
             "unix:",
+            "local:",
             "udp:h:1",
         ] {
             let err = text.parse::<Address>().unwrap_err().to_string();
-            assert!(err.contains("give tcp:HOST:PORT or unix:PATH"), "{err}");
+            assert!(
+                err.contains("give tcp:HOST:PORT, unix:PATH or local:PATH"),
+                "{err}"
+            );
         }
     }
 }

@@ -19,6 +19,7 @@
 //! docs/migration.md.
 
 pub mod address;
+mod local;
 pub mod receive;
 pub mod send;
 pub mod stream;
@@ -47,7 +48,7 @@ pub const MAX_PASSES: u32 = 30;
 #[derive(Debug, thiserror::Error)]
 pub enum MigrationError {
     /// An address that is neither `tcp:HOST:PORT` nor `unix:PATH`.
-    #[error("`{0}` is not a migration address: give tcp:HOST:PORT or unix:PATH")]
+    #[error("`{0}` is not a migration address: give tcp:HOST:PORT, unix:PATH or local:PATH")]
     Address(String),
     /// The target cannot be reached, or its address not listened on.
     #[error("cannot {what} {address}: {source}")]
@@ -108,8 +109,12 @@ impl MigrationOptions {
 /// What a migration did, measured on the source.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Migrated {
-    /// Passes over memory while the machine ran.
+    /// Passes over memory while the machine ran (none in a live update).
     pub passes: u32,
+    /// Files handed over in a live update (`local:`): guest RAM's memfd, disk images, tap
+    /// queues; 0 otherwise.
+    #[serde(default)]
+    pub files: u64,
     /// Pages sent in all (changed pages sent again count again).
     pub pages: u64,
     /// Bytes written to the stream.

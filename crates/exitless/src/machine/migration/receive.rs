@@ -4,21 +4,27 @@
 //! record out of place, pages outside RAM, a checksum that does not match, a stream cut short)
 //! refuses the machine before any vCPU runs, and tells the source, which goes on.
 
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Chain, Cursor, Read, Write};
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
 use crate::machine::migration::address::{Listener, Stream};
+use crate::machine::migration::local::{self, Handed};
 use crate::machine::migration::send::{ConfigRecord, StateRecord};
-use crate::machine::migration::stream::{Counted, PAGE, Record, read_preface};
+use crate::machine::migration::stream::{Counted, PAGE, PREFACE_LEN, Record, read_preface};
 use crate::machine::migration::{MigrationError, StreamError};
 use crate::machine::snapshot::{SnapshotError, check_config};
 use crate::machine::vcpus::Vcpus;
+use crate::machine::wiring::files::FileSource;
 use crate::machine::{Machine, MachineConfig, Ram};
 
 /// Longest the source may be silent: between two records, and between `Ready` and `Go`.
 const SOURCE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The stream as the target reads it: the first bytes (read with any files handed over),
+/// then the rest.
+type Input = BufReader<Counted<Chain<Cursor<Vec<u8>>, Stream>>>;
 
 /// A machine received from a source: built, its state set, waiting for the source's `Go`.
 pub struct Incoming {
@@ -30,7 +36,7 @@ pub struct Incoming {
     pub paused: bool,
     /// What the target measured of it.
     pub arrival: Arrival,
-    input: BufReader<Counted<Stream>>,
+    input: Input,
 }
 
 /// What a target measured of a machine coming in.
@@ -38,6 +44,8 @@ pub struct Incoming {
 pub struct Arrival {
     /// Bytes of the stream, up to its end.
     pub bytes: u64,
+    /// Files the source handed over (a live update): guest RAM, disk images, tap queues.
+    pub files: usize,
     /// From the source's connection to the stream's end.
     pub stream: Duration,
     /// From the stream's end to the machine built, its state set: the target's part of the
@@ -49,6 +57,9 @@ pub struct Arrival {
 
 impl std::fmt::Display for Arrival {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.files > 0 {
+            write!(f, "its RAM and {} files handed over, ", self.files - 1)?;
+        }
         write!(
             f,
             "{} bytes in {:.1} ms, the machine built in {:.1} ms, the go-ahead {:.2} ms after",
@@ -72,9 +83,17 @@ impl Incoming {
             .set_timeouts(SOURCE_DEADLINE)
             .map_err(StreamError::from)?;
         let mut answer = BufWriter::new(stream.try_clone().map_err(StreamError::from)?);
-        let mut input = BufReader::new(Counted::new(stream));
-        let mut arrival = Arrival::default();
-        match Self::receive(&mut input, adapt, &mut arrival) {
+        // A live update's files come with the first bytes, which must be read with them.
+        let (first, handed) = match &stream {
+            Stream::Unix(s) => local::receive_first(s, PREFACE_LEN).map_err(StreamError::from)?,
+            Stream::Tcp(_) => (Vec::new(), None),
+        };
+        let mut input = BufReader::new(Counted::new(Cursor::new(first).chain(stream)));
+        let mut arrival = Arrival {
+            files: handed.as_ref().map_or(0, |h| 1 + h.files.len()),
+            ..Arrival::default()
+        };
+        match Self::receive(&mut input, adapt, handed, &mut arrival) {
             Ok((machine, vcpus, paused)) => {
                 Record::Ready
                     .write_to(&mut answer)
@@ -115,22 +134,31 @@ impl Incoming {
     /// Read the stream into a new machine's RAM; build the machine and set its state once
     /// it is whole, noting the times in `arrival`.
     fn receive(
-        input: &mut BufReader<Counted<Stream>>,
+        input: &mut Input,
         adapt: impl FnOnce(&mut MachineConfig),
+        handed: Option<Handed>,
         arrival: &mut Arrival,
     ) -> Result<(Machine, Vcpus, bool), MigrationError> {
         let start = Instant::now();
         let mut adapt = Some(adapt);
+        let mut files = FileSource::default();
         let received = read_stream(input, |cfg| {
             if let Some(adapt) = adapt.take() {
                 adapt(cfg);
             }
-            Ram::new(cfg, None).map_err(|e| Box::new(e).into())
+            match handed {
+                Some(handed) => {
+                    let (ram, host) = handed.into_machine_parts(cfg)?;
+                    files = FileSource::handed(host);
+                    Ok(ram)
+                }
+                None => Ram::new(cfg, None).map_err(|e| Box::new(e).into()),
+            }
         })?;
         let ended = Instant::now();
         (arrival.bytes, arrival.stream) = (input.get_ref().bytes, ended - start);
         let Received { config, ram, state } = received;
-        let machine = Machine::assemble(&config, None, ram).map_err(Box::new)?;
+        let machine = Machine::assemble(&config, None, ram, files).map_err(Box::new)?;
         let vcpus = machine
             .restore_state(state.state.as_ref())
             .map_err(Box::new)?;

@@ -11,6 +11,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::machine::migration::address::Stream;
+use crate::machine::migration::local;
 use crate::machine::migration::stream::{Counted, MAX_RUN, PAGE, Record, write_preface};
 use crate::machine::migration::touched::PageMap;
 use crate::machine::migration::{
@@ -261,10 +262,7 @@ impl Snapshotter {
         options: &MigrationOptions,
         progress: &ProgressSlot,
     ) -> Result<Migrated, MigrationError> {
-        if self.config.disks.iter().any(|d| d.vhost_user.is_some())
-            || (self.config.virtio.iter())
-                .any(|n| matches!(n.backend, crate::machine::NetBackendKind::VhostUser(_)))
-        {
+        if self.config.has_vhost_user() {
             return Err(MigrationError::Unsupported(
                 "a vhost-user device (its backend's dirty log and hand-over)",
             ));
@@ -295,9 +293,21 @@ impl Snapshotter {
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(progress.clone());
         };
         let start = Instant::now();
+        let local = options.address.is_local();
+        // A live update's files are gathered before the target is bothered.
+        let files = match local {
+            true => local::files_of(self.vm.memory(), &self.files)?,
+            false => Vec::new(),
+        };
         let stream = options.address.connect()?;
         let connect = options.address.failed("talk to the migration target at");
         stream.set_timeouts(PEER_DEADLINE).map_err(connect)?;
+        if let (Stream::Unix(s), true) = (&stream, local) {
+            // The files go with the stream's first bytes, which the target reads with them.
+            let mut preface = Vec::new();
+            write_preface(&mut preface).map_err(connect)?;
+            local::send_with(s, &preface, &files).map_err(connect)?;
+        }
         let mut answers = BufReader::new(stream.try_clone().map_err(connect)?);
         let mut copier = Copier {
             memory: self.vm.memory(),
@@ -307,28 +317,33 @@ impl Snapshotter {
             pages: 0,
             bytes: 0,
         };
-        write_preface(&mut copier.out).map_err(connect)?;
+        if !local {
+            write_preface(&mut copier.out).map_err(connect)?;
+        }
         let config = serde_json::to_vec(&ConfigRecord {
             exitless_version: env!("CARGO_PKG_VERSION").into(),
             config: self.config.clone(),
         })
         .map_err(SnapshotError::Encode)?;
         copier.record(&Record::Config(config))?;
-        self.vm.log_dirty_pages(true)?;
-        // The first pass sends every page that is not zero; each later one what the vCPUs
-        // wrote meanwhile, until what is left would fit the downtime at the rate measured.
-        let mut progress = Progress {
-            phase: "copying",
-            pass: 1,
-            ..Progress::default()
-        };
-        report(&progress);
-        let pass_start = Instant::now();
-        copier.scan()?;
-        let mut dirty = self.vm.dirty_pages()?;
-        progress.passed(&copier, dirty.len(), pass_start, 0, start);
-        report(&progress);
-        while progress.pass < MAX_PASSES && progress.expected_downtime_ms > options.downtime_ms() {
+        let mut progress = Progress::default();
+        let mut dirty = Vec::new();
+        if !local {
+            self.vm.log_dirty_pages(true)?;
+            // The first pass sends every page that is not zero; each later one what the vCPUs
+            // wrote meanwhile, until what is left would fit the downtime at the rate measured.
+            (progress.phase, progress.pass) = ("copying", 1);
+            report(&progress);
+            let pass_start = Instant::now();
+            copier.scan()?;
+            dirty = self.vm.dirty_pages()?;
+            progress.passed(&copier, dirty.len(), pass_start, 0, start);
+            report(&progress);
+        }
+        while !local
+            && progress.pass < MAX_PASSES
+            && progress.expected_downtime_ms > options.downtime_ms()
+        {
             let (pass_start, before) = (Instant::now(), copier.bytes);
             progress.pass += 1;
             report(&progress);
@@ -351,21 +366,27 @@ impl Snapshotter {
         self.pause_devices()?;
         undo.devices = true;
         let before = copier.pages;
-        dirty.extend(self.vm.dirty_pages()?);
-        dirty.sort_unstable();
-        dirty.dedup();
-        copier.dirty(&dirty)?;
-        let scanned_pages = copier.scan()?;
+        let mut scanned_pages = 0;
+        if !local {
+            dirty.extend(self.vm.dirty_pages()?);
+            dirty.sort_unstable();
+            dirty.dedup();
+            copier.dirty(&dirty)?;
+            scanned_pages = copier.scan()?;
+        }
         let state = serde_json::to_vec(&StateRecord {
             paused,
             state: self.save_state()?,
         })
         .map_err(SnapshotError::Encode)?;
         copier.record(&Record::State(state))?;
-        // The target opens the images once the stream is whole: it takes their locks.
-        undo.locks = true;
-        for lock in &self.image_locks {
-            lock.release().map_err(connect)?;
+        // The target opens the images once the stream is whole: it takes their locks. A live
+        // update's target holds them already, on the same open files.
+        if !local {
+            undo.locks = true;
+            for lock in &self.image_locks {
+                lock.release().map_err(connect)?;
+            }
         }
         copier.record(&Record::End)?;
         copier.out.flush().map_err(connect)?;
@@ -378,6 +399,7 @@ impl Snapshotter {
         copier.out.flush().map_err(connect)?;
         Ok(Migrated {
             passes: progress.pass,
+            files: files.len() as u64,
             pages: copier.pages,
             bytes: copier.bytes,
             final_pages: copier.pages - before,

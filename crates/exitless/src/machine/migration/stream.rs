@@ -16,6 +16,8 @@ use std::io::{self, Read, Write};
 pub const MAGIC: [u8; 8] = *b"EXLMIGR\n";
 /// The stream's format; a target takes this one only.
 pub const FORMAT_VERSION: u32 = 1;
+/// Bytes of [`write_preface`]'s preface: the magic and the version.
+pub const PREFACE_LEN: usize = MAGIC.len() + 4;
 /// The base page, the unit pages are sent in (Intel SDM Vol. 3A §4.3).
 pub const PAGE: usize = 4096;
 /// Most pages one `Pages` record carries: a run of them is cut into records of this many.

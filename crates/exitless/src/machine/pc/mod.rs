@@ -75,6 +75,8 @@ pub struct RunConfig {
     pub timeout: Option<Duration>,
     /// Keep guest RAM in the VMM's core dumps.
     pub dump_guest_memory: bool,
+    /// Guest RAM in a shared memfd (`migrate local:` hands it over).
+    pub shared_memory: bool,
     /// The vCPUs' CPU template.
     pub cpu: CpuTemplate,
 }
@@ -304,6 +306,7 @@ impl RunConfig {
             // With the unit, its IOAPIC is the VMM's, so that its entries can be remapped.
             split_irqchip: self.iommu,
             dump_guest_memory: self.dump_guest_memory,
+            shared_memory: self.shared_memory,
             cpu: self.cpu.clone(),
             vcpus,
             console: self.console.clone(),
@@ -476,6 +479,7 @@ mod tests {
             nets: Vec::new(),
             timeout: None,
             dump_guest_memory: false,
+            shared_memory: false,
             cpu: CpuTemplate::default(),
         }
     }

@@ -103,6 +103,7 @@ impl ProbeConfig {
             iommu: self.iommu,
             split_irqchip: self.split_irqchip,
             dump_guest_memory: false,
+            shared_memory: false,
             pci_test_endpoints: true,
             cpu: Default::default(),
         }

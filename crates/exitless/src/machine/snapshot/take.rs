@@ -28,6 +28,8 @@ pub struct Snapshotter {
     pub(crate) routing: Arc<GsiRouting>,
     /// Its disk images' locks, which a migration hands over.
     pub(crate) image_locks: Vec<crate::virtio::block::image::ImageLock>,
+    /// Its disk images' and taps' files, which a live update hands over.
+    pub(crate) files: crate::machine::wiring::files::HostFiles,
 }
 
 impl Snapshotter {

@@ -8,6 +8,7 @@
 //! snapshot keeps of it, the log its guest errors count under and its thread together, so a
 //! device cannot be on a bus and missing from a snapshot by accident.
 
+pub mod files;
 pub mod interrupts;
 pub mod names;
 pub mod pci;
@@ -32,6 +33,7 @@ use crate::virtio::block::image::ImageLock;
 use crate::virtio::worker::Worker;
 use crate::vm::Vm;
 use crate::vm::run_control::RunControl;
+use files::{FileSource, HostFiles};
 
 pub use pci::virtio_pci_address;
 pub use virtio::check_vhost;
@@ -62,6 +64,8 @@ pub struct Devices {
     pub kept: Vec<(String, Kept)>,
     /// The locks of the disk images the machine opened (a migration hands them over).
     pub image_locks: Vec<ImageLock>,
+    /// Its disk images' and taps' files (a same-host live update hands them over).
+    pub files: HostFiles,
 }
 
 /// A device that counts its guest errors: its bus id and its log.
@@ -174,13 +178,14 @@ impl Devices {
     }
 }
 
-/// Wire every device `cfg` asks for onto `vm`, placing virtio-mmio ones through `layout`;
-/// the platform devices end the run through `control`.
+/// Wire every device `cfg` asks for onto `vm`, placing virtio-mmio ones through `layout`,
+/// on the host files `files` gives; the platform devices end the run through `control`.
 pub fn wire(
     vm: &mut Vm,
     layout: &mut MemoryLayout,
     cfg: &MachineConfig,
     control: &Arc<RunControl>,
+    mut files: FileSource,
 ) -> Result<Devices, MachineError> {
     let (pins, routing) = interrupts::routing(vm, cfg)?;
     let console = Arc::new(Mutex::new(Vec::new()));
@@ -198,6 +203,7 @@ pub fn wire(
         persist: Vec::new(),
         kept: Vec::new(),
         image_locks: Vec::new(),
+        files: HostFiles::default(),
     };
     platform::add_serial(&mut devices, cfg, out, control)?;
     let reset_control = match &cfg.platform {
@@ -221,7 +227,8 @@ pub fn wire(
     // Bus 0's state, after the unit's and the IOAPIC's as a snapshot has always listed them.
     let state = Kept::Saved(root.clone());
     devices.add(Device::new(names::PCI_ROOT, Place::Unlisted, state))?;
-    virtio::add_devices(&mut devices, vm, layout, cfg, &root)?;
+    virtio::add_devices(&mut devices, vm, layout, cfg, &root, &mut files)?;
+    devices.files = files.kept;
     pci::add_windows(&mut devices, vm, &root, cfg.ecam, reset_control)?;
     // Every option has been checked: the last run's console log may go.
     if let Some(truncate) = truncate {

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::files::FileSource;
 use super::{Device, Devices, Kept, Place, names, virtio_pci_address};
 use crate::logging::DeviceLog;
 use crate::machine::MachineError;
@@ -16,7 +17,7 @@ use crate::pci::PciRoot;
 use crate::virtio::DeviceParts;
 use crate::virtio::block::VirtioBlock;
 use crate::virtio::block::image::Images;
-use crate::virtio::net::tap::Tap;
+use crate::virtio::net::tap::{Tap, TapError};
 use crate::virtio::net::{NetBackend, RequestResponse, Sink, VirtioNet};
 use crate::virtio::notify::NotifyPath;
 use crate::virtio::transport::TransportEnv;
@@ -57,13 +58,15 @@ struct Placement {
     class: u32,
 }
 
-/// Every virtio device of `cfg`: the network devices, then the disks.
+/// Every virtio device of `cfg`: the network devices, then the disks, on the host files
+/// `files` gives.
 pub fn add_devices(
     devices: &mut Devices,
     vm: &Vm,
     layout: &mut MemoryLayout,
     cfg: &MachineConfig,
     root: &PciRoot,
+    files: &mut FileSource,
 ) -> Result<(), MachineError> {
     let mut slots = Slots {
         vm,
@@ -71,8 +74,8 @@ pub fn add_devices(
         root,
         pci: 0,
     };
-    add_virtio_net(devices, &mut slots, cfg)?;
-    add_virtio_blk(devices, &mut slots, cfg)
+    add_virtio_net(devices, &mut slots, cfg, files)?;
+    add_virtio_blk(devices, &mut slots, cfg, files)
 }
 
 /// The virtio-net devices of `cfg`, each with its backends (one per queue pair), behind its
@@ -81,6 +84,7 @@ fn add_virtio_net(
     devices: &mut Devices,
     slots: &mut Slots<'_>,
     cfg: &MachineConfig,
+    files: &mut FileSource,
 ) -> Result<(), MachineError> {
     for (i, dev) in cfg.virtio.iter().enumerate() {
         let mac = match (dev.mac, &dev.backend) {
@@ -108,15 +112,26 @@ fn add_virtio_net(
             NetBackendKind::Sink => {
                 in_process((0..pairs).map(|_| Box::new(Sink::default()) as _).collect())
             }
-            NetBackendKind::Tap(name) if dev.vhost_net => {
-                vhost_user::kernel_net(name, mac, dev.queue_pairs, slots.vm.memory())?
+            NetBackendKind::Tap(name) => {
+                let (handed, kept) = (files.next_tap(), &mut files.kept.taps);
+                let open = || {
+                    let taps = match handed {
+                        Some(queues) => Tap::adopt_queues(name, queues)?,
+                        None => Tap::open_queues(name, pairs)?,
+                    };
+                    kept.push(
+                        taps.iter()
+                            .map(|t| t.duplicate(name))
+                            .collect::<Result<_, _>>()?,
+                    );
+                    Ok::<_, TapError>(taps)
+                };
+                if dev.vhost_net {
+                    vhost_user::kernel_net(open, dev.queue_pairs, mac, slots.vm.memory())?
+                } else {
+                    in_process(open()?.into_iter().map(|tap| Box::new(tap) as _).collect())
+                }
             }
-            NetBackendKind::Tap(name) => in_process(
-                Tap::open_queues(name, pairs)?
-                    .into_iter()
-                    .map(|tap| Box::new(tap) as _)
-                    .collect(),
-            ),
             NetBackendKind::VhostUser(vu) => {
                 let spec = vhost_user_spec(vu, VhostUserKind::Net { mac });
                 vhost_user::connect(&spec, slots.vm.memory())?
@@ -156,6 +171,7 @@ fn add_virtio_blk(
     devices: &mut Devices,
     slots: &mut Slots<'_>,
     cfg: &MachineConfig,
+    files: &mut FileSource,
 ) -> Result<(), MachineError> {
     let mut images = Images::default();
     for disk in &cfg.disks {
@@ -165,7 +181,10 @@ fn add_virtio_blk(
             add_virtio(devices, slots, parts, &disk_placement(disk, vu.queues))?;
             continue;
         }
-        let image = images.open(&disk.path, disk.read_only, disk.locking)?;
+        let image = match files.next_image() {
+            Some(file) => images.adopt(file, &disk.path, disk.read_only, disk.locking)?,
+            None => images.open(&disk.path, disk.read_only, disk.locking)?,
+        };
         // The serial (VIRTIO_BLK_T_GET_ID) is the file's name, as far as 20 bytes hold it.
         let serial = disk.path.file_name().map(|n| n.as_encoded_bytes());
         let queues = disk.queues.unwrap_or(u16::from(cfg.vcpus));
@@ -173,7 +192,7 @@ fn add_virtio_blk(
         let blk = VirtioBlock::parts(image, serial.unwrap_or_default(), queues, io_uring);
         add_virtio(devices, slots, blk, &disk_placement(disk, queues))?;
     }
-    devices.image_locks = images.into_locks();
+    (devices.image_locks, files.kept.images) = images.into_parts();
     Ok(())
 }
 

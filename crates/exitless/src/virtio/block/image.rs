@@ -240,6 +240,8 @@ pub struct Images {
     opened: Vec<(Identity, PathBuf)>,
     /// A handle on each image locked, for a migration's hand-over.
     locks: Vec<ImageLock>,
+    /// A duplicate of each image's file, for a same-host live update's hand-over.
+    files: Vec<File>,
 }
 
 /// An image's locks, held on its open file description, given up and taken again through a
@@ -275,13 +277,12 @@ impl ImageLock {
 }
 
 impl Images {
-    /// The locks of the images opened, for [`ImageLock::release`] and [`ImageLock::retake`].
-    pub fn into_locks(self) -> Vec<ImageLock> {
-        self.locks
+    /// The locks of the images opened, for [`ImageLock::release`] and [`ImageLock::retake`],
+    /// and a duplicate of each image's file, for a same-host live update to hand over.
+    pub fn into_parts(self) -> (Vec<ImageLock>, Vec<File>) {
+        (self.locks, self.files)
     }
-}
 
-impl Images {
     /// Open the image at `path` for reading (and writing unless `read_only`), check that it is
     /// one and not one opened already, and lock it unless `locking` is off.
     pub fn open(
@@ -302,6 +303,46 @@ impl Images {
             .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(path)
             .map_err(open_error)?;
+        self.add(file, path, read_only, locking)
+    }
+
+    /// The image `path` names, as another exitless opened it and handed it over (`migrate
+    /// local:`): checked as [`Images::open`] checks an image, and opened for writing unless
+    /// `read_only`. Its locks came with it (they belong to the open file description).
+    pub fn adopt(
+        &mut self,
+        file: File,
+        path: &Path,
+        read_only: bool,
+        locking: bool,
+    ) -> Result<DiskImage, ImageError> {
+        // SAFETY: F_GETFL takes no argument.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 || (!read_only && flags & libc::O_ACCMODE != libc::O_RDWR) {
+            return Err(ImageError::Open {
+                path: path.into(),
+                source: io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "the file handed over is not open for reading and writing",
+                ),
+            });
+        }
+        self.add(file, path, read_only, locking)
+    }
+
+    /// An image's `file`, opened from `path`: what it is (not one seen already), its
+    /// blocking mode, its locks unless `locking` is off.
+    fn add(
+        &mut self,
+        file: File,
+        path: &Path,
+        read_only: bool,
+        locking: bool,
+    ) -> Result<DiskImage, ImageError> {
+        let open_error = |source| ImageError::Open {
+            path: path.into(),
+            source,
+        };
         // What was opened counts: the path may name something else by now.
         let meta = file.metadata().map_err(open_error)?;
         let id = identity(path, &meta)?;
@@ -323,6 +364,7 @@ impl Images {
                 path,
             });
         }
+        self.files.push(file.try_clone().map_err(open_error)?);
         let image =
             DiskImage::described(file, &meta, read_only).map_err(|source| ImageError::Size {
                 path: path.into(),

@@ -74,10 +74,14 @@ pub(super) struct KernelNet {
 }
 
 impl KernelNet {
-    /// The tap `name`'s queues for `pairs` pairs, each with a vhost-net file owned by this
+    /// `pairs` tap queues, as `taps` opens them, each with a vhost-net file owned by this
     /// process (VHOST_SET_OWNER starts the kernel's worker for it). The files first: a host
     /// without vhost-net is refused before a tap is made.
-    pub fn open(name: &str, pairs: usize, mem: &GuestMemoryMmap) -> Result<Self, VhostNetError> {
+    pub fn open(
+        taps: impl FnOnce() -> Result<Vec<Tap>, TapError>,
+        pairs: usize,
+        mem: &GuestMemoryMmap,
+    ) -> Result<Self, VhostNetError> {
         let mem = Arc::new(mem.clone());
         let setup = |what| move |source| VhostNetError::Setup { what, source };
         let files = (0..pairs)
@@ -90,10 +94,9 @@ impl KernelNet {
                 Ok(vhost)
             })
             .collect::<Result<Vec<_>, VhostNetError>>()?;
-        let taps = Tap::open_queues(name, pairs)?;
         let opened: Vec<Pair> = files
             .into_iter()
-            .zip(taps)
+            .zip(taps()?)
             .map(|(vhost, tap)| Pair { vhost, tap })
             .collect();
         let features = opened[0]

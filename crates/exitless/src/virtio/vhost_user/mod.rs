@@ -23,6 +23,7 @@ mod memory;
 mod tests;
 mod thread;
 
+use crate::virtio::net::tap::{Tap, TapError};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -210,15 +211,15 @@ pub fn connect(spec: &VhostUserSpec, mem: &GuestMemoryMmap) -> Result<DevicePart
     })
 }
 
-/// A NIC with `mac` and `pairs` queue pairs on the tap `tap`, its queues served by the kernel's
+/// A NIC with `mac` and `pairs` queue pairs on the queues `taps` opens, served by the kernel's
 /// vhost-net (`--net tap=NAME,vhost=on`).
 pub fn kernel_net(
-    tap: &str,
-    mac: [u8; 6],
+    taps: impl FnOnce() -> Result<Vec<Tap>, TapError>,
     pairs: u16,
+    mac: [u8; 6],
     mem: &GuestMemoryMmap,
 ) -> Result<DeviceParts, VhostNetError> {
-    let kernel = KernelNet::open(tap, pairs.into(), mem)?;
+    let kernel = KernelNet::open(taps, pairs.into(), mem)?;
     let spec = VhostUserSpec {
         socket: VHOST_NET_PATH.into(),
         kind: VhostUserKind::Net { mac },

@@ -291,6 +291,23 @@ impl Tap {
                 _ => step_failed(name, "TUNSETIFF")(source),
             },
         )?;
+        Self::configured(file, name, multi_queue)
+    }
+
+    /// The `queues` of the tap `name` another exitless opened and handed over (`migrate
+    /// local:`), each checked to be a queue of that tap, as [`Tap::open_queues`] opens them.
+    pub fn adopt_queues(name: &str, queues: Vec<File>) -> Result<Vec<Tap>, TapError> {
+        let multi_queue = queues.len() > 1;
+        (queues.into_iter())
+            .map(|file| {
+                attached_to(&file, name, multi_queue)?;
+                Self::configured(file, name, multi_queue)
+            })
+            .collect()
+    }
+
+    /// `file`, attached to the tap `name`, set up for a device's queue.
+    fn configured(file: File, name: &str, multi_queue: bool) -> Result<Self, TapError> {
         let hdr_size = libc::c_int::try_from(HDR).expect("12");
         // SAFETY: TUNSETVNETHDRSZ reads one int, which `hdr_size` is.
         check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &hdr_size) })
@@ -331,6 +348,55 @@ impl Tap {
     pub fn file(&self) -> &File {
         &self.file
     }
+
+    /// A duplicate of the queue's file (the same open file: the same queue), for a same-host
+    /// live update to hand over.
+    pub fn duplicate(&self, name: &str) -> Result<File, TapError> {
+        (self.file.try_clone()).map_err(step_failed(name, "F_DUPFD_CLOEXEC"))
+    }
+}
+
+/// Check that `file` is a queue of the tap `name` as exitless opens one (TUNGETIFF): a file
+/// handed over by another process proves nothing by itself. A queue of a multiqueue tap that
+/// its device had detached is attached again (TUNSETQUEUE): the device's state says later
+/// whether its pair is in use.
+fn attached_to(file: &File, name: &str, multi_queue: bool) -> Result<(), TapError> {
+    let mut req = ifreq("");
+    // SAFETY: TUNGETIFF writes a `struct ifreq`, which `req` is.
+    let mut got = check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNGETIFF, &mut req) });
+    if multi_queue
+        && got
+            .as_ref()
+            .is_err_and(|e| e.raw_os_error() == Some(libc::EBADFD))
+    {
+        let mut attach = ifreq("");
+        attach.ifr_ifru.ifru_flags =
+            libc::c_short::try_from(libc::IFF_ATTACH_QUEUE).expect("the flag fits 16 bits");
+        // SAFETY: TUNSETQUEUE reads a `struct ifreq`, which `attach` is.
+        check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETQUEUE, &attach) }).map_err(
+            step_failed(name, "TUNSETQUEUE, attaching a queue handed over"),
+        )?;
+        // SAFETY: as above.
+        got = check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNGETIFF, &mut req) });
+    }
+    got.map_err(step_failed(name, "TUNGETIFF on a file handed over"))?;
+    let named: Vec<u8> = (req.ifr_name.iter())
+        .take_while(|&&c| c != 0)
+        .map(|&c| c.cast_unsigned())
+        .collect();
+    // SAFETY: TUNGETIFF filled the flags member of the union.
+    let flags = libc::c_int::from(unsafe { req.ifr_ifru.ifru_flags });
+    let wanted = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
+    if named != name.as_bytes() || flags & wanted != wanted {
+        let why = format!(
+            "the file handed over is {}, flags {flags:#x}, not a queue of tap {name}",
+            String::from_utf8_lossy(&named)
+        );
+        return Err(step_failed(name, "TUNGETIFF on a file handed over")(
+            io::Error::new(io::ErrorKind::InvalidInput, why),
+        ));
+    }
+    Ok(())
 }
 
 fn check(ret: libc::c_int) -> io::Result<()> {
