@@ -226,7 +226,9 @@ pub struct RunArgs {
         ]
     )]
     pub restore: Option<PathBuf>,
-    /// Wait at ADDRESS (tcp:IP:PORT or unix:PATH, a path that must not exist) for a VM that
+    /// Wait at ADDRESS (tcp:IP:PORT, or unix:PATH or local:PATH, a path that must not exist:
+    /// the same here; a source on this host that hands its RAM and files over makes it a
+    /// live update) for a VM that
     /// another exitless sends (`exitless ctl ... migrate ADDRESS`), and run it on from where
     /// it was there. The machine's options come from the source, its disks, taps and sockets
     /// named as there; --console, --console-drop, --timeout and --api-socket are this run's.
@@ -287,6 +289,8 @@ pub enum CtlAction {
     /// or unix:PATH): memory is copied in passes, then the VM pauses for its last pages and
     /// its devices' state and runs on there; this run then ends (status 0). If anything fails
     /// before that, the VM goes on here as it was. Prints what was measured (docs/migration.md).
+    /// local:PATH, to an exitless on this host, is a live update: guest RAM (--shared-memory),
+    /// disk images and taps are handed over as they are, nothing copied.
     Migrate {
         /// Where the target waits.
         #[arg(value_name = "ADDRESS", value_parser = migration_address)]

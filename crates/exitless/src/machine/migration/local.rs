@@ -126,3 +126,101 @@ impl Handed {
         Ok((ram, host))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::config::{DiskConfig, VirtioNetConfig};
+
+    /// A file to stand for a device's, holding `byte` so it can be told apart.
+    fn file(byte: u8) -> File {
+        let mut f = tempfile_in_memory();
+        std::io::Write::write_all(&mut f, &[byte]).unwrap();
+        f
+    }
+
+    fn tempfile_in_memory() -> File {
+        // SAFETY: a NUL-terminated name; the call reads nothing else.
+        let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a descriptor just made, owned once.
+        unsafe { File::from_raw_fd(fd) }
+    }
+
+    fn first_byte(f: &File) -> u8 {
+        let mut b = [0];
+        std::os::unix::fs::FileExt::read_at(f, &mut b, 0).unwrap();
+        b[0]
+    }
+
+    #[test]
+    fn files_sent_with_the_first_bytes_arrive_with_them_in_order() {
+        let (source, target) = UnixStream::pair().unwrap();
+        let files: Vec<File> = (1..=4).map(file).collect();
+        send_with(&source, b"EXLMIGR\n\x01\0\0\0", &files).unwrap();
+        std::io::Write::write_all(&mut &source, b"more").unwrap();
+        let (bytes, handed) = receive_first(&target, 12).unwrap();
+        assert_eq!(bytes, b"EXLMIGR\n\x01\0\0\0");
+        let handed = handed.unwrap();
+        assert_eq!(first_byte(&handed.memory), 1);
+        let rest: Vec<u8> = handed.files.iter().map(first_byte).collect();
+        assert_eq!(rest, [2, 3, 4]);
+        // A source that hands nothing over is an ordinary stream.
+        std::io::Write::write_all(&mut &source, b"x").unwrap();
+        let (bytes, handed) = receive_first(&target, 12).unwrap();
+        assert_eq!(bytes, b"morex");
+        assert!(handed.is_none());
+    }
+
+    #[test]
+    fn files_that_do_not_fit_the_machine_are_refused_before_any_is_used() {
+        let cfg = MachineConfig {
+            disks: vec![DiskConfig::parse("a.img".as_ref()).unwrap()],
+            virtio: vec!["tap=t0,queues=2".parse::<VirtioNetConfig>().unwrap()],
+            shared_memory: true,
+            ..MachineConfig::default()
+        };
+        let handed = |n: u8| Handed {
+            memory: file(0),
+            files: (0..n).map(file).collect(),
+        };
+        // An image and two tap queues: 3 files beside RAM.
+        for n in [0, 2, 4] {
+            let Err(e) = handed(n).into_machine_parts(&cfg) else {
+                panic!("{n} files taken");
+            };
+            let said = e.to_string();
+            assert!(
+                said.contains(&format!(
+                    "{n} device files handed over, for a machine that runs on 3"
+                )),
+                "{said}"
+            );
+        }
+        // Three files, but RAM that is no sealed memfd of the machine's size.
+        let Err(e) = handed(3).into_machine_parts(&cfg) else {
+            panic!("an unsealed memfd taken");
+        };
+        assert!(e.to_string().contains("not sealed"), "{e}");
+        let private = MachineConfig {
+            shared_memory: false,
+            ..cfg
+        };
+        let Err(e) = handed(3).into_machine_parts(&private) else {
+            panic!("RAM handed over for private RAM taken");
+        };
+        assert!(e.to_string().contains("private"), "{e}");
+    }
+
+    #[test]
+    fn split_lays_images_then_each_tap_s_queues() {
+        let files: Vec<File> = (1..=5).map(file).collect();
+        let host = HostFiles::split(files, 2, &[1, 2]).unwrap();
+        let bytes = |v: &[File]| v.iter().map(first_byte).collect::<Vec<_>>();
+        assert_eq!(bytes(&host.images), [1, 2]);
+        assert_eq!(bytes(&host.taps[0]), [3]);
+        assert_eq!(bytes(&host.taps[1]), [4, 5]);
+        let again: Vec<u8> = host.duplicates().unwrap().iter().map(first_byte).collect();
+        assert_eq!(again, [1, 2, 3, 4, 5]);
+    }
+}
