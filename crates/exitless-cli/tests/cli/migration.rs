@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -503,29 +503,103 @@ fn a_paused_guest_migrates_paused_and_runs_on_when_resumed_there() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn a_guest_with_a_vhost_user_disk_is_not_sent_and_goes_on() {
-    let dir = scratch("migrate-vhost-user");
+/// A 2 MiB zeroed image in `dir` served by qemu-storage-daemon on a socket there, and the
+/// arguments of a test kernel that writes `rounds` sectors of it through a vhost-user disk;
+/// `None` where qemu-storage-daemon is missing (said on stdout).
+fn vhost_user_disk_writer(dir: &Path, rounds: u32) -> Option<(Backend, PathBuf, Vec<String>)> {
     let image = dir.join("disk.img");
-    std::fs::write(&image, vec![0u8; 256 << 10]).unwrap();
+    std::fs::write(&image, vec![0u8; 2 << 20]).unwrap();
     let socket = dir.join("blk.sock");
-    let Some(_backend) = started(Backend::storage_daemon_queues(&image, &socket, 1)) else {
+    let backend = started(Backend::storage_daemon_queues(&image, &socket, 1))?;
+    let disk = format!("vhost-user={}", socket.display());
+    let cmdline = format!("disk=1 disk_rounds={rounds}");
+    let args = test_kernel_args(&cmdline, &["--disk", &disk, "--memory", "16"]);
+    Some((backend, image, args))
+}
+
+/// Every sector the disk writer wrote, in the image, and nothing past them.
+fn every_sector(image: &Path, rounds: u32) {
+    let file = std::fs::read(image).unwrap();
+    for n in 1..=rounds {
+        let at = n as usize * 512;
+        assert_eq!(file[at..at + 512], pattern(n)[..], "sector {n}");
+    }
+    assert!(file[(rounds as usize + 1) * 512..].iter().all(|&b| b == 0));
+}
+
+/// The backend serves one front-end at a time: each source lets it go at the switch-over and
+/// its target connects; the first hop copies RAM (the whole shared memfd is scanned), the
+/// second hands it over.
+#[test]
+fn a_guest_on_a_vhost_user_disk_migrated_then_live_updated_finishes_with_every_sector_right() {
+    const ROUNDS: u32 = 1000;
+    let dir = scratch("migrate-vhost-user");
+    let Some((_backend, image, args)) = vhost_user_disk_writer(&dir, ROUNDS) else {
         return;
     };
-    let disk = format!("vhost-user={}", socket.display());
-    let cmdline = format!("spam={LINES}");
-    let args = test_kernel_args(&cmdline, &["--disk", &disk]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let hops = ([None; 3], [Via::Unix, Via::Local]);
+    migrated_twice(&dir, &args, ("disk round ", ROUNDS), hops);
+    every_sector(&image, ROUNDS);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A guest exchanging frames with testpmd on a vhost-user NIC, migrated over a Unix socket and
+/// then live-updated: each target connects to testpmd once its source let it go and gives it
+/// the rings' positions; every request answered, each round once. testpmd busy-polls a core.
+#[test]
+fn a_guest_exchanging_frames_with_testpmd_migrated_then_live_updated_finishes_every_round() {
+    const ROUNDS: u32 = 1000;
+    let dir = scratch("migrate-testpmd");
+    let socket = dir.join("net.sock");
+    let Some(_backend) = started(Backend::testpmd(std::slice::from_ref(&socket), 1)) else {
+        return;
+    };
+    let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS}");
+    let card = format!("vhost-user={}", socket.display());
+    let args = test_kernel_args(&cmdline, &["--net", &card, "--memory", "16"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let hops = ([None; 3], [Via::Unix, Via::Local]);
+    migrated_twice(&dir, &args, ("net round ", ROUNDS), hops);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A target that refuses once the source has let its vhost-user backend go: the source
+/// connects to the backend again, sets its rings up where they stopped, and runs on.
+#[test]
+fn a_target_that_refuses_leaves_the_source_on_its_vhost_user_disk_again() {
+    const ROUNDS: u32 = 1000;
+    let dir = scratch("migrate-vhost-user-refused");
+    let Some((_backend, image, args)) = vhost_user_disk_writer(&dir, ROUNDS) else {
+        return;
+    };
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut vm = Running::start(&dir, "vm", &args);
-    vm.wait_for_lines("spam ", 20);
-    let out = vm.ctl_output(&["migrate", &format!("unix:{}", dir.join("t.sock").display())]);
+    vm.wait_for_lines("disk round ", 5);
+    let path = dir.join("refuses.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let refuses = thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut input = std::io::BufReader::new(stream.try_clone().unwrap());
+        exitless::machine::migration::stream::read_preface(&mut input).unwrap();
+        while Record::read_from(&mut input).unwrap() != Record::End {}
+        Record::Refused("no room here".into())
+            .write_to(&mut &stream)
+            .unwrap();
+    });
+    let out = vm.ctl_output(&["migrate", &format!("unix:{}", path.display())]);
+    refuses.join().unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        said.contains("cannot be migrated yet: it has a vhost-user device"),
+        said.contains("the target refused the VM: no room here"),
         "{said}"
     );
     assert_eq!(vm.ctl(&["info"])["state"], "running");
     let (status, stderr, console) = vm.end();
     assert_eq!(status, PASSED, "{stderr}\n{console}");
+    assert!(!stderr.contains("needs a reset"), "{stderr}");
+    let all = numbers(&console, "disk round ");
+    assert_eq!(all, (1..=ROUNDS).collect::<Vec<_>>());
+    every_sector(&image, ROUNDS);
     std::fs::remove_dir_all(&dir).unwrap();
 }

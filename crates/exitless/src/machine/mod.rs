@@ -330,6 +330,7 @@ impl Machine {
             routing: devices.routing.clone(),
             image_locks: std::mem::take(&mut devices.image_locks),
             files: std::mem::take(&mut devices.files),
+            backends: std::mem::take(&mut devices.backends),
         });
         Ok(Machine {
             vm,

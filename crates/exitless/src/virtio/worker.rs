@@ -73,6 +73,13 @@ pub enum Command {
     Pause(SyncSender<Paused>),
     /// A restored device: give the handler the state it saved, and answer how that went.
     RestoreHandler(serde_json::Value, SyncSender<Result<(), String>>),
+    /// A migration's switch-over, after [`Command::Pause`]: let a vhost-user backend's
+    /// connection go, so that the target on this host can connect to it, then acknowledge.
+    /// Nothing for a device served in process or by the kernel's vhost-net.
+    Release(SyncSender<()>),
+    /// The migration failed after [`Command::Release`]: connect to the backend again before
+    /// [`Command::Resume`]; answer whether it took (if not, the device needs a reset).
+    Reclaim(SyncSender<bool>),
     /// Serve the queues again after [`Command::Pause`] or a restore's [`Command::Activate`]:
     /// serve every one once, then acknowledge. A restore waits for it before any vCPU runs,
     /// so work the driver made available before the snapshot is done by then.
@@ -434,8 +441,11 @@ impl DeviceThread {
                     let _ = ack.send(());
                 }
                 Command::KickAll => kick(&self.queue_events),
-                Command::Sync(ack) => {
+                Command::Sync(ack) | Command::Release(ack) => {
                     let _ = ack.send(());
+                }
+                Command::Reclaim(ack) => {
+                    let _ = ack.send(true);
                 }
                 Command::Pause(ack) => {
                     // Work already signalled was done before this command (`Tokens::rank`).
@@ -504,6 +514,16 @@ impl WorkerHandle {
     /// Serve the queues again ([`Command::Resume`]); returns once each was served once.
     pub fn resume(&self) -> Result<(), PendingAck> {
         self.call(Command::Resume)
+    }
+
+    /// Let a paused device's vhost-user backend go ([`Command::Release`]).
+    pub fn release(&self) -> Result<(), PendingAck> {
+        self.call(Command::Release)
+    }
+
+    /// Connect to the backend let go again ([`Command::Reclaim`]): whether it took.
+    pub fn reclaim(&self) -> bool {
+        matches!(self.ask(Command::Reclaim), Ok(Some(true)))
     }
 
     /// Pause the device thread for a snapshot ([`Command::Pause`]): what it reports; the

@@ -217,6 +217,8 @@ struct Undo<'a> {
     devices: bool,
     /// The disk images' locks were given up.
     locks: bool,
+    /// The vhost-user backends were let go.
+    backends: bool,
 }
 
 /// How long the source tries to take its images' locks back: a target that took them lets
@@ -241,6 +243,15 @@ impl Drop for Undo<'_> {
                 }
             }
         }
+        if self.backends {
+            for backend in &s.backends {
+                if !backend.reclaim() {
+                    log::error!(
+                        "migration: a vhost-user device lost its backend: it needs a reset"
+                    );
+                }
+            }
+        }
         if self.devices {
             s.persist.iter().for_each(|(_, device)| device.resume());
         }
@@ -262,16 +273,12 @@ impl Snapshotter {
         options: &MigrationOptions,
         progress: &ProgressSlot,
     ) -> Result<Migrated, MigrationError> {
-        if self.config.has_vhost_user() {
-            return Err(MigrationError::Unsupported(
-                "a vhost-user device (its backend's dirty log and hand-over)",
-            ));
-        }
         let mut undo = Undo {
             snapshotter: self,
             vcpus: false,
             devices: false,
             locks: false,
+            backends: false,
         };
         let sent = self.send_machine(options, &mut undo, progress);
         *progress.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -380,6 +387,13 @@ impl Snapshotter {
         })
         .map_err(SnapshotError::Encode)?;
         copier.record(&Record::State(state))?;
+        // A vhost-user backend serves one front-end at a time: the target connects to it once
+        // the stream is whole (a backend on this host, or one of the same socket path there).
+        undo.backends = true;
+        for backend in &self.backends {
+            // A thread that did not answer in time lets its backend go when it gets to it.
+            let _ = backend.release();
+        }
         // The target opens the images once the stream is whole: it takes their locks. A live
         // update's target holds them already, on the same open files.
         if !local {

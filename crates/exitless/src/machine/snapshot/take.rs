@@ -30,6 +30,8 @@ pub struct Snapshotter {
     pub(crate) image_locks: Vec<crate::virtio::block::image::ImageLock>,
     /// Its disk images' and taps' files, which a live update hands over.
     pub(crate) files: crate::machine::wiring::files::HostFiles,
+    /// Its vhost-user devices' threads, whose backends a migration hands over.
+    pub(crate) backends: Vec<crate::virtio::worker::WorkerHandle>,
 }
 
 impl Snapshotter {

@@ -30,7 +30,7 @@ use crate::machine::console as machine_console;
 use crate::machine::layout::MemoryLayout;
 use crate::persist::Persist;
 use crate::virtio::block::image::ImageLock;
-use crate::virtio::worker::Worker;
+use crate::virtio::worker::{Worker, WorkerHandle};
 use crate::vm::Vm;
 use crate::vm::run_control::RunControl;
 use files::{FileSource, HostFiles};
@@ -66,6 +66,8 @@ pub struct Devices {
     pub image_locks: Vec<ImageLock>,
     /// Its disk images' and taps' files (a same-host live update hands them over).
     pub files: HostFiles,
+    /// The threads of its vhost-user devices, whose backends a migration hands over.
+    pub backends: Vec<WorkerHandle>,
 }
 
 /// A device that counts its guest errors: its bus id and its log.
@@ -204,6 +206,7 @@ pub fn wire(
         kept: Vec::new(),
         image_locks: Vec::new(),
         files: HostFiles::default(),
+        backends: Vec::new(),
     };
     platform::add_serial(&mut devices, cfg, out, control)?;
     let reset_control = match &cfg.platform {

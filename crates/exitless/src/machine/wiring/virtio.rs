@@ -24,6 +24,7 @@ use crate::virtio::transport::TransportEnv;
 use crate::virtio::transport::mmio::{MmioPlacement, MmioTransport};
 use crate::virtio::transport::pci::VirtioPci;
 use crate::virtio::vhost_user::{self, VhostUserKind, VhostUserSpec};
+use crate::virtio::worker::WorkerHandle;
 use crate::vm::Vm;
 
 /// Refuse, before anything is built, the vhost devices exitless cannot serve: any behind the
@@ -137,7 +138,10 @@ fn add_virtio_net(
                 vhost_user::connect(&spec, slots.vm.memory())?
             }
         };
-        add_virtio(devices, slots, parts, &placement)?;
+        let thread = add_virtio(devices, slots, parts, &placement)?;
+        if let NetBackendKind::VhostUser(_) = dev.backend {
+            devices.backends.push(thread);
+        }
     }
     Ok(())
 }
@@ -178,7 +182,8 @@ fn add_virtio_blk(
         if let Some(vu) = &disk.vhost_user {
             let spec = vhost_user_spec(vu, VhostUserKind::Block);
             let parts = vhost_user::connect(&spec, slots.vm.memory())?;
-            add_virtio(devices, slots, parts, &disk_placement(disk, vu.queues))?;
+            let thread = add_virtio(devices, slots, parts, &disk_placement(disk, vu.queues))?;
+            devices.backends.push(thread);
             continue;
         }
         let image = match files.next_image() {
@@ -215,13 +220,14 @@ fn disk_placement(disk: &DiskConfig, queues: u16) -> Placement {
     }
 }
 
-/// Put a virtio device behind its transport, and register it with its thread.
+/// Put a virtio device behind its transport, and register it with its thread; a handle on
+/// that thread.
 fn add_virtio(
     devices: &mut Devices,
     slots: &mut Slots<'_>,
     parts: DeviceParts,
     placement: &Placement,
-) -> Result<(), MachineError> {
+) -> Result<WorkerHandle, MachineError> {
     match placement.transport {
         Transport::Mmio => {
             let slot = slots
@@ -239,6 +245,7 @@ fn add_virtio(
             let source = VIRTIO_MMIO_SOURCE_IDS + u16::try_from(n).expect("few devices");
             let env = transport_env(slots.vm, devices, log.clone(), source);
             let (transport, worker) = MmioTransport::new(env, parts, at)?;
+            let thread = worker.handle();
             let transport = Arc::new(transport);
             let place = Place::Mmio {
                 base: slot.base,
@@ -247,6 +254,7 @@ fn add_virtio(
             };
             let device = Device::new(name, place, Kept::Saved(transport));
             devices.add(device.counted(log).serving(worker))?;
+            Ok(thread)
         }
         Transport::Pci => {
             let at = virtio_pci_address(slots.pci)
@@ -265,6 +273,7 @@ fn add_virtio(
                 placement.vectors,
                 placement.notify,
             )?;
+            let thread = worker.handle();
             let device = Device::new(name, Place::Behind, Kept::Within(names::PCI_ROOT));
             devices.add(device.counted(log).serving(worker))?;
             let layout = function.config_layout(placement.class);
@@ -272,9 +281,9 @@ fn add_virtio(
                 .msix
                 .insert(at.ecam_offset(), function.msi().clone());
             slots.root.add(at, &layout, Box::new(function))?;
+            Ok(thread)
         }
     }
-    Ok(())
 }
 
 /// The source-ids of virtio-mmio devices' messages (the MSI extension) for interrupt

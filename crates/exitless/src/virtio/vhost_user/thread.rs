@@ -68,6 +68,8 @@ struct VhostUserThread {
     control: Option<NetControl>,
     /// Keep trying to connect until then (`reconnect=`).
     retry_until: Option<Instant>,
+    /// The backend was let go for a migration's target ([`Command::Release`]).
+    released: bool,
 }
 
 /// Epoll tokens past the watch fds' (a watch fd's token is its queue).
@@ -130,6 +132,7 @@ pub(in crate::virtio) fn spawn(
                 started,
                 control,
                 retry_until: None,
+                released: false,
             };
             t.watch_own_files(stop)?;
             Ok(move || t.run())
@@ -286,6 +289,12 @@ impl VhostUserThread {
         } else {
             why
         };
+        self.lost(why);
+    }
+
+    /// No backend, for `why`: the device needs a reset, which the driver hears through a
+    /// configuration change; `reconnect=` keeps trying meanwhile.
+    fn lost(&mut self, why: &dyn std::fmt::Display) {
         if self.health.fail(why) {
             self.interrupts.notify(Notification::Config);
         }
@@ -345,6 +354,23 @@ impl VhostUserThread {
                 Command::Pause(ack) => {
                     self.stop_at_bases();
                     let _ = ack.send(self.paused());
+                }
+                Command::Release(ack) => {
+                    // Its rings stopped at the pause; the socket closes with the connection.
+                    if let Some(Backend::User(_)) = self.backend {
+                        self.backend = None;
+                        self.released = true;
+                    }
+                    let _ = ack.send(());
+                }
+                Command::Reclaim(ack) => {
+                    let back = !std::mem::take(&mut self.released) || self.reconnect();
+                    if !back {
+                        self.lost(
+                            &"the vhost-user backend took no connection after the failed migration",
+                        );
+                    }
+                    let _ = ack.send(back);
                 }
                 Command::RestoreHandler(state, ack) => {
                     let restored = match &mut self.control {
