@@ -26,6 +26,8 @@
  * net=reconnect (ask again across a backend's restart, with a round on the disk beside it),
  * net=mq (a card with several queue pairs: ARP answered on pair 1, and on pair 2 once
  * VQ_PAIRS_SET 2 enabled it),
+ * dirty=MIB dirty_rounds=N (N rounds each writing one byte in every page of MIB MiB of RAM
+ * from 64 MiB, a memory dirtier for live migration's figures),
  * virtio_mmio=0xADDR[,0xADDR...] (virtio-mmio windows to look for those devices in before PCI),
  * exit=debug|poweroff|reset|kbd|panic (how to end; default debug: isa-debug-exit with
  * 0x10 when every check passed, 0x11 otherwise, so the VMM exits with 33 or 35; panic: read
@@ -116,6 +118,25 @@ static void spam(uint32_t lines)
         print("spam %06u of %06u: the quick brown fox jumps over the lazy dog\n", i, lines);
 }
 
+/* dirty=MIB dirty_rounds=N: N rounds, each writing its number into one byte of every page of
+ * the MIB MiB of RAM from 64 MiB (paging is off: every address is physical) where the round
+ * before left its own, then saying so: what a live migration must send again after each
+ * round, and a page it lost or sent stale shows as the wrong byte. */
+static void dirty(uint32_t mib, uint32_t rounds)
+{
+    volatile uint8_t *ram = (volatile uint8_t *)(64u << 20);
+    uint32_t wrong = 0;
+    for (uint32_t r = 1; r <= rounds; r++) {
+        for (uint32_t page = 0; page < mib << 8; page++) {
+            wrong += ram[page << 12] != (uint8_t)(r - 1);
+            ram[page << 12] = (uint8_t)r;
+        }
+        print("dirty round %06u of %06u\n", r, rounds);
+    }
+    if (rounds)
+        check(wrong == 0, "dirty: %u pages of %u MiB held another round's byte", wrong, mib);
+}
+
 static void finish(void)
 {
     print("testkernel: %u passed, %u failed\n", passed, failed);
@@ -177,6 +198,7 @@ void kmain(uint32_t magic, const struct mb_info *mb)
         if (arg_number("ioapic", 0))
             check_ioapic(arg_number("ioapic", 0) == 2);
     }
+    dirty(arg_number("dirty", 0), arg_number("dirty_rounds", 0));
 out:
     spam(arg_number("spam", 0));
     finish();

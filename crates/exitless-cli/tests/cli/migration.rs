@@ -152,6 +152,20 @@ fn a_guest_migrated_mid_work_there_and_back_finishes_with_every_line() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_guest_dirtying_memory_migrated_there_and_on_finds_every_page_as_it_left_it() {
+    // Each round reads back the last one's byte in every page of 8 MiB: a page a pass missed,
+    // or sent before its last write, fails the guest's own check.
+    const ROUNDS: u32 = 400;
+    let dir = scratch("migrate-dirty");
+    let cmdline = format!("dirty=8 dirty_rounds={ROUNDS}");
+    let args = test_kernel_args(&cmdline, &["--memory", "80"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let hops = ([None; 3], [Via::Unix, Via::Tcp]);
+    migrated_twice(&dir, &args, ("dirty round ", ROUNDS), hops);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A 2 MiB zeroed image in `dir`, and the arguments of a 16 MiB test kernel that writes
 /// `rounds` sectors of it, one a round.
 fn disk_writer(dir: &Path, rounds: u32) -> (std::path::PathBuf, Vec<String>) {
