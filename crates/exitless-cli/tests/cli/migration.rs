@@ -490,7 +490,13 @@ fn a_guest_live_updated_twice_mid_traffic_finishes_with_every_answer() {
     ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
     let dir = scratch("live-update-net");
     let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS}");
-    let more = ["--net", "tap=xlupd0,queues=2", "--memory", "16", "--shared-memory"];
+    let more = [
+        "--net",
+        "tap=xlupd0,queues=2",
+        "--memory",
+        "16",
+        "--shared-memory",
+    ];
     let args = test_kernel_args(&cmdline, &more);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let hops = ([Some(ns.0.as_str()); 3], [Via::Local; 2]);

@@ -538,7 +538,7 @@ fn building_machines() -> Vec<Allowed> {
                 libc::TUNSETSNDBUF,
                 libc::TUNSETOFFLOAD,
                 // A tap queue a live update's source handed over, checked to be the tap's
-                // (and attached again, if its device had detached it).
+                // (and whether its device had detached it).
                 libc::TUNGETIFF,
                 // The tap's flags, on that socket: whether it exists, and IFF_UP for one the
                 // run created.

@@ -300,8 +300,9 @@ impl Tap {
         let multi_queue = queues.len() > 1;
         (queues.into_iter())
             .map(|file| {
-                attached_to(&file, name, multi_queue)?;
-                Self::configured(file, name, multi_queue)
+                let attached = queue_of(&file, name)?;
+                let tap = Self::configured(file, name, multi_queue)?;
+                Ok(Tap { attached, ..tap })
             })
             .collect()
     }
@@ -357,29 +358,13 @@ impl Tap {
 }
 
 /// Check that `file` is a queue of the tap `name` as exitless opens one (TUNGETIFF): a file
-/// handed over by another process proves nothing by itself. A queue of a multiqueue tap that
-/// its device had detached is attached again (TUNSETQUEUE): the device's state says later
-/// whether its pair is in use.
-fn attached_to(file: &File, name: &str, multi_queue: bool) -> Result<(), TapError> {
+/// handed over by another process proves nothing by itself. Whether the queue is attached: a
+/// multiqueue tap's queue stays detached (IFF_DETACH_QUEUE) where its device had detached it.
+fn queue_of(file: &File, name: &str) -> Result<bool, TapError> {
     let mut req = ifreq("");
     // SAFETY: TUNGETIFF writes a `struct ifreq`, which `req` is.
-    let mut got = check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNGETIFF, &mut req) });
-    if multi_queue
-        && got
-            .as_ref()
-            .is_err_and(|e| e.raw_os_error() == Some(libc::EBADFD))
-    {
-        let mut attach = ifreq("");
-        attach.ifr_ifru.ifru_flags =
-            libc::c_short::try_from(libc::IFF_ATTACH_QUEUE).expect("the flag fits 16 bits");
-        // SAFETY: TUNSETQUEUE reads a `struct ifreq`, which `attach` is.
-        check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETQUEUE, &attach) }).map_err(
-            step_failed(name, "TUNSETQUEUE, attaching a queue handed over"),
-        )?;
-        // SAFETY: as above.
-        got = check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNGETIFF, &mut req) });
-    }
-    got.map_err(step_failed(name, "TUNGETIFF on a file handed over"))?;
+    check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNGETIFF, &mut req) })
+        .map_err(step_failed(name, "TUNGETIFF on a file handed over"))?;
     let named: Vec<u8> = (req.ifr_name.iter())
         .take_while(|&&c| c != 0)
         .map(|&c| c.cast_unsigned())
@@ -396,7 +381,7 @@ fn attached_to(file: &File, name: &str, multi_queue: bool) -> Result<(), TapErro
             io::Error::new(io::ErrorKind::InvalidInput, why),
         ));
     }
-    Ok(())
+    Ok(flags & libc::IFF_DETACH_QUEUE == 0)
 }
 
 fn check(ret: libc::c_int) -> io::Result<()> {

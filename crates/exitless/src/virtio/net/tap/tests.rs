@@ -103,6 +103,31 @@ fn a_disabled_pair_detaches_its_queue_and_an_enabled_one_attaches_it() {
     assert_eq!(rx_queues(), 2, "attached again");
 }
 
+/// A live update hands a multiqueue tap's queues on as they are: a detached one stays detached
+/// until its pair is enabled again, and a file of another tap is refused.
+#[test]
+fn queues_handed_over_keep_whether_they_are_attached() {
+    let name = unique("h");
+    let Some(first) = open_or_skip(&name, true) else {
+        return;
+    };
+    let mut second = Tap::open(&name, true).expect("a second queue");
+    second.set_enabled(false);
+    let files = vec![
+        first.duplicate(&name).unwrap(),
+        second.duplicate(&name).unwrap(),
+    ];
+    let mut adopted = Tap::adopt_queues(&name, files).unwrap();
+    assert!(adopted[0].attached && !adopted[1].attached);
+    adopted[1].set_enabled(true);
+    let attached = queue_of(adopted[1].file(), &name).unwrap();
+    assert!(attached, "attached again by its new owner");
+    let other = unique("o");
+    let e = Tap::adopt_queues(&other, vec![first.duplicate(&name).unwrap()]).err();
+    let e = e.expect("another tap's file refused").to_string();
+    assert!(e.contains(&format!("not a queue of tap {other}")), "{e}");
+}
+
 /// The interface's flags as sysfs shows them.
 fn sysfs_flags(name: &str) -> u32 {
     let flags = std::fs::read_to_string(format!("/sys/class/net/{name}/flags")).unwrap();
