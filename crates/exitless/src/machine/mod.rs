@@ -237,6 +237,8 @@ pub struct MachineView {
 pub(crate) struct Ram {
     vm: Vm,
     layout: MemoryLayout,
+    /// Another exitless's guest RAM, handed over (`migrate local:`): its pages are there.
+    handed: bool,
 }
 
 impl Ram {
@@ -257,7 +259,11 @@ impl Ram {
             Some(saved) => Vm::restored(&ram, dump, irqchip, backing, saved)?,
             None => Vm::with_irqchip(&ram, dump, irqchip, backing)?,
         };
-        Ok(Ram { vm, layout })
+        Ok(Ram {
+            vm,
+            layout,
+            handed: false,
+        })
     }
 
     /// The VM of the machine `cfg` describes, its RAM the memfd another exitless handed over
@@ -271,7 +277,16 @@ impl Ram {
             irqchip(cfg),
             memfd,
         )?;
-        Ok(Ram { vm, layout })
+        Ok(Ram {
+            vm,
+            layout,
+            handed: true,
+        })
+    }
+
+    /// Whether it is another exitless's, handed over.
+    pub(crate) fn handed_over(&self) -> bool {
+        self.handed
     }
 
     /// Guest RAM.
@@ -303,7 +318,9 @@ impl Machine {
         ram: Ram,
         files: wiring::files::FileSource,
     ) -> Result<Self, MachineError> {
-        let Ram { mut vm, mut layout } = ram;
+        let Ram {
+            mut vm, mut layout, ..
+        } = ram;
         let control = Arc::new(RunControl::default());
         control.set_vcpus(cfg.vcpus);
         let mut devices = wiring::wire(&mut vm, &mut layout, cfg, &control, files)?;

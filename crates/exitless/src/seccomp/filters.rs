@@ -569,6 +569,8 @@ fn running_and_reporting() -> Vec<Allowed> {
         sys!(SYS_setsockopt).only(1, [value(libc::SOL_SOCKET), value(libc::IPPROTO_TCP)]),
         sys!(SYS_recvfrom),
         sys!(SYS_sendto),
+        // A Unix socket's first bytes, with the files a live update's source hands over.
+        sys!(SYS_recvmsg),
         sys!(SYS_unlink),
         // Running: the vCPU kick's handler, installed at the first run (the kicks themselves
         // are tgkill, in runtime()), and the short sleeps while threads stop.

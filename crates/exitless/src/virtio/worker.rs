@@ -77,9 +77,11 @@ pub enum Command {
     /// connection go, so that the target on this host can connect to it, then acknowledge.
     /// Nothing for a device served in process or by the kernel's vhost-net.
     Release(SyncSender<()>),
-    /// The migration failed after [`Command::Release`]: connect to the backend again before
-    /// [`Command::Resume`]; answer whether it took (if not, the device needs a reset).
-    Reclaim(SyncSender<bool>),
+    /// The migration failed after [`Command::Release`]: try once to connect to the backend
+    /// again before [`Command::Resume`] (a target that took it lets it go when it sees the
+    /// stream end); answer whether it took. If not and `.0` says it was the last try, the
+    /// device needs a reset.
+    Reclaim(bool, SyncSender<bool>),
     /// Serve the queues again after [`Command::Pause`] or a restore's [`Command::Activate`]:
     /// serve every one once, then acknowledge. A restore waits for it before any vCPU runs,
     /// so work the driver made available before the snapshot is done by then.
@@ -444,7 +446,7 @@ impl DeviceThread {
                 Command::Sync(ack) | Command::Release(ack) => {
                     let _ = ack.send(());
                 }
-                Command::Reclaim(ack) => {
+                Command::Reclaim(_, ack) => {
                     let _ = ack.send(true);
                 }
                 Command::Pause(ack) => {
@@ -521,9 +523,10 @@ impl WorkerHandle {
         self.call(Command::Release)
     }
 
-    /// Connect to the backend let go again ([`Command::Reclaim`]): whether it took.
-    pub fn reclaim(&self) -> bool {
-        matches!(self.ask(Command::Reclaim), Ok(Some(true)))
+    /// Try to connect to the backend let go again ([`Command::Reclaim`], `last` if no try
+    /// follows): whether it took.
+    pub fn reclaim(&self, last: bool) -> bool {
+        matches!(self.ask(|ack| Command::Reclaim(last, ack)), Ok(Some(true)))
     }
 
     /// Pause the device thread for a snapshot ([`Command::Pause`]): what it reports; the

@@ -47,7 +47,7 @@ pub const MAX_PASSES: u32 = 30;
 /// Why a migration failed. Each message is one line; on the source, the machine goes on.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrationError {
-    /// An address that is neither `tcp:HOST:PORT` nor `unix:PATH`.
+    /// An address that is not `tcp:HOST:PORT`, `unix:PATH` or `local:PATH`.
     #[error("`{0}` is not a migration address: give tcp:HOST:PORT, unix:PATH or local:PATH")]
     Address(String),
     /// The target cannot be reached, or its address not listened on.

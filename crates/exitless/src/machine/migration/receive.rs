@@ -116,12 +116,15 @@ impl Incoming {
         }
     }
 
-    /// Wait for the source to hand the machine over.
+    /// Wait for the source to hand the machine over, then let its devices go on: until the
+    /// source's `Go` they do nothing (the source may yet take the VM back, and on this host
+    /// its tap, images and memory may be the same).
     pub fn wait_for_go(&mut self) -> Result<(), MigrationError> {
         let answered = Instant::now();
         match Record::read_from(&mut self.input) {
             Ok(Record::Go) => {
                 self.arrival.go = answered.elapsed();
+                self.machine.resume_devices();
                 Ok(())
             }
             Ok(other) => Err(MigrationError::Order(format!("{other:?} for the go-ahead"))),
@@ -159,9 +162,7 @@ impl Incoming {
         (arrival.bytes, arrival.stream) = (input.get_ref().bytes, ended - start);
         let Received { config, ram, state } = received;
         let machine = Machine::assemble(&config, None, ram, files).map_err(Box::new)?;
-        let vcpus = machine
-            .restore_state(state.state.as_ref())
-            .map_err(Box::new)?;
+        let (vcpus, _) = machine.set_state(state.state.as_ref()).map_err(Box::new)?;
         arrival.build = ended.elapsed();
         Ok((machine, vcpus, state.paused))
     }
@@ -171,11 +172,21 @@ impl Incoming {
 pub trait GuestRam {
     /// The memory.
     fn memory(&self) -> &GuestMemoryMmap;
+
+    /// Whether the source handed it over (a live update): no page may come for it, since
+    /// until `Go` it is the source's running guest's.
+    fn handed_over(&self) -> bool {
+        false
+    }
 }
 
 impl GuestRam for Ram {
     fn memory(&self) -> &GuestMemoryMmap {
         Ram::memory(self)
+    }
+
+    fn handed_over(&self) -> bool {
+        Ram::handed_over(self)
     }
 }
 
@@ -217,6 +228,10 @@ pub fn read_stream<R: GuestRam>(
     let mut state: Option<StateRecord> = None;
     loop {
         match Record::read_from(input)? {
+            Record::Pages { .. } | Record::Zeros { .. } if ram.handed_over() => {
+                let why = "pages sent for guest RAM handed over (a live update sends none)";
+                return Err(MigrationError::Order(why.into()));
+            }
             Record::Pages { gpa, data } => write_pages(&ram, gpa, &data)?,
             Record::Zeros { gpa, pages } => {
                 let zero = [0; PAGE];
@@ -260,4 +275,55 @@ fn write_pages(ram: &impl GuestRam, gpa: u64, data: &[u8]) -> Result<(), Migrati
     ram.memory()
         .write_slice(data, GuestAddress(gpa))
         .map_err(|e| StreamError::Corrupt(format!("pages at {gpa:#x}: {e}")).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::migration::stream::write_preface;
+
+    /// Guest RAM handed over by a live update's source.
+    struct HandedRam(GuestMemoryMmap);
+
+    impl GuestRam for HandedRam {
+        fn memory(&self) -> &GuestMemoryMmap {
+            &self.0
+        }
+
+        fn handed_over(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn pages_for_guest_ram_handed_over_are_refused() {
+        let mut stream = Vec::new();
+        write_preface(&mut stream).unwrap();
+        let config = ConfigRecord {
+            exitless_version: env!("CARGO_PKG_VERSION").into(),
+            config: MachineConfig::default(),
+        };
+        Record::Config(serde_json::to_vec(&config).unwrap())
+            .write_to(&mut stream)
+            .unwrap();
+        let pages = [
+            Record::Pages {
+                gpa: 0,
+                data: vec![7; PAGE],
+            },
+            Record::Zeros { gpa: 0, pages: 1 },
+        ];
+        for page in pages {
+            let mut input = stream.clone();
+            page.write_to(&mut input).unwrap();
+            let read = read_stream(&mut &input[..], |cfg| {
+                let ram = vec![(GuestAddress(0), cfg.ram_size)];
+                Ok(HandedRam(GuestMemoryMmap::from_ranges(&ram).unwrap()))
+            });
+            let Err(e) = read else {
+                panic!("pages taken for RAM handed over");
+            };
+            assert!(e.to_string().contains("a live update sends none"), "{e}");
+        }
+    }
 }

@@ -221,8 +221,8 @@ struct Undo<'a> {
     backends: bool,
 }
 
-/// How long the source tries to take its images' locks back: a target that took them lets
-/// them go when it sees the stream end.
+/// How long the source tries to take its images' locks and its vhost-user backends back: a
+/// target that took them lets them go when it sees the stream end.
 const RETAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Drop for Undo<'_> {
@@ -244,11 +244,20 @@ impl Drop for Undo<'_> {
             }
         }
         if self.backends {
+            let deadline = Instant::now() + RETAKE_DEADLINE;
             for backend in &s.backends {
-                if !backend.reclaim() {
-                    log::error!(
-                        "migration: a vhost-user device lost its backend: it needs a reset"
-                    );
+                loop {
+                    let last = Instant::now() > deadline;
+                    if backend.reclaim(last) {
+                        break;
+                    }
+                    if last {
+                        log::error!(
+                            "migration: a vhost-user device lost its backend: it needs a reset"
+                        );
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
                 }
             }
         }

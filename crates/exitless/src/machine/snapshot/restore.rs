@@ -99,6 +99,27 @@ impl Machine {
         &self,
         saved: StateRef<'_>,
     ) -> Result<(Vcpus, RestoreTimes), MachineError> {
+        let (vcpus, mut times) = self.set_state(saved)?;
+        let resumed = Instant::now();
+        self.resume_devices();
+        times.devices += resumed.elapsed();
+        Ok((vcpus, times))
+    }
+
+    /// Every device goes on from the state [`Machine::set_state`] gave it: their threads
+    /// serve their queues (a vhost-user backend its rings).
+    pub(crate) fn resume_devices(&self) {
+        let devices = &self.snapshotter.persist;
+        devices.iter().for_each(|(_, device)| device.resume());
+    }
+
+    /// [`Machine::restore_state`] but for the devices' resume, which a migration's target
+    /// holds back until the source has let the machine go: on the same host its devices may
+    /// share the source's tap, images and memory.
+    pub(crate) fn set_state(
+        &self,
+        saved: StateRef<'_>,
+    ) -> Result<(Vcpus, RestoreTimes), MachineError> {
         let start = Instant::now();
         let (vcpu_states, vm_state) = kvm::read_states(saved.vcpus, saved.vm)?;
         self.vm
@@ -132,8 +153,8 @@ impl Machine {
 }
 
 impl Snapshotter {
-    /// Give every device its saved state, then let them all go on: a state for a device this
-    /// machine lacks, or a device with none, is refused before any is set.
+    /// Give every device its saved state: a state for a device this machine lacks, or a
+    /// device with none, is refused before any is set.
     fn restore_devices(
         &self,
         saved: &BTreeMap<String, serde_json::Value>,
@@ -159,7 +180,6 @@ impl Snapshotter {
             .map_err(routing)
             .and_then(|r| r)
             .map_err(SnapshotError::State)?;
-        self.persist.iter().for_each(|(_, device)| device.resume());
         Ok(())
     }
 }

@@ -53,7 +53,8 @@ impl HostFiles {
 }
 
 /// Where the devices' host files come from as a machine is wired: opened by their names, or
-/// taken from those another exitless handed over; either way a duplicate of each is kept.
+/// taken from those another exitless handed over (counted against the configuration before,
+/// `migration::local`, so none runs short); either way a duplicate of each is kept.
 #[derive(Debug, Default)]
 pub struct FileSource {
     /// Handed over, taken in order as devices are wired; `None`: open them.

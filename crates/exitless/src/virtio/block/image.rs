@@ -316,16 +316,34 @@ impl Images {
         read_only: bool,
         locking: bool,
     ) -> Result<DiskImage, ImageError> {
+        let refused = |why: &str| ImageError::Open {
+            path: path.into(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, why.to_owned()),
+        };
         // SAFETY: F_GETFL takes no argument.
         let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-        if flags < 0 || (!read_only && flags & libc::O_ACCMODE != libc::O_RDWR) {
-            return Err(ImageError::Open {
-                path: path.into(),
-                source: io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    "the file handed over is not open for reading and writing",
-                ),
-            });
+        let mode = flags & libc::O_ACCMODE;
+        let usable = match read_only {
+            true => mode == libc::O_RDONLY || mode == libc::O_RDWR,
+            false => mode == libc::O_RDWR,
+        };
+        if flags < 0 || !usable || flags & libc::O_APPEND != 0 {
+            return Err(refused(
+                "the file handed over is not open as the disk needs it",
+            ));
+        }
+        // The path, where it still names a file, must name this one: a file handed over in
+        // the wrong order would put one disk's data on another.
+        let meta = file.metadata().map_err(|source| ImageError::Open {
+            path: path.into(),
+            source,
+        })?;
+        if let Ok(named) = std::fs::metadata(path)
+            && identity(path, &named).ok() != identity(path, &meta).ok()
+        {
+            return Err(refused(
+                "the file handed over is not the one its path names",
+            ));
         }
         self.add(file, path, read_only, locking)
     }

@@ -356,16 +356,23 @@ impl VhostUserThread {
                     let _ = ack.send(self.paused());
                 }
                 Command::Release(ack) => {
-                    // Its rings stopped at the pause; the socket closes with the connection.
+                    // Its rings stopped at the pause; the socket closes with the connection,
+                    // whose fd the watchdog must no longer hold.
                     if let Some(Backend::User(_)) = self.backend {
+                        if let Some(w) = &self.watchdog {
+                            w.disarm();
+                        }
                         self.backend = None;
                         self.released = true;
                     }
                     let _ = ack.send(());
                 }
-                Command::Reclaim(ack) => {
-                    let back = !std::mem::take(&mut self.released) || self.reconnect();
-                    if !back {
+                Command::Reclaim(last, ack) => {
+                    let back = !self.released || self.reconnect();
+                    if back || last {
+                        self.released = false;
+                    }
+                    if !back && last {
                         self.lost(
                             &"the vhost-user backend took no connection after the failed migration",
                         );

@@ -300,7 +300,7 @@ impl Tap {
         let multi_queue = queues.len() > 1;
         (queues.into_iter())
             .map(|file| {
-                let attached = queue_of(&file, name)?;
+                let attached = queue_of(&file, name, multi_queue)?;
                 let tap = Self::configured(file, name, multi_queue)?;
                 Ok(Tap { attached, ..tap })
             })
@@ -357,10 +357,12 @@ impl Tap {
     }
 }
 
-/// Check that `file` is a queue of the tap `name` as exitless opens one (TUNGETIFF): a file
-/// handed over by another process proves nothing by itself. Whether the queue is attached: a
-/// multiqueue tap's queue stays detached (IFF_DETACH_QUEUE) where its device had detached it.
-fn queue_of(file: &File, name: &str) -> Result<bool, TapError> {
+/// Check that `file` is a queue of the tap `name` as exitless opens one (TUNGETIFF), one of
+/// several queues if `multi_queue`: a file handed over by another process proves nothing by
+/// itself. Whether the queue is attached: a multiqueue tap's queue stays detached
+/// (IFF_DETACH_QUEUE) where its device had detached it. (IFF_NO_PI cannot be checked:
+/// TUNGETIFF reports IFF_NOFILTER, the same bit, for any file without a socket filter.)
+fn queue_of(file: &File, name: &str, multi_queue: bool) -> Result<bool, TapError> {
     let mut req = ifreq("");
     // SAFETY: TUNGETIFF writes a `struct ifreq`, which `req` is.
     check(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNGETIFF, &mut req) })
@@ -371,8 +373,9 @@ fn queue_of(file: &File, name: &str) -> Result<bool, TapError> {
         .collect();
     // SAFETY: TUNGETIFF filled the flags member of the union.
     let flags = libc::c_int::from(unsafe { req.ifr_ifru.ifru_flags });
-    let wanted = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
-    if named != name.as_bytes() || flags & wanted != wanted {
+    let wanted = libc::IFF_TAP | libc::IFF_VNET_HDR;
+    let multi = flags & libc::IFF_MULTI_QUEUE != 0;
+    if named != name.as_bytes() || flags & wanted != wanted || multi != multi_queue {
         let why = format!(
             "the file handed over is {}, flags {flags:#x}, not a queue of tap {name}",
             String::from_utf8_lossy(&named)

@@ -120,12 +120,18 @@ fn queues_handed_over_keep_whether_they_are_attached() {
     let mut adopted = Tap::adopt_queues(&name, files).unwrap();
     assert!(adopted[0].attached && !adopted[1].attached);
     adopted[1].set_enabled(true);
-    let attached = queue_of(adopted[1].file(), &name).unwrap();
+    let attached = queue_of(adopted[1].file(), &name, true).unwrap();
     assert!(attached, "attached again by its new owner");
     let other = unique("o");
     let e = Tap::adopt_queues(&other, vec![first.duplicate(&name).unwrap()]).err();
     let e = e.expect("another tap's file refused").to_string();
     assert!(e.contains(&format!("not a queue of tap {other}")), "{e}");
+    // One queue of a multiqueue tap is not a single-queue tap.
+    let e = Tap::adopt_queues(&name, vec![first.duplicate(&name).unwrap()]).err();
+    let e = e
+        .expect("a multiqueue tap's queue alone refused")
+        .to_string();
+    assert!(e.contains(&format!("not a queue of tap {name}")), "{e}");
 }
 
 /// The interface's flags as sysfs shows them.
