@@ -236,6 +236,17 @@ fn a_live_update_of_a_guest_with_private_ram_is_refused_and_the_guest_goes_on() 
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A stand-in target's first steps: the stream's preface and configuration read, `Accepted`
+/// answered (as a target does once its RAM is made); the rest of the stream to read.
+fn accepted(stream: &UnixStream) -> std::io::BufReader<UnixStream> {
+    let mut input = std::io::BufReader::new(stream.try_clone().unwrap());
+    exitless::machine::migration::stream::read_preface(&mut input).unwrap();
+    let config = Record::read_from(&mut input).unwrap();
+    assert!(matches!(config, Record::Config(_)), "{config:?}");
+    Record::Accepted.write_to(&mut &*stream).unwrap();
+    input
+}
+
 /// While the target stalls, `vm.info` says where the migration stands and `vm.pause` waits
 /// (409); when the target dies, the source goes on as it was.
 #[test]
@@ -249,9 +260,10 @@ fn a_target_that_stalls_then_dies_shows_in_vm_info_and_leaves_the_source_running
     // then stops reading until told to go, and is gone.
     let (stalled, go) = (mpsc::channel(), mpsc::channel::<()>());
     let dies = thread::spawn(move || {
-        let (mut stream, _) = listener.accept().unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        let mut input = accepted(&stream);
         let mut taken = vec![0; 16 << 10];
-        stream.read_exact(&mut taken).unwrap();
+        input.read_exact(&mut taken).unwrap();
         stalled.0.send(()).unwrap();
         let _ = go.1.recv();
     });
@@ -376,8 +388,7 @@ fn a_target_that_refuses_at_the_end_leaves_the_source_running_with_its_disk_lock
     let image_now = image.clone();
     let refuses = thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
-        let mut input = std::io::BufReader::new(stream.try_clone().unwrap());
-        exitless::machine::migration::stream::read_preface(&mut input).unwrap();
+        let mut input = accepted(&stream);
         while Record::read_from(&mut input).unwrap() != Record::End {}
         assert!(
             !locked(&image_now),
@@ -601,8 +612,7 @@ fn a_target_that_refuses_leaves_the_source_on_its_vhost_user_disk_again() {
     let listener = UnixListener::bind(&path).unwrap();
     let refuses = thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
-        let mut input = std::io::BufReader::new(stream.try_clone().unwrap());
-        exitless::machine::migration::stream::read_preface(&mut input).unwrap();
+        let mut input = accepted(&stream);
         while Record::read_from(&mut input).unwrap() != Record::End {}
         Record::Refused("no room here".into())
             .write_to(&mut &stream)

@@ -93,7 +93,7 @@ impl Incoming {
             files: handed.as_ref().map_or(0, |h| 1 + h.files.len()),
             ..Arrival::default()
         };
-        match Self::receive(&mut input, adapt, handed, &mut arrival) {
+        match Self::receive(&mut input, &mut answer, adapt, handed, &mut arrival) {
             Ok((machine, vcpus, paused)) => {
                 Record::Ready
                     .write_to(&mut answer)
@@ -138,6 +138,7 @@ impl Incoming {
     /// it is whole, noting the times in `arrival`.
     fn receive(
         input: &mut Input,
+        answer: &mut BufWriter<Stream>,
         adapt: impl FnOnce(&mut MachineConfig),
         handed: Option<Handed>,
         arrival: &mut Arrival,
@@ -149,14 +150,19 @@ impl Incoming {
             if let Some(adapt) = adapt.take() {
                 adapt(cfg);
             }
-            match handed {
+            let ram = match handed {
                 Some(handed) => {
                     let (ram, host) = handed.into_machine_parts(cfg)?;
                     files = FileSource::handed(host);
-                    Ok(ram)
+                    ram
                 }
-                None => Ram::new(cfg, None).map_err(|e| Box::new(e).into()),
-            }
+                None => Ram::new(cfg, None).map_err(Box::new)?,
+            };
+            Record::Accepted
+                .write_to(answer)
+                .and_then(|()| answer.flush())
+                .map_err(StreamError::from)?;
+            Ok(ram)
         })?;
         let ended = Instant::now();
         (arrival.bytes, arrival.stream) = (input.get_ref().bytes, ended - start);

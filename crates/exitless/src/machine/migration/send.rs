@@ -342,6 +342,9 @@ impl Snapshotter {
         })
         .map_err(SnapshotError::Encode)?;
         copier.record(&Record::Config(config))?;
+        copier.out.flush().map_err(connect)?;
+        // The target makes its RAM (and VM) now, before anything pauses.
+        expect(Record::Accepted, &mut answers)?;
         let mut progress = Progress::default();
         let mut dirty = Vec::new();
         if !local {
@@ -413,11 +416,7 @@ impl Snapshotter {
         }
         copier.record(&Record::End)?;
         copier.out.flush().map_err(connect)?;
-        match Record::read_from(&mut answers)? {
-            Record::Ready => {}
-            Record::Refused(why) => return Err(MigrationError::Refused(why)),
-            other => return Err(MigrationError::Order(format!("{other:?} for an answer"))),
-        }
+        expect(Record::Ready, &mut answers)?;
         copier.record(&Record::Go)?;
         copier.out.flush().map_err(connect)?;
         Ok(Migrated {
@@ -430,6 +429,15 @@ impl Snapshotter {
             downtime_ms: paused_start.elapsed().as_secs_f64() * 1e3,
             total_ms: start.elapsed().as_secs_f64() * 1e3,
         })
+    }
+}
+
+/// Read the target's answer: `wanted`, or its refusal.
+fn expect(wanted: Record, answers: &mut impl std::io::Read) -> Result<(), MigrationError> {
+    match Record::read_from(answers)? {
+        answer if answer == wanted => Ok(()),
+        Record::Refused(why) => Err(MigrationError::Refused(why)),
+        other => Err(MigrationError::Order(format!("{other:?} for {wanted:?}"))),
     }
 }
 

@@ -2,10 +2,11 @@
 //!
 //! The stream opens with [`MAGIC`] and the format's version (a little-endian u32); then every
 //! record is its kind (one byte), its payload's length and the payload's CRC-32 (IEEE; each a
-//! little-endian u32), and the payload. The source sends `Config` first, then `Pages` and
-//! `Zeros` in passes, `State` once the machine is paused, and `End`; the target answers
-//! `Ready` (the machine is built and its state set) or `Refused`, and the source's `Go` hands
-//! the machine over. A record is believed only once it is whole and its checksum matches: a
+//! little-endian u32), and the payload. The source sends `Config` first and waits for the
+//! target's `Accepted` (its guest RAM made: a target's VM takes milliseconds to create, which
+//! would otherwise fall into a live update's pause), then `Pages` and `Zeros` in passes,
+//! `State` once the machine is paused, and `End`; the target answers `Ready` (the machine is
+//! built and its state set) or `Refused`, and the source's `Go` hands the machine over. A record is believed only once it is whole and its checksum matches: a
 //! stream cut short or changed on the way is refused before any vCPU runs. Every value read
 //! is checked as a guest's would be: a length past [`MAX_PAYLOAD`] is refused before anything
 //! is allocated, and where pages go is the target's to check against its RAM.
@@ -15,7 +16,7 @@ use std::io::{self, Read, Write};
 /// What a migration stream begins with.
 pub const MAGIC: [u8; 8] = *b"EXLMIGR\n";
 /// The stream's format; a target takes this one only.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes of [`write_preface`]'s preface: the magic and the version.
 pub const PREFACE_LEN: usize = MAGIC.len() + 4;
 /// The base page, the unit pages are sent in (Intel SDM Vol. 3A §4.3).
@@ -55,6 +56,8 @@ pub enum Record {
     Refused(String),
     /// The source's last word: the machine is the target's.
     Go,
+    /// The target's answer to `Config`: it takes the machine, its guest RAM is made.
+    Accepted,
 }
 
 /// Why a stream cannot be read.
@@ -86,6 +89,7 @@ const END: u8 = 5;
 const READY: u8 = 6;
 const REFUSED: u8 = 7;
 const GO: u8 = 8;
+const ACCEPTED: u8 = 9;
 
 /// Begin a stream: the magic and the format's version.
 pub fn write_preface(out: &mut impl Write) -> io::Result<()> {
@@ -186,6 +190,7 @@ impl Record {
             Record::Ready => (READY, &[]),
             Record::Refused(why) => (REFUSED, why.as_bytes()),
             Record::Go => (GO, &[]),
+            Record::Accepted => (ACCEPTED, &[]),
         };
         let length = u32::try_from(head.len() + payload.len())
             .ok()
@@ -207,7 +212,7 @@ impl Record {
         let [kind] = read_array(input)?;
         let length = u32::from_le_bytes(read_array(input)?);
         let crc = u32::from_le_bytes(read_array(input)?);
-        if !(CONFIG..=GO).contains(&kind) {
+        if !(CONFIG..=ACCEPTED).contains(&kind) {
             return Err(corrupt(format!("a record of kind {kind}")));
         }
         if length > MAX_PAYLOAD {
@@ -272,6 +277,7 @@ impl Record {
             READY => empty(Record::Ready, &payload),
             REFUSED => Ok(Record::Refused(one_line(&payload))),
             GO => empty(Record::Go, &payload),
+            ACCEPTED => empty(Record::Accepted, &payload),
             _ => unreachable!("kinds checked above"),
         }
     }
@@ -306,6 +312,7 @@ mod tests {
             Record::Ready,
             Record::Refused("no room".into()),
             Record::Go,
+            Record::Accepted,
         ]
     }
 
@@ -328,7 +335,7 @@ mod tests {
             let mut input = &bytes[..cut];
             let read = read_preface(&mut input).and_then(|()| {
                 loop {
-                    if Record::read_from(&mut input)? == Record::Go {
+                    if Record::read_from(&mut input)? == Record::Accepted {
                         break Ok(());
                     }
                 }
