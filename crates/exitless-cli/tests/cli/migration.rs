@@ -14,7 +14,7 @@ use exitless_peer::backends::Backend;
 
 use crate::common::running::*;
 use crate::common::testkernel::*;
-use crate::snapshot::{NetNamespace, ip};
+use crate::snapshot::peer_namespace;
 
 /// How many numbered lines the test kernel prints.
 const LINES: u32 = 3000;
@@ -461,18 +461,10 @@ fn hold_write_lock(path: &Path) -> std::fs::File {
 #[test]
 fn a_guest_migrated_between_network_namespaces_mid_traffic_finishes_with_every_answer() {
     const ROUNDS: u32 = 1000;
-    let names = ["a", "b"].map(|n| format!("exitless-mig{n}-{}", std::process::id()));
-    if let Err(why) = ip(&["netns", "add", &names[0]]) {
-        println!("skipped: cannot make a network namespace here: {why}");
+    let Some(a) = peer_namespace("miga") else {
         return;
-    }
-    let a = NetNamespace(names[0].clone());
-    ip(&["netns", "add", &names[1]]).unwrap();
-    let b = NetNamespace(names[1].clone());
-    for ns in [&a.0, &b.0] {
-        ip(&["-n", ns, "addr", "add", "10.0.2.2/32", "dev", "lo"]).unwrap();
-        ip(&["-n", ns, "link", "set", "lo", "up"]).unwrap();
-    }
+    };
+    let b = peer_namespace("migb").expect("a second namespace, as the first");
     let dir = scratch("migrate-net");
     let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS}");
     let args = test_kernel_args(&cmdline, &["--net", "tap=xlmig0", "--memory", "16"]);
@@ -491,14 +483,9 @@ fn a_guest_migrated_between_network_namespaces_mid_traffic_finishes_with_every_a
 #[test]
 fn a_guest_live_updated_twice_mid_traffic_finishes_with_every_answer() {
     const ROUNDS: u32 = 1000;
-    let name = format!("exitless-upd-{}", std::process::id());
-    if let Err(why) = ip(&["netns", "add", &name]) {
-        println!("skipped: cannot make a network namespace here: {why}");
+    let Some(ns) = peer_namespace("upd") else {
         return;
-    }
-    let ns = NetNamespace(name);
-    ip(&["-n", &ns.0, "addr", "add", "10.0.2.2/32", "dev", "lo"]).unwrap();
-    ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
+    };
     let dir = scratch("live-update-net");
     let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS}");
     let more = [

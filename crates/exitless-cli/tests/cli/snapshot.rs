@@ -507,6 +507,21 @@ impl Drop for NetNamespace {
 }
 
 /// `ip ARGS`, which must succeed, or why not.
+/// A network namespace of its own (`exitless-TAG-PID`) where the host answers as the test
+/// kernel's peer 10.0.2.2 (on its loopback, up); `None` where none can be made (said on
+/// stdout).
+pub(crate) fn peer_namespace(tag: &str) -> Option<NetNamespace> {
+    let name = format!("exitless-{tag}-{}", std::process::id());
+    if let Err(why) = ip(&["netns", "add", &name]) {
+        println!("skipped: cannot make a network namespace here: {why}");
+        return None;
+    }
+    let ns = NetNamespace(name);
+    ip(&["-n", &ns.0, "addr", "add", "10.0.2.2/32", "dev", "lo"]).unwrap();
+    ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
+    Some(ns)
+}
+
 pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
         .args(args)
@@ -524,14 +539,9 @@ pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
 #[test]
 fn a_guest_snapshotted_while_receiving_frames_finishes_with_every_answer() {
     const ROUNDS: u32 = 300;
-    let name = format!("exitless-snap-{}", std::process::id());
-    if let Err(why) = ip(&["netns", "add", &name]) {
-        println!("skipped: cannot make a network namespace here: {why}");
+    let Some(ns) = peer_namespace("snap") else {
         return;
-    }
-    let ns = NetNamespace(name);
-    ip(&["-n", &ns.0, "addr", "add", "10.0.2.2/32", "dev", "lo"]).unwrap();
-    ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
+    };
     let dir = scratch("net");
     let elf = kernel("testkernel.elf");
     let cmdline = format!("net=1 ip=10.0.2.15 peer=10.0.2.2 net_rounds={ROUNDS}");

@@ -17,16 +17,6 @@ pub struct HostFiles {
 }
 
 impl HostFiles {
-    /// How many files they are.
-    pub fn len(&self) -> usize {
-        self.images.len() + self.taps.iter().map(Vec::len).sum::<usize>()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Duplicates of them all (the same open file descriptions), images first, then each
     /// tap's queues.
     pub fn duplicates(&self) -> std::io::Result<Vec<File>> {

@@ -291,10 +291,7 @@ impl Images {
         read_only: bool,
         locking: bool,
     ) -> Result<DiskImage, ImageError> {
-        let open_error = |source| ImageError::Open {
-            path: path.into(),
-            source,
-        };
+        let open_error = open_error(path);
         // Refused before it is opened: opening some devices acts (a tape rewinds).
         identity(path, &std::fs::metadata(path).map_err(open_error)?)?;
         let file = OpenOptions::new()
@@ -316,9 +313,8 @@ impl Images {
         read_only: bool,
         locking: bool,
     ) -> Result<DiskImage, ImageError> {
-        let refused = |why: &str| ImageError::Open {
-            path: path.into(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, why.to_owned()),
+        let refused = |why: &str| {
+            open_error(path)(io::Error::new(io::ErrorKind::InvalidInput, why.to_owned()))
         };
         // SAFETY: F_GETFL takes no argument.
         let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
@@ -334,10 +330,7 @@ impl Images {
         }
         // The path, where it still names a file, must name this one: a file handed over in
         // the wrong order would put one disk's data on another.
-        let meta = file.metadata().map_err(|source| ImageError::Open {
-            path: path.into(),
-            source,
-        })?;
+        let meta = file.metadata().map_err(open_error(path))?;
         if let Ok(named) = std::fs::metadata(path)
             && identity(path, &named).ok() != identity(path, &meta).ok()
         {
@@ -357,10 +350,7 @@ impl Images {
         read_only: bool,
         locking: bool,
     ) -> Result<DiskImage, ImageError> {
-        let open_error = |source| ImageError::Open {
-            path: path.into(),
-            source,
-        };
+        let open_error = open_error(path);
         // What was opened counts: the path may name something else by now.
         let meta = file.metadata().map_err(open_error)?;
         let id = identity(path, &meta)?;
@@ -390,6 +380,14 @@ impl Images {
             })?;
         self.opened.push((id, path.into()));
         Ok(image)
+    }
+}
+
+/// How a failure to open (or to take) the image at `path` is said.
+fn open_error(path: &Path) -> impl Fn(io::Error) -> ImageError + Copy + '_ {
+    move |source| ImageError::Open {
+        path: path.into(),
+        source,
     }
 }
 
